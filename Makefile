@@ -1,0 +1,44 @@
+# Every target makes and fills the virtualenv itself, so a fresh clone needs nothing else.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test proto bench lint clean venv
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## run: start the embedded server (coordinator + broker on port 9091, data in ./dmq-data)
+run: $(STAMP)
+	$(VENV)/bin/dmq server --port 9091 --data-dir ./dmq-data
+
+## test: install what is needed and run the whole suite
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+## proto: regenerate the committed gRPC stubs from proto/dmq.proto
+proto: $(STAMP)
+	$(PY) -m dmq.proto.generate
+
+## bench: run the benchmark scripts (figures go into bench/RESULTS.md by hand)
+bench: $(STAMP)
+	$(PY) bench/codec_bench.py
+	$(PY) bench/log_bench.py --size 268435456
+	$(PY) bench/produce_consume.py
+	$(PY) bench/consumer_bench.py
+	$(PY) bench/rebalance_bench.py
+	$(PY) bench/spark_bench.py
+
+lint: $(STAMP)
+	$(PY) -m compileall -q proto broker coordinator client tests bench
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

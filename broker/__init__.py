@@ -1,0 +1,1 @@
+"""Storage broker: partition logs, fetch, committed offsets, gRPC service."""

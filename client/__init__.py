@@ -1,0 +1,1 @@
+"""DMQ client library: Producer, DMQConsumer, SimpleConsumer, AdminClient."""

@@ -1,0 +1,1 @@
+"""Metadata service and group coordinator."""

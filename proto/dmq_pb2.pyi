@@ -1,0 +1,676 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NONE: _ClassVar[ErrorCode]
+    OFFSET_OUT_OF_RANGE: _ClassVar[ErrorCode]
+    UNKNOWN_TOPIC_OR_PARTITION: _ClassVar[ErrorCode]
+    NOT_LEADER: _ClassVar[ErrorCode]
+    INVALID_REQUEST: _ClassVar[ErrorCode]
+    STORAGE_ERROR: _ClassVar[ErrorCode]
+
+class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACKS_ALL: _ClassVar[Acks]
+    ACKS_NONE: _ClassVar[Acks]
+    ACKS_LEADER: _ClassVar[Acks]
+
+class SubscriptionMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SUBSCRIPTION_MODE_UNSPECIFIED: _ClassVar[SubscriptionMode]
+    SUBSCRIPTION_MODE_ALL: _ClassVar[SubscriptionMode]
+    SUBSCRIPTION_MODE_NEW: _ClassVar[SubscriptionMode]
+    SUBSCRIPTION_MODE_TIMESTAMP: _ClassVar[SubscriptionMode]
+
+class GroupStateCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GROUP_STATE_EMPTY: _ClassVar[GroupStateCode]
+    GROUP_STATE_PREPARING_REBALANCE: _ClassVar[GroupStateCode]
+    GROUP_STATE_REBALANCING: _ClassVar[GroupStateCode]
+    GROUP_STATE_STABLE: _ClassVar[GroupStateCode]
+NONE: ErrorCode
+OFFSET_OUT_OF_RANGE: ErrorCode
+UNKNOWN_TOPIC_OR_PARTITION: ErrorCode
+NOT_LEADER: ErrorCode
+INVALID_REQUEST: ErrorCode
+STORAGE_ERROR: ErrorCode
+ACKS_ALL: Acks
+ACKS_NONE: Acks
+ACKS_LEADER: Acks
+SUBSCRIPTION_MODE_UNSPECIFIED: SubscriptionMode
+SUBSCRIPTION_MODE_ALL: SubscriptionMode
+SUBSCRIPTION_MODE_NEW: SubscriptionMode
+SUBSCRIPTION_MODE_TIMESTAMP: SubscriptionMode
+GROUP_STATE_EMPTY: GroupStateCode
+GROUP_STATE_PREPARING_REBALANCE: GroupStateCode
+GROUP_STATE_REBALANCING: GroupStateCode
+GROUP_STATE_STABLE: GroupStateCode
+
+class TopicPartition(_message.Message):
+    __slots__ = ("topic", "partition")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
+
+class TopicConfig(_message.Message):
+    __slots__ = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes")
+    RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    retention_ms: int
+    retention_bytes: int
+    segment_bytes: int
+    segment_ms: int
+    max_message_bytes: int
+    def __init__(self, retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
+
+class PartitionInfo(_message.Message):
+    __slots__ = ("partition", "leader_id", "leader_address", "leader_alive")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ALIVE_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    leader_id: int
+    leader_address: str
+    leader_alive: bool
+    def __init__(self, partition: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., leader_alive: _Optional[bool] = ...) -> None: ...
+
+class TopicInfo(_message.Message):
+    __slots__ = ("name", "partition_count", "partitions", "config", "created_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    partition_count: int
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionInfo]
+    config: TopicConfig
+    created_ms: int
+    def __init__(self, name: _Optional[str] = ..., partition_count: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionInfo, _Mapping]]] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ..., created_ms: _Optional[int] = ...) -> None: ...
+
+class BrokerInfo(_message.Message):
+    __slots__ = ("broker_id", "host", "port", "alive", "last_heartbeat_ms", "partitions_led")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_LED_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    host: str
+    port: int
+    alive: bool
+    last_heartbeat_ms: int
+    partitions_led: int
+    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., alive: _Optional[bool] = ..., last_heartbeat_ms: _Optional[int] = ..., partitions_led: _Optional[int] = ...) -> None: ...
+
+class ProduceRequest(_message.Message):
+    __slots__ = ("topic", "partition", "batch", "acks")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    batch: bytes
+    acks: Acks
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., batch: _Optional[bytes] = ..., acks: _Optional[_Union[Acks, str]] = ...) -> None: ...
+
+class ProduceResponse(_message.Message):
+    __slots__ = ("base_offset", "log_append_time_ms", "log_start_offset", "duplicate")
+    BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_APPEND_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    base_offset: int
+    log_append_time_ms: int
+    log_start_offset: int
+    duplicate: bool
+    def __init__(self, base_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class FetchPartition(_message.Message):
+    __slots__ = ("topic", "partition", "offset", "max_bytes")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("partitions", "max_wait_ms", "min_bytes", "max_bytes")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[FetchPartition]
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class FetchPartitionResult(_message.Message):
+    __slots__ = ("topic", "partition", "error", "error_message", "high_watermark", "log_start_offset", "records")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error: ErrorCode
+    error_message: str
+    high_watermark: int
+    log_start_offset: int
+    records: bytes
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., records: _Optional[bytes] = ...) -> None: ...
+
+class FetchResponse(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[FetchPartitionResult]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[FetchPartitionResult, _Mapping]]] = ...) -> None: ...
+
+class OffsetQuery(_message.Message):
+    __slots__ = ("topic", "partition", "timestamp_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    timestamp_ms: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class ListOffsetsRequest(_message.Message):
+    __slots__ = ("queries",)
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    queries: _containers.RepeatedCompositeFieldContainer[OffsetQuery]
+    def __init__(self, queries: _Optional[_Iterable[_Union[OffsetQuery, _Mapping]]] = ...) -> None: ...
+
+class OffsetAnswer(_message.Message):
+    __slots__ = ("topic", "partition", "error", "error_message", "offset", "log_start_offset", "log_end_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error: ErrorCode
+    error_message: str
+    offset: int
+    log_start_offset: int
+    log_end_offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ...) -> None: ...
+
+class ListOffsetsResponse(_message.Message):
+    __slots__ = ("answers",)
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[OffsetAnswer]
+    def __init__(self, answers: _Optional[_Iterable[_Union[OffsetAnswer, _Mapping]]] = ...) -> None: ...
+
+class PartitionOffset(_message.Message):
+    __slots__ = ("topic", "partition", "offset", "metadata")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    offset: int
+    metadata: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., metadata: _Optional[str] = ...) -> None: ...
+
+class CommitOffsetsRequest(_message.Message):
+    __slots__ = ("group_id", "member_id", "generation", "offsets")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    member_id: str
+    generation: int
+    offsets: _containers.RepeatedCompositeFieldContainer[PartitionOffset]
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., generation: _Optional[int] = ..., offsets: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ...) -> None: ...
+
+class CommitOffsetsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FetchCommittedOffsetsRequest(_message.Message):
+    __slots__ = ("group_id", "partitions")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    partitions: _containers.RepeatedCompositeFieldContainer[TopicPartition]
+    def __init__(self, group_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[TopicPartition, _Mapping]]] = ...) -> None: ...
+
+class FetchCommittedOffsetsResponse(_message.Message):
+    __slots__ = ("offsets",)
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.RepeatedCompositeFieldContainer[PartitionOffset]
+    def __init__(self, offsets: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ...) -> None: ...
+
+class CreatePartitionsRequest(_message.Message):
+    __slots__ = ("topic", "partitions", "config")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    config: TopicConfig
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ...) -> None: ...
+
+class CreatePartitionsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DeletePartitionsRequest(_message.Message):
+    __slots__ = ("topic", "partitions")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DeletePartitionsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DeleteGroupOffsetsRequest(_message.Message):
+    __slots__ = ("group_id",)
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    def __init__(self, group_id: _Optional[str] = ...) -> None: ...
+
+class DeleteGroupOffsetsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeLogsRequest(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[TopicPartition]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[TopicPartition, _Mapping]]] = ...) -> None: ...
+
+class LogInfo(_message.Message):
+    __slots__ = ("topic", "partition", "error", "log_start_offset", "log_end_offset", "size_bytes", "segment_count")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error: ErrorCode
+    log_start_offset: int
+    log_end_offset: int
+    size_bytes: int
+    segment_count: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., segment_count: _Optional[int] = ...) -> None: ...
+
+class DescribeLogsResponse(_message.Message):
+    __slots__ = ("logs",)
+    LOGS_FIELD_NUMBER: _ClassVar[int]
+    logs: _containers.RepeatedCompositeFieldContainer[LogInfo]
+    def __init__(self, logs: _Optional[_Iterable[_Union[LogInfo, _Mapping]]] = ...) -> None: ...
+
+class RegisterBrokerRequest(_message.Message):
+    __slots__ = ("broker_id", "host", "port")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    host: str
+    port: int
+    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+
+class RegisterBrokerResponse(_message.Message):
+    __slots__ = ("partitions", "heartbeat_interval_ms")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[CreatePartitionsRequest]
+    heartbeat_interval_ms: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[CreatePartitionsRequest, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
+
+class BrokerHeartbeatRequest(_message.Message):
+    __slots__ = ("broker_id",)
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    def __init__(self, broker_id: _Optional[int] = ...) -> None: ...
+
+class BrokerHeartbeatResponse(_message.Message):
+    __slots__ = ("reregister",)
+    REREGISTER_FIELD_NUMBER: _ClassVar[int]
+    reregister: bool
+    def __init__(self, reregister: _Optional[bool] = ...) -> None: ...
+
+class ListBrokersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListBrokersResponse(_message.Message):
+    __slots__ = ("brokers",)
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerInfo]
+    def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ...) -> None: ...
+
+class CreateTopicRequest(_message.Message):
+    __slots__ = ("name", "partitions", "config")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    partitions: int
+    config: TopicConfig
+    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[int] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ...) -> None: ...
+
+class DeleteTopicRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteTopicResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTopicsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTopicsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicInfo]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ...) -> None: ...
+
+class DescribeTopicRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class AddPartitionsRequest(_message.Message):
+    __slots__ = ("name", "partitions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    partitions: int
+    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[int] = ...) -> None: ...
+
+class GetMetadataRequest(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetMetadataResponse(_message.Message):
+    __slots__ = ("brokers", "topics")
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerInfo]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicInfo]
+    def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ...) -> None: ...
+
+class Subscription(_message.Message):
+    __slots__ = ("mode", "from_ms", "created_ms")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    mode: SubscriptionMode
+    from_ms: int
+    created_ms: int
+    def __init__(self, mode: _Optional[_Union[SubscriptionMode, str]] = ..., from_ms: _Optional[int] = ..., created_ms: _Optional[int] = ...) -> None: ...
+
+class FindOrCreateGroupRequest(_message.Message):
+    __slots__ = ("topic", "app_id", "subscription_mode", "subscription_from_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    APP_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_MODE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    app_id: str
+    subscription_mode: SubscriptionMode
+    subscription_from_ms: int
+    def __init__(self, topic: _Optional[str] = ..., app_id: _Optional[str] = ..., subscription_mode: _Optional[_Union[SubscriptionMode, str]] = ..., subscription_from_ms: _Optional[int] = ...) -> None: ...
+
+class FindOrCreateGroupResponse(_message.Message):
+    __slots__ = ("group_id", "coordinator_address", "subscription", "created")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    coordinator_address: str
+    subscription: Subscription
+    created: bool
+    def __init__(self, group_id: _Optional[str] = ..., coordinator_address: _Optional[str] = ..., subscription: _Optional[_Union[Subscription, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class JoinGroupRequest(_message.Message):
+    __slots__ = ("group_id", "consumer_id", "client_id", "session_timeout_ms", "max_poll_interval_ms")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_POLL_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    consumer_id: str
+    client_id: str
+    session_timeout_ms: int
+    max_poll_interval_ms: int
+    def __init__(self, group_id: _Optional[str] = ..., consumer_id: _Optional[str] = ..., client_id: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., max_poll_interval_ms: _Optional[int] = ...) -> None: ...
+
+class JoinGroupResponse(_message.Message):
+    __slots__ = ("member_id", "generation")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    generation: int
+    def __init__(self, member_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class StartPosition(_message.Message):
+    __slots__ = ("partition", "offset")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    offset: int
+    def __init__(self, partition: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class GetAssignmentRequest(_message.Message):
+    __slots__ = ("group_id", "member_id", "wait_ms")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    member_id: str
+    wait_ms: int
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class GetAssignmentResponse(_message.Message):
+    __slots__ = ("generation", "partitions", "rebalance_in_progress", "start_positions", "topic")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    REBALANCE_IN_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    START_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    rebalance_in_progress: bool
+    start_positions: _containers.RepeatedCompositeFieldContainer[StartPosition]
+    topic: str
+    def __init__(self, generation: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., rebalance_in_progress: _Optional[bool] = ..., start_positions: _Optional[_Iterable[_Union[StartPosition, _Mapping]]] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("group_id", "member_id", "generation")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    member_id: str
+    generation: int
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("generation", "assignment_changed")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    assignment_changed: bool
+    def __init__(self, generation: _Optional[int] = ..., assignment_changed: _Optional[bool] = ...) -> None: ...
+
+class WatchGroupRequest(_message.Message):
+    __slots__ = ("group_id", "member_id")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    member_id: str
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
+
+class GroupEvent(_message.Message):
+    __slots__ = ("generation", "assignment_changed")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    assignment_changed: bool
+    def __init__(self, generation: _Optional[int] = ..., assignment_changed: _Optional[bool] = ...) -> None: ...
+
+class LeaveGroupRequest(_message.Message):
+    __slots__ = ("group_id", "member_id")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    member_id: str
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
+
+class LeaveGroupResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListGroupsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GroupSummary(_message.Message):
+    __slots__ = ("group_id", "topic", "state", "generation", "member_count")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_COUNT_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    topic: str
+    state: GroupStateCode
+    generation: int
+    member_count: int
+    def __init__(self, group_id: _Optional[str] = ..., topic: _Optional[str] = ..., state: _Optional[_Union[GroupStateCode, str]] = ..., generation: _Optional[int] = ..., member_count: _Optional[int] = ...) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupSummary]
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupSummary, _Mapping]]] = ...) -> None: ...
+
+class DescribeGroupRequest(_message.Message):
+    __slots__ = ("group_id",)
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    def __init__(self, group_id: _Optional[str] = ...) -> None: ...
+
+class MemberDescription(_message.Message):
+    __slots__ = ("member_id", "client_id", "host", "partitions", "target_partitions")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    client_id: str
+    host: str
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    target_partitions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, member_id: _Optional[str] = ..., client_id: _Optional[str] = ..., host: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., target_partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PartitionLag(_message.Message):
+    __slots__ = ("partition", "committed_offset", "log_end_offset", "lag", "owner_member_id")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    OWNER_MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    committed_offset: int
+    log_end_offset: int
+    lag: int
+    owner_member_id: str
+    def __init__(self, partition: _Optional[int] = ..., committed_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., owner_member_id: _Optional[str] = ...) -> None: ...
+
+class DescribeGroupResponse(_message.Message):
+    __slots__ = ("group_id", "topic", "state", "generation", "subscription", "members", "partitions", "total_lag")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_LAG_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    topic: str
+    state: GroupStateCode
+    generation: int
+    subscription: Subscription
+    members: _containers.RepeatedCompositeFieldContainer[MemberDescription]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionLag]
+    total_lag: int
+    def __init__(self, group_id: _Optional[str] = ..., topic: _Optional[str] = ..., state: _Optional[_Union[GroupStateCode, str]] = ..., generation: _Optional[int] = ..., subscription: _Optional[_Union[Subscription, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberDescription, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[PartitionLag, _Mapping]]] = ..., total_lag: _Optional[int] = ...) -> None: ...
+
+class DeleteGroupRequest(_message.Message):
+    __slots__ = ("group_id",)
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    def __init__(self, group_id: _Optional[str] = ...) -> None: ...
+
+class DeleteGroupResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CheckOwnershipRequest(_message.Message):
+    __slots__ = ("group_id", "member_id", "generation", "partitions", "topic")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    member_id: str
+    generation: int
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    topic: str
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., generation: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class CheckOwnershipResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
