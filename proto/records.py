@@ -1,0 +1,916 @@
+"""Record-batch codec: the bytes that are the produce request, the stored log and the fetch response.
+
+A batch is a fixed 57-byte header followed by a columnar body. Everything is little-endian.
+
+Header (``HEADER = struct.Struct("<qiBIhiqqqhii")``)::
+
+    off size field            type    notes
+    0   8    base_offset      int64   offset of the first record; patched in place by the broker at
+                                      append, so it is NOT covered by the CRC
+    8   4    batch_length     int32   bytes after this field: total batch size = 12 + batch_length
+    12  1    magic            int8    = 2
+    13  4    crc              uint32  zlib.crc32 of bytes [17, end of batch)
+    17  2    attributes       int16   bits 0-2 codec (0 none, 1 zstd, 2 lz4)
+                                      bit 3    timestamp type (0 create time, 1 log append time:
+                                               every record's timestamp is then max_timestamp)
+                                      bit 4    has headers (the header_offsets array is present)
+                                      bits 5-15 reserved, must be 0
+    19  4    record_count     int32   >= 1; records have offsets base_offset .. base_offset+count-1
+    23  8    first_timestamp  int64   ms since the epoch, timestamp of the first record
+    31  8    max_timestamp    int64   ms, largest record timestamp
+    39  8    producer_id      int64   -1 when not idempotent
+    47  2    producer_epoch   int16   -1 when not idempotent
+    49  4    base_sequence    int32   -1 when not idempotent; sequence of the first record
+    53  4    body_length      int32   length of the UNCOMPRESSED body
+    57       body             stored length = 12 + batch_length - 57; compressed as a whole
+                              (one zstd frame / one lz4 frame) when codec != 0, else exactly
+                              body_length bytes
+
+Body (uncompressed), n = record_count, all integers int32 little-endian::
+
+    size          field            notes
+    4*n           timestamp_deltas record timestamp - first_timestamp (may be negative)
+    4*(n+1)       key_offsets      Arrow-style: key i is key_blob[key_offsets[i]:key_offsets[i+1]];
+                                   key_offsets[0] = 0, non-decreasing, key_offsets[n] = len(key_blob)
+    4*(n+1)       value_offsets    same for value_blob (values are never null)
+    4*(n+1)       header_offsets   same for header_blob; ONLY present when attribute bit 4 is set
+    ceil(n/8)     key_validity     Arrow validity bitmap, LSB bit order: key i is present when
+                                   bit (i % 8) of byte (i // 8) is 1; a null key has an empty slot;
+                                   padding bits are 0
+    key_offsets[n]     key_blob    keys back to back
+    value_offsets[n]   value_blob  values back to back
+    header_offsets[n]  header_blob per-record header lists back to back (absent without bit 4)
+
+Nothing else: body_length must equal the sum of the sections exactly. The arrays come first so a
+reader can wrap them (``memoryview.cast("i")``, ``pyarrow.Array.from_buffers``) without copying.
+
+Per-record headers (one entry of header_blob; an empty entry means no headers) - varints are
+unsigned LEB128 (7 bits per byte, low group first, high bit = more follows, at most 5 bytes)::
+
+    uvarint  header_count           >= 1 when the entry is not empty
+    then header_count times:
+      uvarint  key_length           bytes of the UTF-8 key
+      bytes    key                  UTF-8
+      uvarint  value_length_plus_1  0 = value None, else len(value) + 1
+      bytes    value
+
+Limits: a batch (total size and uncompressed body_length) is at most ``max_batch_bytes``
+(default 16 MiB, never above 2**31 - 1 so every offset fits int32); on encode a record's
+key + value + encoded headers is at most ``max_record_bytes`` (default 1 MiB). Decoders bound
+decompression output by body_length, itself bounded by max_batch_bytes, and raise only
+``RecordsError`` subclasses on any input.
+
+``RecordBatch.to_arrow()`` leaves the headers out (their per-record encoding is not an Arrow
+layout); iterate the batch for headers.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import sys
+import time
+import zlib
+from array import array
+from dataclasses import dataclass
+from itertools import accumulate, compress, repeat
+from operator import add, sub
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow
+
+__all__ = [
+    "HEADER",
+    "HEADER_SIZE",
+    "MAGIC",
+    "Codec",
+    "DEFAULT_MAX_BATCH_BYTES",
+    "DEFAULT_MAX_RECORD_BYTES",
+    "RecordsError",
+    "TruncatedBatchError",
+    "CorruptBatchError",
+    "BatchTooLargeError",
+    "RecordTooLargeError",
+    "BatchHeader",
+    "Record",
+    "RecordBatch",
+    "read_header",
+    "validate_batch",
+    "patch_base_offset",
+    "iter_headers",
+    "encode",
+    "decode",
+    "decode_batches",
+]
+
+HEADER = struct.Struct("<qiBIhiqqqhii")
+HEADER_SIZE = 57
+MAGIC = 2
+assert HEADER.size == HEADER_SIZE
+
+# The part of the header the CRC covers starts at the attributes field.
+CRC_START = 17
+_PREFIX = struct.Struct("<qiBI")  # base_offset, batch_length, magic, crc
+_TAIL = struct.Struct("<hiqqqhii")  # attributes .. body_length, CRC-covered
+assert _PREFIX.size == CRC_START and _PREFIX.size + _TAIL.size == HEADER_SIZE
+_INT64 = struct.Struct("<q")
+
+# batch_length counts the bytes after itself, so a batch without body has this batch_length.
+_MIN_BATCH_LENGTH = HEADER_SIZE - 12
+
+DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
+_INT32_MAX = 2**31 - 1
+_INT32_MIN = -(2**31)
+
+
+class Codec(enum.IntEnum):
+    NONE = 0
+    ZSTD = 1
+    LZ4 = 2
+
+
+ATTR_CODEC_MASK = 0x07
+ATTR_LOG_APPEND_TIME = 0x08
+ATTR_HAS_HEADERS = 0x10
+_ATTR_KNOWN = ATTR_CODEC_MASK | ATTR_LOG_APPEND_TIME | ATTR_HAS_HEADERS
+
+_LITTLE = sys.byteorder == "little"
+assert array("i").itemsize == 4, "array('i') must be 32-bit for the body arrays"
+
+
+class RecordsError(ValueError):
+    """Root of every error raised by this module (bad bytes or bad arguments)."""
+
+
+class TruncatedBatchError(RecordsError):
+    """The buffer ends before the batch (or its header) does."""
+
+
+class CorruptBatchError(RecordsError):
+    """Bad magic, bad CRC, impossible field values or an inconsistent body."""
+
+
+class BatchTooLargeError(RecordsError):
+    """A batch (total size or uncompressed body) exceeds max_batch_bytes."""
+
+
+class RecordTooLargeError(RecordsError):
+    """A record's key + value + headers exceeds max_record_bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    base_offset: int
+    batch_length: int
+    magic: int
+    crc: int
+    attributes: int
+    record_count: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    body_length: int
+
+    @property
+    def total_size(self) -> int:
+        return 12 + self.batch_length
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.record_count - 1
+
+    @property
+    def codec(self) -> Codec:
+        return Codec(self.attributes & ATTR_CODEC_MASK)
+
+    @property
+    def has_headers(self) -> bool:
+        return bool(self.attributes & ATTR_HAS_HEADERS)
+
+    @property
+    def log_append_time(self) -> bool:
+        return bool(self.attributes & ATTR_LOG_APPEND_TIME)
+
+    @property
+    def last_sequence(self) -> int:
+        """Sequence of the last record, or -1 when the batch is not idempotent."""
+        if self.base_sequence < 0:
+            return -1
+        return self.base_sequence + self.record_count - 1
+
+
+class Record(NamedTuple):
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+def _min_body_length(count: int, has_headers: bool) -> int:
+    """Bytes the arrays of a body with `count` records take before any blob."""
+    return 4 * count + 4 * (count + 1) * (3 if has_headers else 2) + (count + 7) // 8
+
+
+def _as_bytes_view(buf: Any) -> memoryview:
+    """A flat unsigned-byte view of any buffer, so len() counts bytes."""
+    try:
+        mv = memoryview(buf)
+    except TypeError as e:
+        raise RecordsError(f"expected a bytes-like buffer, got {type(buf).__name__}") from e
+    if mv.format != "B" or mv.ndim != 1:
+        try:
+            mv = mv.cast("B")
+        except TypeError as e:  # non-contiguous views cannot be cast
+            raise RecordsError(f"buffer must be C-contiguous: {e}") from e
+    return mv
+
+
+def read_header(buf: Any, pos: int = 0, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> BatchHeader:
+    """Parse and sanity-check the header of the batch at `pos`.
+
+    Needs only the HEADER_SIZE header bytes to be present (a log reader can read the header, then
+    the rest); checks magic, attributes, record_count, body_length and sizes against
+    max_batch_bytes, but not the CRC nor that the whole batch is in `buf` (validate_batch does).
+    """
+    if pos < 0:
+        raise RecordsError(f"pos {pos} must be >= 0")
+    available = len(buf) - pos if type(buf) is bytes else len(_as_bytes_view(buf)) - pos
+    if available < HEADER_SIZE:
+        raise TruncatedBatchError(
+            f"batch at position {pos}: {max(available, 0)} bytes left, a header needs {HEADER_SIZE}"
+        )
+    try:
+        h = BatchHeader(*HEADER.unpack_from(buf, pos))
+    except (struct.error, TypeError) as e:
+        raise RecordsError(f"cannot read a batch header from {type(buf).__name__}: {e}") from e
+    if h.magic != MAGIC:
+        raise CorruptBatchError(f"batch at position {pos}: magic {h.magic}, expected {MAGIC}")
+    if h.batch_length < _MIN_BATCH_LENGTH:
+        raise CorruptBatchError(
+            f"batch at position {pos}: batch_length {h.batch_length} below the minimum "
+            f"{_MIN_BATCH_LENGTH} (a header without body)"
+        )
+    if h.total_size > max_batch_bytes:
+        raise BatchTooLargeError(
+            f"batch at position {pos}: total size {h.total_size} bytes exceeds max_batch_bytes "
+            f"{max_batch_bytes}"
+        )
+    if h.attributes & ~_ATTR_KNOWN:
+        raise CorruptBatchError(
+            f"batch at position {pos}: attributes 0x{h.attributes & 0xFFFF:04x} set reserved bits 5-15"
+        )
+    codec = h.attributes & ATTR_CODEC_MASK
+    if codec > Codec.LZ4:
+        raise CorruptBatchError(
+            f"batch at position {pos}: unknown codec {codec} in attributes bits 0-2 "
+            f"(known: 0 none, 1 zstd, 2 lz4)"
+        )
+    if h.record_count <= 0:
+        raise CorruptBatchError(f"batch at position {pos}: record_count {h.record_count} must be >= 1")
+    if h.body_length > max_batch_bytes:
+        raise BatchTooLargeError(
+            f"batch at position {pos}: body_length {h.body_length} (uncompressed) exceeds "
+            f"max_batch_bytes {max_batch_bytes}"
+        )
+    min_body = _min_body_length(h.record_count, bool(h.attributes & ATTR_HAS_HEADERS))
+    if h.body_length < min_body:
+        raise CorruptBatchError(
+            f"batch at position {pos}: body_length {h.body_length} too small for record_count "
+            f"{h.record_count} (its arrays alone need {min_body} bytes)"
+        )
+    if codec == Codec.NONE and h.total_size - HEADER_SIZE != h.body_length:
+        raise CorruptBatchError(
+            f"batch at position {pos}: uncompressed body is {h.total_size - HEADER_SIZE} bytes "
+            f"but body_length says {h.body_length}"
+        )
+    return h
+
+
+def _check_complete(h: BatchHeader, available: int, pos: int) -> None:
+    if h.total_size > available:
+        raise TruncatedBatchError(
+            f"batch at position {pos}: batch_length {h.batch_length} needs {h.total_size} bytes, "
+            f"{available} left in the buffer"
+        )
+
+
+def validate_batch(buf: Any, pos: int = 0, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> BatchHeader:
+    """read_header + the whole batch is present + its CRC matches. What the broker runs on produce."""
+    mv = _as_bytes_view(buf)
+    h = read_header(mv, pos, max_batch_bytes=max_batch_bytes)
+    _check_complete(h, len(mv) - pos, pos)
+    crc = zlib.crc32(mv[pos + CRC_START : pos + h.total_size])
+    if crc != h.crc:
+        raise CorruptBatchError(
+            f"batch at position {pos}: crc 0x{h.crc:08x} does not match computed 0x{crc:08x}"
+        )
+    return h
+
+
+def patch_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
+    """Write base_offset into the batch at `pos`, in place. The CRC stays valid (it skips it)."""
+    if pos < 0 or len(_as_bytes_view(buf)) - pos < 8:
+        raise TruncatedBatchError(f"no batch header at position {pos} to patch")
+    _INT64.pack_into(buf, pos, base_offset)
+
+
+def iter_headers(
+    buf: Any, pos: int = 0, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position, header) for each batch of concatenated batches, without CRC checks.
+
+    Raises TruncatedBatchError when the last batch is incomplete (after yielding the complete ones),
+    so a caller recovering a log can truncate at the position it names.
+    """
+    mv = _as_bytes_view(buf)
+    end = len(mv)
+    while pos < end:
+        h = read_header(mv, pos, max_batch_bytes=max_batch_bytes)
+        _check_complete(h, end - pos, pos)
+        yield pos, h
+        pos += h.total_size
+
+
+# ---------------------------------------------------------------------------------------------
+# Compression. The libraries are imported on first use so the header-level API (the broker's)
+# never depends on them.
+
+def _zstd() -> Any:
+    try:
+        import zstandard
+    except ImportError as e:  # pragma: no cover - dependency of the project
+        raise RecordsError("codec zstd needs the 'zstandard' package") from e
+    return zstandard
+
+
+def _lz4frame() -> Any:
+    try:
+        import lz4.frame
+    except ImportError as e:  # pragma: no cover - dependency of the project
+        raise RecordsError("codec lz4 needs the 'lz4' package") from e
+    return lz4.frame
+
+
+_ZSTD_LEVEL = 3  # zstd's default: fast enough to stay far ahead of the network
+
+
+def _compress(codec: Codec, body: bytes) -> bytes:
+    if codec == Codec.ZSTD:
+        # content size is written in the frame so the reader can check it before inflating
+        return _zstd().ZstdCompressor(level=_ZSTD_LEVEL, write_content_size=True).compress(body)
+    if codec == Codec.LZ4:
+        return _lz4frame().compress(body, store_size=True)
+    raise RecordsError(f"unknown codec {codec!r}")
+
+
+def _decompress(codec: int, data: memoryview, body_length: int, pos: int) -> bytes:
+    """Inflate `data`, producing at most body_length bytes whatever the data claims."""
+    where = f"batch at position {pos}"
+    if codec == Codec.ZSTD:
+        zstandard = _zstd()
+        try:
+            size = zstandard.frame_content_size(data)
+        except Exception as e:  # ZstdError for a bad frame header
+            raise CorruptBatchError(f"{where}: bad zstd frame header: {e}") from e
+        if size != body_length:
+            raise CorruptBatchError(
+                f"{where}: zstd frame content size {size} does not match body_length {body_length}"
+            )
+        dobj = zstandard.ZstdDecompressor().decompressobj()
+        try:
+            # libzstd fails a frame that inflates past its declared content size, so the output
+            # is bounded by body_length (<= max_batch_bytes)
+            out = dobj.decompress(data)
+        except Exception as e:
+            raise CorruptBatchError(f"{where}: zstd body does not decompress: {e}") from e
+        if not dobj.eof:
+            raise CorruptBatchError(f"{where}: zstd body ends inside its frame")
+        if dobj.unused_data:
+            raise CorruptBatchError(f"{where}: {len(dobj.unused_data)} bytes after the zstd frame")
+    elif codec == Codec.LZ4:
+        dec = _lz4frame().LZ4FrameDecompressor()
+        try:
+            out = dec.decompress(data, max_length=body_length)
+        except Exception as e:
+            raise CorruptBatchError(f"{where}: lz4 body does not decompress: {e}") from e
+        if not dec.eof:
+            raise CorruptBatchError(
+                f"{where}: lz4 body does not end within body_length {body_length} bytes"
+            )
+        if dec.unused_data:
+            raise CorruptBatchError(f"{where}: {len(dec.unused_data)} bytes after the lz4 frame")
+    else:  # read_header rejects other codecs
+        raise CorruptBatchError(f"{where}: unknown codec {codec}")
+    if len(out) != body_length:
+        raise CorruptBatchError(
+            f"{where}: body decompresses to {len(out)} bytes but body_length says {body_length}"
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-record headers.
+
+def _put_uvarint(out: bytearray, n: int) -> None:
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _encode_record_headers(hs: Iterable[tuple[str, bytes | None]]) -> bytes:
+    items = list(hs)
+    if not items:
+        return b""
+    out = bytearray()
+    _put_uvarint(out, len(items))
+    for k, v in items:
+        kb = k.encode("utf-8")
+        _put_uvarint(out, len(kb))
+        out += kb
+        if v is None:
+            out.append(0)
+        else:
+            _put_uvarint(out, len(v) + 1)
+            out += v
+    return bytes(out)
+
+
+def _get_uvarint(data: bytes, i: int, end: int) -> tuple[int, int]:
+    n = 0
+    shift = 0
+    while True:
+        if i >= end:
+            raise CorruptBatchError("record headers: varint runs past the end of its entry")
+        b = data[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, i
+        shift += 7
+        if shift >= 35:
+            raise CorruptBatchError("record headers: varint longer than 5 bytes")
+
+
+def _decode_record_headers(data: bytes, i: int, end: int) -> tuple[tuple[str, bytes | None], ...]:
+    if i == end:
+        return ()
+    count, i = _get_uvarint(data, i, end)
+    if count == 0:
+        raise CorruptBatchError("record headers: header_count 0 in a non-empty entry")
+    out = []
+    for _ in range(count):
+        klen, i = _get_uvarint(data, i, end)
+        if i + klen > end:
+            raise CorruptBatchError(f"record headers: key_length {klen} runs past the end of its entry")
+        try:
+            key = data[i : i + klen].decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CorruptBatchError(f"record headers: key is not UTF-8: {e}") from e
+        i += klen
+        vlen, i = _get_uvarint(data, i, end)
+        if vlen == 0:
+            value = None
+        else:
+            vlen -= 1
+            if i + vlen > end:
+                raise CorruptBatchError(
+                    f"record headers: value_length {vlen} runs past the end of its entry"
+                )
+            value = data[i : i + vlen]
+            i += vlen
+        out.append((key, value))
+    if i != end:
+        raise CorruptBatchError(f"record headers: {end - i} unused bytes at the end of an entry")
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Encode.
+
+def _int32_bytes(values: Iterable[int]) -> bytes:
+    a = array("i", values)
+    if not _LITTLE:
+        a.byteswap()
+    return a.tobytes()
+
+
+def _offsets(lengths: Iterable[int]) -> bytes:
+    return _int32_bytes(accumulate(lengths, initial=0))
+
+
+def _validity_bitmap(present: bytes, n: int) -> bytes:
+    """Pack one 0/1 byte per record into an LSB-first bitmap of ceil(n/8) bytes."""
+    # '0'/'1' text reversed so record 0 is the lowest bit; int() parses base 2 in linear time
+    bits = present.translate(_BIT_CHARS)[::-1]
+    return int(bits or b"0", 2).to_bytes((n + 7) // 8, "little")
+
+
+_BIT_CHARS = bytes.maketrans(b"\x00\x01", b"01")
+
+
+def encode(
+    values: Sequence[bytes],
+    keys: Sequence[bytes | None] | None = None,
+    headers: Sequence[Sequence[tuple[str, bytes | None]] | None] | None = None,
+    timestamps: Sequence[int] | None = None,
+    *,
+    timestamp_ms: int | None = None,
+    codec: Codec = Codec.NONE,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    base_offset: int = 0,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+) -> bytes:
+    """Build one batch from parallel lists (values required, the rest optional).
+
+    Timestamps: `timestamps` per record, else every record gets `timestamp_ms`, else now.
+    The per-record work is done by C iterators (map, accumulate, array, join), not a Python loop,
+    except for headers and for key lists that mix None and bytes.
+    """
+    n = len(values)
+    if n == 0:
+        raise RecordsError("encode: values is empty; a batch holds at least one record")
+    if max_batch_bytes > _INT32_MAX:
+        raise RecordsError(f"max_batch_bytes {max_batch_bytes} above {_INT32_MAX}: offsets are int32")
+    try:
+        codec = Codec(codec)
+    except ValueError as e:
+        raise RecordsError(f"unknown codec {codec!r} (known: {[c.name for c in Codec]})") from e
+
+    value_lengths = list(map(len, values))
+    value_total = sum(value_lengths)
+
+    # keys: three cases - no keys at all, all keys present, some keys None
+    if keys is None:
+        key_lengths = None
+        key_total = 0
+        key_offsets = bytes(4 * (n + 1))
+        validity = bytes((n + 7) // 8)
+        key_parts: Sequence[bytes] = ()
+    else:
+        if len(keys) != n:
+            raise RecordsError(f"encode: {len(keys)} keys for {n} values")
+        if None in keys:
+            present = bytes(map(_is_not_none, keys))
+            key_parts = list(compress(keys, present))  # type: ignore[arg-type]
+            key_lengths = [0 if k is None else len(k) for k in keys]
+            validity = _validity_bitmap(present, n)
+        else:
+            key_parts = keys  # type: ignore[assignment]
+            key_lengths = list(map(len, keys))  # type: ignore[arg-type]
+            validity = _all_present(n)
+        key_total = sum(key_lengths)
+        key_offsets = _offsets(key_lengths)
+
+    # headers: only encoded (and flagged) when some record has one
+    header_lengths = None
+    header_parts: list[bytes] = []
+    header_total = 0
+    if headers is not None:
+        if len(headers) != n:
+            raise RecordsError(f"encode: {len(headers)} header lists for {n} values")
+        if any(headers):
+            header_parts = [_encode_record_headers(h) if h else b"" for h in headers]
+            header_lengths = list(map(len, header_parts))
+            header_total = sum(header_lengths)
+
+    if value_total + key_total + header_total > max_record_bytes:
+        # some record may be too large: find the first one
+        sizes: Iterable[int] = value_lengths
+        if key_lengths is not None:
+            sizes = map(add, sizes, key_lengths)
+        if header_lengths is not None:
+            sizes = map(add, sizes, header_lengths)
+        sizes = list(sizes)
+        biggest = max(sizes)
+        if biggest > max_record_bytes:
+            i = sizes.index(biggest)
+            raise RecordTooLargeError(
+                f"record {i}: key + value + headers is {biggest} bytes, above max_record_bytes "
+                f"{max_record_bytes}"
+            )
+
+    if timestamps is None:
+        first_ts = max_ts = time.time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms
+        deltas = bytes(4 * n)
+    else:
+        if len(timestamps) != n:
+            raise RecordsError(f"encode: {len(timestamps)} timestamps for {n} values")
+        first_ts = timestamps[0]
+        max_ts = max(timestamps)
+        lo = min(timestamps)
+        if max_ts - first_ts > _INT32_MAX or lo - first_ts < _INT32_MIN:
+            raise RecordsError(
+                "encode: timestamps must lie within 2**31 ms (~24 days) of the first record's "
+                f"({first_ts}); got min {lo}, max {max_ts}"
+            )
+        deltas = _int32_bytes(map(sub, timestamps, repeat(first_ts, n)))
+
+    attributes = int(codec)
+    parts = [deltas, key_offsets, _offsets(value_lengths)]
+    if header_lengths is not None:
+        attributes |= ATTR_HAS_HEADERS
+        parts.append(_offsets(header_lengths))
+    parts.append(validity)
+    body_length = _min_body_length(n, header_lengths is not None) + key_total + value_total + header_total
+    if body_length > max_batch_bytes:
+        raise BatchTooLargeError(
+            f"encode: {n} records make a body of {body_length} bytes, above max_batch_bytes "
+            f"{max_batch_bytes}; send fewer records per batch"
+        )
+    parts += key_parts
+    parts += values
+    parts += header_parts
+    try:
+        body = b"".join(parts)
+    except TypeError as e:
+        raise RecordsError(f"encode: keys, values and header values must be bytes-like: {e}") from e
+    if len(body) != body_length:
+        raise RecordsError("encode: keys and values must be byte buffers (itemsize 1)")
+    if codec != Codec.NONE:
+        body = _compress(codec, body)
+    total = HEADER_SIZE + len(body)
+    if total > max_batch_bytes:
+        raise BatchTooLargeError(
+            f"encode: batch is {total} bytes, above max_batch_bytes {max_batch_bytes}"
+        )
+    try:
+        tail = _TAIL.pack(
+            attributes, n, first_ts, max_ts, producer_id, producer_epoch, base_sequence, body_length
+        )
+        crc = zlib.crc32(body, zlib.crc32(tail))
+        prefix = _PREFIX.pack(base_offset, total - 12, MAGIC, crc)
+    except struct.error as e:
+        raise RecordsError(f"encode: a header field is out of range: {e}") from e
+    return b"".join((prefix, tail, body))
+
+
+def _is_not_none(x: object) -> bool:
+    return x is not None
+
+
+def _all_present(n: int) -> bytes:
+    full, rest = divmod(n, 8)
+    return b"\xff" * full + (bytes(((1 << rest) - 1,)) if rest else b"")
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode.
+
+def _int32_view(mv: memoryview) -> memoryview:
+    """A memoryview of int32 items over little-endian bytes (copied only on big-endian hosts)."""
+    if _LITTLE:
+        return mv.cast("i")
+    a = array("i", bytes(mv))
+    a.byteswap()
+    return memoryview(a)
+
+
+def _check_offsets(offs: list[int], name: str) -> None:
+    # sorted() of already-sorted input is one C pass; ends were checked when decoding
+    if offs != sorted(offs):
+        raise CorruptBatchError(f"{name} are not monotonic (non-decreasing)")
+
+
+class RecordBatch:
+    """A decoded batch: the header plus views of the body arrays; records are built on iteration.
+
+    The views point into the buffer given to decode() (uncompressed batches) or into the
+    decompressed body, so pyarrow can wrap them without copying values.
+    """
+
+    __slots__ = (
+        "header",
+        "timestamp_deltas",
+        "key_offsets",
+        "value_offsets",
+        "header_offsets",
+        "key_validity",
+        "key_blob",
+        "value_blob",
+        "header_blob",
+        "_checked",
+    )
+
+    def __init__(self, header: BatchHeader, body: memoryview, pos: int = 0) -> None:
+        n = header.record_count
+        has_headers = header.has_headers
+        where = f"batch at position {pos}"
+        if len(body) != header.body_length:
+            raise CorruptBatchError(f"{where}: body is {len(body)} bytes, body_length says {header.body_length}")
+        self.header = header
+        i = 4 * n
+        self.timestamp_deltas = _int32_view(body[:i])
+        self.key_offsets = _int32_view(body[i : i + 4 * (n + 1)])
+        i += 4 * (n + 1)
+        self.value_offsets = _int32_view(body[i : i + 4 * (n + 1)])
+        i += 4 * (n + 1)
+        if has_headers:
+            self.header_offsets: memoryview | None = _int32_view(body[i : i + 4 * (n + 1)])
+            i += 4 * (n + 1)
+        else:
+            self.header_offsets = None
+        self.key_validity = body[i : i + (n + 7) // 8]
+        i += (n + 7) // 8
+        blobs = []
+        for name, offs in (
+            ("key_offsets", self.key_offsets),
+            ("value_offsets", self.value_offsets),
+            ("header_offsets", self.header_offsets),
+        ):
+            if offs is None:
+                blobs.append(body[i:i])
+                continue
+            first, last = offs[0], offs[n]
+            if first != 0:
+                raise CorruptBatchError(f"{where}: {name}[0] is {first}, must be 0")
+            if last < 0 or i + last > len(body):
+                raise CorruptBatchError(
+                    f"{where}: {name}[{n}] = {last} runs past the body end ({len(body) - i} bytes left)"
+                )
+            blobs.append(body[i : i + last])
+            i += last
+        if i != len(body):
+            raise CorruptBatchError(
+                f"{where}: arrays and blobs take {i} bytes but body_length is {len(body)}"
+            )
+        self.key_blob, self.value_blob, self.header_blob = blobs
+        self._checked = False
+
+    def __len__(self) -> int:
+        return self.header.record_count
+
+    def __repr__(self) -> str:
+        h = self.header
+        return (
+            f"RecordBatch(offsets={h.base_offset}..{h.last_offset}, records={h.record_count}, "
+            f"codec={h.codec.name}, body_length={h.body_length})"
+        )
+
+    @property
+    def base_offset(self) -> int:
+        return self.header.base_offset
+
+    @property
+    def last_offset(self) -> int:
+        return self.header.last_offset
+
+    def _offset_lists(self) -> tuple[list[int], list[int], list[int] | None]:
+        ko = self.key_offsets.tolist()
+        vo = self.value_offsets.tolist()
+        ho = None if self.header_offsets is None else self.header_offsets.tolist()
+        if not self._checked:
+            _check_offsets(ko, "key_offsets")
+            _check_offsets(vo, "value_offsets")
+            if ho is not None:
+                _check_offsets(ho, "header_offsets")
+            self._checked = True
+        return ko, vo, ho
+
+    def timestamps(self) -> list[int]:
+        h = self.header
+        if h.log_append_time:
+            return [h.max_timestamp] * h.record_count
+        return list(map(add, repeat(h.first_timestamp, h.record_count), self.timestamp_deltas.tolist()))
+
+    def values(self) -> list[bytes]:
+        vo = self._offset_lists()[1]
+        blob = bytes(self.value_blob)
+        return list(map(blob.__getitem__, map(slice, vo, vo[1:])))
+
+    def keys(self) -> list[bytes | None]:
+        n = self.header.record_count
+        ko = self._offset_lists()[0]
+        bits = int.from_bytes(self.key_validity, "little") & ((1 << n) - 1)
+        if bits == 0:
+            return [None] * n
+        blob = bytes(self.key_blob)
+        ks: list[bytes | None] = list(map(blob.__getitem__, map(slice, ko, ko[1:])))
+        if bits != (1 << n) - 1:
+            present = format(bits, "b").zfill(n)[::-1]  # character i is record i's bit
+            ks = [k if p == "1" else None for k, p in zip(ks, present)]
+        return ks
+
+    def headers(self) -> list[tuple[tuple[str, bytes | None], ...]]:
+        n = self.header.record_count
+        ho = self._offset_lists()[2]
+        if ho is None:
+            return [()] * n
+        blob = bytes(self.header_blob)
+        return [_decode_record_headers(blob, a, b) for a, b in zip(ho, ho[1:])]
+
+    def __iter__(self) -> Iterator[Record]:
+        return self._records(0)
+
+    def iter_from(self, offset: int) -> Iterator[Record]:
+        """Records with offset >= `offset` (a fetch returns the whole batch holding `offset`)."""
+        return self._records(max(0, offset - self.header.base_offset))
+
+    def _records(self, start: int) -> Iterator[Record]:
+        h = self.header
+        n = h.record_count
+        if start >= n:
+            return iter(())
+        rows = zip(
+            range(h.base_offset, h.base_offset + n),
+            self.timestamps(),
+            self.keys(),
+            self.values(),
+            self.headers(),
+        )
+        if start:
+            rows = _skip(rows, start)
+        # tuple.__new__ builds the NamedTuple in C (Record.__new__ is a Python function)
+        return map(tuple.__new__, repeat(Record), rows)
+
+    def to_arrow(self) -> "pyarrow.RecordBatch":
+        """Columns offset (int64), timestamp (int64 ms), key (binary, nullable), value (binary).
+
+        Keys and values are wrapped without copying; headers are left out (iterate for them).
+        """
+        try:
+            import pyarrow as pa
+        except ImportError as e:
+            raise RecordsError("to_arrow() needs the 'pyarrow' package") from e
+        h = self.header
+        n = h.record_count
+        self._offset_lists()  # Arrow trusts offsets blindly: check them first
+        mask = (1 << n) - 1
+        key_nulls = n - (int.from_bytes(self.key_validity, "little") & mask).bit_count()
+        keys = pa.Array.from_buffers(
+            pa.binary(),
+            n,
+            [_arrow_buffer(pa, self.key_validity), _arrow_offsets(pa, self.key_offsets),
+             pa.py_buffer(self.key_blob)],
+            null_count=key_nulls,
+        )
+        values = pa.Array.from_buffers(
+            pa.binary(),
+            n,
+            [None, _arrow_offsets(pa, self.value_offsets), pa.py_buffer(self.value_blob)],
+            null_count=0,
+        )
+        offsets = pa.array(range(h.base_offset, h.base_offset + n), type=pa.int64())
+        timestamps = pa.array(self.timestamps(), type=pa.int64())
+        return pa.RecordBatch.from_arrays(
+            [offsets, timestamps, keys, values], names=["offset", "timestamp", "key", "value"]
+        )
+
+
+def _skip(it: Iterator[Any], k: int) -> Iterator[Any]:
+    for _ in range(k):
+        next(it)
+    return it
+
+
+def _arrow_buffer(pa: Any, mv: memoryview) -> Any:
+    return pa.py_buffer(mv)
+
+
+def _arrow_offsets(pa: Any, offs: memoryview) -> Any:
+    buf = pa.py_buffer(offs)
+    if buf.address % 4:
+        # the body follows a 57-byte header, so offsets are often unaligned; Arrow requires
+        # aligned int32 offsets, and copying them costs 4 bytes per record (values stay zero-copy)
+        buf = pa.py_buffer(bytes(offs))
+    return buf
+
+
+def decode(
+    buf: Any, pos: int = 0, *, verify_crc: bool = True, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+) -> RecordBatch:
+    """Decode the batch at `pos` lazily: header, CRC, decompression and the body layout are checked
+    here; records are only built when iterated."""
+    mv = _as_bytes_view(buf)
+    if verify_crc:
+        h = validate_batch(mv, pos, max_batch_bytes=max_batch_bytes)
+    else:
+        h = read_header(mv, pos, max_batch_bytes=max_batch_bytes)
+        _check_complete(h, len(mv) - pos, pos)
+    stored = mv[pos + HEADER_SIZE : pos + h.total_size]
+    codec = h.attributes & ATTR_CODEC_MASK
+    body = stored if codec == Codec.NONE else memoryview(_decompress(codec, stored, h.body_length, pos))
+    return RecordBatch(h, body, pos)
+
+
+def decode_batches(
+    buf: Any, *, verify_crc: bool = True, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+) -> list[RecordBatch]:
+    """Decode every batch of concatenated batches (a fetch response)."""
+    mv = _as_bytes_view(buf)
+    out = []
+    pos = 0
+    end = len(mv)
+    while pos < end:
+        batch = decode(mv, pos, verify_crc=verify_crc, max_batch_bytes=max_batch_bytes)
+        out.append(batch)
+        pos += batch.header.total_size
+    return out
