@@ -1,0 +1,261 @@
+"""A storage broker: its logs, its offset store, and its link to the coordinator.
+
+Lifecycle (the owner is the process runner or a test fixture):
+  1. `BrokerNode(...)`, `add_to_server(server)`, `server.start()`;
+  2. `await start()`: recover the logs, open the offset store, register with the coordinator
+     (which answers with every partition placed here) and start the background tasks;
+  3. `await stop()`: stop the tasks, flush and close the logs cleanly (clean-shutdown marker).
+Until `start()` finishes, requests get UNAVAILABLE ("starting; retry").
+
+Background tasks, all owned here and stopped by `stop()`:
+  - heartbeat to the coordinator every `heartbeat_interval_ms` (re-register when it forgot us);
+  - retention every `retention_check_interval_ms`;
+  - the interval flusher when the log flush policy is "interval".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+import time
+from dataclasses import replace
+
+import grpc
+import structlog
+
+from dmq.broker.log import LogConfig, LogManager
+from dmq.broker.offsets import OffsetStore
+from dmq.broker.service import BrokerService, _fail
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto.grpc_options import channel_options
+
+log = structlog.get_logger(__name__)
+
+LEADER_CACHE_MS = 2_000
+COORDINATOR_RPC_TIMEOUT_S = 5.0
+
+
+def log_config_for(base: LogConfig, config: pb.TopicConfig) -> LogConfig:
+    """The broker's defaults overridden by the topic's explicit settings."""
+    changes: dict[str, int] = {}
+    if config.HasField("retention_ms"):
+        changes["retention_ms"] = config.retention_ms
+    if config.HasField("retention_bytes"):
+        changes["retention_bytes"] = config.retention_bytes
+    if config.HasField("segment_bytes"):
+        changes["segment_bytes"] = config.segment_bytes
+    if config.HasField("segment_ms"):
+        changes["segment_ms"] = config.segment_ms
+    if config.HasField("max_message_bytes"):
+        changes["max_batch_bytes"] = config.max_message_bytes
+    return replace(base, **changes) if changes else base
+
+
+class BrokerNode:
+    def __init__(
+        self,
+        data_dir: pathlib.Path,
+        *,
+        broker_id: int,
+        coordinator_address: str,
+        advertised_host: str,
+        advertised_port: int,
+        log_config: LogConfig | None = None,
+        max_open_files: int = 1000,
+        retention_check_interval_ms: int = 60_000,
+    ) -> None:
+        self.data_dir = pathlib.Path(data_dir)
+        self.broker_id = broker_id
+        self.coordinator_address = coordinator_address
+        self.advertised_host = advertised_host
+        self.advertised_port = advertised_port
+        self.log_config = log_config or LogConfig()
+        self.retention_check_interval_ms = retention_check_interval_ms
+        self.logs = LogManager(self.data_dir / "logs", self.log_config, max_open_files=max_open_files)
+        self.offsets = OffsetStore(self.data_dir / "offsets.sqlite")
+        self.service = BrokerService(self)
+        self.ready = False
+        self._channel: grpc.aio.Channel | None = None
+        self._metadata: pb_grpc.MetadataStub | None = None
+        self._groups: pb_grpc.GroupCoordinatorStub | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self._heartbeat_interval_ms = 1000
+        self._leader_cache: dict[str, tuple[float, dict[int, str]]] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"<BrokerNode id={self.broker_id} address={self.address} ready={self.ready} "
+            f"partitions={len(self.logs.partitions())}>"
+        )
+
+    @property
+    def address(self) -> str:
+        return f"{self.advertised_host}:{self.advertised_port}"
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        pb_grpc.add_BrokerServicer_to_server(self.service, server)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        await asyncio.to_thread(self.logs.open_existing)
+        await self.offsets.open()
+        self._channel = grpc.aio.insecure_channel(self.coordinator_address, options=channel_options())
+        self._metadata = pb_grpc.MetadataStub(self._channel)
+        self._groups = pb_grpc.GroupCoordinatorStub(self._channel)
+        await self._register()
+        self.ready = True
+        log.info(
+            "broker started",
+            broker_id=self.broker_id,
+            address=self.address,
+            partitions=len(self.logs.partitions()),
+            recovery_s=round(time.monotonic() - started, 3),
+        )
+        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"broker-{self.broker_id}-heartbeat"))
+        self._tasks.append(asyncio.create_task(self._retention_loop(), name=f"broker-{self.broker_id}-retention"))
+        if self.log_config.flush_policy == "interval":
+            self._tasks.append(asyncio.create_task(self._flush_loop(), name=f"broker-{self.broker_id}-flusher"))
+
+    async def stop(self) -> None:
+        self.ready = False
+        self._stopping.set()
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        self._tasks.clear()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+        await asyncio.to_thread(self.logs.close)
+        await self.offsets.close()
+        log.info("broker stopped", broker_id=self.broker_id)
+
+    async def _register(self) -> None:
+        """Register with the coordinator, retrying until it answers or the node stops."""
+        assert self._metadata is not None
+        delay_s = 0.05
+        while not self._stopping.is_set():
+            try:
+                response = await self._metadata.RegisterBroker(
+                    pb.RegisterBrokerRequest(
+                        broker_id=self.broker_id, host=self.advertised_host, port=self.advertised_port
+                    ),
+                    timeout=COORDINATOR_RPC_TIMEOUT_S,
+                )
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                log.warning("coordinator not reachable, retrying", coordinator=self.coordinator_address, error=e.details())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), delay_s)
+                delay_s = min(delay_s * 2, 2.0)
+                continue
+            if response.heartbeat_interval_ms > 0:
+                self._heartbeat_interval_ms = response.heartbeat_interval_ms
+            for create in response.partitions:
+                self.create_partitions(create)
+            return
+
+    async def _heartbeat_loop(self) -> None:
+        assert self._metadata is not None
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self._heartbeat_interval_ms / 1000)
+            if self._stopping.is_set():
+                return
+            try:
+                response = await self._metadata.BrokerHeartbeat(
+                    pb.BrokerHeartbeatRequest(broker_id=self.broker_id), timeout=COORDINATOR_RPC_TIMEOUT_S
+                )
+                if response.reregister:
+                    log.info("coordinator asked to re-register", broker_id=self.broker_id)
+                    await self._register()
+            except grpc.aio.AioRpcError as e:
+                log.warning("broker heartbeat failed", broker_id=self.broker_id, error=e.details())
+
+    async def _retention_loop(self) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.retention_check_interval_ms / 1000)
+            if self._stopping.is_set():
+                return
+            try:
+                deleted = await asyncio.to_thread(self.logs.enforce_retention)
+                if deleted:
+                    log.info("retention deleted segments", broker_id=self.broker_id, segments=deleted)
+            except Exception:  # noqa: BLE001 - retention must keep running
+                log.exception("retention failed", broker_id=self.broker_id)
+
+    async def _flush_loop(self) -> None:
+        interval_s = self.log_config.flush_interval_ms / 1000
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), interval_s)
+            try:
+                await asyncio.to_thread(self.logs.flush_all)
+            except Exception:  # noqa: BLE001
+                log.exception("interval flush failed", broker_id=self.broker_id)
+
+    # -- partitions ------------------------------------------------------------------------------
+
+    def create_partitions(self, request: pb.CreatePartitionsRequest) -> None:
+        config = log_config_for(self.log_config, request.config)
+        for partition in request.partitions:
+            self.logs.create(request.topic, partition, config)
+        self._leader_cache.pop(request.topic, None)
+        log.info("partitions created", topic=request.topic, partitions=list(request.partitions))
+
+    async def delete_partitions(self, topic: str, partitions: set[int] | None) -> None:
+        for t, p in self.logs.partitions():
+            if t == topic and (partitions is None or p in partitions):
+                self.logs.delete(t, p)
+        await self.offsets.delete_topic(topic, partitions)
+        self._leader_cache.pop(topic, None)
+        log.info("partitions deleted", topic=topic, partitions=sorted(partitions) if partitions else "all")
+
+    async def leader_hint(self, topic: str, partition: int) -> str | None:
+        """The address of the partition's leader per the coordinator, None when it does not exist."""
+        now = time.monotonic()
+        cached = self._leader_cache.get(topic)
+        if cached is None or now - cached[0] > LEADER_CACHE_MS / 1000:
+            leaders: dict[int, str] = {}
+            if self._metadata is not None:
+                try:
+                    md = await self._metadata.GetMetadata(
+                        pb.GetMetadataRequest(topics=[topic]), timeout=COORDINATOR_RPC_TIMEOUT_S
+                    )
+                    for t in md.topics:
+                        if t.name == topic:
+                            leaders = {p.partition: p.leader_address for p in t.partitions}
+                except grpc.aio.AioRpcError:
+                    leaders = {}
+            cached = (now, leaders)
+            self._leader_cache[topic] = cached
+            if len(self._leader_cache) > 10_000:  # bound the cache under hostile topic names
+                self._leader_cache.clear()
+        return cached[1].get(partition)
+
+    async def check_ownership(
+        self, group_id: str, member_id: str, generation: int, topic: str, partitions: list[int]
+    ) -> None:
+        """Ask the coordinator whether the member owns the partitions; refuse the commit if not."""
+        assert self._groups is not None
+        try:
+            await self._groups.CheckOwnership(
+                pb.CheckOwnershipRequest(
+                    group_id=group_id, member_id=member_id, generation=generation, partitions=partitions, topic=topic
+                ),
+                timeout=COORDINATOR_RPC_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED):
+                code = grpc.StatusCode.UNAVAILABLE
+            _fail(code, e.details() or "ownership check failed")

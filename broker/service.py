@@ -1,0 +1,450 @@
+"""The Broker gRPC service: produce, fetch (long-poll), list offsets, committed offsets.
+
+Handlers validate every field before touching a log, so a hostile request gets a status and a
+message naming the field and the limit, and never reaches storage. Record batches are checked at
+the header level (size, magic, CRC) and stored as they came, their base offset patched: the broker
+never decodes individual records.
+
+Fetch long-polls: when the first read returns fewer than `min_bytes`, the handler parks on the
+partitions' append notifiers until an append lands or `max_wait_ms` passes, then reads again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, NoReturn
+
+import grpc
+import structlog
+
+from dmq.broker.log import (
+    LogError,
+    OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
+    PartitionLog,
+    ProducerFencedError,
+    UnknownPartitionError,
+)
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto import records
+from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
+
+if TYPE_CHECKING:
+    from dmq.broker.node import BrokerNode
+
+log = structlog.get_logger(__name__)
+
+MAX_TOPIC_NAME_CHARS = 249
+MAX_FETCH_WAIT_MS = 60_000
+MAX_FETCH_PARTITIONS = 10_000
+MAX_COMMIT_PARTITIONS = 10_000
+MAX_GROUP_ID_CHARS = 512
+MAX_OFFSET_METADATA_CHARS = 4096
+DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
+
+
+class _Abort(Exception):
+    """A request refused with a status; raised by validators, turned into context.abort once."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _fail(code: grpc.StatusCode, message: str) -> NoReturn:
+    raise _Abort(code, message)
+
+
+def _check_topic(topic: str, field: str = "topic") -> None:
+    if not topic:
+        _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{field} must not be empty")
+    if len(topic) > MAX_TOPIC_NAME_CHARS:
+        _fail(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{field} is {len(topic)} characters; the limit is {MAX_TOPIC_NAME_CHARS}",
+        )
+
+
+def _check_partition(partition: int, field: str = "partition") -> None:
+    if partition < 0:
+        _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{field} must be >= 0, got {partition}")
+
+
+def _check_group(group_id: str) -> None:
+    if not group_id:
+        _fail(grpc.StatusCode.INVALID_ARGUMENT, "group_id must not be empty")
+    if len(group_id) > MAX_GROUP_ID_CHARS:
+        _fail(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"group_id is {len(group_id)} characters; the limit is {MAX_GROUP_ID_CHARS}",
+        )
+
+
+Handler = Callable[..., Awaitable[object]]
+
+
+def _guarded(method: Handler) -> Handler:
+    """Turn validation failures into statuses and unexpected errors into INTERNAL, never a crash."""
+
+    async def wrapper(self: BrokerService, request: object, context: grpc.aio.ServicerContext) -> object:
+        try:
+            return await method(self, request, context)
+        except _Abort as e:
+            await context.abort(e.code, e.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the last line of defence of a server
+            if isinstance(e, grpc.aio.AbortError) or type(e).__name__ == "AbortError":
+                raise
+            log.exception("broker handler failed", rpc=method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(e).__name__}: {e}")
+        raise AssertionError("unreachable")
+
+    wrapper.__name__ = method.__name__
+    wrapper.__doc__ = method.__doc__
+    return wrapper
+
+
+class AppendNotifier:
+    """Wakes long-polling fetches when a partition gets new data.
+
+    Waiters park a future per partition they read; an append resolves them. Futures are removed by
+    the waiter itself, so the table only holds partitions with fetches in flight.
+    """
+
+    def __init__(self) -> None:
+        self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+
+    def notify(self, topic: str, partition: int) -> None:
+        waiters = self._waiters.pop((topic, partition), None)
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def wait_any(self, keys: list[tuple[str, int]], timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        for key in keys:
+            self._waiters.setdefault(key, set()).add(fut)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            for key in keys:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(fut)
+                    if not waiters:
+                        del self._waiters[key]
+
+
+class BrokerService(pb_grpc.BrokerServicer):
+    def __init__(self, node: BrokerNode) -> None:
+        self._node = node
+        self.notifier = AppendNotifier()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    async def _log_for(self, topic: str, partition: int) -> PartitionLog:
+        node = self._node
+        if not node.ready:
+            _fail(grpc.StatusCode.UNAVAILABLE, f"broker {node.broker_id} is starting; retry")
+        try:
+            return node.logs.get(topic, partition)
+        except UnknownPartitionError:
+            pass
+        leader = await node.leader_hint(topic, partition)
+        if leader is None:
+            _fail(grpc.StatusCode.NOT_FOUND, f"unknown topic or partition: {topic}[{partition}]")
+        _fail(
+            grpc.StatusCode.UNAVAILABLE,
+            f"broker {node.broker_id} does not lead {topic}[{partition}]; the leader is {leader}",
+        )
+
+    # -- produce ---------------------------------------------------------------------------------
+
+    @_guarded
+    async def Produce(self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
+        _check_topic(request.topic)
+        _check_partition(request.partition)
+        if not request.batch:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT, "batch must not be empty")
+        plog = await self._log_for(request.topic, request.partition)
+        limit = plog.config.max_batch_bytes
+        if len(request.batch) > limit:
+            _fail(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"batch is {len(request.batch)} bytes; the limit (max_batch_bytes) is {limit}",
+            )
+        try:
+            if request.acks == pb.ACKS_ALL:
+                info = await plog.append_durable(request.batch)
+            else:
+                info = plog.append(request.batch)
+        except records.BatchTooLargeError as e:
+            _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"batch: {e}")
+        except records.RecordsError as e:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT, f"batch: {e}")
+        except (OutOfOrderSequenceError, ProducerFencedError) as e:
+            _fail(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except UnknownPartitionError as e:
+            _fail(grpc.StatusCode.NOT_FOUND, str(e))
+        if not info.duplicate:
+            self.notifier.notify(request.topic, request.partition)
+        return pb.ProduceResponse(
+            base_offset=info.base_offset,
+            log_append_time_ms=info.append_time_ms,
+            log_start_offset=plog.log_start_offset,
+            duplicate=info.duplicate,
+        )
+
+    # -- fetch -----------------------------------------------------------------------------------
+
+    def _validate_fetch(self, request: pb.FetchRequest) -> None:
+        if len(request.partitions) == 0:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT, "partitions must name at least one partition")
+        if len(request.partitions) > MAX_FETCH_PARTITIONS:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"partitions has {len(request.partitions)} entries; the limit is {MAX_FETCH_PARTITIONS}",
+            )
+        if not 0 <= request.max_wait_ms <= MAX_FETCH_WAIT_MS:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"max_wait_ms must be within 0..{MAX_FETCH_WAIT_MS}, got {request.max_wait_ms}",
+            )
+        if not 0 <= request.max_bytes <= MAX_FETCH_RESPONSE_BYTES:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"max_bytes must be within 0..{MAX_FETCH_RESPONSE_BYTES}, got {request.max_bytes}",
+            )
+        if request.min_bytes < 0:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT, f"min_bytes must be >= 0, got {request.min_bytes}")
+        for i, p in enumerate(request.partitions):
+            _check_topic(p.topic, f"partitions[{i}].topic")
+            _check_partition(p.partition, f"partitions[{i}].partition")
+            if p.offset < 0:
+                _fail(grpc.StatusCode.INVALID_ARGUMENT, f"partitions[{i}].offset must be >= 0, got {p.offset}")
+            if not 0 <= p.max_bytes <= MAX_FETCH_RESPONSE_BYTES:
+                _fail(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"partitions[{i}].max_bytes must be within 0..{MAX_FETCH_RESPONSE_BYTES}, got {p.max_bytes}",
+                )
+
+    async def _read_all(self, request: pb.FetchRequest) -> tuple[list[pb.FetchPartitionResult], int]:
+        node = self._node
+        total_limit = request.max_bytes or DEFAULT_FETCH_MAX_BYTES
+        total = 0
+        results = []
+        for p in request.partitions:
+            result = pb.FetchPartitionResult(topic=p.topic, partition=p.partition)
+            try:
+                plog = node.logs.get(p.topic, p.partition)
+            except UnknownPartitionError:
+                leader = await node.leader_hint(p.topic, p.partition)
+                if leader is None:
+                    result.error = pb.UNKNOWN_TOPIC_OR_PARTITION
+                    result.error_message = f"unknown topic or partition: {p.topic}[{p.partition}]"
+                else:
+                    result.error = pb.NOT_LEADER
+                    result.error_message = f"broker {node.broker_id} does not lead {p.topic}[{p.partition}]; the leader is {leader}"
+                results.append(result)
+                continue
+            result.high_watermark = plog.log_end_offset
+            result.log_start_offset = plog.log_start_offset
+            # Kafka's rule: the first partition with data returns at least one whole batch even
+            # when it exceeds the limits, so a consumer can never get stuck behind a large batch.
+            remaining = total_limit - total
+            limit = min(p.max_bytes or total_limit, remaining)
+            if limit <= 0 and total > 0:
+                results.append(result)
+                continue
+            try:
+                data = plog.read(p.offset, max(limit, 1))
+            except OffsetOutOfRangeError:
+                result.error = pb.OFFSET_OUT_OF_RANGE
+                result.error_message = (
+                    f"offset {p.offset} is out of range for {p.topic}[{p.partition}]: "
+                    f"log start {plog.log_start_offset}, log end {plog.log_end_offset}"
+                )
+            except LogError as e:
+                result.error = pb.STORAGE_ERROR
+                result.error_message = str(e)
+                log.error("fetch read failed", topic=p.topic, partition=p.partition, error=str(e))
+            else:
+                result.records = data
+                total += len(data)
+            results.append(result)
+        return results, total
+
+    @_guarded
+    async def Fetch(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> pb.FetchResponse:
+        self._validate_fetch(request)
+        if not self._node.ready:
+            _fail(grpc.StatusCode.UNAVAILABLE, f"broker {self._node.broker_id} is starting; retry")
+        deadline = time.monotonic() + request.max_wait_ms / 1000
+        keys = [(p.topic, p.partition) for p in request.partitions]
+        min_bytes = max(request.min_bytes, 1)
+        while True:
+            results, total = await self._read_all(request)
+            remaining_s = deadline - time.monotonic()
+            if total >= min_bytes or remaining_s <= 0 or any(r.error for r in results):
+                return pb.FetchResponse(partitions=results)
+            await self.notifier.wait_any(keys, remaining_s)
+
+    # -- offsets ---------------------------------------------------------------------------------
+
+    @_guarded
+    async def ListOffsets(self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.ListOffsetsResponse:
+        if len(request.queries) > MAX_FETCH_PARTITIONS:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"queries has {len(request.queries)} entries; the limit is {MAX_FETCH_PARTITIONS}",
+            )
+        answers = []
+        for i, q in enumerate(request.queries):
+            _check_topic(q.topic, f"queries[{i}].topic")
+            _check_partition(q.partition, f"queries[{i}].partition")
+            if q.timestamp_ms < -2:
+                _fail(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"queries[{i}].timestamp_ms must be -2 (earliest), -1 (latest) or >= 0, got {q.timestamp_ms}",
+                )
+            answer = pb.OffsetAnswer(topic=q.topic, partition=q.partition)
+            try:
+                plog = self._node.logs.get(q.topic, q.partition)
+            except UnknownPartitionError:
+                leader = await self._node.leader_hint(q.topic, q.partition)
+                answer.error = pb.UNKNOWN_TOPIC_OR_PARTITION if leader is None else pb.NOT_LEADER
+                answer.error_message = (
+                    f"unknown topic or partition: {q.topic}[{q.partition}]"
+                    if leader is None
+                    else f"broker {self._node.broker_id} does not lead {q.topic}[{q.partition}]; the leader is {leader}"
+                )
+                answers.append(answer)
+                continue
+            answer.log_start_offset = plog.log_start_offset
+            answer.log_end_offset = plog.log_end_offset
+            if q.timestamp_ms == -2:
+                answer.offset = plog.log_start_offset
+            elif q.timestamp_ms == -1:
+                answer.offset = plog.log_end_offset
+            else:
+                found = plog.offset_for_time(q.timestamp_ms)
+                answer.offset = plog.log_end_offset if found is None else found
+            answers.append(answer)
+        return pb.ListOffsetsResponse(answers=answers)
+
+    @_guarded
+    async def CommitOffsets(self, request: pb.CommitOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.CommitOffsetsResponse:
+        _check_group(request.group_id)
+        if not request.offsets:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT, "offsets must name at least one partition")
+        if len(request.offsets) > MAX_COMMIT_PARTITIONS:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"offsets has {len(request.offsets)} entries; the limit is {MAX_COMMIT_PARTITIONS}",
+            )
+        by_topic: dict[str, list[int]] = {}
+        rows: list[tuple[str, int, int, str]] = []
+        for i, o in enumerate(request.offsets):
+            _check_topic(o.topic, f"offsets[{i}].topic")
+            _check_partition(o.partition, f"offsets[{i}].partition")
+            if len(o.metadata) > MAX_OFFSET_METADATA_CHARS:
+                _fail(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"offsets[{i}].metadata is {len(o.metadata)} characters; the limit is {MAX_OFFSET_METADATA_CHARS}",
+                )
+            plog = await self._log_for(o.topic, o.partition)
+            if not 0 <= o.offset <= plog.log_end_offset:
+                _fail(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"offsets[{i}].offset must be within 0..{plog.log_end_offset} (the log end of "
+                    f"{o.topic}[{o.partition}]), got {o.offset}",
+                )
+            by_topic.setdefault(o.topic, []).append(o.partition)
+            rows.append((o.topic, o.partition, o.offset, o.metadata))
+        for topic, partitions in by_topic.items():
+            await self._node.check_ownership(request.group_id, request.member_id, request.generation, topic, partitions)
+        await self._node.offsets.commit(request.group_id, rows)
+        log.debug("offsets committed", group=request.group_id, member=request.member_id, count=len(rows))
+        return pb.CommitOffsetsResponse()
+
+    @_guarded
+    async def FetchCommittedOffsets(
+        self, request: pb.FetchCommittedOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FetchCommittedOffsetsResponse:
+        _check_group(request.group_id)
+        store = self._node.offsets
+        out = []
+        if request.partitions:
+            for i, tp in enumerate(request.partitions):
+                _check_topic(tp.topic, f"partitions[{i}].topic")
+                _check_partition(tp.partition, f"partitions[{i}].partition")
+                c = store.get(request.group_id, tp.topic, tp.partition)
+                out.append(
+                    pb.PartitionOffset(
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        offset=-1 if c is None else c.offset,
+                        metadata="" if c is None else c.metadata,
+                    )
+                )
+        else:
+            for (topic, partition), c in sorted(store.for_group(request.group_id).items()):
+                out.append(pb.PartitionOffset(topic=topic, partition=partition, offset=c.offset, metadata=c.metadata))
+        return pb.FetchCommittedOffsetsResponse(offsets=out)
+
+    @_guarded
+    async def DescribeLogs(self, request: pb.DescribeLogsRequest, context: grpc.aio.ServicerContext) -> pb.DescribeLogsResponse:
+        logs = self._node.logs
+        keys = [(tp.topic, tp.partition) for tp in request.partitions] or sorted(logs.partitions())
+        out = []
+        for topic, partition in keys:
+            info = pb.LogInfo(topic=topic, partition=partition)
+            try:
+                plog = logs.get(topic, partition)
+            except UnknownPartitionError:
+                info.error = pb.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                info.log_start_offset = plog.log_start_offset
+                info.log_end_offset = plog.log_end_offset
+                info.size_bytes = plog.size_bytes
+                info.segment_count = getattr(plog, "segment_count", 0)
+            out.append(info)
+        return pb.DescribeLogsResponse(logs=out)
+
+    # -- internal: called by the coordinator -------------------------------------------------------
+
+    @_guarded
+    async def CreatePartitions(
+        self, request: pb.CreatePartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreatePartitionsResponse:
+        _check_topic(request.topic)
+        for i, p in enumerate(request.partitions):
+            _check_partition(p, f"partitions[{i}]")
+        self._node.create_partitions(request)
+        return pb.CreatePartitionsResponse()
+
+    @_guarded
+    async def DeletePartitions(
+        self, request: pb.DeletePartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeletePartitionsResponse:
+        _check_topic(request.topic)
+        await self._node.delete_partitions(request.topic, set(request.partitions) or None)
+        return pb.DeletePartitionsResponse()
+
+    @_guarded
+    async def DeleteGroupOffsets(
+        self, request: pb.DeleteGroupOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteGroupOffsetsResponse:
+        _check_group(request.group_id)
+        removed = await self._node.offsets.delete_group(request.group_id)
+        log.info("group offsets deleted", group=request.group_id, partitions=removed)
+        return pb.DeleteGroupOffsetsResponse()
