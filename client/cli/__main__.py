@@ -1,0 +1,3 @@
+from dmq.client.cli import main
+
+main()
