@@ -1,0 +1,694 @@
+"""The metadata service: brokers, topics and partition placement.
+
+Two layers:
+  MetadataManager   the state and its rules, for in-process callers (the group coordinator, the
+                    node). Raises MetadataError subclasses, each carrying its gRPC status code.
+  MetadataServicer  the gRPC Metadata service: proto in, proto out, MetadataError -> status code,
+                    anything unexpected -> INTERNAL (logged). No handler lets an exception escape.
+
+State: topics and placement are read from memory; every change is written to SQLite first (one
+transaction) and applied to memory after it commits, and that pair completes even if the calling
+RPC is cancelled. Topic admin operations (create, delete, add partitions) are serialized by one lock
+held through their broker calls, so a broker sees CreatePartitions and DeletePartitions for a topic
+in the order the coordinator decided them; those calls have a timeout, so the lock is bounded.
+
+Broker liveness: a broker is alive while it has registered with this coordinator process and its
+last heartbeat is at most broker_session_timeout_ms old (clock_ms is injected for tests). Brokers
+known from SQLite but not yet registered since start are not alive; their heartbeats are answered
+with reregister=true, as are those of a broker whose session expired, so every (re-)registration
+hands the broker its full placement and repairs any CreatePartitions call that was lost.
+
+Placement: round-robin over the live brokers sorted by id, starting at crc32(topic) mod N so that
+partition 0 of different topics lands on different brokers; partition p goes to
+live[(start + p) % N]. AddPartitions continues the same sequence over the brokers live then. A
+partition keeps its broker for life (no replication), so a dead broker's partitions are unavailable
+(leader_alive=false) until it comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import sqlite3
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from dmq.coordinator.broker_pool import BrokerPool
+from dmq.coordinator.store import BrokerRecord, CoordinatorStore, TopicRecord
+from dmq.coordinator.validation import (
+    TopicSettings,
+    ValidationError,
+    validate_partition_count,
+    validate_partition_increase,
+    validate_topic_name,
+)
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_BROKER_CALL_TIMEOUT_MS = 5_000
+HOST_MAX_CHARS = 253  # a DNS name's limit
+BROKER_ID_MAX = 2**31 - 1
+NO_LIVE_BROKERS = "no live brokers: start one with `dmq broker`"
+
+PartitionsAddedListener = Callable[[str, int], Awaitable[None] | None]
+TopicDeletedListener = Callable[[str], Awaitable[None] | None]
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+class MetadataError(Exception):
+    """A request the metadata service refuses; `code` is the gRPC status it maps to."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class InvalidArgument(MetadataError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class TopicNotFound(MetadataError):
+    code = grpc.StatusCode.NOT_FOUND
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = sorted(names)
+        listed = ", ".join(repr(n) for n in self.names)
+        noun = "topic" if len(self.names) == 1 else "topics"
+        super().__init__(f"{noun} {listed} not found")
+
+
+class TopicAlreadyExists(MetadataError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"topic {name!r} already exists")
+
+
+class NoLiveBrokers(MetadataError):
+    # UNAVAILABLE: retriable, since brokers may still be starting (e.g. just after `dmq server`).
+    code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self) -> None:
+        super().__init__(NO_LIVE_BROKERS)
+
+
+class NotReady(MetadataError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self) -> None:
+        super().__init__("coordinator is starting: retry")
+
+
+# -- state ----------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _BrokerState:
+    record: BrokerRecord
+    registered: bool = False  # registered with this coordinator process (and not expired since)
+    last_heartbeat_ms: int = -1
+
+
+def broker_address(host: str, port: int) -> str:
+    """ "host:port", with IPv6 literals bracketed as gRPC expects."""
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+def placement_for(topic: str, partitions: Iterable[int], live_broker_ids: list[int]) -> dict[int, int]:
+    """Round-robin placement (see the module comment). live_broker_ids must be non-empty."""
+    brokers = sorted(live_broker_ids)
+    start = zlib.crc32(topic.encode()) % len(brokers)
+    return {p: brokers[(start + p) % len(brokers)] for p in partitions}
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def complete_even_if_cancelled(coro: Coroutine[Any, Any, T]) -> T:
+    """Run coro to its end even when the caller is cancelled; then re-raise the cancellation.
+
+    Used for "write SQLite, then apply to memory": stopping half-way would leave memory behind disk.
+    """
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return task.result()
+
+
+class MetadataManager:
+    def __init__(
+        self,
+        store: CoordinatorStore,
+        broker_pool: BrokerPool,
+        *,
+        broker_session_timeout_ms: int = 10_000,
+        broker_call_timeout_ms: int = DEFAULT_BROKER_CALL_TIMEOUT_MS,
+        default_topic_config: TopicSettings | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        if broker_session_timeout_ms <= 0:
+            raise ValueError(f"broker_session_timeout_ms must be > 0, got {broker_session_timeout_ms}")
+        if default_topic_config is not None:
+            default_topic_config.validate(field_prefix="default_topic_config.")
+        self.store = store
+        self.broker_pool = broker_pool
+        self.broker_session_timeout_ms = broker_session_timeout_ms
+        self.broker_call_timeout_ms = broker_call_timeout_ms
+        self.default_topic_config = default_topic_config
+        self.clock_ms = clock_ms
+        self.ready = False
+        self._topics: dict[str, TopicRecord] = {}
+        self._brokers: dict[int, _BrokerState] = {}
+        self._admin_lock = asyncio.Lock()
+        self._partitions_added_listeners: list[PartitionsAddedListener] = []
+        self._topic_deleted_listeners: list[TopicDeletedListener] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"<MetadataManager ready={self.ready} topics={len(self._topics)} brokers={len(self._brokers)} "
+            f"live={len(self.live_broker_ids())}>"
+        )
+
+    async def load(self) -> None:
+        """Load brokers and topics from the store (called once by the node's start())."""
+        self._brokers = {b.broker_id: _BrokerState(b) for b in await self.store.load_brokers()}
+        self._topics = {t.name: t for t in await self.store.load_topics()}
+        self.ready = True
+        log.info("metadata loaded", topics=len(self._topics), brokers=len(self._brokers))
+
+    def check_ready(self) -> None:
+        if not self.ready:
+            raise NotReady()
+
+    @property
+    def heartbeat_interval_ms(self) -> int:
+        """What brokers are told: several heartbeats fit in one session, so one lost beat is harmless."""
+        return max(10, self.broker_session_timeout_ms // 4)
+
+    # -- reads, for in-process callers -------------------------------------------------------------
+
+    def topic(self, name: str) -> TopicRecord | None:
+        return self._topics.get(name)
+
+    def topics(self) -> list[TopicRecord]:
+        return [self._topics[name] for name in sorted(self._topics)]
+
+    def broker(self, broker_id: int) -> BrokerRecord | None:
+        state = self._brokers.get(broker_id)
+        return state.record if state else None
+
+    def brokers(self) -> list[BrokerRecord]:
+        return [self._brokers[i].record for i in sorted(self._brokers)]
+
+    def broker_address(self, broker_id: int) -> str | None:
+        state = self._brokers.get(broker_id)
+        return broker_address(state.record.host, state.record.port) if state else None
+
+    def leader_address(self, topic: str, partition: int) -> str | None:
+        record = self._topics.get(topic)
+        leader = record.leader(partition) if record else None
+        return self.broker_address(leader) if leader is not None else None
+
+    def is_broker_alive(self, broker_id: int) -> bool:
+        state = self._brokers.get(broker_id)
+        return state is not None and self._alive(state, self.clock_ms())
+
+    def live_broker_ids(self) -> list[int]:
+        now = self.clock_ms()
+        return sorted(i for i, s in self._brokers.items() if self._alive(s, now))
+
+    def last_heartbeat_ms(self, broker_id: int) -> int:
+        state = self._brokers.get(broker_id)
+        return state.last_heartbeat_ms if state else -1
+
+    def partitions_led(self, broker_id: int) -> int:
+        return sum(1 for t in self._topics.values() for b in t.placement.values() if b == broker_id)
+
+    def _alive(self, state: _BrokerState, now_ms: int) -> bool:
+        return state.registered and now_ms - state.last_heartbeat_ms <= self.broker_session_timeout_ms
+
+    # -- listeners -------------------------------------------------------------------------------
+
+    def add_partitions_added_listener(self, callback: PartitionsAddedListener) -> None:
+        """callback(topic, new_partition_count), sync or async, after the brokers were asked to create
+        the new partitions. Errors are logged, not propagated."""
+        self._partitions_added_listeners.append(callback)
+
+    # The name the group coordinator looks for.
+    on_partitions_added = add_partitions_added_listener
+
+    def add_topic_deleted_listener(self, callback: TopicDeletedListener) -> None:
+        """callback(topic), sync or async, after the topic was removed. Errors are logged."""
+        self._topic_deleted_listeners.append(callback)
+
+    on_topic_deleted = add_topic_deleted_listener
+
+    async def _notify(self, listeners: list[Callable[..., Any]], *args: Any) -> None:
+        for callback in list(listeners):
+            try:
+                result = callback(*args)
+                if inspect.isawaitable(result):
+                    await asyncio.wait_for(result, self.broker_call_timeout_ms / 1000)
+            except Exception:  # noqa: BLE001 - a listener's bug must not fail the admin request
+                log.exception("metadata listener failed", listener=repr(callback), args=args)
+
+    # -- brokers ---------------------------------------------------------------------------------
+
+    async def register_broker(self, broker_id: int, host: str, port: int) -> list[pb.CreatePartitionsRequest]:
+        """Record the broker, mark it alive, and return every partition placed on it."""
+        self.check_ready()
+        _validate_broker(broker_id, host, port)
+        now = self.clock_ms()
+        record = BrokerRecord(broker_id=broker_id, host=host, port=port, registered_ms=now)
+        await complete_even_if_cancelled(self._apply_registration(record, now))
+        return self.partition_requests_for(broker_id)
+
+    async def _apply_registration(self, record: BrokerRecord, now_ms: int) -> None:
+        previous = self._brokers.get(record.broker_id)
+        if previous is None or (previous.record.host, previous.record.port) != (record.host, record.port):
+            await self.store.upsert_broker(record)
+        if previous is not None and (previous.record.host, previous.record.port) != (record.host, record.port):
+            old = broker_address(previous.record.host, previous.record.port)
+            # Two brokers configured with one id would flap here; the log line is how to spot it.
+            log.warning(
+                "broker address changed",
+                broker_id=record.broker_id,
+                old_address=old,
+                new_address=broker_address(record.host, record.port),
+                was_alive=self._alive(previous, now_ms),
+            )
+            self.broker_pool.forget(old)
+        state = _BrokerState(record, registered=True, last_heartbeat_ms=now_ms)
+        if previous is not None and (previous.record.host, previous.record.port) == (record.host, record.port):
+            state.record = previous.record  # keep the first registration time of this address
+        self._brokers[record.broker_id] = state
+        log.info(
+            "broker registered",
+            broker_id=record.broker_id,
+            address=broker_address(record.host, record.port),
+            partitions=self.partitions_led(record.broker_id),
+        )
+
+    def partition_requests_for(self, broker_id: int) -> list[pb.CreatePartitionsRequest]:
+        """One CreatePartitionsRequest per topic with partitions on the broker."""
+        requests = []
+        for topic in self.topics():
+            partitions = topic.partitions_on(broker_id)
+            if partitions:
+                requests.append(
+                    pb.CreatePartitionsRequest(
+                        topic=topic.name, partitions=partitions, config=topic_config_to_proto(topic.config)
+                    )
+                )
+        return requests
+
+    def heartbeat(self, broker_id: int) -> bool:
+        """Refresh the broker's session; True when it must re-register (unknown or expired)."""
+        self.check_ready()
+        state = self._brokers.get(broker_id)
+        now = self.clock_ms()
+        if state is None or not self._alive(state, now):
+            if state is not None and state.registered:
+                state.registered = False
+                log.warning("heartbeat after the broker's session expired", broker_id=broker_id)
+            return True
+        state.last_heartbeat_ms = now
+        return False
+
+    def expire_brokers(self) -> list[int]:
+        """End the sessions that timed out; the ids. Called periodically by the node's monitor."""
+        now = self.clock_ms()
+        expired = []
+        for broker_id, state in sorted(self._brokers.items()):
+            if state.registered and not self._alive(state, now):
+                state.registered = False
+                expired.append(broker_id)
+                log.warning(
+                    "broker session expired",
+                    broker_id=broker_id,
+                    address=broker_address(state.record.host, state.record.port),
+                    last_heartbeat_ms=state.last_heartbeat_ms,
+                    partitions=self.partitions_led(broker_id),
+                )
+        return expired
+
+    # -- topics ----------------------------------------------------------------------------------
+
+    async def create_topic(
+        self, name: str, partitions: int, config: TopicSettings | None = None
+    ) -> TopicRecord:
+        self.check_ready()
+        config = config or TopicSettings()
+        _validated(validate_topic_name, name)
+        _validated(validate_partition_count, partitions)
+        _validated(config.validate)
+        async with self._admin_lock:
+            if name in self._topics:
+                raise TopicAlreadyExists(name)
+            live = self.live_broker_ids()
+            if not live:
+                raise NoLiveBrokers()
+            record = TopicRecord(
+                name=name,
+                partition_count=partitions,
+                placement=placement_for(name, range(partitions), live),
+                config=config.with_defaults(self.default_topic_config),
+                created_ms=self.clock_ms(),
+            )
+            await complete_even_if_cancelled(self._apply_create(record))
+            log.info(
+                "topic created",
+                topic=name,
+                partitions=partitions,
+                brokers=sorted(set(record.placement.values())),
+                config=record.config.to_dict(),
+            )
+            await self._create_on_brokers(record, range(partitions))
+        return record
+
+    async def _apply_create(self, record: TopicRecord) -> None:
+        try:
+            await self.store.create_topic(record)
+        except sqlite3.IntegrityError as e:  # only if memory and disk disagree; say which
+            raise MetadataError(f"topic {record.name!r} is already in the store but not in memory: {e}") from e
+        self._topics[record.name] = record
+
+    async def delete_topic(self, name: str) -> None:
+        self.check_ready()
+        _validated(validate_topic_name, name)
+        async with self._admin_lock:
+            record = self._topics.get(name)
+            if record is None:
+                raise TopicNotFound([name])
+            await complete_even_if_cancelled(self._apply_delete(name))
+            log.info("topic deleted", topic=name, partitions=record.partition_count)
+            await self._delete_on_brokers(record)
+        await self._notify(self._topic_deleted_listeners, name)
+
+    async def _apply_delete(self, name: str) -> None:
+        await self.store.delete_topic(name)
+        del self._topics[name]
+
+    async def add_partitions(self, name: str, total: int) -> TopicRecord:
+        """Grow the topic to `total` partitions (more than it has now)."""
+        self.check_ready()
+        _validated(validate_topic_name, name)
+        _validated(validate_partition_count, total)
+        async with self._admin_lock:
+            current = self._topics.get(name)
+            if current is None:
+                raise TopicNotFound([name])
+            _validated(validate_partition_increase, current.partition_count, total)
+            live = self.live_broker_ids()
+            if not live:
+                raise NoLiveBrokers()
+            new = range(current.partition_count, total)
+            added = placement_for(name, new, live)
+            record = TopicRecord(
+                name=name,
+                partition_count=total,
+                placement={**current.placement, **added},
+                config=current.config,
+                created_ms=current.created_ms,
+            )
+            await complete_even_if_cancelled(self._apply_add(record, added))
+            log.info(
+                "partitions added",
+                topic=name,
+                old_count=current.partition_count,
+                new_count=total,
+                brokers=sorted(set(added.values())),
+            )
+            await self._create_on_brokers(record, new)
+        await self._notify(self._partitions_added_listeners, name, total)
+        return record
+
+    async def _apply_add(self, record: TopicRecord, added: dict[int, int]) -> None:
+        await self.store.add_partitions(record.name, record.partition_count, added)
+        self._topics[record.name] = record
+
+    # -- broker calls ----------------------------------------------------------------------------
+
+    async def _create_on_brokers(self, record: TopicRecord, partitions: Iterable[int]) -> None:
+        """Ask each broker to create its new partitions. A failure is logged, not raised: the topic is
+        recorded, and the broker gets its partitions when it next (re-)registers."""
+        by_broker: dict[int, list[int]] = {}
+        for p in partitions:
+            by_broker.setdefault(record.placement[p], []).append(p)
+        config = topic_config_to_proto(record.config)
+
+        async def call(broker_id: int, parts: list[int]) -> None:
+            request = pb.CreatePartitionsRequest(topic=record.name, partitions=parts, config=config)
+            await self._call_broker(broker_id, "CreatePartitions", request, topic=record.name, partitions=parts)
+
+        await asyncio.gather(*(call(b, parts) for b, parts in sorted(by_broker.items())))
+
+    async def _delete_on_brokers(self, record: TopicRecord) -> None:
+        """Best effort: a broker that misses the call keeps the files until an operator removes them."""
+
+        async def call(broker_id: int) -> None:
+            parts = record.partitions_on(broker_id)
+            request = pb.DeletePartitionsRequest(topic=record.name, partitions=parts)
+            await self._call_broker(broker_id, "DeletePartitions", request, topic=record.name, partitions=parts)
+
+        await asyncio.gather(*(call(b) for b in sorted(set(record.placement.values()))))
+
+    async def _call_broker(self, broker_id: int, method: str, request: Any, **fields: Any) -> bool:
+        address = self.broker_address(broker_id)
+        if address is None:  # cannot happen: placement only uses registered brokers
+            log.error("partition placed on an unknown broker", broker_id=broker_id, **fields)
+            return False
+        try:
+            stub = self.broker_pool.stub(address)
+            await getattr(stub, method)(request, timeout=self.broker_call_timeout_ms / 1000)
+            return True
+        except grpc.aio.AioRpcError as e:
+            log.warning(
+                f"broker {method} failed; it gets its partitions when it re-registers",
+                broker_id=broker_id,
+                address=address,
+                code=e.code().name,
+                error=e.details(),
+                **fields,
+            )
+        except Exception:  # noqa: BLE001 - the topic is recorded either way; say what went wrong
+            log.exception(f"broker {method} failed", broker_id=broker_id, address=address, **fields)
+        return False
+
+
+def _validated(check: Callable[..., None], *args: Any) -> None:
+    try:
+        check(*args)
+    except ValidationError as e:
+        raise InvalidArgument(str(e)) from e
+
+
+def _validate_broker(broker_id: int, host: str, port: int) -> None:
+    if not 0 <= broker_id <= BROKER_ID_MAX:
+        raise InvalidArgument(f"broker_id: must be between 0 and {BROKER_ID_MAX}, got {broker_id}")
+    if not host or len(host) > HOST_MAX_CHARS:
+        raise InvalidArgument(f"host: must be 1 to {HOST_MAX_CHARS} characters, got {len(host)}")
+    if any(c.isspace() or not c.isprintable() or c in "/@" for c in host):
+        raise InvalidArgument(f"host: {host[:60]!r} is not a host name or IP address")
+    if not 1 <= port <= 65535:
+        raise InvalidArgument(f"port: must be between 1 and 65535, got {port}")
+
+
+# -- proto conversions ----------------------------------------------------------------------------
+
+_CONFIG_FIELDS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes")
+
+
+def topic_config_to_proto(settings: TopicSettings) -> pb.TopicConfig:
+    return pb.TopicConfig(**settings.to_dict())
+
+
+def topic_config_from_proto(config: pb.TopicConfig) -> TopicSettings:
+    return TopicSettings(**{f: getattr(config, f) for f in _CONFIG_FIELDS if config.HasField(f)})
+
+
+def topic_info(metadata: MetadataManager, record: TopicRecord) -> pb.TopicInfo:
+    live = set(metadata.live_broker_ids())
+    partitions = []
+    for p in range(record.partition_count):
+        leader = record.placement.get(p, -1)
+        partitions.append(
+            pb.PartitionInfo(
+                partition=p,
+                leader_id=leader,
+                leader_address=metadata.broker_address(leader) or "",
+                leader_alive=leader in live,
+            )
+        )
+    return pb.TopicInfo(
+        name=record.name,
+        partition_count=record.partition_count,
+        partitions=partitions,
+        config=topic_config_to_proto(record.config),
+        created_ms=record.created_ms,
+    )
+
+
+def broker_infos(metadata: MetadataManager) -> list[pb.BrokerInfo]:
+    led: dict[int, int] = {}
+    for t in metadata.topics():
+        for b in t.placement.values():
+            led[b] = led.get(b, 0) + 1
+    return [
+        pb.BrokerInfo(
+            broker_id=b.broker_id,
+            host=b.host,
+            port=b.port,
+            alive=metadata.is_broker_alive(b.broker_id),
+            last_heartbeat_ms=metadata.last_heartbeat_ms(b.broker_id),
+            partitions_led=led.get(b.broker_id, 0),
+        )
+        for b in metadata.brokers()
+    ]
+
+
+# -- gRPC -----------------------------------------------------------------------------------------
+
+
+def _handler(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Turn MetadataError into its status, anything unexpected into INTERNAL (logged)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self: MetadataServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except MetadataError as e:
+            await context.abort(e.code, str(e))
+        except Exception as e:  # noqa: BLE001 - a bug must not take the server down or hang the client
+            log.exception("metadata handler failed", rpc=name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {e}")
+
+    return wrapper
+
+
+class MetadataServicer(pb_grpc.MetadataServicer):
+    def __init__(self, metadata: MetadataManager) -> None:
+        self.metadata = metadata
+
+    @_handler
+    async def RegisterBroker(
+        self, request: pb.RegisterBrokerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterBrokerResponse:
+        partitions = await self.metadata.register_broker(request.broker_id, request.host, request.port)
+        return pb.RegisterBrokerResponse(
+            partitions=partitions, heartbeat_interval_ms=self.metadata.heartbeat_interval_ms
+        )
+
+    @_handler
+    async def BrokerHeartbeat(
+        self, request: pb.BrokerHeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BrokerHeartbeatResponse:
+        return pb.BrokerHeartbeatResponse(reregister=self.metadata.heartbeat(request.broker_id))
+
+    @_handler
+    async def ListBrokers(
+        self, request: pb.ListBrokersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListBrokersResponse:
+        self.metadata.check_ready()
+        return pb.ListBrokersResponse(brokers=broker_infos(self.metadata))
+
+    @_handler
+    async def CreateTopic(self, request: pb.CreateTopicRequest, context: grpc.aio.ServicerContext) -> pb.TopicInfo:
+        record = await self.metadata.create_topic(
+            request.name, request.partitions, topic_config_from_proto(request.config)
+        )
+        return topic_info(self.metadata, record)
+
+    @_handler
+    async def DeleteTopic(
+        self, request: pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteTopicResponse:
+        await self.metadata.delete_topic(request.name)
+        return pb.DeleteTopicResponse()
+
+    @_handler
+    async def ListTopics(
+        self, request: pb.ListTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListTopicsResponse:
+        self.metadata.check_ready()
+        return pb.ListTopicsResponse(topics=[topic_info(self.metadata, t) for t in self.metadata.topics()])
+
+    @_handler
+    async def DescribeTopic(self, request: pb.DescribeTopicRequest, context: grpc.aio.ServicerContext) -> pb.TopicInfo:
+        return topic_info(self.metadata, self._existing_topic(request.name))
+
+    @_handler
+    async def AddPartitions(self, request: pb.AddPartitionsRequest, context: grpc.aio.ServicerContext) -> pb.TopicInfo:
+        record = await self.metadata.add_partitions(request.name, request.partitions)
+        return topic_info(self.metadata, record)
+
+    @_handler
+    async def GetMetadata(
+        self, request: pb.GetMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetMetadataResponse:
+        self.metadata.check_ready()
+        if request.topics:
+            names = list(dict.fromkeys(request.topics))  # dedupe, keep order
+            for i, name in enumerate(request.topics):
+                _validated(functools.partial(validate_topic_name, field=f"topics[{i}]"), name)
+            missing = [n for n in names if self.metadata.topic(n) is None]
+            if missing:
+                raise TopicNotFound(missing)
+            records = [self.metadata.topic(n) for n in names]
+        else:
+            records = self.metadata.topics()
+        return pb.GetMetadataResponse(
+            brokers=broker_infos(self.metadata),
+            topics=[topic_info(self.metadata, r) for r in records if r is not None],
+        )
+
+    def _existing_topic(self, name: str) -> TopicRecord:
+        self.metadata.check_ready()
+        _validated(validate_topic_name, name)
+        record = self.metadata.topic(name)
+        if record is None:
+            raise TopicNotFound([name])
+        return record
+
+
+__all__ = [
+    "InvalidArgument",
+    "MetadataError",
+    "MetadataManager",
+    "MetadataServicer",
+    "NoLiveBrokers",
+    "NotReady",
+    "TopicAlreadyExists",
+    "TopicNotFound",
+    "TopicRecord",
+    "BrokerRecord",
+    "broker_address",
+    "placement_for",
+    "topic_config_from_proto",
+    "topic_config_to_proto",
+    "topic_info",
+]

@@ -1,0 +1,184 @@
+"""The coordinator node: the metadata service, the group coordinator, their SQLite file and tasks.
+
+Lifecycle (the owner is the process runner or a test fixture):
+  1. `CoordinatorNode(...)`, `add_to_server(server)`, `server.start()`;
+  2. `await start()`: open <data_dir>/coordinator.sqlite, load brokers and topics, start the broker
+     liveness monitor, then start the attached components (the group coordinator);
+  3. `await stop()`: stop the components and the monitor (bounded waits), close the broker
+     channels and SQLite.
+Until `start()` has loaded the state, metadata RPCs are answered UNAVAILABLE ("coordinator is
+starting: retry"), since the server may already be taking calls (`dmq server` shares its port).
+
+Components. The group coordinator plugs in as a NodeComponent (add_to_server / start / stop):
+if the module `dmq.coordinator.group_service` exists and defines `build(node) -> NodeComponent`,
+the node builds it in __init__ and keeps it as `node.groups`; `attach(component)` adds any other.
+Components start after the metadata is loaded and stop before it closes, so they may use
+`node.metadata`, `node.store` and `node.broker_pool` throughout their life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import pathlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import grpc
+import structlog
+
+from dmq.coordinator.broker_pool import BrokerPool
+from dmq.coordinator.metadata import (
+    DEFAULT_BROKER_CALL_TIMEOUT_MS,
+    MetadataManager,
+    MetadataServicer,
+    wall_clock_ms,
+)
+from dmq.coordinator.store import CoordinatorStore
+from dmq.coordinator.validation import TopicConfigDefaults
+from dmq.proto import dmq_pb2_grpc as pb_grpc
+
+log = structlog.get_logger(__name__)
+
+SQLITE_FILE = "coordinator.sqlite"
+GROUP_SERVICE_MODULE = "dmq.coordinator.group_service"
+STOP_TIMEOUT_S = 5.0
+SUBSCRIPTION_MODES = ("all", "new", "timestamp")
+
+
+class NodeComponent(Protocol):
+    def add_to_server(self, server: grpc.aio.Server) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class CoordinatorNode:
+    def __init__(
+        self,
+        data_dir: pathlib.Path,
+        *,
+        advertised_address: str,
+        broker_session_timeout_ms: int = 10_000,
+        default_subscription_mode: str = "all",
+        rebalance_debounce_ms: int = 500,
+        default_topic_config: TopicConfigDefaults | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        broker_call_timeout_ms: int = DEFAULT_BROKER_CALL_TIMEOUT_MS,
+        liveness_check_interval_ms: int | None = None,
+    ) -> None:
+        if default_subscription_mode not in SUBSCRIPTION_MODES:
+            raise ValueError(
+                f"default_subscription_mode must be one of {SUBSCRIPTION_MODES}, got {default_subscription_mode!r}"
+            )
+        if rebalance_debounce_ms < 0:
+            raise ValueError(f"rebalance_debounce_ms must be >= 0, got {rebalance_debounce_ms}")
+        self.data_dir = pathlib.Path(data_dir)
+        self.advertised_address = advertised_address
+        self.broker_session_timeout_ms = broker_session_timeout_ms
+        self.default_subscription_mode = default_subscription_mode
+        self.rebalance_debounce_ms = rebalance_debounce_ms
+        self.clock_ms = clock_ms
+        # Often enough that an expiry is logged within a quarter session of happening.
+        self.liveness_check_interval_ms = liveness_check_interval_ms or max(10, broker_session_timeout_ms // 4)
+        self.store = CoordinatorStore(self.data_dir / SQLITE_FILE)
+        self.broker_pool = BrokerPool()
+        self.metadata = MetadataManager(
+            self.store,
+            self.broker_pool,
+            broker_session_timeout_ms=broker_session_timeout_ms,
+            broker_call_timeout_ms=broker_call_timeout_ms,
+            default_topic_config=default_topic_config,
+            clock_ms=clock_ms,
+        )
+        self.metadata_service = MetadataServicer(self.metadata)
+        self.components: list[NodeComponent] = []
+        self.groups: Any = None  # the group coordinator component, when there is one
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self._started = False
+        self._build_group_service()
+
+    def __repr__(self) -> str:
+        return (
+            f"<CoordinatorNode address={self.advertised_address!r} started={self._started} "
+            f"topics={len(self.metadata.topics())} live_brokers={len(self.metadata.live_broker_ids())} "
+            f"components={len(self.components)}>"
+        )
+
+    def _build_group_service(self) -> None:
+        if importlib.util.find_spec(GROUP_SERVICE_MODULE) is None:
+            return
+        module = importlib.import_module(GROUP_SERVICE_MODULE)
+        build = getattr(module, "build", None)
+        if build is None:
+            log.error(f"{GROUP_SERVICE_MODULE} has no build(node): consumer groups are not served")
+            return
+        self.groups = build(self)
+        self.attach(self.groups)
+
+    def attach(self, component: NodeComponent) -> None:
+        """Add a component (before add_to_server and start)."""
+        if self._started:
+            raise RuntimeError("attach components before start()")
+        self.components.append(component)
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        pb_grpc.add_MetadataServicer_to_server(self.metadata_service, server)
+        for component in self.components:
+            component.add_to_server(server)
+
+    async def start(self) -> None:
+        if self._started:
+            raise RuntimeError("coordinator node already started")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        await self.store.open()
+        try:
+            await self.metadata.load()
+            self._started = True
+            self._tasks.append(asyncio.create_task(self._liveness_loop(), name="coordinator-broker-liveness"))
+            for component in self.components:
+                await component.start()
+        except BaseException:
+            await self.stop()
+            raise
+        log.info(
+            "coordinator started",
+            address=self.advertised_address,
+            data_dir=str(self.data_dir),
+            topics=len(self.metadata.topics()),
+            brokers=len(self.metadata.brokers()),
+        )
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        self.metadata.ready = False
+        for component in reversed(self.components):
+            try:
+                await asyncio.wait_for(component.stop(), STOP_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - the rest must still be closed
+                log.exception("component failed to stop", component=repr(component))
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            _done, pending = await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S)
+            if pending:
+                log.error("coordinator tasks did not stop in time", tasks=[t.get_name() for t in pending])
+        self._tasks.clear()
+        await self.broker_pool.close()
+        await self.store.close()
+        self._started = False
+        log.info("coordinator stopped", address=self.advertised_address)
+
+    async def _liveness_loop(self) -> None:
+        interval_s = self.liveness_check_interval_ms / 1000
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), interval_s)
+            try:
+                self.metadata.expire_brokers()
+            except Exception:  # noqa: BLE001 - the monitor must keep running
+                log.exception("broker liveness check failed")

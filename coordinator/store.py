@@ -1,0 +1,319 @@
+"""The coordinator's durable state in one SQLite file (<data_dir>/coordinator.sqlite), via aiosqlite.
+
+Schema (PRAGMA user_version = SCHEMA_VERSION):
+  brokers(broker_id INTEGER PRIMARY KEY, host TEXT, port INTEGER, registered_ms INTEGER)
+      every broker that ever registered; liveness is not stored (it is rebuilt by heartbeats).
+  topics(name TEXT PRIMARY KEY, partition_count INTEGER, config_json TEXT, created_ms INTEGER)
+      config_json holds only the settings that are set (TopicSettings.to_json()).
+  partitions(topic TEXT, partition INTEGER, broker_id INTEGER, PRIMARY KEY (topic, partition))
+      placement: a partition keeps its broker for life.
+  groups(group_id TEXT PRIMARY KEY, topic TEXT, app_id TEXT, subscription_mode TEXT,
+         subscription_from_ms INTEGER, created_ms INTEGER, start_offsets_json TEXT)
+      a consumer group's recorded subscription ("first wins") and the start offsets snapshotted
+      for subscription mode `new` ({"<partition>": offset}); owned by the group coordinator.
+
+Durability: WAL with synchronous=FULL, so a committed topic survives power loss. Each write is one
+transaction; the asyncio lock keeps two coroutines from interleaving statements inside one
+transaction on the shared connection. The store is the only writer; reads at start-up only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import pathlib
+import sqlite3
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import aiosqlite
+import structlog
+
+from dmq.coordinator.validation import TopicSettings
+
+log = structlog.get_logger(__name__)
+
+SCHEMA_VERSION = 1
+# sqlite3's default busy timeout is 5 s; a second coordinator on the same file waits, then fails loudly.
+BUSY_TIMEOUT_S = 5.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS brokers (
+    broker_id INTEGER PRIMARY KEY,
+    host TEXT NOT NULL,
+    port INTEGER NOT NULL,
+    registered_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS topics (
+    name TEXT PRIMARY KEY,
+    partition_count INTEGER NOT NULL,
+    config_json TEXT NOT NULL,
+    created_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS partitions (
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    broker_id INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition)
+);
+CREATE TABLE IF NOT EXISTS groups (
+    group_id TEXT PRIMARY KEY,
+    topic TEXT NOT NULL,
+    app_id TEXT NOT NULL,
+    subscription_mode TEXT NOT NULL,
+    subscription_from_ms INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL,
+    start_offsets_json TEXT NOT NULL
+);
+"""
+
+
+class StoreError(RuntimeError):
+    """The SQLite file cannot be used (newer schema, closed store)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRecord:
+    broker_id: int
+    host: str
+    port: int
+    registered_ms: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    """A topic as placed. Immutable: a change (AddPartitions) makes a new record, so a caller holding
+    one sees a consistent snapshot."""
+
+    name: str
+    partition_count: int
+    placement: Mapping[int, int]  # partition -> broker_id, for every partition 0..partition_count-1
+    config: TopicSettings = field(default_factory=TopicSettings)
+    created_ms: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "placement", MappingProxyType(dict(self.placement)))
+
+    def leader(self, partition: int) -> int | None:
+        return self.placement.get(partition)
+
+    def partitions_on(self, broker_id: int) -> list[int]:
+        return sorted(p for p, b in self.placement.items() if b == broker_id)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRecord:
+    group_id: str
+    topic: str
+    app_id: str
+    subscription_mode: str  # "all" | "new" | "timestamp"
+    subscription_from_ms: int
+    created_ms: int
+    start_offsets: Mapping[int, int] = field(default_factory=dict)  # partition -> offset (mode "new")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start_offsets", MappingProxyType(dict(self.start_offsets)))
+
+
+class CoordinatorStore:
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path = pathlib.Path(path)
+        self._db: aiosqlite.Connection | None = None
+        self._lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"<CoordinatorStore path={str(self.path)!r} open={self._db is not None}>"
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT) below.
+        db = await aiosqlite.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=FULL")
+            async with db.execute("PRAGMA user_version") as cur:
+                row = await cur.fetchone()
+            version = int(row[0]) if row else 0
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has schema version {version}, this coordinator knows up to "
+                    f"{SCHEMA_VERSION}: upgrade dmq"
+                )
+            await db.executescript(_SCHEMA)
+            await db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except BaseException:
+            await db.close()
+            raise
+        self._db = db
+
+    async def close(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            await db.close()
+
+    def _conn(self) -> aiosqlite.Connection:
+        if self._db is None:
+            raise StoreError(f"store {self.path} is not open")
+        return self._db
+
+    async def _write(self, statements: Iterable[tuple[str, tuple[object, ...]]]) -> list[int]:
+        """Run the statements in one transaction; their row counts.
+
+        Shielded: once started, a transaction finishes even if the caller is cancelled (a gRPC
+        handler is when its client goes away), so the caller never has to guess whether it committed.
+        """
+        return await asyncio.shield(self._transaction(list(statements)))
+
+    async def _transaction(self, statements: list[tuple[str, tuple[object, ...]]]) -> list[int]:
+        db = self._conn()
+        async with self._lock:
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                counts = []
+                for sql, params in statements:
+                    cur = await db.execute(sql, params)
+                    counts.append(cur.rowcount)
+                    await cur.close()
+                await db.execute("COMMIT")
+            except BaseException:
+                # Suppressed: the original error is the one to report (ROLLBACK fails when COMMIT
+                # already ended the transaction).
+                with contextlib.suppress(sqlite3.Error):
+                    await db.execute("ROLLBACK")
+                raise
+        return counts
+
+    # -- brokers ---------------------------------------------------------------------------------
+
+    async def upsert_broker(self, broker: BrokerRecord) -> None:
+        await self._write(
+            [
+                (
+                    "INSERT INTO brokers (broker_id, host, port, registered_ms) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(broker_id) DO UPDATE SET host=excluded.host, port=excluded.port, "
+                    "registered_ms=excluded.registered_ms",
+                    (broker.broker_id, broker.host, broker.port, broker.registered_ms),
+                )
+            ]
+        )
+
+    async def load_brokers(self) -> list[BrokerRecord]:
+        async with self._conn().execute(
+            "SELECT broker_id, host, port, registered_ms FROM brokers ORDER BY broker_id"
+        ) as cur:
+            rows = await cur.fetchall()
+        return [BrokerRecord(int(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows]
+
+    # -- topics ----------------------------------------------------------------------------------
+
+    async def create_topic(self, topic: TopicRecord) -> None:
+        """Insert the topic and its placement atomically; sqlite3.IntegrityError if it exists."""
+        statements: list[tuple[str, tuple[object, ...]]] = [
+            (
+                "INSERT INTO topics (name, partition_count, config_json, created_ms) VALUES (?, ?, ?, ?)",
+                (topic.name, topic.partition_count, topic.config.to_json(), topic.created_ms),
+            )
+        ]
+        statements += [
+            ("INSERT INTO partitions (topic, partition, broker_id) VALUES (?, ?, ?)", (topic.name, p, b))
+            for p, b in sorted(topic.placement.items())
+        ]
+        await self._write(statements)
+
+    async def add_partitions(self, name: str, new_count: int, new_placement: Mapping[int, int]) -> None:
+        statements: list[tuple[str, tuple[object, ...]]] = [
+            ("UPDATE topics SET partition_count = ? WHERE name = ?", (new_count, name))
+        ]
+        statements += [
+            ("INSERT INTO partitions (topic, partition, broker_id) VALUES (?, ?, ?)", (name, p, b))
+            for p, b in sorted(new_placement.items())
+        ]
+        await self._write(statements)
+
+    async def delete_topic(self, name: str) -> None:
+        await self._write(
+            [
+                ("DELETE FROM partitions WHERE topic = ?", (name,)),
+                ("DELETE FROM topics WHERE name = ?", (name,)),
+            ]
+        )
+
+    async def load_topics(self) -> list[TopicRecord]:
+        db = self._conn()
+        placements: dict[str, dict[int, int]] = {}
+        async with db.execute("SELECT topic, partition, broker_id FROM partitions") as cur:
+            for topic, partition, broker_id in await cur.fetchall():
+                placements.setdefault(str(topic), {})[int(partition)] = int(broker_id)
+        async with db.execute(
+            "SELECT name, partition_count, config_json, created_ms FROM topics ORDER BY name"
+        ) as cur:
+            rows = await cur.fetchall()
+        topics = []
+        for name, count, config_json, created_ms in rows:
+            placement = placements.get(str(name), {})
+            if sorted(placement) != list(range(int(count))):
+                # Cannot happen through this store (one transaction per change); say so if it does.
+                log.error("topic placement is incomplete", topic=name, partition_count=count, placed=len(placement))
+            topics.append(
+                TopicRecord(
+                    name=str(name),
+                    partition_count=int(count),
+                    placement=placement,
+                    config=TopicSettings.from_json(str(config_json)),
+                    created_ms=int(created_ms),
+                )
+            )
+        return topics
+
+    # -- groups (used by the group coordinator) --------------------------------------------------
+
+    async def save_group(self, group: GroupRecord) -> None:
+        """Insert or replace the group's row."""
+        offsets_json = json.dumps({str(p): o for p, o in sorted(group.start_offsets.items())})
+        await self._write(
+            [
+                (
+                    "INSERT OR REPLACE INTO groups (group_id, topic, app_id, subscription_mode, "
+                    "subscription_from_ms, created_ms, start_offsets_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        group.group_id,
+                        group.topic,
+                        group.app_id,
+                        group.subscription_mode,
+                        group.subscription_from_ms,
+                        group.created_ms,
+                        offsets_json,
+                    ),
+                )
+            ]
+        )
+
+    async def load_groups(self) -> list[GroupRecord]:
+        async with self._conn().execute(
+            "SELECT group_id, topic, app_id, subscription_mode, subscription_from_ms, created_ms, "
+            "start_offsets_json FROM groups ORDER BY group_id"
+        ) as cur:
+            rows = await cur.fetchall()
+        return [
+            GroupRecord(
+                group_id=str(r[0]),
+                topic=str(r[1]),
+                app_id=str(r[2]),
+                subscription_mode=str(r[3]),
+                subscription_from_ms=int(r[4]),
+                created_ms=int(r[5]),
+                start_offsets={int(p): int(o) for p, o in json.loads(r[6] or "{}").items()},
+            )
+            for r in rows
+        ]
+
+    async def delete_group(self, group_id: str) -> bool:
+        """Remove the group's row; False when there was none."""
+        (count,) = await self._write([("DELETE FROM groups WHERE group_id = ?", (group_id,))])
+        return count > 0
