@@ -1,0 +1,107 @@
+"""Errors raised by the group machine.
+
+Each class carries ``code``: the name of the gRPC status code the service layer answers with
+(``grpc.StatusCode[err.code]``), so this pure package never imports grpc. Messages are meant
+for a person and say what to do.
+
+Contract: a handler that raises has changed nothing (it validates before it mutates).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+
+class GroupError(Exception):
+    """Root of the group machine's errors."""
+
+    code: ClassVar[str] = "UNKNOWN"
+    #: True when the same request may succeed after the client refreshes its view
+    #: (re-join, fetch the assignment) and retries.
+    retriable: ClassVar[bool] = False
+
+
+class InvalidRequestError(GroupError):
+    code = "INVALID_ARGUMENT"
+
+
+class GroupNotFoundError(GroupError):
+    code = "NOT_FOUND"
+
+    def __init__(self, group_id: str) -> None:
+        super().__init__(f"group {group_id!r} not found: call FindOrCreateGroup first")
+        self.group_id = group_id
+
+
+class UnknownMemberError(GroupError):
+    """The member id is not (or no longer) in the group: it left, expired, or the coordinator
+    restarted (membership is in memory only). The client re-joins."""
+
+    code = "NOT_FOUND"
+    retriable = True
+
+    def __init__(self, group_id: str, member_id: str) -> None:
+        super().__init__(
+            f"member {member_id!r} is not in group {group_id!r} (left, expired or the coordinator "
+            f"restarted): join the group again"
+        )
+        self.group_id = group_id
+        self.member_id = member_id
+
+
+class NotOwnerError(GroupError):
+    """A commit for partitions the member does not own under the generation it names."""
+
+    code = "FAILED_PRECONDITION"
+    retriable = True
+
+    def __init__(self, group_id: str, member_id: str, reasons: Mapping[int, str]) -> None:
+        detail = "; ".join(f"partition {p}: {why}" for p, why in sorted(reasons.items()))
+        super().__init__(
+            f"stale generation / not owner: fetch your assignment (group {group_id!r}, "
+            f"member {member_id!r}: {detail})"
+        )
+        self.group_id = group_id
+        self.member_id = member_id
+        self.reasons = dict(reasons)
+
+
+class GroupNotEmptyError(GroupError):
+    code = "FAILED_PRECONDITION"
+
+    def __init__(self, group_id: str, member_count: int, action: str) -> None:
+        super().__init__(
+            f"group {group_id!r} has {member_count} active member(s): stop its consumers before "
+            f"you {action}"
+        )
+        self.group_id = group_id
+
+
+class GroupFullError(GroupError):
+    code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, group_id: str, max_members: int) -> None:
+        super().__init__(
+            f"group {group_id!r} already has {max_members} members (the coordinator's "
+            f"max_members): stop some consumers or raise max_members"
+        )
+
+
+class GroupIdCollisionError(GroupError):
+    """``G_<topic>_<app_id>`` is ambiguous when names contain ``_``: two (topic, app_id) pairs
+    can map to the same group id. The first one keeps it."""
+
+    code = "FAILED_PRECONDITION"
+
+    def __init__(self, group_id: str, existing_topic: str, topic: str) -> None:
+        super().__init__(
+            f"group id {group_id!r} already belongs to topic {existing_topic!r}, not {topic!r}: "
+            f"choose another app_id"
+        )
+
+
+class IllegalStateTransitionError(GroupError):
+    """A bug in the machine, never a client's fault."""
+
+    code = "INTERNAL"
