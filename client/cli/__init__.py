@@ -1,20 +1,84 @@
-"""The `dmq` command: servers, topics, groups, produce/consume, brokers, bench."""
+"""The `dmq` command: servers, topics, groups, produce/consume, brokers, bench.
+
+Command modules are imported lazily (only the one being run), and each keeps its heavy imports
+(grpc, the client library) inside its functions, so `dmq --help` and one-shot admin commands start
+in a fraction of a second.
+"""
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 import click
 
 from dmq.client.cli.servers import broker_cmd, coordinator_cmd, server_cmd
 
+# name -> (module, attribute, one-line help shown by `dmq --help` without importing the module)
+_LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "topics": ("dmq.client.cli.topics", "topics", "Create, list, describe, alter and delete topics."),
+    "groups": ("dmq.client.cli.groups", "groups", "List and describe consumer groups, see lag, reset offsets."),
+    "brokers": ("dmq.client.cli.brokers", "brokers", "List brokers: address, liveness, partitions led."),
+    "produce": ("dmq.client.cli.messages", "produce", "Send lines from stdin or a file as messages."),
+    "consume": ("dmq.client.cli.messages", "consume", "Print messages from a topic (with a group or from offsets)."),
+    "bench": ("dmq.client.cli.bench", "bench", "Measure produce and consume throughput and latency."),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+class DMQGroup(click.Group):
+    """Loads subcommands lazily and turns every failure into one line and an exit code.
+
+    Exit codes: 0 ok, 1 error, 2 usage (click), 130 interrupted.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(_LAZY_COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None or cmd_name not in _LAZY_COMMANDS:
+            return cmd
+        module, attr, _help = _LAZY_COMMANDS[cmd_name]
+        cmd = getattr(importlib.import_module(module), attr)
+        self.add_command(cmd, cmd_name)
+        return cmd
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Help for lazy commands comes from the table above, so `dmq --help` imports nothing more.
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in _LAZY_COMMANDS and name not in self.commands:
+                rows.append((name, _LAZY_COMMANDS[name][2]))
+            else:
+                cmd = self.commands[name]
+                rows.append((name, cmd.get_short_help_str(limit=formatter.width - 6 - len(name))))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from dmq.client.cli._errors import run_translating_errors
+
+        return run_translating_errors(ctx, lambda: super(DMQGroup, self).invoke(ctx))
+
+
+@click.group(cls=DMQGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--bootstrap", envvar="DMQ_BOOTSTRAP", default="127.0.0.1:9091", show_default=True,
               help="Coordinator address HOST:PORT (env DMQ_BOOTSTRAP).")
+@click.option("--timeout", "timeout_s", envvar="DMQ_TIMEOUT", type=click.FloatRange(0.1), default=15.0,
+              show_default=True, help="Seconds to wait for the cluster to answer a request (env DMQ_TIMEOUT).")
+@click.version_option(package_name="dmq", prog_name="dmq")
 @click.pass_context
-def cli(ctx: click.Context, bootstrap: str) -> None:
-    """DMQ: a Kafka-style message queue. Start with `dmq server`, then `dmq topics create`."""
+def cli(ctx: click.Context, bootstrap: str, timeout_s: float) -> None:
+    """DMQ: a Kafka-style message queue. Start with `dmq server`, then `dmq topics create`.
+
+    \b
+    Exit codes: 0 ok, 1 error, 2 usage error.
+    Listings take -o json for scripts.
+    """
     ctx.ensure_object(dict)
     ctx.obj["bootstrap"] = bootstrap
+    ctx.obj["timeout_s"] = timeout_s
 
 
 cli.add_command(server_cmd)

@@ -1,0 +1,151 @@
+"""How the `dmq` command talks to people and scripts: tables, JSON, one-line errors, exit codes.
+
+Exit codes (stable, scripts rely on them):
+  0  success
+  1  the command ran and failed (server down, unknown topic, refused request, ...)
+  2  usage error (bad flag, missing argument, conflicting options); click's own code for it
+  130 interrupted with Ctrl-C
+
+Human output goes through one rich Console on stdout; notes, progress and errors go to stderr so
+that `dmq ... | jq` and `dmq consume ... > file` stay clean. `-o json` prints one JSON document per
+listing with a stable schema: keys are only ever added, never renamed or removed, and numbers stay
+numbers (sizes in bytes, times in epoch milliseconds).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# When stdout is not a terminal, rich would wrap tables at 80 columns; a wide fixed width keeps
+# every row on one line so that grep and awk see whole rows.
+PIPE_WIDTH = 250
+
+_console: Any = None
+_err_console: Any = None
+
+
+def console() -> Any:
+    global _console
+    if _console is None:
+        from rich.console import Console
+
+        width = None if sys.stdout.isatty() else PIPE_WIDTH
+        _console = Console(highlight=False, width=width, soft_wrap=False)
+    return _console
+
+
+def err_console() -> Any:
+    global _err_console
+    if _err_console is None:
+        from rich.console import Console
+
+        width = None if sys.stderr.isatty() else PIPE_WIDTH
+        _err_console = Console(stderr=True, highlight=False, width=width)
+    return _err_console
+
+
+def output_option(f: F) -> F:
+    """`-o table|json` for every listing."""
+    return click.option(
+        "-o",
+        "--output",
+        "output",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
+        help="table for people; json for scripts (a stable schema: fields are added, never renamed).",
+    )(f)
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def note(message: str) -> None:
+    """A remark for the person at the terminal (stderr, so pipes only carry data)."""
+    err_console().print(message, markup=True)
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str | None = None,
+          right: Iterable[str] = ()) -> Any:
+    """A borderless, kubectl-like table: easy to read, easy to grep."""
+    from rich import box
+    from rich.table import Table
+
+    right_set = set(right)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title=title, title_justify="left",
+              title_style="bold", header_style="bold")
+    for c in columns:
+        t.add_column(c, justify="right" if c in right_set else "left", no_wrap=True)
+    for row in rows:
+        t.add_row(*(cell if not isinstance(cell, (int, float)) else str(cell) for cell in row))
+    return t
+
+
+def show(*renderables: Any) -> None:
+    for r in renderables:
+        console().print(r)
+
+
+# -- formatting -----------------------------------------------------------------------------------
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None or n < 0:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # unreachable
+
+
+def human_time_ms(ms: int | None) -> str:
+    """An epoch-ms instant as local ISO time to the second; '-' for unset."""
+    if not ms or ms <= 0:
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="seconds")
+
+
+def human_ago_ms(ms: int | None, now_ms: int) -> str:
+    if ms is None or ms <= 0:
+        return "never"
+    delta_s = max(0.0, (now_ms - ms) / 1000)
+    if delta_s < 1:
+        return "just now"
+    if delta_s < 120:
+        return f"{delta_s:.0f}s ago"
+    if delta_s < 7200:
+        return f"{delta_s / 60:.0f}m ago"
+    if delta_s < 172800:
+        return f"{delta_s / 3600:.0f}h ago"
+    return f"{delta_s / 86400:.0f}d ago"
+
+
+def human_duration_ms(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 0:
+        return "forever"
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def terminal_width() -> int:
+    return shutil.get_terminal_size((100, 24)).columns

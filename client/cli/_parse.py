@@ -1,0 +1,125 @@
+"""Parsing operator input: topic settings with units, partition lists, datetimes, key=value pairs.
+
+Every parser raises click.BadParameter (exit 2, usage) with a message that shows an accepted form.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+import click
+
+CONFIG_KEYS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes")
+
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_SIZE_UNITS = {
+    "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+_NUM_UNIT = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_duration_ms(text: str) -> int:
+    """'604800000', '7d', '12h', '30m', '45s', '500ms', '-1' (forever)."""
+    m = _NUM_UNIT.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a duration (e.g. 604800000, 7d, 12h, 30m, 45s, -1)")
+    number, unit = m.group(1), m.group(2).lower() or "ms"
+    if unit not in _DURATION_UNITS_MS:
+        raise ValueError(f"unknown unit {m.group(2)!r} in {text!r}; use ms, s, m, h, d or w")
+    return int(float(number) * _DURATION_UNITS_MS[unit])
+
+
+def parse_size_bytes(text: str) -> int:
+    """'1073741824', '1GiB', '64MiB', '500MB', '-1' (no limit)."""
+    m = _NUM_UNIT.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (e.g. 1073741824, 1GiB, 64MiB, 500MB, -1)")
+    number, unit = m.group(1), m.group(2).lower() or "b"
+    if unit not in _SIZE_UNITS:
+        raise ValueError(f"unknown unit {m.group(2)!r} in {text!r}; use B, KiB, MiB, GiB, KB, MB or GB")
+    return int(float(number) * _SIZE_UNITS[unit])
+
+
+def parse_topic_config(pairs: tuple[str, ...]) -> dict[str, int]:
+    """`--config retention.ms=7d --config segment_bytes=64MiB` -> {'retention_ms': ..., ...}."""
+    out: dict[str, int] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"{pair!r} is not key=value (e.g. retention_ms=7d)", param_hint="--config")
+        key, value = pair.split("=", 1)
+        key = key.strip().replace(".", "_").replace("-", "_").lower()
+        if key not in CONFIG_KEYS:
+            raise click.BadParameter(f"unknown setting {key!r}; known are {', '.join(CONFIG_KEYS)}", param_hint="--config")
+        try:
+            out[key] = parse_duration_ms(value) if key.endswith("_ms") else parse_size_bytes(value)
+        except ValueError as e:
+            raise click.BadParameter(f"{key}: {e}", param_hint="--config") from None
+    return out
+
+
+def parse_headers(pairs: tuple[str, ...]) -> list[tuple[str, bytes]]:
+    out: list[tuple[str, bytes]] = []
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"{pair!r} is not key=value (e.g. source=cli)", param_hint="--header")
+        k, v = pair.split("=", 1)
+        if not k:
+            raise click.BadParameter(f"{pair!r} has an empty header name", param_hint="--header")
+        out.append((k, v.encode()))
+    return out
+
+
+def parse_partitions(values: tuple[str, ...]) -> list[int] | None:
+    """`--partitions 0,1 --partitions 3` or `--partitions 0-3` -> sorted unique list; None when absent."""
+    if not values:
+        return None
+    result: set[int] = set()
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                if "-" in part:
+                    lo, hi = (int(x) for x in part.split("-", 1))
+                    if lo > hi or lo < 0:
+                        raise ValueError
+                    result.update(range(lo, hi + 1))
+                else:
+                    p = int(part)
+                    if p < 0:
+                        raise ValueError
+                    result.add(p)
+            except ValueError:
+                raise click.BadParameter(
+                    f"{part!r} is not a partition number or range (e.g. 0,2,5-7)", param_hint="--partitions"
+                ) from None
+    return sorted(result)
+
+
+def parse_datetime_ms(text: str) -> int:
+    """ISO 8601 ('2024-05-01T12:00:00', '2024-05-01 12:00', with optional Z or +02:00; no zone = local
+    time), a date ('2024-05-01', local midnight), or epoch milliseconds ('1714564800000')."""
+    s = text.strip()
+    if re.fullmatch(r"\d{11,}", s):
+        return int(s)
+    try:
+        when = dt.datetime.fromisoformat(s.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not a date-time; use ISO 8601 like 2024-05-01T12:00:00 (local), "
+            "2024-05-01T12:00:00Z, or epoch milliseconds",
+            param_hint="--to-datetime",
+        ) from None
+    if when.tzinfo is None:
+        when = when.astimezone()  # local time, as Kafka's tools read it
+    return int(when.timestamp() * 1000)
+
+
+def jsonable_text(data: bytes | None) -> Any:
+    if data is None:
+        return None
+    return data.decode("utf-8", errors="replace")

@@ -1,0 +1,366 @@
+"""`dmq groups list | describe | reset-offsets | delete`.
+
+A group id is `G_<topic>_<app_id>`: the consumers of application `app_id` reading `topic`
+(`DMQConsumer(group_id=app_id)` subscribing to `topic`, or `dmq consume TOPIC --group app_id`).
+
+JSON schemas (`-o json`; fields may be added, never renamed or removed):
+  list      {"groups": [{"group_id", "topic", "state", "generation", "member_count", "total_lag"}]}
+            (total_lag null with --no-lag)
+  describe  {"group_id", "topic", "state", "generation",
+             "subscription": {"mode", "from_ms", "created_ms"},
+             "members": [{"member_id", "client_id", "host", "partitions", "target_partitions"}],
+             "partitions": [{"partition", "committed_offset" (null = none), "log_end_offset", "lag",
+                             "owner_member_id" (null = unowned), "owner_client_id"}],
+             "total_lag"}
+  reset-offsets  {"group_id", "topic", "executed", "strategy",
+                  "partitions": [{"partition", "current_offset", "new_offset", "log_start_offset",
+                                  "log_end_offset", "lag_after", "clamped"}]}
+  delete    {"deleted": GROUP}
+
+States: EMPTY (no members; offsets kept), PREPARING_REBALANCE, REBALANCING, STABLE.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import click
+
+from dmq.client.cli._cluster_info import describe_topic, list_offsets
+from dmq.client.cli._errors import session
+from dmq.client.cli._output import human_time_ms, note, output_option, print_json, show, table
+from dmq.client.cli._parse import parse_datetime_ms, parse_partitions
+from dmq.client.cli._session import CLIError, Session
+
+EARLIEST = -2
+LATEST = -1
+
+
+@click.group("groups")
+def groups() -> None:
+    """Consumer groups: members, committed offsets, lag; reset and delete.
+
+    A group id is G_<topic>_<app_id>, e.g. G_orders_billing for application `billing`
+    consuming topic `orders`.
+    """
+
+
+def _state(code: int) -> str:
+    from dmq.proto import dmq_pb2 as pb
+
+    return pb.GroupStateCode.Name(code).removeprefix("GROUP_STATE_")
+
+
+def _mode(code: int) -> str:
+    from dmq.proto import dmq_pb2 as pb
+
+    name = pb.SubscriptionMode.Name(code).removeprefix("SUBSCRIPTION_MODE_").lower()
+    return "default" if name == "unspecified" else name
+
+
+def _describe(sess: Session, group_id: str) -> Any:
+    from dmq.proto import dmq_pb2 as pb
+
+    if not group_id:
+        raise click.BadParameter("must not be empty", param_hint="GROUP")
+    return sess.groups("DescribeGroup", pb.DescribeGroupRequest(group_id=group_id))
+
+
+def group_document(d: Any) -> dict[str, Any]:
+    clients = {m.member_id: m.client_id for m in d.members}
+    return {
+        "group_id": d.group_id,
+        "topic": d.topic,
+        "state": _state(d.state),
+        "generation": d.generation,
+        "subscription": {
+            "mode": _mode(d.subscription.mode),
+            "from_ms": d.subscription.from_ms or None,
+            "created_ms": d.subscription.created_ms or None,
+        },
+        "members": [
+            {
+                "member_id": m.member_id,
+                "client_id": m.client_id,
+                "host": m.host,
+                "partitions": sorted(m.partitions),
+                "target_partitions": sorted(m.target_partitions),
+            }
+            for m in sorted(d.members, key=lambda m: m.member_id)
+        ],
+        "partitions": [
+            {
+                "partition": p.partition,
+                "committed_offset": p.committed_offset if p.committed_offset >= 0 else None,
+                "log_end_offset": p.log_end_offset,
+                "lag": p.lag,
+                "owner_member_id": p.owner_member_id or None,
+                "owner_client_id": clients.get(p.owner_member_id) if p.owner_member_id else None,
+            }
+            for p in sorted(d.partitions, key=lambda p: p.partition)
+        ],
+        "total_lag": d.total_lag,
+    }
+
+
+def _lag_style(lag: int) -> str:
+    return "green" if lag == 0 else "yellow"
+
+
+@groups.command("list")
+@click.option("--topic", default=None, help="Only the groups reading this topic.")
+@click.option("--no-lag", is_flag=True, help="Skip the per-group lag (one DescribeGroup per group).")
+@output_option
+@click.pass_context
+def list_(ctx: click.Context, topic: str | None, no_lag: bool, output: str) -> None:
+    """Every consumer group with its state, members and total lag."""
+    from dmq.proto import dmq_pb2 as pb
+
+    sess = session(ctx)
+    summaries = sorted(sess.groups("ListGroups", pb.ListGroupsRequest()).groups, key=lambda g: g.group_id)
+    if topic is not None:
+        summaries = [g for g in summaries if g.topic == topic]
+    docs = []
+    for g in summaries:
+        lag = None
+        if not no_lag:
+            try:
+                lag = _describe(sess, g.group_id).total_lag
+            except CLIError:
+                lag = None  # deleted meanwhile, or its brokers are down: show '-'
+        docs.append({"group_id": g.group_id, "topic": g.topic, "state": _state(g.state),
+                     "generation": g.generation, "member_count": g.member_count, "total_lag": lag})
+    if output == "json":
+        print_json({"groups": docs})
+        return
+    if not docs:
+        note("No consumer groups yet. They appear when a consumer subscribes, e.g. dmq consume TOPIC --group APP")
+        return
+    rows = [[d["group_id"], d["topic"], d["state"], str(d["generation"]), str(d["member_count"]),
+             "-" if d["total_lag"] is None else f"[{_lag_style(d['total_lag'])}]{d['total_lag']}[/]"]
+            for d in docs]
+    show(table(["GROUP", "TOPIC", "STATE", "GENERATION", "MEMBERS", "LAG"], rows,
+               right=("GENERATION", "MEMBERS", "LAG")))
+
+
+@groups.command("describe")
+@click.argument("group")
+@output_option
+@click.pass_context
+def describe(ctx: click.Context, group: str, output: str) -> None:
+    """State, subscription, members and per-partition lag of GROUP."""
+    doc = group_document(_describe(session(ctx), group))
+    if output == "json":
+        print_json(doc)
+        return
+    from rich.text import Text
+
+    sub = doc["subscription"]
+    mode = sub["mode"] + (f" from {human_time_ms(sub['from_ms'])}" if sub["mode"] == "timestamp" else "")
+    show(Text.assemble(("Group ", "bold"), (doc["group_id"], "bold cyan"), "   topic ", (doc["topic"], "bold"),
+                       f"   state {doc['state']}   generation {doc['generation']}"))
+    show(f"Subscription: {mode}, since {human_time_ms(sub['created_ms'])}")
+    if doc["members"]:
+        rows = [[m["member_id"], m["client_id"] or "-", m["host"] or "-",
+                 ",".join(map(str, m["partitions"])) or "-",
+                 ",".join(map(str, m["target_partitions"])) or "-"] for m in doc["members"]]
+        show(table(["MEMBER", "CLIENT ID", "HOST", "PARTITIONS", "ASSIGNED"], rows,
+                   title=f"Members ({len(doc['members'])})"))
+    else:
+        show("Members: none (the group is empty; its committed offsets are kept)")
+    rows = []
+    for p in doc["partitions"]:
+        owner = p["owner_client_id"] or p["owner_member_id"] or "-"
+        rows.append([str(p["partition"]), "-" if p["committed_offset"] is None else str(p["committed_offset"]),
+                     str(p["log_end_offset"]), f"[{_lag_style(p['lag'])}]{p['lag']}[/]", owner])
+    show(table(["PARTITION", "COMMITTED", "LOG END", "LAG", "OWNER"], rows, title="Partitions",
+               right=("PARTITION", "COMMITTED", "LOG END", "LAG")))
+    show(f"[bold]Total lag:[/] [{_lag_style(doc['total_lag'])}]{doc['total_lag']}[/]")
+
+
+# -- reset-offsets --------------------------------------------------------------------------------
+
+
+def plan_reset(
+    strategy: str,
+    value: int | None,
+    partitions: list[int],
+    committed: dict[int, int | None],
+    bounds: dict[int, tuple[int, int]],
+    by_time: dict[int, int] | None = None,
+) -> list[dict[str, Any]]:
+    """The new offset for each partition, clamped to [log start, log end]. Pure, for tests.
+
+    A partition with nothing committed shifts from its log start (where a group in the default
+    `all` mode would begin).
+    """
+    plan = []
+    for p in partitions:
+        start, end = bounds[p]
+        current = committed.get(p)
+        if strategy == "earliest":
+            wanted = start
+        elif strategy == "latest":
+            wanted = end
+        elif strategy == "offset":
+            assert value is not None
+            wanted = value
+        elif strategy == "shift":
+            assert value is not None
+            wanted = (current if current is not None else start) + value
+        elif strategy == "datetime":
+            assert by_time is not None
+            wanted = by_time[p]
+        else:
+            raise ValueError(strategy)
+        new = min(max(wanted, start), end)
+        plan.append({
+            "partition": p,
+            "current_offset": current,
+            "new_offset": new,
+            "log_start_offset": start,
+            "log_end_offset": end,
+            "lag_after": end - new,
+            "clamped": new != wanted,
+        })
+    return plan
+
+
+@groups.command("reset-offsets")
+@click.argument("group")
+@click.option("--to-earliest", "strategy", flag_value="earliest", help="To each partition's log start.")
+@click.option("--to-latest", "strategy", flag_value="latest", help="To each partition's log end (skip everything).")
+@click.option("--to-datetime", "to_datetime", metavar="T",
+              help="To the first offset appended at or after T: ISO 8601 (2024-05-01T12:00:00, local time unless "
+                   "Z or +hh:mm) or epoch milliseconds.")
+@click.option("--to-offset", "to_offset", type=click.IntRange(0), metavar="N",
+              help="To offset N (clamped to each partition's log start..end).")
+@click.option("--shift-by", "shift_by", type=int, metavar="N",
+              help="Move each committed offset by N (negative = back, to re-read).")
+@click.option("--partitions", "partitions", multiple=True, metavar="LIST",
+              help="Only these partitions: 0,2,5-7 (repeatable). Default: all.")
+@click.option("--execute", is_flag=True, help="Apply the change. Without it this is a dry run that only shows the plan.")
+@output_option
+@click.pass_context
+def reset_offsets(ctx: click.Context, group: str, strategy: str | None, to_datetime: str | None,
+                  to_offset: int | None, shift_by: int | None, partitions: tuple[str, ...], execute: bool,
+                  output: str) -> None:
+    """Move GROUP's committed offsets. A dry run unless --execute.
+
+    Pick exactly one of --to-earliest, --to-latest, --to-datetime, --to-offset, --shift-by.
+    Refused while the group has members: stop its consumers first (or wait for their session
+    timeout), so that no running consumer overwrites the new offsets.
+
+    \b
+    Examples:
+      dmq groups reset-offsets G_orders_billing --to-earliest            # show the plan
+      dmq groups reset-offsets G_orders_billing --shift-by -100 --execute
+      dmq groups reset-offsets G_orders_billing --to-datetime 2024-05-01T09:00:00 --partitions 0,1 --execute
+    """
+    chosen = [name for name, given in (
+        ("--to-earliest", strategy == "earliest"), ("--to-latest", strategy == "latest"),
+        ("--to-datetime", to_datetime is not None), ("--to-offset", to_offset is not None),
+        ("--shift-by", shift_by is not None)) if given]
+    if len(chosen) != 1:
+        raise click.UsageError(
+            "choose exactly one of --to-earliest, --to-latest, --to-datetime, --to-offset, --shift-by"
+            + (f" (got {', '.join(chosen)})" if chosen else "")
+        )
+    value: int | None = None
+    datetime_ms: int | None = None
+    if to_datetime is not None:
+        strategy, datetime_ms = "datetime", parse_datetime_ms(to_datetime)
+    elif to_offset is not None:
+        strategy, value = "offset", to_offset
+    elif shift_by is not None:
+        strategy, value = "shift", shift_by
+    assert strategy is not None
+    selected = parse_partitions(partitions)
+
+    from dmq.proto import dmq_pb2 as pb
+
+    sess = session(ctx)
+    desc = _describe(sess, group)
+    if desc.members:
+        clients = ", ".join(sorted({m.client_id or m.member_id for m in desc.members}))
+        raise CLIError(
+            f"group {group} has {len(desc.members)} active member(s) ({clients}); offsets can only be reset "
+            "while it is empty: stop its consumers (or wait for their session timeout) and retry"
+        )
+    info = describe_topic(sess, desc.topic)
+    every = [p.partition for p in info.partitions]
+    if selected is None:
+        selected = every
+    unknown = sorted(set(selected) - set(every))
+    if unknown:
+        raise CLIError(f"topic {desc.topic!r} has partitions 0..{len(every) - 1}; no partition {unknown[0]}")
+    committed = {p.partition: (p.committed_offset if p.committed_offset >= 0 else None) for p in desc.partitions}
+    ends = list_offsets(sess, info, selected, LATEST)
+    bounds = {p: (a.log_start_offset, a.log_end_offset) for p, a in ends.items()}
+    by_time = None
+    if datetime_ms is not None:
+        by_time = {p: a.offset for p, a in list_offsets(sess, info, selected, datetime_ms).items()}
+    plan = plan_reset(strategy, value, selected, committed, bounds, by_time)
+
+    if execute:
+        leaders = {p.partition: (p.leader_address, p.leader_id) for p in info.partitions}
+        by_broker: dict[tuple[str, int], list[Any]] = defaultdict(list)
+        for row in plan:
+            by_broker[leaders[row["partition"]]].append(
+                pb.PartitionOffset(topic=desc.topic, partition=row["partition"], offset=row["new_offset"])
+            )
+        for (address, broker_id), offsets in sorted(by_broker.items()):
+            # An operator's commit: no member, generation -1; the coordinator accepts it only while
+            # the group is empty, which closes the race with a consumer joining after our check.
+            sess.broker(address, "CommitOffsets",
+                        pb.CommitOffsetsRequest(group_id=group, member_id="", generation=-1, offsets=offsets),
+                        broker_id=broker_id)
+
+    strategy_doc = {"earliest": "to-earliest", "latest": "to-latest", "offset": f"to-offset {value}",
+                    "shift": f"shift-by {value}", "datetime": f"to-datetime {to_datetime}"}[strategy]
+    if output == "json":
+        print_json({"group_id": group, "topic": desc.topic, "executed": execute, "strategy": strategy_doc,
+                    "partitions": plan})
+        return
+
+    def num(v: int | None) -> str:
+        return "-" if v is None else str(v)
+
+    rows = [[str(r["partition"]), num(r["current_offset"]), f"[bold]{r['new_offset']}[/]" + (" *" if r["clamped"] else ""),
+             str(r["log_start_offset"]), str(r["log_end_offset"]), str(r["lag_after"])] for r in plan]
+    show(table(["PARTITION", "CURRENT", "NEW", "LOG START", "LOG END", "LAG AFTER"], rows,
+               title=f"Group {group}, topic {desc.topic}: reset {strategy_doc}",
+               right=("PARTITION", "CURRENT", "NEW", "LOG START", "LOG END", "LAG AFTER")))
+    if any(r["clamped"] for r in plan):
+        show("* clamped to the partition's log start..end")
+    if execute:
+        show(f"[green]Done:[/] committed new offsets for {len(plan)} partition(s). Consumers of {group} start there.")
+    else:
+        show("[yellow]Dry run:[/] nothing changed. Add --execute to apply.")
+
+
+@groups.command("delete")
+@click.argument("group")
+@click.option("--if-exists", is_flag=True, help="Succeed quietly when the group does not exist.")
+@output_option
+@click.pass_context
+def delete(ctx: click.Context, group: str, if_exists: bool, output: str) -> None:
+    """Delete GROUP with its committed offsets and subscription (it must have no members)."""
+    from dmq.proto import dmq_pb2 as pb
+
+    if not group:
+        raise click.BadParameter("must not be empty", param_hint="GROUP")
+    sess = session(ctx)
+    try:
+        sess.groups("DeleteGroup", pb.DeleteGroupRequest(group_id=group))
+        deleted = True
+    except CLIError as e:
+        if not (if_exists and "not found" in e.message.lower()):
+            raise
+        deleted = False
+    if output == "json":
+        print_json({"deleted": group if deleted else None})
+        return
+    show(f"Deleted group [bold cyan]{group}[/] and its committed offsets." if deleted
+         else f"Group {group} does not exist; nothing to do.")

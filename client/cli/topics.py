@@ -1,0 +1,261 @@
+"""`dmq topics create | list | describe | alter | delete`.
+
+JSON schemas (`-o json`; fields may be added, never renamed or removed):
+  list      {"topics": [{"name", "partition_count", "created_ms", "messages", "size_bytes",
+                         "config": {retention_ms, retention_bytes, segment_bytes, segment_ms,
+                                    max_message_bytes  (null = the broker's default)}}]}
+  describe  {"name", "partition_count", "created_ms", "messages", "size_bytes", "config": {...},
+             "partitions": [{"partition", "leader_id", "leader_address", "leader_alive",
+                             "log_start_offset", "log_end_offset", "messages", "size_bytes",
+                             "segment_count", "error"}]}          (offsets/sizes null when unknown)
+  create / alter   the same document as describe, without log figures for new partitions
+  delete    {"deleted": NAME}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from dmq.client.cli._cluster_info import check_topic_name, config_dict, describe_logs, describe_topic
+from dmq.client.cli._errors import session
+from dmq.client.cli._output import (
+    human_bytes,
+    human_duration_ms,
+    human_time_ms,
+    note,
+    output_option,
+    print_json,
+    show,
+    table,
+)
+from dmq.client.cli._parse import CONFIG_KEYS, parse_topic_config
+from dmq.client.cli._session import CLIError
+
+CONFIG_HELP = (
+    "Topic setting KEY=VALUE, repeatable. Keys: " + ", ".join(CONFIG_KEYS) +
+    " (Kafka's dotted spelling such as retention.ms also works). Durations take ms/s/m/h/d "
+    "(7d), sizes take KiB/MiB/GiB or KB/MB/GB (64MiB); -1 = unlimited retention. Unset keys "
+    "use the server's defaults."
+)
+
+
+@click.group("topics")
+def topics() -> None:
+    """Create, list, describe, alter and delete topics."""
+
+
+def _sum(values: list[int | None]) -> int | None:
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+def topic_document(info: Any, views: dict[tuple[str, int], Any] | None = None) -> dict[str, Any]:
+    partitions = []
+    for p in info.partitions:
+        v = (views or {}).get((info.name, p.partition))
+        start = v.log_start_offset if v else None
+        end = v.log_end_offset if v else None
+        partitions.append({
+            "partition": p.partition,
+            "leader_id": p.leader_id,
+            "leader_address": p.leader_address or None,
+            "leader_alive": p.leader_alive,
+            "log_start_offset": start,
+            "log_end_offset": end,
+            "messages": (end - start) if start is not None and end is not None else None,
+            "size_bytes": v.size_bytes if v else None,
+            "segment_count": v.segment_count if v else None,
+            "error": v.error if v else None,
+        })
+    return {
+        "name": info.name,
+        "partition_count": info.partition_count,
+        "created_ms": info.created_ms,
+        "messages": _sum([p["messages"] for p in partitions]) if views is not None else None,
+        "size_bytes": _sum([p["size_bytes"] for p in partitions]) if views is not None else None,
+        "config": config_dict(info.config),
+        "partitions": partitions,
+    }
+
+
+def _config_value(key: str, value: int | None) -> str:
+    if value is None:
+        return "(server default)"
+    if key.endswith("_ms"):
+        return f"{value}  ({human_duration_ms(value)})"
+    if key == "retention_bytes" and value < 0:
+        return f"{value}  (no limit)"
+    return f"{value}  ({human_bytes(value)})"
+
+
+def _render_topic(doc: dict[str, Any], *, with_logs: bool) -> None:
+    from rich.text import Text
+
+    head = Text.assemble(
+        ("Topic ", "bold"), (doc["name"], "bold cyan"),
+        f"   partitions {doc['partition_count']}   created {human_time_ms(doc['created_ms'])}",
+    )
+    if with_logs:
+        msgs = doc["messages"]
+        head.append(f"   messages {msgs if msgs is not None else '-'}   size {human_bytes(doc['size_bytes'])}")
+    show(head)
+    rows = []
+    for p in doc["partitions"]:
+        alive = "[green]alive[/]" if p["leader_alive"] else "[red]down[/]"
+        leader = f"{p['leader_id']} ({p['leader_address']})" if p["leader_address"] else "[red]none[/]"
+        row = [str(p["partition"]), leader, alive]
+        if with_logs:
+            def num(v: int | None) -> str:
+                return "-" if v is None else str(v)
+
+            row += [num(p["log_start_offset"]), num(p["log_end_offset"]), num(p["messages"]),
+                    human_bytes(p["size_bytes"]), p["error"] or ""]
+        rows.append(row)
+    cols = ["PARTITION", "LEADER", "STATUS"]
+    if with_logs:
+        cols += ["LOG START", "LOG END", "MESSAGES", "SIZE", "NOTE"]
+    show(table(cols, rows, right=("PARTITION", "LOG START", "LOG END", "MESSAGES", "SIZE")))
+    show(table(["CONFIG", "VALUE"], [[k, _config_value(k, v)] for k, v in doc["config"].items()]))
+
+
+@topics.command("create")
+@click.argument("name")
+@click.option("-p", "--partitions", type=click.IntRange(1, 10_000), default=1, show_default=True,
+              help="Number of partitions (1..10000); more partitions, more parallel consumers.")
+@click.option("-c", "--config", "config", multiple=True, metavar="KEY=VALUE", help=CONFIG_HELP)
+@click.option("--if-not-exists", is_flag=True, help="Succeed quietly when the topic already exists.")
+@output_option
+@click.pass_context
+def create(ctx: click.Context, name: str, partitions: int, config: tuple[str, ...], if_not_exists: bool, output: str) -> None:
+    """Create topic NAME with --partitions partitions.
+
+    \b
+    Example:
+      dmq topics create orders --partitions 3 --config retention_ms=7d
+    """
+    from dmq.proto import dmq_pb2 as pb
+
+    settings = parse_topic_config(config)
+    check_topic_name(name)
+    sess = session(ctx)
+    try:
+        info = sess.metadata("CreateTopic", pb.CreateTopicRequest(name=name, partitions=partitions,
+                                                                    config=pb.TopicConfig(**settings)))
+        created = True
+    except CLIError as e:
+        if not (if_not_exists and "already exists" in e.message):
+            raise
+        info = describe_topic(sess, name)
+        created = False
+    doc = topic_document(info)
+    if output == "json":
+        print_json(doc | {"created": created})
+        return
+    if created:
+        show(f"Created topic [bold cyan]{info.name}[/] with {info.partition_count} partition"
+             f"{'s' if info.partition_count != 1 else ''}.")
+    else:
+        show(f"Topic [bold cyan]{info.name}[/] already exists ({info.partition_count} partitions); nothing to do.")
+
+
+@topics.command("list")
+@click.option("--no-logs", is_flag=True, help="Skip asking the brokers for message counts and sizes (faster).")
+@output_option
+@click.pass_context
+def list_(ctx: click.Context, no_logs: bool, output: str) -> None:
+    """List topics with their partition count, message count and size."""
+    from dmq.proto import dmq_pb2 as pb
+
+    sess = session(ctx)
+    infos = sorted(sess.metadata("ListTopics", pb.ListTopicsRequest()).topics, key=lambda t: t.name)
+    views, warnings = (None, []) if no_logs else describe_logs(sess, infos)
+    docs = [topic_document(t, views) for t in infos]
+    if output == "json":
+        print_json({"topics": [{k: v for k, v in d.items() if k != "partitions"} for d in docs]})
+        return
+    for w in warnings:
+        note(f"[yellow]warning:[/] {w}")
+    if not docs:
+        note("No topics yet. Create one with: dmq topics create NAME --partitions N")
+        return
+    rows = []
+    for d in docs:
+        rows.append([d["name"], str(d["partition_count"]),
+                     "-" if d["messages"] is None else str(d["messages"]), human_bytes(d["size_bytes"]),
+                     human_duration_ms(d["config"]["retention_ms"]) if d["config"]["retention_ms"] is not None else "default",
+                     human_time_ms(d["created_ms"])])
+    show(table(["TOPIC", "PARTITIONS", "MESSAGES", "SIZE", "RETENTION", "CREATED"], rows,
+               right=("PARTITIONS", "MESSAGES", "SIZE")))
+
+
+@topics.command("describe")
+@click.argument("name")
+@output_option
+@click.pass_context
+def describe(ctx: click.Context, name: str, output: str) -> None:
+    """Partitions (leader broker, log start/end offsets, size on disk) and settings of topic NAME."""
+    sess = session(ctx)
+    info = describe_topic(sess, name)
+    views, warnings = describe_logs(sess, [info])
+    doc = topic_document(info, views)
+    if output == "json":
+        print_json(doc)
+        return
+    for w in warnings:
+        note(f"[yellow]warning:[/] {w}")
+    _render_topic(doc, with_logs=True)
+
+
+@topics.command("alter")
+@click.argument("name")
+@click.option("-p", "--partitions", type=click.IntRange(1, 10_000), required=True,
+              help="The new total number of partitions; it must be larger than the current one.")
+@output_option
+@click.pass_context
+def alter(ctx: click.Context, name: str, partitions: int, output: str) -> None:
+    """Add partitions to topic NAME (partitions can be added, never removed).
+
+    Keys are spread by hash over the partitions, so adding partitions changes where new records
+    with a given key land.
+    """
+    from dmq.proto import dmq_pb2 as pb
+
+    sess = session(ctx)
+    current = describe_topic(sess, name)
+    if partitions < current.partition_count:
+        raise CLIError(
+            f"topic {name!r} has {current.partition_count} partitions and partitions can only be added: "
+            f"ask for more than {current.partition_count}"
+        )
+    if partitions == current.partition_count:
+        raise CLIError(f"topic {name!r} already has {partitions} partitions; ask for more to add some")
+    info = sess.metadata("AddPartitions", pb.AddPartitionsRequest(name=name, partitions=partitions))
+    if output == "json":
+        print_json(topic_document(info))
+        return
+    show(f"Topic [bold cyan]{name}[/]: {current.partition_count} -> {info.partition_count} partitions.")
+
+
+@topics.command("delete")
+@click.argument("name")
+@click.option("--if-exists", is_flag=True, help="Succeed quietly when the topic does not exist.")
+@output_option
+@click.pass_context
+def delete(ctx: click.Context, name: str, if_exists: bool, output: str) -> None:
+    """Delete topic NAME and all its data (no undo)."""
+    from dmq.proto import dmq_pb2 as pb
+
+    check_topic_name(name)
+    sess = session(ctx)
+    try:
+        sess.metadata("DeleteTopic", pb.DeleteTopicRequest(name=name))
+        deleted = True
+    except CLIError as e:
+        if not (if_exists and "not found" in e.message):
+            raise
+        deleted = False
+    if output == "json":
+        print_json({"deleted": name if deleted else None})
+        return
+    show(f"Deleted topic [bold cyan]{name}[/]." if deleted else f"Topic {name} does not exist; nothing to do.")
