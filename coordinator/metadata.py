@@ -441,7 +441,11 @@ class MetadataManager:
                 brokers=sorted(set(added.values())),
             )
             await self._create_on_brokers(record, new)
-        await self._notify(self._partitions_added_listeners, name, total)
+        # Listeners run outside the lock (they may read metadata), so two growths can notify out of
+        # order; passing the count current at notification time keeps what they see non-decreasing.
+        latest = self._topics.get(name)
+        if latest is not None:
+            await self._notify(self._partitions_added_listeners, name, latest.partition_count)
         return record
 
     async def _apply_add(self, record: TopicRecord, added: dict[int, int]) -> None:

@@ -8,7 +8,7 @@ Schema (PRAGMA user_version = SCHEMA_VERSION):
   partitions(topic TEXT, partition INTEGER, broker_id INTEGER, PRIMARY KEY (topic, partition))
       placement: a partition keeps its broker for life.
   groups(group_id TEXT PRIMARY KEY, topic TEXT, app_id TEXT, subscription_mode TEXT,
-         subscription_from_ms INTEGER, created_ms INTEGER, start_offsets_json TEXT)
+         subscription_from_ms INTEGER NULL, created_ms INTEGER, start_offsets_json TEXT)
       a consumer group's recorded subscription ("first wins") and the start offsets snapshotted
       for subscription mode `new` ({"<partition>": offset}); owned by the group coordinator.
 
@@ -63,7 +63,7 @@ CREATE TABLE IF NOT EXISTS groups (
     topic TEXT NOT NULL,
     app_id TEXT NOT NULL,
     subscription_mode TEXT NOT NULL,
-    subscription_from_ms INTEGER NOT NULL,
+    subscription_from_ms INTEGER,
     created_ms INTEGER NOT NULL,
     start_offsets_json TEXT NOT NULL
 );
@@ -113,7 +113,7 @@ class GroupRecord:
     topic: str
     app_id: str
     subscription_mode: str  # "all" | "new" | "timestamp"
-    subscription_from_ms: int
+    subscription_from_ms: int | None  # None unless mode is "timestamp"
     created_ms: int
     start_offsets: Mapping[int, int] = field(default_factory=dict)  # partition -> offset (mode "new")
 
@@ -306,7 +306,7 @@ class CoordinatorStore:
                 topic=str(r[1]),
                 app_id=str(r[2]),
                 subscription_mode=str(r[3]),
-                subscription_from_ms=int(r[4]),
+                subscription_from_ms=None if r[4] is None else int(r[4]),
                 created_ms=int(r[5]),
                 start_offsets={int(p): int(o) for p, o in json.loads(r[6] or "{}").items()},
             )

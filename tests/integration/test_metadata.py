@@ -11,6 +11,7 @@ import asyncio
 import importlib.machinery
 import pathlib
 import sys
+import time
 import types
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -624,3 +625,49 @@ async def test_stop_is_bounded_and_closes_channels(harness: Harness) -> None:
     assert len(pool) == 0
     with pytest.raises(RuntimeError):
         pool.stub("127.0.0.1:1")
+
+
+# -- with the real brokers (dmq.broker.node.BrokerNode through the conftest cluster fixtures) ------
+
+
+async def _log_partitions(broker: object, topic: str) -> list[int]:
+    return sorted(p for t, p in broker.logs.partitions() if t == topic)  # type: ignore[attr-defined]
+
+
+def test_real_brokers_create_and_delete_their_partitions(cluster3) -> None:  # noqa: ANN001
+    with grpc.insecure_channel(cluster3.bootstrap, options=channel_options()) as channel:
+        stub = pb_grpc.MetadataStub(channel)
+        listed = stub.ListBrokers(pb.ListBrokersRequest(), timeout=5).brokers
+        assert [(b.broker_id, b.alive) for b in listed] == [(0, True), (1, True), (2, True)]
+        info = stub.CreateTopic(
+            pb.CreateTopicRequest(name="real", partitions=7, config=pb.TopicConfig(segment_bytes=1 << 20)), timeout=10
+        )
+        placed = leaders(info)
+        assert sorted(placed.count(b) for b in (0, 1, 2)) == [2, 2, 3]
+        for broker in cluster3.cluster.brokers:
+            held = cluster3.call(_log_partitions(broker, "real"))
+            assert held == [p for p, b in enumerate(placed) if b == broker.broker_id]
+        grown = stub.AddPartitions(pb.AddPartitionsRequest(name="real", partitions=9), timeout=10)
+        placed = leaders(grown)
+        for broker in cluster3.cluster.brokers:
+            held = cluster3.call(_log_partitions(broker, "real"))
+            assert held == [p for p, b in enumerate(placed) if b == broker.broker_id]
+        stub.DeleteTopic(pb.DeleteTopicRequest(name="real"), timeout=10)
+        for broker in cluster3.cluster.brokers:
+            assert cluster3.call(_log_partitions(broker, "real")) == []
+
+
+def test_real_broker_that_stops_expires_and_gets_no_new_partitions(cluster_factory) -> None:  # noqa: ANN001
+    cluster = cluster_factory(brokers=3, shared_port=False, broker_session_timeout_ms=600)
+    cluster.call(cluster.cluster.stop_broker(1))
+    with grpc.insecure_channel(cluster.bootstrap, options=channel_options()) as channel:
+        stub = pb_grpc.MetadataStub(channel)
+        deadline = time.monotonic() + 10
+        while True:
+            alive = {b.broker_id: b.alive for b in stub.ListBrokers(pb.ListBrokersRequest(), timeout=5).brokers}
+            if not alive[1] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert alive == {0: True, 1: False, 2: True}
+        info = stub.CreateTopic(pb.CreateTopicRequest(name="t", partitions=4), timeout=10)
+        assert set(leaders(info)) == {0, 2}

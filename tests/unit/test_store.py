@@ -100,16 +100,17 @@ async def test_brokers_upsert(store: CoordinatorStore) -> None:
 
 
 async def test_groups_save_load_delete(store: CoordinatorStore) -> None:
-    g1 = GroupRecord("G_t_app", "t", "app", "new", 0, 500, {0: 7, 1: 0})
+    g1 = GroupRecord("G_t_app", "t", "app", "new", None, 500, {0: 7, 1: 0})
     g2 = GroupRecord("G_t_other", "t", "other", "timestamp", 1_000, 600)
     await store.save_group(g1)
     await store.save_group(g2)
-    await store.save_group(GroupRecord("G_t_app", "t", "app", "new", 0, 500, {0: 7, 1: 0, 2: 3}))
+    await store.save_group(GroupRecord("G_t_app", "t", "app", "new", None, 500, {0: 7, 1: 0, 2: 3}))
     store = await reopened(store)
     try:
         loaded = await store.load_groups()
         assert [g.group_id for g in loaded] == ["G_t_app", "G_t_other"]
         assert dict(loaded[0].start_offsets) == {0: 7, 1: 0, 2: 3}
+        assert loaded[0].subscription_from_ms is None
         assert loaded[1] == g2
         assert await store.delete_group("G_t_app") is True
         assert await store.delete_group("G_t_app") is False
