@@ -467,6 +467,8 @@ def test_encode_argument_errors():
         r.encode([b"a", b"b"], timestamps=[0, 2**31])
     with pytest.raises(RecordsError, match="within 2\\*\\*31 ms"):
         r.encode([b"a", b"b"], timestamps=[0, -(2**31) - 1])
+    with pytest.raises(RecordsError, match="int milliseconds"):
+        r.encode([b"a", b"b"], timestamps=[1, 2.5])  # type: ignore[list-item]
     with pytest.raises(RecordsError, match="bytes-like"):
         r.encode([b"a", None])  # type: ignore[list-item]
     with pytest.raises(RecordsError, match="bytes-like"):
