@@ -60,7 +60,8 @@ def _storage_options(f):  # type: ignore[no-untyped-def]
               help="1: coordinator and broker in this process on one port. N>1: a coordinator and N broker processes.")
 @click.option("--default-subscription-mode", type=SUBSCRIPTION_MODES, default="all", show_default=True,
               help="Where a new group starts when its consumers name no mode: all (log start) or new (log end).")
-@click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True)
+@click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
+              help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
 @_storage_options
 def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, default_subscription_mode: str,
                log_level: str, flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int,
@@ -129,12 +130,14 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
 
 @click.command("coordinator")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on and advertise.")
-@click.option("--port", type=click.IntRange(0, 65535), default=9091, show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=9091, show_default=True,
+              help="Port clients (--bootstrap) and brokers (--coordinator) connect to; 0 picks a free port.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=pathlib.Path),
               default=pathlib.Path("dmq-data/coordinator"), show_default=True, help="Where the SQLite metadata lives.")
 @click.option("--default-subscription-mode", type=SUBSCRIPTION_MODES, default="all", show_default=True,
               help="Where a new group starts when its consumers name no mode.")
-@click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True)
+@click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
+              help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
 def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str, log_level: str) -> None:
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups."""
     configure_logging(log_level)
@@ -157,7 +160,8 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0 picks a free port.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), required=True,
               help="Where this broker's logs and committed offsets live.")
-@click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True)
+@click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
+              help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
 @_storage_options
 def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir: pathlib.Path, log_level: str,
                flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int) -> None:

@@ -1,0 +1,159 @@
+"""Fixtures for the CLI tests: a real `dmq server` subprocess per module and a runner for `dmq`.
+
+The tests drive the installed `dmq` console script (next to the test's Python in the virtualenv)
+exactly as an operator would: a subprocess with arguments, stdin, an exit code, stdout and stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+SERVER_START_TIMEOUT_S = 30.0
+SERVER_STOP_TIMEOUT_S = 15.0
+COMMAND_TIMEOUT_S = 60.0
+
+
+def dmq_executable() -> str:
+    beside = pathlib.Path(sys.executable).parent / "dmq"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("dmq")
+    if found is None:
+        pytest.fail("the `dmq` console script is not installed: run `pip install -e .` in the virtualenv")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Result:
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+    def __repr__(self) -> str:
+        return f"<Result {' '.join(self.args)!r} rc={self.returncode} stdout={self.stdout!r} stderr={self.stderr!r}>"
+
+
+def run_dmq(*args: str, bootstrap: str | None = None, input: str | None = None,
+            timeout_s: float = COMMAND_TIMEOUT_S, env: dict[str, str] | None = None) -> Result:
+    argv = [dmq_executable()]
+    if bootstrap is not None:
+        argv += ["--bootstrap", bootstrap]
+    argv += list(args)
+    full_env = {k: v for k, v in os.environ.items() if k not in ("DMQ_BOOTSTRAP", "DMQ_TIMEOUT")}
+    full_env.update(env or {})
+    proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout_s, env=full_env)
+    return Result(argv[1:], proc.returncode, proc.stdout, proc.stderr)
+
+
+class ServerProcess:
+    """`dmq server` in a subprocess; the owner calls stop()."""
+
+    def __init__(self, data_dir: pathlib.Path, log_path: pathlib.Path, extra_args: tuple[str, ...] = ()) -> None:
+        self.port = free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [dmq_executable(), "server", "--port", str(self.port), "--data-dir", str(data_dir),
+             "--log-level", "warning", *extra_args],
+            stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def __repr__(self) -> str:
+        return f"<ServerProcess {self.bootstrap} pid={self.proc.pid} rc={self.proc.poll()}>"
+
+    def wait_ready(self, timeout_s: float = SERVER_START_TIMEOUT_S) -> None:
+        """Poll ListBrokers until the broker has registered (created topics need a live broker)."""
+        import grpc
+
+        from dmq.proto import dmq_pb2 as pb
+        from dmq.proto import dmq_pb2_grpc as pb_grpc
+
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(self.bootstrap) as channel:
+            stub = pb_grpc.MetadataStub(channel)
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"dmq server exited with {self.proc.returncode}: {self.log_tail()}")
+                try:
+                    answer = stub.ListBrokers(pb.ListBrokersRequest(), timeout=1.0)
+                    if any(b.alive for b in answer.brokers):
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.05)
+        raise TimeoutError(f"dmq server at {self.bootstrap} not ready in {timeout_s}s: {self.log_tail()}")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(SERVER_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(SERVER_STOP_TIMEOUT_S)
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One live `dmq server` for the whole test module (starting one costs about a second)."""
+    base = tmp_path_factory.mktemp("dmq-server")
+    srv = ServerProcess(base / "data", base / "server.log")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+class Dmq:
+    """`dmq` bound to a server: dmq("topics", "list") runs `dmq --bootstrap ADDR topics list`."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+
+    def __call__(self, *args: str, input: str | None = None, timeout_s: float = COMMAND_TIMEOUT_S,
+                 env: dict[str, str] | None = None) -> Result:
+        return run_dmq(*args, bootstrap=self.bootstrap, input=input, timeout_s=timeout_s, env=env)
+
+    def ok(self, *args: str, **kwargs: Any) -> Result:
+        result = self(*args, **kwargs)
+        assert result.returncode == 0, result
+        return result
+
+    def json(self, *args: str, **kwargs: Any) -> Any:
+        return self.ok(*args, "-o", "json", **kwargs).json()
+
+
+@pytest.fixture(scope="module")
+def dmq(server: ServerProcess) -> Dmq:
+    return Dmq(server.bootstrap)
