@@ -1,0 +1,123 @@
+"""A bounded, LRU cache of open file descriptors shared by every segment of a LogManager.
+
+Why: one broker holds ~10,000 partitions with several segments each, far more files than the
+process may keep open. Segments do not own descriptors; they ask the cache for one by path on each
+read/write. The least recently used descriptor is closed when the cache is full, and reopened
+lazily the next time that segment is touched.
+
+Pinning: a descriptor used outside the event-loop thread (the group-commit fsync) is pinned so
+eviction cannot close it (and the number reused by another open) while the thread uses it. Pins are
+short; if every cached descriptor is pinned the cache briefly exceeds its bound rather than block.
+
+All methods are called from one thread (the event loop), except `unpin`, which takes the lock too.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+
+import structlog
+
+__all__ = ["FileCache"]
+
+log = structlog.get_logger(__name__)
+
+# Segments are opened read-write in append mode: writes always land at the end (the log's own
+# size bookkeeping is the source of truth; recovery truncates anything beyond it), reads use pread.
+_OPEN_FLAGS = os.O_RDWR | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+
+
+class FileCache:
+    def __init__(self, max_open_files: int) -> None:
+        if max_open_files < 1:
+            raise ValueError(f"max_open_files must be >= 1, got {max_open_files}")
+        self.max_open_files = max_open_files
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._pins: dict[str, int] = {}
+        # Descriptors whose path was closed/evicted while pinned: closed on the last unpin.
+        self._doomed: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.opens = 0  # total os.open calls, for tests and metrics
+        self.evictions = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"FileCache(open={len(self._fds)}, max_open_files={self.max_open_files}, "
+            f"pinned={len(self._pins)}, opens={self.opens}, evictions={self.evictions})"
+        )
+
+    @property
+    def open_count(self) -> int:
+        with self._lock:
+            return len(self._fds) + len(self._doomed)
+
+    def fd(self, path: str) -> int:
+        """Descriptor for `path` (an existing file), opening it if needed; marks it most recent."""
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is not None:
+                self._fds.move_to_end(path)
+                return fd
+            self._make_room_locked()
+            fd = os.open(path, _OPEN_FLAGS)
+            self.opens += 1
+            self._fds[path] = fd
+            return fd
+
+    def create(self, path: str) -> int:
+        """Create a new empty file (must not exist) and cache its descriptor."""
+        with self._lock:
+            self._make_room_locked()
+            fd = os.open(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
+            self.opens += 1
+            self._fds[path] = fd
+            return fd
+
+    def pin(self, path: str) -> int:
+        """Like fd(), and the descriptor stays open until unpin(path, fd)."""
+        fd = self.fd(path)
+        with self._lock:
+            self._pins[path] = self._pins.get(path, 0) + 1
+        return fd
+
+    def unpin(self, path: str, fd: int) -> None:
+        with self._lock:
+            if fd in self._doomed:
+                self._doomed[fd] -= 1
+                if self._doomed[fd] == 0:
+                    del self._doomed[fd]
+                    os.close(fd)
+                return
+            n = self._pins.get(path, 0) - 1
+            if n <= 0:
+                self._pins.pop(path, None)
+            else:
+                self._pins[path] = n
+
+    def close(self, path: str) -> None:
+        """Close the descriptor for `path` if open (before deleting or renaming the file)."""
+        with self._lock:
+            fd = self._fds.pop(path, None)
+            if fd is None:
+                return
+            pins = self._pins.pop(path, 0)
+            if pins:
+                self._doomed[fd] = pins
+            else:
+                os.close(fd)
+
+    def close_all(self) -> None:
+        with self._lock:
+            paths = list(self._fds)
+        for path in paths:
+            self.close(path)
+
+    def _make_room_locked(self) -> None:
+        while len(self._fds) + len(self._doomed) >= self.max_open_files:
+            victim = next((p for p in self._fds if p not in self._pins), None)
+            if victim is None:
+                return  # everything pinned: exceed briefly rather than block
+            os.close(self._fds.pop(victim))
+            self.evictions += 1

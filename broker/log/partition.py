@@ -1,0 +1,901 @@
+"""The durable log of one topic-partition.
+
+Directory `<data_dir>/<topic>-<partition>/`:
+
+    <base:020d>.log / .index / .timeindex   segments (see segment.py, index.py)
+    <offset:020d>.snapshot                  idempotent-producer state as of `offset` (producer_state.py)
+    checkpoint                              "dmq-log-checkpoint 1 <log_start_offset> <recovery_offset> <crc32>"
+    .clean_shutdown                         "<log_end_offset> <active_base> <active_size>", written by close()
+    config.json                             the LogConfig the log was created with (best effort)
+
+Invariants:
+  - every segment whose base offset is below `recovery_offset` is fully fsynced together with its
+    index files; segments from the one containing `recovery_offset` on may have a torn tail.
+  - `log_start_offset` only grows; it is written to `checkpoint` (fsynced) BEFORE the segments
+    below it are deleted, so a crash in between only leaves files that open() deletes.
+  - `.clean_shutdown` exists only while the files are exactly as close() left them: it is removed
+    (and the removal made durable by the next flush) before the first change after opening.
+  - `durable_end_offset` <= `log_end_offset`: everything below it has been fsynced.
+
+Opening (`_load`):
+  1. clean marker present and matching the active segment's size: trust everything, no scan;
+     indexes of older segments are loaded lazily on first use.
+  2. otherwise: every segment from the one containing `recovery_offset` is scanned in 8 MiB reads
+     (header checks, CRC, contiguous offsets); a torn/corrupt tail is truncated and later segments
+     deleted (WARNING logged with topic, partition, segment, position, bytes); indexes are rebuilt.
+  3. producer state: newest readable snapshot at or below the log end, then the batch headers
+     from its offset to the log end are replayed.
+
+Concurrency: appends, reads and retention may come from the event loop and from worker threads
+(the broker runs retention and interval flushes with asyncio.to_thread), so state changes happen
+under one per-partition lock. fsync never runs under it: a flush job is prepared under the lock
+(descriptors pinned in the FileCache), fsynced outside, and completed under the lock again.
+
+Group commit (`append_durable`): a caller waits until `durable_end_offset` covers its batch. If a
+flush is already in flight it waits for that one and, if the flush started before its write (so
+does not cover it), for the next; one flush is in flight at a time and it covers every write made
+before it started, so N concurrent callers cost ~2 fsyncs, not N.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import struct
+import threading
+import time
+import zlib
+from bisect import bisect_right
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import structlog
+
+from dmq.broker.log.errors import (
+    InvalidBatchError,
+    LogClosedError,
+    LogError,
+    OffsetOutOfRangeError,
+)
+from dmq.broker.log.handles import FileCache
+from dmq.broker.log.index import fsync_path
+from dmq.broker.log.producer_state import ProducerStateManager, list_snapshots, snapshot_path
+from dmq.broker.log.segment import LOG_SUFFIX, MAX_RELATIVE_OFFSET, Segment
+from dmq.proto.records import DEFAULT_MAX_BATCH_BYTES, patch_base_offset, validate_batch
+
+__all__ = ["AppendInfo", "LogConfig", "PartitionLog", "RecoveryInfo"]
+
+log = structlog.get_logger(__name__)
+
+CHECKPOINT_FILE = "checkpoint"
+CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
+CONFIG_FILE = "config.json"
+_CHECKPOINT_MAGIC = "dmq-log-checkpoint 1"
+_INT64 = struct.Struct("<q")
+SNAPSHOTS_KEPT = 2
+FLUSH_POLICIES = ("fsync", "interval")
+
+GiB = 1024**3
+DAY_MS = 24 * 3600 * 1000
+
+
+class _PartitionLogger:
+    """Adds topic/partition to every event. Not a bound logger: binding at construction would
+    freeze the structlog configuration of that moment (tests capture logs, the CLI configures
+    rendering later)."""
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self._fields = {"topic": topic, "partition": partition}
+
+    def debug(self, event: str, **kw: Any) -> None:
+        log.debug(event, **self._fields, **kw)
+
+    def info(self, event: str, **kw: Any) -> None:
+        log.info(event, **self._fields, **kw)
+
+    def warning(self, event: str, **kw: Any) -> None:
+        log.warning(event, **self._fields, **kw)
+
+    def error(self, event: str, **kw: Any) -> None:
+        log.error(event, **self._fields, **kw)
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class LogConfig:
+    segment_bytes: int = 1 * GiB
+    segment_ms: int = 7 * DAY_MS
+    retention_ms: int = 7 * DAY_MS  # -1 = keep forever
+    retention_bytes: int = -1  # -1 = no size limit
+    index_interval_bytes: int = 4096
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    flush_policy: str = "fsync"  # "fsync": acks=all waits for a (group-commit) fsync; "interval"
+    flush_interval_ms: int = 1000
+    producer_id_expiration_ms: int = DAY_MS  # idle producers' de-duplication state is dropped
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"LogConfig.{name}={getattr(self, name)!r}: {why}")
+
+        if not 1024 <= self.segment_bytes <= 2**31 - 1:
+            bad("segment_bytes", "must be within 1024..2**31-1 (positions are stored as uint32)")
+        if self.segment_ms <= 0:
+            bad("segment_ms", "must be > 0")
+        if self.retention_ms < -1:
+            bad("retention_ms", "must be >= 0, or -1 for unlimited")
+        if self.retention_bytes < -1:
+            bad("retention_bytes", "must be >= 0, or -1 for unlimited")
+        if self.index_interval_bytes < 1:
+            bad("index_interval_bytes", "must be >= 1")
+        if not 64 <= self.max_batch_bytes <= 2**31 - 1:
+            bad("max_batch_bytes", "must be within 64..2**31-1")
+        if self.flush_policy not in FLUSH_POLICIES:
+            bad("flush_policy", f"must be one of {FLUSH_POLICIES}")
+        if self.flush_interval_ms <= 0:
+            bad("flush_interval_ms", "must be > 0")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> LogConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    base_offset: int
+    last_offset: int
+    append_time_ms: int
+    duplicate: bool = False
+
+
+@dataclass(slots=True)
+class RecoveryInfo:
+    """How the last open went; `clean` means no segment was scanned."""
+
+    clean: bool
+    segments_scanned: int = 0
+    bytes_scanned: int = 0
+    bytes_truncated: int = 0
+    segments_deleted: int = 0
+    producer_batches_replayed: int = 0
+    duration_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _FlushJob:
+    end_offset: int
+    fds: list[tuple[str, int]]
+    extra_paths: list[str]  # index and snapshot files of rolled segments
+    dir_gen: int  # directory generation to fsync up to, 0 when clean
+    recovery_offset: int | None
+    segments: list[Segment]
+
+
+def _read_small(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read(4096)
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+
+
+def _atomic_write(path: str, data: bytes, fsync_fn: Callable[[int], None] | None) -> None:
+    """tmp + rename, with fsyncs of the file and the directory when fsync_fn is given."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        os.write(fd, data)
+        if fsync_fn is not None:
+            fsync_fn(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if fsync_fn is not None:
+        _fsync_dir(os.path.dirname(path), fsync_fn)
+
+
+def _fsync_dir(path: str, fsync_fn: Callable[[int], None]) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fsync_fn(fd)
+    finally:
+        os.close(fd)
+
+
+class PartitionLog:
+    """See the module docstring. Public attributes are read-only for callers."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        topic: str,
+        partition: int,
+        config: LogConfig | None = None,
+        *,
+        clock_ms: Callable[[], int] | None = None,
+        fsync: Callable[[int], None] | None = None,
+        file_cache: FileCache | None = None,
+        executor: Executor | None = None,
+    ) -> None:
+        self.directory = os.fspath(directory)
+        self.topic = topic
+        self.partition = partition
+        self._clock = clock_ms or wall_clock_ms
+        # fdatasync: the data and the file size, without the inode's timestamps.
+        self._fsync = fsync or getattr(os, "fdatasync", os.fsync)
+        self._owns_cache = file_cache is None
+        self._cache = file_cache or FileCache(64)
+        self._owns_executor = executor is None
+        self._executor: Executor | None = executor
+        self._log = _PartitionLogger(topic, partition)
+        self._lock = threading.RLock()
+        self._ckpt_lock = threading.Lock()
+
+        self.log_start_offset = 0
+        self.log_end_offset = 0
+        self.size_bytes = 0
+        self.durable_end_offset = 0
+        self.recovery: RecoveryInfo = RecoveryInfo(clean=True)
+        self._recovery_offset = 0
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._unflushed: list[Segment] = []  # rolled, not yet fsynced
+        self._pending_paths: list[str] = []  # files written at roll, fsynced by the next flush
+        self._last_append_ms = 0
+        self._producers = ProducerStateManager()
+        self._marker_present = False
+        self._dir_gen = 0  # bumped on every directory change (create, unlink, rename)
+        self._dir_synced_gen = 0
+        self._inflight: asyncio.Future[None] | None = None
+        self._background: set[Future[Any]] = set()
+        self._failed: BaseException | None = None
+        self._closed = False
+
+        os.makedirs(self.directory, exist_ok=True)
+        config_path = os.path.join(self.directory, CONFIG_FILE)
+        if config is None:
+            text = _read_small(config_path)
+            try:
+                config = LogConfig.from_json(text) if text else LogConfig()
+            except (ValueError, TypeError):
+                config = LogConfig()
+        elif _read_small(config_path) != config.to_json():
+            _atomic_write(config_path, config.to_json().encode(), None)
+        self.config = config
+        self._load()
+
+    def __repr__(self) -> str:
+        return (
+            f"PartitionLog({self.topic}[{self.partition}], start={self.log_start_offset}, "
+            f"end={self.log_end_offset}, durable={self.durable_end_offset}, segments={len(self._segments)}, "
+            f"size_bytes={self.size_bytes}{', closed' if self._closed else ''})"
+        )
+
+    # -- properties ------------------------------------------------------------------------------
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def segment_base_offsets(self) -> list[int]:
+        with self._lock:
+            return list(self._bases)
+
+    @property
+    def recovery_offset(self) -> int:
+        return self._recovery_offset
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def producer_count(self) -> int:
+        return len(self._producers)
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        t0 = time.perf_counter()
+        d = self.directory
+        bases = []
+        for name in os.listdir(d):
+            if name.endswith(".tmp"):
+                os.unlink(os.path.join(d, name))
+            elif name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit():
+                bases.append(int(name[: -len(LOG_SUFFIX)]))
+        bases.sort()
+        ckpt = self._read_checkpoint()
+        marker = self._read_marker()
+        self._marker_present = marker is not None
+        interval = self.config.index_interval_bytes
+
+        if not bases:
+            start = ckpt[0] if ckpt else 0
+            seg = Segment.create(d, start, self._cache, interval)
+            self._segments, self._bases = [seg], [start]
+            self.log_start_offset = self.log_end_offset = self.durable_end_offset = start
+            self._recovery_offset = start
+            self._dir_gen += 1
+            self.recovery = RecoveryInfo(clean=marker is not None, duration_s=time.perf_counter() - t0)
+            self._log.debug("log created", directory=d, base_offset=start)
+            return
+
+        log_start = max(ckpt[0], bases[0]) if ckpt else bases[0]
+        # Segments entirely below log_start: a crash hit retention between checkpoint and unlink.
+        while len(bases) > 1 and bases[1] <= log_start:
+            Segment(d, bases.pop(0), self._cache, interval).delete_files()
+            self._dir_gen += 1
+        recovery_offset = ckpt[1] if ckpt else bases[0]
+        segments = []
+        for b in bases:
+            size = os.stat(os.path.join(d, f"{b:020d}{LOG_SUFFIX}")).st_size
+            segments.append(Segment(d, b, self._cache, interval, size=size))
+        for seg, nxt in zip(segments, bases[1:]):
+            seg.next_offset = nxt
+        active = segments[-1]
+        self._segments, self._bases = segments, list(bases)
+        self.log_start_offset = log_start
+        self._recovery_offset = recovery_offset
+
+        clean = marker is not None and marker[1] == active.base_offset and marker[2] == active.size
+        info = RecoveryInfo(clean=clean)
+        if clean:
+            assert marker is not None
+            active.next_offset = marker[0]
+            active.ensure_indexes()
+            active.set_active_state(marker[0])
+        else:
+            if marker is not None:
+                self._log.warning(
+                    "clean-shutdown marker does not match the files; recovering",
+                    marker=marker, active_base=active.base_offset, active_size=active.size,
+                )
+            self._recover(info)
+        self.log_end_offset = self._segments[-1].next_offset
+        self.durable_end_offset = self.log_end_offset
+        self.size_bytes = sum(s.size for s in self._segments)
+        last_time = self._segments[-1].largest_time_ms
+        if last_time is None and len(self._segments) > 1:
+            last_time = self._segments[-2].largest_time_ms
+        self._last_append_ms = last_time or 0
+        info.producer_batches_replayed = self._load_producer_state()
+        info.duration_s = time.perf_counter() - t0
+        self.recovery = info
+        self._log.info(
+            "log opened",
+            clean=clean,
+            log_start_offset=self.log_start_offset,
+            log_end_offset=self.log_end_offset,
+            segments=len(self._segments),
+            segments_scanned=info.segments_scanned,
+            bytes_truncated=info.bytes_truncated,
+            duration_s=round(info.duration_s, 4),
+        )
+
+    def _recover(self, info: RecoveryInfo) -> None:
+        """Scan the segments that may have torn tails (see module docstring)."""
+        segs = self._segments
+        first = max(bisect_right(self._bases, self._recovery_offset) - 1, 0)
+        now = self._clock()
+        min_time = 0
+        if first > 0:
+            min_time = segs[first - 1].largest_time_ms or 0
+        max_batch = max(self.config.max_batch_bytes, DEFAULT_MAX_BATCH_BYTES)
+        i = first
+        while i < len(segs):
+            seg = segs[i]
+            result = seg.scan(max_batch_bytes=max_batch, min_time_ms=min_time, now_ms=now)
+            info.segments_scanned += 1
+            info.bytes_scanned += result.valid_bytes + result.truncated_bytes
+            min_time = seg.largest_time_ms or min_time
+            if result.truncated_bytes:
+                info.bytes_truncated += result.truncated_bytes
+                self._log.warning(
+                    "truncated log tail",
+                    segment=os.path.basename(seg.log_path),
+                    position=result.valid_bytes,
+                    bytes_truncated=result.truncated_bytes,
+                    reason=result.reason,
+                )
+            later = segs[i + 1 :]
+            if later and not result.truncated_bytes and seg.next_offset != later[0].base_offset:
+                self._log.warning(
+                    "segment does not end where the next one starts",
+                    segment=os.path.basename(seg.log_path),
+                    next_offset=seg.next_offset,
+                    next_segment_base=later[0].base_offset,
+                )
+            if later and result.truncated_bytes:
+                # Offsets must continue into the next segment; everything after a cut is unusable.
+                for dead in later:
+                    self._log.warning(
+                        "deleted segment after a truncated one",
+                        segment=os.path.basename(dead.log_path),
+                        bytes=dead.size,
+                    )
+                    info.bytes_truncated += dead.size
+                    dead.delete_files()
+                    info.segments_deleted += 1
+                del segs[i + 1 :]
+                del self._bases[i + 1 :]
+                self._dir_gen += 1
+            i += 1
+        # What was recovered may only be in the page cache (process crash): make it durable so the
+        # recovery offset can move to the active segment and durable_end_offset = log end is true.
+        for seg in segs[first:]:
+            self._fsync(self._cache.fd(seg.log_path))
+            if seg is not segs[-1]:
+                fsync_path(seg.index.path, self._fsync)
+                fsync_path(seg.time_index.path, self._fsync)
+        self._recovery_offset = segs[-1].base_offset
+        self._write_checkpoint(sync=True)
+
+    def _load_producer_state(self) -> int:
+        """Newest usable snapshot <= log end, then replay the headers after it. Returns batches replayed."""
+        end = self.log_end_offset
+        state = None
+        start = self.log_start_offset
+        for off in reversed(list_snapshots(self.directory)):
+            path = snapshot_path(self.directory, off)
+            if off > end:
+                os.unlink(path)  # describes batches that were truncated away
+                continue
+            if state is not None:
+                continue
+            try:
+                with open(path, "rb") as f:
+                    snap_off, snap = ProducerStateManager.from_bytes(f.read())
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                self._log.warning("ignoring unreadable producer state snapshot", file=path, error=str(e))
+                continue
+            state, start = snap, max(snap_off, self.log_start_offset)
+        self._producers = state or ProducerStateManager()
+        if start >= end:
+            return 0
+        replayed = 0
+        i = max(bisect_right(self._bases, start) - 1, 0)
+        for seg in self._segments[i:]:
+            seg.ensure_indexes()
+            times, rels = seg.time_index.times, seg.time_index.rel_offsets
+            for _pos, h in seg.iter_headers(max(start, seg.base_offset)):
+                if h[8] < 0:
+                    continue
+                j = bisect_right(rels, h[0] - seg.base_offset) - 1
+                t = times[j] if j >= 0 else self._last_append_ms
+                self._producers.update(h[8], h[9], h[10], h[5], h[0], h[0] + h[5] - 1, t)
+                replayed += 1
+        return replayed
+
+    def _read_checkpoint(self) -> tuple[int, int] | None:
+        text = _read_small(os.path.join(self.directory, CHECKPOINT_FILE))
+        if not text:
+            return None
+        try:
+            magic1, magic2, start, recovery, crc = text.split()
+            body = f"{magic1} {magic2} {start} {recovery}"
+            if body != _CHECKPOINT_MAGIC + f" {start} {recovery}" or int(crc, 16) != zlib.crc32(body.encode()):
+                raise ValueError("bad checkpoint")
+            return int(start), int(recovery)
+        except ValueError:
+            self._log.warning("ignoring unreadable checkpoint file", content=text[:200])
+            return None
+
+    def _write_checkpoint(self, *, sync: bool) -> None:
+        """Persist log_start_offset and recovery_offset (any thread)."""
+        with self._ckpt_lock:
+            body = f"{_CHECKPOINT_MAGIC} {self.log_start_offset} {self._recovery_offset}"
+            data = f"{body} {zlib.crc32(body.encode()):08x}\n".encode()
+            _atomic_write(os.path.join(self.directory, CHECKPOINT_FILE), data, self._fsync if sync else None)
+
+    def _read_marker(self) -> tuple[int, int, int] | None:
+        text = _read_small(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE))
+        if not text:
+            return None
+        try:
+            end, base, size = (int(x) for x in text.split())
+            return end, base, size
+        except ValueError:
+            return None
+
+    def _before_change(self) -> None:
+        """First change after opening: the files are no longer as close() left them."""
+        if self._marker_present:
+            try:
+                os.unlink(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE))
+            except FileNotFoundError:
+                pass
+            self._marker_present = False
+            self._dir_gen += 1
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"log {self.topic}[{self.partition}] is closed")
+        if self._failed is not None:
+            raise LogError(
+                f"log {self.topic}[{self.partition}] is offline after an I/O error ({self._failed}); "
+                f"restart the broker to recover it"
+            )
+
+    # -- append ----------------------------------------------------------------------------------
+
+    def append(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
+        """Validate and append one batch (not fsynced). A bytearray is patched in place."""
+        h = validate_batch(batch, max_batch_bytes=self.config.max_batch_bytes)
+        view = memoryview(batch)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        if len(view) != h.total_size:
+            raise InvalidBatchError(
+                f"append takes exactly one batch: got {len(view)} bytes, the batch is {h.total_size}"
+            )
+        with self._lock:
+            self._check_writable()
+            dup = self._producers.check(
+                h.producer_id, h.producer_epoch, h.base_sequence, h.record_count,
+                where=f"{self.topic}[{self.partition}]: ",
+            )
+            if dup is not None:
+                return AppendInfo(dup.base_offset, dup.last_offset, dup.append_time_ms, True)
+            now = max(self._clock(), self._last_append_ms)
+            base = self.log_end_offset
+            last = base + h.record_count - 1
+            self._before_change()
+            seg = self._segments[-1]
+            if seg.size and (
+                seg.size + h.total_size > self.config.segment_bytes
+                or now - (seg.first_time_ms or now) >= self.config.segment_ms
+                or last - seg.base_offset > MAX_RELATIVE_OFFSET
+            ):
+                seg = self._roll(base)
+            if isinstance(batch, bytearray):
+                patch_base_offset(batch, 0, base)
+                parts = [view]
+            else:
+                # Immutable input: write a patched 8-byte prefix and the rest, no copy.
+                parts = [memoryview(_INT64.pack(base)), view[8:]]
+            try:
+                seg.append(parts, h.total_size, base, last, now)
+            except OSError as e:
+                raise LogError(f"{self.topic}[{self.partition}]: write to {seg.log_path} failed: {e}") from e
+            self.log_end_offset = last + 1
+            self.size_bytes += h.total_size
+            self._last_append_ms = now
+            if h.producer_id >= 0:
+                self._producers.update(
+                    h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, base, last, now
+                )
+            return AppendInfo(base, last, now, False)
+
+    async def append_durable(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
+        """append() then wait for an fsync covering the batch (group commit), unless the
+        flush_policy is "interval", where the periodic flusher makes it durable."""
+        info = self.append(batch)
+        if self.config.flush_policy == "fsync":
+            await self.wait_durable(info.last_offset + 1)
+        return info
+
+    async def wait_durable(self, end_offset: int) -> None:
+        """Return once every offset below end_offset is fsynced (sharing fsyncs between callers)."""
+        loop = asyncio.get_running_loop()
+        while self.durable_end_offset < end_offset and self.log_start_offset < end_offset:
+            fut = self._inflight
+            if fut is None or fut.done() or fut.get_loop() is not loop:
+                with self._lock:
+                    job = self._prepare_flush()
+                if job is None:
+                    return
+                fut = loop.run_in_executor(self._get_executor(), self._run_job, job)
+                self._inflight = fut
+                fut.add_done_callback(self._clear_inflight)
+            # shield: a cancelled waiter must not cancel the flush the other waiters share
+            try:
+                await asyncio.shield(fut)
+            except OSError as e:
+                raise LogError(f"{self.topic}[{self.partition}]: fsync failed: {e}") from e
+
+    def _clear_inflight(self, fut: asyncio.Future[None]) -> None:
+        if self._inflight is fut:
+            self._inflight = None
+        if not fut.cancelled():
+            fut.exception()  # mark retrieved: each waiter re-raises it from its own await
+
+    def roll(self) -> bool:
+        """Start a new segment now if the active one holds data (admin, tests). True if rolled."""
+        with self._lock:
+            self._check_writable()
+            if not self._segments[-1].size:
+                return False
+            self._before_change()
+            self._roll(self.log_end_offset)
+            return True
+
+    def _roll(self, new_base: int) -> Segment:
+        """Start a new active segment at new_base (called under the lock)."""
+        old = self._segments[-1]
+        old.write_indexes()
+        snap = snapshot_path(self.directory, new_base)
+        _atomic_write(snap, self._producers.to_bytes(new_base), None)
+        seg = Segment.create(self.directory, new_base, self._cache, self.config.index_interval_bytes)
+        self._segments.append(seg)
+        self._bases.append(new_base)
+        self._unflushed.append(old)
+        self._pending_paths += [old.index.path, old.time_index.path, snap]
+        self._dir_gen += 1
+        self._prune_snapshots()
+        self._log.info("rolled segment", segment=os.path.basename(seg.log_path), previous_size=old.size)
+        # Make the old segment durable soon so the recovery offset advances even if nobody
+        # else flushes (acks=1 traffic under the fsync policy).
+        if self.config.flush_policy == "fsync":
+            job = self._prepare_flush()
+            if job is not None:
+                fut = self._get_executor().submit(self._run_job_logged, job)
+                self._background.add(fut)
+                fut.add_done_callback(self._background.discard)
+        return seg
+
+    def _prune_snapshots(self) -> None:
+        offs = list_snapshots(self.directory)
+        for off in offs[:-SNAPSHOTS_KEPT]:
+            path = snapshot_path(self.directory, off)
+            if path in self._pending_paths:
+                continue
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    # -- flushing --------------------------------------------------------------------------------
+
+    def _get_executor(self) -> Executor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"dmq-log-{self.topic}-{self.partition}")
+        return self._executor
+
+    def _prepare_flush(self) -> _FlushJob | None:
+        """Decide what the next flush covers (under the lock); None if everything is durable."""
+        self._check_writable()
+        end = self.log_end_offset
+        active = self._segments[-1]
+        segs = list(self._unflushed)
+        dir_gen = self._dir_gen if self._dir_gen > self._dir_synced_gen else 0
+        if not segs and end <= self.durable_end_offset and not dir_gen:
+            return None
+        # Append times exist only in the time index: hand them to the page cache at every flush
+        # so they survive a process crash (see index.py).
+        active.time_index.write_pending()
+        fds = [(s.log_path, self._cache.pin(s.log_path)) for s in [*segs, active]]
+        recovery = active.base_offset if active.base_offset > self._recovery_offset else None
+        return _FlushJob(end, fds, list(self._pending_paths), dir_gen, recovery, segs)
+
+    def _run_job(self, job: _FlushJob) -> None:
+        """fsync outside the lock (any thread), then publish the new durable offset."""
+        try:
+            for _path, fd in job.fds:
+                self._fsync(fd)
+            for path in job.extra_paths:
+                fsync_path(path, self._fsync)
+            if job.dir_gen:
+                _fsync_dir(self.directory, self._fsync)
+            if job.recovery_offset is not None and not self._closed:
+                with self._lock:
+                    self._recovery_offset = max(self._recovery_offset, job.recovery_offset)
+                self._write_checkpoint(sync=True)
+        except BaseException as e:
+            if not self._closed:
+                self._failed = e
+                self._log.error("fsync failed; log is offline", error=repr(e))
+            raise
+        finally:
+            for path, fd in job.fds:
+                self._cache.unpin(path, fd)
+        with self._lock:
+            self.durable_end_offset = max(self.durable_end_offset, job.end_offset)
+            done = {id(s) for s in job.segments}
+            self._unflushed = [s for s in self._unflushed if id(s) not in done]
+            self._pending_paths = [p for p in self._pending_paths if p not in job.extra_paths]
+            self._dir_synced_gen = max(self._dir_synced_gen, job.dir_gen)
+
+    def _run_job_logged(self, job: _FlushJob) -> None:
+        try:
+            self._run_job(job)
+        except BaseException as e:  # background: nobody awaits it
+            self._log.error("background flush failed", error=repr(e))
+
+    def flush(self) -> None:
+        """fsync everything appended so far (blocking; callable from any thread)."""
+        with self._lock:
+            if self._closed:
+                return
+            job = self._prepare_flush()
+        if job is not None:
+            self._run_job(job)
+
+    async def flush_async(self) -> None:
+        """flush() sharing the group-commit machinery, fsync in a worker thread."""
+        await self.wait_durable(self.log_end_offset)
+        if self._unflushed or self._dir_gen > self._dir_synced_gen:
+            with self._lock:
+                job = self._prepare_flush()
+            if job is not None:
+                await asyncio.get_running_loop().run_in_executor(self._get_executor(), self._run_job, job)
+
+    @property
+    def needs_flush(self) -> bool:
+        return (
+            self.log_end_offset > self.durable_end_offset
+            or bool(self._unflushed)
+            or self._dir_gen > self._dir_synced_gen
+        )
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def _out_of_range(self, offset: int) -> OffsetOutOfRangeError:
+        return OffsetOutOfRangeError(
+            f"offset {offset} is out of range for {self.topic}[{self.partition}]: "
+            f"log start {self.log_start_offset}, log end {self.log_end_offset}",
+            offset=offset,
+            log_start_offset=self.log_start_offset,
+            log_end_offset=self.log_end_offset,
+        )
+
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> bytes:
+        """Whole batches starting with the one containing `offset`, about max_bytes of them
+        (at least one whole batch however large), from one segment; b"" at the log end.
+        max_offset (e.g. durable_end_offset) hides batches at or beyond it."""
+        with self._lock:
+            if self._closed:
+                raise LogClosedError(f"log {self.topic}[{self.partition}] is closed")
+            if offset < self.log_start_offset or offset > self.log_end_offset:
+                raise self._out_of_range(offset)
+            end = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
+            if offset >= end:
+                return b""
+            seg = self._segments[bisect_right(self._bases, offset) - 1]
+            end_pos = None if end >= seg.next_offset else seg.position_of(end)
+            try:
+                return seg.read(offset, max(max_bytes, 1), end_pos)
+            except OSError as e:
+                raise LogError(f"{self.topic}[{self.partition}]: read of {seg.log_path} failed: {e}") from e
+
+    def offset_for_time(self, timestamp_ms: int) -> int | None:
+        """First offset whose append time is >= timestamp_ms, None if there is none."""
+        with self._lock:
+            for seg in self._segments:
+                largest = seg.largest_time_ms
+                if largest is None or largest < timestamp_ms:
+                    continue
+                found = seg.offset_for_time(timestamp_ms)
+                if found is not None:
+                    return max(found, self.log_start_offset)
+            return None
+
+    # -- retention -------------------------------------------------------------------------------
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Delete whole non-active segments past retention_ms (by their largest append time) or
+        beyond retention_bytes (oldest first, keeping at least retention_bytes, as Kafka does).
+        Returns the number of segments deleted."""
+        with self._lock:
+            if self._closed:
+                return 0
+            now = self._clock() if now_ms is None else now_ms
+            cfg = self.config
+            self._producers.expire(now, cfg.producer_id_expiration_ms)
+            segs = self._segments
+            n = 0
+            reason = None
+            if cfg.retention_ms >= 0:
+                while n < len(segs) - 1:
+                    largest = segs[n].largest_time_ms
+                    if largest is None:
+                        largest = int(os.stat(segs[n].log_path).st_mtime * 1000)
+                    if now - largest <= cfg.retention_ms:
+                        break
+                    n += 1
+                    reason = "retention_ms"
+            if cfg.retention_bytes >= 0:
+                excess = self.size_bytes - sum(s.size for s in segs[:n]) - cfg.retention_bytes
+                while n < len(segs) - 1 and excess - segs[n].size >= 0:
+                    excess -= segs[n].size
+                    n += 1
+                    reason = reason or "retention_bytes"
+            if n == 0:
+                return 0
+            self._before_change()
+            doomed = segs[:n]
+            del segs[:n]
+            del self._bases[:n]
+            self.log_start_offset = segs[0].base_offset
+            self.size_bytes -= sum(s.size for s in doomed)
+            gone = {id(s) for s in doomed}
+            self._unflushed = [s for s in self._unflushed if id(s) not in gone]
+            self._dir_gen += 1
+            # Durable before any file goes: a crash in between leaves files open() removes.
+            self._write_checkpoint(sync=True)
+        for seg in doomed:
+            seg.delete_files()
+        self._log.info(
+            "deleted segments by retention",
+            segments=len(doomed),
+            reason=reason,
+            bytes=sum(s.size for s in doomed),
+            log_start_offset=self.log_start_offset,
+        )
+        return len(doomed)
+
+    # -- closing ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush everything, persist indexes and producer state, write the clean-shutdown marker."""
+        if self._close_data(sync=True):
+            self._close_marker(sync=True)
+        self._close_handles()
+
+    def _close_data(self, *, sync: bool) -> bool:
+        """Phase 1 of close: make the files complete; fsynced only if sync. False if the log needs
+        no marker (already closed, offline, or unchanged since a clean open)."""
+        for fut in list(self._background):
+            fut.result(timeout=60)
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            if self._failed is not None:
+                return False
+            if self._marker_present and not self.needs_flush:
+                return False  # untouched since a clean open: the marker still holds
+            active = self._segments[-1]
+            for seg in self._segments:
+                seg.write_indexes()
+            end = self.log_end_offset
+            _atomic_write(snapshot_path(self.directory, end), self._producers.to_bytes(end), None)
+            self._prune_snapshots()
+            if sync:
+                for seg in [*self._unflushed, active]:
+                    self._fsync(self._cache.fd(seg.log_path))
+                    fsync_path(seg.index.path, self._fsync)
+                    fsync_path(seg.time_index.path, self._fsync)
+                for path in self._pending_paths:
+                    fsync_path(path, self._fsync)
+                fsync_path(snapshot_path(self.directory, end), self._fsync)
+            self._unflushed.clear()
+            self._pending_paths.clear()
+            self._recovery_offset = max(self._recovery_offset, active.base_offset)
+            self._write_checkpoint(sync=sync)
+            self.durable_end_offset = end if sync else self.durable_end_offset
+            return True
+
+    def _close_marker(self, *, sync: bool) -> None:
+        active = self._segments[-1]
+        data = f"{self.log_end_offset} {active.base_offset} {active.size}\n".encode()
+        _atomic_write(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), data, self._fsync if sync else None)
+        self._marker_present = True
+
+    def _close_handles(self) -> None:
+        for seg in self._segments:
+            seg.close()
+        if self._owns_executor and self._executor is not None:
+            self._executor.shutdown(wait=True)
+        if self._owns_cache:
+            self._cache.close_all()
+
+    def abandon(self) -> None:
+        """Drop the log without flushing or marking it clean (partition deletion, tests)."""
+        with self._lock:
+            self._closed = True
+        for fut in list(self._background):
+            fut.result(timeout=60)
+        self._close_handles()
