@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dmq.coordinator import node as node_module
+from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.node import CoordinatorNode
 from dmq.coordinator.validation import PARTITIONS_MAX, TopicSettings
 from dmq.proto import dmq_pb2 as pb
@@ -203,8 +204,11 @@ async def test_create_describe_list_delete(harness: Harness) -> None:
     assert record.config == TopicSettings(retention_ms=60_000)
     assert harness.node.metadata.broker_address(1) == f"127.0.0.1:{broker.port}"
 
+    deleted: list[str] = []
+    harness.node.metadata.on_topic_deleted(deleted.append)
     await harness.stub.DeleteTopic(pb.DeleteTopicRequest(name="orders"), timeout=5)
     assert [(r.topic, list(r.partitions)) for r in broker.deleted] == [("orders", [0, 1, 2])]
+    assert deleted == ["orders"]
     await expect_error(harness.describe("orders"), grpc.StatusCode.NOT_FOUND, "'orders'")
     await expect_error(
         harness.stub.DeleteTopic(pb.DeleteTopicRequest(name="orders"), timeout=5),
@@ -541,7 +545,7 @@ ADD_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
 DESCRIBE_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
 
 
-@settings(deadline=None, max_examples=120, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None, max_examples=75, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=names, partitions=counts, config=configs, total=counts)
 async def test_fuzz_create_add_describe(harness: Harness, name, partitions, config, total) -> None:
     if not harness.brokers:
@@ -625,6 +629,21 @@ async def test_stop_is_bounded_and_closes_channels(harness: Harness) -> None:
     assert len(pool) == 0
     with pytest.raises(RuntimeError):
         pool.stub("127.0.0.1:1")
+
+
+async def test_broker_pool_is_bounded() -> None:
+    pool = BrokerPool(max_channels=2)
+    a = pool.stub("127.0.0.1:1")
+    assert pool.stub("127.0.0.1:1") is a
+    pool.stub("127.0.0.1:2")
+    pool.stub("127.0.0.1:1")  # most recently used: "...:2" goes first
+    pool.stub("127.0.0.1:3")
+    assert len(pool) == 2
+    assert pool.stub("127.0.0.1:1") is a
+    pool.forget("127.0.0.1:1")
+    assert len(pool) == 1
+    await asyncio.wait_for(pool.close(), 10)
+    assert len(pool) == 0
 
 
 # -- with the real brokers (dmq.broker.node.BrokerNode through the conftest cluster fixtures) ------
