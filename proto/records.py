@@ -124,6 +124,8 @@ DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
 _INT32_MAX = 2**31 - 1
 _INT32_MIN = -(2**31)
+_INT64_MAX = 2**63 - 1
+_INT64_MIN = -(2**63)
 
 
 class Codec(enum.IntEnum):
@@ -240,15 +242,14 @@ def read_header(buf: Any, pos: int = 0, *, max_batch_bytes: int = DEFAULT_MAX_BA
     """
     if pos < 0:
         raise RecordsError(f"pos {pos} must be >= 0")
-    available = len(buf) - pos if type(buf) is bytes else len(_as_bytes_view(buf)) - pos
+    if type(buf) is not bytes:
+        buf = _as_bytes_view(buf)
+    available = len(buf) - pos
     if available < HEADER_SIZE:
         raise TruncatedBatchError(
             f"batch at position {pos}: {max(available, 0)} bytes left, a header needs {HEADER_SIZE}"
         )
-    try:
-        h = BatchHeader(*HEADER.unpack_from(buf, pos))
-    except (struct.error, TypeError) as e:
-        raise RecordsError(f"cannot read a batch header from {type(buf).__name__}: {e}") from e
+    h = BatchHeader(*HEADER.unpack_from(buf, pos))
     if h.magic != MAGIC:
         raise CorruptBatchError(f"batch at position {pos}: magic {h.magic}, expected {MAGIC}")
     if h.batch_length < _MIN_BATCH_LENGTH:
@@ -273,6 +274,11 @@ def read_header(buf: Any, pos: int = 0, *, max_batch_bytes: int = DEFAULT_MAX_BA
         )
     if h.record_count <= 0:
         raise CorruptBatchError(f"batch at position {pos}: record_count {h.record_count} must be >= 1")
+    if h.base_offset + h.record_count - 1 > _INT64_MAX:
+        raise CorruptBatchError(
+            f"batch at position {pos}: base_offset {h.base_offset} + record_count {h.record_count} "
+            f"overflows int64"
+        )
     if h.body_length > max_batch_bytes:
         raise BatchTooLargeError(
             f"batch at position {pos}: body_length {h.body_length} (uncompressed) exceeds "
@@ -317,7 +323,10 @@ def patch_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -
     """Write base_offset into the batch at `pos`, in place. The CRC stays valid (it skips it)."""
     if pos < 0 or len(_as_bytes_view(buf)) - pos < 8:
         raise TruncatedBatchError(f"no batch header at position {pos} to patch")
-    _INT64.pack_into(buf, pos, base_offset)
+    try:
+        _INT64.pack_into(buf, pos, base_offset)
+    except struct.error as e:
+        raise RecordsError(f"base_offset {base_offset} does not fit int64: {e}") from e
 
 
 def iter_headers(
@@ -804,11 +813,23 @@ class RecordBatch:
 
     def _iter_timestamps(self) -> Iterator[int]:
         h = self.header
+        n = h.record_count
         if h.log_append_time:
-            return repeat(h.max_timestamp, h.record_count)
+            return repeat(h.max_timestamp, n)
+        first = h.first_timestamp
         if not int.from_bytes(self.timestamp_deltas, "little"):  # common: one timestamp per batch
-            return repeat(h.first_timestamp, h.record_count)
-        return map(add, repeat(h.first_timestamp), self.timestamp_deltas.tolist())
+            deltas = None
+            low = high = first
+        else:
+            deltas = self.timestamp_deltas.tolist()
+            low, high = first + min(deltas), first + max(deltas)
+        # max_timestamp is by definition the largest; this also keeps every timestamp in int64
+        if high != h.max_timestamp or low < _INT64_MIN:
+            raise CorruptBatchError(
+                f"{self._where}: record timestamps span {low}..{high} but max_timestamp is "
+                f"{h.max_timestamp}"
+            )
+        return repeat(first, n) if deltas is None else map(add, repeat(first), deltas)
 
     def _iter_values(self) -> Iterator[bytes]:
         blob = bytes(self.value_blob)

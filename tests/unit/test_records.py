@@ -215,6 +215,18 @@ def test_log_append_time_attribute_gives_every_record_max_timestamp():
     assert [rec.timestamp for rec in r.decode(flagged)] == [99, 99]
 
 
+@pytest.mark.parametrize("max_timestamp", [4, 6, 8])
+def test_max_timestamp_must_be_the_largest_record_timestamp(max_timestamp):
+    spread = r.encode([b"a", b"b"], timestamps=[5, 7])
+    same = r.encode([b"a", b"b"], timestamps=[5, 5])
+    for batch in (spread, same):
+        if max_timestamp == r.read_header(batch).max_timestamp:
+            continue
+        bad = r.decode(rebuild(batch, max_timestamp=max_timestamp))
+        with pytest.raises(CorruptBatchError, match=f"record timestamps span .* max_timestamp is {max_timestamp}"):
+            list(bad)
+
+
 def test_compression_shrinks_repetitive_bodies_and_levels_apply():
     values = [b"x" * 100] * 500
     plain = r.encode(values)
@@ -309,6 +321,7 @@ def test_truncated_body(fn):
         ({"attributes": 0x20}, CorruptBatchError, "reserved bits"),
         ({"attributes": 0x13}, CorruptBatchError, "unknown codec 3"),
         ({"body_length": 10}, CorruptBatchError, "body_length 10"),
+        ({"base_offset": 2**63 - 3}, CorruptBatchError, "overflows int64"),
         ({"body_length": 17 * 2**20}, BatchTooLargeError, "body_length 17825792 .* max_batch_bytes 16777216"),
         ({"batch_length": 17 * 2**20}, BatchTooLargeError, "total size .* max_batch_bytes 16777216"),
     ],
