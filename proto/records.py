@@ -16,8 +16,10 @@ Header (``HEADER = struct.Struct("<qiBIhiqqqhii")``)::
                                       bit 4    has headers (the header_offsets array is present)
                                       bits 5-15 reserved, must be 0
     19  4    record_count     int32   >= 1; records have offsets base_offset .. base_offset+count-1
+                                      (the last one must fit int64)
     23  8    first_timestamp  int64   ms since the epoch, timestamp of the first record
-    31  8    max_timestamp    int64   ms, largest record timestamp
+    31  8    max_timestamp    int64   ms, exactly the largest record timestamp (checked when the
+                                      records' timestamps are built)
     39  8    producer_id      int64   -1 when not idempotent
     47  2    producer_epoch   int16   -1 when not idempotent
     49  4    base_sequence    int32   -1 when not idempotent; sequence of the first record
