@@ -157,3 +157,15 @@ class Dmq:
 @pytest.fixture(scope="module")
 def dmq(server: ServerProcess) -> Dmq:
     return Dmq(server.bootstrap)
+
+
+@pytest.fixture
+def dmq_bare() -> Any:
+    """`dmq` with no --bootstrap: run_dmq(*args, bootstrap=None, input=None, timeout_s=..., env=None)."""
+    return run_dmq
+
+
+@pytest.fixture
+def unused_address() -> str:
+    """An address where nothing listens (a port just freed)."""
+    return f"127.0.0.1:{free_port()}"
