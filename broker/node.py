@@ -120,9 +120,14 @@ class BrokerNode:
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"broker-{self.broker_id}-heartbeat"))
         self._tasks.append(asyncio.create_task(self._retention_loop(), name=f"broker-{self.broker_id}-retention"))
         if self.log_config.flush_policy == "interval":
-            self._tasks.append(asyncio.create_task(self._flush_loop(), name=f"broker-{self.broker_id}-flusher"))
+            self._tasks.append(
+                asyncio.create_task(self.logs.run_flusher(self._stopping), name=f"broker-{self.broker_id}-flusher")
+            )
 
     async def stop(self) -> None:
+        """Idempotent: a test may stop a broker early and the fixture stop it again."""
+        if self._stopping.is_set():
+            return
         self.ready = False
         self._stopping.set()
         for task in self._tasks:
@@ -192,16 +197,6 @@ class BrokerNode:
                     log.info("retention deleted segments", broker_id=self.broker_id, segments=deleted)
             except Exception:  # noqa: BLE001 - retention must keep running
                 log.exception("retention failed", broker_id=self.broker_id)
-
-    async def _flush_loop(self) -> None:
-        interval_s = self.log_config.flush_interval_ms / 1000
-        while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), interval_s)
-            try:
-                await asyncio.to_thread(self.logs.flush_all)
-            except Exception:  # noqa: BLE001
-                log.exception("interval flush failed", broker_id=self.broker_id)
 
     # -- partitions ------------------------------------------------------------------------------
 
