@@ -1,0 +1,246 @@
+"""The few RPCs the Spark source needs, on top of the client's `Cluster` (channels + metadata).
+
+Used on the driver (planning: partitions, offsets by position or time, group commits) and in
+executors (`PartitionFetcher`: fetch one offset range from the partition's leader). Every method
+translates gRPC errors into `dmq.client.errors` classes; per-partition error codes of ListOffsets
+and Fetch become the same classes through `from_partition_error`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from dmq.client._cluster import Cluster
+from dmq.client.errors import (
+    BrokerUnavailableError,
+    DMQError,
+    DMQTimeoutError,
+    TopicNotFoundError,
+    UnknownPartitionError,
+    from_partition_error,
+    from_rpc_error,
+)
+from dmq.proto import dmq_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+TopicPartition = tuple[str, int]
+
+EARLIEST_TS = -2
+LATEST_TS = -1
+MAX_ATTEMPTS = 5
+RETRY_BACKOFF_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetInfo:
+    offset: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+class SourceClient:
+    """Driver-side helper; not picklable (holds channels): create it where it is used, close it."""
+
+    def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000) -> None:
+        self.cluster = Cluster(bootstrap, request_timeout_ms=request_timeout_ms)
+        self._group_ids: dict[tuple[str, str], str] = {}
+
+    def close(self) -> None:
+        self.cluster.close()
+
+    def __enter__(self) -> SourceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- metadata ----------------------------------------------------------------------------------
+
+    def partition_counts(self, topics: Iterable[str], *, missing_ok: bool = False) -> dict[str, int]:
+        """Current partition count per topic (fresh from the coordinator, not the cache).
+
+        A topic that does not exist raises TopicNotFoundError, or is left out with `missing_ok`.
+        """
+        names = sorted(set(topics))
+        out: dict[str, int] = {}
+        try:
+            self.cluster.refresh(names)
+        except TopicNotFoundError:
+            if not missing_ok:
+                raise
+            # One request failed for all: ask topic by topic to learn which ones exist.
+            for name in names:
+                try:
+                    self.cluster.refresh([name])
+                except TopicNotFoundError:
+                    continue
+                out[name] = self.cluster.partitions_for(name)
+            return out
+        for name in names:
+            out[name] = self.cluster.partitions_for(name)
+        return out
+
+    def leader(self, topic: str, partition: int) -> str:
+        return self.cluster.leader_for(topic, partition)
+
+    # -- offsets -------------------------------------------------------------------------------------
+
+    def list_offsets(self, queries: dict[TopicPartition, int]) -> dict[TopicPartition, OffsetInfo]:
+        """Answer ListOffsets for each (topic, partition) -> timestamp_ms (-2 earliest, -1 latest,
+        >= 0 first offset appended at or after that time, log end when none), asking each leader."""
+        pending = dict(queries)
+        out: dict[TopicPartition, OffsetInfo] = {}
+        last_error: DMQError | None = None
+        for attempt in range(MAX_ATTEMPTS):
+            if not pending:
+                return out
+            if attempt:
+                time.sleep(RETRY_BACKOFF_S * attempt)
+            by_leader: dict[str, list[pb.OffsetQuery]] = {}
+            for (topic, partition), ts in sorted(pending.items()):
+                address = self.cluster.leader_for(topic, partition)
+                by_leader.setdefault(address, []).append(
+                    pb.OffsetQuery(topic=topic, partition=partition, timestamp_ms=ts)
+                )
+            for address, qs in by_leader.items():
+                try:
+                    response = self.cluster.broker_stub(address).ListOffsets(
+                        pb.ListOffsetsRequest(queries=qs), timeout=self.cluster.timeout_s
+                    )
+                except grpc.RpcError as e:
+                    err = from_rpc_error(e, context=f"ListOffsets at {address}")
+                    if not err.retriable:
+                        raise err from e
+                    last_error = err
+                    for q in qs:
+                        self.cluster.invalidate(q.topic)
+                    continue
+                for a in response.answers:
+                    key = (a.topic, a.partition)
+                    if a.error == pb.NONE:
+                        out[key] = OffsetInfo(a.offset, a.log_start_offset, a.log_end_offset)
+                        pending.pop(key, None)
+                        continue
+                    err = from_partition_error(a.error, a.error_message, a.topic, a.partition)
+                    if not err.invalid_metadata or (isinstance(err, UnknownPartitionError) and attempt >= 1):
+                        raise err
+                    last_error = err
+                    self.cluster.invalidate(a.topic)
+        if pending:
+            raise last_error or BrokerUnavailableError(f"ListOffsets did not answer for {sorted(pending)}")
+        return out
+
+    # -- consumer groups -----------------------------------------------------------------------------
+
+    def group_id_for(self, topic: str, app_id: str) -> str:
+        """The group DMQ uses for (topic, app_id): G_<topic>_<app_id>, created when missing."""
+        key = (topic, app_id)
+        gid = self._group_ids.get(key)
+        if gid is None:
+            try:
+                response = self.cluster.group_stub().FindOrCreateGroup(
+                    pb.FindOrCreateGroupRequest(topic=topic, app_id=app_id), timeout=self.cluster.timeout_s
+                )
+            except grpc.RpcError as e:
+                raise from_rpc_error(e, context=f"FindOrCreateGroup({topic!r}, {app_id!r})") from e
+            gid = self._group_ids[key] = response.group_id
+        return gid
+
+    def commit_as_operator(self, app_id: str, offsets: dict[TopicPartition, int]) -> None:
+        """Commit next-offsets to each topic's group as an operator (member "", generation -1):
+        accepted while the group has no members, i.e. no DMQConsumer shares the app id."""
+        by_target: dict[tuple[str, str], list[pb.PartitionOffset]] = {}
+        for (topic, partition), offset in sorted(offsets.items()):
+            group_id = self.group_id_for(topic, app_id)
+            address = self.cluster.leader_for(topic, partition)
+            by_target.setdefault((group_id, address), []).append(
+                pb.PartitionOffset(topic=topic, partition=partition, offset=offset, metadata="spark")
+            )
+        for (group_id, address), entries in by_target.items():
+            try:
+                self.cluster.broker_stub(address).CommitOffsets(
+                    pb.CommitOffsetsRequest(group_id=group_id, member_id="", generation=-1, offsets=entries),
+                    timeout=self.cluster.timeout_s,
+                )
+            except grpc.RpcError as e:
+                raise from_rpc_error(e, context=f"CommitOffsets for group {group_id!r} at {address}") from e
+
+
+class PartitionFetcher:
+    """Executor side: fetches one partition from its leader, one request in flight ahead.
+
+    Owns one channel (through its Cluster) for the duration of a read() call.
+    """
+
+    def __init__(
+        self, bootstrap: str, topic: str, partition: int, *, leader_hint: str | None, poll_timeout_ms: int
+    ) -> None:
+        self.cluster = Cluster(bootstrap)
+        self.topic = topic
+        self.partition = partition
+        self._leader = leader_hint
+        self._deadline_s = poll_timeout_ms / 1000
+
+    def close(self) -> None:
+        self.cluster.close()
+
+    def _address(self) -> str:
+        if not self._leader:
+            self._leader = self.cluster.leader_for(self.topic, self.partition)
+        return self._leader
+
+    def request(self, offset: int, max_bytes: int) -> grpc.Future:
+        """Start a Fetch of `offset` (no long-poll: the data was there at planning time)."""
+        req = pb.FetchRequest(
+            partitions=[pb.FetchPartition(topic=self.topic, partition=self.partition, offset=offset, max_bytes=max_bytes)],
+            max_wait_ms=0,
+            min_bytes=0,
+            max_bytes=max_bytes,
+        )
+        return self.cluster.broker_stub(self._address()).Fetch.future(req, timeout=self.cluster.timeout_s)
+
+    def result(self, future: grpc.Future, offset: int, max_bytes: int) -> pb.FetchPartitionResult:
+        """The answer of `future`, re-sent to a fresh leader while the broker is unavailable
+        (bounded by pollTimeoutMs). Per-partition errors other than NOT_LEADER are returned."""
+        started = time.monotonic()
+        attempt = 0
+        current: grpc.Future | None = future
+        while True:
+            last: DMQError
+            if current is None:
+                try:
+                    current = self.request(offset, max_bytes)
+                except DMQError as e:  # the metadata lookup for the leader failed
+                    if not e.retriable:
+                        raise
+                    last = e
+            if current is not None:
+                try:
+                    response = current.result()
+                except grpc.RpcError as e:
+                    err = from_rpc_error(e, context=f"Fetch {self.topic}[{self.partition}] at {self._leader}")
+                    if not err.retriable:
+                        raise err from e
+                    last = err
+                else:
+                    result = response.partitions[0]
+                    if result.error != pb.NOT_LEADER:
+                        return result
+                    last = from_partition_error(result.error, result.error_message, self.topic, self.partition)
+            if time.monotonic() - started > self._deadline_s:
+                raise DMQTimeoutError(
+                    f"{last}; gave up after pollTimeoutMs={int(self._deadline_s * 1000)} ms "
+                    f"(raise the option if the broker is just slow to come back)"
+                ) from last
+            attempt += 1
+            log.warning("fetch failed, retrying", topic=self.topic, partition=self.partition, error=str(last))
+            time.sleep(min(RETRY_BACKOFF_S * attempt, 2.0))
+            self.cluster.invalidate(self.topic)
+            self._leader = None
+            current = None

@@ -1,0 +1,374 @@
+"""Options of the `dmq` Spark source and sink, parsed and checked before any work starts.
+
+Names and meanings follow Spark's Kafka source so a Kafka user can switch by changing the format.
+Spark hands options over case-insensitively (lower-cased keys); error messages use the canonical
+camelCase names below. Every option that is unknown, malformed, or contradicts another option (or
+the kind of query: batch vs streaming, read vs write) fails with a message naming the option.
+
+Source options::
+
+    bootstrap              coordinator address host:port                      required
+    subscribe              topic[,topic...]                                   one of subscribe /
+    assign                 {"topic": [0, 1], ...}                             assign
+    startingOffsets        earliest | latest | {"topic": {"0": 23, "1": -2}}  batch: earliest (default);
+                           (-2 = earliest, -1 = latest in the JSON form)     stream: latest (default)
+    endingOffsets          latest | {"topic": {"0": 50, "1": -1}}             batch only; default latest
+    startingTimestamp      ms since the epoch, for every partition            excludes startingOffsets
+    endingTimestamp        ms since the epoch, exclusive                      batch only
+    maxOffsetsPerTrigger   records per micro-batch, spread over partitions    stream only
+    minPartitions          split offset ranges into at least this many tasks
+    includeHeaders         true | false (default false)
+    failOnDataLoss         true | false (default true)
+    groupId                app id whose consumer group gets the stream's     stream only
+                           finished offsets (one group per topic, like every DMQ consumer)
+    fetchMaxBytes          bytes per Fetch call (default 8 MiB)
+    pollTimeoutMs          how long a read retries an unavailable broker (default 120000)
+
+Timestamps select by the broker's append time (ListOffsets), the one time index DMQ keeps.
+
+Sink options::
+
+    bootstrap              coordinator address                                required
+    topic                  topic for every row; overrides a `topic` column   required without one
+    compression            none | zstd | lz4 (default none)
+    lingerMs, batchSize    producer batching
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+EARLIEST = -2
+LATEST = -1
+
+DEFAULT_FETCH_MAX_BYTES = 8 * 1024 * 1024
+MAX_FETCH_MAX_BYTES = 60 * 1024 * 1024  # the broker's fetch response cap
+DEFAULT_POLL_TIMEOUT_MS = 120_000
+
+SOURCE_OPTIONS = (
+    "bootstrap",
+    "subscribe",
+    "assign",
+    "startingOffsets",
+    "endingOffsets",
+    "startingTimestamp",
+    "endingTimestamp",
+    "maxOffsetsPerTrigger",
+    "minPartitions",
+    "includeHeaders",
+    "failOnDataLoss",
+    "groupId",
+    "fetchMaxBytes",
+    "pollTimeoutMs",
+)
+SINK_OPTIONS = ("bootstrap", "topic", "compression", "lingerMs", "batchSize")
+_CANONICAL = {name.lower(): name for name in SOURCE_OPTIONS + SINK_OPTIONS}
+
+
+class OptionError(ValueError):
+    """A bad, unknown or contradictory option; the message names it and says what to do."""
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where a range starts or ends: earliest, latest, per-partition offsets, or a time.
+
+    kind: "earliest" | "latest" | "specific" (offsets: (topic, partition) -> offset, where -2 and
+    -1 mean earliest / latest) | "timestamp" (timestamp_ms for every partition).
+    """
+
+    kind: str
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    timestamp_ms: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "specific":
+            return f"specific offsets for {len(self.offsets)} partitions"
+        if self.kind == "timestamp":
+            return f"timestamp {self.timestamp_ms}"
+        return self.kind
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    bootstrap: str
+    topics: tuple[str, ...] = ()  # subscribe
+    assign: dict[str, tuple[int, ...]] | None = None
+    starting: OffsetSpec = OffsetSpec("earliest")
+    ending: OffsetSpec = OffsetSpec("latest")
+    max_offsets_per_trigger: int | None = None
+    min_partitions: int | None = None
+    include_headers: bool = False
+    fail_on_data_loss: bool = True
+    group_id: str | None = None
+    fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
+    poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
+
+    @property
+    def subscribed_topics(self) -> tuple[str, ...]:
+        return tuple(sorted(self.assign)) if self.assign is not None else self.topics
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    bootstrap: str
+    topic: str | None = None
+    compression: str = "none"
+    linger_ms: int | None = None
+    batch_size: int | None = None
+
+
+def _normalise(options: Mapping[str, Any], allowed: tuple[str, ...], what: str) -> dict[str, str]:
+    allowed_lower = {a.lower() for a in allowed}
+    out: dict[str, str] = {}
+    for key, value in options.items():
+        k = str(key).lower()
+        if k not in allowed_lower:
+            hint = ""
+            if k in _CANONICAL:
+                hint = f" ({_CANONICAL[k]!r} is not a {what} option)"
+            raise OptionError(
+                f"unknown option {key!r} for the dmq {what}{hint}; known options: {', '.join(allowed)}"
+            )
+        if value is None:
+            continue
+        out[_CANONICAL[k]] = str(value).strip()
+    return out
+
+
+def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
+    raw = opts.get(name)
+    if raw is None:
+        return default
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    raise OptionError(f"option {name!r} must be 'true' or 'false', got {raw!r}")
+
+
+def _int(opts: dict[str, str], name: str, *, minimum: int, maximum: int | None = None) -> int | None:
+    raw = opts.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OptionError(f"option {name!r} must be an integer, got {raw!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"within {minimum}..{maximum}"
+        raise OptionError(f"option {name!r} must be {bound}, got {value}")
+    return value
+
+
+def _json(name: str, raw: str, example: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise OptionError(f"option {name!r} is not valid JSON ({e.msg}); expected e.g. {example}") from None
+
+
+def _parse_bootstrap(raw: str | None) -> str:
+    if not raw:
+        raise OptionError("option 'bootstrap' is required: the coordinator address, e.g. 'localhost:9092'")
+    host, sep, port = raw.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise OptionError(f"option 'bootstrap' must be host:port, got {raw!r}")
+    return raw
+
+
+def _parse_subscribe(raw: str) -> tuple[str, ...]:
+    topics = [t.strip() for t in raw.split(",")]
+    if not raw or any(not t for t in topics):
+        raise OptionError(f"option 'subscribe' must be a comma-separated list of topic names, got {raw!r}")
+    return tuple(dict.fromkeys(topics))
+
+
+def _parse_assign(raw: str) -> dict[str, tuple[int, ...]]:
+    example = '{"orders": [0, 1]}'
+    data = _json("assign", raw, example)
+    if not isinstance(data, dict) or not data:
+        raise OptionError(f"option 'assign' must be a JSON object of topic -> partitions, e.g. {example}")
+    out: dict[str, tuple[int, ...]] = {}
+    for topic, parts in data.items():
+        if not topic:
+            raise OptionError("option 'assign' names an empty topic")
+        if (
+            not isinstance(parts, list)
+            or not parts
+            or any(not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in parts)
+        ):
+            raise OptionError(
+                f"option 'assign': topic {topic!r} must map to a non-empty list of partition numbers >= 0, "
+                f"got {parts!r}"
+            )
+        out[topic] = tuple(sorted(set(parts)))
+    return out
+
+
+def _parse_offsets(name: str, raw: str, *, allow: tuple[str, ...]) -> OffsetSpec:
+    low = raw.lower()
+    if low in ("earliest", "latest"):
+        if low not in allow:
+            raise OptionError(_not_allowed(name, low))
+        return OffsetSpec(low)
+    if not raw.startswith("{"):
+        raise OptionError(
+            f"option {name!r} must be 'earliest', 'latest' or per-partition JSON such as "
+            f'{{"orders": {{"0": 23, "1": -2}}}}, got {raw!r}'
+        )
+    data = _json(name, raw, '{"orders": {"0": 23, "1": -2}}')
+    if not isinstance(data, dict) or not data:
+        raise OptionError(f"option {name!r} must be a JSON object of topic -> {{partition: offset}}")
+    offsets: dict[tuple[str, int], int] = {}
+    for topic, parts in data.items():
+        if not isinstance(parts, dict) or not parts:
+            raise OptionError(f"option {name!r}: topic {topic!r} must map to an object of partition -> offset")
+        for p, off in parts.items():
+            try:
+                partition = int(p)
+            except ValueError:
+                raise OptionError(f"option {name!r}: partition {p!r} of topic {topic!r} is not a number") from None
+            if partition < 0:
+                raise OptionError(f"option {name!r}: partition {partition} of topic {topic!r} must be >= 0")
+            if not isinstance(off, int) or isinstance(off, bool) or off < EARLIEST:
+                raise OptionError(
+                    f"option {name!r}: offset of {topic}[{partition}] must be an integer >= 0, "
+                    f"or -2 (earliest) / -1 (latest); got {off!r}"
+                )
+            if off == EARLIEST and "earliest" not in allow:
+                raise OptionError(_not_allowed(name, "earliest (-2)"))
+            if off == LATEST and "latest" not in allow:
+                raise OptionError(_not_allowed(name, "latest (-1)"))
+            offsets[(topic, partition)] = off
+    return OffsetSpec("specific", offsets)
+
+
+def _not_allowed(name: str, what: str) -> str:
+    if name == "startingOffsets":
+        return (
+            f"option 'startingOffsets' cannot be {what} in a batch query (it would read nothing); "
+            f"use 'earliest', offsets or startingTimestamp"
+        )
+    return f"option 'endingOffsets' cannot be {what} (it would read nothing); use 'latest', offsets or endingTimestamp"
+
+
+def _position(
+    opts: dict[str, str], offsets_name: str, ts_name: str, default: OffsetSpec, allow: tuple[str, ...]
+) -> OffsetSpec:
+    if offsets_name in opts and ts_name in opts:
+        raise OptionError(
+            f"options {offsets_name!r} and {ts_name!r} contradict each other: give only one of them"
+        )
+    if ts_name in opts:
+        ts = _int(opts, ts_name, minimum=0)
+        assert ts is not None
+        return OffsetSpec("timestamp", timestamp_ms=ts)
+    if offsets_name in opts:
+        return _parse_offsets(offsets_name, opts[offsets_name], allow=allow)
+    return default
+
+
+def parse_source_options(options: Mapping[str, Any], *, streaming: bool) -> SourceOptions:
+    """Check every option for a batch (`streaming=False`) or streaming read."""
+    opts = _normalise(options, SOURCE_OPTIONS, "source")
+    bootstrap = _parse_bootstrap(opts.get("bootstrap"))
+
+    if ("subscribe" in opts) == ("assign" in opts):
+        raise OptionError(
+            "give exactly one of the options 'subscribe' (topic names) or 'assign' (JSON topic -> partitions)"
+            + ("; both were given" if "subscribe" in opts else "")
+        )
+    topics = _parse_subscribe(opts["subscribe"]) if "subscribe" in opts else ()
+    assign = _parse_assign(opts["assign"]) if "assign" in opts else None
+
+    if streaming:
+        for name in ("endingOffsets", "endingTimestamp"):
+            if name in opts:
+                raise OptionError(f"option {name!r} is for batch queries only; a streaming query has no end")
+        starting = _position(
+            opts, "startingOffsets", "startingTimestamp", OffsetSpec("latest"), ("earliest", "latest")
+        )
+        ending = OffsetSpec("latest")
+    else:
+        for name, why in (
+            ("maxOffsetsPerTrigger", "it limits micro-batches"),
+            ("groupId", "a batch query has no progress to commit"),
+        ):
+            if name in opts:
+                raise OptionError(f"option {name!r} is for streaming queries only ({why})")
+        starting = _position(opts, "startingOffsets", "startingTimestamp", OffsetSpec("earliest"), ("earliest",))
+        ending = _position(opts, "endingOffsets", "endingTimestamp", OffsetSpec("latest"), ("latest",))
+
+    for spec in (starting, ending):
+        if spec.kind == "specific":
+            _check_spec_topics(spec, topics, assign)
+
+    group_id = opts.get("groupId")
+    if group_id is not None and not group_id:
+        raise OptionError("option 'groupId' must not be empty")
+    fetch_max_bytes = _int(opts, "fetchMaxBytes", minimum=1024, maximum=MAX_FETCH_MAX_BYTES)
+    poll_timeout_ms = _int(opts, "pollTimeoutMs", minimum=1)
+    return SourceOptions(
+        bootstrap=bootstrap,
+        topics=topics,
+        assign=assign,
+        starting=starting,
+        ending=ending,
+        max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", minimum=1),
+        min_partitions=_int(opts, "minPartitions", minimum=1),
+        include_headers=_bool(opts, "includeHeaders", False),
+        fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
+        group_id=group_id,
+        fetch_max_bytes=fetch_max_bytes or DEFAULT_FETCH_MAX_BYTES,
+        poll_timeout_ms=poll_timeout_ms or DEFAULT_POLL_TIMEOUT_MS,
+    )
+
+
+def _check_spec_topics(spec: OffsetSpec, topics: tuple[str, ...], assign: dict[str, tuple[int, ...]] | None) -> None:
+    """Offsets JSON may only name what is read; with `assign` it must name exactly that.
+
+    With `subscribe` the partition count is only known from metadata, so completeness is checked
+    when offsets are resolved (resolve_spec).
+    """
+    named = {t for t, _ in spec.offsets}
+    wanted = set(assign) if assign is not None else set(topics)
+    extra = named - wanted
+    if extra:
+        raise OptionError(
+            f"offsets JSON names topics that are not read: {sorted(extra)}; read topics: {sorted(wanted)}"
+        )
+    if assign is not None:
+        wanted_tps = {(t, p) for t, ps in assign.items() for p in ps}
+        if set(spec.offsets) != wanted_tps:
+            missing = sorted(wanted_tps - set(spec.offsets))
+            unknown = sorted(set(spec.offsets) - wanted_tps)
+            raise OptionError(
+                "offsets JSON must name exactly the assigned partitions"
+                + (f"; missing: {_tps(missing)}" if missing else "")
+                + (f"; not assigned: {_tps(unknown)}" if unknown else "")
+            )
+
+
+def _tps(tps: list[tuple[str, int]]) -> str:
+    return ", ".join(f"{t}[{p}]" for t, p in tps)
+
+
+def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
+    opts = _normalise(options, SINK_OPTIONS, "sink")
+    bootstrap = _parse_bootstrap(opts.get("bootstrap"))
+    topic = opts.get("topic")
+    if topic is not None and not topic:
+        raise OptionError("option 'topic' must not be empty")
+    compression = opts.get("compression", "none").lower()
+    if compression not in ("none", "zstd", "lz4"):
+        raise OptionError(f"option 'compression' must be one of none, zstd, lz4; got {opts['compression']!r}")
+    return SinkOptions(
+        bootstrap=bootstrap,
+        topic=topic,
+        compression=compression,
+        linger_ms=_int(opts, "lingerMs", minimum=0),
+        batch_size=_int(opts, "batchSize", minimum=1),
+    )
