@@ -1,0 +1,474 @@
+"""Producer batches, the per-record handles that point into them, and the buffer-memory pool.
+
+Why batches are per (thread, partition)
+---------------------------------------
+`Producer.send()` must cost about a microsecond, so its fast path takes no lock and allocates no
+Future: it appends the value to a plain list. Plain lists are only safe without a lock if each has
+ONE appending thread, because the record's index (its offset within the batch) is read with
+``len(values) - 1`` right after the append. So every producer thread appends to its own open batch
+per partition (`ThreadState`); the sender thread only ever *reads* those lists.
+
+A batch's life::
+
+    OPEN ---------------------> SEALED ------> IN_FLIGHT ------> DONE
+      owner appends             count fixed;     Produce sent;     future resolved,
+      (fast path, no lock)      queued on the    retried on        memory released
+                                partition        retriable errors
+
+Sealing (by the sender when the batch is old enough and its partition idle, by the owner when the
+batch is full, by flush()/close()) happens under the producer lock and does, in this order:
+``sealed = True; limit = -1; count = len(values)``. The owner's fast path appends first and checks
+``sealed`` after, which gives three cases (the GIL makes each list operation atomic):
+
+  1. it appended before the seal read len(values): the record is in the batch (index < count);
+  2. it appended after: index >= count, the record is not in the batch, and the owner re-sends it
+     through the slow path (under the lock) into a new batch;
+  3. it saw ``sealed`` false after appending: the seal comes later and will count the record.
+
+Cases 1 and 2 are told apart under the lock, which the sealer holds until ``count`` is set.
+Auxiliary lists (keys, headers, timestamps) are appended BEFORE the value, so whenever the sealer
+sees n values it also sees at least n entries of each; it uses the first ``count`` of each.
+
+Memory: ``buffer_memory`` bounds the bytes of records accepted but not yet acknowledged (keys +
+values + headers + RECORD_OVERHEAD_BYTES each). An open batch reserves it in chunks of
+MEMORY_CHUNK_BYTES (so the fast path only compares ``size <= limit``) and gives it all back when it
+is done. Until then the batch also keeps the record objects (to re-encode after an epoch bump),
+so the process holds up to about twice buffer_memory, plus Python's per-object overhead.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Sequence
+from collections import deque
+
+import structlog
+
+from dmq.client.errors import DMQError, DMQTimeoutError, RecordTooLargeError
+from dmq.client.records import RecordMetadata
+
+log = structlog.get_logger(__name__)
+
+__all__ = [
+    "RECORD_OVERHEAD_BYTES",
+    "MEMORY_CHUNK_BYTES",
+    "ProducerBatch",
+    "ThreadState",
+    "RecordFuture",
+    "SendManyFuture",
+    "BufferPool",
+    "PartitionQueue",
+    "Accumulator",
+]
+
+# A record's share of the batch arrays: timestamp delta, key offset and value offset (int32 each).
+RECORD_OVERHEAD_BYTES = 12
+MEMORY_CHUNK_BYTES = 64 * 1024
+
+Callback = Callable[[RecordMetadata | None, DMQError | None], None]
+
+
+class ProducerBatch:
+    """Records of one partition from one thread. Fields below `count` are the sender's."""
+
+    __slots__ = (
+        "topic",
+        "partition",
+        "values",
+        "keys",
+        "headers",
+        "timestamps",
+        "size",
+        "limit",
+        "reserved",
+        "sealed",
+        "count",
+        "created",
+        "created_ms",
+        "future",
+        "payload",
+        "base_sequence",
+        "epoch",
+        "attempts",
+        "deadline",
+        "acked",
+        "__weakref__",
+    )
+
+    def __init__(self, topic: str, partition: int, created_ms: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.values: list[bytes] = []
+        self.keys: list[bytes | None] | None = None
+        self.headers: list[list[tuple[str, bytes | None]] | None] | None = None
+        self.timestamps: list[int] | None = None
+        self.size = 0  # estimated encoded bytes appended (owner-written)
+        self.limit = 0  # the fast path appends while size <= limit; -1 once sealed
+        self.reserved = 0  # bytes of buffer_memory held
+        self.sealed = False
+        self.count = 0  # records in the batch, fixed at seal
+        self.created = time.monotonic()
+        self.created_ms = created_ms  # the timestamp of records sent without one
+        self.future: concurrent.futures.Future[int] = concurrent.futures.Future()  # -> base offset
+        self.payload: bytes | None = None  # the encoded batch, built by the sender
+        self.base_sequence = -1
+        self.epoch = -1
+        self.attempts = 0
+        self.deadline = 0.0  # monotonic time after which it fails (delivery_timeout_ms)
+        self.acked = False
+
+    def __repr__(self) -> str:
+        state = "done" if self.future.done() else "sealed" if self.sealed else "open"
+        n = self.count if self.sealed else len(self.values)
+        return f"<ProducerBatch {self.topic}[{self.partition}] {state} records={n} size={self.size}>"
+
+    # -- owner-thread appends (the caller holds the producer lock, or is the fast path) -------------
+
+    def append_full(
+        self,
+        value: bytes,
+        key: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None,
+        timestamp_ms: int | None,
+        size: int,
+    ) -> int:
+        """Append one record with any optional part; returns its index. Aux lists first, value last."""
+        n = len(self.values)
+        if key is not None or self.keys is not None:
+            if self.keys is None:
+                self.keys = [None] * n
+            self.keys.append(key)
+        if headers or self.headers is not None:
+            if self.headers is None:
+                self.headers = [None] * n
+            self.headers.append(headers or None)
+        if timestamp_ms is not None or self.timestamps is not None:
+            if self.timestamps is None:
+                self.timestamps = [self.created_ms] * n
+            self.timestamps.append(self.created_ms if timestamp_ms is None else timestamp_ms)
+        self.size += size
+        self.values.append(value)
+        return n
+
+    def extend(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None, size: int) -> int:
+        """Append many records (send_many); returns the index of the first."""
+        n = len(self.values)
+        if keys is not None or self.keys is not None:
+            if self.keys is None:
+                self.keys = [None] * n
+            if keys is None:
+                self.keys.extend([None] * len(values))
+            else:
+                self.keys.extend(keys)
+        if self.headers is not None:
+            self.headers.extend([None] * len(values))
+        if self.timestamps is not None:
+            self.timestamps.extend([self.created_ms] * len(values))
+        self.size += size
+        self.values.extend(values)
+        return n
+
+    def timestamp_of(self, index: int) -> int:
+        ts = self.timestamps
+        return self.created_ms if ts is None else ts[index]
+
+    def metadata(self, index: int, base_offset: int) -> RecordMetadata:
+        offset = -1 if base_offset < 0 else base_offset + index
+        return RecordMetadata(self.topic, self.partition, offset, self.timestamp_of(index))
+
+
+class ThreadState:
+    """One producer thread's open batches: by partition, and the sticky one per topic."""
+
+    __slots__ = ("sticky", "batches")
+
+    def __init__(self) -> None:
+        self.sticky: dict[str, ProducerBatch] = {}
+        self.batches: dict[tuple[str, int], ProducerBatch] = {}
+
+
+class RecordFuture:
+    """The handle send() returns: the record's batch and its index in it (no Future per record).
+
+    ``get(timeout)`` waits for the batch and returns the RecordMetadata, or raises its DMQError.
+    """
+
+    __slots__ = ("_batch", "_index")
+
+    def __init__(self, batch: ProducerBatch, index: int) -> None:
+        self._batch = batch
+        self._index = index
+
+    def __repr__(self) -> str:
+        b = self._batch
+        if not b.future.done():
+            return f"<RecordFuture {b.topic}[{b.partition}] pending>"
+        if b.future.exception() is not None:
+            return f"<RecordFuture {b.topic}[{b.partition}] failed: {b.future.exception()!r}>"
+        return f"<RecordFuture {self.get()!r}>"
+
+    def done(self) -> bool:
+        return self._batch.future.done()
+
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        """Wait up to `timeout` seconds (None = until the producer gives up on the batch)."""
+        b = self._batch
+        try:
+            base = b.future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise DMQTimeoutError(
+                f"record for {b.topic}[{b.partition}] not acknowledged within {timeout} s "
+                "(the producer keeps trying until delivery_timeout_ms)"
+            ) from None
+        return b.metadata(self._index, base)
+
+    result = get  # concurrent.futures-style name
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            return self._batch.future.exception(timeout)
+        except concurrent.futures.TimeoutError:
+            raise DMQTimeoutError(f"record not acknowledged within {timeout} s") from None
+
+    def add_callback(self, fn: Callback) -> None:
+        """Call ``fn(metadata, None)`` or ``fn(None, error)`` once the record's batch is done, on the
+        producer's sender thread (or right away, here, if it is already done). Keep it short."""
+        batch, index = self._batch, self._index
+
+        def done(fut: concurrent.futures.Future[int]) -> None:
+            err = fut.exception()
+            try:
+                if err is None:
+                    fn(batch.metadata(index, fut.result()), None)
+                else:
+                    fn(None, err)  # type: ignore[arg-type]
+            except Exception:  # noqa: BLE001 - a user callback must not kill the sender
+                log.exception("producer callback raised", topic=batch.topic, partition=batch.partition)
+
+        batch.future.add_done_callback(done)
+
+
+class SendManyFuture:
+    """The result of send_many(): every record's batch, resolved together.
+
+    ``segments`` are (batch, first index in batch, count, positions) where positions are the
+    records' places in the input (None = consecutive, following the previous segment).
+    """
+
+    __slots__ = ("_segments", "_total")
+
+    def __init__(self, segments: list[tuple[ProducerBatch, int, int, list[int] | None]], total: int) -> None:
+        self._segments = segments
+        self._total = total
+
+    def __len__(self) -> int:
+        return self._total
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<SendManyFuture records={self._total} batches={len(self._segments)} {state}>"
+
+    def done(self) -> bool:
+        return all(seg[0].future.done() for seg in self._segments)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for every record; raise the first failure (a DMQError) or DMQTimeoutError."""
+        futures = {seg[0].future for seg in self._segments}
+        _, pending = concurrent.futures.wait(futures, timeout)
+        if pending:
+            raise DMQTimeoutError(
+                f"{len(pending)} of {len(futures)} batches not acknowledged within {timeout} s"
+            )
+        for seg in self._segments:
+            err = seg[0].future.exception()
+            if err is not None:
+                raise err
+
+    def get(self, timeout: float | None = None) -> list[RecordMetadata]:
+        """Every record's metadata, in the order the values were given."""
+        self.wait(timeout)
+        out: list[RecordMetadata | None] = [None] * self._total
+        pos = 0
+        for batch, first, count, positions in self._segments:
+            base = batch.future.result()
+            metas = [batch.metadata(i, base) for i in range(first, first + count)]
+            if positions is None:
+                out[pos : pos + count] = metas
+                pos += count
+            else:
+                for p, m in zip(positions, metas):
+                    out[p] = m
+        return out  # type: ignore[return-value]
+
+    result = get
+
+    def offsets(self, timeout: float | None = None) -> list[int]:
+        return [m.offset for m in self.get(timeout)]
+
+
+class BufferPool:
+    """Bytes of buffer_memory: reserve() blocks up to max_block_ms when they are all taken."""
+
+    def __init__(self, total_bytes: int, on_wait: Callable[[], None] | None = None) -> None:
+        self.total_bytes = total_bytes
+        self._available = total_bytes
+        self._cond = threading.Condition(threading.Lock())
+        self._on_wait = on_wait
+        self.waiters = 0
+
+    def __repr__(self) -> str:
+        return f"<BufferPool available={self._available}/{self.total_bytes} waiters={self.waiters}>"
+
+    @property
+    def available(self) -> int:
+        return self._available
+
+    def reserve(self, nbytes: int, max_block_ms: int) -> None:
+        if nbytes > self.total_bytes:
+            raise RecordTooLargeError(
+                f"a record needs {nbytes} bytes of buffer but buffer_memory is {self.total_bytes}: "
+                "raise buffer_memory or send smaller records"
+            )
+        with self._cond:
+            if self._available >= nbytes:
+                self._available -= nbytes
+                return
+            deadline = time.monotonic() + max_block_ms / 1000
+            self.waiters += 1
+            try:
+                if self._on_wait is not None:
+                    self._on_wait()  # let the sender ship open batches right away
+                while self._available < nbytes:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise DMQTimeoutError(
+                            f"buffer_memory ({self.total_bytes} bytes) stayed full for max_block_ms "
+                            f"({max_block_ms} ms): the brokers are not keeping up or cannot be "
+                            "reached; raise buffer_memory or max_block_ms, or produce more slowly"
+                        )
+                    self._cond.wait(remaining)
+            finally:
+                self.waiters -= 1
+            self._available -= nbytes
+
+    def release(self, nbytes: int) -> None:
+        if nbytes <= 0:
+            return
+        with self._cond:
+            self._available += nbytes
+            self._cond.notify_all()
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class PartitionQueue:
+    """A partition's sealed batches in order, and the one in flight (the sender's; sealers append
+    to ``ready`` under the accumulator lock)."""
+
+    __slots__ = ("topic", "partition", "ready", "inflight", "retry_at", "epoch", "next_sequence")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.ready: deque[ProducerBatch] = deque()
+        self.inflight: ProducerBatch | None = None
+        self.retry_at = 0.0  # monotonic; no dispatch before (backoff)
+        self.epoch = 0  # idempotence: bumped when the sequence can no longer be trusted
+        self.next_sequence = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<PartitionQueue {self.topic}[{self.partition}] ready={len(self.ready)} "
+            f"inflight={self.inflight is not None} epoch={self.epoch} next_sequence={self.next_sequence}>"
+        )
+
+    @property
+    def idle(self) -> bool:
+        return self.inflight is None and not self.ready
+
+
+class Accumulator:
+    """Open batches of every producer thread, sealing, and the per-partition queues.
+
+    ``lock`` guards batch creation and sealing, the ``open``/``incomplete`` sets and queue
+    creation; the fast path of send() never takes it (see the module comment).
+    """
+
+    def __init__(self, batch_size: int, delivery_timeout_ms: int, wakeup: threading.Event, pool: BufferPool) -> None:
+        self.batch_size = batch_size
+        self.delivery_timeout_s = delivery_timeout_ms / 1000
+        self.wakeup = wakeup
+        self.pool = pool
+        self.lock = threading.Lock()
+        self.threads: dict[int, ThreadState] = {}
+        self.open: set[ProducerBatch] = set()
+        self.incomplete: set[ProducerBatch] = set()
+        self.queues: dict[tuple[str, int], PartitionQueue] = {}
+        self.newly_ready: set[PartitionQueue] = set()
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<Accumulator threads={len(self.threads)} open={len(self.open)} "
+            f"incomplete={len(self.incomplete)} partitions={len(self.queues)}>"
+        )
+
+    def thread_state(self, ident: int) -> ThreadState:
+        st = self.threads.get(ident)
+        if st is None:
+            # Idents are reused after a thread ends; the new thread inherits the dead one's open
+            # batches, which keeps one appender per batch.
+            st = self.threads.setdefault(ident, ThreadState())
+        return st
+
+    def queue(self, topic: str, partition: int) -> PartitionQueue:
+        q = self.queues.get((topic, partition))
+        if q is None:
+            q = self.queues.setdefault((topic, partition), PartitionQueue(topic, partition))
+        return q
+
+    def new_batch(self, st: ThreadState, topic: str, partition: int, reserved: int) -> ProducerBatch:
+        """An open batch holding `reserved` bytes of buffer memory. Lock held."""
+        b = ProducerBatch(topic, partition, now_ms())
+        b.reserved = reserved
+        b.limit = min(reserved, self.batch_size)
+        b.deadline = b.created + self.delivery_timeout_s
+        st.batches[(topic, partition)] = b
+        self.open.add(b)
+        self.incomplete.add(b)
+        self.wakeup.set()  # the sender schedules its linger deadline
+        return b
+
+    def grow(self, b: ProducerBatch, nbytes: int) -> None:
+        """Give an open batch more of the buffer memory. Lock held."""
+        b.reserved += nbytes
+        if not b.sealed:
+            b.limit = min(b.reserved, self.batch_size)
+
+    def seal(self, b: ProducerBatch) -> None:
+        """Fix the batch's record count and queue it on its partition. Lock held."""
+        if b.sealed:
+            return
+        b.sealed = True
+        b.limit = -1
+        b.count = len(b.values)
+        self.open.discard(b)
+        if b.count == 0:  # only possible when a send failed between reserving and appending
+            self.incomplete.discard(b)
+            self.pool.release(b.reserved)
+            b.reserved = 0
+            b.future.set_result(-1)
+            return
+        q = self.queue(b.topic, b.partition)
+        q.ready.append(b)
+        self.newly_ready.add(q)
+        self.wakeup.set()
+
+    def seal_all(self) -> None:
+        """Seal every open batch (flush, close). Lock held."""
+        for b in list(self.open):
+            self.seal(b)

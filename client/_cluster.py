@@ -1,0 +1,293 @@
+"""Channels and the metadata cache shared by every client object.
+
+A `Cluster` holds one synchronous gRPC channel per "host:port" (the bootstrap address is the
+coordinator's; brokers are learned from metadata) and a cache of each topic's partitions and
+their leaders, filled by `GetMetadata`.
+
+Cache rules:
+  - reads (`leader_for`, `partitions_for`, `topic_metadata`) are lock-free dict lookups of
+    immutable `TopicMetadata` values, so the producer's hot path can call them per record;
+  - a miss, or an entry marked stale by `invalidate()` (callers do so on UNAVAILABLE / NOT_FOUND,
+    errors whose class has ``invalid_metadata``), or one older than ``metadata_max_age_ms``,
+    triggers `refresh()`;
+  - refreshes are serialised by one lock and deduplicated: a caller that waited for someone
+    else's refresh started after its own request uses that result instead of asking again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import structlog
+
+from dmq.client.errors import (
+    ClientClosedError,
+    CoordinatorUnavailableError,
+    DMQError,
+    TopicNotFoundError,
+    UnknownPartitionError,
+    from_rpc_error,
+)
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto.grpc_options import channel_options
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["Cluster", "TopicMetadata", "PartitionMetadata", "BrokerMetadata", "parse_address"]
+
+DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+DEFAULT_METADATA_MAX_AGE_MS = 300_000
+
+
+def parse_address(address: str) -> str:
+    """Validate "host:port" (IPv6 as "[::1]:port") and return it stripped."""
+    address = address.strip()
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bootstrap address must be 'host:port' (e.g. '127.0.0.1:9091'), got {address!r}")
+    return address
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionMetadata:
+    partition: int
+    leader_id: int
+    leader_address: str  # "" when the partition has no placement yet
+    leader_alive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TopicMetadata:
+    name: str
+    partitions: tuple[PartitionMetadata, ...]  # index = partition number
+    available: tuple[int, ...]  # partitions whose leader is alive (all of them when none is)
+    fetched_at: float  # time.monotonic()
+
+    @property
+    def partition_count(self) -> int:
+        return len(self.partitions)
+
+    @classmethod
+    def from_proto(cls, info: pb.TopicInfo, fetched_at: float) -> TopicMetadata:
+        by_number = {p.partition: p for p in info.partitions}
+        parts = tuple(
+            PartitionMetadata(
+                partition=i,
+                leader_id=by_number[i].leader_id if i in by_number else -1,
+                leader_address=by_number[i].leader_address if i in by_number else "",
+                leader_alive=by_number[i].leader_alive if i in by_number else False,
+            )
+            for i in range(info.partition_count)
+        )
+        alive = tuple(p.partition for p in parts if p.leader_alive and p.leader_address)
+        return cls(info.name, parts, alive or tuple(range(len(parts))), fetched_at)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerMetadata:
+    broker_id: int
+    address: str
+    alive: bool
+
+
+class Cluster:
+    """Channels per address plus the topic metadata cache. Thread-safe; the owner calls close()."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        metadata_max_age_ms: int = DEFAULT_METADATA_MAX_AGE_MS,
+    ) -> None:
+        self.bootstrap = parse_address(bootstrap)
+        self.request_timeout_ms = request_timeout_ms
+        self.metadata_max_age_ms = metadata_max_age_ms
+        self._lock = threading.Lock()  # channels, stubs, closed flag
+        self._refresh_lock = threading.Lock()  # one GetMetadata at a time
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[tuple[str, type], Any] = {}
+        self._topics: dict[str, TopicMetadata] = {}
+        self._stale: set[str] = set()
+        self._brokers: dict[int, BrokerMetadata] = {}
+        self._last_refresh_started = 0.0
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<Cluster bootstrap={self.bootstrap!r} channels={len(self._channels)} topics={len(self._topics)}>"
+
+    # -- channels --------------------------------------------------------------------------------
+
+    def channel(self, address: str) -> grpc.Channel:
+        ch = self._channels.get(address)
+        if ch is not None:
+            return ch
+        with self._lock:
+            if self._closed:
+                raise ClientClosedError(f"the client for {self.bootstrap} is closed; create a new one")
+            ch = self._channels.get(address)
+            if ch is None:
+                ch = grpc.insecure_channel(address, options=channel_options())
+                self._channels[address] = ch
+            return ch
+
+    def _stub(self, address: str, cls: type) -> Any:
+        stub = self._stubs.get((address, cls))
+        if stub is None:
+            stub = cls(self.channel(address))
+            self._stubs[(address, cls)] = stub
+        return stub
+
+    def broker_stub(self, address: str) -> pb_grpc.BrokerStub:
+        return self._stub(address, pb_grpc.BrokerStub)
+
+    def metadata_stub(self) -> pb_grpc.MetadataStub:
+        return self._stub(self.bootstrap, pb_grpc.MetadataStub)
+
+    def group_stub(self, address: str | None = None) -> pb_grpc.GroupCoordinatorStub:
+        return self._stub(address or self.bootstrap, pb_grpc.GroupCoordinatorStub)
+
+    @property
+    def timeout_s(self) -> float:
+        return self.request_timeout_ms / 1000
+
+    # -- metadata cache ----------------------------------------------------------------------------
+
+    def topic_metadata(self, topic: str) -> TopicMetadata:
+        """The cached metadata of `topic`, refreshed first if missing, stale or too old."""
+        meta = self._topics.get(topic)
+        if (
+            meta is None
+            or topic in self._stale
+            or time.monotonic() - meta.fetched_at > self.metadata_max_age_ms / 1000
+        ):
+            self.refresh([topic])
+            meta = self._topics.get(topic)
+            if meta is None:  # pragma: no cover - refresh raises TopicNotFoundError instead
+                raise TopicNotFoundError(f"topic {topic!r} not found")
+        return meta
+
+    def partitions_for(self, topic: str) -> int:
+        meta = self._topics.get(topic)
+        if meta is not None and topic not in self._stale:
+            return len(meta.partitions)
+        return self.topic_metadata(topic).partition_count
+
+    def leader_for(self, topic: str, partition: int) -> str:
+        """The "host:port" of the broker leading topic[partition]."""
+        meta = self.topic_metadata(topic)
+        if not 0 <= partition < len(meta.partitions):
+            # The topic may have grown since we looked: ask once more before failing.
+            self.refresh([topic])
+            meta = self.topic_metadata(topic)
+            if not 0 <= partition < len(meta.partitions):
+                raise UnknownPartitionError(
+                    f"topic {topic!r} has partitions 0..{len(meta.partitions) - 1}; partition {partition} does not exist"
+                )
+        address = meta.partitions[partition].leader_address
+        if not address:
+            raise CoordinatorUnavailableError(f"{topic}[{partition}] has no leader yet; retry")
+        return address
+
+    def invalidate(self, topic: str) -> None:
+        """Mark a topic's metadata stale: the next lookup asks the coordinator again."""
+        self._stale.add(topic)
+
+    def refresh(self, topics: Iterable[str] | None = None) -> None:
+        """Fetch metadata for `topics` (None = every topic) and update the cache.
+
+        Raises TopicNotFoundError when a named topic does not exist (and drops it from the cache).
+        """
+        names = None if topics is None else sorted(set(topics)) or None
+        requested_at = time.monotonic()
+        with self._refresh_lock:
+            # Someone refreshed everything we need while we waited for the lock: use it.
+            if (
+                names
+                and self._last_refresh_started >= requested_at
+                and all(n in self._topics and n not in self._stale for n in names)
+            ):
+                return
+            started = time.monotonic()
+            request = pb.GetMetadataRequest(topics=names or [])
+            try:
+                response = self.metadata_stub().GetMetadata(request, timeout=self.timeout_s)
+            except grpc.RpcError as e:
+                err = from_rpc_error(
+                    e,
+                    context=f"GetMetadata from the coordinator at {self.bootstrap}",
+                    overrides={
+                        grpc.StatusCode.NOT_FOUND: TopicNotFoundError,
+                        grpc.StatusCode.UNAVAILABLE: CoordinatorUnavailableError,
+                    },
+                )
+                if isinstance(err, TopicNotFoundError) and names:
+                    for n in names:
+                        self._topics.pop(n, None)
+                raise err from e
+            except ValueError as e:  # the channel was closed under us
+                raise ClientClosedError(f"the client for {self.bootstrap} is closed") from e
+            self._apply(response, names, started)
+
+    def _apply(self, response: pb.GetMetadataResponse, names: list[str] | None, started: float) -> None:
+        now = time.monotonic()
+        for info in response.topics:
+            self._topics[info.name] = TopicMetadata.from_proto(info, now)
+            self._stale.discard(info.name)
+        if names is None:
+            # A full listing is authoritative: forget deleted topics.
+            for gone in set(self._topics) - {info.name for info in response.topics}:
+                self._topics.pop(gone, None)
+                self._stale.discard(gone)
+        self._brokers = {
+            b.broker_id: BrokerMetadata(b.broker_id, _address(b.host, b.port), b.alive) for b in response.brokers
+        }
+        self._last_refresh_started = started
+        log.debug("metadata refreshed", topics=len(response.topics), brokers=len(response.brokers))
+
+    def brokers(self, refresh: bool = False) -> list[BrokerMetadata]:
+        if refresh or not self._brokers:
+            self.refresh(None)
+        return sorted(self._brokers.values(), key=lambda b: b.broker_id)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            channels = list(self._channels.values())
+            self._channels.clear()
+            self._stubs.clear()
+        for ch in channels:
+            ch.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _address(host: str, port: int) -> str:
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+def translate(
+    e: grpc.RpcError, context: str, overrides: dict[grpc.StatusCode, type[DMQError]] | None = None
+) -> DMQError:
+    """from_rpc_error with a context; a shorthand for the client modules."""
+    return from_rpc_error(e, context=context, overrides=overrides)

@@ -1,0 +1,385 @@
+"""The producer's sender thread: seals lingering batches, encodes them, ships them, retries.
+
+One thread per Producer, owned by it (`start()` in the constructor, `stop()` in close()). Each
+turn of the loop (woken by new batches, responses, or the next linger/backoff deadline):
+
+  1. handle finished Produce calls (gRPC calls our callback on its own thread; it only queues);
+  2. seal open batches whose partition is idle and whose age reached linger_ms (at once when a
+     send() is blocked on buffer_memory, so memory comes back);
+  3. for each partition with nothing in flight, encode its next sealed batch (assigning its
+     idempotent sequence) and send it to the partition's leader with `Produce.future`;
+  4. fail batches older than delivery_timeout_ms that are still waiting.
+
+Ordering: at most ONE Produce per partition is in flight, so batches land in seal order and a
+retried batch never overtakes the next. Different partitions are in flight concurrently.
+
+Idempotence: a batch's (producer_id, epoch, base_sequence) is fixed when it is first encoded and
+reused by every retry, so a batch whose response was lost is answered by the broker as a
+duplicate with its original offset. When a batch fails for good after being sent, the broker may
+or may not have it, so the partition's epoch is bumped and the sequence restarts at 0 (the
+broker accepts a higher epoch starting at 0). OUT_OF_ORDER_SEQUENCE (the broker lost our
+sequence, e.g. after producer-state expiry) is handled the same way, then the batch is retried.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import secrets
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import grpc
+import structlog
+
+from dmq.client._accumulator import Accumulator, PartitionQueue, ProducerBatch
+from dmq.client._cluster import Cluster
+from dmq.client.errors import (
+    ClientClosedError,
+    DMQError,
+    DMQTimeoutError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+    RecordTooLargeError,
+    TopicNotFoundError,
+    UnknownPartitionError,
+    UnknownServerError,
+    from_rpc_error,
+)
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import records
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["Sender"]
+
+IDLE_WAKE_S = 1.0  # an idle sender still wakes this often (expiry checks; no unbounded wait)
+INT32_MAX = 2**31 - 1
+INT16_MAX = 2**15 - 1
+
+_PRODUCE_ERRORS = {
+    grpc.StatusCode.RESOURCE_EXHAUSTED: RecordTooLargeError,
+    grpc.StatusCode.NOT_FOUND: UnknownPartitionError,
+}
+
+
+class Sender:
+    def __init__(
+        self,
+        acc: Accumulator,
+        cluster: Cluster,
+        *,
+        acks: int,
+        codec: records.Codec,
+        linger_ms: float,
+        request_timeout_ms: int,
+        retries: int,
+        retry_backoff_ms: int,
+        retry_backoff_max_ms: int,
+        producer_id: int,
+        max_record_bytes: int,
+        name: str,
+    ) -> None:
+        self._acc = acc
+        self._cluster = cluster
+        self._acks = acks
+        self._wait_for_ack = acks != pb.ACKS_NONE
+        self._codec = codec
+        self._linger_s = linger_ms / 1000
+        self._request_timeout_s = request_timeout_ms / 1000
+        self._retries = retries
+        self._backoff_s = retry_backoff_ms / 1000
+        self._backoff_max_s = retry_backoff_max_ms / 1000
+        self._producer_id = producer_id  # -1: not idempotent
+        self._max_record_bytes = max_record_bytes
+        self._wakeup = acc.wakeup
+        self._completions: deque[tuple[ProducerBatch, str, Any]] = deque()
+        self._active: set[PartitionQueue] = set()
+        self._stopping = False
+        self._rng = random.Random()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Sender {self.thread.name} alive={self.thread.is_alive()} active={len(self._active)} "
+            f"completions={len(self._completions)}>"
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout_s: float) -> bool:
+        """Ask the loop to end and wait up to timeout_s; True when the thread has ended."""
+        self._stopping = True
+        self._wakeup.set()
+        if threading.current_thread() is self.thread:
+            return False  # close() from a callback: the loop ends when the callback returns
+        self.thread.join(timeout_s)
+        return not self.thread.is_alive()
+
+    def _run(self) -> None:
+        timeout: float | None = 0.0
+        try:
+            while not self._stopping:
+                self._wakeup.wait(timeout)
+                self._wakeup.clear()
+                if self._stopping:
+                    break
+                timeout = self._step(time.monotonic())
+        except BaseException as e:  # noqa: BLE001 - report, fail every pending record, end
+            log.exception("producer sender thread crashed")
+            self.error = e
+            with self._acc.lock:
+                self._acc.closed = True
+                self._acc.seal_all()
+            self.fail_all(UnknownServerError(f"the producer's sender thread crashed: {e!r}"))
+
+    # -- one turn ----------------------------------------------------------------------------------
+
+    def _step(self, now: float) -> float:
+        acc = self._acc
+        while self._completions:
+            batch, address, call = self._completions.popleft()
+            self._on_response(batch, address, call, now)
+        next_at = now + IDLE_WAKE_S
+        with acc.lock:
+            if acc.open:
+                rush = acc.pool.waiters > 0
+                linger = self._linger_s
+                for b in list(acc.open):
+                    q = acc.queues.get((b.topic, b.partition))
+                    if q is not None and not q.idle:
+                        continue  # keeps filling; looked at again when the partition frees up
+                    due = b.created + linger
+                    if rush or due <= now:
+                        acc.seal(b)
+                    elif due < next_at:
+                        next_at = due
+            if acc.newly_ready:
+                self._active |= acc.newly_ready
+                acc.newly_ready.clear()
+        for q in list(self._active):
+            if q.inflight is not None:
+                continue
+            if not q.ready:
+                self._active.discard(q)
+                continue
+            while q.ready and q.ready[0].deadline <= now:
+                self._expire(q, q.ready.popleft())
+            if not q.ready:
+                continue
+            if q.retry_at > now:
+                next_at = min(next_at, q.retry_at)
+                continue
+            self._dispatch(q, q.ready.popleft(), now)
+        return max(0.0, next_at - time.monotonic())
+
+    # -- sending -----------------------------------------------------------------------------------
+
+    def _encode(self, q: PartitionQueue, b: ProducerBatch) -> None:
+        n = b.count
+        values = b.values if len(b.values) == n else b.values[:n]
+        keys = None if b.keys is None else b.keys[:n]
+        headers = None if b.headers is None else b.headers[:n]
+        timestamps = None if b.timestamps is None else b.timestamps[:n]
+        pid, epoch, seq = -1, -1, -1
+        if self._producer_id >= 0:
+            pid, epoch, seq = self._producer_id, q.epoch, q.next_sequence
+        b.payload = records.encode(
+            values,
+            keys,
+            headers,
+            timestamps,
+            timestamp_ms=b.created_ms,
+            codec=self._codec,
+            producer_id=pid,
+            producer_epoch=epoch,
+            base_sequence=seq,
+            max_record_bytes=self._max_record_bytes,
+        )
+        if pid >= 0:
+            b.epoch, b.base_sequence = epoch, seq
+            # sequences wrap from 2**31-1 to 0, as the broker expects
+            q.next_sequence = (seq + n) % (INT32_MAX + 1)
+
+    def _dispatch(self, q: PartitionQueue, b: ProducerBatch, now: float) -> None:
+        where = f"{b.topic}[{b.partition}]"
+        if b.payload is None:
+            try:
+                self._encode(q, b)
+            except records.RecordTooLargeError as e:
+                self._fail(q, b, RecordTooLargeError(f"{where}: {e}: raise max_record_bytes or send smaller records"))
+                return
+            except records.RecordsError as e:
+                self._fail(q, b, InvalidArgumentError(f"{where}: cannot encode the batch: {e}"))
+                return
+        try:
+            address = self._cluster.leader_for(b.topic, b.partition)
+            stub = self._cluster.broker_stub(address)
+            request = pb.ProduceRequest(topic=b.topic, partition=b.partition, batch=b.payload, acks=self._acks)
+            call = stub.Produce.future(request, timeout=self._request_timeout_s)
+        except DMQError as e:  # no leader known (metadata refresh failed)
+            b.attempts += 1
+            self._attempt_failed(q, b, e, now)
+            return
+        except ValueError as e:  # "Cannot invoke RPC on closed channel!"
+            self._fail(q, b, ClientClosedError(f"{where}: the producer was closed before the batch was sent ({e})"))
+            return
+        b.attempts += 1
+        q.inflight = b
+        if not self._wait_for_ack and not b.future.done():
+            b.future.set_result(-1)  # acks=0: nobody waits for the broker
+        call.add_done_callback(functools.partial(self._queue_response, b, address))
+
+    def _queue_response(self, b: ProducerBatch, address: str, call: Any) -> None:
+        # On a gRPC thread: hand over to the sender, touch nothing else.
+        self._completions.append((b, address, call))
+        self._wakeup.set()
+
+    def _on_response(self, b: ProducerBatch, address: str, call: Any, now: float) -> None:
+        q = self._acc.queue(b.topic, b.partition)
+        q.inflight = None
+        try:
+            response = call.result()
+        except grpc.RpcError as e:
+            err = from_rpc_error(
+                e, context=f"Produce to {b.topic}[{b.partition}] at {address}", overrides=_PRODUCE_ERRORS
+            )
+            if isinstance(err, FailedPreconditionError):
+                err = _sequence_error(err)
+            if isinstance(err, RecordTooLargeError):
+                err.message += (
+                    f" (this batch: {b.count} records, {len(b.payload or b'')} bytes: lower the producer's "
+                    "batch_size below the topic's max_message_bytes)"
+                )
+                err.args = (err.message,)
+            self._attempt_failed(q, b, err, now)
+        except grpc.FutureCancelledError:
+            self._fail(q, b, ClientClosedError(f"{b.topic}[{b.partition}]: Produce cancelled: the producer is closing"))
+        else:
+            if response.duplicate:
+                log.info(
+                    "batch acknowledged as a duplicate of an earlier attempt",
+                    topic=b.topic,
+                    partition=b.partition,
+                    base_offset=response.base_offset,
+                    attempts=b.attempts,
+                )
+            self._done(b, response.base_offset)
+        self._active.add(q)
+
+    def _attempt_failed(self, q: PartitionQueue, b: ProducerBatch, err: DMQError, now: float) -> None:
+        """Retry `b` (first in its partition, after a backoff) or fail it."""
+        q.inflight = None
+        self._active.add(q)
+        where = dict(topic=b.topic, partition=b.partition, attempt=b.attempts)
+        if not self._wait_for_ack:
+            log.warning("produce failed with acks=0; records dropped", error=str(err), **where)
+            self._done(b, -1)
+            return
+        if err.invalid_metadata:
+            self._cluster.invalidate(b.topic)
+        if isinstance(err, OutOfOrderSequenceError) and b.attempts <= self._retries:
+            log.warning("broker lost this producer's sequence; bumping the epoch", error=str(err), **where)
+            self._bump_epoch(q)
+            b.payload = None  # re-encoded with the new epoch, sequence 0
+            q.ready.appendleft(b)
+            return
+        # NOT_FOUND from a broker: the partition may have moved; the metadata refresh before the
+        # retry raises TopicNotFoundError if the topic itself is gone.
+        retriable = err.retriable or (isinstance(err, NotFoundError) and not isinstance(err, TopicNotFoundError))
+        backoff = min(self._backoff_max_s, self._backoff_s * 2 ** max(0, b.attempts - 1))
+        backoff *= self._rng.uniform(0.8, 1.2)
+        if retriable and b.attempts <= self._retries and now + backoff < b.deadline:
+            log.warning("produce failed; retrying", error=str(err), backoff_ms=round(backoff * 1000), **where)
+            q.retry_at = now + backoff
+            q.ready.appendleft(b)
+            return
+        if retriable and now + backoff >= b.deadline:
+            err = DMQTimeoutError(
+                f"{b.topic}[{b.partition}]: {b.count} records not acknowledged within delivery_timeout_ms "
+                f"after {b.attempts} attempts; last error: {err}"
+            )
+        self._fail(q, b, err)
+
+    def _expire(self, q: PartitionQueue, b: ProducerBatch) -> None:
+        self._fail(
+            q,
+            b,
+            DMQTimeoutError(
+                f"{b.topic}[{b.partition}]: {b.count} records waited longer than delivery_timeout_ms "
+                "without being sent (the leader is unreachable or the producer is overloaded)"
+            ),
+        )
+
+    # -- outcomes ----------------------------------------------------------------------------------
+
+    def _done(self, b: ProducerBatch, base_offset: int) -> None:
+        if not b.future.done():
+            b.future.set_result(base_offset)  # runs the records' callbacks, here
+        self._release(b)
+
+    def _fail(self, q: PartitionQueue, b: ProducerBatch, err: DMQError) -> None:
+        log.error("produce failed", topic=b.topic, partition=b.partition, records=b.count, error=str(err))
+        if b.base_sequence >= 0:
+            # The broker may or may not hold it: continuing the sequence could leave a gap or a
+            # duplicate; a new epoch starting at 0 is unambiguous.
+            self._bump_epoch(q)
+        if not b.future.done():
+            b.future.set_exception(err)
+        self._release(b)
+
+    def _release(self, b: ProducerBatch) -> None:
+        acc = self._acc
+        with acc.lock:
+            acc.incomplete.discard(b)
+        acc.pool.release(b.reserved)
+        b.reserved = 0
+
+    def _bump_epoch(self, q: PartitionQueue) -> None:
+        if self._producer_id < 0:
+            return
+        q.epoch += 1
+        q.next_sequence = 0
+        if q.epoch > INT16_MAX:  # pragma: no cover - 32k fatal errors on one partition
+            raise RuntimeError(f"{q.topic}[{q.partition}]: producer epoch exhausted; create a new Producer")
+        for waiting in q.ready:
+            waiting.payload = None
+
+    def fail_all(self, err: DMQError) -> int:
+        """Fail every incomplete batch (close after its timeout, or a crash). The loop must be
+        stopped. Returns the number of records failed."""
+        acc = self._acc
+        with acc.lock:
+            pending = list(acc.incomplete)
+            acc.incomplete.clear()
+        failed = 0
+        for b in pending:
+            if not b.future.done():
+                failed += b.count or len(b.values)
+                b.future.set_exception(err)
+            acc.pool.release(b.reserved)
+            b.reserved = 0
+        return failed
+
+
+def _sequence_error(err: FailedPreconditionError) -> DMQError:
+    """The broker answers both idempotence failures with FAILED_PRECONDITION; its message tells
+    them apart ("... is fenced ..." vs sequence errors)."""
+    cls = ProducerFencedError if "fenced" in (err.details or "") else OutOfOrderSequenceError
+    out = cls(err.message, code=err.code, details=err.details)
+    out.__cause__ = err.__cause__
+    return out
+
+
+def new_producer_id() -> int:
+    """A random non-negative 63-bit id: collisions between producers are negligible."""
+    return secrets.randbits(63)

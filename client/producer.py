@@ -1,0 +1,585 @@
+"""Producer: batches records per partition and ships them from a background sender thread.
+
+    with Producer("127.0.0.1:9091") as p:
+        p.send("orders", b'{"id": 1}', key=b"customer-7")          # -> RecordFuture
+        p.send_many("clicks", [b"a", b"b", b"c"])                   # -> SendManyFuture
+    # leaving the block flushes and closes
+
+Where a record goes: ``partition=`` if given; else, with a key, ``zlib.crc32(key) % partitions``
+(see `dmq.client._partitioner`); else the thread's sticky partition, which moves on each time its
+batch is sealed.
+
+Batching: a partition's batch ships when it is full (``batch_size`` bytes) or ``linger_ms`` old
+and nothing is in flight for that partition; while a Produce is in flight the next batch keeps
+filling. At most one Produce per partition is in flight, so records keep their order, even
+across retries; different partitions are sent concurrently. See `dmq.client._accumulator` for
+the lock-free fast path of send() and `dmq.client._sender` for retries and idempotence.
+
+Delivery: acks="all" (default: the broker fsyncs per its flush policy before answering), 1 (the
+leader wrote it), 0 (nobody waits: futures resolve with offset -1 once the batch is sent).
+Retriable errors are retried with exponential backoff (retry_backoff_ms .. retry_backoff_max_ms)
+until ``retries`` attempts or ``delivery_timeout_ms`` after the batch was created. With
+enable_idempotence (default) a retried batch whose first answer was lost is stored once.
+
+Timestamps: records sent without ``timestamp_ms`` get their batch's creation time, which is at
+most linger_ms (or the time to fill a batch) before their send().
+
+Threads: send() is safe from any number of threads. Callbacks run on the sender thread: keep them
+short, and do not call flush() from one (it would wait for itself).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate
+from threading import get_ident
+from typing import Any
+
+import structlog
+
+from dmq.client._accumulator import (
+    MEMORY_CHUNK_BYTES,
+    RECORD_OVERHEAD_BYTES,
+    Accumulator,
+    BufferPool,
+    Callback,
+    ProducerBatch,
+    RecordFuture,
+    SendManyFuture,
+    ThreadState,
+)
+from dmq.client._cluster import Cluster, TopicMetadata
+from dmq.client._partitioner import Partitioner, StickyChooser, crc32_partition
+from dmq.client._sender import Sender, new_producer_id
+from dmq.client.errors import (
+    ClientClosedError,
+    DMQError,
+    DMQTimeoutError,
+    IllegalStateError,
+    RecordTooLargeError,
+    UnknownPartitionError,
+)
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import records
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["Producer", "RecordFuture", "SendManyFuture"]
+
+DEFAULT_BATCH_SIZE = 1024 * 1024
+DEFAULT_BUFFER_MEMORY = 64 * 1024 * 1024
+SENDER_STOP_TIMEOUT_S = 5.0
+
+_ACKS = {"all": pb.ACKS_ALL, -1: pb.ACKS_ALL, "-1": pb.ACKS_ALL, 1: pb.ACKS_LEADER, "1": pb.ACKS_LEADER,
+         0: pb.ACKS_NONE, "0": pb.ACKS_NONE}
+_CODECS = {None: records.Codec.NONE, "none": records.Codec.NONE, "zstd": records.Codec.ZSTD, "lz4": records.Codec.LZ4}
+
+Headers = Iterable[tuple[str, bytes | None]] | Mapping[str, bytes | None]
+
+
+class Producer:
+    """Sends records to DMQ topics. Thread-safe. Close it (or use `with`) to deliver what is
+    buffered and stop its sender thread."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        acks: str | int = "all",
+        linger_ms: float = 5,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        compression: str | None = None,
+        enable_idempotence: bool = True,
+        buffer_memory: int = DEFAULT_BUFFER_MEMORY,
+        max_block_ms: int = 60_000,
+        retries: int = 2_147_483_647,
+        retry_backoff_ms: int = 100,
+        retry_backoff_max_ms: int = 1_000,
+        request_timeout_ms: int = 30_000,
+        delivery_timeout_ms: int = 120_000,
+        max_record_bytes: int = records.DEFAULT_MAX_RECORD_BYTES,
+        partitioner: Partitioner | None = None,
+        client_id: str | None = None,
+        cluster: Cluster | None = None,
+    ) -> None:
+        if acks not in _ACKS:
+            raise ValueError(f"acks must be 'all', 1 or 0, got {acks!r}")
+        codec_name = compression.lower() if isinstance(compression, str) else compression
+        if codec_name not in _CODECS:
+            raise ValueError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
+        _positive("batch_size", batch_size, records.DEFAULT_MAX_BATCH_BYTES // 2)
+        _positive("buffer_memory", buffer_memory)
+        _positive("max_record_bytes", max_record_bytes, records.DEFAULT_MAX_BATCH_BYTES // 2)
+        _positive("request_timeout_ms", request_timeout_ms)
+        _positive("delivery_timeout_ms", delivery_timeout_ms)
+        if linger_ms < 0 or max_block_ms < 0 or retries < 0 or retry_backoff_ms < 0:
+            raise ValueError("linger_ms, max_block_ms, retries and retry_backoff_ms must be >= 0")
+        if buffer_memory < batch_size:
+            raise ValueError(f"buffer_memory ({buffer_memory}) must be at least batch_size ({batch_size})")
+
+        self.client_id = client_id or f"producer-{id(self):x}"
+        self._own_cluster = cluster is None
+        self._cluster = cluster or Cluster(bootstrap, request_timeout_ms=request_timeout_ms)
+        self._batch_size = batch_size
+        self._max_block_ms = max_block_ms
+        self._max_record_bytes = max_record_bytes
+        self._partitioner = partitioner or crc32_partition
+        self._chooser = StickyChooser()
+        self.producer_id = new_producer_id() if enable_idempotence else -1
+        self.acks = acks
+        wakeup = threading.Event()
+        self._pool = BufferPool(buffer_memory, on_wait=wakeup.set)
+        self._acc = Accumulator(batch_size, delivery_timeout_ms, wakeup, self._pool)
+        # the fast path reads this dict directly
+        self._threads: dict[int, ThreadState] = self._acc.threads
+        self._sender = Sender(
+            self._acc,
+            self._cluster,
+            acks=_ACKS[acks],
+            codec=_CODECS[codec_name],
+            linger_ms=linger_ms,
+            request_timeout_ms=request_timeout_ms,
+            retries=retries,
+            retry_backoff_ms=retry_backoff_ms,
+            retry_backoff_max_ms=max(retry_backoff_ms, retry_backoff_max_ms),
+            producer_id=self.producer_id,
+            max_record_bytes=max_record_bytes,
+            name=f"dmq-sender-{self.client_id}",
+        )
+        self._close_lock = threading.Lock()
+        self._closed = False
+        self._sender.start()
+        log.debug("producer started", client_id=self.client_id, producer_id=self.producer_id, acks=acks)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"<Producer {self.client_id} bootstrap={self._cluster.bootstrap!r} {state} "
+            f"pending_batches={len(self._acc.incomplete)} buffer_free={self._pool.available}>"
+        )
+
+    # -- send ------------------------------------------------------------------------------------
+
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        callback: Callback | None = None,
+    ) -> RecordFuture:
+        """Queue one record; returns a handle whose get() gives its RecordMetadata.
+
+        Blocks only when buffer_memory is full (up to max_block_ms, then DMQTimeoutError) or on
+        the first send to a topic (its metadata). `callback(metadata, error)` runs once the
+        record is acknowledged or has failed.
+        """
+        # Fast path: a plain value for this thread's sticky batch. No lock: this thread is the
+        # batch's only appender (see _accumulator); a seal racing the append is caught by the
+        # `sealed` check after it.
+        if key is None and partition is None and headers is None and timestamp_ms is None and type(value) is bytes:
+            st = self._threads.get(get_ident())
+            if st is not None:
+                b = st.sticky.get(topic)
+                if b is not None:
+                    size = b.size + len(value) + 12  # RECORD_OVERHEAD_BYTES
+                    if size <= b.limit:
+                        b.size = size
+                        values = b.values
+                        values.append(value)
+                        if b.sealed:
+                            return self._raced(b, len(values) - 1, value, callback)
+                        handle = RecordFuture(b, len(values) - 1)
+                        if callback is not None:
+                            handle.add_callback(callback)
+                        return handle
+        return self._send_slow(topic, value, key, headers, partition, timestamp_ms, callback)
+
+    def _raced(self, b: ProducerBatch, index: int, value: bytes, callback: Callback | None) -> RecordFuture:
+        """The batch was sealed around our append: did the seal count the record?"""
+        with self._acc.lock:
+            included = index < b.count
+        if not included:
+            return self._send_slow(b.topic, value, None, None, None, None, callback)
+        handle = RecordFuture(b, index)
+        if callback is not None:
+            handle.add_callback(callback)
+        return handle
+
+    def _send_slow(
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        headers: Headers | None,
+        partition: int | None,
+        timestamp_ms: int | None,
+        callback: Callback | None,
+    ) -> RecordFuture:
+        acc = self._acc
+        self._check_open()
+        value = _as_bytes(value, "value")
+        if key is not None:
+            key = _as_bytes(key, "key")
+        hdrs = _normalise_headers(headers)
+        if timestamp_ms is not None and (isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0):
+            raise TypeError(f"timestamp_ms must be a non-negative int (ms since the epoch), got {timestamp_ms!r}")
+        record_bytes = len(value) + (len(key) if key is not None else 0) + _headers_size(hdrs)
+        if record_bytes > self._max_record_bytes:
+            raise RecordTooLargeError(
+                f"record for {topic!r} is {record_bytes} bytes (key + value + headers), above "
+                f"max_record_bytes {self._max_record_bytes}"
+            )
+        size = record_bytes + RECORD_OVERHEAD_BYTES
+        meta = self._topic_metadata(topic)
+        count = meta.partition_count
+        if partition is not None:
+            if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < count:
+                raise UnknownPartitionError(
+                    f"partition {partition!r} does not exist: topic {topic!r} has partitions 0..{count - 1}"
+                )
+        elif key is not None:
+            partition = self._partitioner(key, count)
+        sticky = partition is None
+        st = acc.thread_state(get_ident())
+        credit = 0  # reserved buffer memory not yet given to a batch
+        try:
+            while True:
+                need = 0
+                with acc.lock:
+                    self._check_open()
+                    if sticky:
+                        current = st.sticky.get(topic)
+                        if current is not None and not current.sealed:
+                            partition = current.partition
+                        elif partition is None:
+                            partition = self._chooser.next(topic, meta.available)
+                    p: int = partition  # type: ignore[assignment]
+                    b = st.batches.get((topic, p))
+                    if b is not None and not b.sealed and b.values and b.size + size > self._batch_size:
+                        acc.seal(b)  # full: the record starts the next batch
+                        if sticky:
+                            partition = None  # a sealed sticky batch moves the topic on
+                            continue
+                    if b is None or b.sealed:
+                        if credit >= size:
+                            b = acc.new_batch(st, topic, p, credit)
+                            credit = 0
+                        else:
+                            need = max(min(MEMORY_CHUNK_BYTES, self._batch_size), size) - credit
+                    elif b.size + size > b.reserved:
+                        if credit >= b.size + size - b.reserved:
+                            acc.grow(b, credit)
+                            credit = 0
+                        else:
+                            room = max(size, min(MEMORY_CHUNK_BYTES, self._batch_size - b.size))
+                            need = room - (b.reserved - b.size) - credit
+                    if not need:
+                        assert b is not None
+                        index = b.append_full(value, key, hdrs, timestamp_ms, size)
+                        if sticky:
+                            st.sticky[topic] = b
+                        if b.size >= self._batch_size:
+                            acc.seal(b)
+                        break
+                self._pool.reserve(need, self._max_block_ms)  # outside the lock: may block
+                credit += need
+        finally:
+            if credit:
+                self._pool.release(credit)
+        handle = RecordFuture(b, index)
+        if callback is not None:
+            handle.add_callback(callback)
+        return handle
+
+    def send_many(
+        self,
+        topic: str,
+        values: Sequence[bytes],
+        keys: Sequence[bytes | None] | None = None,
+        partition: int | None = None,
+    ) -> SendManyFuture:
+        """Queue many records at once: the bulk path, much cheaper per record than send().
+
+        Partitioning is as for send() (explicit partition, key hash, else sticky). Returns a
+        SendManyFuture: ``get()`` gives every RecordMetadata in input order, ``wait()`` just waits.
+        """
+        self._check_open()
+        values = values if isinstance(values, list) else list(values)
+        n = len(values)
+        if n == 0:
+            return SendManyFuture([], 0)
+        if any(type(v) is not bytes for v in values):
+            values = [_as_bytes(v, "values[]") for v in values]
+        sizes = list(map(len, values))
+        if keys is not None:
+            keys = keys if isinstance(keys, list) else list(keys)
+            if len(keys) != n:
+                raise ValueError(f"send_many: {len(keys)} keys for {n} values")
+            if any(k is not None and type(k) is not bytes for k in keys):
+                keys = [None if k is None else _as_bytes(k, "keys[]") for k in keys]
+            sizes = [s + (0 if k is None else len(k)) for s, k in zip(sizes, keys)]
+        biggest = max(sizes)
+        if biggest > self._max_record_bytes:
+            i = sizes.index(biggest)
+            raise RecordTooLargeError(
+                f"send_many: record {i} is {biggest} bytes, above max_record_bytes {self._max_record_bytes}"
+            )
+        meta = self._topic_metadata(topic)
+        count = meta.partition_count
+        st = self._acc.thread_state(get_ident())
+        segments: list[tuple[ProducerBatch, int, int, list[int] | None]] = []
+        if partition is not None:
+            if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < count:
+                raise UnknownPartitionError(
+                    f"partition {partition!r} does not exist: topic {topic!r} has partitions 0..{count - 1}"
+                )
+            self._append_run(st, topic, partition, meta, values, keys, sizes, None, segments)
+        elif keys is None:
+            self._append_run(st, topic, None, meta, values, None, sizes, None, segments)
+        else:
+            groups: dict[int | None, list[int]] = {}
+            part = self._partitioner
+            for i, k in enumerate(keys):
+                p = None if k is None else part(k, count)
+                g = groups.get(p)
+                if g is None:
+                    groups[p] = [i]
+                else:
+                    g.append(i)
+            for p, positions in groups.items():
+                self._append_run(
+                    st,
+                    topic,
+                    p,
+                    meta,
+                    [values[i] for i in positions],
+                    [keys[i] for i in positions],
+                    [sizes[i] for i in positions],
+                    positions,
+                    segments,
+                )
+        return SendManyFuture(segments, n)
+
+    def _append_run(
+        self,
+        st: ThreadState,
+        topic: str,
+        partition: int | None,
+        meta: TopicMetadata,
+        values: list[bytes],
+        keys: list[bytes | None] | None,
+        sizes: list[int],
+        positions: list[int] | None,
+        segments: list[tuple[ProducerBatch, int, int, list[int] | None]],
+    ) -> None:
+        """Append records to `partition` (None = sticky), a batch-sized chunk per lock hold."""
+        acc = self._acc
+        batch_size = self._batch_size
+        cum = [0, *accumulate(s + RECORD_OVERHEAD_BYTES for s in sizes)]
+        n = len(values)
+        i = 0
+        credit = 0
+        try:
+            while i < n:
+                need = 0
+                with acc.lock:
+                    self._check_open()
+                    if partition is None:
+                        current = st.sticky.get(topic)
+                        if current is not None and not current.sealed:
+                            p = current.partition
+                        else:
+                            p = self._chooser.next(topic, meta.available)
+                    else:
+                        p = partition
+                    b = st.batches.get((topic, p))
+                    if b is not None and b.sealed:
+                        b = None
+                    room = batch_size - (b.size if b is not None else 0)
+                    j = bisect_right(cum, cum[i] + room, i + 1) - 1  # records [i, j) fit
+                    if j == i:
+                        if b is not None and b.values:
+                            acc.seal(b)  # full
+                            continue
+                        j = i + 1  # a single record larger than batch_size gets its own batch
+                    chunk = cum[j] - cum[i]
+                    free = (b.reserved - b.size) if b is not None else 0
+                    if free + credit < chunk:
+                        need = chunk - free - credit
+                    else:
+                        if b is None:
+                            b = acc.new_batch(st, topic, p, credit)
+                        else:
+                            acc.grow(b, credit)
+                        credit = 0
+                        if partition is None:
+                            st.sticky[topic] = b
+                        first = b.extend(
+                            values[i:j] if (i or j < n) else values,
+                            None if keys is None else keys[i:j],
+                            chunk,
+                        )
+                        segments.append((b, first, j - i, None if positions is None else positions[i:j]))
+                        if b.size >= batch_size or j < n:
+                            acc.seal(b)
+                        i = j
+                if need:
+                    self._pool.reserve(need, self._max_block_ms)
+                    credit += need
+        finally:
+            if credit:
+                self._pool.release(credit)
+
+    # -- metadata --------------------------------------------------------------------------------
+
+    def _topic_metadata(self, topic: str) -> TopicMetadata:
+        """The topic's metadata; retriable failures are retried for up to max_block_ms."""
+        try:
+            return self._cluster.topic_metadata(topic)
+        except DMQError as first:
+            if not first.retriable:
+                raise
+            err: DMQError = first
+        import time  # local: only on this slow path
+
+        deadline = time.monotonic() + self._max_block_ms / 1000
+        delay = 0.05
+        while time.monotonic() + delay < deadline:
+            time.sleep(delay)  # bounded by max_block_ms; nothing to wait on but the coordinator
+            delay = min(delay * 2, 1.0)
+            try:
+                return self._cluster.topic_metadata(topic)
+            except DMQError as e:
+                if not e.retriable:
+                    raise
+                err = e
+        raise DMQTimeoutError(f"metadata for topic {topic!r} not available within max_block_ms: {err}") from err
+
+    def partitions_for(self, topic: str) -> list[int]:
+        return list(range(self._topic_metadata(topic).partition_count))
+
+    # -- flush / close ---------------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything buffered now and wait until all of it is acknowledged or failed.
+
+        Failures are reported through the records' futures and callbacks, not raised here;
+        DMQTimeoutError if `timeout` seconds pass first.
+        """
+        if threading.current_thread() is self._sender.thread:
+            raise IllegalStateError("flush() called from a producer callback would wait for itself")
+        acc = self._acc
+        with acc.lock:
+            acc.seal_all()
+            pending = [b.future for b in acc.incomplete]
+        acc.wakeup.set()
+        if not pending:
+            return
+        _, not_done = concurrent.futures.wait(pending, timeout)
+        if not_done:
+            raise DMQTimeoutError(f"flush: {len(not_done)} batches still unacknowledged after {timeout} s")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush (waiting up to `timeout` s; None = until every batch is acknowledged or has
+        failed, each within delivery_timeout_ms), stop the sender thread, close the channels.
+        Records still unacknowledged when the time is up fail with ClientClosedError."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        acc = self._acc
+        with acc.lock:
+            acc.closed = True
+            acc.seal_all()
+            pending = [b.future for b in acc.incomplete]
+        acc.wakeup.set()
+        if pending and threading.current_thread() is not self._sender.thread:
+            concurrent.futures.wait(pending, timeout)
+        stopped = self._sender.stop(SENDER_STOP_TIMEOUT_S)
+        if not stopped and self._own_cluster:
+            self._cluster.close()  # cancels a blocking call the sender is in
+            stopped = self._sender.stop(SENDER_STOP_TIMEOUT_S)
+        failed = self._sender.fail_all(
+            ClientClosedError(f"the producer was closed (timeout={timeout}) before these records were acknowledged")
+        )
+        if failed:
+            log.warning("producer closed with unacknowledged records", client_id=self.client_id, records=failed)
+        if not stopped:
+            log.error("producer sender thread did not stop", client_id=self.client_id)
+        if self._own_cluster:
+            self._cluster.close()
+        log.debug("producer closed", client_id=self.client_id)
+
+    def _check_open(self) -> None:
+        if self._acc.closed:
+            if self._sender.error is not None:
+                raise IllegalStateError(f"the producer's sender thread crashed: {self._sender.error!r}")
+            raise ClientClosedError("send() after close(): create a new Producer")
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def cluster(self) -> Cluster:
+        return self._cluster
+
+    def metrics(self) -> dict[str, int]:
+        """A few gauges for monitoring and tests."""
+        return {
+            "open_batches": len(self._acc.open),
+            "incomplete_batches": len(self._acc.incomplete),
+            "buffer_available_bytes": self._pool.available,
+            "threads": len(self._acc.threads),
+        }
+
+
+def _positive(name: str, value: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value}")
+
+
+def _as_bytes(value: Any, what: str) -> bytes:
+    if type(value) is bytes:
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, bytes):  # a bytes subclass
+        return bytes(value)
+    raise TypeError(
+        f"{what} must be bytes, got {type(value).__name__}: serialise it first "
+        "(e.g. json.dumps(obj).encode() or text.encode())"
+    )
+
+
+def _normalise_headers(headers: Headers | None) -> list[tuple[str, bytes | None]] | None:
+    if headers is None:
+        return None
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    out = []
+    for item in items:
+        try:
+            k, v = item
+        except (TypeError, ValueError):
+            raise TypeError(f"headers must be (str, bytes | None) pairs, got {item!r}") from None
+        if not isinstance(k, str):
+            raise TypeError(f"header key must be str, got {type(k).__name__}")
+        out.append((k, None if v is None else _as_bytes(v, f"header {k!r} value")))
+    return out or None
+
+
+def _headers_size(headers: list[tuple[str, bytes | None]] | None) -> int:
+    if not headers:
+        return 0
+    # the codec's varints take at most 5 bytes each: count, key length, value length
+    return 5 + sum(10 + len(k.encode()) + (len(v) if v is not None else 0) for k, v in headers)

@@ -1,0 +1,273 @@
+"""SimpleConsumer: read one partition from an offset you manage. No group, no commits.
+
+    with SimpleConsumer("127.0.0.1:9091") as c:
+        records = c.consume("orders", 0, offset=0)                  # list[ConsumerRecord]
+        for batch in c.consume_batches("orders", 0, 0, end_offset=1000):
+            for r in batch.iter_from(0): ...                        # the fast path
+
+`consume()` does one Fetch (long-polling up to max_wait_ms for data) and returns ConsumerRecords.
+`consume_batches()` yields the decoded, lazy `dmq.proto.records.RecordBatch` objects and keeps the
+next Fetch in flight while the caller works on the current one. A fetch returns whole batches, so
+the first may start before the requested offset: consume() skips those records, and
+consume_batches() callers use ``batch.iter_from(offset)`` (or `consumer_records`).
+
+The leader is found through the Cluster's metadata; NOT_LEADER / UNAVAILABLE refresh it and retry
+(up to FETCH_ATTEMPTS times). OFFSET_OUT_OF_RANGE raises OffsetOutOfRangeError carrying the log's
+start and end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import structlog
+
+from dmq.client._cluster import Cluster
+from dmq.client.errors import (
+    CorruptRecordError,
+    DMQError,
+    InvalidArgumentError,
+    from_partition_error,
+    from_rpc_error,
+)
+from dmq.client.records import ConsumerRecord, consumer_records
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import records
+from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
+from dmq.proto.records import RecordBatch
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["SimpleConsumer"]
+
+DEFAULT_MAX_WAIT_MS = 500
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+FETCH_ATTEMPTS = 4
+RETRY_BACKOFF_S = 0.05
+_RETRY_CODES = (pb.NOT_LEADER, pb.UNKNOWN_TOPIC_OR_PARTITION)
+
+
+class SimpleConsumer:
+    """Fetches records of one partition at a time. Thread-safe; close() (or `with`) when done."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        max_wait_ms: int = DEFAULT_MAX_WAIT_MS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        request_timeout_ms: int = 30_000,
+        verify_crc: bool = True,
+        cluster: Cluster | None = None,
+    ) -> None:
+        _check_limits(max_wait_ms, max_bytes)
+        self._own_cluster = cluster is None
+        self._cluster = cluster or Cluster(bootstrap, request_timeout_ms=request_timeout_ms)
+        self.max_wait_ms = max_wait_ms
+        self.max_bytes = max_bytes
+        self.verify_crc = verify_crc
+
+    def __repr__(self) -> str:
+        return f"<SimpleConsumer bootstrap={self._cluster.bootstrap!r}>"
+
+    @property
+    def cluster(self) -> Cluster:
+        return self._cluster
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def consume(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_records: int = 500,
+        max_wait_ms: int | None = None,
+        max_bytes: int | None = None,
+    ) -> list[ConsumerRecord]:
+        """Records from `offset` on (at most max_records); [] when none arrive within max_wait_ms."""
+        if max_records <= 0:
+            raise InvalidArgumentError(f"max_records must be >= 1, got {max_records}")
+        result = self._fetch(topic, partition, offset, max_wait_ms, max_bytes)
+        out: list[ConsumerRecord] = []
+        for batch in self._decode(result, topic, partition, offset):
+            out.extend(consumer_records(topic, partition, batch, offset, max_records - len(out)))
+            if len(out) >= max_records:
+                break
+        return out
+
+    def consume_batches(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        end_offset: int | None = None,
+        max_wait_ms: int | None = None,
+        max_bytes: int | None = None,
+    ) -> Iterator[RecordBatch]:
+        """Yield decoded batches from `offset` on, with the next Fetch already in flight.
+
+        Stops after the batch holding ``end_offset - 1`` when end_offset is given; otherwise runs
+        until the caller stops iterating, long-polling at the log end. The first batch may start
+        before `offset`: iterate it with ``batch.iter_from(offset)``.
+        """
+        if end_offset is not None and end_offset <= offset:
+            return
+        next_offset = offset
+        call = self._fetch_async(topic, partition, next_offset, max_wait_ms, max_bytes)
+        try:
+            while True:
+                result = self._complete(call, topic, partition, next_offset, max_wait_ms, max_bytes)
+                call = None
+                batches = self._decode(result, topic, partition, next_offset)
+                if batches:
+                    next_offset = batches[-1].last_offset + 1
+                if end_offset is None or next_offset < end_offset:
+                    call = self._fetch_async(topic, partition, next_offset, max_wait_ms, max_bytes)
+                for batch in batches:
+                    yield batch
+                if call is None:
+                    return
+        finally:
+            if call is not None:
+                call[0].cancel()
+
+    def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        """(log start, log end) of the partition: the first offset kept and the next to be written."""
+        from dmq.client.admin import AdminClient  # shares our cluster; avoids an import cycle
+
+        info = AdminClient(self._cluster.bootstrap, cluster=self._cluster).list_offsets(topic, partition, "latest")
+        return info.log_start_offset, info.log_end_offset
+
+    # -- fetch plumbing ----------------------------------------------------------------------------
+
+    def _request(self, topic: str, partition: int, offset: int, max_wait_ms: int | None, max_bytes: int | None) -> pb.FetchRequest:
+        wait = self.max_wait_ms if max_wait_ms is None else max_wait_ms
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        _check_limits(wait, limit)
+        if offset < 0:
+            raise InvalidArgumentError(f"offset must be >= 0, got {offset}")
+        return pb.FetchRequest(
+            partitions=[pb.FetchPartition(topic=topic, partition=partition, offset=offset, max_bytes=limit)],
+            max_wait_ms=wait,
+            min_bytes=1,
+            max_bytes=limit,
+        )
+
+    def _fetch_async(
+        self, topic: str, partition: int, offset: int, max_wait_ms: int | None, max_bytes: int | None
+    ) -> tuple[Any, str] | None:
+        """Start a Fetch; None when the leader is unknown right now (the caller fetches again)."""
+        request = self._request(topic, partition, offset, max_wait_ms, max_bytes)
+        try:
+            address = self._cluster.leader_for(topic, partition)
+        except DMQError:
+            return None
+        timeout = request.max_wait_ms / 1000 + self._cluster.timeout_s
+        return self._cluster.broker_stub(address).Fetch.future(request, timeout=timeout), address
+
+    def _complete(
+        self,
+        call: tuple[Any, str] | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_wait_ms: int | None,
+        max_bytes: int | None,
+    ) -> pb.FetchPartitionResult:
+        """The result of a started fetch; on any retriable trouble, fall back to _fetch()."""
+        if call is not None:
+            future, address = call
+            try:
+                response = future.result()
+            except grpc.RpcError as e:
+                err = from_rpc_error(e, context=f"Fetch {topic}[{partition}] from broker {address}")
+                if not err.invalid_metadata and not err.retriable:
+                    raise err from e
+                self._cluster.invalidate(topic)
+            else:
+                r = response.partitions[0]
+                if r.error not in _RETRY_CODES:
+                    return _checked(r, topic, partition)
+                self._cluster.invalidate(topic)
+        return self._fetch(topic, partition, offset, max_wait_ms, max_bytes)
+
+    def _fetch(
+        self, topic: str, partition: int, offset: int, max_wait_ms: int | None, max_bytes: int | None
+    ) -> pb.FetchPartitionResult:
+        request = self._request(topic, partition, offset, max_wait_ms, max_bytes)
+        timeout = request.max_wait_ms / 1000 + self._cluster.timeout_s
+        last: DMQError | None = None
+        for attempt in range(1, FETCH_ATTEMPTS + 1):
+            if attempt > 1:
+                time.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 2))  # bounded: FETCH_ATTEMPTS tries
+            try:
+                address = self._cluster.leader_for(topic, partition)
+                response = self._cluster.broker_stub(address).Fetch(request, timeout=timeout)
+            except grpc.RpcError as e:
+                last = from_rpc_error(e, context=f"Fetch {topic}[{partition}] from broker {address}")
+                if not (last.retriable or last.invalid_metadata):
+                    raise last from e
+                self._cluster.invalidate(topic)
+                continue
+            except DMQError as e:  # metadata: topic gone, coordinator down
+                if not e.retriable:
+                    raise
+                last = e
+                continue
+            r = response.partitions[0]
+            if r.error in _RETRY_CODES and attempt < FETCH_ATTEMPTS:
+                self._cluster.invalidate(topic)
+                last = from_partition_error(r.error, r.error_message, topic, partition)
+                continue
+            return _checked(r, topic, partition)
+        assert last is not None
+        raise last
+
+    def _decode(self, result: pb.FetchPartitionResult, topic: str, partition: int, offset: int) -> list[RecordBatch]:
+        if not result.records:
+            return []
+        try:
+            batches = records.decode_batches(result.records, verify_crc=self.verify_crc)
+        except records.RecordsError as e:
+            raise CorruptRecordError(f"{topic}[{partition}] fetched at offset {offset}: {e}") from e
+        # Whole batches come back: drop any that end before the requested offset.
+        if batches and batches[0].last_offset < offset:
+            batches = [b for b in batches if b.last_offset >= offset]
+        return batches
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._own_cluster:
+            self._cluster.close()
+
+    def __enter__(self) -> SimpleConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _checked(r: pb.FetchPartitionResult, topic: str, partition: int) -> pb.FetchPartitionResult:
+    if r.error != pb.NONE:
+        raise from_partition_error(
+            r.error,
+            r.error_message,
+            topic,
+            partition,
+            log_start_offset=r.log_start_offset,
+            log_end_offset=r.high_watermark,
+        )
+    return r
+
+
+def _check_limits(max_wait_ms: int, max_bytes: int) -> None:
+    if not 0 <= max_wait_ms <= 60_000:
+        raise InvalidArgumentError(f"max_wait_ms must be within 0..60000, got {max_wait_ms}")
+    if not 1 <= max_bytes <= MAX_FETCH_RESPONSE_BYTES:
+        raise InvalidArgumentError(f"max_bytes must be within 1..{MAX_FETCH_RESPONSE_BYTES}, got {max_bytes}")
