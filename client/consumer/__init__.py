@@ -1,0 +1,19 @@
+"""DMQConsumer: consumer groups with subscribe / poll / commit (see _consumer.py for the flow)."""
+
+from dmq.client.consumer._config import ConsumerConfig
+from dmq.client.consumer._consumer import DMQConsumer
+from dmq.client.consumer._errors import CorruptRecordError, InvalidConfigError
+from dmq.client.consumer._listener import ConsumerRebalanceListener
+from dmq.client.consumer._records import ConsumerRecord, ConsumerRecords, OffsetAndMetadata, TopicPartition
+
+__all__ = [
+    "DMQConsumer",
+    "ConsumerConfig",
+    "ConsumerRecords",
+    "ConsumerRecord",
+    "ConsumerRebalanceListener",
+    "TopicPartition",
+    "OffsetAndMetadata",
+    "InvalidConfigError",
+    "CorruptRecordError",
+]

@@ -1,0 +1,334 @@
+"""Fetcher: pipelined fetches, one in flight per broker, records decoded lazily.
+
+Flow (all on the application's thread; gRPC completes the futures on its own threads and the
+only thing their callback does is set the consumer's wake-up event)::
+
+    send_fetches()  for each broker leading fetchable partitions and having no fetch in flight,
+                    one Fetch (a grpc future) naming those partitions at their next fetch offset
+    harvest()       done futures -> per-partition buffers of raw batch bytes (undecoded)
+    collect(n)      up to n records: decodes a buffered answer only when its records are
+                    needed, builds the ConsumerRecords of one batch at a time (in C, from the
+                    batch's columns), slices them, and advances the positions
+
+poll() calls send_fetches() again just before returning records, so the next answer travels
+while the application works. Per partition at most one answer waits undecoded, one is being
+drained and one is in flight, which bounds memory to about three times
+max_partition_fetch_bytes per partition.
+
+Stale data never reaches the application: each buffer and each requested partition carries the
+partition's epoch (SubscriptionState), and anything fetched under an older epoch (seek, pause,
+revoked, reset) is dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import grpc
+import structlog
+
+from dmq.client._cluster import Cluster
+from dmq.client.consumer._config import ConsumerConfig
+from dmq.client.consumer._errors import CorruptRecordError
+from dmq.client.consumer._records import TopicPartition
+from dmq.client.consumer._subscription import PartitionState, SubscriptionState
+from dmq.client.errors import DMQError, from_rpc_error
+from dmq.client.records import ConsumerRecord, consumer_records
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import records as codec
+
+log = structlog.get_logger(__name__)
+
+_OFFSET_INDEX = ConsumerRecord._fields.index("offset")
+
+
+class _PartitionBuffer:
+    """Fetched data of one partition that the application has not been given yet."""
+
+    __slots__ = ("tp", "epoch", "chunks", "batches", "records", "index", "next_fetch_offset", "error")
+
+    def __init__(self, tp: TopicPartition, epoch: int, fetch_offset: int) -> None:
+        self.tp = tp
+        self.epoch = epoch
+        self.chunks: deque[bytes] = deque()  # raw answers, not decoded yet
+        self.batches: deque[codec.RecordBatch] = deque()  # decoded headers, records not built
+        self.records: list[ConsumerRecord] = []  # records of the batch being drained
+        self.index = 0
+        self.next_fetch_offset = fetch_offset
+        self.error: DMQError | None = None
+
+    def empty(self) -> bool:
+        return not self.chunks and not self.batches and self.index >= len(self.records)
+
+    def take(self, n: int, position: int, verify_crc: bool) -> list[ConsumerRecord]:
+        out: list[ConsumerRecord] = []
+        while n > 0:
+            if self.index >= len(self.records):
+                if not self.batches:
+                    if not self.chunks:
+                        break
+                    raw = self.chunks.popleft()
+                    try:
+                        self.batches.extend(codec.decode_batches(raw, verify_crc=verify_crc))
+                    except codec.RecordsError as e:
+                        raise CorruptRecordError(
+                            f"fetched data of {self.tp} at offset {position} is corrupt: {e}; "
+                            f"seek() past it to skip it"
+                        ) from e
+                    continue
+                batch = self.batches.popleft()
+                if batch.header.last_offset < position:
+                    continue
+                self.records = list(consumer_records(self.tp.topic, self.tp.partition, batch, position))
+                self.index = 0
+            i = self.index
+            chunk = self.records[i : i + n]
+            self.index = i + len(chunk)
+            n -= len(chunk)
+            if out:
+                out += chunk
+            else:
+                out = chunk
+            if chunk:
+                position = chunk[-1][_OFFSET_INDEX] + 1
+        return out
+
+
+class _InFlight:
+    __slots__ = ("future", "requested", "sent_at")
+
+    def __init__(self, future: Any, requested: dict[TopicPartition, tuple[int, int]]) -> None:
+        self.future = future
+        self.requested = requested  # tp -> (epoch, fetch offset)
+        self.sent_at = time.monotonic()
+
+
+class Fetcher:
+    def __init__(
+        self, cluster: Cluster, subscriptions: SubscriptionState, config: ConsumerConfig, wakeup: threading.Event
+    ) -> None:
+        self._cluster = cluster
+        self._subs = subscriptions
+        self._config = config
+        self._wakeup = wakeup
+        self._inflight: dict[str, _InFlight] = {}
+        self._inflight_tps: set[TopicPartition] = set()
+        self._buffers: dict[TopicPartition, _PartitionBuffer] = {}
+        self._backoff_until: dict[str, float] = {}
+        self._rotation = 0
+        self._timeout_s = (config.fetch_max_wait_ms + config.request_timeout_ms) / 1000
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<Fetcher in_flight={sorted(self._inflight)} buffered="
+            f"{sorted(str(tp) for tp, b in self._buffers.items() if not b.empty())}>"
+        )
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    def send_fetches(self) -> int:
+        """Start a fetch for every broker that has fetchable partitions and none in flight."""
+        if self._closed:
+            return 0
+        self.harvest()
+        now = time.monotonic()
+        plan: dict[str, list[tuple[TopicPartition, int, int]]] = {}
+        for tp, state in self._subs.fetchable():
+            if tp in self._inflight_tps:
+                continue
+            buf = self._buffers.get(tp)
+            if buf is not None and buf.epoch != state.epoch:
+                del self._buffers[tp]
+                buf = None
+            if buf is not None and (buf.chunks or buf.error is not None):
+                continue  # one undecoded answer waiting is enough read-ahead
+            assert state.position is not None
+            offset = state.position if buf is None else buf.next_fetch_offset
+            try:
+                address = self._cluster.leader_for(tp.topic, tp.partition)
+            except DMQError as e:
+                log.debug("no leader to fetch from", topic=tp.topic, partition=tp.partition, error=str(e))
+                continue
+            if address in self._inflight or self._backoff_until.get(address, 0.0) > now:
+                continue
+            plan.setdefault(address, []).append((tp, state.epoch, offset))
+        for address, parts in plan.items():
+            self._send(address, parts)
+        return len(plan)
+
+    def _send(self, address: str, parts: list[tuple[TopicPartition, int, int]]) -> None:
+        c = self._config
+        request = pb.FetchRequest(
+            partitions=[
+                pb.FetchPartition(topic=tp.topic, partition=tp.partition, offset=offset, max_bytes=c.max_partition_fetch_bytes)
+                for tp, _, offset in parts
+            ],
+            max_wait_ms=c.fetch_max_wait_ms,
+            min_bytes=c.fetch_min_bytes,
+            max_bytes=c.fetch_max_bytes,
+        )
+        try:
+            future = self._cluster.broker_stub(address).Fetch.future(request, timeout=self._timeout_s)
+        except (DMQError, ValueError) as e:  # closed channel
+            log.debug("fetch not sent", broker=address, error=str(e))
+            return
+        wakeup = self._wakeup
+        future.add_done_callback(lambda _f: wakeup.set())
+        self._inflight[address] = _InFlight(future, {tp: (epoch, offset) for tp, epoch, offset in parts})
+        self._inflight_tps.update(tp for tp, _, _ in parts)
+
+    # -- receiving -------------------------------------------------------------------------------
+
+    def harvest(self) -> None:
+        """Move the answers of finished fetches into the partition buffers."""
+        if not self._inflight:
+            return
+        for address, inflight in list(self._inflight.items()):
+            if not inflight.future.done():
+                continue
+            del self._inflight[address]
+            self._inflight_tps.difference_update(inflight.requested)
+            try:
+                response = inflight.future.result()
+            except grpc.RpcError as e:
+                self._fetch_failed(address, inflight, e)
+                continue
+            except grpc.FutureCancelledError:
+                continue
+            self._backoff_until.pop(address, None)
+            for result in response.partitions:
+                self._take_result(result, inflight.requested)
+
+    def _fetch_failed(self, address: str, inflight: _InFlight, e: grpc.RpcError) -> None:
+        if self._closed:
+            return
+        err = from_rpc_error(e, context=f"Fetch from broker {address}")
+        log.warning("fetch failed, will retry", broker=address, error=str(err), retriable=err.retriable)
+        self._backoff_until[address] = time.monotonic() + self._config.retry_backoff_ms / 1000
+        # The broker may be gone or no longer lead these partitions: look the leaders up again.
+        for topic in {tp.topic for tp in inflight.requested}:
+            self._cluster.invalidate(topic)
+
+    def _take_result(self, result: pb.FetchPartitionResult, requested: dict[TopicPartition, tuple[int, int]]) -> None:
+        tp = TopicPartition(result.topic, result.partition)
+        asked = requested.get(tp)
+        state = self._subs.get(tp)
+        if asked is None or state is None or state.epoch != asked[0] or state.paused:
+            return  # revoked, sought, reset or paused since: this data is stale
+        epoch, offset = asked
+        if result.error:
+            self._partition_error(tp, state, result, offset)
+            return
+        data = result.records
+        if not data:
+            return
+        buf = self._buffers.get(tp)
+        if buf is None or buf.epoch != epoch:
+            buf = self._buffers[tp] = _PartitionBuffer(tp, epoch, offset)
+        elif buf.next_fetch_offset != offset:
+            return  # cannot happen with one fetch per partition in flight; never buffer twice
+        last = -1
+        try:
+            for _, header in codec.iter_headers(data):
+                last = header.last_offset
+        except codec.RecordsError as e:
+            # Keep the complete batches before the bad one; the error surfaces when reached.
+            buf.error = CorruptRecordError(f"fetched data of {tp} after offset {last} is corrupt: {e}")
+        if last >= offset:
+            buf.chunks.append(data)
+            buf.next_fetch_offset = last + 1
+
+    def _partition_error(
+        self, tp: TopicPartition, state: PartitionState, result: pb.FetchPartitionResult, offset: int
+    ) -> None:
+        code = result.error
+        if code == pb.OFFSET_OUT_OF_RANGE:
+            # The design has no "auto offset reset" setting: jumping to the nearest end is what
+            # a group starting from the log start would do, and the warning makes loss visible.
+            if offset < result.log_start_offset:
+                target = result.log_start_offset
+                log.warning(
+                    "position below the log start (deleted by retention): skipping ahead",
+                    topic=tp.topic, partition=tp.partition, position=offset, log_start_offset=target,
+                    skipped=target - offset,
+                )
+            elif offset > result.high_watermark:
+                target = result.high_watermark
+                log.warning(
+                    "position beyond the log end: moving back to it",
+                    topic=tp.topic, partition=tp.partition, position=offset, log_end_offset=target,
+                )
+            else:
+                return  # the log moved between the read and the answer; fetch again
+            self._buffers.pop(tp, None)
+            self._subs.seek(tp, target)
+            return
+        log.warning(
+            "fetch error for partition, will retry",
+            topic=tp.topic, partition=tp.partition, error=pb.ErrorCode.Name(code), message=result.error_message,
+        )
+        if code in (pb.NOT_LEADER, pb.UNKNOWN_TOPIC_OR_PARTITION):
+            self._cluster.invalidate(tp.topic)
+
+    # -- handing records to the application ------------------------------------------------------
+
+    def collect(self, max_records: int) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Up to max_records buffered records, advancing the positions past them."""
+        self.harvest()
+        out: dict[TopicPartition, list[ConsumerRecord]] = {}
+        if not self._buffers:
+            return out
+        tps = list(self._buffers)
+        # Start each collect at the next partition, so one busy partition cannot starve others.
+        self._rotation = (self._rotation + 1) % len(tps)
+        tps = tps[self._rotation :] + tps[: self._rotation]
+        remaining = max_records
+        verify = self._config.check_crcs
+        subs = self._subs
+        for tp in tps:
+            buf = self._buffers[tp]
+            state = subs.get(tp)
+            if state is None or state.epoch != buf.epoch or state.position is None:
+                del self._buffers[tp]
+                continue
+            if state.paused:
+                continue
+            try:
+                recs = buf.take(remaining, state.position, verify)
+            except CorruptRecordError:
+                del self._buffers[tp]
+                if out:
+                    break  # hand over what is good; the error comes again on the next fetch
+                raise
+            if recs:
+                out[tp] = recs
+                state.position = recs[-1][_OFFSET_INDEX] + 1
+                remaining -= len(recs)
+            if buf.empty():
+                if buf.error is not None and not out:
+                    del self._buffers[tp]
+                    raise buf.error
+                if buf.error is None:
+                    del self._buffers[tp]
+            if remaining <= 0:
+                break
+        return out
+
+    def has_buffered(self) -> bool:
+        return any(not b.empty() for b in self._buffers.values())
+
+    def drop(self, tp: TopicPartition) -> None:
+        """Forget everything fetched for tp (revoked, sought): it must never be returned."""
+        self._buffers.pop(tp, None)
+
+    def close(self) -> None:
+        self._closed = True
+        for inflight in self._inflight.values():
+            inflight.future.cancel()
+        self._inflight.clear()
+        self._inflight_tps.clear()
+        self._buffers.clear()

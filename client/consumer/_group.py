@@ -1,0 +1,195 @@
+"""The group client: one membership per subscribed topic, and the RPCs that change it.
+
+Who does what (DESIGN.md "Consumer groups", "Client")::
+
+    application thread (poll, subscribe, close)   heartbeat thread (_heartbeat.py)
+    -------------------------------------------   ---------------------------------
+    FindOrCreateGroup, JoinGroup                  Heartbeat every heartbeat_interval_ms
+    GetAssignment (after committing)              WatchGroup stream
+    LeaveGroup                                    sets Membership flags, wakes poll()
+
+The heartbeat thread never commits and never fetches an assignment: a partition changes hands
+only when its owner calls GetAssignment, and that must happen after the owner committed the
+records it already returned, on the thread that returned them.
+
+Membership flags (written by the heartbeat thread, read and cleared by poll())::
+
+    assignment_stale  a new generation or an assignment change: call GetAssignment
+    rejoin_reason     the coordinator forgot the member (NOT_FOUND: session expired or
+                      coordinator restarted) or this client left after max_poll_interval_ms:
+                      the partitions are lost, join again
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import structlog
+
+from dmq.client._cluster import Cluster
+from dmq.client.consumer._config import ConsumerConfig
+from dmq.client.errors import (
+    CoordinatorUnavailableError,
+    DMQError,
+    GroupNotFoundError,
+    TopicNotFoundError,
+    UnknownMemberError,
+    from_rpc_error,
+)
+from dmq.proto import dmq_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+_MODES = {
+    None: pb.SUBSCRIPTION_MODE_UNSPECIFIED,
+    "all": pb.SUBSCRIPTION_MODE_ALL,
+    "new": pb.SUBSCRIPTION_MODE_NEW,
+    "timestamp": pb.SUBSCRIPTION_MODE_TIMESTAMP,
+}
+
+
+def group_id_for(topic: str, app_id: str) -> str:
+    """The coordinator's group id for an application's group on one topic (DESIGN.md)."""
+    return f"G_{topic}_{app_id}"
+
+
+class Membership:
+    """This consumer's membership of one topic's group."""
+
+    def __init__(self, topic: str, group_id: str, coordinator: str, subscription: pb.Subscription) -> None:
+        self.topic = topic
+        self.group_id = group_id
+        self.coordinator = coordinator
+        self.subscription = subscription
+        self.member_id = ""  # "" until joined
+        self.generation = -1  # the generation of the last GetAssignment
+        self.partitions: frozenset[int] = frozenset()
+        self.rebalance_in_progress = False
+        # monotonic time of the last request the coordinator counts as poll activity
+        self.last_poll_seen = 0.0
+        # flags written by the heartbeat thread
+        self.assignment_stale = False
+        self.rejoin_reason: str | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<Membership group={self.group_id!r} member={self.member_id!r} generation={self.generation} "
+            f"partitions={sorted(self.partitions)} stale={self.assignment_stale} rejoin={self.rejoin_reason!r}>"
+        )
+
+    @property
+    def joined(self) -> bool:
+        return bool(self.member_id)
+
+
+class GroupClient:
+    """Synchronous group RPCs for the application thread; errors come out as DMQError."""
+
+    def __init__(self, cluster: Cluster, config: ConsumerConfig, consumer_id: str) -> None:
+        self._cluster = cluster
+        self._config = config
+        self.consumer_id = consumer_id
+        self._timeout_s = config.request_timeout_ms / 1000
+        self._lock = threading.Lock()  # member ids change under the heartbeat thread's eyes
+
+    def _stub(self, m: Membership | None = None):  # type: ignore[no-untyped-def]
+        return self._cluster.group_stub(m.coordinator if m is not None else None)
+
+    def find_or_create(self, topic: str) -> Membership:
+        c = self._config
+        request = pb.FindOrCreateGroupRequest(
+            topic=topic,
+            app_id=c.group_id,
+            subscription_mode=_MODES[c.subscription_mode],
+            subscription_from_ms=c.subscription_from_ms or 0,
+        )
+        try:
+            response = self._stub().FindOrCreateGroup(request, timeout=self._timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(
+                e,
+                context=f"FindOrCreateGroup for topic {topic!r}, group_id {c.group_id!r}",
+                overrides={
+                    grpc.StatusCode.NOT_FOUND: TopicNotFoundError,
+                    grpc.StatusCode.UNAVAILABLE: CoordinatorUnavailableError,
+                },
+            ) from e
+        log.info(
+            "group found" if not response.created else "group created",
+            topic=topic, group=response.group_id, mode=pb.SubscriptionMode.Name(response.subscription.mode),
+        )
+        return Membership(topic, response.group_id, response.coordinator_address or self._cluster.bootstrap, response.subscription)
+
+    def join(self, m: Membership) -> None:
+        c = self._config
+        request = pb.JoinGroupRequest(
+            group_id=m.group_id,
+            consumer_id=self.consumer_id,
+            client_id=c.client_id,
+            session_timeout_ms=c.session_timeout_ms,
+            max_poll_interval_ms=c.max_poll_interval_ms,
+        )
+        try:
+            response = self._stub(m).JoinGroup(request, timeout=self._timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(
+                e,
+                context=f"JoinGroup {m.group_id}",
+                overrides={
+                    grpc.StatusCode.NOT_FOUND: GroupNotFoundError,
+                    grpc.StatusCode.UNAVAILABLE: CoordinatorUnavailableError,
+                },
+            ) from e
+        with self._lock:
+            m.member_id = response.member_id
+            m.generation = -1
+            m.partitions = frozenset()
+            m.rejoin_reason = None
+            m.assignment_stale = True
+            m.last_poll_seen = time.monotonic()
+        log.info("joined group", group=m.group_id, member=m.member_id, generation=response.generation)
+
+    def get_assignment(self, m: Membership, wait_ms: int) -> pb.GetAssignmentResponse:
+        request = pb.GetAssignmentRequest(group_id=m.group_id, member_id=m.member_id, wait_ms=wait_ms)
+        try:
+            response = self._stub(m).GetAssignment(request, timeout=self._timeout_s + wait_ms / 1000)
+        except grpc.RpcError as e:
+            raise self._member_error(e, "GetAssignment", m) from e
+        m.generation = response.generation
+        m.partitions = frozenset(response.partitions)
+        m.rebalance_in_progress = response.rebalance_in_progress
+        m.last_poll_seen = time.monotonic()
+        return response
+
+    def leave(self, m: Membership) -> None:
+        """Leave the group (its partitions are released at once). Errors are logged, not raised:
+        leaving is best effort, the session timeout is the backstop."""
+        if not m.joined:
+            return
+        member_id = m.member_id
+        with self._lock:
+            m.member_id = ""
+            m.partitions = frozenset()
+        try:
+            self._stub(m).LeaveGroup(
+                pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id), timeout=min(self._timeout_s, 5.0)
+            )
+            log.info("left group", group=m.group_id, member=member_id)
+        except grpc.RpcError as e:
+            err = from_rpc_error(e, context=f"LeaveGroup {m.group_id}")
+            log.warning("leave failed; the session timeout will remove the member", group=m.group_id,
+                        member=member_id, error=str(err))
+        except ValueError:  # channel closed
+            pass
+
+    def _member_error(self, e: grpc.RpcError, rpc: str, m: Membership) -> DMQError:
+        return from_rpc_error(
+            e,
+            context=f"{rpc} {m.group_id} as {m.member_id}",
+            overrides={
+                grpc.StatusCode.NOT_FOUND: UnknownMemberError,
+                grpc.StatusCode.UNAVAILABLE: CoordinatorUnavailableError,
+            },
+        )

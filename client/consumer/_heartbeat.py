@@ -1,0 +1,256 @@
+"""The heartbeat thread: keeps memberships alive and notices rebalances, nothing else.
+
+One daemon thread per consumer, named after the consumer id, runs a private asyncio loop with
+grpc.aio so that one thread can heartbeat and hold a WatchGroup stream for every membership at
+once. Per tracked membership it runs two tasks:
+
+    heartbeat   Heartbeat every heartbeat_interval_ms. A failure is logged and retried at the
+                next interval (the session timeout allows two to be lost). NOT_FOUND means the
+                coordinator forgot the member: flag it for re-joining.
+    watch       the WatchGroup stream: events arrive as soon as a generation starts or a
+                hand-off completes, so a rebalance takes about the coordinator's debounce, not a
+                heartbeat interval. A broken stream is reopened after a backoff.
+
+and one watchdog for the consumer: when the application has not called poll() for
+max_poll_interval_ms, it leaves every group (Kafka's rule: a stuck processing loop must not keep
+its partitions) and flags the memberships, so the next commit fails with CommitFailedError and
+the next poll() joins again.
+
+What it never does: commit, fetch an assignment, or touch the SubscriptionState. It only sets
+Membership flags and the consumer's wake-up event; poll() acts on them on the caller's thread.
+The owner (DMQConsumer) calls stop(), which returns within about a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+import structlog
+
+from dmq.client.consumer._config import ConsumerConfig
+from dmq.client.consumer._group import Membership
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto.grpc_options import channel_options
+
+log = structlog.get_logger(__name__)
+
+STOP_TIMEOUT_S = 1.0
+_START_TIMEOUT_S = 5.0
+
+
+class HeartbeatThread:
+    def __init__(
+        self,
+        name: str,
+        config: ConsumerConfig,
+        wakeup: threading.Event,
+        poll_age_s: Callable[[], float],
+    ) -> None:
+        self.name = name
+        self._config = config
+        self._wakeup = wakeup
+        self._poll_age_s = poll_age_s
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._tasks: dict[str, list[asyncio.Task[None]]] = {}  # topic -> its two tasks
+        self._tracked: dict[str, Membership] = {}
+        self.heartbeats_sent = 0  # for tests and __repr__
+        self.heartbeat_failures = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<HeartbeatThread {self.name!r} alive={self._thread.is_alive()} tracked={sorted(self._tracked)} "
+            f"sent={self.heartbeats_sent} failed={self.heartbeat_failures}>"
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- owner's side (application thread) ---------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+        if not self._ready.wait(_START_TIMEOUT_S):  # pragma: no cover - a loop that cannot start
+            raise RuntimeError(f"heartbeat thread {self.name} did not start")
+
+    def track(self, m: Membership) -> None:
+        """(Re)start heartbeats and the watch for m's current member id."""
+        self._call(self._track, m)
+
+    def untrack(self, topic: str) -> None:
+        self._call(self._untrack, topic)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # loop already stopped
+                loop.call_soon_threadsafe(stopping.set)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():  # pragma: no cover
+                log.warning("heartbeat thread did not stop in time", thread=self.name, timeout_s=timeout_s)
+
+    def _call(self, fn: Callable[..., None], *args: object) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(fn, *args)
+
+    # -- the thread ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._main())
+        except Exception:  # noqa: BLE001 - a dying heartbeat thread must say why
+            log.exception("heartbeat thread failed", thread=self.name)
+        finally:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _main(self) -> None:
+        self._stopping = asyncio.Event()
+        self._ready.set()
+        watchdog = asyncio.create_task(self._watchdog(), name=f"{self.name}-watchdog")
+        try:
+            await self._stopping.wait()
+        finally:
+            tasks = [watchdog, *(t for ts in self._tasks.values() for t in ts)]
+            for t in tasks:
+                t.cancel()
+            await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S / 2)
+            self._tasks.clear()
+            for ch in self._channels.values():
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(ch.close(grace=None), STOP_TIMEOUT_S / 4)
+            self._channels.clear()
+
+    def _stub(self, address: str) -> pb_grpc.GroupCoordinatorStub:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=channel_options())
+        return pb_grpc.GroupCoordinatorStub(ch)
+
+    def _track(self, m: Membership) -> None:
+        self._untrack(m.topic)
+        if not m.member_id:
+            return
+        self._tracked[m.topic] = m
+        member_id = m.member_id
+        self._tasks[m.topic] = [
+            asyncio.create_task(self._heartbeat_loop(m, member_id), name=f"{self.name}-heartbeat-{m.topic}"),
+            asyncio.create_task(self._watch_loop(m, member_id), name=f"{self.name}-watch-{m.topic}"),
+        ]
+
+    def _untrack(self, topic: str) -> None:
+        self._tracked.pop(topic, None)
+        for t in self._tasks.pop(topic, ()):
+            t.cancel()
+
+    # -- flags ----------------------------------------------------------------------------------------
+
+    def _flag_stale(self, m: Membership, member_id: str, why: str) -> None:
+        if m.member_id == member_id and not m.assignment_stale:
+            m.assignment_stale = True
+            log.debug("assignment changed", group=m.group_id, member=member_id, why=why)
+            self._wakeup.set()
+
+    def _flag_rejoin(self, m: Membership, member_id: str, reason: str) -> None:
+        if m.member_id == member_id and m.rejoin_reason is None:
+            m.rejoin_reason = reason
+            self._wakeup.set()
+
+    # -- tasks --------------------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self, m: Membership, member_id: str) -> None:
+        c = self._config
+        interval_s = c.heartbeat_interval_ms / 1000
+        stub = self._stub(m.coordinator)
+        while m.member_id == member_id and m.rejoin_reason is None:
+            await asyncio.sleep(interval_s)
+            if m.member_id != member_id or m.rejoin_reason is not None:
+                return
+            request = pb.HeartbeatRequest(group_id=m.group_id, member_id=member_id, generation=m.generation)
+            try:
+                response = await stub.Heartbeat(request, timeout=max(interval_s, 1.0))
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    log.warning("coordinator forgot this member; re-joining at the next poll()",
+                                group=m.group_id, member=member_id, error=e.details())
+                    self._flag_rejoin(m, member_id, f"member unknown to the coordinator: {e.details()}")
+                    return
+                self.heartbeat_failures += 1
+                log.warning("heartbeat failed; retrying", group=m.group_id, member=member_id,
+                            code=e.code().name, error=e.details())
+                continue
+            self.heartbeats_sent += 1
+            if response.assignment_changed or response.generation != m.generation:
+                self._flag_stale(m, member_id, f"heartbeat: generation {response.generation}")
+
+    async def _watch_loop(self, m: Membership, member_id: str) -> None:
+        c = self._config
+        backoff_s = c.retry_backoff_ms / 1000
+        stub = self._stub(m.coordinator)
+        while m.member_id == member_id and m.rejoin_reason is None:
+            call = stub.WatchGroup(pb.WatchGroupRequest(group_id=m.group_id, member_id=member_id))
+            try:
+                async for event in call:
+                    backoff_s = c.retry_backoff_ms / 1000
+                    if event.assignment_changed or event.generation != m.generation:
+                        self._flag_stale(m, member_id, f"watch: generation {event.generation}")
+            except grpc.aio.AioRpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.NOT_FOUND:
+                    self._flag_rejoin(m, member_id, f"member unknown to the coordinator: {e.details()}")
+                    return
+                if code == grpc.StatusCode.UNIMPLEMENTED:
+                    log.info("coordinator has no WatchGroup; relying on heartbeats", group=m.group_id)
+                    return
+                log.debug("group watch broke; reopening", group=m.group_id, member=member_id,
+                          code=code.name, error=e.details())
+            finally:
+                call.cancel()
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, c.heartbeat_interval_ms / 1000)
+
+    async def _watchdog(self) -> None:
+        limit_s = self._config.max_poll_interval_ms / 1000
+        check_s = min(0.5, limit_s / 10)
+        while True:
+            await asyncio.sleep(check_s)
+            age_s = self._poll_age_s()
+            if age_s <= limit_s:
+                continue
+            for topic, m in list(self._tracked.items()):
+                member_id = m.member_id
+                if not member_id or m.rejoin_reason is not None:
+                    continue
+                log.warning(
+                    "poll() was not called within max_poll_interval_ms: leaving the group so its "
+                    "partitions go to live members; raise max_poll_interval_ms or lower "
+                    "max_poll_records if processing a batch takes this long",
+                    group=m.group_id, member=member_id, poll_age_ms=int(age_s * 1000),
+                    max_poll_interval_ms=self._config.max_poll_interval_ms,
+                )
+                self._flag_rejoin(m, member_id, f"poll() not called for {age_s:.1f}s (max_poll_interval_ms)")
+                self._untrack(topic)
+                try:
+                    await self._stub(m.coordinator).LeaveGroup(
+                        pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id), timeout=5.0
+                    )
+                except grpc.aio.AioRpcError as e:
+                    log.warning("leave after poll timeout failed; the coordinator will expire the member",
+                                group=m.group_id, member=member_id, error=e.details())

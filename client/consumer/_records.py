@@ -1,0 +1,73 @@
+"""ConsumerRecords: what poll() returns, and the small value types of the consumer API.
+
+poll() hands over lists of ``dmq.client.records.ConsumerRecord`` (NamedTuples built in C from a
+batch's columns) grouped by partition; ConsumerRecords only wraps that dict, so iterating it is
+``chain.from_iterable`` over the lists and costs no Python code per record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import chain
+from typing import NamedTuple
+
+from dmq.client.records import ConsumerRecord
+
+__all__ = ["TopicPartition", "OffsetAndMetadata", "ConsumerRecords", "ConsumerRecord"]
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+
+class OffsetAndMetadata(NamedTuple):
+    """A committed position: the next offset to consume, plus free-form metadata (<= 4096 chars)."""
+
+    offset: int
+    metadata: str = ""
+
+
+class ConsumerRecords:
+    """The records of one poll(), in offset order within each partition."""
+
+    __slots__ = ("_by_partition", "_count")
+
+    def __init__(self, by_partition: dict[TopicPartition, list[ConsumerRecord]] | None = None) -> None:
+        self._by_partition = by_partition or {}
+        self._count = sum(map(len, self._by_partition.values()))
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        return chain.from_iterable(self._by_partition.values())
+
+    def __len__(self) -> int:
+        return self._count
+
+    def count(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def is_empty(self) -> bool:
+        return self._count == 0
+
+    def partitions(self) -> list[TopicPartition]:
+        """The partitions that have records in this poll."""
+        return list(self._by_partition)
+
+    def records(self, partition: TopicPartition) -> list[ConsumerRecord]:
+        """The records of one partition (empty when it has none in this poll)."""
+        return self._by_partition.get(partition, [])
+
+    __getitem__ = records
+
+    def by_partition(self) -> dict[TopicPartition, list[ConsumerRecord]]:
+        return dict(self._by_partition)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{tp}: {len(rs)}" for tp, rs in self._by_partition.items())
+        return f"<ConsumerRecords count={self._count} {{{parts}}}>"
