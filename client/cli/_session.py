@@ -104,6 +104,12 @@ class Session:
         stub = pb_grpc.GroupCoordinatorStub(self._channel(self.bootstrap))
         return self._call(getattr(stub, method), request, self.bootstrap, role="coordinator")
 
+    def broker_stub(self, address: str) -> Any:
+        """A raw stub, for callers that need futures (parallel long-polls); they translate errors."""
+        from dmq.proto import dmq_pb2_grpc as pb_grpc
+
+        return pb_grpc.BrokerStub(self._channel(address))
+
     def broker(self, address: str, method: str, request: Any, *, broker_id: int | None = None) -> Any:
         from dmq.proto import dmq_pb2_grpc as pb_grpc
 

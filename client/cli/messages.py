@@ -1,0 +1,380 @@
+"""`dmq produce` and `dmq consume`: lines in, messages out.
+
+produce: every input line (without its line ending) is one message; with --key-separator the text
+before the first separator is the key. A summary goes to stderr (or, with -o json, to stdout:
+{"topic", "messages", "bytes", "failed", "elapsed_s", "partitions": {"<p>": count}}).
+
+consume: text prints each value on its own line (optionally key and partition/offset first);
+json prints one object per line:
+  {"topic", "partition", "offset", "timestamp", "key", "value", "headers": [{"name", "value"}]}
+where key and values are UTF-8 text (invalid bytes replaced) and key is null when absent.
+With --group the consumer joins the group G_<topic>_<APP>, commits exactly what it printed, and
+leaves on exit; without it nothing is committed anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+import click
+
+from dmq.client.cli._cluster_info import check_topic_name, describe_topic, list_offsets
+from dmq.client.cli._errors import bootstrap, session
+from dmq.client.cli._output import err_console, human_bytes, note, print_json
+from dmq.client.cli._parse import jsonable_text, parse_headers
+from dmq.client.cli._session import CLIError
+
+ACKS = {"all": "all", "1": 1, "leader": 1, "0": 0, "none": 0}
+# How often a group consumer commits what it has printed while it keeps running.
+COMMIT_INTERVAL_S = 1.0
+
+
+def quiet_client_logs() -> None:
+    """The client library logs through structlog, which prints to stdout by default: route it to
+    stderr and keep only warnings, so that consumed data is all stdout carries."""
+    from dmq.client.cli.logging_setup import configure_logging
+
+    configure_logging("warning")
+
+
+# -- produce --------------------------------------------------------------------------------------
+
+
+def _lines(stream: IO[bytes]) -> Iterator[bytes]:
+    for raw in stream:
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+        yield raw
+
+
+@click.command("produce")
+@click.argument("topic")
+@click.option("-f", "--file", "path", type=click.Path(exists=True, dir_okay=False, allow_dash=True), default="-",
+              show_default=True, help="Read lines from this file ('-' = stdin).")
+@click.option("-k", "--key-separator", default=None, metavar="SEP",
+              help="Split each line at the first SEP into KEY and VALUE; every line must contain it. "
+                   "Without it messages have no key.")
+@click.option("-H", "--header", "headers", multiple=True, metavar="NAME=VALUE",
+              help="Add this header to every message (repeatable).")
+@click.option("-p", "--partition", type=click.IntRange(0), default=None,
+              help="Send everything to this partition. Default: by key hash, keyless messages spread in batches.")
+@click.option("--acks", type=click.Choice(["all", "1", "0", "leader", "none"]), default="all", show_default=True,
+              help="all: wait until stored durably; 1/leader: until written; 0/none: do not wait.")
+@click.option("--compression", type=click.Choice(["none", "zstd", "lz4"]), default="none", show_default=True,
+              help="Compress each batch.")
+@click.option("--linger-ms", type=click.FloatRange(0), default=5, show_default=True,
+              help="Wait up to this long to fill a batch.")
+@click.option("--batch-size", type=click.IntRange(1024), default=1024 * 1024, show_default=True,
+              help="Bytes per batch at most.")
+@click.option("--progress/--no-progress", default=None,
+              help="Show a progress bar while reading a file. Default: for files, when stderr is a terminal.")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text: a summary line on stderr; json: the summary as JSON on stdout.")
+@click.pass_context
+def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None, headers: tuple[str, ...],
+            partition: int | None, acks: str, compression: str, linger_ms: float, batch_size: int,
+            progress: bool | None, output: str) -> None:
+    """Send lines from stdin (or --file) to TOPIC, one message per line.
+
+    \b
+    Examples:
+      echo 'hello' | dmq produce orders
+      printf 'alice:order-1\\nbob:order-2\\n' | dmq produce orders --key-separator :
+      dmq produce orders --file orders.txt --header source=backfill
+    """
+    header_list = parse_headers(headers) or None
+    if key_separator == "":
+        raise click.BadParameter("must not be empty", param_hint="--key-separator")
+    sep = key_separator.encode() if key_separator is not None else None
+    check_topic_name(topic)
+    sess = session(ctx)
+    info = describe_topic(sess, topic)  # clear errors (unknown topic, server down) before reading input
+    if partition is not None and partition >= info.partition_count:
+        raise CLIError(f"topic {topic!r} has partitions 0..{info.partition_count - 1}; no partition {partition}")
+
+    quiet_client_logs()
+    from dmq.client.producer import Producer
+
+    is_file = path != "-"
+    show_progress = progress if progress is not None else (is_file and sys.stderr.isatty())
+    counts: dict[int, int] = {}
+    failures: list[BaseException] = []
+
+    def on_done(meta: Any, err: BaseException | None) -> None:
+        # Runs on the producer's sender thread; dict/list updates are atomic under the GIL.
+        if err is not None:
+            failures.append(err)
+        else:
+            counts[meta.partition] = counts.get(meta.partition, 0) + 1
+
+    sent = 0
+    sent_bytes = 0
+    started = time.monotonic()
+    stream: IO[bytes] = open(path, "rb") if is_file else sys.stdin.buffer  # noqa: SIM115 - closed below
+    producer = Producer(bootstrap(ctx), acks=ACKS[acks], compression=None if compression == "none" else compression,
+                        linger_ms=linger_ms, batch_size=batch_size, client_id="dmq-cli-produce",
+                        request_timeout_ms=int(sess.timeout_s * 1000))
+    bar = None
+    try:
+        if show_progress:
+            bar = _file_progress(path if is_file else None)
+        for line_no, line in enumerate(_lines(stream), 1):
+            key = None
+            if sep is not None:
+                key, found, value = line.partition(sep)
+                if not found:
+                    raise CLIError(
+                        f"line {line_no} has no key separator {key_separator!r} ({sent} earlier messages were sent); "
+                        f"with --key-separator every line must be KEY{key_separator}VALUE"
+                    )
+            else:
+                value = line
+            producer.send(topic, value, key=key, headers=header_list, partition=partition, callback=on_done)
+            sent += 1
+            sent_bytes += len(line) + 1
+            if bar is not None and sent % 1000 == 0:
+                bar.update(stream.tell() if is_file else sent_bytes)
+            if failures:
+                break
+        producer.flush(timeout=sess.timeout_s + 120)
+    finally:
+        if bar is not None:
+            bar.update(os.path.getsize(path) if is_file else sent_bytes)
+            bar.close()
+        producer.close(timeout=sess.timeout_s)
+        if is_file:
+            stream.close()
+    elapsed = time.monotonic() - started
+    delivered = sum(counts.values())
+    if output == "json":
+        print_json({"topic": topic, "messages": delivered, "bytes": sent_bytes, "failed": sent - delivered,
+                    "elapsed_s": round(elapsed, 3), "partitions": {str(p): n for p, n in sorted(counts.items())}})
+    if failures:
+        raise CLIError(f"{sent - delivered} of {sent} messages were not stored: {failures[0]}")
+    if output != "json":
+        rate = f", {delivered / elapsed:,.0f} msgs/s" if elapsed > 0 and delivered >= 1000 else ""
+        note(f"Produced {delivered} message{'s' if delivered != 1 else ''} ({human_bytes(sent_bytes)}) to "
+             f"{topic} in {elapsed:.2f} s{rate}.")
+
+
+class _file_progress:
+    """A rich progress bar over the bytes of the input, on stderr."""
+
+    def __init__(self, path: str | None) -> None:
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        total = os.path.getsize(path) if path else None
+        self._progress = Progress(TextColumn("producing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                                  TimeRemainingColumn(), console=err_console(), transient=False)
+        self._task = self._progress.add_task("produce", total=total)
+        self._progress.start()
+
+    def update(self, completed: int) -> None:
+        self._progress.update(self._task, completed=completed)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+# -- consume --------------------------------------------------------------------------------------
+
+
+def _record_json(r: Any) -> str:
+    return json.dumps({
+        "topic": r.topic,
+        "partition": r.partition,
+        "offset": r.offset,
+        "timestamp": r.timestamp,
+        "key": jsonable_text(r.key),
+        "value": jsonable_text(r.value),
+        "headers": [{"name": k, "value": jsonable_text(v)} for k, v in (r.headers or ())],
+    }, ensure_ascii=False)
+
+
+def _record_printer(fmt: str, print_key: bool, print_offset: bool, separator: str) -> Callable[[Any], str]:
+    if fmt == "json":
+        return _record_json
+
+    def text(r: Any) -> str:
+        parts = []
+        if print_offset:
+            parts.append(f"{r.partition}:{r.offset}")
+        if print_key:
+            parts.append("" if r.key is None else r.key.decode("utf-8", errors="replace"))
+        parts.append(r.value.decode("utf-8", errors="replace"))
+        return separator.join(parts)
+
+    return text
+
+
+def _parse_start_offset(text: str) -> int:
+    low = text.strip().lower()
+    if low in ("earliest", "beginning"):
+        return -2
+    if low in ("latest", "end"):
+        return -1
+    try:
+        value = int(low)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use an offset >= 0, 'earliest' or 'latest'", param_hint="--offset") from None
+    if value < 0:
+        raise click.BadParameter(f"{text!r}: use an offset >= 0, 'earliest' or 'latest'", param_hint="--offset")
+    return value
+
+
+@click.command("consume")
+@click.argument("topic")
+@click.option("-g", "--group", "app", default=None, metavar="APP",
+              help="Consume as application APP in consumer group G_<topic>_<APP>, committing what is printed. "
+                   "The full group id is accepted too.")
+@click.option("-p", "--partition", type=click.IntRange(0), default=None, help="Read only this partition (no group).")
+@click.option("--offset", "offset_text", default=None, metavar="O",
+              help="With --partition: start at offset O, 'earliest' or 'latest'.")
+@click.option("--from-beginning", is_flag=True,
+              help="No group: start at each partition's log start (default: only new messages). "
+                   "With --group: a new group starts at the log start (subscription mode all).")
+@click.option("-n", "--max-messages", type=click.IntRange(1), default=None,
+              help="Exit after printing this many messages.")
+@click.option("--timeout-ms", "idle_timeout_ms", type=click.IntRange(1), default=None,
+              help="Exit when no message arrives for this long. Default: wait until Ctrl-C or --max-messages.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text: one value per line; json: one JSON object per line with every field.")
+@click.option("--print-key", is_flag=True, help="text format: print KEY<separator>VALUE.")
+@click.option("--print-offset", is_flag=True, help="text format: print PARTITION:OFFSET<separator> first.")
+@click.option("--separator", default="\t", show_default="tab", help="text format: between the printed fields.")
+@click.pass_context
+def consume(ctx: click.Context, topic: str, app: str | None, partition: int | None, offset_text: str | None,
+            from_beginning: bool, max_messages: int | None, idle_timeout_ms: int | None, fmt: str,
+            print_key: bool, print_offset: bool, separator: str) -> None:
+    """Print messages of TOPIC: as a consumer group, from a partition and offset, or from the start.
+
+    \b
+    Examples:
+      dmq consume orders --group billing --max-messages 10
+      dmq consume orders --from-beginning --format json
+      dmq consume orders --partition 2 --offset 1500 --print-key --print-offset
+    """
+    if app is not None and (partition is not None or offset_text is not None):
+        raise click.UsageError("--group cannot be combined with --partition/--offset (a group gets its partitions assigned)")
+    if offset_text is not None and partition is None:
+        raise click.UsageError("--offset needs --partition")
+    if offset_text is not None and from_beginning:
+        raise click.UsageError("--offset and --from-beginning contradict each other; pick one")
+    start = _parse_start_offset(offset_text) if offset_text is not None else None
+    check_topic_name(topic)
+    sess = session(ctx)
+    info = describe_topic(sess, topic)
+    if partition is not None and partition >= info.partition_count:
+        raise CLIError(f"topic {topic!r} has partitions 0..{info.partition_count - 1}; no partition {partition}")
+    render = _record_printer(fmt, print_key, print_offset, separator)
+    out = sys.stdout
+    printed = 0
+
+    def emit(records: list[Any]) -> list[Any]:
+        nonlocal printed
+        if max_messages is not None:
+            records = records[: max_messages - printed]
+        if records:
+            out.write("".join(render(r) + "\n" for r in records))
+            out.flush()
+            printed += len(records)
+        return records
+
+    def done() -> bool:
+        return max_messages is not None and printed >= max_messages
+
+    quiet_client_logs()
+    idle_s = idle_timeout_ms / 1000 if idle_timeout_ms else None
+    try:
+        if app is not None:
+            _consume_group(ctx, topic, app, from_beginning, max_messages, idle_s, emit, done)
+        else:
+            _consume_offsets(sess, info, partition, start, from_beginning, idle_s, emit, done)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        note(f"Processed {printed} message{'s' if printed != 1 else ''}.")
+
+
+def _consume_offsets(sess: Any, info: Any, partition: int | None, start: int | None, from_beginning: bool,
+                     idle_s: float | None, emit: Callable[[list[Any]], list[Any]], done: Callable[[], bool]) -> None:
+    from dmq.client.cli._reader import TopicReader
+
+    parts = [partition] if partition is not None else [p.partition for p in info.partitions]
+    if start is None:
+        start = -2 if from_beginning else -1
+    if start >= 0:
+        bounds = list_offsets(sess, info, parts, -1)
+        for p in parts:
+            lo, hi = bounds[p].log_start_offset, bounds[p].log_end_offset
+            if not lo <= start <= hi:
+                raise CLIError(f"offset {start} is outside {info.name}[{p}]'s log {lo}..{hi} "
+                               "(use --offset earliest or latest, or an offset in that range)")
+        positions = {p: start for p in parts}
+    else:
+        positions = {p: a.offset for p, a in list_offsets(sess, info, parts, start).items()}
+    reader = TopicReader(sess, info.name, positions, warn=lambda m: note(f"[yellow]warning:[/] {m}"))
+    last_data = time.monotonic()
+    while not done():
+        records = reader.poll()
+        if records:
+            emit(records)
+            last_data = time.monotonic()
+        elif idle_s is not None and time.monotonic() - last_data >= idle_s:
+            return
+
+
+def _consume_group(ctx: click.Context, topic: str, app: str, from_beginning: bool, max_messages: int | None,
+                   idle_s: float | None, emit: Callable[[list[Any]], list[Any]], done: Callable[[], bool]) -> None:
+    from dmq.client.consumer import DMQConsumer, TopicPartition
+
+    prefix = f"G_{topic}_"
+    if app.startswith(prefix) and len(app) > len(prefix):
+        app = app[len(prefix):]  # the full group id was given
+    consumer = DMQConsumer(
+        metadata_service_url=bootstrap(ctx),
+        group_id=app,
+        client_id="dmq-cli-consume",
+        enable_auto_commit=False,  # commit exactly what was printed, not what was fetched
+        max_poll_records=min(500, max_messages or 500),
+        subscription_mode="all" if from_beginning else None,
+        request_timeout_ms=int(session(ctx).timeout_s * 1000),
+    )
+    pending: dict[Any, int] = {}
+    last_commit = time.monotonic()
+    try:
+        consumer.subscribe(topic)
+        last_data = time.monotonic()
+        while not done():
+            wait_s = 0.5 if idle_s is None else max(0.0, min(0.5, idle_s - (time.monotonic() - last_data)))
+            batch = list(consumer.poll(wait_s))
+            if batch:
+                for r in emit(batch):
+                    pending[TopicPartition(r.topic, r.partition)] = r.offset + 1
+                last_data = time.monotonic()
+            elif idle_s is not None and time.monotonic() - last_data >= idle_s:
+                break
+            if pending and time.monotonic() - last_commit >= COMMIT_INTERVAL_S:
+                consumer.commit_sync(pending)
+                pending.clear()
+                last_commit = time.monotonic()
+    finally:
+        try:
+            if pending:
+                consumer.commit_sync(pending)
+        finally:
+            consumer.close()
