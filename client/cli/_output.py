@@ -76,14 +76,14 @@ def note(message: str) -> None:
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str | None = None,
-          right: Iterable[str] = ()) -> Any:
+          right: Iterable[str] = (), show_header: bool = True) -> Any:
     """A borderless, kubectl-like table: easy to read, easy to grep."""
     from rich import box
     from rich.table import Table
 
     right_set = set(right)
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title=title, title_justify="left",
-              title_style="bold", header_style="bold")
+              title_style="bold", header_style="bold", show_header=show_header)
     for c in columns:
         t.add_column(c, justify="right" if c in right_set else "left", no_wrap=True)
     for row in rows:
