@@ -111,10 +111,11 @@ def human_bytes(n: int | None) -> str:
 
 
 def human_time_ms(ms: int | None) -> str:
-    """An epoch-ms instant as local ISO time to the second; '-' for unset."""
+    """An epoch-ms instant as local time to the second ('2024-05-01 12:00:00'); '-' for unset.
+    JSON output carries the exact epoch milliseconds instead."""
     if not ms or ms <= 0:
         return "-"
-    return dt.datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="seconds")
+    return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def human_ago_ms(ms: int | None, now_ms: int) -> str:
