@@ -299,6 +299,7 @@ def consume(ctx: click.Context, topic: str, app: str | None, partition: int | No
 
     quiet_client_logs()
     idle_s = idle_timeout_ms / 1000 if idle_timeout_ms else None
+    _stop_on_sigterm()
     try:
         if app is not None:
             _consume_group(ctx, topic, app, from_beginning, max_messages, idle_s, emit, done)
@@ -308,6 +309,17 @@ def consume(ctx: click.Context, topic: str, app: str | None, partition: int | No
         pass
     finally:
         note(f"Processed {printed} message{'s' if printed != 1 else ''}.")
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (e.g. from `timeout` or a process manager) ends consume like Ctrl-C: the group
+    consumer commits what it printed and leaves, instead of waiting out its session timeout."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _consume_offsets(sess: Any, info: Any, partition: int | None, start: int | None, from_beginning: bool,

@@ -169,3 +169,9 @@ def dmq_bare() -> Any:
 def unused_address() -> str:
     """An address where nothing listens (a port just freed)."""
     return f"127.0.0.1:{free_port()}"
+
+
+@pytest.fixture
+def dmq_exe() -> str:
+    """Path of the installed `dmq` console script, for tests that manage the process themselves."""
+    return dmq_executable()
