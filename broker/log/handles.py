@@ -53,15 +53,16 @@ class FileCache:
         with self._lock:
             return len(self._fds) + len(self._doomed)
 
-    def fd(self, path: str) -> int:
-        """Descriptor for `path` (an existing file), opening it if needed; marks it most recent."""
+    def fd(self, path: str, *, create: bool = False) -> int:
+        """Descriptor for `path` (an existing file unless create), opening it if needed; marks it
+        most recent."""
         with self._lock:
             fd = self._fds.get(path)
             if fd is not None:
                 self._fds.move_to_end(path)
                 return fd
             self._make_room_locked()
-            fd = os.open(path, _OPEN_FLAGS)
+            fd = os.open(path, _OPEN_FLAGS | (os.O_CREAT if create else 0), 0o644)
             self.opens += 1
             self._fds[path] = fd
             return fd

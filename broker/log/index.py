@@ -19,8 +19,10 @@ Time index `<base_offset:020d>.timeindex`, 12-byte entries `<qI`:
   An entry is added whenever a batch's append time is greater than the previous entry's, so the
   index is exact: offset_for_time(ts) is the relative offset of the first entry with time >= ts,
   no scan needed. Append times are not stored in the batches (the CRC covers the timestamps and the
-  broker does not rewrite them), so this file is the only record of them: it is written at every
-  flush (it survives a process crash; after a power loss the tail is estimated during recovery).
+  broker does not rewrite them), so this file is the only record of them: the active segment's
+  entries are written as they are added (at most one write per millisecond, so cheap) and survive
+  a process crash; flushes fsync the file at most once a second (and at roll and close), so after
+  a power loss the last ~second of append times is approximated by the last surviving entry.
 """
 
 from __future__ import annotations
@@ -130,6 +132,8 @@ class OffsetIndex:
     def write_pending(self) -> None:
         n = len(self.rel_offsets)
         if self.persisted >= n:
+            if n == 0:
+                _write_file_tail(self.path, b"")  # an existing empty file says "no entries"
             return
         data = b"".join(
             OFFSET_ENTRY.pack(self.rel_offsets[i], self.positions[i]) for i in range(self.persisted, n)
@@ -172,10 +176,19 @@ class TimeIndex:
     def last_time_ms(self) -> int | None:
         return self.times[-1] if self.times else None
 
-    def maybe_append(self, time_ms: int, rel_offset: int) -> None:
+    def maybe_append(self, time_ms: int, rel_offset: int) -> bool:
+        """Add an entry if time_ms is newer than the last; True if added."""
         if not self.times or time_ms > self.times[-1]:
             self.times.append(time_ms)
             self.rel_offsets.append(rel_offset)
+            return True
+        return False
+
+    def write_last(self, fd: int) -> None:
+        """Append the newest entry to the file through an open descriptor (O_APPEND)."""
+        if self.persisted == len(self.times) - 1:
+            os.write(fd, TIME_ENTRY.pack(self.times[-1], self.rel_offsets[-1]))
+            self.persisted += 1
 
     def first_at_or_after(self, time_ms: int) -> int | None:
         """Relative offset of the first batch appended at or after time_ms, or None."""
@@ -214,6 +227,8 @@ class TimeIndex:
     def write_pending(self) -> None:
         n = len(self.times)
         if self.persisted >= n:
+            if n == 0:
+                _write_file_tail(self.path, b"")
             return
         data = b"".join(TIME_ENTRY.pack(self.times[i], self.rel_offsets[i]) for i in range(self.persisted, n))
         _write_file_tail(self.path, data)

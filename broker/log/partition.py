@@ -4,7 +4,9 @@ Directory `<data_dir>/<topic>-<partition>/`:
 
     <base:020d>.log / .index / .timeindex   segments (see segment.py, index.py)
     <offset:020d>.snapshot                  idempotent-producer state as of `offset` (producer_state.py)
-    checkpoint                              "dmq-log-checkpoint 1 <log_start_offset> <recovery_offset> <crc32>"
+    checkpoint                              "dmq-log-checkpoint 1 <log_start_offset> <recovery_offset>
+                                             <last_append_ms> <crc32>" (last_append_ms keeps append
+                                             times monotonic when retention removed every batch)
     .clean_shutdown                         "<log_end_offset> <active_base> <active_size>", written by close()
     config.json                             the LogConfig the log was created with (best effort)
 
@@ -76,6 +78,7 @@ CONFIG_FILE = "config.json"
 _CHECKPOINT_MAGIC = "dmq-log-checkpoint 1"
 _INT64 = struct.Struct("<q")
 SNAPSHOTS_KEPT = 2
+TIME_INDEX_SYNC_INTERVAL_S = 1.0
 FLUSH_POLICIES = ("fsync", "interval")
 
 GiB = 1024**3
@@ -257,6 +260,8 @@ class PartitionLog:
         self._marker_present = False
         self._dir_gen = 0  # bumped on every directory change (create, unlink, rename)
         self._dir_synced_gen = 0
+        self._time_index_synced: tuple[str, int] = ("", 0)  # (path, entries) last fsynced
+        self._time_index_synced_at = 0.0  # time.monotonic() of that fsync
         self._inflight: asyncio.Future[None] | None = None
         self._background: set[Future[Any]] = set()
         self._failed: BaseException | None = None
@@ -328,6 +333,7 @@ class PartitionLog:
             self._segments, self._bases = [seg], [start]
             self.log_start_offset = self.log_end_offset = self.durable_end_offset = start
             self._recovery_offset = start
+            self._last_append_ms = ckpt[2] if ckpt else 0
             self._dir_gen += 1
             self.recovery = RecoveryInfo(clean=marker is not None, duration_s=time.perf_counter() - t0)
             self._log.debug("log created", directory=d, base_offset=start)
@@ -370,7 +376,7 @@ class PartitionLog:
         last_time = self._segments[-1].largest_time_ms
         if last_time is None and len(self._segments) > 1:
             last_time = self._segments[-2].largest_time_ms
-        self._last_append_ms = last_time or 0
+        self._last_append_ms = max(last_time or 0, ckpt[2] if ckpt else 0)
         info.producer_batches_replayed = self._load_producer_state()
         info.duration_s = time.perf_counter() - t0
         self.recovery = info
@@ -479,16 +485,19 @@ class PartitionLog:
                 replayed += 1
         return replayed
 
-    def _read_checkpoint(self) -> tuple[int, int] | None:
+    def _read_checkpoint(self) -> tuple[int, int, int] | None:
+        """(log_start_offset, recovery_offset, last_append_ms) or None."""
         text = _read_small(os.path.join(self.directory, CHECKPOINT_FILE))
         if not text:
             return None
         try:
-            magic1, magic2, start, recovery, crc = text.split()
-            body = f"{magic1} {magic2} {start} {recovery}"
-            if body != _CHECKPOINT_MAGIC + f" {start} {recovery}" or int(crc, 16) != zlib.crc32(body.encode()):
+            body, _, crc = text.strip().rpartition(" ")
+            words = body.split(" ")
+            if " ".join(words[:2]) != _CHECKPOINT_MAGIC or len(words) != 5:
                 raise ValueError("bad checkpoint")
-            return int(start), int(recovery)
+            if int(crc, 16) != zlib.crc32(body.encode()):
+                raise ValueError("bad checkpoint crc")
+            return int(words[2]), int(words[3]), int(words[4])
         except ValueError:
             self._log.warning("ignoring unreadable checkpoint file", content=text[:200])
             return None
@@ -496,7 +505,7 @@ class PartitionLog:
     def _write_checkpoint(self, *, sync: bool) -> None:
         """Persist log_start_offset and recovery_offset (any thread)."""
         with self._ckpt_lock:
-            body = f"{_CHECKPOINT_MAGIC} {self.log_start_offset} {self._recovery_offset}"
+            body = f"{_CHECKPOINT_MAGIC} {self.log_start_offset} {self._recovery_offset} {self._last_append_ms}"
             data = f"{body} {zlib.crc32(body.encode()):08x}\n".encode()
             _atomic_write(os.path.join(self.directory, CHECKPOINT_FILE), data, self._fsync if sync else None)
 
@@ -673,12 +682,21 @@ class PartitionLog:
         dir_gen = self._dir_gen if self._dir_gen > self._dir_synced_gen else 0
         if not segs and end <= self.durable_end_offset and not dir_gen:
             return None
-        # Append times exist only in the time index: hand them to the page cache at every flush
-        # so they survive a process crash (see index.py).
-        active.time_index.write_pending()
+        extra = list(self._pending_paths)
+        # Append times exist only in the time index: its entries are written at append (see
+        # index.py); fsync it at most once a second rather than doubling the fsyncs per commit.
+        ti = active.time_index
+        if len(ti) and ti.persisted < len(ti):
+            ti.write_pending()
+        if ti.persisted > self._time_index_synced[1] or ti.path != self._time_index_synced[0]:
+            now = time.monotonic()
+            if now - self._time_index_synced_at >= TIME_INDEX_SYNC_INTERVAL_S:
+                self._time_index_synced_at = now
+                self._time_index_synced = (ti.path, ti.persisted)
+                extra.append(ti.path)
         fds = [(s.log_path, self._cache.pin(s.log_path)) for s in [*segs, active]]
         recovery = active.base_offset if active.base_offset > self._recovery_offset else None
-        return _FlushJob(end, fds, list(self._pending_paths), dir_gen, recovery, segs)
+        return _FlushJob(end, fds, extra, dir_gen, recovery, segs)
 
     def _run_job(self, job: _FlushJob) -> None:
         """fsync outside the lock (any thread), then publish the new durable offset."""
@@ -705,7 +723,7 @@ class PartitionLog:
             self.durable_end_offset = max(self.durable_end_offset, job.end_offset)
             done = {id(s) for s in job.segments}
             self._unflushed = [s for s in self._unflushed if id(s) not in done]
-            self._pending_paths = [p for p in self._pending_paths if p not in job.extra_paths]
+            self._pending_paths = [p for p in self._pending_paths if p not in set(job.extra_paths)]
             self._dir_synced_gen = max(self._dir_synced_gen, job.dir_gen)
 
     def _run_job_logged(self, job: _FlushJob) -> None:

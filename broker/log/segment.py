@@ -18,12 +18,16 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import structlog
+
 from dmq.broker.log.errors import LogError
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import OffsetIndex, TimeIndex
 from dmq.proto.records import HEADER, HEADER_SIZE, BatchHeader, RecordsError, read_header
 
 __all__ = ["Segment", "ScanResult", "LOG_SUFFIX", "segment_name"]
+
+log = structlog.get_logger(__name__)
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -128,9 +132,10 @@ class Segment:
 
     def close(self) -> None:
         self._cache.close(self.log_path)
+        self._cache.close(self.time_index.path)
 
     def delete_files(self) -> None:
-        self._cache.close(self.log_path)
+        self.close()
         for path in (self.log_path, self.index.path, self.time_index.path):
             try:
                 os.unlink(path)
@@ -146,22 +151,39 @@ class Segment:
         """Load the index files of a segment opened without them; rebuild them if implausible."""
         if self.indexes_loaded:
             return
-        ok = self.index.load(self.size)
+        index_ok = self.index.load(self.size)
         rel_end = self.next_offset - self.base_offset if self.next_offset > self.base_offset else None
-        ok = self.time_index.load(rel_end) and ok
-        if not ok:
-            self._rebuild_offset_index()
+        time_ok = self.time_index.load(rel_end) and (len(self.time_index) > 0 or self.size == 0)
+        if not (index_ok and time_ok):
+            log.warning(
+                "rebuilding damaged index files",
+                segment=self.log_path,
+                offset_index_ok=index_ok,
+                time_index_ok=time_ok,
+            )
+            self._rebuild_indexes(rebuild_times=not time_ok)
         self.indexes_loaded = True
 
-    def _rebuild_offset_index(self) -> None:
+    def _rebuild_indexes(self, *, rebuild_times: bool) -> None:
+        """From the batch headers. Append times are not in the batches: a lost time index is
+        approximated by the batches' max_timestamp, kept monotonic."""
         self.index.clear()
+        if rebuild_times:
+            self.time_index.clear()
         since = 0
+        current = 0
         for pos, h in self.walk(0, self.size):
+            rel = h[0] - self.base_offset
             if since >= self.index_interval_bytes and pos > 0:
-                self.index.append(h[0] - self.base_offset, pos)
+                self.index.append(rel, pos)
                 since = 0
             since += 12 + h[1]
+            if rebuild_times:
+                current = max(current, h[7])
+                self.time_index.maybe_append(current, rel)
         self.index.rewrite()
+        if rebuild_times:
+            self.time_index.rewrite()
 
     # -- append --------------------------------------------------------------------------------
 
@@ -187,7 +209,11 @@ class Segment:
         if self._bytes_since_index >= self.index_interval_bytes and self.size > 0:
             self.index.append(rel, self.size)
             self._bytes_since_index = 0
-        self.time_index.maybe_append(append_time_ms, rel)
+        if self.time_index.maybe_append(append_time_ms, rel):
+            try:
+                self.time_index.write_last(self._cache.fd(self.time_index.path, create=True))
+            except OSError as e:  # the entry stays pending; flush/close retry it
+                log.warning("time index write failed", segment=self.log_path, error=str(e))
         self.size += nbytes
         self._bytes_since_index += nbytes
         self.next_offset = last_offset + 1
@@ -285,8 +311,7 @@ class Segment:
         on_batch: Callable[[BatchHeader, int], None] | None = None,
     ) -> ScanResult:
         """Validate every batch (header, CRC, contiguous offsets), rebuild both indexes and truncate
-        the file after the last valid batch. Append times of batches beyond the persisted time
-        index are estimated (see index.py); on_batch(header, append_time_ms) sees each valid batch.
+        the file after the last valid batch; on_batch(header, append_time_ms) sees each valid batch.
         """
         fd = self._cache.fd(self.log_path)
         st = os.fstat(fd)
@@ -345,13 +370,15 @@ class Segment:
                 reason = f"batch at position {pos + off} has offsets beyond the segment's range"
                 break
             rel = h.base_offset - self.base_offset
-            # Append time: the persisted time index if it covers this batch, else an estimate.
+            # Append time: from the persisted time index. Batches after its last entry keep that
+            # entry's time (exact after a process crash; after a power loss it errs early, so a
+            # consumer starting by time sees more, never less). Only a segment with no entry at
+            # all falls back to the batches' max_timestamp, bounded by the file's mtime.
             while ti < len(times) and time_rels[ti] <= rel:
                 current_time = max(current_time, times[ti])
                 ti += 1
-            if ti >= len(times) and (not time_rels or rel > time_rels[-1]):
-                estimate = min(max(h.max_timestamp, current_time), mtime_ms)
-                current_time = max(current_time, estimate)
+            if not times:
+                current_time = max(current_time, min(h.max_timestamp, mtime_ms))
             new_time.maybe_append(current_time, rel)
             if since_index >= self.index_interval_bytes and pos + off > 0:
                 new_index.append(rel, pos + off)
