@@ -66,6 +66,8 @@ SOURCE_OPTIONS = (
 )
 SINK_OPTIONS = ("bootstrap", "topic", "compression", "lingerMs", "batchSize")
 _CANONICAL = {name.lower(): name for name in SOURCE_OPTIONS + SINK_OPTIONS}
+# Options Spark itself puts among the data source's (a streaming query's checkpoint): not ours.
+_SPARK_OWNED = {"checkpointlocation"}
 
 
 class OptionError(ValueError):
@@ -126,6 +128,8 @@ def _normalise(options: Mapping[str, Any], allowed: tuple[str, ...], what: str) 
     out: dict[str, str] = {}
     for key, value in options.items():
         k = str(key).lower()
+        if k in _SPARK_OWNED:
+            continue
         if k not in allowed_lower:
             hint = ""
             if k in _CANONICAL:

@@ -68,6 +68,11 @@ class Helper:
         self.admin.create_topic(topic, partitions, config)
         return topic
 
+    def add_partitions(self, topic: str, total: int) -> None:
+        self.admin.add_partitions(topic, total)
+        # the producer caches partition counts (up to metadata_max_age_ms): make it look again
+        self.producer.cluster.invalidate(topic)
+
     def send(self, topic: str, rows: list[dict[str, Any]]) -> list[Any]:
         """Send rows (value, key, headers, partition, timestamp_ms); return their RecordMetadata."""
         futures = [

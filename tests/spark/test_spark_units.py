@@ -1,0 +1,276 @@
+"""The Spark source's pure parts, without a Spark session: options, planning maths, Arrow building."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+import zlib
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dmq.client.spark.arrow import ArrowBuilder, arrow_schema, source_schema
+from dmq.client.spark.options import (
+    OffsetSpec,
+    OptionError,
+    SinkOptions,
+    parse_sink_options,
+    parse_source_options,
+)
+from dmq.client.spark.reader import (
+    DMQStreamReader,
+    OffsetRange,
+    from_json,
+    rate_limit,
+    split_ranges,
+    to_json,
+)
+from dmq.client.spark.sink import check_sink_schema
+from dmq.proto import records
+
+BOOT = {"bootstrap": "127.0.0.1:9092"}
+
+
+# -- options -----------------------------------------------------------------------------------
+
+
+def test_source_defaults_follow_the_kafka_source():
+    batch = parse_source_options({**BOOT, "subscribe": "a, b,a"}, streaming=False)
+    assert batch.topics == ("a", "b")
+    assert (batch.starting, batch.ending) == (OffsetSpec("earliest"), OffsetSpec("latest"))
+    assert (batch.include_headers, batch.fail_on_data_loss) == (False, True)
+    stream = parse_source_options({**BOOT, "subscribe": "a"}, streaming=True)
+    assert stream.starting == OffsetSpec("latest")
+
+
+def test_options_are_case_insensitive_and_typed():
+    opts = parse_source_options(
+        {
+            "BOOTSTRAP": "h:1",
+            "assign": '{"t": [2, 0, 2]}',
+            "startingoffsets": '{"t": {"0": 5, "2": -2}}',
+            "MaxOffsetsPerTrigger": "10",
+            "minPartitions": "4",
+            "includeHeaders": "TRUE",
+            "failOnDataLoss": "false",
+            "groupId": "app",
+            "checkpointLocation": "/tmp/x",  # Spark's own, ignored
+        },
+        streaming=True,
+    )
+    assert opts.assign == {"t": (0, 2)}
+    assert opts.starting == OffsetSpec("specific", {("t", 0): 5, ("t", 2): -2})
+    assert (opts.max_offsets_per_trigger, opts.min_partitions) == (10, 4)
+    assert (opts.include_headers, opts.fail_on_data_loss, opts.group_id) == (True, False, "app")
+    assert parse_source_options({**BOOT, "subscribe": "a", "startingTimestamp": "123"}, streaming=False).starting == (
+        OffsetSpec("timestamp", timestamp_ms=123)
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "streaming", "message"),
+    [
+        ({"subscribe": "a"}, False, "'bootstrap' is required"),
+        ({"bootstrap": "nohost", "subscribe": "a"}, False, "must be host:port"),
+        ({**BOOT}, False, "exactly one of the options 'subscribe'"),
+        ({**BOOT, "subscribe": "a,,b"}, False, "comma-separated list"),
+        ({**BOOT, "assign": "[1]"}, False, "JSON object of topic -> partitions"),
+        ({**BOOT, "assign": '{"a": [-1]}'}, False, "partition numbers >= 0"),
+        ({**BOOT, "assign": "{bad"}, False, "not valid JSON"),
+        ({**BOOT, "subscribe": "a", "startingOffsets": "latest"}, False, "cannot be latest in a batch"),
+        ({**BOOT, "subscribe": "a", "startingOffsets": '{"a": {"0": -1}}'}, False, "cannot be latest \\(-1\\)"),
+        ({**BOOT, "subscribe": "a", "endingOffsets": "earliest"}, False, "'endingOffsets' cannot be earliest"),
+        ({**BOOT, "subscribe": "a", "endingOffsets": '{"a": {"0": -2}}'}, False, "cannot be earliest \\(-2\\)"),
+        ({**BOOT, "subscribe": "a", "startingOffsets": "soon"}, False, "must be 'earliest', 'latest'"),
+        ({**BOOT, "subscribe": "a", "startingOffsets": '{"b": {"0": 1}}'}, False, "names topics that are not read"),
+        ({**BOOT, "subscribe": "a", "startingOffsets": '{"a": {"x": 1}}'}, False, "is not a number"),
+        ({**BOOT, "subscribe": "a", "startingOffsets": '{"a": {"0": -3}}'}, False, "integer >= 0"),
+        ({**BOOT, "assign": '{"a": [0, 1]}', "startingOffsets": '{"a": {"0": 1}}'}, False, "missing: a\\[1\\]"),
+        ({**BOOT, "subscribe": "a", "startingOffsets": "earliest", "startingTimestamp": "1"}, False, "contradict"),
+        ({**BOOT, "subscribe": "a", "endingOffsets": "latest", "endingTimestamp": "1"}, False, "contradict"),
+        ({**BOOT, "subscribe": "a", "startingTimestamp": "-5"}, False, "must be >= 0"),
+        ({**BOOT, "subscribe": "a", "endingOffsets": "latest"}, True, "for batch queries only"),
+        ({**BOOT, "subscribe": "a", "endingTimestamp": "5"}, True, "for batch queries only"),
+        ({**BOOT, "subscribe": "a", "maxOffsetsPerTrigger": "5"}, False, "for streaming queries only"),
+        ({**BOOT, "subscribe": "a", "groupId": "g"}, False, "for streaming queries only"),
+        ({**BOOT, "subscribe": "a", "maxOffsetsPerTrigger": "0"}, True, "must be >= 1"),
+        ({**BOOT, "subscribe": "a", "minPartitions": "many"}, False, "must be an integer"),
+        ({**BOOT, "subscribe": "a", "includeHeaders": "yes"}, False, "'true' or 'false'"),
+        ({**BOOT, "subscribe": "a", "topic": "x"}, False, "'topic' is not a source option"),
+        ({**BOOT, "subscribe": "a", "kafka.bootstrap.servers": "x"}, False, "unknown option"),
+    ],
+)
+def test_bad_source_options(options, streaming, message):
+    with pytest.raises(OptionError, match=message):
+        parse_source_options(options, streaming=streaming)
+
+
+def test_sink_options():
+    assert parse_sink_options({**BOOT, "topic": "t", "compression": "ZSTD", "lingerMs": "3"}) == SinkOptions(
+        "127.0.0.1:9092", "t", "zstd", 3, None
+    )
+    with pytest.raises(OptionError, match="'subscribe' is not a sink option"):
+        parse_sink_options({**BOOT, "subscribe": "t"})
+    with pytest.raises(OptionError, match="compression"):
+        parse_sink_options({**BOOT, "compression": "gzip"})
+
+
+def test_sink_schema_checks():
+    from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructField, StructType
+
+    def schema(*fields: tuple[str, object]) -> StructType:
+        return StructType([StructField(name, t) for name, t in fields])  # type: ignore[arg-type]
+
+    def headers(key: str, value: str) -> ArrayType:
+        return ArrayType(StructType([StructField(key, StringType()), StructField(value, BinaryType())]))
+
+    opts = SinkOptions("h:1", "t")
+    check_sink_schema(schema(("value", StringType()), ("key", BinaryType()), ("partition", IntegerType())), opts)
+    check_sink_schema(
+        schema(("value", BinaryType()), ("topic", StringType()), ("headers", headers("key", "value"))),
+        SinkOptions("h:1"),
+    )
+    with pytest.raises(OptionError, match="'headers' must be array<struct<key:string,value:binary>>"):
+        check_sink_schema(schema(("value", BinaryType()), ("headers", headers("k", "v"))), opts)
+    with pytest.raises(OptionError, match="'partition' must be"):
+        check_sink_schema(schema(("value", BinaryType()), ("partition", StringType())), opts)
+
+
+# -- planning ----------------------------------------------------------------------------------
+
+
+def test_split_ranges_like_kafka():
+    ranges = [OffsetRange("t", 0, 0, 90, "h:1"), OffsetRange("t", 1, 5, 15, "h:1"), OffsetRange("t", 2, 7, 7)]
+    assert split_ranges(ranges, None) == ranges[:2]  # empty ranges are dropped
+    pieces = split_ranges(ranges, 10)
+    assert [(r.partition, r.start, r.until) for r in pieces] == [
+        (0, 0, 10), (0, 10, 20), (0, 20, 30), (0, 30, 40), (0, 40, 50), (0, 50, 60), (0, 60, 70), (0, 70, 80),
+        (0, 80, 90), (1, 5, 15),
+    ]
+    assert all(r.leader == "h:1" for r in pieces)
+    assert split_ranges(ranges, 2) == ranges[:2]
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    sizes=st.lists(st.integers(0, 10_000), min_size=1, max_size=8),
+    min_partitions=st.integers(1, 64),
+)
+def test_split_ranges_cover_each_range_exactly(sizes, min_partitions):
+    ranges = [OffsetRange("t", p, 100, 100 + n) for p, n in enumerate(sizes)]
+    pieces = split_ranges(ranges, min_partitions)
+    for r in ranges:
+        mine = [x for x in pieces if x.partition == r.partition]
+        covered = [o for x in mine for o in range(x.start, x.until)]
+        assert covered == list(range(r.start, r.until))
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    backlog=st.dictionaries(st.integers(0, 6), st.tuples(st.integers(0, 1000), st.integers(0, 1000)), min_size=1),
+    max_rows=st.integers(1, 3000),
+)
+def test_rate_limit_takes_at_most_max_rows_and_never_moves_back(backlog, max_rows):
+    start = {("t", p): a for p, (a, _) in backlog.items()}
+    end = {("t", p): a + n for p, (a, n) in backlog.items()}
+    limited = rate_limit(start, end, max_rows)
+    taken = {tp: limited[tp] - start[tp] for tp in end}
+    assert all(0 <= taken[tp] <= end[tp] - start[tp] for tp in end)
+    total = sum(end[tp] - start[tp] for tp in end)
+    assert sum(taken.values()) == min(max_rows, total)
+
+
+def test_rate_limit_reads_new_partitions_from_zero():
+    assert rate_limit({("t", 0): 10}, {("t", 0): 20, ("t", 1): 10}, 4) == {("t", 0): 12, ("t", 1): 2}
+
+
+def test_offsets_json_round_trip_is_canonical():
+    offsets = {("b", 1): 5, ("a", 10): 3, ("a", 2): 7}
+    data = to_json(offsets)
+    assert list(data) == ["a", "b"]
+    assert from_json(data) == offsets
+    assert to_json(from_json(data)) == data
+
+
+def test_stream_reader_pickles_without_its_client():
+    reader = DMQStreamReader(parse_source_options({**BOOT, "subscribe": "a"}, streaming=True))
+    reader._client = object()  # type: ignore[assignment]  # stands for an open client
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy._client is None and copy.opts == reader.opts
+
+
+# -- Arrow -------------------------------------------------------------------------------------
+
+
+def _log_append_time(batch: bytes, append_ms: int) -> bytes:
+    """Turn a batch into a log-append-time one the way a broker configured so would."""
+    b = bytearray(batch)
+    attributes = struct.unpack_from("<h", b, 17)[0] | 0x08
+    struct.pack_into("<h", b, 17, attributes)
+    struct.pack_into("<q", b, 31, append_ms)  # max_timestamp
+    struct.pack_into("<I", b, 13, zlib.crc32(b[17:]))
+    return bytes(b)
+
+
+def test_arrow_batch_matches_the_records_and_the_schema():
+    batches = []
+    expected = []
+    base = 0
+    for i, codec in enumerate([records.Codec.NONE, records.Codec.ZSTD, records.Codec.LZ4, records.Codec.NONE]):
+        n = 3 + i
+        values = [f"v{base + j}".encode() * j for j in range(n)]
+        keys = [None if j % 2 else f"k{j}".encode() for j in range(n)]
+        headers = [[("h", b"%d" % j)] if j % 3 == 0 else None for j in range(n)] if i % 2 else None
+        stamps = [1_000 + base + j for j in range(n)]
+        raw = records.encode(values, keys, headers, stamps, codec=codec, base_offset=base)
+        if i == 3:
+            raw = _log_append_time(raw, 99_999)
+            stamps = [99_999] * n
+        batches.append(raw)
+        for j in range(n):
+            hs = [(h, v) for h, v in headers[j]] if headers and headers[j] else None
+            expected.append((keys[j], values[j], base + j, stamps[j] * 1000, 1 if i == 3 else 0, hs))
+        base += n
+    decoded = records.decode_batches(b"".join(batches))
+
+    rb = ArrowBuilder("topic-é", 7, include_headers=True).build(decoded, 0, base)
+    assert rb.schema.equals(arrow_schema(True))
+    assert rb.num_rows == base
+    cols = rb.to_pydict()
+    got = list(
+        zip(
+            cols["key"],
+            cols["value"],
+            cols["offset"],
+            rb.column("timestamp").cast(pa.int64()).to_pylist(),
+            cols["timestampType"],
+            [None if h is None else [(x["key"], x["value"]) for x in h] for h in cols["headers"]],
+        )
+    )
+    assert got == expected
+    assert set(cols["topic"]) == {"topic-é"} and set(cols["partition"]) == {7}
+
+    part = ArrowBuilder("t", 0, include_headers=False).build(decoded, 4, 9)
+    assert part.column("offset").to_pylist() == list(range(4, 9))
+    assert part.schema.equals(arrow_schema(False))
+    assert ArrowBuilder("t", 0, False).build(decoded, base, base + 5) is None
+
+
+def test_arrow_schema_is_what_spark_expects():
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    for headers in (False, True):
+        assert to_arrow_schema(source_schema(headers), timezone="UTC").equals(arrow_schema(headers))
+
+
+def test_corrupt_offsets_are_refused_before_arrow_reads_them():
+    raw = bytearray(records.encode([b"aaaa", b"bb", b"c"]))
+    n = 3
+    value_offsets_at = records.HEADER_SIZE + 4 * n + 4 * (n + 1)
+    struct.pack_into("<ii", raw, value_offsets_at + 4, 7, 2)  # 0, 7, 2, 7: not monotonic
+    struct.pack_into("<I", raw, 13, zlib.crc32(raw[17:]))
+    decoded = records.decode_batches(bytes(raw))
+    with pytest.raises(records.CorruptBatchError):
+        ArrowBuilder("t", 0, False).build(decoded, 0, 3)
