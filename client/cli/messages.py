@@ -120,7 +120,9 @@ def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None
     stream: IO[bytes] = open(path, "rb") if is_file else sys.stdin.buffer  # noqa: SIM115 - closed below
     producer = Producer(bootstrap(ctx), acks=ACKS[acks], compression=None if compression == "none" else compression,
                         linger_ms=linger_ms, batch_size=batch_size, client_id="dmq-cli-produce",
-                        request_timeout_ms=int(sess.timeout_s * 1000))
+                        request_timeout_ms=int(sess.timeout_s * 1000),
+                        # An operator waits at most about two --timeouts for a broker that went away.
+                        delivery_timeout_ms=int(sess.timeout_s * 2000))
     bar = None
     try:
         if show_progress:
@@ -143,7 +145,7 @@ def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None
                 bar.update(stream.tell() if is_file else sent_bytes)
             if failures:
                 break
-        producer.flush(timeout=sess.timeout_s + 120)
+        producer.flush(timeout=sess.timeout_s * 2 + 5)
     finally:
         if bar is not None:
             bar.update(os.path.getsize(path) if is_file else sent_bytes)
