@@ -229,8 +229,8 @@ def plan_reset(
 
 @groups.command("reset-offsets")
 @click.argument("group")
-@click.option("--to-earliest", "strategy", flag_value="earliest", help="To each partition's log start.")
-@click.option("--to-latest", "strategy", flag_value="latest", help="To each partition's log end (skip everything).")
+@click.option("--to-earliest", is_flag=True, help="To each partition's log start.")
+@click.option("--to-latest", is_flag=True, help="To each partition's log end (skip everything).")
 @click.option("--to-datetime", "to_datetime", metavar="T",
               help="To the first offset appended at or after T: ISO 8601 (2024-05-01T12:00:00, local time unless "
                    "Z or +hh:mm) or epoch milliseconds.")
@@ -243,7 +243,7 @@ def plan_reset(
 @click.option("--execute", is_flag=True, help="Apply the change. Without it this is a dry run that only shows the plan.")
 @output_option
 @click.pass_context
-def reset_offsets(ctx: click.Context, group: str, strategy: str | None, to_datetime: str | None,
+def reset_offsets(ctx: click.Context, group: str, to_earliest: bool, to_latest: bool, to_datetime: str | None,
                   to_offset: int | None, shift_by: int | None, partitions: tuple[str, ...], execute: bool,
                   output: str) -> None:
     """Move GROUP's committed offsets. A dry run unless --execute.
@@ -259,7 +259,7 @@ def reset_offsets(ctx: click.Context, group: str, strategy: str | None, to_datet
       dmq groups reset-offsets G_orders_billing --to-datetime 2024-05-01T09:00:00 --partitions 0,1 --execute
     """
     chosen = [name for name, given in (
-        ("--to-earliest", strategy == "earliest"), ("--to-latest", strategy == "latest"),
+        ("--to-earliest", to_earliest), ("--to-latest", to_latest),
         ("--to-datetime", to_datetime is not None), ("--to-offset", to_offset is not None),
         ("--shift-by", shift_by is not None)) if given]
     if len(chosen) != 1:
@@ -269,13 +269,13 @@ def reset_offsets(ctx: click.Context, group: str, strategy: str | None, to_datet
         )
     value: int | None = None
     datetime_ms: int | None = None
+    strategy = "earliest" if to_earliest else "latest"
     if to_datetime is not None:
         strategy, datetime_ms = "datetime", parse_datetime_ms(to_datetime)
     elif to_offset is not None:
         strategy, value = "offset", to_offset
     elif shift_by is not None:
         strategy, value = "shift", shift_by
-    assert strategy is not None
     selected = parse_partitions(partitions)
 
     from dmq.proto import dmq_pb2 as pb
