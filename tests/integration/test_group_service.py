@@ -336,11 +336,10 @@ async def test_a_silent_member_expires_after_its_session_timeout(client: Client)
     quiet = await client.join(gid, session_timeout_ms=1_000)  # the coordinator's minimum
     alive = await client.join(gid, session_timeout_ms=10_000)
     await client.settle(gid, [quiet, alive])
-    # Only `alive` talks from now on; its long poll ends when the expiry's rebalance is done.
-    answer = await client.assignment(gid, alive, 0)
-    while len(answer.partitions) < 2:
-        answer = await client.assignment(gid, alive, WAIT_MS)
-    assert answer.generation == 2
+    # Only `alive` talks from now on (its watch stream); the expiry starts generation 2.
+    await client.generation_started(gid, alive, 2)
+    (answer,) = await client.settle(gid, [alive])
+    assert answer.generation == 2 and list(answer.partitions) == [0, 1]
     code, details = await status_of(client.heartbeat(gid, quiet))
     assert code == Code.NOT_FOUND and "join the group again" in details
 
@@ -584,7 +583,9 @@ async def test_added_partitions_are_assigned_by_a_rebalance(client: Client) -> N
     await client.settle(gid, [a])
     await client.meta.AddPartitions(pb.AddPartitionsRequest(name="t", partitions=4), timeout=TIMEOUT_S)
     answer = await client.assignment(gid, a, WAIT_MS)
-    while answer.rebalance_in_progress or len(answer.partitions) < 4:
+    for _ in range(5):
+        if not answer.rebalance_in_progress and len(answer.partitions) == 4:
+            break
         answer = await client.assignment(gid, a, WAIT_MS)
     assert list(answer.partitions) == [0, 1, 2, 3] and answer.generation == 2
 
