@@ -133,7 +133,9 @@ def test_server_down_is_one_line_naming_the_address(dmq_bare: Any, unused_addres
     expected = (f"Error: cannot reach the coordinator at {address} — is `dmq server` running? "
                 "(point elsewhere with --bootstrap HOST:PORT or DMQ_BOOTSTRAP)")
     for args in (("topics", "list"), ("topics", "create", "x"), ("brokers", "list"), ("groups", "list"),
-                 ("topics", "describe", "x", "-o", "json")):
+                 ("topics", "describe", "x", "-o", "json"), ("groups", "describe", "G_x_y"),
+                 ("groups", "reset-offsets", "G_x_y", "--to-earliest"), ("produce", "x"), ("consume", "x"),
+                 ("consume", "x", "--group", "app"), ("bench", "produce", "-t", "x"), ("bench", "consume", "-t", "x")):
         result = dmq_bare(*args, bootstrap=address, timeout_s=20)
         assert result.returncode == 1, result
         assert result.stdout == ""
@@ -157,3 +159,26 @@ def test_help_explains_every_flag_with_its_default(dmq_bare: Any) -> None:
             assert param.required or param.is_flag or param.show_default, f"{command} {param.opts[0]} hides its default"
         result = dmq_bare(command, "--help")
         assert result.returncode == 0 and "[default:" in result.stdout
+
+
+TOPIC_KEYS = {"name", "partition_count", "created_ms", "messages", "size_bytes", "config"}
+PARTITION_KEYS = {"partition", "leader_id", "leader_address", "leader_alive", "log_start_offset", "log_end_offset",
+                  "messages", "size_bytes", "segment_count", "error"}
+CONFIG_KEYS = {"retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes"}
+BROKER_KEYS = {"broker_id", "address", "host", "port", "alive", "last_heartbeat_ms", "partitions_led"}
+
+
+def test_json_schemas_are_stable(dmq: Dmq) -> None:
+    """Scripts depend on these keys: renaming or removing one must fail here (adding is fine: extend)."""
+    dmq.ok("topics", "create", "cli-schema", "-p", "2")
+    listed = dmq.json("topics", "list")
+    assert set(listed) == {"topics"}
+    for t in listed["topics"]:
+        assert set(t) == TOPIC_KEYS and set(t["config"]) == CONFIG_KEYS
+    described = dmq.json("topics", "describe", "cli-schema")
+    assert set(described) == TOPIC_KEYS | {"partitions"}
+    assert all(set(p) == PARTITION_KEYS for p in described["partitions"])
+    assert set(dmq.json("topics", "alter", "cli-schema", "-p", "3")) == TOPIC_KEYS | {"partitions"}
+    assert set(dmq.json("topics", "create", "cli-schema", "--if-not-exists")) == TOPIC_KEYS | {"partitions", "created"}
+    brokers = dmq.json("brokers", "list")
+    assert set(brokers) == {"brokers"} and all(set(b) == BROKER_KEYS for b in brokers["brokers"])

@@ -161,3 +161,25 @@ def test_group_error_paths(dmq: Dmq) -> None:
         result = dmq(*args)
         assert result.returncode == 2, result
         assert result.stdout == ""
+
+
+def test_group_json_schemas_are_stable(dmq: Dmq) -> None:
+    """Scripts depend on these keys: renaming or removing one must fail here (adding is fine: extend)."""
+    dmq.ok("topics", "create", "g-schema")
+    dmq.ok("produce", "g-schema", input="a\nb\n")
+    dmq.ok("consume", "g-schema", "--group", "s", "--max-messages", "1")
+    group = "G_g-schema_s"
+    listed = dmq.json("groups", "list")
+    assert set(listed) == {"groups"}
+    assert all(set(g) == {"group_id", "topic", "state", "generation", "member_count", "total_lag"}
+               for g in listed["groups"])
+    d = dmq.json("groups", "describe", group)
+    assert set(d) == {"group_id", "topic", "state", "generation", "subscription", "members", "partitions", "total_lag"}
+    assert set(d["subscription"]) == {"mode", "from_ms", "created_ms"}
+    assert all(set(p) == {"partition", "committed_offset", "log_end_offset", "lag", "owner_member_id",
+                          "owner_client_id"} for p in d["partitions"])
+    plan = dmq.json("groups", "reset-offsets", group, "--to-latest")
+    assert set(plan) == {"group_id", "topic", "executed", "strategy", "partitions"}
+    assert all(set(p) == {"partition", "current_offset", "new_offset", "log_start_offset", "log_end_offset",
+                          "lag_after", "clamped"} for p in plan["partitions"])
+    assert dmq.json("groups", "delete", group) == {"deleted": group}

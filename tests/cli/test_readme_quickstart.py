@@ -63,6 +63,15 @@ def test_quickstart_runs_command_by_command(server: ServerProcess, dmq: Dmq) -> 
 
     consumed = next(out for cmd, out in outputs if cmd.startswith("dmq consume"))
     assert sorted(consumed.split()) == ["order-1", "order-2", "order-3"]
+    # "produce one more message and watch the lag become 1"
+    listed = next(out for cmd, out in outputs if cmd.startswith("dmq groups list"))
+    row = next(line.split() for line in listed.splitlines() if line.startswith("G_orders_billing "))
+    assert row[:3] == ["G_orders_billing", "orders", "EMPTY"] and row[-1] == "1", listed
+    # "these three keys land on partitions 2, 0 and 1"
+    described = next(out for cmd, out in outputs if cmd.startswith("dmq topics describe"))
+    ends = {int(cols[0]): int(cols[5]) for cols in (line.split() for line in described.splitlines())
+            if len(cols) > 6 and cols[0].isdigit()}
+    assert ends == {0: 1, 1: 1, 2: 1}, described
 
     # What the prose promises: the group exists for orders, and the reset rewound it to the log
     # start, so its lag is every message produced (three, then one more).
