@@ -41,9 +41,11 @@ def timeout_s(ctx: click.Context) -> float:
 def client_error(e: BaseException, address: str) -> CLIError:
     """A dmq.client error (or anything else from the client library) as a CLIError."""
     text = one_line(str(e)) or type(e).__name__
-    name = type(e).__name__
-    if is_connect_failure(text) or name in ("CoordinatorUnavailableError",) and "connect" in text.lower():
-        return coordinator_unreachable(address)
+    if is_connect_failure(text):
+        if address in text or "coordinator" in text.lower():
+            return coordinator_unreachable(address)
+        # gRPC's own text after the first ':' is noise for an operator; keep what was being done.
+        return CLIError(f"cannot reach a broker — is it running? (see `dmq brokers list`): {text.split(': failed')[0]}")
     return CLIError(text)
 
 

@@ -60,7 +60,7 @@ def test_partition_lists() -> None:
 
 
 def test_datetimes() -> None:
-    utc = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
+    utc = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC)
     assert parse_datetime_ms("2024-05-01T12:00:00Z") == int(utc.timestamp() * 1000)
     assert parse_datetime_ms("2024-05-01T14:00:00+02:00") == int(utc.timestamp() * 1000)
     assert parse_datetime_ms("1714564800000") == 1714564800000

@@ -82,7 +82,7 @@ def test_group_lag_describe_list_reset_delete(dmq: Dmq) -> None:
     assert [(p["new_offset"], p["clamped"]) for p in clamped["partitions"]] == [(ends[0], True), (ends[1], True)]
     assert dmq.json("groups", "describe", group)["total_lag"] == 0
 
-    future = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)).isoformat()
+    future = (dt.datetime.now(dt.UTC) + dt.timedelta(days=1)).isoformat()
     past = "2000-01-01T00:00:00Z"
     assert [p["new_offset"] for p in dmq.json("groups", "reset-offsets", group, "--to-datetime", future)["partitions"]] \
         == [ends[0], ends[1]]
