@@ -8,6 +8,7 @@ in a fraction of a second.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 import click
@@ -77,9 +78,11 @@ def _check_bootstrap(ctx: click.Context, param: click.Parameter, value: str) -> 
               callback=_check_bootstrap, help="Coordinator address HOST:PORT (env DMQ_BOOTSTRAP).")
 @click.option("--timeout", "timeout_s", envvar="DMQ_TIMEOUT", metavar="SECONDS", type=click.FloatRange(0.1), default=15.0,
               show_default=True, help="Seconds to wait for the cluster to answer a request (env DMQ_TIMEOUT).")
+@click.option("-v", "--verbose", count=True,
+              help="Show the client library's log on stderr: -v warnings, -vv everything (produce, consume, bench).")
 @click.version_option(package_name="dmq", prog_name="dmq")
 @click.pass_context
-def cli(ctx: click.Context, bootstrap: str, timeout_s: float) -> None:
+def cli(ctx: click.Context, bootstrap: str, timeout_s: float, verbose: int) -> None:
     """DMQ: a Kafka-style message queue. Start with `dmq server`, then `dmq topics create`.
 
     \b
@@ -87,6 +90,8 @@ def cli(ctx: click.Context, bootstrap: str, timeout_s: float) -> None:
     Listings take -o json for scripts.
     """
     ctx.ensure_object(dict)
+    if verbose:
+        os.environ["DMQ_CLIENT_LOG_LEVEL"] = "warning" if verbose == 1 else "debug"
     ctx.obj["bootstrap"] = bootstrap
     ctx.obj["timeout_s"] = timeout_s
 

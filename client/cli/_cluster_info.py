@@ -55,7 +55,7 @@ def describe_logs(sess: Session, topics: Iterable[Any]) -> tuple[dict[tuple[str,
         try:
             answer = sess.broker(address, "DescribeLogs", pb.DescribeLogsRequest(partitions=parts), broker_id=broker_id)
         except CLIError as e:
-            warnings.append(f"broker {broker_id} at {address}: {e.message}")
+            warnings.append(e.message)
             for tp in parts:
                 views[(tp.topic, tp.partition)].error = "broker unreachable"
             continue

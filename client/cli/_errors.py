@@ -8,6 +8,7 @@ earlier) is still reported as one line rather than a traceback.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -38,15 +39,24 @@ def timeout_s(ctx: click.Context) -> float:
     return float((root.obj or {}).get("timeout_s", 15.0))
 
 
+def explain(e: BaseException, bootstrap_address: str) -> str:
+    """A client-library error as one actionable sentence. gRPC's connection details ("failed to
+    connect to all addresses; last error: UNKNOWN: ipv4:...") become which server is unreachable."""
+    text = one_line(str(e)) or type(e).__name__
+    if not is_connect_failure(text):
+        return text
+    addresses = re.findall(r"\bat (\S+:\d+)", text)
+    address = addresses[-1] if addresses else None
+    if address is None or address == bootstrap_address and "broker" not in text.lower():
+        return coordinator_unreachable(bootstrap_address).message
+    what = re.match(r"^(?:[^:]*: )?(\w+ to \S+|\w+ \S+\[\d+\])", text)
+    doing = f" ({what.group(1)})" if what else ""
+    return f"cannot reach the broker at {address}{doing} — is it running? (see `dmq brokers list`)"
+
+
 def client_error(e: BaseException, address: str) -> CLIError:
     """A dmq.client error (or anything else from the client library) as a CLIError."""
-    text = one_line(str(e)) or type(e).__name__
-    if is_connect_failure(text):
-        if address in text or "coordinator" in text.lower():
-            return coordinator_unreachable(address)
-        # gRPC's own text after the first ':' is noise for an operator; keep what was being done.
-        return CLIError(f"cannot reach a broker — is it running? (see `dmq brokers list`): {text.split(': failed')[0]}")
-    return CLIError(text)
+    return CLIError(explain(e, address))
 
 
 def run_translating_errors(ctx: click.Context, invoke: Callable[[], Any]) -> Any:

@@ -24,7 +24,7 @@ from typing import IO, Any
 import click
 
 from dmq.client.cli._cluster_info import check_topic_name, describe_topic, list_offsets
-from dmq.client.cli._errors import bootstrap, session
+from dmq.client.cli._errors import bootstrap, explain, session
 from dmq.client.cli._output import err_console, human_bytes, note, print_json
 from dmq.client.cli._parse import jsonable_text, parse_headers
 from dmq.client.cli._session import CLIError
@@ -36,10 +36,12 @@ COMMIT_INTERVAL_S = 1.0
 
 def quiet_client_logs() -> None:
     """The client library logs through structlog, which prints to stdout by default: route it to
-    stderr and keep only warnings, so that consumed data is all stdout carries."""
+    stderr, and keep it silent unless asked (`dmq -v`), since the command reports failures itself
+    in one line and stdout must carry only data."""
     from dmq.client.cli.logging_setup import configure_logging
 
-    configure_logging("warning")
+    level = os.environ.get("DMQ_CLIENT_LOG_LEVEL", "critical")
+    configure_logging(level if level in ("debug", "info", "warning", "error", "critical") else "critical")
 
 
 # -- produce --------------------------------------------------------------------------------------
@@ -159,7 +161,7 @@ def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None
         print_json({"topic": topic, "messages": delivered, "bytes": sent_bytes, "failed": sent - delivered,
                     "elapsed_s": round(elapsed, 3), "partitions": {str(p): n for p, n in sorted(counts.items())}})
     if failures:
-        raise CLIError(f"{sent - delivered} of {sent} messages were not stored: {failures[0]}")
+        raise CLIError(f"{sent - delivered} of {sent} messages were not stored: {explain(failures[0], bootstrap(ctx))}")
     if output != "json":
         rate = f", {delivered / elapsed:,.0f} msgs/s" if elapsed > 0 and delivered >= 1000 else ""
         note(f"Produced {delivered} message{'s' if delivered != 1 else ''} ({human_bytes(sent_bytes)}) to "
