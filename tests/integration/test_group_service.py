@@ -486,21 +486,30 @@ async def test_a_partition_moves_only_after_its_old_owner_fetched_its_assignment
     await client.produce("t", 0, [b"m"] * 10)
     await client.produce("t", 1, [b"m"] * 10)
     new = await client.join(gid, "new")
-    # Generation 2 gives the new member a partition that `old` still owns: it gets nothing yet.
-    await client.generation_started(gid, new, 2)
-    pending = await client.assignment(gid, new)
-    assert pending.generation == 2 and list(pending.partitions) == [] and pending.rebalance_in_progress
-    d = await client.describe(gid)
-    (moving,) = next(m for m in d.members if m.member_id == new).target_partitions
-    code, _ = await status_of(client.commit(gid, new, 2, "t", {moving: 1}))
-    assert code == Code.FAILED_PRECONDITION  # not its partition yet
-    # The old owner's final commit, under its old generation, is still accepted...
-    await client.commit(gid, old, answer.generation, "t", {moving: 7})
-    d = await client.describe(gid)
-    assert [p.owner_member_id for p in d.partitions] == [old, old]
-    # ...and only its GetAssignment hands the partition over.
-    released = await client.assignment(gid, old)
-    assert moving not in released.partitions
+    # Generation 2 gives the new member a partition that `old` still owns: it gets nothing yet,
+    # however long it waits for it.
+    watch = client.groups.WatchGroup(pb.WatchGroupRequest(group_id=gid, member_id=new), timeout=TIMEOUT_S)
+    try:
+        while (event := await watch.read()).generation < 2:
+            pass
+        assert event.assignment_changed
+        pending = await client.assignment(gid, new, 100)
+        assert pending.generation == 2 and list(pending.partitions) == [] and pending.rebalance_in_progress
+        d = await client.describe(gid)
+        (moving,) = next(m for m in d.members if m.member_id == new).target_partitions
+        code, _ = await status_of(client.commit(gid, new, 2, "t", {moving: 1}))
+        assert code == Code.FAILED_PRECONDITION  # not its partition yet
+        # The old owner's final commit, under its old generation, is still accepted...
+        await client.commit(gid, old, answer.generation, "t", {moving: 7})
+        d = await client.describe(gid)
+        assert [p.owner_member_id for p in d.partitions] == [old, old]
+        # ...and only its GetAssignment hands the partition over; the new owner hears of it at once.
+        released = await client.assignment(gid, old)
+        assert moving not in released.partitions
+        event = await watch.read()
+        assert (event.generation, event.assignment_changed) == (2, True)
+    finally:
+        watch.cancel()
     answers = await client.settle(gid, [old, new])
     assert list(answers[1].partitions) == [moving]
     assert await client.committed(gid, "t", moving) == 7  # the new owner starts from the final commit
@@ -663,3 +672,24 @@ async def test_rpcs_before_start_are_unavailable_and_stop_without_start_is_safe(
     assert "serving=False" in repr(node.groups)
     await asyncio.wait_for(node.groups.stop(), TIMEOUT_S)
     await asyncio.wait_for(node.groups.stop(), TIMEOUT_S)
+
+
+async def test_stopping_the_service_ends_watch_streams_and_long_polls(client: Client, fast: ClusterThread) -> None:
+    await client.create_topic("t", 1)
+    gid = (await client.find("t", "app")).group_id
+    a, b = await client.join(gid), await client.join(gid)
+    await client.settle(gid, [a, b])
+    watch = client.groups.WatchGroup(pb.WatchGroupRequest(group_id=gid, member_id=a), timeout=TIMEOUT_S)
+    await watch.read()
+    c = await client.join(gid)  # owns nothing until a rebalance: its long poll waits
+    poll = asyncio.ensure_future(client.assignment(gid, c, WAIT_MS))
+    await client.generation_started(gid, a, 2)
+    fast.call(fast.cluster.coordinator.groups.stop())
+    for _ in range(3):  # events sent before the stop, then the end
+        if await watch.read() is grpc.aio.EOF:
+            break
+    assert await watch.code() == Code.OK
+    assert (await asyncio.wait_for(poll, TIMEOUT_S)).rebalance_in_progress
+    code, details = await status_of(client.heartbeat(gid, a))
+    assert code == Code.UNAVAILABLE and "stopping" in details
+

@@ -239,3 +239,15 @@ def test_new_mode_through_the_dmq_consumer(fast: ClusterThread) -> None:
         assert sorted(got) == [b"new-0", b"new-1"]
     finally:
         channel.close()
+
+
+async def test_describe_counts_lag_from_where_the_subscription_starts(client: Client) -> None:
+    await client.produce("t", 0, b"h1", b"h2", b"h3")
+    g_new, m_new, _ = await client.subscribe("t", "alerter", NEW)
+    g_all, m_all, _ = await client.subscribe("t", "archiver", ALL)
+    await client.produce("t", 0, b"n1", b"n2")
+    for gid in (g_new, g_all):
+        answer = await client.groups.DescribeGroup(pb.DescribeGroupRequest(group_id=gid), timeout=TIMEOUT_S)
+        (p,) = answer.partitions
+        expected = 2 if gid == g_new else 5  # `new` never reads the history, so it is no lag
+        assert (p.committed_offset, p.log_end_offset, p.lag, answer.total_lag) == (-1, 5, expected, expected)
