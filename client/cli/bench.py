@@ -75,14 +75,16 @@ class Reporter:
             self._progress.start()
         return self
 
-    def update(self, count: int, nbytes: int, extra: str = "") -> None:
+    def update(self, count: int, nbytes: int, extra: str = "", *, final: bool = False) -> None:
         if not self.enabled:
             return
         now = time.monotonic()
-        if now - self._last_report < (0.2 if self._progress is not None else self.interval_s):
+        if not final and now - self._last_report < (0.2 if self._progress is not None else self.interval_s):
             return
-        window = now - self._last_report
-        rate = (count - self._last_count) / window if window > 0 else 0.0
+        # The last report shows the run's average; the others the rate since the previous one.
+        since = self._started if final else self._last_report
+        window = now - since
+        rate = (count - (0 if final else self._last_count)) / window if window > 0 else 0.0
         mb_rate = nbytes / MB / max(1e-9, now - self._started)
         if self._progress is not None:
             self._progress.update(self._task, completed=count, rate=f"{rate:,.0f} msgs/s {mb_rate:.1f} MB/s {extra}")
@@ -194,7 +196,7 @@ def bench_produce(ctx: click.Context, topic: str, num_records: int, record_size:
                     if errors:
                         break
             producer.flush()
-            reporter.update(num_records, num_records * record_size)
+            reporter.update(num_records, num_records * record_size, final=True)
     finally:
         producer.close(timeout=30)
     elapsed = perf() - started
