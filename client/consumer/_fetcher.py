@@ -25,6 +25,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from itertools import islice
 from typing import Any
 
 import grpc
@@ -48,25 +50,26 @@ _OFFSET_INDEX = ConsumerRecord._fields.index("offset")
 class _PartitionBuffer:
     """Fetched data of one partition that the application has not been given yet."""
 
-    __slots__ = ("tp", "epoch", "chunks", "batches", "records", "index", "next_fetch_offset", "error")
+    __slots__ = ("tp", "epoch", "chunks", "batches", "current", "next_fetch_offset", "error")
 
     def __init__(self, tp: TopicPartition, epoch: int, fetch_offset: int) -> None:
         self.tp = tp
         self.epoch = epoch
         self.chunks: deque[bytes] = deque()  # raw answers, not decoded yet
         self.batches: deque[codec.RecordBatch] = deque()  # decoded headers, records not built
-        self.records: list[ConsumerRecord] = []  # records of the batch being drained
-        self.index = 0
+        # records of the batch being drained, built in C as they are taken
+        self.current: Iterator[ConsumerRecord] | None = None
         self.next_fetch_offset = fetch_offset
         self.error: DMQError | None = None
 
     def empty(self) -> bool:
-        return not self.chunks and not self.batches and self.index >= len(self.records)
+        return not self.chunks and not self.batches and self.current is None
 
     def take(self, n: int, position: int, verify_crc: bool) -> list[ConsumerRecord]:
         out: list[ConsumerRecord] = []
         while n > 0:
-            if self.index >= len(self.records):
+            it = self.current
+            if it is None:
                 if not self.batches:
                     if not self.chunks:
                         break
@@ -82,17 +85,17 @@ class _PartitionBuffer:
                 batch = self.batches.popleft()
                 if batch.header.last_offset < position:
                     continue
-                self.records = list(consumer_records(self.tp.topic, self.tp.partition, batch, position))
-                self.index = 0
-            i = self.index
-            chunk = self.records[i : i + n]
-            self.index = i + len(chunk)
-            n -= len(chunk)
-            if out:
-                out += chunk
-            else:
-                out = chunk
+                it = self.current = consumer_records(self.tp.topic, self.tp.partition, batch, position)
+            # islice over the batch's record iterator: only the records handed out are built
+            chunk = list(islice(it, n))
+            if len(chunk) < n:
+                self.current = None
             if chunk:
+                if out:
+                    out += chunk
+                else:
+                    out = chunk
+                n -= len(chunk)
                 position = chunk[-1][_OFFSET_INDEX] + 1
         return out
 

@@ -1,0 +1,179 @@
+"""DMQConsumer throughput and end-to-end latency against a real server.
+
+    .venv/bin/python bench/consumer_bench.py [--records 1000000] [--partitions 6]
+                                             [--rate 10000] [--latency-seconds 10]
+
+The embedded server runs in a subprocess (its own interpreter and GIL, like a deployment; the
+Server helper of bench/produce_consume.py). Then:
+
+  1. throughput: --records 100-byte values are produced (send_many, not timed) over
+     --partitions partitions; one DMQConsumer (a fresh group, subscription_mode "all") polls
+     them all, touching every record (len(record.value)). Printed: msgs/s from the first poll()
+     (join and first assignment included) and from the first record (steady state), for the
+     default max_poll_records and a larger one.
+  2. latency: a producer PROCESS sends 100-byte values carrying time.time_ns() at a steady
+     --rate msgs/s for --latency-seconds; the DMQConsumer in this process records, per record,
+     poll() return time minus send() time. Printed: p50 / p99 / p99.9 / max in ms.
+
+Targets (issue): >= 1,200,000 msgs/s touched; p99 <= 10 ms at 10,000 msgs/s. Redis Streams from
+Python reaches about 100,000 msgs/s group-consume on this machine (shared/peers/README.md).
+Figures vary from run to run on a shared machine: compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+
+import structlog
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from produce_consume import Server, make_values  # noqa: E402  (the bench helpers, reused)
+
+PRODUCER_SCRIPT = textwrap.dedent(
+    """
+    import struct, sys, time, logging
+    import structlog
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    from dmq.client import Producer
+    bootstrap, topic, rate, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+    pad = b"x" * 92
+    pack = struct.Struct("<q").pack
+    with Producer(bootstrap, acks="all", linger_ms=0) as p:
+        p.send(topic, pack(time.time_ns()) + pad).get(30)
+        print("READY", flush=True)
+        sys.stdin.readline()
+        n = int(rate * seconds)
+        start = time.perf_counter()
+        for i in range(n):
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0.0005:
+                time.sleep(delay)
+            p.send(topic, pack(time.time_ns()) + pad)
+        p.flush(60)
+    print("DONE", n, flush=True)
+    """
+)
+
+
+def consumer_config(bootstrap: str, **kw: object):  # type: ignore[no-untyped-def]
+    from dmq.client.consumer import ConsumerConfig
+
+    return ConsumerConfig(
+        metadata_service_url=bootstrap,
+        group_id=f"bench-{uuid.uuid4().hex[:8]}",
+        subscription_mode="all",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def bench_throughput(bootstrap: str, topic: str, n: int, max_poll_records: int) -> tuple[float, float]:
+    from dmq.client.consumer import DMQConsumer
+
+    with DMQConsumer(consumer_config(bootstrap, max_poll_records=max_poll_records)) as consumer:
+        consumer.subscribe(topic)
+        seen = 0
+        touched = 0
+        t0 = time.perf_counter()
+        first = 0.0
+        while seen < n:
+            records = consumer.poll(1.0)
+            if not first and records:
+                first = time.perf_counter()
+            for r in records:
+                touched += len(r.value)
+                seen += 1
+        t1 = time.perf_counter()
+    assert touched == 100 * seen, "every record touched"
+    return seen / (t1 - t0), seen / (t1 - first)
+
+
+def bench_latency(bootstrap: str, topic: str, rate: float, seconds: float) -> list[float]:
+    from dmq.client.consumer import DMQConsumer
+
+    producer = subprocess.Popen(
+        [sys.executable, "-c", PRODUCER_SCRIPT, bootstrap, topic, str(rate), str(seconds)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert producer.stdin is not None and producer.stdout is not None
+    if producer.stdout.readline().strip() != "READY":
+        raise SystemExit("latency producer did not start")
+    latencies_ms: list[float] = []
+    with DMQConsumer(consumer_config(bootstrap, fetch_max_wait_ms=500)) as consumer:
+        consumer.subscribe(topic)
+        while not consumer.assignment():  # join outside the measurement
+            consumer.poll(0.1)
+        consumer.seek_to_end()
+        consumer.poll(0)
+        producer.stdin.write("go\n")
+        producer.stdin.flush()
+        expected = int(rate * seconds)
+        deadline = time.monotonic() + seconds + 30
+        while len(latencies_ms) < expected and time.monotonic() < deadline:
+            records = consumer.poll(0.5)
+            now = time.time_ns()
+            for r in records:
+                latencies_ms.append((now - int.from_bytes(r.value[:8], "little", signed=True)) / 1e6)
+    producer.wait(60)
+    return latencies_ms
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", type=int, default=1_000_000)
+    p.add_argument("--partitions", type=int, default=6)
+    p.add_argument("--rate", type=float, default=10_000)
+    p.add_argument("--latency-seconds", type=float, default=10.0)
+    p.add_argument("--runs", type=int, default=3, help="throughput runs per setting (best and median shown)")
+    args = p.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    from dmq.client import AdminClient, Producer
+
+    with tempfile.TemporaryDirectory(prefix="dmq-consumer-bench-") as tmp:
+        server = Server(pathlib.Path(tmp))
+        try:
+            with AdminClient(server.bootstrap) as admin:
+                admin.create_topic("bench", args.partitions)
+                admin.create_topic("latency", args.partitions)
+            values = make_values(args.records, 100)
+            per = args.records // args.partitions
+            with Producer(server.bootstrap, acks="all") as producer:
+                for part in range(args.partitions):
+                    chunk = values[part * per : (part + 1) * per if part < args.partitions - 1 else None]
+                    for i in range(0, len(chunk), 10_000):
+                        producer.send_many("bench", chunk[i : i + 10_000], partition=part)
+                producer.flush(300)
+            del values
+            print(f"DMQConsumer, {args.records:,} x 100-byte records over {args.partitions} partitions, "
+                  f"server in a subprocess")
+            for mpr in (500, 5000):
+                runs = [bench_throughput(server.bootstrap, "bench", args.records, mpr) for _ in range(args.runs)]
+                total = sorted(r[0] for r in runs)
+                steady = sorted(r[1] for r in runs)
+                print(f"  max_poll_records={mpr:<5}  from first poll: best {total[-1]:>10,.0f}  median "
+                      f"{statistics.median(total):>10,.0f} msgs/s | from first record: best {steady[-1]:>10,.0f}  "
+                      f"median {statistics.median(steady):>10,.0f} msgs/s")
+            lat = sorted(bench_latency(server.bootstrap, "latency", args.rate, args.latency_seconds))
+            print(f"End-to-end latency send() -> poll(), {args.rate:,.0f} msgs/s for {args.latency_seconds:.0f} s "
+                  f"({len(lat):,} records, producer acks=all linger_ms=0 in another process):")
+            print(f"  p50 {percentile(lat, 0.5):.2f} ms  p99 {percentile(lat, 0.99):.2f} ms  "
+                  f"p99.9 {percentile(lat, 0.999):.2f} ms  max {lat[-1]:.2f} ms")
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
