@@ -126,6 +126,8 @@ def test_reset_and_delete_refused_while_the_group_has_members(dmq: Dmq, dmq_exe:
                 "is empty: stop its consumers (or wait for their session timeout) and retry")
         busy_delete = dmq("groups", "delete", group)
         assert busy_delete.returncode == 1 and len(busy_delete.stderr.strip().splitlines()) == 1
+        # The running consumer commits what it printed about once a second.
+        _wait_for(lambda: dmq.json("groups", "describe", group)["total_lag"] == 0, "the consumer to commit")
     finally:
         consumer.send_signal(signal.SIGINT)  # commits what it printed and leaves the group
         out, err = consumer.communicate(timeout=WAIT_S)
