@@ -66,6 +66,7 @@ __all__ = [
 # A record's share of the batch arrays: timestamp delta, key offset and value offset (int32 each).
 RECORD_OVERHEAD_BYTES = 12
 MEMORY_CHUNK_BYTES = 64 * 1024
+MAX_TIMESTAMP_DELTA_MS = 2**31 - 1  # the codec's per-record timestamp deltas are int32
 
 Callback = Callable[[RecordMetadata | None, DMQError | None], None]
 
@@ -139,14 +140,17 @@ class ProducerBatch:
         if key is not None or self.keys is not None:
             if self.keys is None:
                 self.keys = [None] * n
+                self.limit = -1  # the fast path appends values only: keep it off this batch
             self.keys.append(key)
         if headers or self.headers is not None:
             if self.headers is None:
                 self.headers = [None] * n
+                self.limit = -1
             self.headers.append(headers or None)
         if timestamp_ms is not None or self.timestamps is not None:
             if self.timestamps is None:
                 self.timestamps = [self.created_ms] * n
+                self.limit = -1
             self.timestamps.append(self.created_ms if timestamp_ms is None else timestamp_ms)
         self.size += size
         self.values.append(value)
@@ -169,6 +173,16 @@ class ProducerBatch:
         self.size += size
         self.values.extend(values)
         return n
+
+    @property
+    def plain(self) -> bool:
+        """Values only: the fast path of send() may append (it does not touch the aux lists)."""
+        return self.keys is None and self.headers is None and self.timestamps is None
+
+    def accepts_timestamp(self, timestamp_ms: int) -> bool:
+        """Whether a record with this timestamp fits: the codec stores int32 deltas from the
+        first record's timestamp."""
+        return not self.values or abs(timestamp_ms - self.timestamp_of(0)) <= MAX_TIMESTAMP_DELTA_MS
 
     def timestamp_of(self, index: int) -> int:
         ts = self.timestamps
@@ -446,7 +460,7 @@ class Accumulator:
     def grow(self, b: ProducerBatch, nbytes: int) -> None:
         """Give an open batch more of the buffer memory. Lock held."""
         b.reserved += nbytes
-        if not b.sealed:
+        if not b.sealed and b.plain:
             b.limit = min(b.reserved, self.batch_size)
 
     def seal(self, b: ProducerBatch) -> None:

@@ -168,6 +168,10 @@ class Sender:
                 acc.newly_ready.clear()
         for q in list(self._active):
             if q.inflight is not None:
+                if q.ready and q.ready[0].payload is None:
+                    # Encode the next batch while this one is in flight, so that when the answer
+                    # comes the next Produce goes out at once (its sequence follows in order).
+                    self._encode_or_fail(q, q.ready[0], pop=True)
                 continue
             if not q.ready:
                 self._active.discard(q)
@@ -210,17 +214,25 @@ class Sender:
             # sequences wrap from 2**31-1 to 0, as the broker expects
             q.next_sequence = (seq + n) % (INT32_MAX + 1)
 
+    def _encode_or_fail(self, q: PartitionQueue, b: ProducerBatch, pop: bool = False) -> bool:
+        """Encode `b`; on a codec error fail it (popping it off the ready queue if asked)."""
+        where = f"{b.topic}[{b.partition}]"
+        try:
+            self._encode(q, b)
+            return True
+        except records.RecordTooLargeError as e:
+            err: DMQError = RecordTooLargeError(f"{where}: {e}: raise max_record_bytes or send smaller records")
+        except records.RecordsError as e:
+            err = InvalidArgumentError(f"{where}: cannot encode the batch: {e}")
+        if pop:
+            q.ready.remove(b)
+        self._fail(q, b, err)
+        return False
+
     def _dispatch(self, q: PartitionQueue, b: ProducerBatch, now: float) -> None:
         where = f"{b.topic}[{b.partition}]"
-        if b.payload is None:
-            try:
-                self._encode(q, b)
-            except records.RecordTooLargeError as e:
-                self._fail(q, b, RecordTooLargeError(f"{where}: {e}: raise max_record_bytes or send smaller records"))
-                return
-            except records.RecordsError as e:
-                self._fail(q, b, InvalidArgumentError(f"{where}: cannot encode the batch: {e}"))
-                return
+        if b.payload is None and not self._encode_or_fail(q, b):
+            return
         try:
             address = self._cluster.leader_for(b.topic, b.partition)
             stub = self._cluster.broker_stub(address)

@@ -261,8 +261,16 @@ class Producer:
                             partition = self._chooser.next(topic, meta.available)
                     p: int = partition  # type: ignore[assignment]
                     b = st.batches.get((topic, p))
-                    if b is not None and not b.sealed and b.values and b.size + size > self._batch_size:
-                        acc.seal(b)  # full: the record starts the next batch
+                    if (
+                        b is not None
+                        and not b.sealed
+                        and b.values
+                        and (
+                            b.size + size > self._batch_size
+                            or not b.accepts_timestamp(b.created_ms if timestamp_ms is None else timestamp_ms)
+                        )
+                    ):
+                        acc.seal(b)  # full (or the timestamp is too far off): start the next batch
                         if sticky:
                             partition = None  # a sealed sticky batch moves the topic on
                             continue
@@ -399,6 +407,9 @@ class Producer:
                     else:
                         p = partition
                     b = st.batches.get((topic, p))
+                    if b is not None and not b.sealed and b.values and not b.accepts_timestamp(b.created_ms):
+                        acc.seal(b)  # holds an explicit timestamp too far from now for int32 deltas
+                        continue
                     if b is not None and b.sealed:
                         b = None
                     room = batch_size - (b.size if b is not None else 0)
