@@ -67,8 +67,6 @@ from dmq.client.errors import (
 log = structlog.get_logger(__name__)
 
 CommitCallback = Callable[[dict[TopicPartition, OffsetAndMetadata], Exception | None], None]
-# Longest a poll() waits for a first assignment inside one GetAssignment call.
-_MAX_ASSIGNMENT_WAIT_MS = 5_000
 
 
 class DMQConsumer:
@@ -169,7 +167,7 @@ class DMQConsumer:
             fetcher = self._fetcher
             while True:
                 self._wakeup.clear()
-                self._coordinate(deadline)
+                self._coordinate()
                 if self._subs.needing_position():
                     self._initialise_positions()
                 records = fetcher.collect(self.config.max_poll_records)
@@ -179,9 +177,9 @@ class DMQConsumer:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return ConsumerRecords()
-                # Fetch answers and rebalance flags set _wakeup; the cap covers retry backoffs
-                # and the periodic assignment refresh, which nothing signals.
-                self._wakeup.wait(min(remaining, self._idle_wait_s()))
+                # Fetch answers and rebalance flags set _wakeup; the cap covers retry backoffs,
+                # which nothing signals.
+                self._wakeup.wait(min(remaining, self.config.retry_backoff_ms / 1000 or remaining))
         finally:
             self._in_poll = False
             self._last_poll = time.monotonic()
@@ -189,9 +187,6 @@ class DMQConsumer:
     def _poll_age_s(self) -> float:
         """Seconds since the application last called poll(); 0 while inside poll()."""
         return 0.0 if self._in_poll else time.monotonic() - self._last_poll
-
-    def _idle_wait_s(self) -> float:
-        return min(self.config.retry_backoff_ms, self.config.heartbeat_interval_ms) / 1000
 
     # -- group coordination (application thread) -------------------------------------------------
 
@@ -227,16 +222,12 @@ class DMQConsumer:
         self._call_coordinator(join, f"joining group {m.group_id}")
         self._heartbeat.track(m)
 
-    def _coordinate(self, deadline: float) -> None:
-        refresh_s = self.config.heartbeat_interval_ms / 1000
-        for m in list(self._memberships.values()):
+    def _coordinate(self) -> None:
+        for m in self._memberships.values():
             if m.rejoin_reason is not None or not m.joined:
                 self._rejoin(m)
-            now = time.monotonic()
-            # The periodic refresh keeps the coordinator's poll clock (max_poll_interval_ms)
-            # fed even when nothing is committed: GetAssignment counts as poll activity.
-            if m.assignment_stale or now - m.last_poll_seen > refresh_s:
-                self._refresh_assignment(m, deadline)
+            if m.assignment_stale:
+                self._refresh_assignment(m)
 
     def _rejoin(self, m: Membership) -> None:
         reason = m.rejoin_reason or "not a member"
@@ -251,16 +242,15 @@ class DMQConsumer:
         if lost:
             self._listener_call("on_partitions_lost", lost)
 
-    def _refresh_assignment(self, m: Membership, deadline: float) -> None:
+    def _refresh_assignment(self, m: Membership) -> None:
         m.assignment_stale = False
         owned = set(self._subs.assigned(m.topic))
         if owned:
             self._commit_before_handover(m)
-        wait_ms = 0
-        if not owned:
-            wait_ms = max(0, min(int((deadline - time.monotonic()) * 1000), _MAX_ASSIGNMENT_WAIT_MS))
         try:
-            response = self._groups.get_assignment(m, wait_ms)
+            # Never wait in the coordinator: partitions still held by their previous owner come
+            # with a later watch event / heartbeat, and poll() keeps consuming meanwhile.
+            response = self._groups.get_assignment(m, wait_ms=0)
         except UnknownMemberError as e:
             m.rejoin_reason = str(e)
             self._wakeup.set()

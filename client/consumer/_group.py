@@ -67,8 +67,6 @@ class Membership:
         self.generation = -1  # the generation of the last GetAssignment
         self.partitions: frozenset[int] = frozenset()
         self.rebalance_in_progress = False
-        # monotonic time of the last request the coordinator counts as poll activity
-        self.last_poll_seen = 0.0
         # flags written by the heartbeat thread
         self.assignment_stale = False
         self.rejoin_reason: str | None = None
@@ -148,7 +146,6 @@ class GroupClient:
             m.partitions = frozenset()
             m.rejoin_reason = None
             m.assignment_stale = True
-            m.last_poll_seen = time.monotonic()
         log.info("joined group", group=m.group_id, member=m.member_id, generation=response.generation)
 
     def get_assignment(self, m: Membership, wait_ms: int) -> pb.GetAssignmentResponse:
@@ -160,7 +157,6 @@ class GroupClient:
         m.generation = response.generation
         m.partitions = frozenset(response.partitions)
         m.rebalance_in_progress = response.rebalance_in_progress
-        m.last_poll_seen = time.monotonic()
         return response
 
     def leave(self, m: Membership) -> None:

@@ -149,7 +149,6 @@ class OffsetClient:
             for call, f in futures:
                 try:
                     f.result()
-                    call.membership.last_poll_seen = time.monotonic()
                 except grpc.RpcError as e:
                     err = self._commit_error(e, call)
                     if first is None or (first.retriable and not err.retriable):
@@ -181,7 +180,6 @@ class OffsetClient:
             err = None
             try:
                 f.result()
-                call.membership.last_poll_seen = time.monotonic()
             except grpc.RpcError as e:
                 err = self._commit_error(e, call)
             except grpc.FutureCancelledError:
