@@ -325,11 +325,8 @@ async def bench_heartbeats(server: Server, trivial: Server, in_flight: int, seco
     async with grpc.aio.insecure_channel(bootstrap, options=channel_options()) as channel:
         stub = pb_grpc.GroupCoordinatorStub(channel)
         group_id = await find_group(stub, "beats", "hb")
-        member_ids = [
-            (await stub.JoinGroup(pb.JoinGroupRequest(group_id=group_id, client_id="hb",
-                                                      session_timeout_ms=SESSION_TIMEOUT_MS), timeout=TIMEOUT_S)).member_id
-            for _ in range(in_flight)
-        ]
+        join = pb.JoinGroupRequest(group_id=group_id, client_id="hb", session_timeout_ms=SESSION_TIMEOUT_MS)
+        member_ids = [(await stub.JoinGroup(join, timeout=TIMEOUT_S)).member_id for _ in range(in_flight)]
         summary = await wait_stable_by_acking(stub, group_id, member_ids)
         requests = [pb.HeartbeatRequest(group_id=group_id, member_id=m, generation=summary) for m in member_ids]
         empty = [pb.HeartbeatRequest(group_id=group_id, member_id=m, generation=summary) for m in member_ids]

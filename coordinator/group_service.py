@@ -47,7 +47,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -211,7 +211,7 @@ class _Signals:
             event = members[member_id] = asyncio.Event()
         return event
 
-    def fire(self, group_id: str, member_ids: Iterable[str]) -> None:
+    def fire(self, group_id: str, member_ids: Collection[str]) -> None:
         members = self._events.get(group_id)
         if not members:
             return
@@ -221,9 +221,9 @@ class _Signals:
                 event.set()
             return
         for member_id in member_ids:
-            event = members.pop(member_id, None)
-            if event is not None:
-                event.set()
+            waiting = members.pop(member_id, None)
+            if waiting is not None:
+                waiting.set()
         if not members:
             del self._events[group_id]
 
@@ -506,7 +506,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
 
     @property
     def _broker_timeout_s(self) -> float:
-        return self.node.metadata.broker_call_timeout_ms / 1000
+        return float(self.node.metadata.broker_call_timeout_ms) / 1000
 
     def _leaders(self, topic: str, partitions: Iterable[int], *, need_alive: bool) -> dict[str, list[int]]:
         """partitions grouped by their leader's "host:port"; UNAVAILABLE when one has none (or,
@@ -517,8 +517,12 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         by_address: dict[str, list[int]] = {}
         for p in partitions:
             broker_id = record.leader(p)
-            address = self.node.metadata.broker_address(broker_id) if broker_id is not None else None
-            if address is None or (need_alive and not self.node.metadata.is_broker_alive(broker_id)):  # type: ignore[arg-type]
+            address = None if broker_id is None else self.node.metadata.broker_address(broker_id)
+            if (
+                broker_id is None
+                or address is None
+                or (need_alive and not self.node.metadata.is_broker_alive(broker_id))
+            ):
                 _fail(
                     grpc.StatusCode.UNAVAILABLE,
                     f"the broker of {topic}[{p}] (broker {broker_id}) is not available: start it, then retry",
@@ -535,7 +539,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 queries=[pb.OffsetQuery(topic=topic, partition=p, timestamp_ms=-1) for p in parts]
             )
             try:
-                response = await self.node.broker_pool.stub(address).ListOffsets(request, timeout=self._broker_timeout_s)
+                stub = self.node.broker_pool.stub(address)
+                response = await stub.ListOffsets(request, timeout=self._broker_timeout_s)
             except grpc.aio.AioRpcError as e:
                 _fail(
                     grpc.StatusCode.UNAVAILABLE,
@@ -661,7 +666,9 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._creating[group_id] = done
         try:
-            snapshot = await self._latest_offsets(request.topic, partition_count) if mode is SubscriptionMode.NEW else None
+            snapshot = None
+            if mode is SubscriptionMode.NEW:
+                snapshot = await self._latest_offsets(request.topic, partition_count)
             return await complete_even_if_cancelled(self._create_durably(request, mode, partition_count, snapshot))
         finally:
             del self._creating[group_id]
@@ -937,7 +944,9 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 ),
                 timeout=timeout,
             )
-            queries = [pb.OffsetQuery(topic=topic, partition=p, timestamp_ms=ts) for p in parts for ts in (-1, start_ts)]
+            queries = [
+                pb.OffsetQuery(topic=topic, partition=p, timestamp_ms=ts) for p in parts for ts in (-1, start_ts)
+            ]
             offsets_call = stub.ListOffsets(pb.ListOffsetsRequest(queries=queries), timeout=timeout)
             try:
                 committed_resp, offsets_resp = await asyncio.gather(committed_call, offsets_call)

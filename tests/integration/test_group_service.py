@@ -89,7 +89,9 @@ class Client:
 
     async def committed(self, group_id: str, topic: str, partition: int) -> int:
         response = await self.broker(topic, partition).FetchCommittedOffsets(
-            pb.FetchCommittedOffsetsRequest(group_id=group_id, partitions=[pb.TopicPartition(topic=topic, partition=partition)]),
+            pb.FetchCommittedOffsetsRequest(
+                group_id=group_id, partitions=[pb.TopicPartition(topic=topic, partition=partition)]
+            ),
             timeout=TIMEOUT_S,
         )
         return response.offsets[0].offset
@@ -99,7 +101,9 @@ class Client:
     async def find(self, topic: str, app_id: str, mode: int = pb.SUBSCRIPTION_MODE_UNSPECIFIED,
                    from_ms: int = 0) -> pb.FindOrCreateGroupResponse:
         return await self.groups.FindOrCreateGroup(
-            pb.FindOrCreateGroupRequest(topic=topic, app_id=app_id, subscription_mode=mode, subscription_from_ms=from_ms),
+            pb.FindOrCreateGroupRequest(
+                topic=topic, app_id=app_id, subscription_mode=mode, subscription_from_ms=from_ms
+            ),
             timeout=TIMEOUT_S,
         )
 
@@ -168,10 +172,13 @@ def owners(answers: Sequence[pb.GetAssignmentResponse]) -> list[int]:
 # -- FindOrCreateGroup ---------------------------------------------------------------------------
 
 
-async def test_find_or_create_records_the_group_once_and_the_first_mode_wins(client: Client, fast: ClusterThread) -> None:
+async def test_find_or_create_records_the_group_once_and_the_first_mode_wins(
+    client: Client, fast: ClusterThread
+) -> None:
     await client.create_topic("orders", 2)
     first = await client.find("orders", "billing", pb.SUBSCRIPTION_MODE_ALL)
-    assert (first.group_id, first.created, first.subscription.mode) == ("G_orders_billing", True, pb.SUBSCRIPTION_MODE_ALL)
+    assert (first.group_id, first.created) == ("G_orders_billing", True)
+    assert first.subscription.mode == pb.SUBSCRIPTION_MODE_ALL
     assert first.coordinator_address == fast.bootstrap
     assert first.subscription.created_ms > 0
     second = await client.find("orders", "billing", pb.SUBSCRIPTION_MODE_NEW)
