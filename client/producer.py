@@ -237,14 +237,10 @@ class Producer:
             )
         size = record_bytes + RECORD_OVERHEAD_BYTES
         meta = self._topic_metadata(topic)
-        count = meta.partition_count
         if partition is not None:
-            if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < count:
-                raise UnknownPartitionError(
-                    f"partition {partition!r} does not exist: topic {topic!r} has partitions 0..{count - 1}"
-                )
+            meta = self._check_partition(topic, partition, meta)
         elif key is not None:
-            partition = self._partitioner(key, count)
+            partition = self._partitioner(key, meta.partition_count)
         sticky = partition is None
         st = acc.thread_state(get_ident())
         credit = 0  # reserved buffer memory not yet given to a batch
@@ -343,10 +339,7 @@ class Producer:
         st = self._acc.thread_state(get_ident())
         segments: list[tuple[ProducerBatch, int, int, list[int] | None]] = []
         if partition is not None:
-            if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < count:
-                raise UnknownPartitionError(
-                    f"partition {partition!r} does not exist: topic {topic!r} has partitions 0..{count - 1}"
-                )
+            meta = self._check_partition(topic, partition, meta)
             self._append_run(st, topic, partition, meta, values, keys, sizes, None, segments)
         elif keys is None:
             self._append_run(st, topic, None, meta, values, None, sizes, None, segments)
@@ -471,6 +464,20 @@ class Producer:
                     raise
                 err = e
         raise DMQTimeoutError(f"metadata for topic {topic!r} not available within max_block_ms: {err}") from err
+
+    def _check_partition(self, topic: str, partition: Any, meta: TopicMetadata) -> TopicMetadata:
+        """`partition` must exist; the topic may have grown since we cached it, so ask once more."""
+        if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+            raise UnknownPartitionError(f"partition must be an int >= 0, got {partition!r}")
+        if partition >= meta.partition_count:
+            self._cluster.invalidate(topic)
+            meta = self._topic_metadata(topic)
+            if partition >= meta.partition_count:
+                raise UnknownPartitionError(
+                    f"partition {partition} does not exist: topic {topic!r} has partitions "
+                    f"0..{meta.partition_count - 1}"
+                )
+        return meta
 
     def partitions_for(self, topic: str) -> list[int]:
         return list(range(self._topic_metadata(topic).partition_count))
