@@ -167,7 +167,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--records-1k", type=int, default=1_000_000)
-    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=10_000, help="values per send_many() call")
     ap.add_argument("--rate", type=int, default=10_000, help="latency test: msgs/s")
     ap.add_argument("--latency-seconds", type=float, default=5.0)

@@ -25,7 +25,9 @@ batch is full, by flush()/close()) happens under the producer lock and does, in 
      through the slow path (under the lock) into a new batch;
   3. it saw ``sealed`` false after appending: the seal comes later and will count the record.
 
-Cases 1 and 2 are told apart under the lock, which the sealer holds until ``count`` is set.
+Cases 1 and 2 are told apart under the lock, which the sealer holds until ``count`` is set: the
+record is in the batch when it went into the list the seal counted (``values_id``) at an index
+below ``count``. (Once a batch is done its list is replaced by an empty one, to free the records.)
 Auxiliary lists (keys, headers, timestamps) are appended BEFORE the value, so whenever the sealer
 sees n values it also sees at least n entries of each; it uses the first ``count`` of each.
 
@@ -86,6 +88,7 @@ class ProducerBatch:
         "reserved",
         "sealed",
         "count",
+        "values_id",
         "created",
         "created_ms",
         "future",
@@ -110,6 +113,7 @@ class ProducerBatch:
         self.reserved = 0  # bytes of buffer_memory held
         self.sealed = False
         self.count = 0  # records in the batch, fixed at seal
+        self.values_id = 0  # id() of the values list the seal counted (see Producer._raced)
         self.created = time.monotonic()
         self.created_ms = created_ms  # the timestamp of records sent without one
         self.future: concurrent.futures.Future[int] = concurrent.futures.Future()  # -> base offset
@@ -183,6 +187,16 @@ class ProducerBatch:
         """Whether a record with this timestamp fits: the codec stores int32 deltas from the
         first record's timestamp."""
         return not self.values or abs(timestamp_ms - self.timestamp_of(0)) <= MAX_TIMESTAMP_DELTA_MS
+
+    def release_records(self) -> None:
+        """Drop the record objects once the batch is done (handles may outlive it by far).
+
+        `values` gets a new empty list rather than None: a fast-path append racing this still
+        works, and Producer._raced sees by the list's identity that the seal did not count it.
+        """
+        self.values = []
+        self.keys = None
+        self.headers = None
 
     def timestamp_of(self, index: int) -> int:
         ts = self.timestamps
@@ -469,6 +483,7 @@ class Accumulator:
             return
         b.sealed = True
         b.limit = -1
+        b.values_id = id(b.values)
         b.count = len(b.values)
         self.open.discard(b)
         if b.count == 0:  # only possible when a send failed between reserving and appending

@@ -355,6 +355,7 @@ class Sender:
             acc.incomplete.discard(b)
         acc.pool.release(b.reserved)
         b.reserved = 0
+        b.release_records()
 
     def _bump_epoch(self, q: PartitionQueue) -> None:
         if self._producer_id < 0:

@@ -193,17 +193,19 @@ class Producer:
                         values = b.values
                         values.append(value)
                         if b.sealed:
-                            return self._raced(b, len(values) - 1, value, callback)
+                            return self._raced(b, values, len(values) - 1, value, callback)
                         handle = RecordFuture(b, len(values) - 1)
                         if callback is not None:
                             handle.add_callback(callback)
                         return handle
         return self._send_slow(topic, value, key, headers, partition, timestamp_ms, callback)
 
-    def _raced(self, b: ProducerBatch, index: int, value: bytes, callback: Callback | None) -> RecordFuture:
+    def _raced(
+        self, b: ProducerBatch, values: list[bytes], index: int, value: bytes, callback: Callback | None
+    ) -> RecordFuture:
         """The batch was sealed around our append: did the seal count the record?"""
         with self._acc.lock:
-            included = index < b.count
+            included = id(values) == b.values_id and index < b.count
         if not included:
             return self._send_slow(b.topic, value, None, None, None, None, callback)
         handle = RecordFuture(b, index)

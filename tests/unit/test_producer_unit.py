@@ -608,14 +608,18 @@ def test_a_record_appended_after_its_batch_was_sealed_is_resent() -> None:
         with p._acc.lock:
             p._acc.seal(b)
         # the fast path appended "late" after the seal counted the records: index == count
-        b.values.append(b"late")
-        late = p._raced(b, 1, b"late", None)
+        sealed_list = b.values
+        sealed_list.append(b"late")
+        late = p._raced(b, sealed_list, 1, b"late", None)
         # and one that the seal did count stays where it is
-        counted = p._raced(b, 0, b"a", None)
+        counted = p._raced(b, sealed_list, 0, b"a", None)
         p.flush(WAIT_S)
         assert late.get(0).offset == 1 and counted.get(0).offset == 0
     assert broker.values("t", 0) == [b"a", b"late"]
     assert [c.header.record_count for c in broker.calls] == [1, 1]
+    # once done the batch drops its records; an append racing that is never counted as sent
+    assert b.values == []
+    assert not (id(b.values) == b.values_id)
 
 
 def test_many_threads_lose_and_duplicate_nothing() -> None:
