@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dmq.coordinator import group as machine
 from dmq.coordinator.embedded import ClusterOptions, ClusterThread
 from dmq.coordinator.node import CoordinatorNode
 from dmq.proto import dmq_pb2 as pb
@@ -571,7 +572,7 @@ async def test_describe_reports_committed_offsets_log_ends_and_lag(client: Clien
     assert d.total_lag == 8
 
 
-async def test_delete_group_only_when_empty_and_it_takes_the_offsets(client: Client) -> None:
+async def test_delete_group_only_when_empty_and_it_takes_the_offsets(client: Client, fast: ClusterThread) -> None:
     await client.create_topic("t", 1)
     await client.produce("t", 0, [b"a"] * 3)
     gid = (await client.find("t", "app")).group_id
@@ -584,6 +585,7 @@ async def test_delete_group_only_when_empty_and_it_takes_the_offsets(client: Cli
     await client.groups.DeleteGroup(pb.DeleteGroupRequest(group_id=gid), timeout=TIMEOUT_S)
     assert await client.committed(gid, "t", 0) == -1
     assert (await client.groups.ListGroups(pb.ListGroupsRequest(), timeout=TIMEOUT_S)).groups == []
+    assert fast.call(fast.cluster.coordinator.store.load_groups()) == []
     code, _ = await status_of(client.describe(gid))
     assert code == Code.NOT_FOUND
     assert (await client.find("t", "app")).created  # a new group, starting over
@@ -615,6 +617,45 @@ async def test_deleting_the_topic_deletes_its_groups(client: Client, fast: Clust
     assert code == Code.NOT_FOUND
     assert (await client.groups.ListGroups(pb.ListGroupsRequest(), timeout=TIMEOUT_S)).groups == []
     assert fast.call(fast.cluster.coordinator.store.load_groups()) == []
+
+
+# -- failures ------------------------------------------------------------------------------------
+
+
+async def test_a_group_that_cannot_be_saved_is_not_created(
+    client: Client, fast: ClusterThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await client.create_topic("t", 1)
+    store = fast.cluster.coordinator.store
+
+    async def broken_save(record: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store, "save_group", broken_save)
+    code, details = await status_of(client.find("t", "app"))
+    assert code == Code.UNAVAILABLE and "disk full" in details
+    assert (await client.groups.ListGroups(pb.ListGroupsRequest(), timeout=TIMEOUT_S)).groups == []
+    code, _ = await status_of(client.groups.JoinGroup(pb.JoinGroupRequest(group_id="G_t_app"), timeout=TIMEOUT_S))
+    assert code == Code.NOT_FOUND
+    monkeypatch.undo()
+    assert (await client.find("t", "app")).created
+
+
+async def test_an_unexpected_error_is_internal_and_the_service_keeps_serving(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await client.create_topic("t", 1)
+    gid = (await client.find("t", "app")).group_id
+    a = await client.join(gid)
+
+    def broken(*args: object) -> None:
+        raise ZeroDivisionError("bug")
+
+    monkeypatch.setattr(machine, "handle_heartbeat", broken)
+    code, details = await status_of(client.heartbeat(gid, a))
+    assert code == Code.INTERNAL and "ZeroDivisionError" in details
+    monkeypatch.undo()
+    await client.heartbeat(gid, a)  # the member is still there and the service still serves
 
 
 # -- lifecycle -----------------------------------------------------------------------------------
