@@ -132,10 +132,10 @@ def test_server_down_is_one_line_naming_the_address(dmq_bare: Any, unused_addres
     address = unused_address
     expected = (f"Error: cannot reach the coordinator at {address} — is `dmq server` running? "
                 "(point elsewhere with --bootstrap HOST:PORT or DMQ_BOOTSTRAP)")
-    for args in (("topics", "list"), ("topics", "create", "x"), ("brokers", "list"), ("groups", "list"),
-                 ("topics", "describe", "x", "-o", "json"), ("groups", "describe", "G_x_y"),
-                 ("groups", "reset-offsets", "G_x_y", "--to-earliest"), ("produce", "x"), ("consume", "x"),
-                 ("consume", "x", "--group", "app"), ("bench", "produce", "-t", "x"), ("bench", "consume", "-t", "x")):
+    # One command of each family (they share the Session / describe-first code paths).
+    for args in (("topics", "create", "x"), ("brokers", "list"), ("groups", "reset-offsets", "G_x_y", "--to-earliest"),
+                 ("topics", "describe", "x", "-o", "json"), ("produce", "x"), ("consume", "x", "--group", "app"),
+                 ("bench", "produce", "-t", "x")):
         result = dmq_bare(*args, bootstrap=address, timeout_s=20)
         assert result.returncode == 1, result
         assert result.stdout == ""
