@@ -352,6 +352,7 @@ class DMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow's end
         self._last_end: dict[TopicPartition, int] | None = None  # for Spark without read limits
         self._leaders: dict[TopicPartition, str] = {}
+        self._group_committed: dict[TopicPartition, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -387,6 +388,8 @@ class DMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         begin = from_json(start) if start is not None else dict(self._last_end or {})
+        if start is not None:
+            self._commit_to_group(begin)  # the batch ending at `start` is complete
         ends = self._log_ends()
         self._latest = dict(ends)
         if self._target is not None:
@@ -441,17 +444,25 @@ class DMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         self._last_end = from_json(end)
-        if not self.opts.group_id:
-            return
-        offsets = from_json(end)
-        if not offsets:
+        self._commit_to_group(from_json(end))
+
+    def _commit_to_group(self, offsets: dict[TopicPartition, int]) -> None:
+        """Mirror finished offsets into the groupId's consumer groups, best effort.
+
+        Spark calls commit(end) only when it starts the batch after the one ending at `end`, so
+        an availableNow query's last batch would never be committed; latestOffset(start) comes
+        right after a batch completes (start = its end, already in the checkpoint's commit log),
+        so both call this. Progress itself lives in the checkpoint; this is for
+        `dmq groups describe` and lag monitoring.
+        """
+        if not self.opts.group_id or not offsets or offsets == self._group_committed:
             return
         try:
             self.client.commit_as_operator(self.opts.group_id, offsets)
         except DMQError as e:
-            # Progress lives in the checkpoint; the group only mirrors it for `dmq groups describe`.
             log.warning("committing the stream's offsets to its group failed", group=self.opts.group_id, error=str(e))
         else:
+            self._group_committed = dict(offsets)
             log.debug("stream offsets committed", group=self.opts.group_id, partitions=len(offsets))
 
     def stop(self) -> None:

@@ -1,0 +1,171 @@
+"""Spark read throughput of the `dmq` source on local[2], against a tuple-yielding reader and Parquet.
+
+    .venv/bin/python bench/spark_bench.py [--rows 1000000] [--value-bytes 100] [--runs 3]
+                                          [--bootstrap host:port]
+
+Starts an embedded DMQ server in this process unless --bootstrap is given, produces the rows
+(two partitions), then times three readers of the same rows, each into `count()` and into
+`sum(length(value))`:
+
+  dmq       the source: Arrow batches built from the record-batch arrays (dmq.client.spark)
+  tuples    the naive Python data source: one tuple per record, built from the decoded records
+  parquet   a Parquet copy of the same rows (Spark's native reader: the ceiling)
+
+Each figure is the best of --runs after one warm-up query per reader (JVM JIT, Python workers).
+Targets: dmq >= 1,000,000 rows/s and >= 5x the tuple reader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import pathlib
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# Spark's Python workers must run this interpreter (it has dmq and pyarrow).
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+import structlog  # noqa: E402
+
+from dmq.client import AdminClient, Producer, SimpleConsumer  # noqa: E402
+from dmq.client.spark import local_session  # noqa: E402
+from dmq.client.spark.reader import DMQBatchReader, OffsetRange  # noqa: E402
+from dmq.client.spark.source import DMQDataSource  # noqa: E402
+
+TOPIC = "spark-bench"
+PARTITIONS = 2
+
+
+class TupleReader(DMQBatchReader):
+    """The naive way: the same input partitions, one Python tuple per record."""
+
+    def read(self, partition: Any) -> Iterator[tuple[Any, ...]]:
+        if not isinstance(partition, OffsetRange):
+            return
+        utc = dt.timezone.utc
+        r = partition
+        with SimpleConsumer(self.opts.bootstrap, max_wait_ms=0) as consumer:
+            for batch in consumer.consume_batches(r.topic, r.partition, r.start, end_offset=r.until):
+                for rec in batch.iter_from(r.start):
+                    if rec.offset >= r.until:
+                        return
+                    ts = dt.datetime.fromtimestamp(rec.timestamp / 1000, tz=utc)
+                    yield (rec.key, rec.value, r.topic, r.partition, rec.offset, ts, 0)
+
+
+class TupleSource(DMQDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "dmq_tuples"
+
+    def reader(self, schema: Any) -> TupleReader:
+        base = super().reader(schema)
+        return TupleReader(base.opts)
+
+
+def produce(bootstrap: str, rows: int, value_bytes: int) -> float:
+    admin = AdminClient(bootstrap)
+    try:
+        existing = {t.name for t in admin.list_topics()}
+        if TOPIC in existing:
+            admin.delete_topic(TOPIC)
+        admin.create_topic(TOPIC, PARTITIONS)
+    finally:
+        admin.close()
+    started = time.perf_counter()
+    chunk = 50_000
+    with Producer(bootstrap, acks=1, linger_ms=20) as producer:
+        futures = []
+        for first in range(0, rows, chunk):
+            n = min(chunk, rows - first)
+            values = [(b"%010d" % (first + i)).ljust(value_bytes, b"x") for i in range(n)]
+            futures.append(producer.send_many(TOPIC, values, partition=(first // chunk) % PARTITIONS))
+        producer.flush(300)
+        for f in futures:
+            f.wait(300)
+    return time.perf_counter() - started
+
+
+def best_time(action: Callable[[], Any], runs: int) -> tuple[float, Any]:
+    best = float("inf")
+    result = None
+    for _ in range(runs):
+        started = time.perf_counter()
+        result = action()
+        best = min(best, time.perf_counter() - started)
+    return best, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--bootstrap", help="use this running DMQ server instead of an embedded one")
+    args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings and up
+
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="dmq-spark-bench-"))
+    cluster = None
+    bootstrap = args.bootstrap
+    if bootstrap is None:
+        from dmq.coordinator.embedded import ClusterOptions, ClusterThread
+
+        cluster = ClusterThread(ClusterOptions(data_dir=workdir / "data")).start()
+        bootstrap = cluster.bootstrap
+    try:
+        produce_s = produce(bootstrap, args.rows, args.value_bytes)
+        print(f"produced {args.rows:,} x {args.value_bytes} B records in {produce_s:.1f} s")
+
+        spark = local_session("dmq-spark-bench", master="local[2]", log_level="ERROR")
+        spark.dataSource.register(TupleSource)
+
+        def load(fmt: str) -> Any:
+            return spark.read.format(fmt).option("bootstrap", bootstrap).option("subscribe", TOPIC).load()
+
+        parquet_path = str(workdir / "rows.parquet")
+        load("dmq").write.mode("overwrite").parquet(parquet_path)
+        frames = {
+            "dmq": lambda: load("dmq"),
+            "tuples": lambda: load("dmq_tuples"),
+            "parquet": lambda: spark.read.parquet(parquet_path),
+        }
+        queries = {
+            "count()": lambda df: df.count(),
+            "sum(length(value))": lambda df: df.selectExpr("sum(length(value))").collect()[0][0],
+        }
+        expected = {"count()": args.rows, "sum(length(value))": args.rows * args.value_bytes}
+        rates: dict[tuple[str, str], float] = {}
+        for reader, frame in frames.items():
+            queries["count()"](frame())  # warm-up
+            for qname, query in queries.items():
+                seconds, result = best_time(lambda: query(frame()), args.runs)
+                if result != expected[qname]:
+                    raise SystemExit(f"{reader} {qname} returned {result}, expected {expected[qname]}")
+                rates[(reader, qname)] = args.rows / seconds
+
+        print(f"\nSpark {spark.version} local[2], {args.rows:,} rows of {args.value_bytes} B, best of {args.runs}")
+        print(f"{'query':<22}{'dmq rows/s':>14}{'tuples rows/s':>16}{'parquet rows/s':>17}{'dmq/tuples':>12}{'dmq/parquet':>13}")
+        for qname in queries:
+            d, t, p = (rates[(r, qname)] for r in ("dmq", "tuples", "parquet"))
+            print(f"{qname:<22}{d:>14,.0f}{t:>16,.0f}{p:>17,.0f}{d / t:>11.1f}x{d / p:>12.2f}x")
+        worst = min(rates[("dmq", q)] for q in queries)
+        worst_ratio = min(rates[("dmq", q)] / rates[("tuples", q)] for q in queries)
+        print(
+            f"\ntarget >= 1,000,000 rows/s: {'met' if worst >= 1_000_000 else 'NOT met'} ({worst:,.0f}); "
+            f"target >= 5x tuples: {'met' if worst_ratio >= 5 else 'NOT met'} ({worst_ratio:.1f}x)"
+        )
+        spark.stop()
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
