@@ -419,8 +419,11 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             wake.clear()
             try:
                 async with self._lock:
-                    events = self._tick()
                     deadline_ms = self.registry.next_deadline_ms()
+                    due = deadline_ms is not None and deadline_ms <= self.clock.now_ms()
+                    events = self._tick() if due else []
+                    if due:
+                        deadline_ms = self.registry.next_deadline_ms()
                 self._publish(events)
             except Exception:  # noqa: BLE001 - the ticker must keep running; say what broke
                 log.exception("group timer tick failed")
@@ -1047,6 +1050,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
     # -- metadata listeners ----------------------------------------------------------------------
 
     async def _on_topic_deleted(self, topic: str) -> None:
+        if not self._serving:
+            return
         async with self._lock:
             result = self.registry.topic_deleted(topic, self.clock.now_ms())
         for group_id in result.response:
@@ -1055,6 +1060,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         await self._persist(result.records)
 
     async def _on_partitions_added(self, topic: str, partition_count: int) -> None:
+        if not self._serving:
+            return
         async with self._lock:
             result = self.registry.partition_count_changed(topic, partition_count, self.clock.now_ms())
         self._publish(result.events)
