@@ -166,10 +166,6 @@ async def client(fast: ClusterThread) -> AsyncIterator[Client]:
     await c.close()
 
 
-def owners(answers: Sequence[pb.GetAssignmentResponse]) -> list[int]:
-    return sorted(p for a in answers for p in a.partitions)
-
-
 # -- FindOrCreateGroup ---------------------------------------------------------------------------
 
 
@@ -334,6 +330,7 @@ async def test_leave_releases_partitions_and_the_survivor_takes_them(client: Cli
     await client.leave(gid, b)
     (answer,) = await client.settle(gid, [a])
     assert list(answer.partitions) == [0, 1, 2, 3] and answer.generation == 2
+    assert [p.owner_member_id for p in (await client.describe(gid)).partitions] == [a] * 4
     code, _ = await status_of(client.heartbeat(gid, b))
     assert code == Code.NOT_FOUND
 
