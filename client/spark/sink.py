@@ -156,9 +156,7 @@ class _TaskWriter:
                 topic,
                 values[i],
                 key=keys[i] if keys is not None else None,
-                # never None: send()'s no-headers fast path cannot share a batch with header or
-                # keyed records in this producer version
-                headers=[(h["key"], h["value"]) for h in hdrs] if hdrs else [],
+                headers=[(h["key"], h["value"]) for h in hdrs] if hdrs else None,
                 partition=partitions[i] if partitions is not None else None,
                 timestamp_ms=timestamps[i] if timestamps is not None else None,
                 callback=self._on_done,

@@ -38,7 +38,12 @@ def spark() -> Iterator[Any]:
 
     session = local_session(
         "dmq-tests",
-        conf={"spark.sql.shuffle.partitions": "2"},
+        conf={
+            # tiny jobs: fewer tasks and no adaptive re-planning keep each query well under a second
+            "spark.sql.shuffle.partitions": "1",
+            "spark.sql.adaptive.enabled": "false",
+            "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+        },
         log_level="ERROR",
     )
     yield session
@@ -68,11 +73,6 @@ class Helper:
         self.admin.create_topic(topic, partitions, config)
         return topic
 
-    def add_partitions(self, topic: str, total: int) -> None:
-        self.admin.add_partitions(topic, total)
-        # the producer caches partition counts (up to metadata_max_age_ms): make it look again
-        self.producer.cluster.invalidate(topic)
-
     def send(self, topic: str, rows: list[dict[str, Any]]) -> list[Any]:
         """Send rows (value, key, headers, partition, timestamp_ms); return their RecordMetadata."""
         futures = [
@@ -80,9 +80,7 @@ class Helper:
                 topic,
                 r["value"],
                 key=r.get("key"),
-                # [] rather than None keeps every record off send()'s fast path, which cannot
-                # share a batch with keyed / header records yet (see the Spark report)
-                headers=r.get("headers") or [],
+                headers=r.get("headers"),
                 partition=r.get("partition"),
                 timestamp_ms=r.get("timestamp_ms"),
             )

@@ -41,8 +41,7 @@ def test_batch_read_equals_what_was_produced_column_by_column(spark, dmq, topic_
             {
                 "value": b"v" * (i % 7) + str(i).encode(),
                 "key": None if i % 5 == 0 else f"k{i % 11}".encode(),
-                # null-key rows name their partition (else the key picks it)
-                "partition": i % 3 if i % 4 == 0 or i % 5 == 0 else None,
+                "partition": i % 3 if i % 4 == 0 else None,  # else the key or the sticky choice
                 "timestamp_ms": created_ms + i if i % 2 else None,
             }
         )

@@ -112,7 +112,7 @@ def test_latest_start_and_new_partitions_read_from_offset_zero(spark, dmq, topic
     assert sink.rows == []
 
     dmq.send_values(topic, [b"after-%d" % i for i in range(3)], partition=0)
-    dmq.add_partitions(topic, 2)
+    dmq.admin.add_partitions(topic, 2)
     dmq.send_values(topic, [b"new-%d" % i for i in range(4)], partition=1)
     run_available_now(stream(spark, dmq.bootstrap, topic), sink, checkpoint)
     assert sorted((p, o, v) for p, o, v in sink.rows) == [(0, 5 + i, b"after-%d" % i) for i in range(3)] + [
