@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import pathlib
 import signal
 import subprocess
@@ -114,7 +113,14 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
     signal.signal(signal.SIGINT, handle)
     signal.signal(signal.SIGTERM, handle)
     click.echo(f"DMQ cluster: coordinator on {bootstrap}, {brokers} broker processes; bootstrap=\"{bootstrap}\"; Ctrl-C stops", err=True)
-    while not stop["now"] and all(c.poll() is None for c in children):
+    # A broker that exits is reported and the rest keep running (that is how a broker failure is
+    # tried out locally); the cluster ends with the coordinator or on a signal.
+    reported: set[int] = set()
+    while not stop["now"] and children[0].poll() is None:
+        for i, c in enumerate(children[1:]):
+            if c.poll() is not None and i not in reported:
+                reported.add(i)
+                click.echo(f"broker {i} exited with code {c.returncode}; the others keep running", err=True)
         time.sleep(0.2)
     for c in children:
         if c.poll() is None:
