@@ -96,11 +96,13 @@ class ReadSettings:
 # Planning
 
 
-def current_partitions(client: SourceClient, opts: SourceOptions, *, streaming: bool) -> list[TopicPartition]:
+def current_partitions(
+    client: SourceClient, opts: SourceOptions, *, streaming: bool, warned: set[str] | None = None
+) -> list[TopicPartition]:
     """The topic-partitions the query reads now.
 
     A subscribed topic that does not exist fails a batch query; a stream waits for it (it is read
-    from offset 0 once created).
+    from offset 0 once created), warning once per topic in `warned`.
     """
     if opts.assign is not None:
         counts = client.partition_counts(opts.assign)
@@ -116,8 +118,10 @@ def current_partitions(client: SourceClient, opts: SourceOptions, *, streaming: 
         return tps
     counts = client.partition_counts(opts.topics, missing_ok=streaming)
     for topic in opts.topics:
-        if topic not in counts:
-            log.warning("subscribed topic does not exist yet", topic=topic)
+        if topic not in counts and (warned is None or topic not in warned):
+            log.warning("subscribed topic does not exist yet: reading it from offset 0 once created", topic=topic)
+            if warned is not None:
+                warned.add(topic)
     return [(t, p) for t in sorted(counts) for p in range(counts[t])]
 
 
@@ -353,6 +357,8 @@ class DMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_end: dict[TopicPartition, int] | None = None  # for Spark without read limits
         self._leaders: dict[TopicPartition, str] = {}
         self._group_committed: dict[TopicPartition, int] | None = None
+        self._warned: set[str] = set()  # missing topics already logged
+        self._group_error: str | None = None  # the last group commit failure, logged once
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -366,13 +372,13 @@ class DMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._client
 
     def _log_ends(self) -> dict[TopicPartition, int]:
-        tps = current_partitions(self.client, self.opts, streaming=True)
+        tps = current_partitions(self.client, self.opts, streaming=True, warned=self._warned)
         answers = self.client.list_offsets({tp: LATEST for tp in tps})
         self._leaders = _leaders(self.client, tps)
         return {tp: answers[tp].log_end_offset for tp in tps}
 
     def initialOffset(self) -> dict:
-        tps = current_partitions(self.client, self.opts, streaming=True)
+        tps = current_partitions(self.client, self.opts, streaming=True, warned=self._warned)
         offsets = resolve(self.client, self.opts.starting, tps, "startingOffsets")
         self._last_end = offsets
         return to_json(offsets)
@@ -460,8 +466,12 @@ class DMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             self.client.commit_as_operator(self.opts.group_id, offsets)
         except DMQError as e:
-            log.warning("committing the stream's offsets to its group failed", group=self.opts.group_id, error=str(e))
+            # once per distinct failure: a group shared with live consumers refuses every commit
+            level = log.debug if str(e) == self._group_error else log.warning
+            level("committing the stream's offsets to its group failed", group=self.opts.group_id, error=str(e))
+            self._group_error = str(e)
         else:
+            self._group_error = None
             self._group_committed = dict(offsets)
             log.debug("stream offsets committed", group=self.opts.group_id, partitions=len(offsets))
 
