@@ -140,7 +140,9 @@ class _TaskWriter:
         timestamps = None
         ti = rb.schema.get_field_index("timestamp")
         if ti >= 0:
-            timestamps = rb.column(ti).cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64()).to_pylist()
+            # Spark's timestamps are microseconds: truncate to the records' milliseconds
+            ms = rb.column(ti).cast(pa.timestamp("ms", tz="UTC"), safe=False)
+            timestamps = ms.cast(pa.int64()).to_pylist()
         self.rows += n
         if topics is None and partitions is None and headers is None and timestamps is None:
             assert opts.topic is not None
