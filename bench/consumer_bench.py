@@ -47,7 +47,7 @@ PRODUCER_SCRIPT = textwrap.dedent(
     bootstrap, topic, rate, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
     pad = b"x" * 92
     pack = struct.Struct("<q").pack
-    with Producer(bootstrap, acks="all", linger_ms=0) as p:
+    with Producer(bootstrap, acks=sys.argv[5] if sys.argv[5] == "all" else int(sys.argv[5]), linger_ms=0) as p:
         p.send(topic, pack(time.time_ns()) + pad).get(30)
         print("READY", flush=True)
         sys.stdin.readline()
@@ -76,7 +76,8 @@ def consumer_config(bootstrap: str, **kw: object):  # type: ignore[no-untyped-de
     )
 
 
-def bench_throughput(bootstrap: str, topic: str, n: int, max_poll_records: int) -> tuple[float, float]:
+def bench_throughput(bootstrap: str, topic: str, n: int, max_poll_records: int) -> tuple[float, float, float]:
+    """(msgs/s from the first poll, msgs/s from the first record, msgs per client CPU-second)."""
     from dmq.client.consumer import DMQConsumer
 
     with DMQConsumer(consumer_config(bootstrap, max_poll_records=max_poll_records)) as consumer:
@@ -84,24 +85,46 @@ def bench_throughput(bootstrap: str, topic: str, n: int, max_poll_records: int) 
         seen = 0
         touched = 0
         t0 = time.perf_counter()
-        first = 0.0
+        first = cpu0 = 0.0
         while seen < n:
             records = consumer.poll(1.0)
             if not first and records:
-                first = time.perf_counter()
+                first, cpu0 = time.perf_counter(), time.process_time()
             for r in records:
                 touched += len(r.value)
                 seen += 1
-        t1 = time.perf_counter()
+        t1, cpu1 = time.perf_counter(), time.process_time()
     assert touched == 100 * seen, "every record touched"
-    return seen / (t1 - t0), seen / (t1 - first)
+    return seen / (t1 - t0), seen / (t1 - first), seen / (cpu1 - cpu0)
 
 
-def bench_latency(bootstrap: str, topic: str, rate: float, seconds: float) -> list[float]:
+def run_throughput(bootstrap: str, args: argparse.Namespace) -> None:
+    from dmq.client import Producer
+
+    values = make_values(args.records, 100)
+    per = args.records // args.partitions
+    with Producer(bootstrap, acks="all") as producer:
+        for part in range(args.partitions):
+            chunk = values[part * per : (part + 1) * per if part < args.partitions - 1 else None]
+            for i in range(0, len(chunk), 10_000):
+                producer.send_many("bench", chunk[i : i + 10_000], partition=part)
+        producer.flush(300)
+    del values
+    print(f"DMQConsumer, {args.records:,} x 100-byte records over {args.partitions} partitions, each record "
+          f"touched, server in a subprocess ({args.runs} runs; best / median):")
+    for mpr in (500, 5000):
+        runs = [bench_throughput(bootstrap, "bench", args.records, mpr) for _ in range(args.runs)]
+        total, steady, per_cpu = (sorted(r[i] for r in runs) for i in range(3))
+        print(f"  max_poll_records={mpr:<5} from first record {steady[-1]:>10,.0f} / {statistics.median(steady):>10,.0f} "
+              f"msgs/s | from subscribe (join included) {total[-1]:>10,.0f} / {statistics.median(total):>10,.0f} | "
+              f"per client CPU-second {per_cpu[-1]:>10,.0f} / {statistics.median(per_cpu):>10,.0f}")
+
+
+def bench_latency(bootstrap: str, topic: str, rate: float, seconds: float, acks: str = "all") -> list[float]:
     from dmq.client.consumer import DMQConsumer
 
     producer = subprocess.Popen(
-        [sys.executable, "-c", PRODUCER_SCRIPT, bootstrap, topic, str(rate), str(seconds)],
+        [sys.executable, "-c", PRODUCER_SCRIPT, bootstrap, topic, str(rate), str(seconds), acks],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     assert producer.stdin is not None and producer.stdout is not None
@@ -138,9 +161,11 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=10_000)
     p.add_argument("--latency-seconds", type=float, default=10.0)
     p.add_argument("--runs", type=int, default=3, help="throughput runs per setting (best and median shown)")
+    p.add_argument("--only", choices=["throughput", "latency"], help="run one of the two parts")
+    p.add_argument("--acks", choices=["all", "1"], default="all", help="the latency producer's acks")
     args = p.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    from dmq.client import AdminClient, Producer
+    from dmq.client import AdminClient
 
     with tempfile.TemporaryDirectory(prefix="dmq-consumer-bench-") as tmp:
         server = Server(pathlib.Path(tmp))
@@ -148,29 +173,14 @@ def main() -> None:
             with AdminClient(server.bootstrap) as admin:
                 admin.create_topic("bench", args.partitions)
                 admin.create_topic("latency", args.partitions)
-            values = make_values(args.records, 100)
-            per = args.records // args.partitions
-            with Producer(server.bootstrap, acks="all") as producer:
-                for part in range(args.partitions):
-                    chunk = values[part * per : (part + 1) * per if part < args.partitions - 1 else None]
-                    for i in range(0, len(chunk), 10_000):
-                        producer.send_many("bench", chunk[i : i + 10_000], partition=part)
-                producer.flush(300)
-            del values
-            print(f"DMQConsumer, {args.records:,} x 100-byte records over {args.partitions} partitions, "
-                  f"server in a subprocess")
-            for mpr in (500, 5000):
-                runs = [bench_throughput(server.bootstrap, "bench", args.records, mpr) for _ in range(args.runs)]
-                total = sorted(r[0] for r in runs)
-                steady = sorted(r[1] for r in runs)
-                print(f"  max_poll_records={mpr:<5}  from first poll: best {total[-1]:>10,.0f}  median "
-                      f"{statistics.median(total):>10,.0f} msgs/s | from first record: best {steady[-1]:>10,.0f}  "
-                      f"median {statistics.median(steady):>10,.0f} msgs/s")
-            lat = sorted(bench_latency(server.bootstrap, "latency", args.rate, args.latency_seconds))
-            print(f"End-to-end latency send() -> poll(), {args.rate:,.0f} msgs/s for {args.latency_seconds:.0f} s "
-                  f"({len(lat):,} records, producer acks=all linger_ms=0 in another process):")
-            print(f"  p50 {percentile(lat, 0.5):.2f} ms  p99 {percentile(lat, 0.99):.2f} ms  "
-                  f"p99.9 {percentile(lat, 0.999):.2f} ms  max {lat[-1]:.2f} ms")
+            if args.only != "latency":
+                run_throughput(server.bootstrap, args)
+            if args.only != "throughput":
+                lat = sorted(bench_latency(server.bootstrap, "latency", args.rate, args.latency_seconds, args.acks))
+                print(f"End-to-end latency send() -> poll(), {args.rate:,.0f} msgs/s for {args.latency_seconds:.0f} s "
+                      f"({len(lat):,} records; producer acks={args.acks}, linger_ms=0, in another process):")
+                print(f"  p50 {percentile(lat, 0.5):.2f} ms  p99 {percentile(lat, 0.99):.2f} ms  "
+                      f"p99.9 {percentile(lat, 0.999):.2f} ms  max {lat[-1]:.2f} ms")
         finally:
             server.stop()
 

@@ -169,7 +169,7 @@ class DMQConsumer:
                 self._wakeup.clear()
                 self._coordinate()
                 if self._subs.needing_position():
-                    self._initialise_positions()
+                    self._initialise_positions(in_poll=True)
                 records = fetcher.collect(self.config.max_poll_records)
                 fetcher.send_fetches()
                 if records:
@@ -319,12 +319,23 @@ class DMQConsumer:
 
     # -- positions -------------------------------------------------------------------------------
 
-    def _initialise_positions(self) -> None:
+    def _initialise_positions(self, in_poll: bool = False) -> None:
+        """Find the positions of partitions that have none. Inside poll() a retriable failure
+        (a broker away) is logged and retried at the next iteration, so poll() keeps its timeout
+        and the other partitions keep flowing; position() retries up to request_timeout_ms."""
+        try:
+            self._lookup_positions(retry=not in_poll)
+        except DMQError as e:
+            if not (in_poll and e.retriable):
+                raise
+            self._log.warning("looking up positions failed; retrying", error=str(e))
+
+    def _lookup_positions(self, retry: bool) -> None:
         need = self._subs.needing_position()
         unknown = [tp for tp in need if self._subs.state(tp).reset is None]
         if unknown:
             group_ids = {tp.topic: self._memberships[tp.topic].group_id for tp in unknown}
-            committed = self._offsets.fetch_committed(unknown, group_ids)
+            committed = self._offsets.fetch_committed(unknown, group_ids, retry=retry)
             for tp in unknown:
                 state = self._subs.get(tp)
                 if state is None or state.position is not None:
@@ -340,7 +351,7 @@ class DMQConsumer:
                     state.reset = EARLIEST
         lookups = {tp: s.reset for tp, s in self._subs.items() if s.position is None and s.reset is not None}
         if lookups:
-            found = self._offsets.list_offsets(lookups)  # type: ignore[arg-type]
+            found = self._offsets.list_offsets(lookups, retry=retry)  # type: ignore[arg-type]
             for tp, offset in found.items():
                 state = self._subs.get(tp)
                 if state is not None and state.position is None:
@@ -553,7 +564,7 @@ class DMQConsumer:
         if self._closed:
             return
         try:
-            self._run_commit_callbacks()
+            self._wait_for_async_commits()
             for topic in list(self._memberships):
                 try:
                     self._leave_topic(topic, call_listener=True)

@@ -62,7 +62,15 @@ class OffsetClient:
 
     # -- retry helper ------------------------------------------------------------------------------
 
-    def _retrying(self, what: str, topics: Iterable[str], fn: Callable[[], T]) -> T:
+    def _retrying(self, what: str, topics: Iterable[str], fn: Callable[[], T], retry: bool = True) -> T:
+        if not retry:
+            try:
+                return fn()
+            except DMQError as e:
+                if e.invalid_metadata:
+                    for t in set(topics):
+                        self._cluster.invalidate(t)
+                raise
         deadline = time.monotonic() + self._timeout_s
         delay_s = self._config.retry_backoff_ms / 1000
         while True:
@@ -213,9 +221,10 @@ class OffsetClient:
     # -- reading -----------------------------------------------------------------------------------
 
     def fetch_committed(
-        self, tps: Iterable[TopicPartition], group_ids: Mapping[str, str]
+        self, tps: Iterable[TopicPartition], group_ids: Mapping[str, str], *, retry: bool = True
     ) -> dict[TopicPartition, OffsetAndMetadata | None]:
-        """Committed offsets of tps (None = nothing committed); group_ids maps topic -> group id."""
+        """Committed offsets of tps (None = nothing committed); group_ids maps topic -> group id.
+        With retry=False a retriable failure is raised at once (the caller retries later)."""
         tps = list(tps)
         if not tps:
             return {}
@@ -237,9 +246,9 @@ class OffsetClient:
                     )
             return out
 
-        return self._retrying("reading committed offsets", {tp.topic for tp in tps}, attempt)
+        return self._retrying("reading committed offsets", {tp.topic for tp in tps}, attempt, retry)
 
-    def list_offsets(self, queries: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+    def list_offsets(self, queries: Mapping[TopicPartition, int], *, retry: bool = True) -> dict[TopicPartition, int]:
         """ListOffsets: timestamp -2 = log start, -1 = log end, >= 0 = first offset appended at or
         after it (the log end when there is none)."""
         if not queries:
@@ -271,4 +280,4 @@ class OffsetClient:
                         raise UnknownServerError(a.error_message)
             return out
 
-        return self._retrying("listing offsets", {tp.topic for tp in queries}, attempt)
+        return self._retrying("listing offsets", {tp.topic for tp in queries}, attempt, retry)
