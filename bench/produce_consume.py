@@ -12,7 +12,7 @@ real deployment, then in this process measures:
      record (msgs/s, MB/s), and consume() building ConsumerRecords;
   4. 1-2 again with 1 KB values (--records-1k of them);
   5. latency from send() to its callback at a steady --rate msgs/s for --latency-seconds
-     (p50 / p99 / max).
+     (p50 / p99 / max), with the default linger_ms=5 and with linger_ms=0.
 
 Values are distinct random bytes generated before the clock starts. MB/s counts value bytes.
 Figures vary run to run on a shared machine: compare within one run.
@@ -134,12 +134,12 @@ def bench_consume(bootstrap: str, topic: str, partitions: int) -> tuple[int, flo
         return n, time.perf_counter() - t0
 
 
-def bench_latency(bootstrap: str, topic: str, rate: int, seconds: float) -> list[float]:
+def bench_latency(bootstrap: str, topic: str, rate: int, seconds: float, linger_ms: float) -> list[float]:
     from dmq.client import Producer
 
     latencies: list[float] = []
     value = os.urandom(100)
-    with Producer(bootstrap, acks="all") as producer:
+    with Producer(bootstrap, acks="all", linger_ms=linger_ms) as producer:
         producer.send(topic, value).get(30)
         total = int(rate * seconds)
         per_tick = max(1, rate // 1000)  # send in 1 ms ticks
@@ -201,14 +201,15 @@ def main() -> None:
                 got, secs = bench_consume(server.bootstrap, t_many, args.partitions)
                 report("consume() -> ConsumerRecord", got, size, secs)
                 del values
-            t_lat = "latency"
-            admin.create_topic(t_lat, args.partitions)
-            lat = bench_latency(server.bootstrap, t_lat, args.rate, args.latency_seconds)
-            print(
-                f"latency send() -> callback at {args.rate:,} msgs/s, {len(lat):,} records: "
-                f"p50 {percentile(lat, 0.5) * 1e3:.2f} ms, p99 {percentile(lat, 0.99) * 1e3:.2f} ms, "
-                f"max {max(lat) * 1e3:.2f} ms"
-            )
+            for linger_ms in (5, 0):  # the default, then no lingering at all
+                t_lat = f"latency-{linger_ms}"
+                admin.create_topic(t_lat, args.partitions)
+                lat = bench_latency(server.bootstrap, t_lat, args.rate, args.latency_seconds, linger_ms)
+                print(
+                    f"latency send() -> callback at {args.rate:,} msgs/s, linger_ms={linger_ms}, "
+                    f"{len(lat):,} records: p50 {percentile(lat, 0.5) * 1e3:.2f} ms, "
+                    f"p99 {percentile(lat, 0.99) * 1e3:.2f} ms, max {max(lat) * 1e3:.2f} ms"
+                )
             admin.close()
         finally:
             server.stop()

@@ -28,7 +28,6 @@ import structlog
 from dmq.client.errors import (
     ClientClosedError,
     CoordinatorUnavailableError,
-    DMQError,
     TopicNotFoundError,
     UnknownPartitionError,
     from_rpc_error,
@@ -285,9 +284,3 @@ def _address(host: str, port: int) -> str:
         return f"[{host}]:{port}"
     return f"{host}:{port}"
 
-
-def translate(
-    e: grpc.RpcError, context: str, overrides: dict[grpc.StatusCode, type[DMQError]] | None = None
-) -> DMQError:
-    """from_rpc_error with a context; a shorthand for the client modules."""
-    return from_rpc_error(e, context=context, overrides=overrides)

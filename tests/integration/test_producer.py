@@ -45,8 +45,10 @@ def test_each_partition_is_written_to_and_read_from_its_leader(cluster3) -> None
     for k in keys:
         by_partition[crc32_partition(k, 6)].append(b"v-" + k)
     by_partition[5].append(b"explicit")
-    for part in range(6):
-        assert [r.value for r in read_all(cluster3.bootstrap, "spread", part)] == by_partition[part]
+    with SimpleConsumer(cluster3.bootstrap) as c:
+        for part in range(6):
+            assert [r.value for r in read_all(cluster3.bootstrap, "spread", part)] == by_partition[part]
+            assert [r.value for r in c.consume("spread", part, 1, max_records=2)] == by_partition[part][1:3]
 
 
 def test_a_resent_batch_with_the_same_sequence_is_stored_once(cluster) -> None:  # type: ignore[no-untyped-def]
