@@ -322,7 +322,9 @@ async def heartbeat_rate(server: Server, requests: list[pb.HeartbeatRequest], se
             await c.close()
 
 
-async def bench_heartbeats(server: Server, trivial: Server, in_flight: int, seconds: float) -> tuple[Rate, Rate]:
+async def bench_heartbeats(
+    server: Server, trivial: Server, in_flight: int, seconds: float, rounds: int
+) -> tuple[Rate, Rate]:
     bootstrap = server.bootstrap
     await create_topic(bootstrap, "beats", 12)
     async with grpc.aio.insecure_channel(bootstrap, options=channel_options()) as channel:
@@ -334,7 +336,7 @@ async def bench_heartbeats(server: Server, trivial: Server, in_flight: int, seco
         requests = [pb.HeartbeatRequest(group_id=group_id, member_id=m, generation=generation) for m in member_ids]
         empty = list(requests)  # the same messages, to a servicer that does nothing with them
         runs: dict[str, list[Rate]] = {"real": [], "trivial": []}
-        for _ in range(2):  # interleaved, best of two each, so drift on a shared machine hits both
+        for _ in range(rounds):  # interleaved, best of each, so drift on a shared machine hits both
             runs["trivial"].append(await heartbeat_rate(trivial, empty, seconds))
             runs["real"].append(await heartbeat_rate(server, requests, seconds))
         real_rate = max(runs["real"], key=lambda r: r.calls_per_s)
@@ -408,8 +410,8 @@ async def run(args: argparse.Namespace, server: Server, trivial: Server) -> None
           f"min {min(times) * 1000:7.1f} ms   max {max(times) * 1000:7.1f} ms   mean "
           f"{statistics.fmean(times) * 1000:7.1f} ms   (target p99 <= 1000 ms)")
 
-    real, empty = await bench_heartbeats(server, trivial, args.in_flight, args.seconds)
-    print(f"\n2. heartbeats, {args.in_flight} in flight, {args.seconds:.0f} s each (best of two)")
+    real, empty = await bench_heartbeats(server, trivial, args.in_flight, args.seconds, args.rounds)
+    print(f"\n2. heartbeats, {args.in_flight} in flight, {args.seconds:.0f} s each (best of {args.rounds}, interleaved)")
     for name, r in (("coordinator Heartbeat", real), ("trivial servicer (empty)", empty)):
         print(f"   {name:<26} {r.calls_per_s:>8,.0f} calls/s   server CPU {r.server_cpu_us_per_call:6.0f} us/call "
               f"({r.server_cpu_share:4.0%} of a core; {1e6 / r.server_cpu_us_per_call:,.0f} calls/s at a full core)")
@@ -428,6 +430,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="heartbeat measurements per server (best kept)")
     parser.add_argument("--members", type=int, default=1000)
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
