@@ -5,6 +5,10 @@ process may keep open. Segments do not own descriptors; they ask the cache for o
 read/write. The least recently used descriptor is closed when the cache is full, and reopened
 lazily the next time that segment is touched.
 
+Short-lived descriptors (index files, directories, tmp files) are opened outside the cache but
+inside `reserve()`, which counts them against the same bound while they are open, so the process
+never holds more than max_open_files for the logs (barring the all-pinned case below).
+
 Pinning: a descriptor used outside the event-loop thread (the group-commit fsync) is pinned so
 eviction cannot close it (and the number reused by another open) while the thread uses it. Pins are
 short; if every cached descriptor is pinned the cache briefly exceeds its bound rather than block.
@@ -14,13 +18,15 @@ All methods are called from one thread (the event loop), except `unpin`, which t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 
 import structlog
 
-__all__ = ["FileCache"]
+__all__ = ["FileCache", "reserve"]
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +44,7 @@ class FileCache:
         self._pins: dict[str, int] = {}
         # Descriptors whose path was closed/evicted while pinned: closed on the last unpin.
         self._doomed: dict[int, int] = {}
+        self._transient = 0  # descriptors open under reserve()
         self._lock = threading.Lock()
         self.opens = 0  # total os.open calls, for tests and metrics
         self.evictions = 0
@@ -51,7 +58,19 @@ class FileCache:
     @property
     def open_count(self) -> int:
         with self._lock:
-            return len(self._fds) + len(self._doomed)
+            return len(self._fds) + len(self._doomed) + self._transient
+
+    @contextlib.contextmanager
+    def reserve(self) -> Iterator[None]:
+        """Count one descriptor the caller opens (and closes) inside the block against the bound."""
+        with self._lock:
+            self._make_room_locked()
+            self._transient += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._transient -= 1
 
     def fd(self, path: str, *, create: bool = False) -> int:
         """Descriptor for `path` (an existing file unless create), opening it if needed; marks it
@@ -116,9 +135,14 @@ class FileCache:
             self.close(path)
 
     def _make_room_locked(self) -> None:
-        while len(self._fds) + len(self._doomed) >= self.max_open_files:
+        while len(self._fds) + len(self._doomed) + self._transient >= self.max_open_files:
             victim = next((p for p in self._fds if p not in self._pins), None)
             if victim is None:
                 return  # everything pinned: exceed briefly rather than block
             os.close(self._fds.pop(victim))
             self.evictions += 1
+
+
+def reserve(cache: FileCache | None) -> contextlib.AbstractContextManager[None]:
+    """cache.reserve(), or nothing when there is no cache."""
+    return cache.reserve() if cache is not None else contextlib.nullcontext()

@@ -32,6 +32,9 @@ import struct
 import sys
 from array import array
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
+
+from dmq.broker.log.handles import FileCache, reserve
 
 __all__ = ["OFFSET_ENTRY", "TIME_ENTRY", "OffsetIndex", "TimeIndex"]
 
@@ -41,37 +44,49 @@ TIME_ENTRY = struct.Struct("<qI")
 _OPEN_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 
 
-def _write_file_tail(path: str, data: bytes, *, truncate: bool = False) -> None:
+def _write_file_tail(path: str, data: bytes, cache: FileCache | None, *, truncate: bool = False) -> None:
     flags = _OPEN_APPEND | (os.O_TRUNC if truncate else 0)
-    fd = os.open(path, flags, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-    finally:
-        os.close(fd)
+    with reserve(cache):
+        fd = os.open(path, flags, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+        finally:
+            os.close(fd)
 
 
-def fsync_path(path: str, fsync_fn) -> None:  # type: ignore[no-untyped-def]
+def _read_file(path: str, cache: FileCache | None) -> bytes | None:
+    with reserve(cache):
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+
+def fsync_path(path: str, fsync_fn: Callable[[int], None], cache: FileCache | None) -> None:
     """fsync a file by path if it exists (index files are not kept open)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return
-    try:
-        fsync_fn(fd)
-    finally:
-        os.close(fd)
+    with reserve(cache):
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return
+        try:
+            fsync_fn(fd)
+        finally:
+            os.close(fd)
 
 
 class OffsetIndex:
     """relative offset -> position, sparse (see module docstring)."""
 
-    __slots__ = ("path", "rel_offsets", "positions", "persisted")
+    __slots__ = ("path", "cache", "rel_offsets", "positions", "persisted")
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, cache: FileCache | None = None) -> None:
         self.path = path
+        self.cache = cache
         self.rel_offsets = array("I")
         self.positions = array("I")
         self.persisted = 0  # entries already in the file
@@ -105,15 +120,14 @@ class OffsetIndex:
         del self.rel_offsets[:]
         del self.positions[:]
 
-    def load(self, segment_size: int) -> bool:
-        """Read the file; False (and empty) if missing or implausible, so the caller rebuilds."""
+    def load(self, segment_size: int) -> bool | None:
+        """Read the file; False (and empty) if implausible, None if missing: the caller rebuilds.
+        (A segment whose batches never reached index_interval_bytes has no entries and no file.)"""
         self.clear()
         self.persisted = 0
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return segment_size == 0
+        data = _read_file(self.path, self.cache)
+        if data is None:
+            return True if segment_size == 0 else None
         if len(data) % OFFSET_ENTRY.size:
             return False
         flat = array("I")
@@ -132,32 +146,34 @@ class OffsetIndex:
     def write_pending(self) -> None:
         n = len(self.rel_offsets)
         if self.persisted >= n:
-            if n == 0:
-                _write_file_tail(self.path, b"")  # an existing empty file says "no entries"
             return
         data = b"".join(
             OFFSET_ENTRY.pack(self.rel_offsets[i], self.positions[i]) for i in range(self.persisted, n)
         )
-        _write_file_tail(self.path, data)
+        _write_file_tail(self.path, data, self.cache)
         self.persisted = n
 
     def rewrite(self) -> None:
+        if not self.rel_offsets and not os.path.exists(self.path):
+            self.persisted = 0
+            return  # no entries, no file
         flat = array("I", bytes(8 * len(self.rel_offsets)))
         flat[0::2] = self.rel_offsets
         flat[1::2] = self.positions
         if sys.byteorder != "little":
             flat.byteswap()
-        _write_file_tail(self.path, flat.tobytes(), truncate=True)
+        _write_file_tail(self.path, flat.tobytes(), self.cache, truncate=True)
         self.persisted = len(self.rel_offsets)
 
 
 class TimeIndex:
     """append time -> first relative offset with that time (exact, see module docstring)."""
 
-    __slots__ = ("path", "times", "rel_offsets", "persisted")
+    __slots__ = ("path", "cache", "times", "rel_offsets", "persisted")
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, cache: FileCache | None = None) -> None:
         self.path = path
+        self.cache = cache
         self.times = array("q")
         self.rel_offsets = array("I")
         self.persisted = 0
@@ -206,10 +222,8 @@ class TimeIndex:
         (beyond a truncated log end) are dropped; returns False if anything was dropped."""
         self.clear()
         self.persisted = 0
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
+        data = _read_file(self.path, self.cache)
+        if data is None:
             return True
         usable = len(data) - len(data) % TIME_ENTRY.size
         ok = usable == len(data)
@@ -227,14 +241,12 @@ class TimeIndex:
     def write_pending(self) -> None:
         n = len(self.times)
         if self.persisted >= n:
-            if n == 0:
-                _write_file_tail(self.path, b"")
             return
         data = b"".join(TIME_ENTRY.pack(self.times[i], self.rel_offsets[i]) for i in range(self.persisted, n))
-        _write_file_tail(self.path, data)
+        _write_file_tail(self.path, data, self.cache)
         self.persisted = n
 
     def rewrite(self) -> None:
         data = b"".join(TIME_ENTRY.pack(t, r) for t, r in zip(self.times, self.rel_offsets))
-        _write_file_tail(self.path, data, truncate=True)
+        _write_file_tail(self.path, data, self.cache, truncate=True)
         self.persisted = len(self.times)

@@ -7,8 +7,10 @@ Directory `<data_dir>/<topic>-<partition>/`:
     checkpoint                              "dmq-log-checkpoint 1 <log_start_offset> <recovery_offset>
                                              <last_append_ms> <crc32>" (last_append_ms keeps append
                                              times monotonic when retention removed every batch)
-    .clean_shutdown                         "<log_end_offset> <active_base> <active_size>", written by close()
-    config.json                             the LogConfig the log was created with (best effort)
+    .clean_shutdown                         written by close(): "dmq-clean-shutdown 1 <log_end_offset>
+                                             <active_base> <active_size> <last_append_ms>\n" followed by
+                                             the producer state snapshot as of the log end
+    config.json                             the LogConfig, when it differs from the owner's default
 
 Invariants:
   - every segment whose base offset is below `recovery_offset` is fully fsynced together with its
@@ -42,6 +44,7 @@ before it started, so N concurrent callers cost ~2 fsyncs, not N.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import struct
@@ -56,6 +59,7 @@ from typing import Any
 
 import structlog
 
+from dmq.broker.log.crc import validate
 from dmq.broker.log.errors import (
     InvalidBatchError,
     LogClosedError,
@@ -66,7 +70,7 @@ from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import fsync_path
 from dmq.broker.log.producer_state import ProducerStateManager, list_snapshots, snapshot_path
 from dmq.broker.log.segment import LOG_SUFFIX, MAX_RELATIVE_OFFSET, Segment
-from dmq.proto.records import DEFAULT_MAX_BATCH_BYTES, patch_base_offset, validate_batch
+from dmq.proto.records import DEFAULT_MAX_BATCH_BYTES, patch_base_offset
 
 __all__ = ["AppendInfo", "LogConfig", "PartitionLog", "RecoveryInfo"]
 
@@ -76,6 +80,7 @@ CHECKPOINT_FILE = "checkpoint"
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 CONFIG_FILE = "config.json"
 _CHECKPOINT_MAGIC = "dmq-log-checkpoint 1"
+_MARKER_MAGIC = "dmq-clean-shutdown 1"
 _INT64 = struct.Struct("<q")
 SNAPSHOTS_KEPT = 2
 TIME_INDEX_SYNC_INTERVAL_S = 1.0
@@ -181,39 +186,52 @@ class _FlushJob:
     fds: list[tuple[str, int]]
     extra_paths: list[str]  # index and snapshot files of rolled segments
     dir_gen: int  # directory generation to fsync up to, 0 when clean
+    sync_parent: bool  # the partition directory itself is new: fsync its parent too
     recovery_offset: int | None
     segments: list[Segment]
 
 
-def _read_small(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as f:
-            return f.read(4096)
-    except (FileNotFoundError, UnicodeDecodeError):
-        return None
+@dataclass(slots=True)
+class _Marker:
+    log_end_offset: int
+    active_base: int
+    active_size: int
+    last_append_ms: int
+    producers: ProducerStateManager | None
 
 
-def _atomic_write(path: str, data: bytes, fsync_fn: Callable[[int], None] | None) -> None:
+def _read_small(path: str, cache: FileCache) -> str | None:
+    with cache.reserve():
+        try:
+            with open(path, encoding="ascii") as f:
+                return f.read(4096)
+        except (FileNotFoundError, UnicodeDecodeError):
+            return None
+
+
+def _atomic_write(path: str, data: bytes, fsync_fn: Callable[[int], None] | None, cache: FileCache) -> None:
     """tmp + rename, with fsyncs of the file and the directory when fsync_fn is given."""
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        os.write(fd, data)
-        if fsync_fn is not None:
-            fsync_fn(fd)
-    finally:
-        os.close(fd)
+    with cache.reserve():
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            os.write(fd, data)
+            if fsync_fn is not None:
+                fsync_fn(fd)
+        finally:
+            os.close(fd)
     os.replace(tmp, path)
     if fsync_fn is not None:
-        _fsync_dir(os.path.dirname(path), fsync_fn)
+        _fsync_dir(os.path.dirname(path), fsync_fn, cache)
 
 
-def _fsync_dir(path: str, fsync_fn: Callable[[int], None]) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        fsync_fn(fd)
-    finally:
-        os.close(fd)
+def _fsync_dir(path: str, fsync_fn: Callable[[int], None], cache: FileCache) -> None:
+    with cache.reserve():
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fsync_fn(fd)
+        finally:
+            os.close(fd)
 
 
 class PartitionLog:
@@ -230,6 +248,7 @@ class PartitionLog:
         fsync: Callable[[int], None] | None = None,
         file_cache: FileCache | None = None,
         executor: Executor | None = None,
+        persist_config: bool = True,
     ) -> None:
         self.directory = os.fspath(directory)
         self.topic = topic
@@ -251,6 +270,7 @@ class PartitionLog:
         self.durable_end_offset = 0
         self.recovery: RecoveryInfo = RecoveryInfo(clean=True)
         self._recovery_offset = 0
+        self._checkpoint_written: tuple[int, int] | None = None  # (log_start, recovery) on disk
         self._segments: list[Segment] = []
         self._bases: list[int] = []
         self._unflushed: list[Segment] = []  # rolled, not yet fsynced
@@ -259,6 +279,7 @@ class PartitionLog:
         self._producers = ProducerStateManager()
         self._marker_present = False
         self._dir_gen = 0  # bumped on every directory change (create, unlink, rename)
+        self._parent_dirty = False  # the partition directory was created and not yet fsynced in its parent
         self._dir_synced_gen = 0
         self._time_index_synced: tuple[str, int] = ("", 0)  # (path, entries) last fsynced
         self._time_index_synced_at = 0.0  # time.monotonic() of that fsync
@@ -267,18 +288,29 @@ class PartitionLog:
         self._failed: BaseException | None = None
         self._closed = False
 
-        os.makedirs(self.directory, exist_ok=True)
+        fresh = not os.path.isdir(self.directory)
+        if fresh:
+            os.makedirs(self.directory, exist_ok=True)
+            self._parent_dirty = True
         config_path = os.path.join(self.directory, CONFIG_FILE)
-        if config is None:
-            text = _read_small(config_path)
+        if fresh and not persist_config:
+            config = config or LogConfig()
+        elif config is None:
+            text = _read_small(config_path, self._cache)
             try:
                 config = LogConfig.from_json(text) if text else LogConfig()
             except (ValueError, TypeError):
                 config = LogConfig()
-        elif _read_small(config_path) != config.to_json():
-            _atomic_write(config_path, config.to_json().encode(), None)
+        elif not persist_config:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(config_path)  # a stale override must not come back on the next open
+        elif _read_small(config_path, self._cache) != config.to_json():
+            _atomic_write(config_path, config.to_json().encode(), None, self._cache)
         self.config = config
-        self._load()
+        if fresh:
+            self._create_empty(0)
+        else:
+            self._load()
 
     def __repr__(self) -> str:
         return (
@@ -316,7 +348,9 @@ class PartitionLog:
         t0 = time.perf_counter()
         d = self.directory
         bases = []
-        for name in os.listdir(d):
+        with self._cache.reserve():
+            names = os.listdir(d)
+        for name in names:
             if name.endswith(".tmp"):
                 os.unlink(os.path.join(d, name))
             elif name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit():
@@ -328,15 +362,9 @@ class PartitionLog:
         interval = self.config.index_interval_bytes
 
         if not bases:
-            start = ckpt[0] if ckpt else 0
-            seg = Segment.create(d, start, self._cache, interval)
-            self._segments, self._bases = [seg], [start]
-            self.log_start_offset = self.log_end_offset = self.durable_end_offset = start
-            self._recovery_offset = start
-            self._last_append_ms = ckpt[2] if ckpt else 0
-            self._dir_gen += 1
-            self.recovery = RecoveryInfo(clean=marker is not None, duration_s=time.perf_counter() - t0)
-            self._log.debug("log created", directory=d, base_offset=start)
+            self._create_empty(ckpt[0] if ckpt else 0)
+            self._last_append_ms = max(ckpt[2] if ckpt else 0, marker.last_append_ms if marker else 0)
+            self.recovery.clean = marker is not None
             return
 
         log_start = max(ckpt[0], bases[0]) if ckpt else bases[0]
@@ -356,18 +384,20 @@ class PartitionLog:
         self.log_start_offset = log_start
         self._recovery_offset = recovery_offset
 
-        clean = marker is not None and marker[1] == active.base_offset and marker[2] == active.size
+        clean = marker is not None and marker.active_base == active.base_offset and marker.active_size == active.size
         info = RecoveryInfo(clean=clean)
         if clean:
             assert marker is not None
-            active.next_offset = marker[0]
+            active.next_offset = marker.log_end_offset
             active.ensure_indexes()
-            active.set_active_state(marker[0])
+            active.set_active_state(marker.log_end_offset)
         else:
             if marker is not None:
                 self._log.warning(
                     "clean-shutdown marker does not match the files; recovering",
-                    marker=marker, active_base=active.base_offset, active_size=active.size,
+                    marker=(marker.log_end_offset, marker.active_base, marker.active_size),
+                    active_base=active.base_offset,
+                    active_size=active.size,
                 )
             self._recover(info)
         self.log_end_offset = self._segments[-1].next_offset
@@ -377,7 +407,11 @@ class PartitionLog:
         if last_time is None and len(self._segments) > 1:
             last_time = self._segments[-2].largest_time_ms
         self._last_append_ms = max(last_time or 0, ckpt[2] if ckpt else 0)
-        info.producer_batches_replayed = self._load_producer_state()
+        if clean and marker is not None and marker.producers is not None:
+            self._last_append_ms = max(self._last_append_ms, marker.last_append_ms)
+            self._producers = marker.producers
+        else:
+            info.producer_batches_replayed = self._load_producer_state()
         info.duration_s = time.perf_counter() - t0
         self.recovery = info
         self._log.info(
@@ -390,6 +424,16 @@ class PartitionLog:
             bytes_truncated=info.bytes_truncated,
             duration_s=round(info.duration_s, 4),
         )
+
+    def _create_empty(self, start: int) -> None:
+        """A new log (or one whose segments are all gone) starting at `start`."""
+        seg = Segment.create(self.directory, start, self._cache, self.config.index_interval_bytes)
+        self._segments, self._bases = [seg], [start]
+        self.log_start_offset = self.log_end_offset = self.durable_end_offset = start
+        self._recovery_offset = start
+        self._dir_gen += 1
+        self.recovery = RecoveryInfo(clean=True)
+        self._log.debug("log created", directory=self.directory, base_offset=start)
 
     def _recover(self, info: RecoveryInfo) -> None:
         """Scan the segments that may have torn tails (see module docstring)."""
@@ -444,8 +488,8 @@ class PartitionLog:
         for seg in segs[first:]:
             self._fsync(self._cache.fd(seg.log_path))
             if seg is not segs[-1]:
-                fsync_path(seg.index.path, self._fsync)
-                fsync_path(seg.time_index.path, self._fsync)
+                fsync_path(seg.index.path, self._fsync, self._cache)
+                fsync_path(seg.time_index.path, self._fsync, self._cache)
         self._recovery_offset = segs[-1].base_offset
         self._write_checkpoint(sync=True)
 
@@ -454,7 +498,9 @@ class PartitionLog:
         end = self.log_end_offset
         state = None
         start = self.log_start_offset
-        for off in reversed(list_snapshots(self.directory)):
+        with self._cache.reserve():
+            snapshot_offsets = list_snapshots(self.directory)
+        for off in reversed(snapshot_offsets):
             path = snapshot_path(self.directory, off)
             if off > end:
                 os.unlink(path)  # describes batches that were truncated away
@@ -462,7 +508,7 @@ class PartitionLog:
             if state is not None:
                 continue
             try:
-                with open(path, "rb") as f:
+                with self._cache.reserve(), open(path, "rb") as f:
                     snap_off, snap = ProducerStateManager.from_bytes(f.read())
             except (OSError, ValueError, KeyError, TypeError) as e:
                 self._log.warning("ignoring unreadable producer state snapshot", file=path, error=str(e))
@@ -487,7 +533,7 @@ class PartitionLog:
 
     def _read_checkpoint(self) -> tuple[int, int, int] | None:
         """(log_start_offset, recovery_offset, last_append_ms) or None."""
-        text = _read_small(os.path.join(self.directory, CHECKPOINT_FILE))
+        text = _read_small(os.path.join(self.directory, CHECKPOINT_FILE), self._cache)
         if not text:
             return None
         try:
@@ -497,6 +543,7 @@ class PartitionLog:
                 raise ValueError("bad checkpoint")
             if int(crc, 16) != zlib.crc32(body.encode()):
                 raise ValueError("bad checkpoint crc")
+            self._checkpoint_written = (int(words[2]), int(words[3]))
             return int(words[2]), int(words[3]), int(words[4])
         except ValueError:
             self._log.warning("ignoring unreadable checkpoint file", content=text[:200])
@@ -505,19 +552,38 @@ class PartitionLog:
     def _write_checkpoint(self, *, sync: bool) -> None:
         """Persist log_start_offset and recovery_offset (any thread)."""
         with self._ckpt_lock:
-            body = f"{_CHECKPOINT_MAGIC} {self.log_start_offset} {self._recovery_offset} {self._last_append_ms}"
+            start, recovery = self.log_start_offset, self._recovery_offset
+            body = f"{_CHECKPOINT_MAGIC} {start} {recovery} {self._last_append_ms}"
             data = f"{body} {zlib.crc32(body.encode()):08x}\n".encode()
-            _atomic_write(os.path.join(self.directory, CHECKPOINT_FILE), data, self._fsync if sync else None)
+            _atomic_write(os.path.join(self.directory, CHECKPOINT_FILE), data, self._fsync if sync else None, self._cache)
+            self._checkpoint_written = (start, recovery)
 
-    def _read_marker(self) -> tuple[int, int, int] | None:
-        text = _read_small(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE))
-        if not text:
-            return None
+    def _read_marker(self) -> _Marker | None:
+        path = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
+        with self._cache.reserve():
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                return None
+        first, _, rest = data.partition(b"\n")
         try:
-            end, base, size = (int(x) for x in text.split())
-            return end, base, size
-        except ValueError:
+            words = first.decode("ascii").split()
+            if " ".join(words[:2]) != _MARKER_MAGIC or len(words) != 6:
+                raise ValueError(f"bad marker line {first[:100]!r}")
+            end, base, size, last_ms = (int(x) for x in words[2:])
+        except (ValueError, UnicodeDecodeError) as e:
+            self._log.warning("ignoring unreadable clean-shutdown marker", error=str(e))
             return None
+        producers = None
+        try:
+            snap_end, producers = ProducerStateManager.from_bytes(rest)
+            if snap_end != end:
+                raise ValueError(f"snapshot at {snap_end}, log end {end}")
+        except (ValueError, KeyError, TypeError) as e:
+            self._log.warning("producer state in the clean-shutdown marker unreadable; rebuilding", error=str(e))
+            producers = None
+        return _Marker(end, base, size, last_ms, producers)
 
     def _before_change(self) -> None:
         """First change after opening: the files are no longer as close() left them."""
@@ -542,7 +608,7 @@ class PartitionLog:
 
     def append(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
         """Validate and append one batch (not fsynced). A bytearray is patched in place."""
-        h = validate_batch(batch, max_batch_bytes=self.config.max_batch_bytes)
+        h = validate(batch, max_batch_bytes=self.config.max_batch_bytes)
         view = memoryview(batch)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
@@ -636,7 +702,7 @@ class PartitionLog:
         old = self._segments[-1]
         old.write_indexes()
         snap = snapshot_path(self.directory, new_base)
-        _atomic_write(snap, self._producers.to_bytes(new_base), None)
+        _atomic_write(snap, self._producers.to_bytes(new_base), None, self._cache)
         seg = Segment.create(self.directory, new_base, self._cache, self.config.index_interval_bytes)
         self._segments.append(seg)
         self._bases.append(new_base)
@@ -656,7 +722,8 @@ class PartitionLog:
         return seg
 
     def _prune_snapshots(self) -> None:
-        offs = list_snapshots(self.directory)
+        with self._cache.reserve():
+            offs = list_snapshots(self.directory)
         for off in offs[:-SNAPSHOTS_KEPT]:
             path = snapshot_path(self.directory, off)
             if path in self._pending_paths:
@@ -696,7 +763,7 @@ class PartitionLog:
                 extra.append(ti.path)
         fds = [(s.log_path, self._cache.pin(s.log_path)) for s in [*segs, active]]
         recovery = active.base_offset if active.base_offset > self._recovery_offset else None
-        return _FlushJob(end, fds, extra, dir_gen, recovery, segs)
+        return _FlushJob(end, fds, extra, dir_gen, self._parent_dirty, recovery, segs)
 
     def _run_job(self, job: _FlushJob) -> None:
         """fsync outside the lock (any thread), then publish the new durable offset."""
@@ -704,9 +771,11 @@ class PartitionLog:
             for _path, fd in job.fds:
                 self._fsync(fd)
             for path in job.extra_paths:
-                fsync_path(path, self._fsync)
+                fsync_path(path, self._fsync, self._cache)
             if job.dir_gen:
-                _fsync_dir(self.directory, self._fsync)
+                _fsync_dir(self.directory, self._fsync, self._cache)
+            if job.sync_parent:
+                _fsync_dir(os.path.dirname(os.path.abspath(self.directory)), self._fsync, self._cache)
             if job.recovery_offset is not None and not self._closed:
                 with self._lock:
                     self._recovery_offset = max(self._recovery_offset, job.recovery_offset)
@@ -725,6 +794,8 @@ class PartitionLog:
             self._unflushed = [s for s in self._unflushed if id(s) not in done]
             self._pending_paths = [p for p in self._pending_paths if p not in set(job.extra_paths)]
             self._dir_synced_gen = max(self._dir_synced_gen, job.dir_gen)
+            if job.sync_parent:
+                self._parent_dirty = False
 
     def _run_job_logged(self, job: _FlushJob) -> None:
         try:
@@ -876,30 +947,39 @@ class PartitionLog:
             if self._marker_present and not self.needs_flush:
                 return False  # untouched since a clean open: the marker still holds
             active = self._segments[-1]
-            for seg in self._segments:
+            for seg in (*self._unflushed, active):
                 seg.write_indexes()
-            end = self.log_end_offset
-            _atomic_write(snapshot_path(self.directory, end), self._producers.to_bytes(end), None)
-            self._prune_snapshots()
             if sync:
-                for seg in [*self._unflushed, active]:
+                for seg in (*self._unflushed, active):
                     self._fsync(self._cache.fd(seg.log_path))
-                    fsync_path(seg.index.path, self._fsync)
-                    fsync_path(seg.time_index.path, self._fsync)
+                    fsync_path(seg.index.path, self._fsync, self._cache)
+                    fsync_path(seg.time_index.path, self._fsync, self._cache)
                 for path in self._pending_paths:
-                    fsync_path(path, self._fsync)
-                fsync_path(snapshot_path(self.directory, end), self._fsync)
+                    fsync_path(path, self._fsync, self._cache)
+                if self._parent_dirty:
+                    _fsync_dir(os.path.dirname(os.path.abspath(self.directory)), self._fsync, self._cache)
+                    self._parent_dirty = False
             self._unflushed.clear()
             self._pending_paths.clear()
             self._recovery_offset = max(self._recovery_offset, active.base_offset)
-            self._write_checkpoint(sync=sync)
-            self.durable_end_offset = end if sync else self.durable_end_offset
+            # A log that is one segment from offset 0.. needs no checkpoint: its defaults say as much
+            # (this spares a file per partition when a broker with 10,000 mostly small ones stops).
+            implied = self._checkpoint_written is None and (
+                self.log_start_offset == self._recovery_offset == self._segments[0].base_offset
+            )
+            if not implied and self._checkpoint_written != (self.log_start_offset, self._recovery_offset):
+                self._write_checkpoint(sync=sync)
+            if sync:
+                self.durable_end_offset = self.log_end_offset
             return True
 
     def _close_marker(self, *, sync: bool) -> None:
+        """Phase 2 of close: the marker, carrying the producer state (one file, not two)."""
         active = self._segments[-1]
-        data = f"{self.log_end_offset} {active.base_offset} {active.size}\n".encode()
-        _atomic_write(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), data, self._fsync if sync else None)
+        end = self.log_end_offset
+        head = f"{_MARKER_MAGIC} {end} {active.base_offset} {active.size} {self._last_append_ms}\n"
+        data = head.encode() + self._producers.to_bytes(end)
+        _atomic_write(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), data, self._fsync if sync else None, self._cache)
         self._marker_present = True
 
     def _close_handles(self) -> None:

@@ -8,18 +8,19 @@ A segment owns no file descriptor: it asks the shared FileCache for one by path 
 thousands of segments can exist with a bounded number of open files.
 
 Batch headers are walked with `HEADER.unpack_from` on trusted (already validated) data, and with
-`read_header` + a zlib.crc32 over memoryview slices of large reads during recovery.
+`read_header` + a CRC-32 (crc.py: ISA-L / zlib-ng when installed, else zlib) over memoryview
+slices of large reads during recovery.
 """
 
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import structlog
 
+from dmq.broker.log.crc import crc32
 from dmq.broker.log.errors import LogError
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import OffsetIndex, TimeIndex
@@ -101,8 +102,8 @@ class Segment:
         name = os.path.join(directory, segment_name(base_offset))
         self.base_offset = base_offset
         self.log_path = name + LOG_SUFFIX
-        self.index = OffsetIndex(name + INDEX_SUFFIX)
-        self.time_index = TimeIndex(name + TIMEINDEX_SUFFIX)
+        self.index = OffsetIndex(name + INDEX_SUFFIX, cache)
+        self.time_index = TimeIndex(name + TIMEINDEX_SUFFIX, cache)
         self.size = size
         self.next_offset = base_offset  # only exact for the active segment and after a scan
         self.indexes_loaded = size == 0
@@ -154,13 +155,14 @@ class Segment:
         index_ok = self.index.load(self.size)
         rel_end = self.next_offset - self.base_offset if self.next_offset > self.base_offset else None
         time_ok = self.time_index.load(rel_end) and (len(self.time_index) > 0 or self.size == 0)
-        if not (index_ok and time_ok):
+        if index_ok is False or not time_ok:
             log.warning(
                 "rebuilding damaged index files",
                 segment=self.log_path,
                 offset_index_ok=index_ok,
                 time_index_ok=time_ok,
             )
+        if not (index_ok and time_ok):
             self._rebuild_indexes(rebuild_times=not time_ok)
         self.indexes_loaded = True
 
@@ -322,8 +324,8 @@ class Segment:
         times, time_rels = self.time_index.times, self.time_index.rel_offsets
         ti = 0  # next persisted time entry
         current_time = min_time_ms
-        new_index = OffsetIndex(self.index.path)
-        new_time = TimeIndex(self.time_index.path)
+        new_index = OffsetIndex(self.index.path, self._cache)
+        new_time = TimeIndex(self.time_index.path, self._cache)
 
         chunk = bytearray(SCAN_CHUNK_BYTES)
         view = memoryview(chunk)
@@ -360,7 +362,7 @@ class Segment:
                     view = memoryview(chunk)
                 avail = os.preadv(fd, [view[: min(len(chunk), file_size - pos)]], pos)
                 continue
-            if zlib.crc32(view[off + CRC_START : off + h.total_size]) != h.crc:
+            if crc32(view[off + CRC_START : off + h.total_size]) != h.crc:
                 reason = f"crc mismatch in batch at position {pos + off}"
                 break
             if h.base_offset != expected:

@@ -21,8 +21,10 @@ from dmq.broker.log import (
     OutOfOrderSequenceError,
     PartitionLog,
     ProducerFencedError,
+    TruncatedBatchError,
     UnknownPartitionError,
 )
+from dmq.broker.log import crc as log_crc
 from dmq.proto import records
 
 
@@ -104,8 +106,14 @@ def test_offset_out_of_range(tmp_path):
     plog.close()
 
 
-def test_append_rejects_bad_batches(tmp_path):
+@pytest.mark.parametrize("crc_implementation", ["fast", "zlib"])
+def test_append_rejects_bad_batches(tmp_path, monkeypatch, crc_implementation):
+    if crc_implementation == "zlib":  # the fallback when neither isal nor zlib-ng is installed
+        monkeypatch.setattr(log_crc, "IMPLEMENTATION", "zlib")
     plog = open_log(tmp_path, LogConfig(max_batch_bytes=1000))
+    truncated = batch()[:-1]
+    with pytest.raises(TruncatedBatchError):
+        plog.append(truncated)
     good = bytearray(batch())
     good[-1] ^= 0xFF
     with pytest.raises(CorruptBatchError):

@@ -175,11 +175,19 @@ def test_corrupt_producer_snapshot_is_rebuilt_from_the_log(tmp_path):
     plog = PartitionLog(tmp_path / "t-3", "t", 3, CONFIG)
     for seq in range(0, 40, 2):
         plog.append(batch(seq, producer_id=5, producer_epoch=1, base_sequence=seq))
+        if seq == 20:
+            plog.roll()  # snapshots the producer state
     plog.close()
-    for snap in (tmp_path / "t-3").glob("*.snapshot"):
-        snap.write_bytes(snap.read_bytes()[:-5])
+    # the state as of the log end travels in the clean-shutdown marker; roll snapshots are files
+    damaged = [tmp_path / "t-3" / ".clean_shutdown", *(tmp_path / "t-3").glob("*.snapshot")]
+    assert len(damaged) >= 2
+    for path in damaged:
+        path.write_bytes(path.read_bytes()[:-5])
     again, warnings = reopen(tmp_path)
-    assert any(w["event"] == "ignoring unreadable producer state snapshot" for w in warnings)
+    events = {w["event"] for w in warnings}
+    assert "producer state in the clean-shutdown marker unreadable; rebuilding" in events
+    assert "ignoring unreadable producer state snapshot" in events
+    assert again.recovery.clean and again.recovery.producer_batches_replayed == 20
     dup = again.append(batch(38, producer_id=5, producer_epoch=1, base_sequence=38))
     assert dup.duplicate and dup.base_offset == 38
     again.close()

@@ -10,8 +10,6 @@ from dmq.proto import records
 
 PARTITIONS = 10_000
 MAX_OPEN_FILES = 256
-# index/checkpoint/snapshot files are opened and closed within one call, outside the cache
-TRANSIENT_FDS = 2
 
 
 def open_fds() -> int:
@@ -20,7 +18,7 @@ def open_fds() -> int:
 
 def test_ten_thousand_partitions_with_bounded_file_descriptors(tmp_path):
     baseline = open_fds()
-    bound = baseline + MAX_OPEN_FILES + TRANSIENT_FDS
+    bound = baseline + MAX_OPEN_FILES
     peak = baseline
     config = LogConfig(segment_bytes=1024)  # so that some partitions roll segments
     mgr = LogManager(tmp_path, config, max_open_files=MAX_OPEN_FILES)
