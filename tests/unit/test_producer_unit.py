@@ -730,3 +730,35 @@ def test_partition_errors_carry_the_log_bounds() -> None:
     assert isinstance(from_partition_error(pb.NOT_LEADER, "moved", "t", 0), NotLeaderError)
     assert isinstance(from_partition_error(pb.UNKNOWN_TOPIC_OR_PARTITION, "", "t", 0), UnknownPartitionError)
     assert isinstance(from_partition_error(pb.STORAGE_ERROR, "disk", "t", 0), errors.UnknownServerError)
+
+
+# -- the metadata cache's parsing --------------------------------------------------------------------
+
+
+def test_bootstrap_addresses_are_checked() -> None:
+    from dmq.client._cluster import parse_address
+
+    assert parse_address(" 127.0.0.1:9091 ") == "127.0.0.1:9091"
+    assert parse_address("[::1]:9091") == "[::1]:9091"
+    for bad in ("localhost", "host:", ":9091", "host:99999", "host:port"):
+        with pytest.raises(ValueError, match="host:port"):
+            parse_address(bad)
+
+
+def test_topic_metadata_prefers_partitions_with_a_live_leader() -> None:
+    info = pb.TopicInfo(
+        name="t",
+        partition_count=3,
+        partitions=[
+            pb.PartitionInfo(partition=0, leader_id=1, leader_address="a:1", leader_alive=True),
+            pb.PartitionInfo(partition=2, leader_id=2, leader_address="b:2", leader_alive=False),
+        ],
+    )
+    meta = TopicMetadata.from_proto(info, 0.0)
+    assert meta.partition_count == 3
+    assert meta.available == (0,)  # sticky batches avoid dead or unplaced partitions
+    assert meta.partitions[1].leader_address == ""  # no placement known yet
+    dead = TopicMetadata.from_proto(
+        pb.TopicInfo(name="t", partition_count=2, partitions=[pb.PartitionInfo(partition=0, leader_address="a:1")]), 0.0
+    )
+    assert dead.available == (0, 1)  # none alive: use them all rather than nothing
