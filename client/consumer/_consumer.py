@@ -35,6 +35,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any
 
 import structlog
@@ -131,7 +132,7 @@ class DMQConsumer:
         self._subs.subscribe(wanted, listener)
         for topic in wanted:
             if topic not in self._memberships:
-                m = self._call_coordinator(lambda t=topic: self._groups.find_or_create(t), f"finding the group of {topic}")
+                m = self._call_coordinator(partial(self._groups.find_or_create, topic), f"finding the group of {topic}")
                 self._memberships[topic] = m
                 self._join(m)
 
@@ -351,7 +352,7 @@ class DMQConsumer:
                     state.reset = EARLIEST
         lookups = {tp: s.reset for tp, s in self._subs.items() if s.position is None and s.reset is not None}
         if lookups:
-            found = self._offsets.list_offsets(lookups, retry=retry)  # type: ignore[arg-type]
+            found = self._offsets.list_offsets(lookups, retry=retry)
             for tp, offset in found.items():
                 state = self._subs.get(tp)
                 if state is not None and state.position is None:
@@ -429,14 +430,14 @@ class DMQConsumer:
         single = isinstance(partitions, TopicPartition) or (
             isinstance(partitions, tuple) and len(partitions) == 2 and isinstance(partitions[0], str)
         )
-        tps = [_tp(partitions)] if single else _tps((partitions,))  # type: ignore[arg-type]
+        tps = [_tp(partitions)] if single else _tps((partitions,))
         group_ids = {
             tp.topic: (self._memberships[tp.topic].group_id if tp.topic in self._memberships
                        else group_id_for(tp.topic, self.config.group_id))
             for tp in tps
         }
         found = self._offsets.fetch_committed(tps, group_ids)
-        out = {tp: (None if found.get(tp) is None else found[tp].offset) for tp in tps}  # type: ignore[union-attr]
+        out = {tp: (None if (c := found.get(tp)) is None else c.offset) for tp in tps}
         return out[tps[0]] if single else out
 
     # -- commits ---------------------------------------------------------------------------------
@@ -471,7 +472,7 @@ class DMQConsumer:
             return {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed().items()}
         out = {}
         for tp, o in offsets.items():
-            om = o if isinstance(o, OffsetAndMetadata) else OffsetAndMetadata(o)  # type: ignore[arg-type]
+            om = o if isinstance(o, OffsetAndMetadata) else OffsetAndMetadata(o)
             if isinstance(om.offset, bool) or not isinstance(om.offset, int) or om.offset < 0:
                 raise InvalidArgumentError(f"commit offset for {tp} must be an int >= 0, got {om.offset!r}")
             out[_tp(tp)] = om
@@ -533,6 +534,8 @@ class DMQConsumer:
                 self._subs.mark_committed({tp: o.offset for tp, o in offsets.items()})
             else:
                 offsets = {}
+                if not isinstance(error, Exception):  # a BaseException (KeyboardInterrupt): not ours
+                    raise error
                 if isinstance(error, CommitFailedError):
                     for m in self._memberships.values():
                         m.assignment_stale = True

@@ -22,8 +22,6 @@ Membership flags (written by the heartbeat thread, read and cleared by poll())::
 
 from __future__ import annotations
 
-import threading
-import time
 
 import grpc
 import structlog
@@ -39,6 +37,7 @@ from dmq.client.errors import (
     from_rpc_error,
 )
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
 
 log = structlog.get_logger(__name__)
 
@@ -90,9 +89,8 @@ class GroupClient:
         self._config = config
         self.consumer_id = consumer_id
         self._timeout_s = config.request_timeout_ms / 1000
-        self._lock = threading.Lock()  # member ids change under the heartbeat thread's eyes
 
-    def _stub(self, m: Membership | None = None):  # type: ignore[no-untyped-def]
+    def _stub(self, m: Membership | None = None) -> pb_grpc.GroupCoordinatorStub:
         return self._cluster.group_stub(m.coordinator if m is not None else None)
 
     def find_or_create(self, topic: str) -> Membership:
@@ -140,12 +138,13 @@ class GroupClient:
                     grpc.StatusCode.UNAVAILABLE: CoordinatorUnavailableError,
                 },
             ) from e
-        with self._lock:
-            m.member_id = response.member_id
-            m.generation = -1
-            m.partitions = frozenset()
-            m.rejoin_reason = None
-            m.assignment_stale = True
+        # The heartbeat thread compares member ids before flagging, so a flag meant for the
+        # previous member id can never land on this one; attribute writes need no lock.
+        m.generation = -1
+        m.partitions = frozenset()
+        m.rejoin_reason = None
+        m.assignment_stale = True
+        m.member_id = response.member_id
         log.info("joined group", group=m.group_id, member=m.member_id, generation=response.generation)
 
     def get_assignment(self, m: Membership, wait_ms: int) -> pb.GetAssignmentResponse:
@@ -165,9 +164,8 @@ class GroupClient:
         if not m.joined:
             return
         member_id = m.member_id
-        with self._lock:
-            m.member_id = ""
-            m.partitions = frozenset()
+        m.member_id = ""
+        m.partitions = frozenset()
         try:
             self._stub(m).LeaveGroup(
                 pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id), timeout=min(self._timeout_s, 5.0)
