@@ -321,9 +321,6 @@ class Fetcher:
                 break
         return out
 
-    def has_buffered(self) -> bool:
-        return any(not b.empty() for b in self._buffers.values())
-
     def drop(self, tp: TopicPartition) -> None:
         """Forget everything fetched for tp (revoked, sought): it must never be returned."""
         self._buffers.pop(tp, None)
