@@ -103,7 +103,10 @@ class LocalCluster:
             await broker.start()
 
     async def stop(self) -> None:
-        # Stop accepting calls first so no handler runs against a closing log.
+        # End the group service's watch streams and long polls first: they would otherwise hold
+        # the servers' grace period open. Then stop accepting calls, so no handler runs against a
+        # closing log.
+        await _stop_group_service(self.coordinator)
         for server in self._servers:
             await server.stop(SHUTDOWN_GRACE_S)
         for broker in self.brokers:
@@ -125,6 +128,12 @@ class LocalCluster:
         if o.shared_port and o.brokers == 1:
             return None
         return self._servers[1 + index]
+
+
+async def _stop_group_service(node: CoordinatorNode | None) -> None:
+    groups = getattr(node, "groups", None)
+    if groups is not None:
+        await groups.stop()
 
 
 class ClusterThread:
@@ -201,6 +210,7 @@ async def run_coordinator_only(
         await node.start()
 
     async def stop() -> None:
+        await _stop_group_service(node)
         await server.stop(SHUTDOWN_GRACE_S)
         await node.stop()
 
