@@ -549,3 +549,46 @@ def test_log_manager_recovers_unclean_partitions_eagerly(tmp_path):
     assert [(p.topic, p.recovery.clean) for p in mgr.open_logs()] == [("b", False)]
     assert mgr.get("a", 0).recovery.clean
     mgr.close()
+
+
+def test_appends_and_reads_stay_consistent_while_threads_flush_and_apply_retention(tmp_path):
+    """The broker runs flush_all and enforce_retention in worker threads next to the event loop."""
+    clock = Clock()
+    config = LogConfig(segment_bytes=1024, retention_bytes=4096, retention_ms=-1)
+    mgr = LogManager(tmp_path, config, clock_ms=clock)
+    plog = mgr.create("t", 0)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def background() -> None:
+        try:
+            while not stop.is_set():
+                mgr.flush_all()
+                mgr.enforce_retention()
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    worker = threading.Thread(target=background)
+    worker.start()
+    try:
+        for i in range(1500):
+            info = plog.append(batch(size=100, tag=i))
+            assert info.base_offset == i
+            start = plog.log_start_offset
+            assert records.validate_batch(plog.read(i, 1)).base_offset == i
+            if start < i:
+                try:
+                    assert records.validate_batch(plog.read(start, 1)).base_offset >= start
+                except OffsetOutOfRangeError:
+                    assert plog.log_start_offset > start  # retention moved it meanwhile
+    finally:
+        stop.set()
+        worker.join(10)
+    assert not errors, errors
+    assert plog.log_start_offset > 0 and plog.size_bytes <= 4096 + 1024
+    mgr.close()
+    again = LogManager(tmp_path, config)
+    again.open_existing()
+    reopened = again.get("t", 0)
+    assert reopened.log_end_offset == 1500 and reopened.recovery.clean
+    again.close()
