@@ -28,10 +28,10 @@ restart every old member id gets NOT_FOUND and the client re-joins (DESIGN.md "P
 Clocks: the machine runs on a monotonic clock (`Clock.now_ms()`, injectable); wall-clock time
 (`node.clock_ms()`) is only stored, as a group's created_ms.
 
-Liveness: the proto's HeartbeatRequest carries no poll age, so a heartbeat counts as poll
-activity (poll_age_ms=0) and max_poll_interval_ms is enforced by the client's watchdog, which
-leaves the group (as Kafka's client does). Without that, a consumer that polls but commits rarely
-would be expired by the coordinator every max_poll_interval_ms.
+Liveness: a heartbeat carries the member's poll age (time since its application last called
+poll()), so the coordinator removes a member whose application is stuck past
+max_poll_interval_ms even while its heartbeat thread runs; the client's own watchdog leaves the
+group too (as Kafka's client does). A heartbeat without a poll age counts as poll activity.
 
 Watch streams (WatchGroup): each stream sends GroupEvent(generation, assignment_changed) when what
 it would tell the member changes: a new generation, assignment_changed turning true, or still true
@@ -93,6 +93,7 @@ log = structlog.get_logger(__name__)
 
 # Limits (every one says why it is what it is).
 MAX_ID_CHARS = 512  # group ids are G_<topic:249>_<app_id:249>; member ids <client_id:255>-<32 hex>
+MAX_POLL_AGE_MS = 365 * 24 * 3600 * 1000  # a year: anything longer is a client bug
 MAX_WAIT_MS = 60_000  # GetAssignment long-poll; the same bound as the broker's Fetch
 MAX_CHECK_PARTITIONS = 10_000  # = the most partitions a topic can have
 MAX_TICK_INTERVAL_MS = 100  # the ticker re-reads the deadlines at least this often
@@ -767,7 +768,13 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         _check_id("member_id", member_id)
         if request.generation < -1:
             _invalid(f"generation must be >= -1 (-1 = none yet), got {request.generation}")
-        pure = machine.HeartbeatRequest(member_id, request.generation, poll_age_ms=0)
+        poll_age_ms = request.poll_age_ms if request.HasField("poll_age_ms") else 0
+        if not 0 <= poll_age_ms <= MAX_POLL_AGE_MS:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"poll_age_ms must be within 0..{MAX_POLL_AGE_MS}, got {poll_age_ms}",
+            )
+        pure = machine.HeartbeatRequest(member_id, request.generation, poll_age_ms=poll_age_ms)
         async with self._lock:
             result = machine.handle_heartbeat(self.registry.get(group_id), pure, self.clock.now_ms())
         response = result.response

@@ -524,14 +524,16 @@ class GetAssignmentResponse(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., rebalance_in_progress: _Optional[bool] = ..., start_positions: _Optional[_Iterable[_Union[StartPosition, _Mapping]]] = ..., topic: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("group_id", "member_id", "generation")
+    __slots__ = ("group_id", "member_id", "generation", "poll_age_ms")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    POLL_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     member_id: str
     generation: int
-    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+    poll_age_ms: int
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., generation: _Optional[int] = ..., poll_age_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("generation", "assignment_changed")

@@ -738,3 +738,26 @@ async def test_stopping_the_service_ends_watch_streams_and_long_polls(client: Cl
     code, details = await status_of(client.heartbeat(gid, a))
     assert code == Code.UNAVAILABLE and "stopping" in details
 
+
+
+async def test_a_member_whose_poll_age_passes_max_poll_interval_is_removed(client: Client) -> None:
+    """The heartbeat thread alone does not keep a stuck application in the group."""
+    await client.create_topic("t", 2)
+    gid = (await client.find("t", "app")).group_id
+    stuck = await client.join(gid, max_poll_interval_ms=1_000)
+    alive = await client.join(gid)
+    await client.settle(gid, [stuck, alive])
+    await client.groups.Heartbeat(
+        pb.HeartbeatRequest(group_id=gid, member_id=stuck, generation=1, poll_age_ms=5_000), timeout=TIMEOUT_S
+    )
+    await client.generation_started(gid, alive, 2)
+    (answer,) = await client.settle(gid, [alive])
+    assert list(answer.partitions) == [0, 1]
+    code, _ = await status_of(client.heartbeat(gid, stuck))
+    assert code == Code.NOT_FOUND
+    code, details = await status_of(
+        client.groups.Heartbeat(
+            pb.HeartbeatRequest(group_id=gid, member_id=alive, generation=2, poll_age_ms=-1), timeout=TIMEOUT_S
+        )
+    )
+    assert code == Code.INVALID_ARGUMENT and "poll_age_ms" in details
