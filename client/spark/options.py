@@ -21,7 +21,7 @@ Source options::
     failOnDataLoss         true | false (default true)
     groupId                app id whose consumer group gets the stream's     stream only
                            finished offsets (one group per topic, like every DMQ consumer)
-    fetchMaxBytes          bytes per Fetch call (default 8 MiB)
+    fetchMaxBytes          bytes per Fetch call (default 16 MiB; a reader holds about 3x this)
     pollTimeoutMs          how long a read retries an unavailable broker (default 120000)
 
 Timestamps select by the broker's append time (ListOffsets), the one time index DMQ keeps.
@@ -44,7 +44,9 @@ from typing import Any
 EARLIEST = -2
 LATEST = -1
 
-DEFAULT_FETCH_MAX_BYTES = 8 * 1024 * 1024
+# Measured with bench/spark_bench.py: the broker spends ~30% less CPU per byte at 16 MiB than at
+# 8 MiB (2 MiB: +30%), 32 MiB gains little more. A reader holds ~3x this (answer, Arrow, prefetch).
+DEFAULT_FETCH_MAX_BYTES = 16 * 1024 * 1024
 MAX_FETCH_MAX_BYTES = 60 * 1024 * 1024  # the broker's fetch response cap
 DEFAULT_POLL_TIMEOUT_MS = 120_000
 
