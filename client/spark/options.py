@@ -44,7 +44,7 @@ from typing import Any
 EARLIEST = -2
 LATEST = -1
 
-# Measured with bench/spark_bench.py: the broker spends ~30% less CPU per byte at 16 MiB than at
+# Measured (broker CPU serving 1M x 100 B records to the Spark bench): it spends ~30% less CPU per byte at 16 MiB than at
 # 8 MiB (2 MiB: +30%), 32 MiB gains little more. A reader holds ~3x this (answer, Arrow, prefetch).
 DEFAULT_FETCH_MAX_BYTES = 16 * 1024 * 1024
 MAX_FETCH_MAX_BYTES = 60 * 1024 * 1024  # the broker's fetch response cap
