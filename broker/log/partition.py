@@ -261,6 +261,7 @@ class PartitionLog:
         self._owns_executor = executor is None
         self._executor: Executor | None = executor
         self._log = _PartitionLogger(topic, partition)
+        self._where = f"{topic}[{partition}]: "  # error message prefix
         self._lock = threading.RLock()
         self._ckpt_lock = threading.Lock()
 
@@ -609,18 +610,16 @@ class PartitionLog:
     def append(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
         """Validate and append one batch (not fsynced). A bytearray is patched in place."""
         h = validate(batch, max_batch_bytes=self.config.max_batch_bytes)
+        size = h.total_size
         view = memoryview(batch)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
-        if len(view) != h.total_size:
-            raise InvalidBatchError(
-                f"append takes exactly one batch: got {len(view)} bytes, the batch is {h.total_size}"
-            )
+        if len(view) != size:
+            raise InvalidBatchError(f"append takes exactly one batch: got {len(view)} bytes, the batch is {size}")
         with self._lock:
             self._check_writable()
             dup = self._producers.check(
-                h.producer_id, h.producer_epoch, h.base_sequence, h.record_count,
-                where=f"{self.topic}[{self.partition}]: ",
+                h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, where=self._where
             )
             if dup is not None:
                 return AppendInfo(dup.base_offset, dup.last_offset, dup.append_time_ms, True)
@@ -630,7 +629,7 @@ class PartitionLog:
             self._before_change()
             seg = self._segments[-1]
             if seg.size and (
-                seg.size + h.total_size > self.config.segment_bytes
+                seg.size + size > self.config.segment_bytes
                 or now - (seg.first_time_ms or now) >= self.config.segment_ms
                 or last - seg.base_offset > MAX_RELATIVE_OFFSET
             ):
@@ -642,11 +641,11 @@ class PartitionLog:
                 # Immutable input: write a patched 8-byte prefix and the rest, no copy.
                 parts = [memoryview(_INT64.pack(base)), view[8:]]
             try:
-                seg.append(parts, h.total_size, base, last, now)
+                seg.append(parts, size, base, last, now)
             except OSError as e:
                 raise LogError(f"{self.topic}[{self.partition}]: write to {seg.log_path} failed: {e}") from e
             self.log_end_offset = last + 1
-            self.size_bytes += h.total_size
+            self.size_bytes += size
             self._last_append_ms = now
             if h.producer_id >= 0:
                 self._producers.update(

@@ -227,14 +227,17 @@ class Segment:
 
     # -- reads ---------------------------------------------------------------------------------
 
-    def walk(self, start: int, end: int) -> Iterator[tuple[int, tuple]]:  # type: ignore[type-arg]
-        """Yield (position, raw header tuple) of the batches in [start, end), trusted data only."""
+    def walk(
+        self, start: int, end: int, chunk_bytes: int = WALK_CHUNK_BYTES
+    ) -> Iterator[tuple[int, tuple]]:  # type: ignore[type-arg]
+        """Yield (position, raw header tuple) of the batches in [start, end), trusted data only,
+        reading chunk_bytes at a time (a header beyond the chunk costs one more small read)."""
         pos = start
         buf = b""
         buf_start = start
         while pos < end:
             if pos + HEADER_SIZE > buf_start + len(buf):
-                buf = os.pread(self._cache.fd(self.log_path), min(WALK_CHUNK_BYTES, end - pos), pos)
+                buf = os.pread(self._cache.fd(self.log_path), max(min(chunk_bytes, end - pos), HEADER_SIZE), pos)
                 buf_start = pos
                 if len(buf) < HEADER_SIZE:
                     raise LogError(f"{self.log_path}: header at position {pos} beyond the end of the file")
@@ -247,7 +250,8 @@ class Segment:
     def locate(self, offset: int) -> int:
         """Position of the batch containing `offset` (which must be in this segment)."""
         _, pos = self.index.floor(offset - self.base_offset)
-        for p, h in self.walk(pos, self.size):
+        # the batch holding `offset` starts within ~one index interval of the indexed position
+        for p, h in self.walk(pos, self.size, self.index_interval_bytes + HEADER_SIZE):
             if h[0] + h[5] - 1 >= offset:
                 return p
         raise LogError(f"{self.log_path}: offset {offset} not found (segment ends at {self.next_offset})")
@@ -262,7 +266,7 @@ class Segment:
         want = min(start + max_bytes, limit)
         # The indexed boundary nearest below `want` bounds the header walk to ~one index interval.
         end = max(self.index.floor_position(want), start)
-        for p, h in self.walk(end, limit):
+        for p, h in self.walk(end, limit, want - end + HEADER_SIZE):
             e = p + 12 + h[1]
             if e > want:
                 if end == start:  # the first batch alone exceeds max_bytes: return it anyway
