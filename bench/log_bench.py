@@ -28,7 +28,7 @@ import time
 
 import structlog
 
-from dmq.broker.log import LogConfig, PartitionLog, crc
+from dmq.broker.log import LogConfig, PartitionLog
 from dmq.proto import records
 
 MiB = 1024 * 1024
@@ -272,7 +272,7 @@ def main() -> None:
         bps, rps = bench_append(root, size, seg, big)
         print(f"log append, no fsync, alone              {fmt_rate(bps, 1)}  {rps / 1e6:6.2f} M records/s")
         print("  (alone figures swing several-fold between runs on this disk; the interleaved ratio is the stable one)")
-        print(f"interleaved with raw writes, batch by batch, {args.repeat} runs each (CRC: {crc.IMPLEMENTATION}):")
+        print(f"interleaved with raw writes, batch by batch, {args.repeat} runs each (CRC: {records.crc32.__module__}):")
         for policy, what in (
             ("interval", "no fsync at all"),
             ("fsync", "acks=1; rolled segments fsynced in the background"),

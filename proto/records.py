@@ -74,6 +74,13 @@ import sys
 import threading
 import time
 import zlib
+
+try:
+    # ISA-L computes zlib's CRC-32 with carry-less multiplies at ~30 GB/s, ten times zlib 1.2's
+    # ~3 GB/s: without it, checking the CRC of a produced batch costs more than writing it.
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - the dependency is declared; this keeps the codec usable
+    from zlib import crc32
 from array import array
 from dataclasses import dataclass
 from itertools import accumulate, compress, islice, pairwise, repeat, starmap
@@ -313,7 +320,7 @@ def validate_batch(buf: Any, pos: int = 0, *, max_batch_bytes: int = DEFAULT_MAX
     mv = _as_bytes_view(buf)
     h = read_header(mv, pos, max_batch_bytes=max_batch_bytes)
     _check_complete(h, len(mv) - pos, pos)
-    crc = zlib.crc32(mv[pos + CRC_START : pos + h.total_size])
+    crc = crc32(mv[pos + CRC_START : pos + h.total_size])
     if crc != h.crc:
         raise CorruptBatchError(
             f"batch at position {pos}: crc 0x{h.crc:08x} does not match computed 0x{crc:08x}"
@@ -669,7 +676,7 @@ def encode(
         tail = _TAIL.pack(
             attributes, n, first_ts, max_ts, producer_id, producer_epoch, base_sequence, body_length
         )
-        crc = zlib.crc32(body, zlib.crc32(tail))
+        crc = crc32(body, crc32(tail))
         prefix = _PREFIX.pack(base_offset, total - 12, MAGIC, crc)
     except struct.error as e:
         raise RecordsError(f"encode: a header field is out of range: {e}") from e

@@ -59,7 +59,6 @@ from typing import Any
 
 import structlog
 
-from dmq.broker.log.crc import validate
 from dmq.broker.log.errors import (
     InvalidBatchError,
     LogClosedError,
@@ -70,7 +69,7 @@ from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import fsync_path
 from dmq.broker.log.producer_state import ProducerStateManager, list_snapshots, snapshot_path
 from dmq.broker.log.segment import LOG_SUFFIX, MAX_RELATIVE_OFFSET, Segment
-from dmq.proto.records import DEFAULT_MAX_BATCH_BYTES, patch_base_offset
+from dmq.proto.records import DEFAULT_MAX_BATCH_BYTES, patch_base_offset, validate_batch
 
 __all__ = ["AppendInfo", "LogConfig", "PartitionLog", "RecoveryInfo"]
 
@@ -609,7 +608,7 @@ class PartitionLog:
 
     def append(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
         """Validate and append one batch (not fsynced). A bytearray is patched in place."""
-        h = validate(batch, max_batch_bytes=self.config.max_batch_bytes)
+        h = validate_batch(batch, max_batch_bytes=self.config.max_batch_bytes)
         size = h.total_size
         view = memoryview(batch)
         if view.format != "B" or view.ndim != 1:

@@ -8,7 +8,7 @@ A segment owns no file descriptor: it asks the shared FileCache for one by path 
 thousands of segments can exist with a bounded number of open files.
 
 Batch headers are walked with `HEADER.unpack_from` on trusted (already validated) data, and with
-`read_header` + a CRC-32 (crc.py: ISA-L / zlib-ng when installed, else zlib) over memoryview
+`read_header` + a CRC-32 (records.crc32: ISA-L) over memoryview
 slices of large reads during recovery.
 """
 
@@ -20,11 +20,10 @@ from dataclasses import dataclass
 
 import structlog
 
-from dmq.broker.log.crc import crc32
 from dmq.broker.log.errors import LogError
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import OffsetIndex, TimeIndex
-from dmq.proto.records import HEADER, HEADER_SIZE, BatchHeader, RecordsError, read_header
+from dmq.proto.records import HEADER, HEADER_SIZE, BatchHeader, RecordsError, crc32, read_header
 
 __all__ = ["Segment", "ScanResult", "LOG_SUFFIX", "segment_name"]
 
