@@ -235,9 +235,8 @@ class Sender:
             return
         try:
             address = self._cluster.leader_for(b.topic, b.partition)
-            stub = self._cluster.broker_stub(address)
-            request = pb.ProduceRequest(topic=b.topic, partition=b.partition, batch=b.payload, acks=self._acks)
-            call = stub.Produce.future(request, timeout=self._request_timeout_s)
+            request = frame_produce_request(b.topic, b.partition, self._acks, b.payload)
+            call = self._cluster.raw_produce(address).future(request, timeout=self._request_timeout_s)
         except DMQError as e:  # no leader known (metadata refresh failed)
             b.attempts += 1
             self._attempt_failed(q, b, e, now)
@@ -396,3 +395,29 @@ def _sequence_error(err: FailedPreconditionError) -> DMQError:
 def new_producer_id() -> int:
     """A random non-negative 63-bit id: collisions between producers are negligible."""
     return secrets.randbits(63)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def frame_produce_request(topic: str, partition: int, acks: int, batch: bytes) -> bytes:
+    """A serialised dmq.v1.ProduceRequest, framed by hand with the batch last.
+
+    Building a ProduceRequest message and serialising it copies the batch twice; this copies it
+    once. Field numbers from dmq.proto: 1 topic (string), 2 partition (int32), 3 batch (bytes),
+    4 acks (enum); proto3 omits zero values and accepts fields in any order.
+    """
+    t = topic.encode()
+    head = b"\x0a" + _varint(len(t)) + t
+    if partition:
+        head += b"\x10" + _varint(partition)
+    if acks:
+        head += b"\x20" + _varint(acks)
+    head += b"\x1a" + _varint(len(batch))
+    return b"".join((head, batch))

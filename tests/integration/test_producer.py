@@ -102,28 +102,23 @@ class LossyCluster(Cluster):
         super().__init__(bootstrap)
         self.lose = lose_sequences
         self.lost = 0
+
+    def raw_produce(self, address: str) -> Any:
+        real = super().raw_produce(address)
         outer = self
 
         class Produce:
-            def __init__(self, real: Any) -> None:
-                self.real = real
-
-            def future(self, request: pb.ProduceRequest, timeout: float | None = None) -> Any:
-                call = self.real.future(request, timeout=timeout)
-                seq = records.read_header(request.batch).base_sequence
+            def future(self, request: bytes, timeout: float | None = None) -> Any:
+                call = real.future(request, timeout=timeout)
+                batch = pb.ProduceRequest.FromString(request).batch
+                seq = records.read_header(batch).base_sequence
                 if seq in outer.lose:
                     outer.lose.discard(seq)
                     outer.lost += 1
                     return _LosingCall(call)
                 return call
 
-        self._produce_cls = Produce
-
-    def broker_stub(self, address: str) -> Any:
-        real = super().broker_stub(address)
-        stub = type("Stub", (), {})()
-        stub.Produce = self._produce_cls(real.Produce)
-        return stub
+        return Produce()
 
 
 def test_a_batch_retried_after_a_lost_response_keeps_its_original_offsets(cluster) -> None:  # type: ignore[no-untyped-def]

@@ -105,9 +105,9 @@ class FakeBroker:
         self.seen: dict[tuple[str, int, int, int, int], int] = {}
         self.script: list[BaseException | None] = []
         self.arrived = threading.Condition(self.lock)
-        self.Produce = self  # stub.Produce.future(...)
 
-    def future(self, request: pb.ProduceRequest, timeout: float | None = None) -> FakeCall:
+    def future(self, raw: bytes, timeout: float | None = None) -> FakeCall:
+        request = pb.ProduceRequest.FromString(raw)  # the producer frames requests by hand
         call = FakeCall(request)
         with self.lock:
             self.calls.append(call)
@@ -177,7 +177,7 @@ class FakeCluster:
     def leader_for(self, topic: str, partition: int) -> str:
         return "fake:2"
 
-    def broker_stub(self, address: str) -> FakeBroker:
+    def raw_produce(self, address: str) -> FakeBroker:
         return self.broker
 
     def invalidate(self, topic: str) -> None:
@@ -762,3 +762,16 @@ def test_topic_metadata_prefers_partitions_with_a_live_leader() -> None:
         pb.TopicInfo(name="t", partition_count=2, partitions=[pb.PartitionInfo(partition=0, leader_address="a:1")]), 0.0
     )
     assert dead.available == (0, 1)  # none alive: use them all rather than nothing
+
+
+@pytest.mark.parametrize(
+    ("topic", "partition", "acks", "batch"),
+    [("t", 0, pb.ACKS_ALL, b"x"), ("topic-\u00e9", 300, pb.ACKS_LEADER, b"y" * 200), ("a" * 249, 2**31 - 1, pb.ACKS_NONE, b"z" * 70_000)],
+)
+def test_hand_framed_produce_request_parses_as_the_message(topic: str, partition: int, acks: int, batch: bytes) -> None:
+    from dmq.client._sender import frame_produce_request
+
+    framed = frame_produce_request(topic, partition, acks, batch)
+    assert pb.ProduceRequest.FromString(framed) == pb.ProduceRequest(
+        topic=topic, partition=partition, acks=acks, batch=batch
+    )
