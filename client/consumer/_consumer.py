@@ -84,7 +84,7 @@ class DMQConsumer:
         self._cluster = Cluster(config.metadata_service_url, request_timeout_ms=config.request_timeout_ms)
         self._wakeup = threading.Event()
         self._subs = SubscriptionState()
-        self._fetcher = Fetcher(self._cluster, self._subs, config, self._wakeup)
+        self._fetcher = Fetcher(self._cluster, self._subs, config, self._wakeup, name=self.consumer_id)
         self._groups = GroupClient(self._cluster, config, self.consumer_id)
         self._offsets = OffsetClient(self._cluster, config)
         self._memberships: dict[str, Membership] = {}
