@@ -1,6 +1,6 @@
 """End-to-end produce / consume throughput and produce latency against a real server.
 
-    .venv/bin/python bench/produce_consume.py [--records 1000000] [--partitions 4]
+    .venv/bin/python bench/produce_consume.py [--records 1000000] [--partitions 8]
 
 Starts the embedded server (coordinator + one broker, fsync flush policy) in a SUBPROCESS on port
 0 with data in a temporary directory, so the server has its own interpreter (and GIL) like a
@@ -195,7 +195,7 @@ def main() -> None:
                 admin.create_topic(t_send, args.partitions)
                 total_s, loop_s = bench_send(server.bootstrap, t_send, values)
                 report("produce send()", n, size, total_s)
-                print(f"    (the send() loop itself: {loop_s / n * 1e6:.2f} us per call, sender thread included)")
+                print(f"    (time inside the send() loop: {loop_s / n * 1e6:.2f} us per call, incl. the sender thread and any wait for buffer_memory)")
                 t_many = f"send-many-{size}"
                 admin.create_topic(t_many, args.partitions)
                 report(f"produce send_many() x{args.chunk}", n, size,
