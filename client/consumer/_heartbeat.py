@@ -182,7 +182,14 @@ class HeartbeatThread:
             await asyncio.sleep(interval_s)
             if m.member_id != member_id or m.rejoin_reason is not None:
                 return
-            request = pb.HeartbeatRequest(group_id=m.group_id, member_id=member_id, generation=m.generation)
+            # The poll age lets the coordinator remove this member if the application is stuck,
+            # even should this thread's own watchdog fail to leave in time.
+            request = pb.HeartbeatRequest(
+                group_id=m.group_id,
+                member_id=member_id,
+                generation=m.generation,
+                poll_age_ms=int(self._poll_age_s() * 1000),
+            )
             try:
                 response = await stub.Heartbeat(request, timeout=max(interval_s, 1.0))
             except grpc.aio.AioRpcError as e:
