@@ -151,6 +151,16 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     # -- helpers -------------------------------------------------------------------------------
 
+    async def _not_here(self, topic: str, partition: int) -> tuple[int, str]:
+        """The per-partition error for a partition this broker does not hold, naming its leader."""
+        leader = await self._node.leader_hint(topic, partition)
+        if leader is None:
+            return pb.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic or partition: {topic}[{partition}]"
+        return (
+            pb.NOT_LEADER,
+            f"broker {self._node.broker_id} does not lead {topic}[{partition}]; the leader is {leader}",
+        )
+
     async def _log_for(self, topic: str, partition: int) -> PartitionLog:
         node = self._node
         if not node.ready:
@@ -247,13 +257,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             try:
                 plog = node.logs.get(p.topic, p.partition)
             except UnknownPartitionError:
-                leader = await node.leader_hint(p.topic, p.partition)
-                if leader is None:
-                    result.error = pb.UNKNOWN_TOPIC_OR_PARTITION
-                    result.error_message = f"unknown topic or partition: {p.topic}[{p.partition}]"
-                else:
-                    result.error = pb.NOT_LEADER
-                    result.error_message = f"broker {node.broker_id} does not lead {p.topic}[{p.partition}]; the leader is {leader}"
+                result.error, result.error_message = await self._not_here(p.topic, p.partition)
                 results.append(result)
                 continue
             result.high_watermark = plog.log_end_offset
@@ -320,13 +324,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             try:
                 plog = self._node.logs.get(q.topic, q.partition)
             except UnknownPartitionError:
-                leader = await self._node.leader_hint(q.topic, q.partition)
-                answer.error = pb.UNKNOWN_TOPIC_OR_PARTITION if leader is None else pb.NOT_LEADER
-                answer.error_message = (
-                    f"unknown topic or partition: {q.topic}[{q.partition}]"
-                    if leader is None
-                    else f"broker {self._node.broker_id} does not lead {q.topic}[{q.partition}]; the leader is {leader}"
-                )
+                answer.error, answer.error_message = await self._not_here(q.topic, q.partition)
                 answers.append(answer)
                 continue
             answer.log_start_offset = plog.log_start_offset
