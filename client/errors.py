@@ -50,6 +50,7 @@ __all__ = [
     "UnsupportedError",
     "UnknownServerError",
     "CorruptRecordError",
+    "InvalidConfigError",
     "IllegalStateError",
     "ClientClosedError",
     "STATUS_ERRORS",
@@ -224,6 +225,10 @@ class UnknownServerError(DMQError):
 class CorruptRecordError(DMQError):
     """A fetched record batch failed its CRC or layout check (disk or network corruption); the
     message names the partition and offset."""
+
+
+class InvalidConfigError(DMQError, ValueError):
+    """A client configuration value is out of range; the message names the setting to change."""
 
 
 class IllegalStateError(DMQError):

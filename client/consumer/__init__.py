@@ -2,7 +2,7 @@
 
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._consumer import DMQConsumer
-from dmq.client.consumer._errors import CorruptRecordError, InvalidConfigError
+from dmq.client.errors import CorruptRecordError, InvalidConfigError
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._records import ConsumerRecord, ConsumerRecords, OffsetAndMetadata, TopicPartition
 

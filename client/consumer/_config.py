@@ -11,7 +11,7 @@ import datetime as _dt
 from dataclasses import dataclass, field, fields
 
 from dmq.client._cluster import parse_address as _parse_address
-from dmq.client.consumer._errors import InvalidConfigError
+from dmq.client.errors import InvalidConfigError
 
 SUBSCRIPTION_MODES = ("all", "new", "timestamp")
 

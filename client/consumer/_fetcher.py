@@ -39,7 +39,7 @@ import structlog
 
 from dmq.client._cluster import Cluster
 from dmq.client.consumer._config import ConsumerConfig
-from dmq.client.consumer._errors import CorruptRecordError
+from dmq.client.errors import CorruptRecordError
 from dmq.client.consumer._records import TopicPartition
 from dmq.client.consumer._subscription import PartitionState, SubscriptionState
 from dmq.client.errors import DMQError, from_rpc_error
