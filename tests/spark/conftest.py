@@ -117,3 +117,11 @@ def dmq(cluster: Any) -> Iterator[Helper]:
     h = Helper(cluster.bootstrap)
     yield h
     h.close()
+
+
+@pytest.fixture
+def dmq3(cluster3: Any) -> Iterator[Helper]:
+    """Three brokers, each on its own port: partitions have different leaders."""
+    h = Helper(cluster3.bootstrap)
+    yield h
+    h.close()

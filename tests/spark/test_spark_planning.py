@@ -107,3 +107,18 @@ def test_read_range_reads_across_many_fetches_and_trims_to_the_range(dmq, topic_
     assert offsets == list(range(123, 877))
     values = [v for rb in batches for v in rb.column("value").to_pylist()]
     assert values[0].startswith(b"2-23.") and values[-1].startswith(b"17-26.")
+
+
+def test_each_range_is_read_from_its_partitions_leader(dmq3, topic_name):
+    topic = dmq3.create(topic_name(), partitions=3)
+    for p in range(3):
+        dmq3.send_values(topic, [b"%d-%d" % (p, i) for i in range(4)], partition=p)
+    leaders = {p.partition: p.leader_address for p in dmq3.admin.describe_topic(topic).partitions}
+    assert len(set(leaders.values())) == 3  # one partition per broker
+    reader = batch_reader(dmq3.bootstrap, subscribe=topic)
+    parts = reader.plan()
+    assert {r.partition: r.leader for r in parts} == leaders
+    assert rows(reader, parts) == [(p, o) for p in range(3) for o in range(4)]
+    # a stale leader hint (the partition "moved"): NOT_LEADER, fresh metadata, read again
+    wrong = OffsetRange(topic, 0, 0, 4, leaders[1])
+    assert rows(reader, [wrong]) == [(0, o) for o in range(4)]
