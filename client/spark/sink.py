@@ -176,11 +176,34 @@ class _TaskWriter:
         self.producer.close(FLUSH_TIMEOUT_S)
 
 
-def write_task(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> WriteResult:
+ROWS_PER_BATCH = 10_000
+
+
+def as_arrow_batches(items: Iterator[Any]) -> Iterator[pa.RecordBatch]:
+    """Arrow batches as they are; Spark Rows (the row-based stream writer of Spark 4.0) grouped
+    into batches, so one code path writes both."""
+    chunk: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, pa.RecordBatch):
+            yield item
+            continue
+        row = item.asDict(recursive=True)
+        for name in ("value", "key"):
+            if isinstance(row.get(name), bytearray):
+                row[name] = bytes(row[name])
+        chunk.append(row)
+        if len(chunk) >= ROWS_PER_BATCH:
+            yield pa.RecordBatch.from_pylist(chunk)
+            chunk = []
+    if chunk:
+        yield pa.RecordBatch.from_pylist(chunk)
+
+
+def write_task(opts: SinkOptions, batches: Iterator[Any]) -> WriteResult:
     """Write one task's rows and return once every one is acknowledged (or raise)."""
     task = _TaskWriter(opts)
     try:
-        for rb in batches:
+        for rb in as_arrow_batches(batches):
             task.write(rb)
         task.finish()
     except DMQError as e:

@@ -274,3 +274,15 @@ def test_corrupt_offsets_are_refused_before_arrow_reads_them():
     decoded = records.decode_batches(bytes(raw))
     with pytest.raises(records.CorruptBatchError):
         ArrowBuilder("t", 0, False).build(decoded, 0, 3)
+
+
+def test_sink_turns_rows_into_arrow_batches():
+    from pyspark.sql import Row
+
+    from dmq.client.spark.sink import as_arrow_batches
+
+    rb = pa.RecordBatch.from_pydict({"value": [b"a"]})
+    rows = [Row(value=bytearray(b"v%d" % i), key=None, headers=[Row(key="h", value=b"x")]) for i in range(3)]
+    out = list(as_arrow_batches(iter([rb, *rows])))
+    assert out[0] is rb
+    assert out[1].to_pylist() == [{"value": b"v%d" % i, "key": None, "headers": [{"key": "h", "value": b"x"}]} for i in range(3)]
