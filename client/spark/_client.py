@@ -53,11 +53,11 @@ def configure_worker_logging() -> None:
     debug lines: unless the process configured logging itself, keep workers at warnings
     (or DMQ_SPARK_LOG_LEVEL, e.g. via spark.executorEnv.DMQ_SPARK_LOG_LEVEL=debug).
     Anywhere but in a Spark Python worker (a driver, a test) logging is left alone."""
-    import sys
-
     import structlog as _structlog
 
-    in_worker = "pyspark.worker" in sys.modules or "PYTHON_WORKER_FACTORY_SECRET" in os.environ
+    # Spark's worker factory sets this for every Python process it starts (readers, writers,
+    # planners, the streaming source runner), never for the driver.
+    in_worker = "PYTHON_WORKER_FACTORY_SECRET" in os.environ
     if not in_worker or _structlog.is_configured():
         return
     from dmq.client.cli.logging_setup import configure_logging

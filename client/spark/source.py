@@ -16,6 +16,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from dmq.client.spark._client import configure_worker_logging
 from dmq.client.spark.arrow import source_schema
 from dmq.client.spark.options import OptionError, parse_sink_options, parse_source_options
 
@@ -50,6 +51,7 @@ class DMQDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         from dmq.client.spark.reader import DMQBatchReader
 
+        configure_worker_logging()
         opts = parse_source_options(self.options, streaming=False)
         self._check_schema(schema)
         return DMQBatchReader(opts)
@@ -57,6 +59,7 @@ class DMQDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from dmq.client.spark.reader import DMQStreamReader
 
+        configure_worker_logging()
         opts = parse_source_options(self.options, streaming=True)
         self._check_schema(schema)
         return DMQStreamReader(opts)
@@ -69,6 +72,7 @@ class DMQDataSource(DataSource):
                 "save mode 'overwrite' is not supported by the dmq sink: a topic is append-only; "
                 "use mode('append')"
             )
+        configure_worker_logging()
         opts = parse_sink_options(self.options)
         check_sink_schema(schema, opts)
         return DMQWriter(opts, schema)
@@ -78,6 +82,7 @@ class DMQDataSource(DataSource):
 
         if overwrite:
             raise OptionError("output mode 'complete' is not supported by the dmq sink; use 'append' or 'update'")
+        configure_worker_logging()
         opts = parse_sink_options(self.options)
         check_sink_schema(schema, opts)
         return DMQStreamWriter(opts, schema)
