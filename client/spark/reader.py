@@ -215,11 +215,13 @@ def read_range(settings: ReadSettings, r: OffsetRange) -> Iterator[pa.RecordBatc
     builder = ArrowBuilder(r.topic, r.partition, settings.include_headers)
     max_bytes = settings.fetch_max_bytes
     name = f"{r.topic}[{r.partition}]"
+    future: Any = None  # the Fetch in flight, if any
     try:
         offset = r.start
         future = fetcher.request(offset, max_bytes)
         while offset < r.until:
             result = fetcher.result(future, offset, max_bytes)
+            future = None
             if result.error == pb.OFFSET_OUT_OF_RANGE:
                 if offset < result.log_start_offset:
                     _loss(
@@ -276,6 +278,8 @@ def read_range(settings: ReadSettings, r: OffsetRange) -> Iterator[pa.RecordBatc
                 yield rb
             offset = next_offset
     finally:
+        if future is not None:  # the consumer stopped early (a LIMIT, a failed task)
+            future.cancel()
         fetcher.close()
 
 

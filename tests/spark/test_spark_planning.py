@@ -122,3 +122,12 @@ def test_each_range_is_read_from_its_partitions_leader(dmq3, topic_name):
     # a stale leader hint (the partition "moved"): NOT_LEADER, fresh metadata, read again
     wrong = OffsetRange(topic, 0, 0, 4, leaders[1])
     assert rows(reader, [wrong]) == [(0, o) for o in range(4)]
+
+
+def test_stopping_a_read_early_cancels_the_fetch_in_flight(dmq, topic_name):
+    topic = dmq.create(topic_name())
+    dmq.send_values(topic, [b"." * 1000] * 50)
+    settings = batch_reader(dmq.bootstrap, subscribe=topic, fetchMaxBytes="2048").settings
+    batches = read_range(settings, OffsetRange(topic, 0, 0, 50, ""))
+    assert next(batches).num_rows >= 1  # the next Fetch is now in flight
+    batches.close()  # what a LIMIT or a failed task does
