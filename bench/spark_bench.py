@@ -193,10 +193,12 @@ def main() -> None:
                 f"{qname:<20}{d:>12,.0f}{t:>15,.0f}{p:>16,.0f}{c:>16,.0f}"
                 f"{d / t:>11.1f}x{d / p:>12.2f}x{d / c:>12.2f}x"
             )
+        bound = min(rates[("ceiling", q)] / rates[("tuples", q)] for q in queries)
+        print(f"\nceiling/tuples {bound:.1f}x: the most any Python data source could beat the tuple reader by here")
         worst = min(rates[("dmq", q)] for q in queries)
         worst_ratio = min(rates[("dmq", q)] / rates[("tuples", q)] for q in queries)
         print(
-            f"\ntarget >= 1,000,000 rows/s: {'met' if worst >= 1_000_000 else 'NOT met'} ({worst:,.0f}); "
+            f"target >= 1,000,000 rows/s: {'met' if worst >= 1_000_000 else 'NOT met'} ({worst:,.0f}); "
             f"target >= 5x tuples: {'met' if worst_ratio >= 5 else 'NOT met'} ({worst_ratio:.1f}x)"
         )
         spark.stop()

@@ -16,7 +16,9 @@ def test_batch_write_is_read_back_by_a_consumer(spark, dmq, topic_name):
     topic = dmq.create(topic_name(), partitions=3)
     rows = [(f"value-{i}".encode(), None if i % 4 == 0 else f"key-{i % 5}".encode()) for i in range(200)]
     df = spark.createDataFrame(rows, "value binary, key binary").repartition(2)
-    df.write.format("dmq").option("bootstrap", dmq.bootstrap).option("topic", topic).mode("append").save()
+    df.write.format("dmq").option("bootstrap", dmq.bootstrap).option("topic", topic).option(
+        "compression", "zstd"
+    ).mode("append").save()
 
     got = dmq.read_all(topic)
     assert sorted((r.value, r.key) for r in got) == sorted(rows)
