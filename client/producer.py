@@ -348,10 +348,20 @@ class Producer:
         elif keys is None:
             self._append_run(st, topic, None, meta, values, None, sizes, None, segments)
         else:
-            groups: dict[int | None, list[int]] = {}
+            # Keyless records in a keyed call all go to the current sticky partition, resolved
+            # once, so that every partition's records form one run in input order (grouping them
+            # apart would put keyless records behind keyed ones of the same partition).
+            with self._acc.lock:
+                current = st.sticky.get(topic)
+                sticky = (
+                    current.partition
+                    if current is not None and not current.sealed
+                    else self._chooser.next(topic, meta.available)
+                )
+            groups: dict[int, list[int]] = {}
             part = self._partitioner
             for i, k in enumerate(keys):
-                p = None if k is None else part(k, count)
+                p = sticky if k is None else part(k, count)
                 g = groups.get(p)
                 if g is None:
                     groups[p] = [i]

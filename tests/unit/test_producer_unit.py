@@ -503,6 +503,21 @@ def test_send_many_keyed_groups_by_partition_and_returns_input_order() -> None:
         assert (stored.key, stored.value) == (k, v)
 
 
+def test_send_many_with_some_null_keys_keeps_each_partitions_input_order() -> None:
+    broker = FakeBroker()
+    keys: list[bytes | None] = [None if i % 3 == 0 else b"k%d" % (i % 7) for i in range(600)]
+    values = [b"v%04d" % i for i in range(600)]
+    with make_producer(broker, partitions={"t": 2}) as p:
+        metas = p.send_many("t", values, keys=keys).get(WAIT_S)
+    for part in (0, 1):
+        stored = [r.value for r in broker.logs[("t", part)]]
+        assert stored == sorted(stored), f"partition {part} holds records out of input order"
+    assert sum(len(broker.logs[("t", part)]) for part in (0, 1)) == 600
+    for k, m in zip(keys, metas):
+        if k is not None:
+            assert m.partition == crc32_partition(k, 2)
+
+
 def test_send_many_explicit_partition_and_empty() -> None:
     broker = FakeBroker()
     with make_producer(broker, partitions={"t": 2}) as p:
