@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DMQ_PORT ?= 9091
+DMQ_DATA_DIR ?= ./dmq-data
 
 .PHONY: run test proto bench lint clean venv
 
@@ -18,7 +20,7 @@ venv: $(STAMP)
 
 ## run: start the embedded server (coordinator + broker on port 9091, data in ./dmq-data)
 run: $(STAMP)
-	$(VENV)/bin/dmq server --port 9091 --data-dir ./dmq-data
+	exec $(VENV)/bin/dmq server --port $(DMQ_PORT) --data-dir $(DMQ_DATA_DIR)
 
 ## test: install what is needed and run the whole suite
 test: $(STAMP)

@@ -67,9 +67,19 @@ def local_session(
     # The environment variables must be set before the JVM starts: it reads them at launch.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    if master.startswith("local"):
+        # A local session talks to itself on loopback only: without this Spark resolves the
+        # host name and may bind its driver and block manager to an external interface.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    local_network = (
+        {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+        if master.startswith("local")
+        else {}
+    )
     settings = {
+        **local_network,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "2",
