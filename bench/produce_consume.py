@@ -136,14 +136,18 @@ def bench_consume(bootstrap: str, topic: str, partitions: int) -> tuple[int, flo
         return n, time.perf_counter() - t0
 
 
-def bench_latency(bootstrap: str, topic: str, rate: int, seconds: float, linger_ms: float) -> list[float]:
+def bench_latency(
+    bootstrap: str, topic: str, rate: int, seconds: float, linger_ms: float, warmup_s: float
+) -> list[float]:
+    """Latency in a steady state: the first warmup_s at the same rate are sent but not counted."""
     from dmq.client import Producer
 
     latencies: list[float] = []
     value = os.urandom(100)
     with Producer(bootstrap, acks="all", linger_ms=linger_ms) as producer:
         producer.send(topic, value).get(30)
-        total = int(rate * seconds)
+        warmup = int(rate * warmup_s)
+        total = warmup + int(rate * seconds)
         per_tick = max(1, rate // 1000)  # send in 1 ms ticks
         start = time.perf_counter()
         sent = 0
@@ -152,9 +156,13 @@ def bench_latency(bootstrap: str, topic: str, rate: int, seconds: float, linger_
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            for _ in range(per_tick):
-                t = time.perf_counter()
-                producer.send(topic, value, callback=lambda m, e, t=t: latencies.append(time.perf_counter() - t))
+            if sent < warmup:
+                for _ in range(per_tick):
+                    producer.send(topic, value)
+            else:
+                for _ in range(per_tick):
+                    t = time.perf_counter()
+                    producer.send(topic, value, callback=lambda m, e, t=t: latencies.append(time.perf_counter() - t))
             sent += per_tick
         producer.flush(60)
     return latencies
@@ -172,6 +180,8 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=10_000, help="values per send_many() call")
     ap.add_argument("--rate", type=int, default=10_000, help="latency test: msgs/s")
+    ap.add_argument("--latency-warmup-seconds", type=float, default=2.0,
+                    help="latency test: seconds sent at --rate before measuring")
     ap.add_argument("--latency-seconds", type=float, default=5.0)
     ap.add_argument("--skip-1k", action="store_true")
     args = ap.parse_args()
@@ -205,12 +215,19 @@ def main() -> None:
                 got, secs = bench_consume(server.bootstrap, t_many, args.partitions)
                 report("consume() -> ConsumerRecord", got, size, secs)
                 del values
+            # The throughput runs above leave gigabytes of dirty pages; writing them back makes
+            # fsyncs stall for seconds. Latency is measured in a steady state at the given rate:
+            # write the backlog out first, then warm up at the rate before counting.
+            os.sync()
             for linger_ms in (5, 0):  # the default, then no lingering at all
                 t_lat = f"latency-{linger_ms}"
                 admin.create_topic(t_lat, args.partitions)
-                lat = bench_latency(server.bootstrap, t_lat, args.rate, args.latency_seconds, linger_ms)
+                lat = bench_latency(
+                    server.bootstrap, t_lat, args.rate, args.latency_seconds, linger_ms, args.latency_warmup_seconds
+                )
                 print(
-                    f"latency send() -> callback at {args.rate:,} msgs/s, linger_ms={linger_ms}, "
+                    f"latency send() -> callback at {args.rate:,} msgs/s after {args.latency_warmup_seconds:g} s "
+                    f"of warm-up at that rate, linger_ms={linger_ms}, "
                     f"{len(lat):,} records: p50 {percentile(lat, 0.5) * 1e3:.2f} ms, "
                     f"p99 {percentile(lat, 0.99) * 1e3:.2f} ms, max {max(lat) * 1e3:.2f} ms"
                 )
