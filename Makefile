@@ -22,8 +22,8 @@ venv: $(STAMP)
 run: $(STAMP)
 	exec $(VENV)/bin/dmq server --port $(DMQ_PORT) --data-dir $(DMQ_DATA_DIR)
 
-## test: install what is needed and run the whole suite
-test: $(STAMP)
+## test: install what is needed, lint, and run the whole suite
+test: lint
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 ## proto: regenerate the committed gRPC stubs from proto/dmq.proto
@@ -40,7 +40,7 @@ bench: $(STAMP)
 	$(PY) bench/spark_bench.py
 
 lint: $(STAMP)
-	$(PY) -m compileall -q proto broker coordinator client tests bench
+	$(VENV)/bin/ruff check proto broker coordinator client tests bench
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -90,9 +90,9 @@ def main() -> None:
             kw = {"keys": keys} if with_keys else {}
             batch = records.encode(values, timestamp_ms=ts, codec=codec, **kw)
             label = f"{codec.name.lower()}{' +keys' if with_keys else ''}"
-            enc = best_rate(lambda: records.encode(values, timestamp_ms=ts, codec=codec, **kw), n, args.seconds)
-            dec = best_rate(lambda: records.decode(batch), n, args.seconds)
-            it = best_rate(lambda: sum(1 for _ in records.decode(batch)), n, args.seconds)
+            enc = best_rate(lambda c=codec, k=kw: records.encode(values, timestamp_ms=ts, codec=c, **k), n, args.seconds)
+            dec = best_rate(lambda b=batch: records.decode(b), n, args.seconds)
+            it = best_rate(lambda b=batch: sum(1 for _ in records.decode(b)), n, args.seconds)
             print(
                 f"{'encode ' + label:42s} {enc:>12,.0f} rec/s {enc * size / 1e6:8.1f} MB/s"
                 f"  x{enc / enc_ref:.2f} vs struct.pack   batch {len(batch) / 1e6:.2f} MB"

@@ -37,7 +37,6 @@ from dmq.proto import records
 try:  # Spark >= 4.2: admission control (read limits) and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
         ReadAllAvailable,
-        ReadLimit,
         ReadMaxRows,
         SupportsTriggerAvailableNow,
     )

@@ -293,7 +293,7 @@ class Sim:
             self.kicked(client, request.member_id)
             return False
         except NotOwnerError as error:
-            raise AssertionError(f"{client.name} refused commit of its own partitions: {error}")
+            raise AssertionError(f"{client.name} refused commit of its own partitions: {error}") from error
         for p in partitions:
             self.committed[p] = client.positions[p]
         self.count("commit_ok")

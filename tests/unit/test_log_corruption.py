@@ -209,7 +209,7 @@ def test_random_damage_always_leaves_a_valid_prefix(tmp_path):
         path = tmp_path / f"r{round_}"
         plog = PartitionLog(path / "t-3", "t", 3, CONFIG)
         stored = []
-        for i in range(rng.randrange(1, 30)):
+        for _ in range(rng.randrange(1, 30)):
             info = plog.append(records.encode([os.urandom(rng.randrange(1, 300))], timestamp_ms=1))
             stored.append(plog.read(info.base_offset, 1))
         seg_path = active_file(plog)
