@@ -45,8 +45,13 @@ class ClusterOptions:
     coordinator_kwargs: dict[str, object] = field(default_factory=dict)
 
 
+# Bounds the calls a process serves at once (long polls and watch streams included); past it
+# gRPC answers RESOURCE_EXHAUSTED instead of queueing without limit.
+MAX_CONCURRENT_RPCS = 50_000
+
+
 def _new_server() -> grpc.aio.Server:
-    return grpc.aio.server(options=server_options())
+    return grpc.aio.server(options=server_options(), maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
 
 
 class LocalCluster:
