@@ -9,9 +9,9 @@ Lifecycle (the owner is the process runner or a test fixture):
 Until `start()` has loaded the state, metadata RPCs are answered UNAVAILABLE ("coordinator is
 starting: retry"), since the server may already be taking calls (`dmq server` shares its port).
 
-Components. The group coordinator plugs in as a NodeComponent (add_to_server / start / stop):
-if the module `dmq.coordinator.group_service` exists and defines `build(node) -> NodeComponent`,
-the node builds it in __init__ and keeps it as `node.groups`; `attach(component)` adds any other.
+Components. The group coordinator is a NodeComponent (add_to_server / start / stop) built by
+`dmq.coordinator.group_service.build(node)` in __init__ and kept as `node.groups`;
+`attach(component)` adds any other.
 Components start after the metadata is loaded and stop before it closes, so they may use
 `node.metadata`, `node.store` and `node.broker_pool` throughout their life.
 """
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 import pathlib
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -30,6 +28,7 @@ import grpc
 import structlog
 
 from dmq.coordinator.broker_pool import BrokerPool
+from dmq.coordinator.group_service import build as build_group_service
 from dmq.coordinator.metadata import (
     DEFAULT_BROKER_CALL_TIMEOUT_MS,
     MetadataManager,
@@ -43,7 +42,6 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 log = structlog.get_logger(__name__)
 
 SQLITE_FILE = "coordinator.sqlite"
-GROUP_SERVICE_MODULE = "dmq.coordinator.group_service"
 STOP_TIMEOUT_S = 5.0
 SUBSCRIPTION_MODES = ("all", "new", "timestamp")
 
@@ -100,7 +98,8 @@ class CoordinatorNode:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self._started = False
-        self._build_group_service()
+        self.groups = build_group_service(self)
+        self.attach(self.groups)
 
     def __repr__(self) -> str:
         return (
@@ -108,17 +107,6 @@ class CoordinatorNode:
             f"topics={len(self.metadata.topics())} live_brokers={len(self.metadata.live_broker_ids())} "
             f"components={len(self.components)}>"
         )
-
-    def _build_group_service(self) -> None:
-        if importlib.util.find_spec(GROUP_SERVICE_MODULE) is None:
-            return
-        module = importlib.import_module(GROUP_SERVICE_MODULE)
-        build = getattr(module, "build", None)
-        if build is None:
-            log.error(f"{GROUP_SERVICE_MODULE} has no build(node): consumer groups are not served")
-            return
-        self.groups = build(self)
-        self.attach(self.groups)
 
     def attach(self, component: NodeComponent) -> None:
         """Add a component (before add_to_server and start)."""

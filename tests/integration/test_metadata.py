@@ -8,11 +8,8 @@ them, which makes the broker's side of the protocol explicit and lets the clock 
 from __future__ import annotations
 
 import asyncio
-import importlib.machinery
 import pathlib
-import sys
 import time
-import types
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -601,14 +598,9 @@ class RecordingComponent:
         self.events.append("stop")
 
 
-async def test_group_service_module_is_built_and_run(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_group_service_is_built_and_run(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[str] = []
-    name = "dmq_test_fake_group_service"
-    module = types.ModuleType(name)
-    module.__spec__ = importlib.machinery.ModuleSpec(name, loader=None)
-    module.build = lambda node: RecordingComponent(node, events)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(node_module, "GROUP_SERVICE_MODULE", name)
+    monkeypatch.setattr(node_module, "build_group_service", lambda node: RecordingComponent(node, events))
 
     h = Harness(tmp_path / "c")
     await h.start_coordinator()
