@@ -45,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from collections import deque
+from typing import Any
 
 import structlog
 
@@ -98,6 +99,7 @@ class ProducerBatch:
         "attempts",
         "deadline",
         "acked",
+        "callbacks",
         "__weakref__",
     )
 
@@ -123,6 +125,9 @@ class ProducerBatch:
         self.attempts = 0
         self.deadline = 0.0  # monotonic time after which it fails (delivery_timeout_ms)
         self.acked = False
+        # Records' callbacks as [index, fn, index, fn, ...]; None once they have run (see
+        # RecordFuture.add_callback for why they are not the future's done-callbacks).
+        self.callbacks: list[Any] | None = []
 
     def __repr__(self) -> str:
         state = "done" if self.future.done() else "sealed" if self.sealed else "open"
@@ -206,6 +211,44 @@ class ProducerBatch:
         offset = -1 if base_offset < 0 else base_offset + index
         return RecordMetadata(self.topic, self.partition, offset, self.timestamp_of(index))
 
+    def resolve(self, base_offset: int) -> None:
+        """Complete the batch (if not yet done) and run its records' callbacks, on this thread."""
+        if not self.future.done():
+            self.future.set_result(base_offset)
+        self.run_callbacks()
+
+    def reject(self, err: BaseException) -> None:
+        """Fail the batch (if not yet done) and run its records' callbacks, on this thread."""
+        if not self.future.done():
+            self.future.set_exception(err)
+        self.run_callbacks()
+
+    def run_callbacks(self) -> None:
+        """Run and drop the callbacks added so far; later ones run at once in add_callback. The
+        future must be done."""
+        with _callbacks_lock:
+            cbs, self.callbacks = self.callbacks, None
+        if cbs:
+            fut = self.future
+            for i in range(0, len(cbs), 2):
+                _run_callback(cbs[i + 1], self, cbs[i], fut)
+
+
+# Guards ProducerBatch.callbacks between add_callback (producer threads) and run_callbacks
+# (the sender): held for a list append or a swap only.
+_callbacks_lock = threading.Lock()
+
+
+def _run_callback(fn: Callback, batch: ProducerBatch, index: int, fut: concurrent.futures.Future[int]) -> None:
+    err = fut.exception()
+    try:
+        if err is None:
+            fn(batch.metadata(index, fut.result()), None)
+        else:
+            fn(None, err)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - a user callback must not kill the sender
+        log.exception("producer callback raised", topic=batch.topic, partition=batch.partition)
+
 
 class ThreadState:
     """One producer thread's open batches: by partition, and the sticky one per topic."""
@@ -262,20 +305,23 @@ class RecordFuture:
 
     def add_callback(self, fn: Callback) -> None:
         """Call ``fn(metadata, None)`` or ``fn(None, error)`` once the record's batch is done, on the
-        producer's sender thread (or right away, here, if it is already done). Keep it short."""
-        batch, index = self._batch, self._index
+        producer's sender thread (or right away, here, if it is already done). Keep it short.
 
-        def done(fut: concurrent.futures.Future[int]) -> None:
-            err = fut.exception()
-            try:
-                if err is None:
-                    fn(batch.metadata(index, fut.result()), None)
-                else:
-                    fn(None, err)  # type: ignore[arg-type]
-            except Exception:  # noqa: BLE001 - a user callback must not kill the sender
-                log.exception("producer callback raised", topic=batch.topic, partition=batch.partition)
-
-        batch.future.add_done_callback(done)
+        The callbacks live in a plain list on the batch, not as closures on its future: a
+        closure over the batch held by the batch's own future is a reference cycle, so every
+        batch (its future, condition, lock, closures, cells: ~7 objects a record) became cyclic
+        garbage that only the cyclic GC frees. At 10k records/s that made full collections of
+        10-30 ms a few times a second, the largest part of the produce latency tail. Now a done
+        batch is freed by reference counting.
+        """
+        batch = self._batch
+        with _callbacks_lock:
+            cbs = batch.callbacks
+            if cbs is not None:
+                cbs.append(self._index)
+                cbs.append(fn)
+                return
+        _run_callback(fn, batch, self._index, batch.future)
 
 
 class SendManyFuture:
@@ -490,7 +536,7 @@ class Accumulator:
             self.incomplete.discard(b)
             self.pool.release(b.reserved)
             b.reserved = 0
-            b.future.set_result(-1)
+            b.resolve(-1)
             return
         q = self.queue(b.topic, b.partition)
         q.ready.append(b)

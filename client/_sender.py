@@ -247,7 +247,7 @@ class Sender:
         b.attempts += 1
         q.inflight = b
         if not self._wait_for_ack and not b.future.done():
-            b.future.set_result(-1)  # acks=0: nobody waits for the broker
+            b.resolve(-1)  # acks=0: nobody waits for the broker
         call.add_done_callback(functools.partial(self._queue_response, b, address))
 
     def _queue_response(self, b: ProducerBatch, address: str, call: Any) -> None:
@@ -334,8 +334,7 @@ class Sender:
     # -- outcomes ----------------------------------------------------------------------------------
 
     def _done(self, b: ProducerBatch, base_offset: int) -> None:
-        if not b.future.done():
-            b.future.set_result(base_offset)  # runs the records' callbacks, here
+        b.resolve(base_offset)  # runs the records' callbacks, here
         self._release(b)
 
     def _fail(self, q: PartitionQueue, b: ProducerBatch, err: DMQError) -> None:
@@ -344,8 +343,7 @@ class Sender:
             # The broker may or may not hold it: continuing the sequence could leave a gap or a
             # duplicate; a new epoch starting at 0 is unambiguous.
             self._bump_epoch(q)
-        if not b.future.done():
-            b.future.set_exception(err)
+        b.reject(err)
         self._release(b)
 
     def _release(self, b: ProducerBatch) -> None:
@@ -377,7 +375,7 @@ class Sender:
         for b in pending:
             if not b.future.done():
                 failed += b.count or len(b.values)
-                b.future.set_exception(err)
+            b.reject(err)
             acc.pool.release(b.reserved)
             b.reserved = 0
         return failed
