@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import pathlib
 import signal
 import threading
@@ -189,6 +190,10 @@ async def serve_until_signalled(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
     await start()  # type: ignore[misc]
+    # Everything allocated so far (modules, servicers, open logs) lives as long as the process:
+    # freezing it keeps the cyclic GC's full collections from walking it each time (10-20 ms
+    # pauses of the event loop, stalling every in-flight request, otherwise ~1 ms).
+    gc.freeze()
     if on_ready is not None:
         on_ready()
     try:
