@@ -4,7 +4,7 @@
                                              [--rate 10000] [--latency-seconds 10]
 
 The embedded server runs in a subprocess (its own interpreter and GIL, like a deployment; the
-Server helper of bench/produce_consume.py). Then:
+helpers of bench/_server.py). Then:
 
   1. throughput: --records 100-byte values are produced (send_many, not timed) over
      --partitions partitions; one DMQConsumer (a fresh group, subscription_mode "all") polls
@@ -36,7 +36,8 @@ import uuid
 import structlog
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from produce_consume import Server, make_values  # noqa: E402  (the bench helpers, reused)
+from _server import embedded_server  # noqa: E402  (the bench helpers, shared)
+from produce_consume import make_values  # noqa: E402
 
 PRODUCER_SCRIPT = textwrap.dedent(
     """
@@ -176,7 +177,7 @@ def main() -> None:
     from dmq.client import AdminClient
 
     with tempfile.TemporaryDirectory(prefix="dmq-consumer-bench-") as tmp:
-        server = Server(pathlib.Path(tmp))
+        server = embedded_server(pathlib.Path(tmp))
         try:
             with AdminClient(server.bootstrap) as admin:
                 admin.create_topic("bench", args.partitions)

@@ -23,51 +23,14 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 
 import structlog
 
-SERVER_SCRIPT = textwrap.dedent(
-    """
-    import asyncio, logging, pathlib, sys
-    import structlog
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    from dmq.coordinator.embedded import ClusterOptions, run_embedded
-
-    def ready(cluster):
-        print("READY", cluster.bootstrap, flush=True)
-
-    asyncio.run(run_embedded(ClusterOptions(data_dir=pathlib.Path(sys.argv[1])), ready))
-    """
-)
-
-
-class Server:
-    """The embedded server in a child process; stopped with SIGTERM (clean shutdown)."""
-
-    def __init__(self, data_dir: pathlib.Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER_SCRIPT, str(data_dir)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # the child prints READY or dies
-        if not line.startswith("READY"):
-            self.proc.kill()
-            raise SystemExit(f"server did not start: {line!r}")
-        self.bootstrap = line.split()[1]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _server import embedded_server  # noqa: E402  (the bench helpers, shared)
 
 
 def make_values(n: int, size: int) -> list[bytes]:
@@ -192,7 +155,7 @@ def main() -> None:
     from dmq.client import AdminClient
 
     with tempfile.TemporaryDirectory(prefix="dmq-bench-") as tmp:
-        server = Server(pathlib.Path(tmp))
+        server = embedded_server(pathlib.Path(tmp))
         try:
             print(f"server {server.bootstrap} (subprocess), {args.partitions} partitions, acks=all, fsync flush")
             admin = AdminClient(server.bootstrap)

@@ -32,10 +32,8 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -50,70 +48,35 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
 
-SERVER_SCRIPT = textwrap.dedent(
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _server import ChildServer, embedded_server  # noqa: E402  (the bench helpers, shared)
+
+# The empty-call baseline: a GroupCoordinator whose Heartbeat does nothing, served the same way.
+TRIVIAL_SERVER_SCRIPT = textwrap.dedent(
     """
-    import asyncio, logging, pathlib, sys
-    import structlog
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    import asyncio
     import grpc
     from dmq.proto import dmq_pb2 as pb, dmq_pb2_grpc as pb_grpc
     from dmq.proto.grpc_options import server_options
-    from dmq.coordinator.embedded import ClusterOptions, run_embedded
 
-    kind = sys.argv[1]
-    if kind == "cluster":
-        def ready(cluster):
-            print("READY", cluster.bootstrap, flush=True)
+    class Trivial(pb_grpc.GroupCoordinatorServicer):
+        async def Heartbeat(self, request, context):
+            return pb.HeartbeatResponse()
 
-        asyncio.run(run_embedded(ClusterOptions(data_dir=pathlib.Path(sys.argv[2])), ready))
-    else:
-        class Trivial(pb_grpc.GroupCoordinatorServicer):
-            async def Heartbeat(self, request, context):
-                return pb.HeartbeatResponse()
+    async def main():
+        server = grpc.aio.server(options=server_options())
+        pb_grpc.add_GroupCoordinatorServicer_to_server(Trivial(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        print("READY", f"127.0.0.1:{port}", flush=True)
+        await server.wait_for_termination()
 
-        async def main():
-            server = grpc.aio.server(options=server_options())
-            pb_grpc.add_GroupCoordinatorServicer_to_server(Trivial(), server)
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
-            print("READY", f"127.0.0.1:{port}", flush=True)
-            await server.wait_for_termination()
-
-        asyncio.run(main())
+    asyncio.run(main())
     """
 )
 
 TIMEOUT_S = 30.0
 SESSION_TIMEOUT_MS = 120_000  # members of the big group must outlive its setup without heartbeats
-
-
-class Server:
-    """A server in a child process; stopped with SIGTERM (clean shutdown)."""
-
-    def __init__(self, kind: str, data_dir: pathlib.Path | None = None) -> None:
-        args = [sys.executable, "-c", SERVER_SCRIPT, kind] + ([str(data_dir)] if data_dir else [])
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("READY"):
-            self.proc.kill()
-            raise SystemExit(f"{kind} server did not start: {line!r}")
-        self.bootstrap = line.split()[1]
-
-    def cpu_s(self) -> float:
-        """CPU seconds (user + system) the server process has used so far (Linux /proc)."""
-        try:
-            fields = pathlib.Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return float("nan")
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -287,7 +250,7 @@ class Rate:
     server_cpu_share: float  # of one core, while measuring
 
 
-async def heartbeat_rate(server: Server, requests: list[pb.HeartbeatRequest], seconds: float) -> Rate:
+async def heartbeat_rate(server: ChildServer, requests: list[pb.HeartbeatRequest], seconds: float) -> Rate:
     """Calls per second with len(requests) calls in flight (one worker per request)."""
     bootstrap = server.bootstrap
     channels = [grpc.aio.insecure_channel(bootstrap, options=channel_options())
@@ -323,7 +286,7 @@ async def heartbeat_rate(server: Server, requests: list[pb.HeartbeatRequest], se
 
 
 async def bench_heartbeats(
-    server: Server, trivial: Server, in_flight: int, seconds: float, rounds: int
+    server: ChildServer, trivial: ChildServer, in_flight: int, seconds: float, rounds: int
 ) -> tuple[Rate, Rate]:
     bootstrap = server.bootstrap
     await create_topic(bootstrap, "beats", 12)
@@ -366,7 +329,7 @@ class BigGroup:
     members: int
 
 
-async def bench_big_group(server: Server, members: int) -> BigGroup:
+async def bench_big_group(server: ChildServer, members: int) -> BigGroup:
     bootstrap = server.bootstrap
     await create_topic(bootstrap, "big", members)
     channels = [grpc.aio.insecure_channel(bootstrap, options=channel_options()) for _ in range(8)]
@@ -399,7 +362,7 @@ async def bench_big_group(server: Server, members: int) -> BigGroup:
 # -- main -----------------------------------------------------------------------------------------
 
 
-async def run(args: argparse.Namespace, server: Server, trivial: Server) -> None:
+async def run(args: argparse.Namespace, server: ChildServer, trivial: ChildServer) -> None:
     bootstrap = server.bootstrap
     print(f"rebalance bench: embedded server in a subprocess at {bootstrap}, 500 ms debounce")
 
@@ -436,8 +399,8 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
     with tempfile.TemporaryDirectory(prefix="dmq-rebalance-bench-") as tmp:
-        server = Server("cluster", pathlib.Path(tmp))
-        trivial = Server("trivial")
+        server = embedded_server(pathlib.Path(tmp))
+        trivial = ChildServer(TRIVIAL_SERVER_SCRIPT)
         try:
             asyncio.run(run(args, server, trivial))
         finally:
