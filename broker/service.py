@@ -95,11 +95,9 @@ def _guarded(method: Handler) -> Handler:
             return await method(self, request, context)
         except _Abort as e:
             await context.abort(e.code, e.message)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence of a server
-            if isinstance(e, grpc.aio.AbortError) or type(e).__name__ == "AbortError":
-                raise
             log.exception("broker handler failed", rpc=method.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(e).__name__}: {e}")
         raise AssertionError("unreachable")
@@ -414,7 +412,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 info.log_start_offset = plog.log_start_offset
                 info.log_end_offset = plog.log_end_offset
                 info.size_bytes = plog.size_bytes
-                info.segment_count = getattr(plog, "segment_count", 0)
+                info.segment_count = plog.segment_count
             out.append(info)
         return pb.DescribeLogsResponse(logs=out)
 
