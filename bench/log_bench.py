@@ -29,6 +29,7 @@ import time
 import structlog
 
 from dmq.broker.log import LogConfig, PartitionLog
+from dmq.broker.log.fsync_placement import FsyncPlacement
 from dmq.proto import records
 
 MiB = 1024 * 1024
@@ -156,12 +157,18 @@ class CountingFsync:
 
 
 def bench_durable(
-    root: str, size: int, segment_bytes: int, batches: list[bytes], appenders: int
+    root: str, size: int, segment_bytes: int, batches: list[bytes], appenders: int, inline: bool
 ) -> tuple[float, float, int, int]:
+    """inline: with the broker's FsyncPlacement (fast fsyncs on the loop thread); else all in the pool."""
     d = fresh_dir(root, "durable")
     fsync = CountingFsync()
     plog = PartitionLog(
-        os.path.join(d, "bench-0"), "bench", 0, LogConfig(segment_bytes=segment_bytes), fsync=fsync
+        os.path.join(d, "bench-0"),
+        "bench",
+        0,
+        LogConfig(segment_bytes=segment_bytes),
+        fsync=fsync,
+        fsync_placement=FsyncPlacement() if inline else None,
     )
     count = records.read_header(batches[0]).record_count
     per_appender = size // appenders
@@ -287,17 +294,19 @@ def main() -> None:
                 f"  flush_policy={policy:8} raw {raw_i / MiB:7.1f} MB/s, log append {bps / MiB:7.1f} MB/s "
                 f"{rps / 1e6:6.2f} M records/s: median {100 * bps / raw_i:.0f}% of raw (runs: {ratios}) - {what}"
             )
-        bps, rps, fsyncs, n = bench_durable(root, size, seg, big, args.appenders)
-        print(
-            f"log append_durable x{args.appenders} (acks=all)       {fmt_rate(bps, 1)}  {rps / 1e6:6.2f} M records/s  "
-            f"({n} batches, {fsyncs} fsyncs, {n / max(fsyncs, 1):.1f} batches/fsync)"
-        )
-        small_size = min(size, 64 * MiB)
-        bps, rps, fsyncs, n = bench_durable(root, small_size, seg, small, 4 * args.appenders)
-        print(
-            f"log append_durable x{4 * args.appenders} small batches    {fmt_rate(bps, 1)}  {rps / 1e6:6.2f} M records/s  "
-            f"({n} batches, {fsyncs} fsyncs, {n / max(fsyncs, 1):.1f} batches/fsync)"
-        )
+        for inline in (False, True):
+            where = "fsync inline/pool" if inline else "fsync in pool    "
+            bps, rps, fsyncs, n = bench_durable(root, size, seg, big, args.appenders, inline)
+            print(
+                f"log append_durable x{args.appenders} (acks=all), {where}        {fmt_rate(bps, 1)}  "
+                f"{rps / 1e6:6.2f} M records/s  ({n} batches, {fsyncs} fsyncs, {n / max(fsyncs, 1):.1f} batches/fsync)"
+            )
+            small_size = min(size, 64 * MiB)
+            bps, rps, fsyncs, n = bench_durable(root, small_size, seg, small, 4 * args.appenders, inline)
+            print(
+                f"log append_durable x{4 * args.appenders} small batches, {where}    {fmt_rate(bps, 1)}  "
+                f"{rps / 1e6:6.2f} M records/s  ({n} batches, {fsyncs} fsyncs, {n / max(fsyncs, 1):.1f} batches/fsync)"
+            )
         r = bench_read_and_recovery(root, size, big)
         print(f"log read (1 MiB max_bytes, page cache)   {fmt_rate(r['read_bps'], 1)}")
         print(

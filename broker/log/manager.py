@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import structlog
 
 from dmq.broker.log.errors import LogClosedError, UnknownPartitionError
+from dmq.broker.log.fsync_placement import FsyncPlacement
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.partition import CLEAN_SHUTDOWN_FILE, CONFIG_FILE, LogConfig, PartitionLog
 
@@ -95,6 +96,7 @@ class LogManager:
         clock_ms: Callable[[], int] | None = None,
         fsync: Callable[[int], None] | None = None,
         flush_threads: int = 4,
+        inline_fsync_max_ms: float = 1.0,
     ) -> None:
         self.data_dir = os.fspath(data_dir)
         self.default_config = default_config or LogConfig()
@@ -103,6 +105,9 @@ class LogManager:
         self._fsync = fsync
         self.file_cache = FileCache(max_open_files)
         self._executor = ThreadPoolExecutor(max(1, flush_threads), thread_name_prefix="dmq-log-flush")
+        # Group-commit fsyncs run on the event loop's thread while the disk answers within
+        # inline_fsync_max_ms (0: always in the pool); see fsync_placement.py.
+        self.fsync_placement = FsyncPlacement(inline_fsync_max_ms)
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._unopened: dict[tuple[str, int], str] = {}  # cleanly closed, opened on first use
         self._lock = threading.RLock()
@@ -130,6 +135,7 @@ class LogManager:
             fsync=self._fsync,
             file_cache=self.file_cache,
             executor=self._executor,
+            fsync_placement=self.fsync_placement,
             # the default config is implied; only per-partition overrides get a config.json
             persist_config=config != self.default_config,
         )

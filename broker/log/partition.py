@@ -38,7 +38,9 @@ under one per-partition lock. fsync never runs under it: a flush job is prepared
 Group commit (`append_durable`): a caller waits until `durable_end_offset` covers its batch. If a
 flush is already in flight it waits for that one and, if the flush started before its write (so
 does not cover it), for the next; one flush is in flight at a time and it covers every write made
-before it started, so N concurrent callers cost ~2 fsyncs, not N.
+before it started, so N concurrent callers cost ~2 fsyncs, not N. While the disk answers fast, the
+LogManager's FsyncPlacement runs that flush on the event loop's thread instead of the pool (after
+one yield, so that appends already due join it): see fsync_placement.py for why and the limits.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from dmq.broker.log.errors import (
     LogError,
     OffsetOutOfRangeError,
 )
+from dmq.broker.log.fsync_placement import FsyncPlacement
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import fsync_path
 from dmq.broker.log.producer_state import ProducerStateManager, list_snapshots, snapshot_path
@@ -247,6 +250,7 @@ class PartitionLog:
         fsync: Callable[[int], None] | None = None,
         file_cache: FileCache | None = None,
         executor: Executor | None = None,
+        fsync_placement: FsyncPlacement | None = None,
         persist_config: bool = True,
     ) -> None:
         self.directory = os.fspath(directory)
@@ -259,6 +263,8 @@ class PartitionLog:
         self._cache = file_cache or FileCache(64)
         self._owns_executor = executor is None
         self._executor: Executor | None = executor
+        # None: every group-commit fsync runs in the executor (see fsync_placement.py)
+        self._placement = fsync_placement
         self._log = _PartitionLogger(topic, partition)
         self._where = f"{topic}[{partition}]: "  # error message prefix
         self._lock = threading.RLock()
@@ -666,6 +672,9 @@ class PartitionLog:
         while self.durable_end_offset < end_offset and self.log_start_offset < end_offset:
             fut = self._inflight
             if fut is None or fut.done() or fut.get_loop() is not loop:
+                if self._placement is not None and self._placement.inline_ok():
+                    await self._flush_inline(end_offset)
+                    continue
                 with self._lock:
                     job = self._prepare_flush()
                 if job is None:
@@ -678,6 +687,25 @@ class PartitionLog:
                 await asyncio.shield(fut)
             except OSError as e:
                 raise LogError(f"{self.topic}[{self.partition}]: fsync failed: {e}") from e
+
+    async def _flush_inline(self, end_offset: int) -> None:
+        """One flush on this (the event loop's) thread. It first yields once, so that the appends
+        of requests already due on the loop join this fsync (group commit), as they would join a
+        flush in flight in the pool."""
+        await asyncio.sleep(0)
+        if self.durable_end_offset >= end_offset or self.log_start_offset >= end_offset:
+            return  # another waiter's flush covered this one
+        fut = self._inflight
+        if fut is not None and not fut.done():
+            return  # another waiter started a pooled flush meanwhile: the caller waits for it
+        with self._lock:
+            job = self._prepare_flush()
+        if job is None:
+            return
+        try:
+            self._run_job(job, inline=True)
+        except OSError as e:
+            raise LogError(f"{self.topic}[{self.partition}]: fsync failed: {e}") from e
 
     def _clear_inflight(self, fut: asyncio.Future[None]) -> None:
         if self._inflight is fut:
@@ -763,11 +791,14 @@ class PartitionLog:
         recovery = active.base_offset if active.base_offset > self._recovery_offset else None
         return _FlushJob(end, fds, extra, dir_gen, self._parent_dirty, recovery, segs)
 
-    def _run_job(self, job: _FlushJob) -> None:
+    def _run_job(self, job: _FlushJob, *, inline: bool = False) -> None:
         """fsync outside the lock (any thread), then publish the new durable offset."""
         try:
+            started = time.perf_counter()
             for _path, fd in job.fds:
                 self._fsync(fd)
+            if self._placement is not None:
+                self._placement.record(time.perf_counter() - started, inline=inline)
             for path in job.extra_paths:
                 fsync_path(path, self._fsync, self._cache)
             if job.dir_gen:
