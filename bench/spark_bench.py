@@ -128,6 +128,7 @@ def main() -> None:
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--bootstrap", help="use this running DMQ server instead of an embedded one")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings and up
 
@@ -143,7 +144,8 @@ def main() -> None:
         produce_s = produce(bootstrap, args.rows, args.value_bytes)
         print(f"produced {args.rows:,} x {args.value_bytes} B records in {produce_s:.1f} s")
 
-        spark = local_session("dmq-spark-bench", master="local[2]", log_level="ERROR")
+        conf = dict(kv.split("=", 1) for kv in args.conf)
+        spark = local_session("dmq-spark-bench", master="local[2]", log_level="ERROR", conf=conf)
         spark.dataSource.register(TupleSource)
         spark.dataSource.register(CeilingSource)
 
@@ -182,6 +184,7 @@ def main() -> None:
         print(
             f"\nSpark {spark.version} local[2], {args.rows:,} rows of {args.value_bytes} B, best of {args.runs}; "
             f"{os.cpu_count()} CPUs, load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}"
+            + (f"; extra settings {conf}" if conf else "")
         )
         print(
             f"{'query':<20}{'dmq rows/s':>12}{'tuples rows/s':>15}{'parquet rows/s':>16}{'ceiling rows/s':>16}"
