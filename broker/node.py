@@ -30,6 +30,7 @@ from dmq.broker.service import BrokerService, _fail
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.malloc_tuning import keep_large_buffers
 
 log = structlog.get_logger(__name__)
 
@@ -103,6 +104,9 @@ class BrokerNode:
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
+        # Fetch answers and produce requests are multi-megabyte buffers: reuse heap memory for
+        # them instead of page-faulting fresh mmap()s in (see malloc_tuning.py for the figures).
+        large_buffers = keep_large_buffers()
         await asyncio.to_thread(self.logs.open_existing)
         await self.offsets.open()
         self._channel = grpc.aio.insecure_channel(self.coordinator_address, options=channel_options())
@@ -116,6 +120,7 @@ class BrokerNode:
             address=self.address,
             partitions=len(self.logs.partitions()),
             recovery_s=round(time.monotonic() - started, 3),
+            malloc_large_buffers=large_buffers,
         )
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"broker-{self.broker_id}-heartbeat"))
         self._tasks.append(asyncio.create_task(self._retention_loop(), name=f"broker-{self.broker_id}-retention"))
