@@ -97,7 +97,13 @@ class BrokerNode:
         return f"{self.advertised_host}:{self.advertised_port}"
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        pb_grpc.add_BrokerServicer_to_server(self.service, server)
+        handlers = _generated_handlers(self.service)
+        # Fetch answers bytes it framed itself (dmq.proto.wire): no response serializer.
+        handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(
+            self.service.Fetch, request_deserializer=pb.FetchRequest.FromString
+        )
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(BROKER_SERVICE, handlers),))
+        server.add_registered_method_handlers(BROKER_SERVICE, handlers)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -259,3 +265,27 @@ class BrokerNode:
             if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED):
                 code = grpc.StatusCode.UNAVAILABLE
             _fail(code, e.details() or "ownership check failed")
+
+
+BROKER_SERVICE = "dmq.v1.Broker"
+
+
+class _HandlerCapture:
+    """Stands in for a server to collect the generated method handlers of a servicer."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.handlers = dict(handlers)
+
+
+def _generated_handlers(servicer: BrokerService) -> dict[str, grpc.RpcMethodHandler]:
+    capture = _HandlerCapture()
+    pb_grpc.add_BrokerServicer_to_server(servicer, capture)
+    if "Fetch" not in capture.handlers:
+        raise RuntimeError("the generated Broker stubs register no Fetch handler: regenerate them (make proto)")
+    return capture.handlers

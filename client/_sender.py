@@ -53,6 +53,7 @@ from dmq.client.errors import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
+from dmq.proto.wire import uvarint
 
 log = structlog.get_logger(__name__)
 
@@ -395,15 +396,6 @@ def new_producer_id() -> int:
     return secrets.randbits(63)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def frame_produce_request(topic: str, partition: int, acks: int, batch: bytes) -> bytes:
     """A serialised dmq.v1.ProduceRequest, framed by hand with the batch last.
 
@@ -412,10 +404,10 @@ def frame_produce_request(topic: str, partition: int, acks: int, batch: bytes) -
     4 acks (enum); proto3 omits zero values and accepts fields in any order.
     """
     t = topic.encode()
-    head = b"\x0a" + _varint(len(t)) + t
+    head = b"\x0a" + uvarint(len(t)) + t
     if partition:
-        head += b"\x10" + _varint(partition)
+        head += b"\x10" + uvarint(partition)
     if acks:
-        head += b"\x20" + _varint(acks)
-    head += b"\x1a" + _varint(len(batch))
+        head += b"\x20" + uvarint(acks)
+    head += b"\x1a" + uvarint(len(batch))
     return b"".join((head, batch))
