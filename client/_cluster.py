@@ -111,7 +111,7 @@ class Cluster:
         self._lock = threading.Lock()  # channels, stubs, closed flag
         self._refresh_lock = threading.Lock()  # one GetMetadata at a time
         self._channels: dict[str, grpc.Channel] = {}
-        self._stubs: dict[tuple[str, type], Any] = {}
+        self._stubs: dict[tuple[str, object], Any] = {}
         self._topics: dict[str, TopicMetadata] = {}
         self._stale: set[str] = set()
         self._brokers: dict[int, BrokerMetadata] = {}
@@ -157,6 +157,19 @@ class Cluster:
                 response_deserializer=pb.ProduceResponse.FromString,
             )
             self._stubs[(address, bytes)] = call
+        return call
+
+    def raw_fetch(self, address: str) -> grpc.UnaryUnaryMultiCallable:
+        """Broker.Fetch answering the serialised FetchResponse (bytes), for readers that parse it
+        with dmq.proto.wire.parse_fetch_response and keep the records as views (no copies)."""
+        call = self._stubs.get((address, "raw_fetch"))
+        if call is None:
+            call = self.channel(address).unary_unary(
+                "/dmq.v1.Broker/Fetch",
+                request_serializer=pb.FetchRequest.SerializeToString,
+                response_deserializer=None,
+            )
+            self._stubs[(address, "raw_fetch")] = call
         return call
 
     def metadata_stub(self) -> pb_grpc.MetadataStub:

@@ -4,6 +4,10 @@ Setting a multi-megabyte `bytes` field copies it into the message, and serialisi
 again (and building a parent from child messages once more); framing the small fields with
 protobuf and the large field by hand copies it once, in the final join. The output is ordinary
 protobuf wire format: any protobuf parser reads it (tests check it against the generated classes).
+
+`parse_fetch_response` is the reverse for readers that move a lot of data (the Spark source): the
+generated class copies the records when it parses and again when `.records` is read; the views it
+returns point into the received bytes.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Sequence
 
 from dmq.proto import dmq_pb2 as pb
 
-__all__ = ["uvarint", "frame_fetch_response"]
+__all__ = ["uvarint", "frame_fetch_response", "parse_fetch_response", "FetchPartitionView", "WireError"]
 
 # (field number << 3) | wire type 2 (length-delimited)
 _FETCH_RESPONSE_PARTITIONS = b"\x0a"  # FetchResponse.partitions = 1
@@ -44,3 +48,136 @@ def frame_fetch_response(partitions: Sequence[tuple[pb.FetchPartitionResult, byt
         else:
             parts += (_FETCH_RESPONSE_PARTITIONS, uvarint(len(head)), head)
     return b"".join(parts)
+
+
+# -- parsing -------------------------------------------------------------------------------------
+
+
+class WireError(ValueError):
+    """Bytes that are not a well-formed message of the expected type."""
+
+
+class FetchPartitionView:
+    """A FetchPartitionResult whose `records` is a memoryview into the parsed buffer."""
+
+    __slots__ = ("topic", "partition", "error", "error_message", "high_watermark", "log_start_offset", "records")
+
+    def __init__(self) -> None:
+        self.topic = ""
+        self.partition = 0
+        self.error = 0
+        self.error_message = ""
+        self.high_watermark = 0
+        self.log_start_offset = 0
+        self.records: memoryview = memoryview(b"")
+
+    def __repr__(self) -> str:
+        return (
+            f"FetchPartitionView({self.topic}[{self.partition}], error={self.error}, "
+            f"high_watermark={self.high_watermark}, log_start_offset={self.log_start_offset}, "
+            f"records={len(self.records)} bytes)"
+        )
+
+
+_MAX_VARINT_BYTES = 10
+
+
+def _varint(mv: memoryview, pos: int, end: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    for i in range(pos, min(end, pos + _MAX_VARINT_BYTES)):
+        b = mv[i]
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result & 0xFFFFFFFFFFFFFFFF, i + 1
+        shift += 7
+    if end - pos < _MAX_VARINT_BYTES:
+        raise WireError(f"truncated varint at byte {pos}")
+    raise WireError(f"varint longer than {_MAX_VARINT_BYTES} bytes at byte {pos}")
+
+
+def _int64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _int32(v: int) -> int:
+    v &= 0xFFFFFFFF  # protobuf keeps the low 32 bits of an int32 varint
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _length_delimited(mv: memoryview, pos: int, end: int) -> tuple[int, int]:
+    n, pos = _varint(mv, pos, end)
+    if n > end - pos:
+        raise WireError(f"field of {n} bytes at byte {pos} runs past the end ({end - pos} bytes left)")
+    return pos, pos + n
+
+
+def _skip(mv: memoryview, pos: int, wire_type: int, end: int) -> int:
+    if wire_type == 0:
+        return _varint(mv, pos, end)[1]
+    if wire_type == 2:
+        return _length_delimited(mv, pos, end)[1]
+    size = {1: 8, 5: 4}.get(wire_type)
+    if size is None:
+        raise WireError(f"unsupported wire type {wire_type} at byte {pos}")
+    if size > end - pos:
+        raise WireError(f"truncated fixed-width field at byte {pos}")
+    return pos + size
+
+
+def _text(mv: memoryview, start: int, stop: int) -> str:
+    try:
+        return str(mv[start:stop], "utf-8")
+    except UnicodeDecodeError as e:
+        raise WireError(f"string field at byte {start} is not UTF-8: {e}") from e
+
+
+def _key(mv: memoryview, pos: int, end: int) -> tuple[int, int, int]:
+    key, after = _varint(mv, pos, end)
+    if key >> 3 == 0 or key >> 3 > 0x1FFFFFFF:
+        raise WireError(f"invalid field number {key >> 3} at byte {pos}")
+    return key >> 3, key & 7, after
+
+
+def _parse_partition(mv: memoryview, pos: int, end: int) -> FetchPartitionView:
+    view = FetchPartitionView()
+    while pos < end:
+        field, wire_type, pos = _key(mv, pos, end)
+        if wire_type == 2 and field in (1, 4, 7):
+            start, pos = _length_delimited(mv, pos, end)
+            if field == 7:
+                view.records = mv[start:pos]
+            elif field == 1:
+                view.topic = _text(mv, start, pos)
+            else:
+                view.error_message = _text(mv, start, pos)
+        elif wire_type == 0 and 2 <= field <= 6 and field != 4:
+            v, pos = _varint(mv, pos, end)
+            if field == 2:
+                view.partition = _int32(v)
+            elif field == 3:
+                view.error = _int32(v)
+            elif field == 5:
+                view.high_watermark = _int64(v)
+            else:
+                view.log_start_offset = _int64(v)
+        else:  # unknown field, or a known one with another wire type: skipped, as protobuf does
+            pos = _skip(mv, pos, wire_type, end)
+    return view
+
+
+def parse_fetch_response(buf: bytes | memoryview) -> list[FetchPartitionView]:
+    """The partitions of a serialised FetchResponse, records as views into `buf` (no copy).
+    Raises WireError on malformed bytes."""
+    mv = memoryview(buf).cast("B") if not isinstance(buf, bytes) else memoryview(buf)
+    end = len(mv)
+    pos = 0
+    out: list[FetchPartitionView] = []
+    while pos < end:
+        field, wire_type, pos = _key(mv, pos, end)
+        if field == 1 and wire_type == 2:
+            start, pos = _length_delimited(mv, pos, end)
+            out.append(_parse_partition(mv, start, pos))
+        else:
+            pos = _skip(mv, pos, wire_type, end)
+    return out

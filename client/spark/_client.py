@@ -19,6 +19,7 @@ import structlog
 from dmq.client._cluster import Cluster
 from dmq.client.errors import (
     BrokerUnavailableError,
+    CorruptRecordError,
     DMQError,
     DMQTimeoutError,
     TopicNotFoundError,
@@ -27,6 +28,7 @@ from dmq.client.errors import (
     from_rpc_error,
 )
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto.wire import FetchPartitionView, WireError, parse_fetch_response
 
 log = structlog.get_logger(__name__)
 
@@ -217,16 +219,17 @@ class PartitionFetcher:
         return self._leader
 
     def request(self, offset: int, max_bytes: int) -> grpc.Future:
-        """Start a Fetch of `offset` (no long-poll: the data was there at planning time)."""
+        """Start a Fetch of `offset` (no long-poll: the data was there at planning time). The
+        answer stays serialised: result() parses it with the records as views, not copies."""
         req = pb.FetchRequest(
             partitions=[pb.FetchPartition(topic=self.topic, partition=self.partition, offset=offset, max_bytes=max_bytes)],
             max_wait_ms=0,
             min_bytes=0,
             max_bytes=max_bytes,
         )
-        return self.cluster.broker_stub(self._address()).Fetch.future(req, timeout=self.cluster.timeout_s)
+        return self.cluster.raw_fetch(self._address()).future(req, timeout=self.cluster.timeout_s)
 
-    def result(self, future: grpc.Future, offset: int, max_bytes: int) -> pb.FetchPartitionResult:
+    def result(self, future: grpc.Future, offset: int, max_bytes: int) -> FetchPartitionView:
         """The answer of `future`, re-sent to a fresh leader while the broker is unavailable
         (bounded by pollTimeoutMs). Per-partition errors other than NOT_LEADER are returned."""
         started = time.monotonic()
@@ -250,7 +253,12 @@ class PartitionFetcher:
                         raise err from e
                     last = err
                 else:
-                    result = response.partitions[0]
+                    try:
+                        (result,) = parse_fetch_response(response)
+                    except (WireError, ValueError) as e:
+                        raise CorruptRecordError(
+                            f"Fetch {self.topic}[{self.partition}] at {self._leader}: malformed answer ({e})"
+                        ) from e
                     if result.error != pb.NOT_LEADER:
                         return result
                     last = from_partition_error(result.error, result.error_message, self.topic, self.partition)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto.wire import frame_fetch_response, uvarint
+from dmq.proto.wire import WireError, frame_fetch_response, parse_fetch_response, uvarint
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -56,3 +56,74 @@ def test_uvarint_matches_protobuf(n):
 def test_uvarint_refuses_negative_numbers():
     with pytest.raises(ValueError, match="n >= 0"):
         uvarint(-1)
+
+
+# -- parse_fetch_response ---------------------------------------------------------------------------
+
+
+def known(data: bytes) -> pb.FetchResponse:
+    """What protobuf reads, unknown fields dropped (the views have no place for them)."""
+    msg = pb.FetchResponse.FromString(data)
+    msg.DiscardUnknownFields()
+    return msg
+
+
+def as_protobuf(views):  # type: ignore[no-untyped-def]
+    out = pb.FetchResponse()
+    for v in views:
+        p = out.partitions.add()
+        p.topic, p.partition, p.error, p.error_message = v.topic, v.partition, v.error, v.error_message
+        p.high_watermark, p.log_start_offset, p.records = v.high_watermark, v.log_start_offset, bytes(v.records)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(partition_results, max_size=6))
+def test_parse_reads_what_protobuf_writes(parts):
+    expected = pb.FetchResponse()
+    for result, records in parts:
+        p = expected.partitions.add()
+        p.CopyFrom(result)
+        p.records = records
+    data = expected.SerializeToString()
+    views = parse_fetch_response(data)
+    assert as_protobuf(views) == expected
+    for v in views:  # records are views into the input, not copies
+        assert not v.records or v.records.obj is data
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.binary(max_size=200))
+def test_hostile_bytes_raise_wire_error_or_parse_as_protobuf_does(data):
+    try:
+        views = parse_fetch_response(data)
+    except WireError:
+        return
+    # whatever it accepts, protobuf accepts and reads the same
+    assert as_protobuf(views) == known(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(partition_results, min_size=1, max_size=3), st.data())
+def test_truncated_or_mutated_responses_never_escape_as_other_errors(parts, data):
+    framed = bytearray(frame_fetch_response(parts))
+    cut = data.draw(st.integers(0, len(framed)))
+    for i in data.draw(st.lists(st.integers(0, max(len(framed) - 1, 0)), max_size=4)):
+        if framed:
+            framed[i] ^= data.draw(st.integers(1, 255))
+    try:
+        views = parse_fetch_response(bytes(framed[:cut]))
+    except WireError:
+        return
+    assert as_protobuf(views) == known(bytes(framed[:cut]))
+
+
+def test_wire_errors_say_what_is_wrong():
+    with pytest.raises(WireError, match="runs past the end"):
+        parse_fetch_response(b"\x0a\x05\x08")
+    with pytest.raises(WireError, match="truncated varint"):
+        parse_fetch_response(b"\x0a\x02\x10\x80")
+    with pytest.raises(WireError, match="not UTF-8"):
+        parse_fetch_response(b"\x0a\x03\x0a\x01\xff")
+    with pytest.raises(WireError, match="field number 0"):
+        parse_fetch_response(b"\x00\x00")
