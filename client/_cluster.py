@@ -28,6 +28,7 @@ import structlog
 from dmq.client.errors import (
     ClientClosedError,
     CoordinatorUnavailableError,
+    CorruptRecordError,
     TopicNotFoundError,
     UnknownPartitionError,
     from_rpc_error,
@@ -35,6 +36,7 @@ from dmq.client.errors import (
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.wire import FetchPartitionView, WireError, parse_fetch_response
 
 log = structlog.get_logger(__name__)
 
@@ -111,7 +113,7 @@ class Cluster:
         self._lock = threading.Lock()  # channels, stubs, closed flag
         self._refresh_lock = threading.Lock()  # one GetMetadata at a time
         self._channels: dict[str, grpc.Channel] = {}
-        self._stubs: dict[tuple[str, object], Any] = {}
+        self._stubs: dict[tuple[str, object], Any] = {}  # (address, stub class or method)
         self._topics: dict[str, TopicMetadata] = {}
         self._stale: set[str] = set()
         self._brokers: dict[int, BrokerMetadata] = {}
@@ -146,31 +148,25 @@ class Cluster:
     def broker_stub(self, address: str) -> pb_grpc.BrokerStub:
         return self._stub(address, pb_grpc.BrokerStub)
 
+    def _unary(self, address: str, method: str, serializer: Any, deserializer: Any) -> grpc.UnaryUnaryMultiCallable:
+        key = (address, method)
+        call = self._stubs.get(key)
+        if call is None:
+            call = self.channel(address).unary_unary(
+                method, request_serializer=serializer, response_deserializer=deserializer
+            )
+            self._stubs[key] = call
+        return call
+
     def raw_produce(self, address: str) -> grpc.UnaryUnaryMultiCallable:
         """Broker.Produce taking an already serialised ProduceRequest (bytes), so the producer can
         frame the request around its batch with one copy (see _sender.frame_produce_request)."""
-        call = self._stubs.get((address, bytes))
-        if call is None:
-            call = self.channel(address).unary_unary(
-                "/dmq.v1.Broker/Produce",
-                request_serializer=None,
-                response_deserializer=pb.ProduceResponse.FromString,
-            )
-            self._stubs[(address, bytes)] = call
-        return call
+        return self._unary(address, "/dmq.v1.Broker/Produce", None, pb.ProduceResponse.FromString)
 
     def raw_fetch(self, address: str) -> grpc.UnaryUnaryMultiCallable:
-        """Broker.Fetch answering the serialised FetchResponse (bytes), for readers that parse it
-        with dmq.proto.wire.parse_fetch_response and keep the records as views (no copies)."""
-        call = self._stubs.get((address, "raw_fetch"))
-        if call is None:
-            call = self.channel(address).unary_unary(
-                "/dmq.v1.Broker/Fetch",
-                request_serializer=pb.FetchRequest.SerializeToString,
-                response_deserializer=None,
-            )
-            self._stubs[(address, "raw_fetch")] = call
-        return call
+        """Broker.Fetch answering the serialised FetchResponse (bytes): read it with
+        fetch_results(), which keeps the records as views into it rather than copies."""
+        return self._unary(address, "/dmq.v1.Broker/Fetch", pb.FetchRequest.SerializeToString, None)
 
     def metadata_stub(self) -> pb_grpc.MetadataStub:
         return self._stub(self.bootstrap, pb_grpc.MetadataStub)
@@ -310,3 +306,20 @@ def _address(host: str, port: int) -> str:
         return f"[{host}]:{port}"
     return f"{host}:{port}"
 
+
+
+def fetch_results(answer: bytes, context: str) -> list[FetchPartitionView]:
+    """The partitions of a raw_fetch() answer. Parsing it here, rather than with the generated
+    FetchResponse, saves two copies of the records (see dmq.proto.wire)."""
+    try:
+        return parse_fetch_response(answer)
+    except WireError as e:
+        raise CorruptRecordError(f"{context}: malformed Fetch answer ({e})") from e
+
+
+def single_fetch_result(answer: bytes, context: str) -> FetchPartitionView:
+    """The one partition a single-partition Fetch asked for."""
+    results = fetch_results(answer, context)
+    if len(results) != 1:
+        raise CorruptRecordError(f"{context}: the Fetch answer holds {len(results)} partitions, expected 1")
+    return results[0]

@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 import structlog
 
-from dmq.client._cluster import Cluster
+from dmq.client._cluster import Cluster, single_fetch_result
 from dmq.client.errors import (
     CorruptRecordError,
     DMQError,
@@ -38,6 +38,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 from dmq.proto.records import RecordBatch
+from dmq.proto.wire import FetchPartitionView
 
 log = structlog.get_logger(__name__)
 
@@ -168,7 +169,7 @@ class SimpleConsumer:
         except DMQError:
             return None
         timeout = request.max_wait_ms / 1000 + self._cluster.timeout_s
-        return self._cluster.broker_stub(address).Fetch.future(request, timeout=timeout), address
+        return self._cluster.raw_fetch(address).future(request, timeout=timeout), address
 
     def _complete(
         self,
@@ -178,7 +179,7 @@ class SimpleConsumer:
         offset: int,
         max_wait_ms: int | None,
         max_bytes: int | None,
-    ) -> pb.FetchPartitionResult:
+    ) -> FetchPartitionView:
         """The result of a started fetch; on any retriable trouble, fall back to _fetch()."""
         if call is not None:
             future, address = call
@@ -190,7 +191,7 @@ class SimpleConsumer:
                     raise err from e
                 self._cluster.invalidate(topic)
             else:
-                r = response.partitions[0]
+                r = single_fetch_result(response, f"Fetch {topic}[{partition}] from broker {address}")
                 if r.error not in _RETRY_CODES:
                     return _checked(r, topic, partition)
                 self._cluster.invalidate(topic)
@@ -198,7 +199,7 @@ class SimpleConsumer:
 
     def _fetch(
         self, topic: str, partition: int, offset: int, max_wait_ms: int | None, max_bytes: int | None
-    ) -> pb.FetchPartitionResult:
+    ) -> FetchPartitionView:
         request = self._request(topic, partition, offset, max_wait_ms, max_bytes)
         timeout = request.max_wait_ms / 1000 + self._cluster.timeout_s
         last: DMQError | None = None
@@ -207,7 +208,7 @@ class SimpleConsumer:
                 time.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 2))  # bounded: FETCH_ATTEMPTS tries
             try:
                 address = self._cluster.leader_for(topic, partition)
-                response = self._cluster.broker_stub(address).Fetch(request, timeout=timeout)
+                response = self._cluster.raw_fetch(address)(request, timeout=timeout)
             except grpc.RpcError as e:
                 last = from_rpc_error(e, context=f"Fetch {topic}[{partition}] from broker {address}")
                 if not (last.retriable or last.invalid_metadata):
@@ -219,7 +220,7 @@ class SimpleConsumer:
                     raise
                 last = e
                 continue
-            r = response.partitions[0]
+            r = single_fetch_result(response, f"Fetch {topic}[{partition}] from broker {address}")
             if r.error in _RETRY_CODES and attempt < FETCH_ATTEMPTS:
                 self._cluster.invalidate(topic)
                 last = from_partition_error(r.error, r.error_message, topic, partition)
@@ -228,7 +229,7 @@ class SimpleConsumer:
         assert last is not None
         raise last
 
-    def _decode(self, result: pb.FetchPartitionResult, topic: str, partition: int, offset: int) -> list[RecordBatch]:
+    def _decode(self, result: FetchPartitionView, topic: str, partition: int, offset: int) -> list[RecordBatch]:
         if not result.records:
             return []
         try:
@@ -253,7 +254,7 @@ class SimpleConsumer:
         self.close()
 
 
-def _checked(r: pb.FetchPartitionResult, topic: str, partition: int) -> pb.FetchPartitionResult:
+def _checked(r: FetchPartitionView, topic: str, partition: int) -> FetchPartitionView:
     if r.error != pb.NONE:
         raise from_partition_error(
             r.error,

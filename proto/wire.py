@@ -80,6 +80,7 @@ class FetchPartitionView:
 
 
 _MAX_VARINT_BYTES = 10
+_FIXED_SIZES = {1: 8, 5: 4}  # wire type -> bytes: fixed64, fixed32
 
 
 def _varint(mv: memoryview, pos: int, end: int) -> tuple[int, int]:
@@ -117,7 +118,7 @@ def _skip(mv: memoryview, pos: int, wire_type: int, end: int) -> int:
         return _varint(mv, pos, end)[1]
     if wire_type == 2:
         return _length_delimited(mv, pos, end)[1]
-    size = {1: 8, 5: 4}.get(wire_type)
+    size = _FIXED_SIZES.get(wire_type)
     if size is None:
         raise WireError(f"unsupported wire type {wire_type} at byte {pos}")
     if size > end - pos:
@@ -169,7 +170,7 @@ def _parse_partition(mv: memoryview, pos: int, end: int) -> FetchPartitionView:
 def parse_fetch_response(buf: bytes | memoryview) -> list[FetchPartitionView]:
     """The partitions of a serialised FetchResponse, records as views into `buf` (no copy).
     Raises WireError on malformed bytes."""
-    mv = memoryview(buf).cast("B") if not isinstance(buf, bytes) else memoryview(buf)
+    mv = memoryview(buf).cast("B")
     end = len(mv)
     pos = 0
     out: list[FetchPartitionView] = []

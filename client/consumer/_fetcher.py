@@ -37,14 +37,14 @@ from itertools import islice
 import grpc
 import structlog
 
-from dmq.client._cluster import Cluster
+from dmq.client._cluster import Cluster, fetch_results
 from dmq.client.consumer._config import ConsumerConfig
-from dmq.client.errors import CorruptRecordError
 from dmq.client.consumer._records import TopicPartition
 from dmq.client.consumer._subscription import PartitionState, SubscriptionState
-from dmq.client.errors import DMQError, from_rpc_error
+from dmq.client.errors import CorruptRecordError, DMQError, from_rpc_error
 from dmq.client.records import ConsumerRecord, consumer_records
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto.wire import FetchPartitionView
 from dmq.proto import records as codec
 
 log = structlog.get_logger(__name__)
@@ -110,7 +110,7 @@ class _InFlight:
     __slots__ = ("future", "requested", "sent_at")
 
     def __init__(
-        self, future: concurrent.futures.Future[pb.FetchResponse], requested: dict[TopicPartition, tuple[int, int]]
+        self, future: concurrent.futures.Future[bytes], requested: dict[TopicPartition, tuple[int, int]]
     ) -> None:
         self.future = future
         self.requested = requested  # tp -> (epoch, fetch offset)
@@ -191,7 +191,7 @@ class Fetcher:
             max_bytes=c.fetch_max_bytes,
         )
         try:
-            call = self._cluster.broker_stub(address).Fetch
+            call = self._cluster.raw_fetch(address)
             future = self._pool.submit(call, request, timeout=self._timeout_s)
         except (DMQError, RuntimeError) as e:  # closed client or pool
             log.debug("fetch not sent", broker=address, error=str(e))
@@ -223,20 +223,25 @@ class Fetcher:
                 log.debug("fetch abandoned", broker=address, error=str(e))
                 continue
             self._backoff_until.pop(address, None)
-            for result in response.partitions:
+            try:
+                results = fetch_results(response, f"Fetch from broker {address}")
+            except CorruptRecordError as e:
+                self._fetch_failed(address, inflight, e)
+                continue
+            for result in results:
                 self._take_result(result, inflight.requested)
 
-    def _fetch_failed(self, address: str, inflight: _InFlight, e: grpc.RpcError) -> None:
+    def _fetch_failed(self, address: str, inflight: _InFlight, e: grpc.RpcError | DMQError) -> None:
         if self._closed:
             return
-        err = from_rpc_error(e, context=f"Fetch from broker {address}")
+        err = e if isinstance(e, DMQError) else from_rpc_error(e, context=f"Fetch from broker {address}")
         log.warning("fetch failed, will retry", broker=address, error=str(err), retriable=err.retriable)
         self._backoff_until[address] = time.monotonic() + self._config.retry_backoff_ms / 1000
         # The broker may be gone or no longer lead these partitions: look the leaders up again.
         for topic in {tp.topic for tp in inflight.requested}:
             self._cluster.invalidate(topic)
 
-    def _take_result(self, result: pb.FetchPartitionResult, requested: dict[TopicPartition, tuple[int, int]]) -> None:
+    def _take_result(self, result: FetchPartitionView, requested: dict[TopicPartition, tuple[int, int]]) -> None:
         tp = TopicPartition(result.topic, result.partition)
         asked = requested.get(tp)
         state = self._subs.get(tp)
@@ -266,7 +271,7 @@ class Fetcher:
             buf.next_fetch_offset = last + 1
 
     def _partition_error(
-        self, tp: TopicPartition, state: PartitionState, result: pb.FetchPartitionResult, offset: int
+        self, tp: TopicPartition, state: PartitionState, result: FetchPartitionView, offset: int
     ) -> None:
         code = result.error
         if code == pb.OFFSET_OUT_OF_RANGE:

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
-from dmq.client._cluster import Cluster
+from dmq.client._cluster import Cluster, single_fetch_result
 from dmq.client.errors import (
     BrokerUnavailableError,
-    CorruptRecordError,
     DMQError,
     DMQTimeoutError,
     TopicNotFoundError,
@@ -28,7 +27,7 @@ from dmq.client.errors import (
     from_rpc_error,
 )
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto.wire import FetchPartitionView, WireError, parse_fetch_response
+from dmq.proto.wire import FetchPartitionView
 
 log = structlog.get_logger(__name__)
 
@@ -253,12 +252,7 @@ class PartitionFetcher:
                         raise err from e
                     last = err
                 else:
-                    try:
-                        (result,) = parse_fetch_response(response)
-                    except (WireError, ValueError) as e:
-                        raise CorruptRecordError(
-                            f"Fetch {self.topic}[{self.partition}] at {self._leader}: malformed answer ({e})"
-                        ) from e
+                    result = single_fetch_result(response, f"Fetch {self.topic}[{self.partition}] at {self._leader}")
                     if result.error != pb.NOT_LEADER:
                         return result
                     last = from_partition_error(result.error, result.error_message, self.topic, self.partition)
