@@ -8,7 +8,6 @@ and Fetch become the same classes through `from_partition_error`.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -44,26 +43,6 @@ class OffsetInfo:
     offset: int
     log_start_offset: int
     log_end_offset: int
-
-
-LOG_LEVEL_ENV = "DMQ_SPARK_LOG_LEVEL"
-
-
-def configure_worker_logging() -> None:
-    """Spark's Python workers print whatever structlog emits, and unconfigured structlog emits
-    debug lines: unless the process configured logging itself, keep workers at warnings
-    (or DMQ_SPARK_LOG_LEVEL, e.g. via spark.executorEnv.DMQ_SPARK_LOG_LEVEL=debug).
-    Anywhere but in a Spark Python worker (a driver, a test) logging is left alone."""
-    import structlog as _structlog
-
-    # Spark's worker factory sets this for every Python process it starts (readers, writers,
-    # planners, the streaming source runner), never for the driver.
-    in_worker = "PYTHON_WORKER_FACTORY_SECRET" in os.environ
-    if not in_worker or _structlog.is_configured():
-        return
-    from dmq.client.cli.logging_setup import configure_logging
-
-    configure_logging(os.environ.get(LOG_LEVEL_ENV, "warning"))
 
 
 class SourceClient:

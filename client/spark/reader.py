@@ -28,7 +28,8 @@ import structlog
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
 from dmq.client.errors import DMQError, from_partition_error
-from dmq.client.spark._client import PartitionFetcher, SourceClient, TopicPartition, configure_worker_logging
+from dmq.client.spark._client import PartitionFetcher, SourceClient, TopicPartition
+from dmq.client.spark._worker import prepare_worker
 from dmq.client.spark.arrow import ArrowBuilder
 from dmq.client.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError, SourceOptions
 from dmq.proto import dmq_pb2 as pb
@@ -208,7 +209,7 @@ def _loss(settings: ReadSettings, message: str, **fields: object) -> None:
 
 def read_range(settings: ReadSettings, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the rows in `r`, one per Fetch answer, from the partition's leader."""
-    configure_worker_logging()
+    prepare_worker()
     # This runs in Spark's Python worker, a process Spark dedicates to such work: keep the
     # multi-megabyte Fetch buffers in the heap (see dmq.proto.malloc_tuning).
     keep_large_buffers()

@@ -37,7 +37,7 @@ from pyspark.sql.types import (
 
 from dmq.client.errors import DMQError
 from dmq.client.producer import Producer
-from dmq.client.spark._client import configure_worker_logging
+from dmq.client.spark._worker import prepare_worker
 from dmq.client.spark.options import OptionError, SinkOptions
 
 try:
@@ -202,7 +202,7 @@ def as_arrow_batches(items: Iterator[Any]) -> Iterator[pa.RecordBatch]:
 
 def write_task(opts: SinkOptions, batches: Iterator[Any]) -> WriteResult:
     """Write one task's rows and return once every one is acknowledged (or raise)."""
-    configure_worker_logging()
+    prepare_worker()
     task = _TaskWriter(opts)
     try:
         for rb in as_arrow_batches(batches):

@@ -16,7 +16,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from dmq.client.spark._client import configure_worker_logging
+from dmq.client.spark._worker import prepare_worker
 from dmq.client.spark.arrow import source_schema
 from dmq.client.spark.options import OptionError, parse_sink_options, parse_source_options
 
@@ -37,6 +37,7 @@ class DMQDataSource(DataSource):
         return raw == "true"
 
     def schema(self) -> StructType:
+        prepare_worker()  # Spark calls this first, in the worker that creates the source
         return source_schema(self._include_headers())
 
     def _check_schema(self, schema: StructType) -> None:
@@ -51,7 +52,7 @@ class DMQDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         from dmq.client.spark.reader import DMQBatchReader
 
-        configure_worker_logging()
+        prepare_worker()
         opts = parse_source_options(self.options, streaming=False)
         self._check_schema(schema)
         return DMQBatchReader(opts)
@@ -59,7 +60,7 @@ class DMQDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from dmq.client.spark.reader import DMQStreamReader
 
-        configure_worker_logging()
+        prepare_worker()
         opts = parse_source_options(self.options, streaming=True)
         self._check_schema(schema)
         return DMQStreamReader(opts)
@@ -72,7 +73,7 @@ class DMQDataSource(DataSource):
                 "save mode 'overwrite' is not supported by the dmq sink: a topic is append-only; "
                 "use mode('append')"
             )
-        configure_worker_logging()
+        prepare_worker()
         opts = parse_sink_options(self.options)
         check_sink_schema(schema, opts)
         return DMQWriter(opts, schema)
@@ -82,7 +83,7 @@ class DMQDataSource(DataSource):
 
         if overwrite:
             raise OptionError("output mode 'complete' is not supported by the dmq sink; use 'append' or 'update'")
-        configure_worker_logging()
+        prepare_worker()
         opts = parse_sink_options(self.options)
         check_sink_schema(schema, opts)
         return DMQStreamWriter(opts, schema)

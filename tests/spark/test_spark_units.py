@@ -286,3 +286,44 @@ def test_sink_turns_rows_into_arrow_batches():
     out = list(as_arrow_batches(iter([rb, *rows])))
     assert out[0] is rb
     assert out[1].to_pylist() == [{"value": b"v%d" % i, "key": None, "headers": [{"key": "h", "value": b"x"}]} for i in range(3)]
+
+
+# -- Spark worker set-up -----------------------------------------------------------------------
+
+FREEZE_CHILD = """
+import gc, json, sys, weakref
+from dmq.client.spark._worker import prepare_worker
+
+class Node:
+    pass
+
+a, b = Node(), Node()
+a.other, b.other = b, a  # a reference cycle only the collector can free
+dead = weakref.ref(a)
+del a, b
+first = prepare_worker()
+second = prepare_worker()
+print(json.dumps({"first": first, "second": second, "frozen": gc.get_freeze_count(), "cycle_freed": dead() is None}))
+"""
+
+
+@pytest.mark.parametrize("in_worker", [True, False])
+def test_prepare_worker_freezes_the_import_time_heap_once_and_only_in_spark_workers(in_worker):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON_WORKER_FACTORY_SECRET"}
+    if in_worker:
+        env["PYTHON_WORKER_FACTORY_SECRET"] = "set-by-spark"
+    out = subprocess.run(
+        [sys.executable, "-c", FREEZE_CHILD], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    got = json.loads(out.stdout)
+    if in_worker:
+        assert (got["first"], got["second"]) == (True, False)  # once per process
+        assert got["frozen"] > 1000  # the imported modules' objects
+        assert got["cycle_freed"]  # garbage was collected before the freeze, not kept forever
+    else:
+        assert got == {"first": False, "second": False, "frozen": 0, "cycle_freed": False}
