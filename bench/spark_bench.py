@@ -3,9 +3,9 @@
     .venv/bin/python bench/spark_bench.py [--rows 1000000] [--value-bytes 100] [--runs 5]
                                           [--bootstrap host:port]
 
-Starts an embedded DMQ server in this process unless --bootstrap is given, produces the rows
-(two partitions), then times four readers of the same rows, each into `count()` and into
-`sum(length(value))`:
+Starts an embedded DMQ server (coordinator + broker) in a child process, as `make run` would,
+unless --bootstrap is given; produces the rows (two partitions), then times four readers of the
+same rows, each into `count()` and into `sum(length(value))`:
 
   dmq       the source: Arrow batches built from the record-batch arrays (dmq.client.spark)
   tuples    the naive Python data source: one tuple per record, built from the decoded records
@@ -13,8 +13,10 @@ Starts an embedded DMQ server in this process unless --bootstrap is given, produ
   ceiling   a Python data source re-yielding one ready Arrow batch per range: what Spark's Python
             data source path itself costs (Arrow -> rows on the JVM), with no I/O or decoding
 
-Each figure is the best of --runs interleaved rounds (dmq, tuples, parquet, ceiling, dmq, ...) after one
-warm-up query per reader (JVM JIT, Python workers), so a busy machine penalises no reader alone.
+Each figure is the best of --runs interleaved rounds (dmq, tuples, parquet, ceiling, dmq, ...) after
+--warmup rounds of every reader and query, so a busy machine penalises no reader alone. Warm-up
+matters here: the JVM's JIT still compiles ~200 methods per query after 25 queries (measured with
+-XX:+PrintCompilation), CPU that every reader's measured query competes with on 2 cores.
 Targets: dmq >= 1,000,000 rows/s and >= 5x the tuple reader. dmq/ceiling shows how much of what
 Spark's Python data source path allows the source gets; ceiling/tuples bounds any source's ratio.
 """
@@ -36,6 +38,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 import structlog  # noqa: E402
+from _server import embedded_server  # noqa: E402  (the bench helpers, shared)
 
 from dmq.client import AdminClient, Producer, SimpleConsumer  # noqa: E402
 from dmq.client.spark import local_session  # noqa: E402
@@ -127,19 +130,19 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds of every reader and query first")
     parser.add_argument("--bootstrap", help="use this running DMQ server instead of an embedded one")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings and up
 
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="dmq-spark-bench-"))
-    cluster = None
+    server = None
     bootstrap = args.bootstrap
     if bootstrap is None:
-        from dmq.coordinator.embedded import ClusterOptions, ClusterThread
-
-        cluster = ClusterThread(ClusterOptions(data_dir=workdir / "data")).start()
-        bootstrap = cluster.bootstrap
+        # its own process, as deployed: the broker does not share the driver's GIL and heap
+        server = embedded_server(workdir / "data")
+        bootstrap = server.bootstrap
     try:
         produce_s = produce(bootstrap, args.rows, args.value_bytes)
         print(f"produced {args.rows:,} x {args.value_bytes} B records in {produce_s:.1f} s")
@@ -165,8 +168,10 @@ def main() -> None:
             "sum(length(value))": lambda df: df.selectExpr("sum(length(value))").collect()[0][0],
         }
         expected = {"count()": args.rows, "sum(length(value))": args.rows * args.value_bytes}
-        for frame in frames.values():
-            queries["count()"](frame())  # warm-up: JIT, Python workers, caches
+        for _ in range(args.warmup):  # JIT, Python workers, caches
+            for frame in frames.values():
+                for query in queries.values():
+                    query(frame())
         # Interleaved rounds, best of each: on a shared machine every reader gets its quiet moments.
         load_before = os.getloadavg()[0]
         best: dict[tuple[str, str], float] = {}
@@ -182,7 +187,8 @@ def main() -> None:
                     best[key] = min(best.get(key, float("inf")), seconds)
         rates = {key: args.rows / seconds for key, seconds in best.items()}
         print(
-            f"\nSpark {spark.version} local[2], {args.rows:,} rows of {args.value_bytes} B, best of {args.runs}; "
+            f"\nSpark {spark.version} local[2], {args.rows:,} rows of {args.value_bytes} B, best of {args.runs} "
+            f"after {args.warmup} warm-up rounds; "
             f"{os.cpu_count()} CPUs, load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}"
             + (f"; extra settings {conf}" if conf else "")
         )
@@ -206,8 +212,8 @@ def main() -> None:
         )
         spark.stop()
     finally:
-        if cluster is not None:
-            cluster.stop()
+        if server is not None:
+            server.stop()
 
 
 if __name__ == "__main__":
