@@ -15,8 +15,9 @@ same rows, each into `count()` and into `sum(length(value))`:
 
 Each figure is the best of --runs interleaved rounds (dmq, tuples, parquet, ceiling, dmq, ...) after
 --warmup rounds of every reader and query, so a busy machine penalises no reader alone. Warm-up
-matters here: the JVM's JIT still compiles ~200 methods per query after 25 queries (measured with
--XX:+PrintCompilation), CPU that every reader's measured query competes with on 2 cores.
+matters here: the JVM's JIT compiler threads used 4.5, 1.7, 1.3, 0.9, 0.8 s of CPU in the first
+five rounds, then 0.6-0.9 s per round from there on (/proc, one run): CPU that every measured
+query competes with on 2 cores. Four rounds reach that floor.
 Targets: dmq >= 1,000,000 rows/s and >= 5x the tuple reader. dmq/ceiling shows how much of what
 Spark's Python data source path allows the source gets; ceiling/tuples bounds any source's ratio.
 """
@@ -130,7 +131,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds of every reader and query first")
+    parser.add_argument("--warmup", type=int, default=4, help="untimed rounds of every reader and query first")
     parser.add_argument("--bootstrap", help="use this running DMQ server instead of an embedded one")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     args = parser.parse_args()
