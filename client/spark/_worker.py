@@ -5,7 +5,7 @@ kind answers the driver's planning calls (schema, partitions), another runs the 
 write). With `spark.python.worker.reuse` (the default) each process serves many calls, and after
 every one the daemon runs a full `gc.collect()`. A process that has imported pyspark, pyarrow,
 numpy, gRPC and dmq holds ~60,000 container objects, so each of those collections walks all of
-them: 15-45 ms of CPU measured per call on a 2-core machine, four or five per query (planning
+them: 13-47 ms of CPU measured per call on a 2-core machine, four or five per query (planning
 and each task), spent while the query's own tasks want the cores.
 
 `prepare_worker()` therefore moves what the process holds after its imports into the collector's
