@@ -1,7 +1,7 @@
 """Spark read throughput of the `dmq` source on local[2], against a tuple-yielding reader and Parquet.
 
     .venv/bin/python bench/spark_bench.py [--rows 1000000] [--value-bytes 100] [--runs 5]
-                                          [--bootstrap host:port]
+                                          [--warmup 4] [--bootstrap host:port] [--conf KEY=VALUE]
 
 Starts an embedded DMQ server (coordinator + broker) in a child process, as `make run` would,
 unless --bootstrap is given; produces the rows (two partitions), then times four readers of the
