@@ -307,7 +307,6 @@ def _address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-
 def fetch_results(answer: bytes, context: str) -> list[FetchPartitionView]:
     """The partitions of a raw_fetch() answer. Parsing it here, rather than with the generated
     FetchResponse, saves two copies of the records (see dmq.proto.wire)."""

@@ -192,7 +192,9 @@ async def serve_until_signalled(
     await start()  # type: ignore[misc]
     # Everything allocated so far (modules, servicers, open logs) lives as long as the process:
     # freezing it keeps the cyclic GC's full collections from walking it each time (10-20 ms
-    # pauses of the event loop, stalling every in-flight request, otherwise ~1 ms).
+    # pauses of the event loop, stalling every in-flight request, otherwise ~1 ms). Collect first,
+    # so that start-up garbage in reference cycles is freed rather than frozen for good.
+    gc.collect()
     gc.freeze()
     if on_ready is not None:
         on_ready()

@@ -24,26 +24,26 @@ from __future__ import annotations
 import gc
 import os
 
-__all__ = ["LOG_LEVEL_ENV", "configure_worker_logging", "in_spark_worker", "prepare_worker"]
+__all__ = ["LOG_LEVEL_ENV", "prepare_worker"]
 
 LOG_LEVEL_ENV = "DMQ_SPARK_LOG_LEVEL"
 
 _frozen = False
 
 
-def in_spark_worker() -> bool:
+def _in_spark_worker() -> bool:
     """True in a Python process Spark's worker factory started (readers, writers, planners, the
     streaming source runner); never in the driver."""
     return "PYTHON_WORKER_FACTORY_SECRET" in os.environ
 
 
-def configure_worker_logging() -> None:
+def _configure_logging() -> None:
     """Spark's Python workers print whatever structlog emits, and unconfigured structlog emits
     debug lines: unless the process configured logging itself, keep workers at warnings
     (or DMQ_SPARK_LOG_LEVEL, e.g. via spark.executorEnv.DMQ_SPARK_LOG_LEVEL=debug)."""
     import structlog
 
-    if not in_spark_worker() or structlog.is_configured():
+    if structlog.is_configured():
         return
     from dmq.client.cli.logging_setup import configure_logging
 
@@ -54,9 +54,9 @@ def prepare_worker() -> bool:
     """Logging, then (once per process) freeze the import-time heap; returns whether this call
     froze it. A no-op outside Spark workers."""
     global _frozen
-    if not in_spark_worker():
+    if not _in_spark_worker():
         return False
-    configure_worker_logging()
+    _configure_logging()
     if _frozen:
         return False
     _frozen = True

@@ -294,6 +294,8 @@ FREEZE_CHILD = """
 import gc, json, sys, weakref
 from dmq.client.spark._worker import prepare_worker
 
+gc.disable()  # no automatic collection: whether the cycle is freed depends on prepare_worker alone
+
 class Node:
     pass
 
