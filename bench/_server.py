@@ -7,8 +7,10 @@ serves; SIGTERM stops it cleanly.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import textwrap
@@ -28,11 +30,21 @@ EMBEDDED_SCRIPT = textwrap.dedent(
 )
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the bench process dies, even by SIGKILL or a crash
+    that skips stop(). An orphaned server kept the bench's output pipe open, hanging its caller."""
+    if sys.platform == "linux":
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class ChildServer:
     """`python -c script *args` that prints READY host:port; the owner calls stop()."""
 
     def __init__(self, script: str, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # the child prints READY or dies
         if not line.startswith("READY"):

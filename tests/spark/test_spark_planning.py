@@ -7,7 +7,15 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from dmq.client.spark.options import OptionError, parse_source_options
-from dmq.client.spark.reader import DataLossError, DMQBatchReader, DMQStreamReader, OffsetRange, read_range
+from dmq.client.spark import reader as spark_reader
+from dmq.client.spark.reader import (
+    DataLossError,
+    DMQBatchReader,
+    DMQStreamReader,
+    FetchSizer,
+    OffsetRange,
+    read_range,
+)
 
 
 def stream_reader(bootstrap: str, **options: str) -> DMQStreamReader:
@@ -107,6 +115,41 @@ def test_read_range_reads_across_many_fetches_and_trims_to_the_range(dmq, topic_
     assert offsets == list(range(123, 877))
     values = [v for rb in batches for v in rb.column("value").to_pylist()]
     assert values[0].startswith(b"2-23.") and values[-1].startswith(b"17-26.")
+
+
+class CountingFetcher(spark_reader.PartitionFetcher):
+    """Counts the Fetch answers a read took, and their record bytes."""
+
+    answers: list[int] = []
+
+    def result(self, future, offset, max_bytes):
+        answer = super().result(future, offset, max_bytes)
+        CountingFetcher.answers.append(len(answer.records))
+        return answer
+
+
+def test_a_small_range_fetches_about_its_own_bytes_not_fetch_max_bytes(dmq, topic_name, monkeypatch):
+    topic = dmq.create(topic_name())
+    for chunk in range(40):
+        dmq.send_values(topic, [b"%d-%d" % (chunk, i) + b"." * 200 for i in range(50)])  # 40 batches of ~10 KB
+    monkeypatch.setattr(spark_reader, "PartitionFetcher", CountingFetcher)
+    monkeypatch.setattr(CountingFetcher, "answers", [])
+    settings = batch_reader(dmq.bootstrap, subscribe=topic).settings  # fetchMaxBytes 16 MiB
+    batches = list(read_range(settings, OffsetRange(topic, 0, 1010, 1013, "")))
+    assert [o for rb in batches for o in rb.column("offset").to_pylist()] == [1010, 1011, 1012]
+    # MIN_BYTES (64 KiB) from offset 1010: a handful of the ~10 KB batches, not the 30 that remain
+    assert len(CountingFetcher.answers) == 1 and CountingFetcher.answers[0] <= FetchSizer.MIN_BYTES
+
+    # large records: the first guess (128 B a row) is short, the next asks use what was seen
+    big = dmq.create(topic_name())
+    for i in range(30):
+        dmq.send_values(big, [b"%03d" % i + b"x" * 20_000])  # one 20 KB record per batch
+    CountingFetcher.answers = []
+    batches = list(read_range(settings, OffsetRange(big, 0, 2, 27, "")))
+    assert [o for rb in batches for o in rb.column("offset").to_pylist()] == list(range(2, 27))
+    assert [v[:3] for rb in batches for v in rb.column("value").to_pylist()] == [b"%03d" % i for i in range(2, 27)]
+    assert len(CountingFetcher.answers) <= 3
+    assert sum(CountingFetcher.answers) <= 27 * 20_200  # at most the batches up to the range's end
 
 
 def test_each_range_is_read_from_its_partitions_leader(dmq3, topic_name):

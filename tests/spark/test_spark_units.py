@@ -21,6 +21,7 @@ from dmq.client.spark.options import (
 )
 from dmq.client.spark.reader import (
     DMQStreamReader,
+    FetchSizer,
     OffsetRange,
     from_json,
     rate_limit,
@@ -180,6 +181,35 @@ def test_rate_limit_takes_at_most_max_rows_and_never_moves_back(backlog, max_row
     assert all(0 <= taken[tp] <= end[tp] - start[tp] for tp in end)
     total = sum(end[tp] - start[tp] for tp in end)
     assert sum(taken.values()) == min(max_rows, total)
+
+
+def test_fetch_sizer_asks_for_the_rows_left_not_the_whole_limit():
+    limit = 16 * 1024 * 1024
+    sizer = FetchSizer(limit)
+    # nothing seen yet: a guess per row, at least MIN_BYTES, at most the limit
+    assert sizer.next_bytes(1) == FetchSizer.MIN_BYTES
+    assert sizer.next_bytes(10_000) == 10_000 * FetchSizer.GUESS_BYTES_PER_RECORD
+    assert sizer.next_bytes(10**9) == limit
+    # 1000 records of 1 KiB in 10 batches seen: rows left x 1 KiB + one average batch
+    sizer.observe(1_024_000, 1000, 10)
+    assert sizer.next_bytes(500) == 500 * 1024 + 102_400
+    assert sizer.next_bytes(0) == 102_400
+    assert sizer.next_bytes(10**6) == limit
+    # a limit below MIN_BYTES is still the limit
+    assert FetchSizer(4096).next_bytes(1) == 4096
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    limit=st.integers(1024, 64 * 1024 * 1024),
+    seen=st.lists(st.tuples(st.integers(1, 2**24), st.integers(1, 10**5), st.integers(1, 100)), max_size=5),
+    remaining=st.integers(0, 10**9),
+)
+def test_fetch_sizer_stays_within_its_bounds(limit, seen, remaining):
+    sizer = FetchSizer(limit)
+    for answer_bytes, n_records, batches in seen:
+        sizer.observe(answer_bytes, n_records, max(1, min(batches, n_records)))
+    assert min(FetchSizer.MIN_BYTES, limit) <= sizer.next_bytes(remaining) <= limit
 
 
 def test_rate_limit_reads_new_partitions_from_zero():
