@@ -21,7 +21,8 @@ Source options::
     failOnDataLoss         true | false (default true)
     groupId                app id whose consumer group gets the stream's     stream only
                            finished offsets (one group per topic, like every DMQ consumer)
-    fetchMaxBytes          bytes per Fetch call (default 16 MiB; a reader holds about 3x this)
+    fetchMaxBytes          the most bytes per Fetch call (default 16 MiB; a reader holds about 3x this);
+                           each call asks for about what the rows left in the range need
     pollTimeoutMs          how long a read retries an unavailable broker (default 120000)
 
 Timestamps select by the broker's append time (ListOffsets), the one time index DMQ keeps.
