@@ -21,9 +21,14 @@ from dmq.proto import records
 WAIT_S = 20.0
 
 
-def read_all(bootstrap: str, topic: str, partition: int) -> list[records.Record]:
+def read_all(bootstrap: str, topic: str, partition: int, *, at_least: int = 0) -> list[records.Record]:
+    """Every record of the partition, once its log end reaches `at_least` (bounded by WAIT_S)."""
     with SimpleConsumer(bootstrap, max_wait_ms=0) as c:
+        deadline = time.monotonic() + WAIT_S
         end = c.offsets(topic, partition)[1]
+        while end < at_least and time.monotonic() < deadline:
+            time.sleep(0.02)
+            end = c.offsets(topic, partition)[1]
         return [r for b in c.consume_batches(topic, partition, 0, end_offset=end) for r in b] if end else []
 
 
@@ -153,7 +158,9 @@ def test_acks_levels_all_deliver(cluster, acks) -> None:  # type: ignore[no-unty
         expected_last = -1 if acks == 0 else 100
         assert one.get(0).offset == expected_last
         assert many.offsets(0)[:2] == ([-1, -1] if acks == 0 else [0, 1])
-    assert [r.value for r in read_all(cluster.bootstrap, topic, 0)] == [b"m%d" % i for i in range(100)] + [b"last"]
+    # acks=0: flush() returns once the batches are sent, not stored, so wait for the log end
+    stored = read_all(cluster.bootstrap, topic, 0, at_least=101)
+    assert [r.value for r in stored] == [b"m%d" % i for i in range(100)] + [b"last"]
 
 
 def test_send_many_keeps_per_key_order(cluster) -> None:  # type: ignore[no-untyped-def]
