@@ -14,10 +14,11 @@ same rows, each into `count()` and into `sum(length(value))`:
             data source path itself costs (Arrow -> rows on the JVM), with no I/O or decoding
 
 Each figure is the best of --runs interleaved rounds (dmq, tuples, parquet, ceiling, dmq, ...) after
---warmup rounds of every reader and query, so a busy machine penalises no reader alone. Warm-up
-matters here: the JVM's JIT compiler threads used 4.5, 1.7, 1.3, 0.9, 0.8 s of CPU in the first
-five rounds, then 0.6-0.9 s per round from there on (/proc, one run): CPU that every measured
-query competes with on 2 cores. Four rounds reach that floor.
+--warmup rounds of every reader and query, so a busy machine penalises no reader alone; the ratios
+of the medians follow, to show the spread. Warm-up matters here: the JVM's JIT compiler threads
+used 4.5, 1.7, 1.3, 0.9, 0.8 s of CPU in the first five rounds, then 0.6-0.9 s per round from
+there on (/proc, one run): CPU that every measured query competes with on 2 cores. Four rounds
+reach that floor.
 Targets: dmq >= 1,000,000 rows/s and >= 5x the tuple reader. dmq/ceiling shows how much of what
 Spark's Python data source path allows the source gets; ceiling/tuples bounds any source's ratio.
 """
@@ -28,6 +29,7 @@ import argparse
 import datetime as dt
 import os
 import pathlib
+import statistics
 import sys
 import tempfile
 import time
@@ -175,7 +177,7 @@ def main() -> None:
                     query(frame())
         # Interleaved rounds, best of each: on a shared machine every reader gets its quiet moments.
         load_before = os.getloadavg()[0]
-        best: dict[tuple[str, str], float] = {}
+        timings: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.runs):
             for reader, frame in frames.items():
                 for qname, query in queries.items():
@@ -185,8 +187,9 @@ def main() -> None:
                     if result != expected[qname]:
                         raise SystemExit(f"{reader} {qname} returned {result}, expected {expected[qname]}")
                     key = (reader, qname)
-                    best[key] = min(best.get(key, float("inf")), seconds)
-        rates = {key: args.rows / seconds for key, seconds in best.items()}
+                    timings.setdefault(key, []).append(seconds)
+        rates = {key: args.rows / min(seconds) for key, seconds in timings.items()}
+        medians = {key: args.rows / statistics.median(seconds) for key, seconds in timings.items()}
         print(
             f"\nSpark {spark.version} local[2], {args.rows:,} rows of {args.value_bytes} B, best of {args.runs} "
             f"after {args.warmup} warm-up rounds; "
@@ -203,6 +206,12 @@ def main() -> None:
                 f"{qname:<20}{d:>12,.0f}{t:>15,.0f}{p:>16,.0f}{c:>16,.0f}"
                 f"{d / t:>11.1f}x{d / p:>12.2f}x{d / c:>12.2f}x"
             )
+        print(
+            "medians instead of bests, dmq/tuples: "
+            + ", ".join(f"{q} {medians[('dmq', q)] / medians[('tuples', q)]:.1f}x" for q in queries)
+            + "; dmq/ceiling: "
+            + ", ".join(f"{q} {medians[('dmq', q)] / medians[('ceiling', q)]:.2f}x" for q in queries)
+        )
         bound = min(rates[("ceiling", q)] / rates[("tuples", q)] for q in queries)
         print(f"\nceiling/tuples {bound:.1f}x: the most any Python data source could beat the tuple reader by here")
         worst = min(rates[("dmq", q)] for q in queries)
