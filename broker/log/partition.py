@@ -392,6 +392,9 @@ class PartitionLog:
 
         clean = marker is not None and marker.active_base == active.base_offset and marker.active_size == active.size
         info = RecoveryInfo(clean=clean)
+        # The floor for append times, before _recover() rewrites the checkpoint that carries it:
+        # when retention has emptied the log, no segment holds the last append time any more.
+        self._last_append_ms = ckpt[2] if ckpt else 0
         if clean:
             assert marker is not None
             active.next_offset = marker.log_end_offset
@@ -412,7 +415,7 @@ class PartitionLog:
         last_time = self._segments[-1].largest_time_ms
         if last_time is None and len(self._segments) > 1:
             last_time = self._segments[-2].largest_time_ms
-        self._last_append_ms = max(last_time or 0, ckpt[2] if ckpt else 0)
+        self._last_append_ms = max(last_time or 0, self._last_append_ms)
         if clean and marker is not None and marker.producers is not None:
             self._last_append_ms = max(self._last_append_ms, marker.last_append_ms)
             self._producers = marker.producers
