@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(PY) bench/consumer_bench.py
 	$(PY) bench/rebalance_bench.py
 	$(PY) bench/spark_bench.py
+	$(PY) bench/spark_small_ranges.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check proto broker coordinator client tests bench

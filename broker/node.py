@@ -34,6 +34,8 @@ from dmq.proto.malloc_tuning import keep_large_buffers
 
 log = structlog.get_logger(__name__)
 
+BROKER_SERVICE = "dmq.v1.Broker"  # the gRPC service name Fetch is re-registered under
+
 LEADER_CACHE_MS = 2_000
 COORDINATOR_RPC_TIMEOUT_S = 5.0
 
@@ -266,8 +268,6 @@ class BrokerNode:
                 code = grpc.StatusCode.UNAVAILABLE
             _fail(code, e.details() or "ownership check failed")
 
-
-BROKER_SERVICE = "dmq.v1.Broker"
 
 
 class _HandlerCapture:
