@@ -2,10 +2,16 @@
 
 Lifecycle (the owner is the process runner or a test fixture):
   1. `BrokerNode(...)`, `add_to_server(server)`, `server.start()`;
-  2. `await start()`: recover the logs, open the offset store, register with the coordinator
-     (which answers with every partition placed here) and start the background tasks;
-  3. `await stop()`: stop the tasks, flush and close the logs cleanly (clean-shutdown marker).
+  2. `await start()`: lock the data directory (dmq.proto.dirlock: a second process on it fails at
+     once), recover the logs, open the offset store, register with the coordinator (which answers
+     with every partition placed here) and start the background tasks;
+  3. `await stop()`: stop the tasks, flush and close the logs cleanly (clean-shutdown marker),
+     release the lock.
 Until `start()` finishes, requests get UNAVAILABLE ("starting; retry").
+
+`start()` may be cancelled at any point (a SIGTERM while the coordinator is unreachable): the
+registration retries are cancellable, and the local opening of logs and offsets runs to its end
+(it cannot be interrupted half-way without leaving threads behind), after which `stop()` closes it.
 
 Background tasks, all owned here and stopped by `stop()`:
   - heartbeat to the coordinator every `heartbeat_interval_ms` (re-register when it forgot us);
@@ -29,6 +35,7 @@ from dmq.broker.offsets import OffsetStore
 from dmq.broker.service import BrokerService, _fail
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.malloc_tuning import keep_large_buffers
 
@@ -78,6 +85,8 @@ class BrokerNode:
         self.retention_check_interval_ms = retention_check_interval_ms
         self.logs = LogManager(self.data_dir / "logs", self.log_config, max_open_files=max_open_files)
         self.offsets = OffsetStore(self.data_dir / "offsets.sqlite")
+        self.dir_lock = DataDirLock(self.data_dir)
+        self._opening: asyncio.Future[None] | None = None
         self.service = BrokerService(self)
         self.ready = False
         self._channel: grpc.aio.Channel | None = None
@@ -110,17 +119,23 @@ class BrokerNode:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Before anything in the directory is read or written: a second broker on it would
+        # overwrite this one's batches.
+        self.dir_lock.acquire()
         started = time.monotonic()
         # Fetch answers and produce requests are multi-megabyte buffers: reuse heap memory for
         # them instead of page-faulting fresh mmap()s in (see malloc_tuning.py for the figures).
         large_buffers = keep_large_buffers()
-        await asyncio.to_thread(self.logs.open_existing)
-        await self.offsets.open()
+        # Shielded: a cancelled start() must not leave recovery running in a thread (or an
+        # aiosqlite thread half-open) while stop() closes the same files; stop() waits for it.
+        self._opening = asyncio.ensure_future(self._open_local())
+        await asyncio.shield(self._opening)
         self._channel = grpc.aio.insecure_channel(self.coordinator_address, options=channel_options())
         self._metadata = pb_grpc.MetadataStub(self._channel)
         self._groups = pb_grpc.GroupCoordinatorStub(self._channel)
         await self._register()
+        if self._stopping.is_set():
+            return
         self.ready = True
         log.info(
             "broker started",
@@ -137,22 +152,42 @@ class BrokerNode:
                 asyncio.create_task(self.logs.run_flusher(self._stopping), name=f"broker-{self.broker_id}-flusher")
             )
 
+    async def _open_local(self) -> None:
+        await asyncio.to_thread(self.logs.open_existing)
+        await self.offsets.open()
+
     async def stop(self) -> None:
-        """Idempotent: a test may stop a broker early and the fixture stop it again."""
+        """Idempotent: a test may stop a broker early and the fixture stop it again.
+
+        Every step runs even when an earlier one fails, so the logs get their clean-shutdown
+        marker and no thread (aiosqlite's is not a daemon) outlives the node."""
         if self._stopping.is_set():
             return
         self.ready = False
         self._stopping.set()
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=5)
-        self._tasks.clear()
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
-        await asyncio.to_thread(self.logs.close)
-        await self.offsets.close()
+        try:
+            for task in self._tasks:
+                task.cancel()
+            if self._tasks:
+                await asyncio.wait(self._tasks, timeout=5)
+            self._tasks.clear()
+            if self._channel is not None:
+                channel, self._channel = self._channel, None
+                await channel.close()
+            if self._opening is not None:
+                # Let an interrupted start finish opening, then close what it opened.
+                await asyncio.wait([self._opening])
+                if not self._opening.cancelled() and self._opening.exception() is not None:
+                    log.warning("broker stopped before its logs opened", broker_id=self.broker_id,
+                                error=repr(self._opening.exception()))
+        finally:
+            try:
+                await asyncio.to_thread(self.logs.close)
+            finally:
+                try:
+                    await self.offsets.close()
+                finally:
+                    self.dir_lock.release()
         log.info("broker stopped", broker_id=self.broker_id)
 
     async def _register(self) -> None:
@@ -171,6 +206,8 @@ class BrokerNode:
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise
                 log.warning("coordinator not reachable, retrying", coordinator=self.coordinator_address, error=e.details())
+                # Bounded backoff that ends at once when the node stops (the RPC itself is
+                # bounded by its timeout, and the whole loop is cancellable).
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), delay_s)
                 delay_s = min(delay_s * 2, 2.0)

@@ -5,25 +5,41 @@
 each has its own server and port. `ClusterThread` runs a LocalCluster on a private event loop in a
 background thread, so synchronous clients (Producer, DMQConsumer) can talk to it from the test's
 own thread without sharing its loop.
+
+Process lifecycle, the same for every runner here:
+  - the data directories are locked (dmq.proto.dirlock) right after the ports are bound and
+    before anything is read, written or started, so a second server on them fails at once;
+  - a port that cannot be bound raises `PortUnavailable` (an OSError with one line to print);
+  - every gRPC server carries the standard health service (grpc.health.v1.Health): NOT_SERVING
+    until its nodes have started, SERVING then, NOT_SERVING again from the first moment of
+    shutdown. Services: "" (the whole server) and each hosted service by its full name;
+  - `start()` undoes what it did when it fails or is cancelled, so `stop()` is only for a
+    started cluster; SIGINT/SIGTERM during start (a broker waiting for an unreachable
+    coordinator) cancels the start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import pathlib
+import socket
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 
 import grpc
 import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dmq.broker.log import LogConfig
 from dmq.broker.node import BrokerNode
 from dmq.coordinator.node import CoordinatorNode
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import server_options
 
 log = structlog.get_logger(__name__)
@@ -55,25 +71,141 @@ def _new_server() -> grpc.aio.Server:
     return grpc.aio.server(options=server_options(), maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
 
 
+class PortUnavailable(OSError):
+    """The listening port cannot be bound; str() is one line for an operator."""
+
+
+def bind(server: grpc.aio.Server, host: str, port: int) -> int:
+    """Bind host:port (0 picks a free port) and return the port; PortUnavailable if it cannot.
+
+    A plain bind is tried first: gRPC reports a failed bind as an extra error line on stderr
+    (and an opaque RuntimeError), while the operator should see one line that says why."""
+    bind_probe(host, port)
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio raises this rather than returning 0 on recent versions
+        bound = 0
+    if bound == 0:
+        raise PortUnavailable(_why_unbindable(host, port))
+    return bound
+
+
+def bind_probe(host: str, port: int) -> None:
+    """Raise PortUnavailable now if host:port cannot be listened on (port 0 always can)."""
+    if port == 0:
+        return
+    reason = _bind_failure(host, port)
+    if reason is not None:
+        raise PortUnavailable(f"cannot listen on {host}:{port}: {reason}")
+
+
+def _why_unbindable(host: str, port: int) -> str:
+    # gRPC says only "Failed to bind"; a plain bind finds the reason the operator can act on.
+    return f"cannot listen on {host}:{port}: {_bind_failure(host, port) or 'the port is taken or the address is wrong'}"
+
+
+def _bind_failure(host: str, port: int) -> str | None:
+    """Why a plain bind of host:port fails, in words; None when it succeeds."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        return f"{host!r} does not resolve ({e.strerror}); pass another --host"
+    family, _type, _proto, _name, address = infos[0]
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # As gRPC binds: SO_REUSEADDR, so a port left in TIME_WAIT by a stopped server is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(address)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return "the port is in use by another process (choose another with --port)"
+        if e.errno == errno.EADDRNOTAVAIL:
+            return "the address is not one of this host's (pass another --host)"
+        if e.errno == errno.EACCES:
+            return "permission denied (ports below 1024 need privileges)"
+        return e.strerror or str(e)
+    finally:
+        probe.close()
+    return None
+
+
+SERVICE_METADATA = pb.DESCRIPTOR.services_by_name["Metadata"].full_name
+SERVICE_GROUPS = pb.DESCRIPTOR.services_by_name["GroupCoordinator"].full_name
+SERVICE_BROKER = pb.DESCRIPTOR.services_by_name["Broker"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class ServerHealth:
+    """The standard gRPC health service on one server, driven by the runner that owns it."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self.servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.servicer, server)
+        self._services: set[str] = set()  # hosted here, by full name
+        self._serving: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"<ServerHealth services={sorted(self._services)} serving={sorted(self._serving)}>"
+
+    async def starting(self, services: list[str]) -> None:
+        """Before the server starts: the server and these services are NOT_SERVING."""
+        self._services.update(services)
+        for service in ["", *services]:
+            await self.servicer.set(service, NOT_SERVING)
+
+    async def serving(self, services: list[str]) -> None:
+        """These services' nodes have started; the server is SERVING once all of its have."""
+        self._serving.update(services)
+        for service in services:
+            await self.servicer.set(service, SERVING)
+        if self._serving >= self._services:
+            await self.servicer.set("", SERVING)
+
+    async def shutting_down(self) -> None:
+        """NOT_SERVING for good: load balancers and `dmq health` stop sending work here."""
+        await self.servicer.enter_graceful_shutdown()
+
+
+def _lock_all(locks: list[DataDirLock]) -> None:
+    """All or nothing: on the first directory in use, release the ones taken and raise."""
+    taken: list[DataDirLock] = []
+    try:
+        for lock in locks:
+            lock.acquire()
+            taken.append(lock)
+    except BaseException:
+        for lock in taken:
+            lock.release()
+        raise
+
+
 class LocalCluster:
     def __init__(self, options: ClusterOptions) -> None:
         self.options = options
         self.coordinator: CoordinatorNode | None = None
         self.brokers: list[BrokerNode] = []
         self._servers: list[grpc.aio.Server] = []
+        self._health: list[ServerHealth] = []
+        self._locked = False  # the data directories are ours: the nodes may be started and stopped
         self.bootstrap = ""
 
     def __repr__(self) -> str:
         return f"<LocalCluster bootstrap={self.bootstrap!r} brokers={len(self.brokers)}>"
 
     async def start(self) -> None:
+        """Bind, lock the data directories, start; on failure or cancellation undo all of it."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._abort_start()
+            raise
+
+    async def _start(self) -> None:
         o = self.options
-        o.data_dir.mkdir(parents=True, exist_ok=True)
         coord_server = _new_server()
-        port = coord_server.add_insecure_port(f"{o.host}:{o.port}")
-        if port == 0:
-            raise OSError(f"cannot listen on {o.host}:{o.port}: the port is taken or the address is wrong")
         self._servers.append(coord_server)
+        port = bind(coord_server, o.host, o.port)
         self.bootstrap = f"{o.host}:{port}"
         self.coordinator = CoordinatorNode(
             o.data_dir / "coordinator",
@@ -84,13 +216,21 @@ class LocalCluster:
             **o.coordinator_kwargs,  # type: ignore[arg-type]
         )
         self.coordinator.add_to_server(coord_server)
+        coord_health = ServerHealth(coord_server)
+        self._health.append(coord_health)
+        await coord_health.starting([SERVICE_METADATA, SERVICE_GROUPS])
+        broker_health: list[ServerHealth] = []
         for i in range(o.brokers):
             if i == 0 and o.shared_port and o.brokers == 1:
-                server, broker_port = coord_server, port
+                server, broker_port, h = coord_server, port, coord_health
             else:
                 server = _new_server()
-                broker_port = server.add_insecure_port(f"{o.host}:0")
                 self._servers.append(server)
+                broker_port = bind(server, o.host, 0)
+                h = ServerHealth(server)
+                self._health.append(h)
+            await h.starting([SERVICE_BROKER])
+            broker_health.append(h)
             broker = BrokerNode(
                 o.data_dir / f"broker-{i}",
                 broker_id=i,
@@ -102,24 +242,54 @@ class LocalCluster:
             )
             broker.add_to_server(server)
             self.brokers.append(broker)
+        _lock_all([self.coordinator.dir_lock, *(b.dir_lock for b in self.brokers)])
+        self._locked = True
         for server in self._servers:
             await server.start()
         await self.coordinator.start()
-        for broker in self.brokers:
+        await coord_health.serving([SERVICE_METADATA, SERVICE_GROUPS])
+        for broker, h in zip(self.brokers, broker_health):
             await broker.start()
+            await h.serving([SERVICE_BROKER])
+
+    async def _abort_start(self) -> None:
+        """Undo a failed or cancelled start: nothing may stay open, locked or listening."""
+        try:
+            if self._locked:
+                await self._stop_nodes_and_servers(grace_s=0)
+            else:  # nothing was opened (a busy port or a locked directory): close the sockets only
+                for server in self._servers:
+                    await server.stop(0)
+                self._servers.clear()
+        except Exception:  # noqa: BLE001 - the start failure is what the caller must see
+            log.exception("cleaning up after a failed start failed")
 
     async def stop(self) -> None:
+        for h in self._health:
+            await h.shutting_down()
+        await self._stop_nodes_and_servers(grace_s=SHUTDOWN_GRACE_S)
+
+    async def _stop_nodes_and_servers(self, grace_s: float) -> None:
         # End the group service's watch streams and long polls first: they would otherwise hold
         # the servers' grace period open. Then stop accepting calls, so no handler runs against a
-        # closing log.
-        await _stop_group_service(self.coordinator)
-        for server in self._servers:
-            await server.stop(SHUTDOWN_GRACE_S)
-        for broker in self.brokers:
-            await broker.stop()
-        if self.coordinator is not None:
-            await self.coordinator.stop()
-        self._servers.clear()
+        # closing log. Each step runs even if an earlier one failed: an unclosed log reopens
+        # unclean, an unclosed SQLite file keeps its (non-daemon) thread and the process alive.
+        try:
+            await _stop_group_service(self.coordinator)
+        finally:
+            try:
+                for server in self._servers:
+                    await server.stop(grace_s)
+            finally:
+                try:
+                    for broker in self.brokers:
+                        await broker.stop()
+                finally:
+                    if self.coordinator is not None:
+                        await self.coordinator.stop()
+                    self._servers.clear()
+                    self._health.clear()
+                    self._locked = False
 
     async def stop_broker(self, index: int) -> None:
         """Stop one broker's server and node (a separate port only), as if its process ended."""
@@ -184,47 +354,86 @@ class ClusterThread:
 async def serve_until_signalled(
     start: Callable[[], object], stop: Callable[[], object], on_ready: Callable[[], None] | None = None
 ) -> None:
-    """Start, wait for SIGINT/SIGTERM, stop cleanly (so the logs write their clean-shutdown marker)."""
+    """Start, wait for SIGINT/SIGTERM, stop cleanly (so the logs write their clean-shutdown marker).
+
+    A signal during start cancels it (start undoes its own work then), so a broker that waits for
+    an unreachable coordinator still stops at once. `stop()` runs only after a completed start.
+    The handlers stay installed until the end: a second Ctrl-C must not interrupt the clean stop
+    half-way (which would leave logs unclean); the stop itself is bounded.
+    """
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stopping.is_set():
+            log.info("already stopping", signal=sig.name)
+        else:
+            log.info("stopping", signal=sig.name)
+        stopping.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
-    await start()  # type: ignore[misc]
-    # Everything allocated so far (modules, servicers, open logs) lives as long as the process:
-    # freezing it keeps the cyclic GC's full collections from walking it each time (10-20 ms
-    # pauses of the event loop, stalling every in-flight request, otherwise ~1 ms). Collect first,
-    # so that start-up garbage in reference cycles is freed rather than frozen for good.
-    gc.collect()
-    gc.freeze()
-    if on_ready is not None:
-        on_ready()
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
-        await stopping.wait()
+        starting = asyncio.ensure_future(start())  # type: ignore[arg-type]
+        signalled = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait([starting, signalled], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            signalled.cancel()
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            return
+        starting.result()  # a failed start raises here, after cleaning up after itself
+        # Everything allocated so far (modules, servicers, open logs) lives as long as the process:
+        # freezing it keeps the cyclic GC's full collections from walking it each time (10-20 ms
+        # pauses of the event loop, stalling every in-flight request, otherwise ~1 ms). Collect first,
+        # so that start-up garbage in reference cycles is freed rather than frozen for good.
+        gc.collect()
+        gc.freeze()
+        try:
+            if on_ready is not None:
+                on_ready()
+            await stopping.wait()
+        finally:
+            await stop()  # type: ignore[misc]
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
-        await stop()  # type: ignore[misc]
 
 
 async def run_coordinator_only(
     data_dir: pathlib.Path, host: str, port: int, on_ready: Callable[[str], None], **kwargs: object
 ) -> None:
     server = _new_server()
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}: the port is taken or the address is wrong")
+    bound = bind(server, host, port)
     node = CoordinatorNode(data_dir, advertised_address=f"{host}:{bound}", **kwargs)  # type: ignore[arg-type]
     node.add_to_server(server)
+    server_health = ServerHealth(server)
+    services = [SERVICE_METADATA, SERVICE_GROUPS]
 
     async def start() -> None:
-        await server.start()
-        await node.start()
+        node.dir_lock.acquire()
+        try:
+            await server_health.starting(services)
+            await server.start()
+            await node.start()
+        except BaseException:
+            await _stop_quietly(node.stop(), server.stop(0))
+            raise
+        await server_health.serving(services)
 
     async def stop() -> None:
-        await _stop_group_service(node)
-        await server.stop(SHUTDOWN_GRACE_S)
-        await node.stop()
+        await server_health.shutting_down()
+        try:
+            await _stop_group_service(node)
+        finally:
+            try:
+                await server.stop(SHUTDOWN_GRACE_S)
+            finally:
+                await node.stop()
 
     await serve_until_signalled(start, stop, lambda: on_ready(f"{host}:{bound}"))
 
@@ -239,9 +448,7 @@ async def run_broker_only(
     log_config: LogConfig | None = None,
 ) -> None:
     server = _new_server()
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}: the port is taken or the address is wrong")
+    bound = bind(server, host, port)
     node = BrokerNode(
         data_dir,
         broker_id=broker_id,
@@ -251,16 +458,37 @@ async def run_broker_only(
         log_config=log_config,
     )
     node.add_to_server(server)
+    server_health = ServerHealth(server)
 
     async def start() -> None:
-        await server.start()
-        await node.start()
+        node.dir_lock.acquire()
+        try:
+            await server_health.starting([SERVICE_BROKER])
+            await server.start()
+            # Waits (cancellably) until the coordinator has taken the registration.
+            await node.start()
+        except BaseException:
+            await _stop_quietly(server.stop(0), node.stop())
+            raise
+        await server_health.serving([SERVICE_BROKER])
 
     async def stop() -> None:
-        await server.stop(SHUTDOWN_GRACE_S)
-        await node.stop()
+        await server_health.shutting_down()
+        try:
+            await server.stop(SHUTDOWN_GRACE_S)
+        finally:
+            await node.stop()
 
     await serve_until_signalled(start, stop, lambda: on_ready(f"{host}:{bound}"))
+
+
+async def _stop_quietly(*steps: Coroutine[object, object, object]) -> None:
+    """Run every cleanup step in order; a failing one is logged, the start failure is what counts."""
+    for step in steps:
+        try:
+            await step
+        except Exception:  # noqa: BLE001
+            log.exception("cleaning up after a failed start failed")
 
 
 async def run_embedded(options: ClusterOptions, on_ready: Callable[[LocalCluster], None]) -> None:

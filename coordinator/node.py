@@ -2,10 +2,11 @@
 
 Lifecycle (the owner is the process runner or a test fixture):
   1. `CoordinatorNode(...)`, `add_to_server(server)`, `server.start()`;
-  2. `await start()`: open <data_dir>/coordinator.sqlite, load brokers and topics, start the broker
+  2. `await start()`: lock the data directory (dmq.proto.dirlock: a second process on it fails at
+     once), open <data_dir>/coordinator.sqlite, load brokers and topics, start the broker
      liveness monitor, then start the attached components (the group coordinator);
   3. `await stop()`: stop the components and the monitor (bounded waits), close the broker
-     channels and SQLite.
+     channels and SQLite, release the lock. Every step runs even when an earlier one fails.
 Until `start()` has loaded the state, metadata RPCs are answered UNAVAILABLE ("coordinator is
 starting: retry"), since the server may already be taking calls (`dmq server` shares its port).
 
@@ -38,6 +39,7 @@ from dmq.coordinator.metadata import (
 from dmq.coordinator.store import CoordinatorStore
 from dmq.coordinator.validation import TopicConfigDefaults
 from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto.dirlock import DataDirLock
 
 log = structlog.get_logger(__name__)
 
@@ -83,6 +85,7 @@ class CoordinatorNode:
         # Often enough that an expiry is logged within a quarter session of happening.
         self.liveness_check_interval_ms = liveness_check_interval_ms or max(10, broker_session_timeout_ms // 4)
         self.store = CoordinatorStore(self.data_dir / SQLITE_FILE)
+        self.dir_lock = DataDirLock(self.data_dir)
         self.broker_pool = BrokerPool()
         self.metadata = MetadataManager(
             self.store,
@@ -122,8 +125,14 @@ class CoordinatorNode:
     async def start(self) -> None:
         if self._started:
             raise RuntimeError("coordinator node already started")
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        await self.store.open()
+        # Before the SQLite file is opened: two coordinators on one file would each keep their
+        # own view of topics and placement and overwrite each other's.
+        self.dir_lock.acquire()
+        try:
+            await self.store.open()
+        except BaseException:
+            self.dir_lock.release()
+            raise
         try:
             await self.metadata.load()
             self._started = True
@@ -144,20 +153,28 @@ class CoordinatorNode:
     async def stop(self) -> None:
         self._stopping.set()
         self.metadata.ready = False
-        for component in reversed(self.components):
+        try:
+            for component in reversed(self.components):
+                try:
+                    await asyncio.wait_for(component.stop(), STOP_TIMEOUT_S)
+                except Exception:  # noqa: BLE001 - the rest must still be closed
+                    log.exception("component failed to stop", component=repr(component))
+            for task in self._tasks:
+                task.cancel()
+            if self._tasks:
+                _done, pending = await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S)
+                if pending:
+                    log.error("coordinator tasks did not stop in time", tasks=[t.get_name() for t in pending])
+            self._tasks.clear()
+        finally:
             try:
-                await asyncio.wait_for(component.stop(), STOP_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - the rest must still be closed
-                log.exception("component failed to stop", component=repr(component))
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            _done, pending = await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S)
-            if pending:
-                log.error("coordinator tasks did not stop in time", tasks=[t.get_name() for t in pending])
-        self._tasks.clear()
-        await self.broker_pool.close()
-        await self.store.close()
+                await self.broker_pool.close()
+            finally:
+                try:
+                    # aiosqlite's thread is not a daemon: an unclosed store would keep the process alive.
+                    await self.store.close()
+                finally:
+                    self.dir_lock.release()
         self._started = False
         log.info("coordinator stopped", address=self.advertised_address)
 

@@ -68,7 +68,8 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
     """Run DMQ for development: a coordinator and broker(s), data under --data-dir."""
     configure_logging(log_level)
     if brokers > 1:
-        _run_process_cluster(host, port, data_dir, brokers, default_subscription_mode, log_level)
+        storage = _storage_argv(flush, flush_interval_ms, segment_bytes, retention_ms, retention_bytes)
+        _run_process_cluster(host, port, data_dir, brokers, default_subscription_mode, log_level, storage)
         return
     from dmq.coordinator.embedded import ClusterOptions, run_embedded
 
@@ -94,44 +95,88 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
         raise click.ClickException(str(e)) from None
 
 
-def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: int, mode: str, log_level: str) -> None:
-    """A coordinator process and N broker processes; SIGINT/SIGTERM stop them all cleanly."""
+def _storage_argv(flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int,
+                  retention_bytes: int) -> list[str]:
+    """The storage options again, for `dmq broker` children: every one of them, as given."""
+    return ["--flush", flush, "--flush-interval-ms", str(flush_interval_ms), "--segment-bytes", str(segment_bytes),
+            "--retention-ms", str(retention_ms), "--retention-bytes", str(retention_bytes)]
+
+
+CHILD_STOP_TIMEOUT_S = 10.0  # each child stops cleanly well within this (see serve_until_signalled)
+_POLL_S = 0.2
+
+
+def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: int, mode: str, log_level: str,
+                         storage: list[str]) -> None:
+    """A coordinator process and N broker processes; SIGINT/SIGTERM stop them all cleanly.
+
+    A cluster with a dead member is not the cluster that was asked for: when any child exits
+    (killed, crashed, or failed to start: a locked data directory, a busy port) the others are
+    stopped and the command exits 1 naming it, so scripts and supervisors see the failure.
+    """
+    from dmq.coordinator.embedded import PortUnavailable, bind_probe
+
+    try:
+        bind_probe(host, port)  # one line now rather than a coordinator child failing a moment later
+    except PortUnavailable as e:
+        raise click.ClickException(str(e)) from None
     exe = [sys.executable, "-m", "dmq.client.cli"]
     bootstrap = f"{host}:{port}"
-    children = [subprocess.Popen(exe + ["coordinator", "--host", host, "--port", str(port),
-                                        "--data-dir", str(data_dir / "coordinator"),
-                                        "--default-subscription-mode", mode, "--log-level", log_level])]
-    for i in range(brokers):
-        children.append(subprocess.Popen(exe + ["broker", "--host", host, "--port", "0", "--broker-id", str(i),
-                                                "--coordinator", bootstrap, "--data-dir", str(data_dir / f"broker-{i}"),
-                                                "--log-level", log_level]))
-    stop = {"now": False}
+    names = ["coordinator"] + [f"broker {i}" for i in range(brokers)]
+    stop = {"signal": 0}
 
     def handle(signum: int, frame: object) -> None:
-        stop["now"] = True
+        stop["signal"] = signum
 
     signal.signal(signal.SIGINT, handle)
     signal.signal(signal.SIGTERM, handle)
-    click.echo(f"DMQ cluster: coordinator on {bootstrap}, {brokers} broker processes; bootstrap=\"{bootstrap}\"; Ctrl-C stops", err=True)
-    # A broker that exits is reported and the rest keep running (that is how a broker failure is
-    # tried out locally); the cluster ends with the coordinator or on a signal.
-    reported: set[int] = set()
-    while not stop["now"] and children[0].poll() is None:
-        for i, c in enumerate(children[1:]):
-            if c.poll() is not None and i not in reported:
-                reported.add(i)
-                click.echo(f"broker {i} exited with code {c.returncode}; the others keep running", err=True)
-        time.sleep(0.2)
-    for c in children:
-        if c.poll() is None:
-            c.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    for c in children:
+    children: list[subprocess.Popen[bytes]] = []
+    failed: str | None = None
+    try:
+        children.append(subprocess.Popen(exe + ["coordinator", "--host", host, "--port", str(port),
+                                                "--data-dir", str(data_dir / "coordinator"),
+                                                "--default-subscription-mode", mode, "--log-level", log_level]))
+        for i in range(brokers):
+            children.append(subprocess.Popen(exe + ["broker", "--host", host, "--port", "0", "--broker-id", str(i),
+                                                    "--coordinator", bootstrap,
+                                                    "--data-dir", str(data_dir / f"broker-{i}"),
+                                                    "--log-level", log_level, *storage]))
+        click.echo(f"DMQ cluster: coordinator on {bootstrap}, {brokers} broker processes; "
+                   f"bootstrap=\"{bootstrap}\"; Ctrl-C stops", err=True)
+        while not stop["signal"] and failed is None:
+            for name, child in zip(names, children):
+                if child.poll() is not None:
+                    failed = f"{name} (pid {child.pid}) exited with {_exit_status(child.returncode)}"
+                    break
+            else:
+                time.sleep(_POLL_S)
+    finally:
+        _stop_children(children)
+    if failed is not None:
+        raise click.ClickException(f"{failed}; stopped the rest of the cluster")
+
+
+def _exit_status(returncode: int) -> str:
+    if returncode < 0:
         try:
-            c.wait(max(0.1, deadline - time.monotonic()))
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"code {returncode}"
+
+
+def _stop_children(children: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every live child, wait for all within one shared bound, SIGKILL what remains."""
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + CHILD_STOP_TIMEOUT_S
+    for child in children:
+        try:
+            child.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            c.kill()
-            c.wait(5)
+            child.kill()
+            child.wait(5)
 
 
 @click.command("coordinator")
@@ -173,6 +218,8 @@ def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir:
                flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int) -> None:
     """Run one storage broker that registers with --coordinator."""
     configure_logging(log_level)
+    import grpc
+
     from dmq.coordinator.embedded import run_broker_only
 
     try:
@@ -183,3 +230,6 @@ def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir:
         ))
     except OSError as e:
         raise click.ClickException(str(e)) from None
+    except grpc.RpcError as e:  # the coordinator answered the registration with a refusal
+        details = e.details() if hasattr(e, "details") else str(e)  # type: ignore[attr-defined]
+        raise click.ClickException(f"the coordinator at {coordinator} refused broker {broker_id}: {details}") from None
