@@ -1,8 +1,11 @@
 # Every target makes and fills the virtualenv itself, so a fresh clone needs nothing else.
+# Two stamps: `make run` installs only what a server needs (`pip install -e .`); the targets that
+# develop DMQ (test, lint, proto, bench) add the `test` and `spark` extras (PySpark alone is ~1 GB).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 DMQ_PORT ?= 9091
 DMQ_DATA_DIR ?= ./dmq-data
 
@@ -13,25 +16,31 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e .
 	touch $(STAMP)
 
-venv: $(STAMP)
+$(DEV_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,spark]'
+	touch $(STAMP) $(DEV_STAMP)
 
-## run: start the embedded server (coordinator + broker on port 9091, data in ./dmq-data)
+## venv: the full development virtualenv (server, tests, tools, PySpark)
+venv: $(DEV_STAMP)
+
+## run: start the embedded server (coordinator + broker on port 9091, data in ./dmq-data); installs no extras
 run: $(STAMP)
 	exec $(VENV)/bin/dmq server --port $(DMQ_PORT) --data-dir $(DMQ_DATA_DIR)
 
-## test: install what is needed, lint, and run the whole suite
+## test: install the test and Spark extras, lint, and run the whole suite
 test: lint
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 ## proto: regenerate the committed gRPC stubs from proto/dmq.proto
-proto: $(STAMP)
+proto: $(DEV_STAMP)
 	$(PY) -m dmq.proto.generate
 
 ## bench: run the benchmark scripts (figures go into bench/RESULTS.md by hand)
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(PY) bench/codec_bench.py
 	$(PY) bench/log_bench.py --size 268435456
 	$(PY) bench/produce_consume.py
@@ -40,7 +49,7 @@ bench: $(STAMP)
 	$(PY) bench/spark_bench.py
 	$(PY) bench/spark_small_ranges.py
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check proto broker coordinator client tests bench
 
 clean:

@@ -20,6 +20,7 @@ _LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "topics": ("dmq.client.cli.topics", "topics", "Create, list, describe, alter and delete topics."),
     "groups": ("dmq.client.cli.groups", "groups", "List and describe consumer groups, see lag, reset offsets."),
     "brokers": ("dmq.client.cli.brokers", "brokers", "List brokers: address, liveness, partitions led."),
+    "health": ("dmq.client.cli.health", "health", "Check the coordinator and every broker; exit 1 if any is down."),
     "produce": ("dmq.client.cli.messages", "produce", "Send lines from stdin or a file as messages."),
     "consume": ("dmq.client.cli.messages", "consume", "Print messages from a topic (with a group or from offsets)."),
     "bench": ("dmq.client.cli.bench", "bench", "Measure produce and consume throughput and latency."),
@@ -86,7 +87,7 @@ def cli(ctx: click.Context, bootstrap: str, timeout_s: float, verbose: int) -> N
     """DMQ: a Kafka-style message queue. Start with `dmq server`, then `dmq topics create`.
 
     \b
-    Exit codes: 0 ok, 1 error, 2 usage error.
+    Exit codes: 0 ok, 1 error (`dmq health`, `dmq brokers list`: a server is down), 2 usage error.
     Listings take -o json for scripts.
     """
     ctx.ensure_object(dict)

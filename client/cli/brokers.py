@@ -1,5 +1,9 @@
 """`dmq brokers list`.
 
+Exit codes: 0 every registered broker is alive, 1 any is down (the listing is printed first), as
+for `dmq health`, so a script can tell without parsing. Liveness is the coordinator's view
+(heartbeats within the broker session timeout); `dmq health` also asks each broker directly.
+
 JSON schema: {"brokers": [{"broker_id", "address", "host", "port", "alive", "last_heartbeat_ms",
                            "partitions_led"}]}
 """
@@ -39,8 +43,10 @@ def list_(ctx: click.Context, output: str) -> None:
         }
         for b in sorted(answer.brokers, key=lambda b: b.broker_id)
     ]
+    down = [d for d in docs if not d["alive"]]
     if output == "json":
         print_json({"brokers": docs})
+        _fail_if_down(down)
         return
     if not docs:
         note("No brokers have registered. `dmq server` starts one; `dmq broker --coordinator HOST:PORT` adds more.")
@@ -52,6 +58,13 @@ def list_(ctx: click.Context, output: str) -> None:
         for d in docs
     ]
     show(table(["ID", "ADDRESS", "STATUS", "LAST HEARTBEAT", "PARTITIONS LED"], rows, right=("ID", "PARTITIONS LED")))
-    down = [d for d in docs if not d["alive"]]
     if down:
         note(f"[yellow]{len(down)} broker(s) down:[/] their partitions cannot be read or written until they return.")
+    _fail_if_down(down)
+
+
+def _fail_if_down(down: list[dict[str, object]]) -> None:
+    if down:
+        raise click.ClickException(
+            "broker(s) down: " + ", ".join(f"broker {d['broker_id']} at {d['address']}" for d in down)
+        )
