@@ -100,7 +100,8 @@ def _command_line(pid: int) -> str | None:
         raw = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-    text = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+    # Whitespace (newlines in a `python -c` script) collapsed: the message must stay one line.
+    text = " ".join(" ".join(part.decode(errors="replace").split()) for part in raw.split(b"\0") if part)
     if len(text) > _CMDLINE_MAX_CHARS:
         text = text[: _CMDLINE_MAX_CHARS - 1] + "…"
     return text or None
