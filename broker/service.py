@@ -29,8 +29,9 @@ from dmq.broker.log import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from dmq.proto import records
+from dmq.proto import limits, names, records
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
+from dmq.proto.names import FieldError
 from dmq.proto.wire import frame_fetch_response
 
 if TYPE_CHECKING:
@@ -38,11 +39,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-MAX_TOPIC_NAME_CHARS = 249
 MAX_FETCH_WAIT_MS = 60_000
 MAX_FETCH_PARTITIONS = 10_000
 MAX_COMMIT_PARTITIONS = 10_000
-MAX_GROUP_ID_CHARS = 512
 MAX_OFFSET_METADATA_CHARS = 4096
 DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 
@@ -60,29 +59,33 @@ def _fail(code: grpc.StatusCode, message: str) -> NoReturn:
     raise _Abort(code, message)
 
 
+def _checked(check: Callable[..., None], value: object, field: str) -> None:
+    """Run one of dmq.proto's shared rules; a broken rule is INVALID_ARGUMENT naming field and limit."""
+    try:
+        check(value, field=field)
+    except FieldError as e:
+        _fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+
 def _check_topic(topic: str, field: str = "topic") -> None:
-    if not topic:
-        _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{field} must not be empty")
-    if len(topic) > MAX_TOPIC_NAME_CHARS:
-        _fail(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"{field} is {len(topic)} characters; the limit is {MAX_TOPIC_NAME_CHARS}",
-        )
+    _checked(names.check_topic_name, topic, field)
 
 
 def _check_partition(partition: int, field: str = "partition") -> None:
-    if partition < 0:
-        _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{field} must be >= 0, got {partition}")
+    _checked(limits.check_partition_number, partition, field)
 
 
 def _check_group(group_id: str) -> None:
-    if not group_id:
-        _fail(grpc.StatusCode.INVALID_ARGUMENT, "group_id must not be empty")
-    if len(group_id) > MAX_GROUP_ID_CHARS:
-        _fail(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"group_id is {len(group_id)} characters; the limit is {MAX_GROUP_ID_CHARS}",
-        )
+    _checked(names.check_group_id, group_id, "group_id")
+
+
+def _check_topic_config(config: pb.TopicConfig) -> None:
+    """The topic settings a coordinator sends, checked by the same table it used (dmq.proto.limits)."""
+    values = {name: getattr(config, name) for name in limits.TOPIC_CONFIG_RANGES if config.HasField(name)}
+    try:
+        limits.check_topic_config(values, field_prefix="config.")
+    except FieldError as e:
+        _fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
 
 Handler = Callable[..., Awaitable[object]]
@@ -100,7 +103,9 @@ def _guarded(method: Handler) -> Handler:
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence of a server
             log.exception("broker handler failed", rpc=method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(e).__name__}: {e}")
+            # shortened: an exception's text may quote request data of any size
+            detail = names.shorten(str(e), 300)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(e).__name__}: {detail}")
         raise AssertionError("unreachable")
 
     wrapper.__name__ = method.__name__
@@ -346,6 +351,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     @_guarded
     async def CommitOffsets(self, request: pb.CommitOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.CommitOffsetsResponse:
         _check_group(request.group_id)
+        _checked(names.check_member_id, request.member_id, "member_id")
         if not request.offsets:
             _fail(grpc.StatusCode.INVALID_ARGUMENT, "offsets must name at least one partition")
         if len(request.offsets) > MAX_COMMIT_PARTITIONS:
@@ -385,6 +391,11 @@ class BrokerService(pb_grpc.BrokerServicer):
         _check_group(request.group_id)
         store = self._node.offsets
         out = []
+        if len(request.partitions) > MAX_COMMIT_PARTITIONS:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"partitions has {len(request.partitions)} entries; the limit is {MAX_COMMIT_PARTITIONS}",
+            )
         if request.partitions:
             for i, tp in enumerate(request.partitions):
                 _check_topic(tp.topic, f"partitions[{i}].topic")
@@ -406,6 +417,14 @@ class BrokerService(pb_grpc.BrokerServicer):
     @_guarded
     async def DescribeLogs(self, request: pb.DescribeLogsRequest, context: grpc.aio.ServicerContext) -> pb.DescribeLogsResponse:
         logs = self._node.logs
+        if len(request.partitions) > MAX_FETCH_PARTITIONS:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"partitions has {len(request.partitions)} entries; the limit is {MAX_FETCH_PARTITIONS}",
+            )
+        for i, tp in enumerate(request.partitions):
+            _check_topic(tp.topic, f"partitions[{i}].topic")
+            _check_partition(tp.partition, f"partitions[{i}].partition")
         keys = [(tp.topic, tp.partition) for tp in request.partitions] or sorted(logs.partitions())
         out = []
         for topic, partition in keys:
@@ -429,8 +448,14 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.CreatePartitionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreatePartitionsResponse:
         _check_topic(request.topic)
+        if len(request.partitions) > limits.PARTITIONS_PER_TOPIC_MAX:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"partitions has {len(request.partitions)} entries; the limit is {limits.PARTITIONS_PER_TOPIC_MAX}",
+            )
         for i, p in enumerate(request.partitions):
             _check_partition(p, f"partitions[{i}]")
+        _check_topic_config(request.config)
         self._node.create_partitions(request)
         return pb.CreatePartitionsResponse()
 
@@ -439,6 +464,13 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.DeletePartitionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeletePartitionsResponse:
         _check_topic(request.topic)
+        if len(request.partitions) > limits.PARTITIONS_PER_TOPIC_MAX:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"partitions has {len(request.partitions)} entries; the limit is {limits.PARTITIONS_PER_TOPIC_MAX}",
+            )
+        for i, p in enumerate(request.partitions):
+            _check_partition(p, f"partitions[{i}]")
         await self._node.delete_partitions(request.topic, set(request.partitions) or None)
         return pb.DeletePartitionsResponse()
 
