@@ -27,6 +27,7 @@ from dmq.broker.log import (
     ProducerFencedError,
     UnknownPartitionError,
 )
+from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import limits, names, records
@@ -149,9 +150,18 @@ class AppendNotifier:
 
 
 class BrokerService(pb_grpc.BrokerServicer):
-    def __init__(self, node: BrokerNode) -> None:
+    def __init__(self, node: BrokerNode, budget: ByteBudget | None = None) -> None:
         self._node = node
         self.notifier = AppendNotifier()
+        # Fetch answers and produce requests in flight, together (see memory_budget.py).
+        self.budget = budget or ByteBudget()
+
+    async def _reserve(self, size: int, context: grpc.aio.ServicerContext, what: str) -> Lease:
+        """Hold `size` bytes of the budget, waiting until the call's deadline; RESOURCE_EXHAUSTED after."""
+        try:
+            return await self.budget.acquire(size, context.time_remaining(), what)
+        except BudgetExhaustedError as e:
+            _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -196,6 +206,11 @@ class BrokerService(pb_grpc.BrokerServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"batch is {len(request.batch)} bytes; the limit (max_batch_bytes) is {limit}",
             )
+        # The batch is in memory already; holding its size until it is appended makes a flood
+        # of produces wait (or be refused) instead of piling up in the broker.
+        lease = await self._reserve(
+            len(request.batch), context, f"produce to {request.topic}[{request.partition}]"
+        )
         try:
             if request.acks == pb.ACKS_ALL:
                 info = await plog.append_durable(request.batch)
@@ -209,6 +224,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             _fail(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except UnknownPartitionError as e:
             _fail(grpc.StatusCode.NOT_FOUND, str(e))
+        finally:
+            lease.release()
         if not info.duplicate:
             self.notifier.notify(request.topic, request.partition)
         return pb.ProduceResponse(
@@ -252,11 +269,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                 )
 
     async def _read_all(
-        self, request: pb.FetchRequest
+        self, request: pb.FetchRequest, total_limit: int
     ) -> tuple[list[tuple[pb.FetchPartitionResult, bytes]], int]:
         """Per partition: the result without its records, and the records (framed later)."""
         node = self._node
-        total_limit = request.max_bytes or DEFAULT_FETCH_MAX_BYTES
         total = 0
         results: list[tuple[pb.FetchPartitionResult, bytes]] = []
         for p in request.partitions:
@@ -304,11 +320,26 @@ class BrokerService(pb_grpc.BrokerServicer):
         deadline = time.monotonic() + request.max_wait_ms / 1000
         keys = [(p.topic, p.partition) for p in request.partitions]
         min_bytes = max(request.min_bytes, 1)
+        wanted = request.max_bytes or DEFAULT_FETCH_MAX_BYTES
+        what = f"fetch of up to {wanted} bytes"
         while True:
-            results, total = await self._read_all(request)
-            remaining_s = deadline - time.monotonic()
-            if total >= min_bytes or remaining_s <= 0 or any(r.error for r, _ in results):
-                return frame_fetch_response(results)
+            # Reserve before reading, so the answer's bytes never exist unaccounted; a fetch gets at
+            # most the budget's per-request share (and answers with less data, not an error).
+            lease = await self._reserve(wanted, context, what)
+            try:
+                results, total = await self._read_all(request, max(lease.size, 1))
+                lease.resize(total)  # more only when one whole batch exceeded the limit (Kafka's rule)
+                remaining_s = deadline - time.monotonic()
+                if total >= min_bytes or remaining_s <= 0 or any(r.error for r, _ in results):
+                    answer = frame_fetch_response(results)
+                    # Held until gRPC is done with the answer (sent, or the call ended), not just
+                    # until this handler returns: an unread answer still occupies memory.
+                    context.add_done_callback(lambda _ctx, lease=lease: lease.release())
+                    return answer
+            except BaseException:
+                lease.release()
+                raise
+            lease.release()
             await self.notifier.wait_any(keys, remaining_s)
 
     # -- offsets ---------------------------------------------------------------------------------
