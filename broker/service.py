@@ -27,10 +27,12 @@ from dmq.broker.log import (
     ProducerFencedError,
     UnknownPartitionError,
 )
+from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from dmq.proto import records
+from dmq.proto import limits, names, records
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
+from dmq.proto.names import FieldError
 from dmq.proto.wire import frame_fetch_response
 
 if TYPE_CHECKING:
@@ -38,11 +40,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-MAX_TOPIC_NAME_CHARS = 249
 MAX_FETCH_WAIT_MS = 60_000
 MAX_FETCH_PARTITIONS = 10_000
 MAX_COMMIT_PARTITIONS = 10_000
-MAX_GROUP_ID_CHARS = 512
 MAX_OFFSET_METADATA_CHARS = 4096
 DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 
@@ -60,29 +60,33 @@ def _fail(code: grpc.StatusCode, message: str) -> NoReturn:
     raise _Abort(code, message)
 
 
+def _checked(check: Callable[..., None], value: object, field: str) -> None:
+    """Run one of dmq.proto's shared rules; a broken rule is INVALID_ARGUMENT naming field and limit."""
+    try:
+        check(value, field=field)
+    except FieldError as e:
+        _fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+
 def _check_topic(topic: str, field: str = "topic") -> None:
-    if not topic:
-        _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{field} must not be empty")
-    if len(topic) > MAX_TOPIC_NAME_CHARS:
-        _fail(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"{field} is {len(topic)} characters; the limit is {MAX_TOPIC_NAME_CHARS}",
-        )
+    _checked(names.check_topic_name, topic, field)
 
 
 def _check_partition(partition: int, field: str = "partition") -> None:
-    if partition < 0:
-        _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{field} must be >= 0, got {partition}")
+    _checked(limits.check_partition_number, partition, field)
 
 
 def _check_group(group_id: str) -> None:
-    if not group_id:
-        _fail(grpc.StatusCode.INVALID_ARGUMENT, "group_id must not be empty")
-    if len(group_id) > MAX_GROUP_ID_CHARS:
-        _fail(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"group_id is {len(group_id)} characters; the limit is {MAX_GROUP_ID_CHARS}",
-        )
+    _checked(names.check_group_id, group_id, "group_id")
+
+
+def _check_topic_config(config: pb.TopicConfig) -> None:
+    """The topic settings a coordinator sends, checked by the same table it used (dmq.proto.limits)."""
+    values = {name: getattr(config, name) for name in limits.TOPIC_CONFIG_RANGES if config.HasField(name)}
+    try:
+        limits.check_topic_config(values, field_prefix="config.")
+    except FieldError as e:
+        _fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
 
 Handler = Callable[..., Awaitable[object]]
@@ -100,7 +104,9 @@ def _guarded(method: Handler) -> Handler:
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence of a server
             log.exception("broker handler failed", rpc=method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(e).__name__}: {e}")
+            # shortened: an exception's text may quote request data of any size
+            detail = names.shorten(str(e), 300)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(e).__name__}: {detail}")
         raise AssertionError("unreachable")
 
     wrapper.__name__ = method.__name__
@@ -144,9 +150,18 @@ class AppendNotifier:
 
 
 class BrokerService(pb_grpc.BrokerServicer):
-    def __init__(self, node: BrokerNode) -> None:
+    def __init__(self, node: BrokerNode, budget: ByteBudget | None = None) -> None:
         self._node = node
         self.notifier = AppendNotifier()
+        # Fetch answers and produce requests in flight, together (see memory_budget.py).
+        self.budget = budget or ByteBudget()
+
+    async def _reserve(self, size: int, context: grpc.aio.ServicerContext, what: str) -> Lease:
+        """Hold `size` bytes of the budget, waiting until the call's deadline; RESOURCE_EXHAUSTED after."""
+        try:
+            return await self.budget.acquire(size, context.time_remaining(), what)
+        except BudgetExhaustedError as e:
+            _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -191,6 +206,11 @@ class BrokerService(pb_grpc.BrokerServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"batch is {len(request.batch)} bytes; the limit (max_batch_bytes) is {limit}",
             )
+        # The batch is in memory already; holding its size until it is appended makes a flood
+        # of produces wait (or be refused) instead of piling up in the broker.
+        lease = await self._reserve(
+            len(request.batch), context, f"produce to {request.topic}[{request.partition}]"
+        )
         try:
             if request.acks == pb.ACKS_ALL:
                 info = await plog.append_durable(request.batch)
@@ -204,6 +224,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             _fail(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except UnknownPartitionError as e:
             _fail(grpc.StatusCode.NOT_FOUND, str(e))
+        finally:
+            lease.release()
         if not info.duplicate:
             self.notifier.notify(request.topic, request.partition)
         return pb.ProduceResponse(
@@ -247,11 +269,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                 )
 
     async def _read_all(
-        self, request: pb.FetchRequest
+        self, request: pb.FetchRequest, total_limit: int
     ) -> tuple[list[tuple[pb.FetchPartitionResult, bytes]], int]:
         """Per partition: the result without its records, and the records (framed later)."""
         node = self._node
-        total_limit = request.max_bytes or DEFAULT_FETCH_MAX_BYTES
         total = 0
         results: list[tuple[pb.FetchPartitionResult, bytes]] = []
         for p in request.partitions:
@@ -299,11 +320,26 @@ class BrokerService(pb_grpc.BrokerServicer):
         deadline = time.monotonic() + request.max_wait_ms / 1000
         keys = [(p.topic, p.partition) for p in request.partitions]
         min_bytes = max(request.min_bytes, 1)
+        wanted = request.max_bytes or DEFAULT_FETCH_MAX_BYTES
+        what = f"fetch of up to {wanted} bytes"
         while True:
-            results, total = await self._read_all(request)
-            remaining_s = deadline - time.monotonic()
-            if total >= min_bytes or remaining_s <= 0 or any(r.error for r, _ in results):
-                return frame_fetch_response(results)
+            # Reserve before reading, so the answer's bytes never exist unaccounted; a fetch gets at
+            # most the budget's per-request share (and answers with less data, not an error).
+            lease = await self._reserve(wanted, context, what)
+            try:
+                results, total = await self._read_all(request, max(lease.size, 1))
+                lease.resize(total)  # more only when one whole batch exceeded the limit (Kafka's rule)
+                remaining_s = deadline - time.monotonic()
+                if total >= min_bytes or remaining_s <= 0 or any(r.error for r, _ in results):
+                    answer = frame_fetch_response(results)
+                    # Held until gRPC is done with the answer (sent, or the call ended), not just
+                    # until this handler returns: an unread answer still occupies memory.
+                    context.add_done_callback(lambda _ctx, lease=lease: lease.release())
+                    return answer
+            except BaseException:
+                lease.release()
+                raise
+            lease.release()
             await self.notifier.wait_any(keys, remaining_s)
 
     # -- offsets ---------------------------------------------------------------------------------
@@ -346,6 +382,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     @_guarded
     async def CommitOffsets(self, request: pb.CommitOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.CommitOffsetsResponse:
         _check_group(request.group_id)
+        _checked(names.check_member_id, request.member_id, "member_id")
         if not request.offsets:
             _fail(grpc.StatusCode.INVALID_ARGUMENT, "offsets must name at least one partition")
         if len(request.offsets) > MAX_COMMIT_PARTITIONS:
@@ -385,6 +422,11 @@ class BrokerService(pb_grpc.BrokerServicer):
         _check_group(request.group_id)
         store = self._node.offsets
         out = []
+        if len(request.partitions) > MAX_COMMIT_PARTITIONS:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"partitions has {len(request.partitions)} entries; the limit is {MAX_COMMIT_PARTITIONS}",
+            )
         if request.partitions:
             for i, tp in enumerate(request.partitions):
                 _check_topic(tp.topic, f"partitions[{i}].topic")
@@ -406,6 +448,14 @@ class BrokerService(pb_grpc.BrokerServicer):
     @_guarded
     async def DescribeLogs(self, request: pb.DescribeLogsRequest, context: grpc.aio.ServicerContext) -> pb.DescribeLogsResponse:
         logs = self._node.logs
+        if len(request.partitions) > MAX_FETCH_PARTITIONS:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"partitions has {len(request.partitions)} entries; the limit is {MAX_FETCH_PARTITIONS}",
+            )
+        for i, tp in enumerate(request.partitions):
+            _check_topic(tp.topic, f"partitions[{i}].topic")
+            _check_partition(tp.partition, f"partitions[{i}].partition")
         keys = [(tp.topic, tp.partition) for tp in request.partitions] or sorted(logs.partitions())
         out = []
         for topic, partition in keys:
@@ -429,8 +479,14 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.CreatePartitionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreatePartitionsResponse:
         _check_topic(request.topic)
+        if len(request.partitions) > limits.PARTITIONS_PER_TOPIC_MAX:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"partitions has {len(request.partitions)} entries; the limit is {limits.PARTITIONS_PER_TOPIC_MAX}",
+            )
         for i, p in enumerate(request.partitions):
             _check_partition(p, f"partitions[{i}]")
+        _check_topic_config(request.config)
         self._node.create_partitions(request)
         return pb.CreatePartitionsResponse()
 
@@ -439,6 +495,13 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.DeletePartitionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeletePartitionsResponse:
         _check_topic(request.topic)
+        if len(request.partitions) > limits.PARTITIONS_PER_TOPIC_MAX:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"partitions has {len(request.partitions)} entries; the limit is {limits.PARTITIONS_PER_TOPIC_MAX}",
+            )
+        for i, p in enumerate(request.partitions):
+            _check_partition(p, f"partitions[{i}]")
         await self._node.delete_partitions(request.topic, set(request.partitions) or None)
         return pb.DeletePartitionsResponse()
 

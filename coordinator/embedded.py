@@ -39,6 +39,7 @@ from dmq.broker.log import LogConfig
 from dmq.broker.node import BrokerNode
 from dmq.coordinator.node import CoordinatorNode
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto.connections import PerAddressConnectionLimit
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import server_options
 
@@ -68,7 +69,13 @@ MAX_CONCURRENT_RPCS = 50_000
 
 
 def _new_server() -> grpc.aio.Server:
-    return grpc.aio.server(options=server_options(), maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
+    # Connection limits: per server and idle timeout in the options, per client address by the
+    # interceptor (see dmq.proto.grpc_options and dmq.proto.connections).
+    return grpc.aio.server(
+        options=server_options(),
+        interceptors=[PerAddressConnectionLimit()],
+        maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+    )
 
 
 class PortUnavailable(OSError):

@@ -85,6 +85,7 @@ from dmq.coordinator.store import GroupRecord
 from dmq.coordinator.validation import ValidationError, validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto.names import FieldError, cap_message, check_app_id
 
 if TYPE_CHECKING:
     from dmq.coordinator.node import CoordinatorNode
@@ -162,18 +163,18 @@ def _rpc(method: Handler) -> Handler:
             self._check_serving()
             return await method(self, request, context)
         except ServiceError as e:
-            await context.abort(e.code, e.message)
+            await context.abort(e.code, cap_message(e.message))
         except GroupError as e:
             if e.code == "INTERNAL":  # IllegalStateTransitionError: a bug in the machine
                 log.exception("group machine failed", rpc=name, group=getattr(request, "group_id", None))
-            await context.abort(grpc.StatusCode[e.code], str(e))
+            await context.abort(grpc.StatusCode[e.code], cap_message(str(e)))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence of a server
             if isinstance(e, grpc.aio.AbortError):
                 raise
             log.exception("group handler failed", rpc=name, group=getattr(request, "group_id", None))
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {e}")
+            await context.abort(grpc.StatusCode.INTERNAL, cap_message(f"internal error in {name}: {type(e).__name__}: {e}"))
 
     return wrapper
 
@@ -578,8 +579,10 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             validate_topic_name(topic, field="topic")
         except ValidationError as e:
             _invalid(str(e))
-        if not app_id:
-            _invalid("app_id must not be empty")
+        try:
+            check_app_id(app_id)  # it becomes part of the group id: bounded, printable
+        except FieldError as e:
+            _invalid(str(e))
         asked = self._requested_mode(request)
         mode = asked or self.default_mode
         from_ms = request.subscription_from_ms

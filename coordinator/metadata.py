@@ -33,7 +33,7 @@ import inspect
 import sqlite3
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -51,6 +51,7 @@ from dmq.coordinator.validation import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto.names import cap_message, shorten
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +61,12 @@ DEFAULT_BROKER_CALL_TIMEOUT_MS = 5_000
 HOST_MAX_CHARS = 253  # a DNS name's limit
 BROKER_ID_MAX = 2**31 - 1
 NO_LIVE_BROKERS = "no live brokers: start one with `dmq broker`"
+# Partitions a broker may lead: each costs a directory, open files on demand and work at every
+# restart (DESIGN.md: one broker holds 10,000). 200,011 partitions on one broker made a restart take
+# 24.7 s and ListTopics time out.
+MAX_PARTITIONS_PER_BROKER = 10_000
+# Partitions in the cluster: bounds the coordinator's memory, its start-up and every metadata answer.
+MAX_PARTITIONS_TOTAL = 100_000
 
 PartitionsAddedListener = Callable[[str, int], Awaitable[None] | None]
 TopicDeletedListener = Callable[[str], Awaitable[None] | None]
@@ -76,6 +83,11 @@ class MetadataError(Exception):
 
 class InvalidArgument(MetadataError):
     code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class PartitionLimitExceeded(MetadataError):
+    # RESOURCE_EXHAUSTED: the request is valid, the cluster is full (delete topics or add brokers).
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class TopicNotFound(MetadataError):
@@ -177,6 +189,9 @@ class MetadataManager:
         self.broker_call_timeout_ms = broker_call_timeout_ms
         self.default_topic_config = default_topic_config
         self.clock_ms = clock_ms
+        # Plain attributes: an operator (or a test) may change them on a running coordinator.
+        self.max_partitions_per_broker = MAX_PARTITIONS_PER_BROKER
+        self.max_partitions_total = MAX_PARTITIONS_TOTAL
         self.ready = False
         self._topics: dict[str, TopicRecord] = {}
         self._brokers: dict[int, _BrokerState] = {}
@@ -369,10 +384,12 @@ class MetadataManager:
             live = self.live_broker_ids()
             if not live:
                 raise NoLiveBrokers()
+            placement = placement_for(name, range(partitions), live)
+            self._check_partition_limits(name, placement)
             record = TopicRecord(
                 name=name,
                 partition_count=partitions,
-                placement=placement_for(name, range(partitions), live),
+                placement=placement,
                 config=config.with_defaults(self.default_topic_config),
                 created_ms=self.clock_ms(),
             )
@@ -425,6 +442,7 @@ class MetadataManager:
                 raise NoLiveBrokers()
             new = range(current.partition_count, total)
             added = placement_for(name, new, live)
+            self._check_partition_limits(name, added)
             record = TopicRecord(
                 name=name,
                 partition_count=total,
@@ -447,6 +465,32 @@ class MetadataManager:
         if latest is not None:
             await self._notify(self._partitions_added_listeners, name, latest.partition_count)
         return record
+
+    def _check_partition_limits(self, topic: str, added: Mapping[int, int]) -> None:
+        """Refuse placing `added` (partition -> broker) when a broker or the cluster would hold too many."""
+        total = sum(t.partition_count for t in self._topics.values())
+        if total + len(added) > self.max_partitions_total:
+            raise PartitionLimitExceeded(
+                f"partitions: adding {len(added)} partitions to {shorten(topic)} would make "
+                f"{total + len(added)} in the cluster; the limit (max_partitions_total) is "
+                f"{self.max_partitions_total}: delete unused topics"
+            )
+        per_broker: dict[int, int] = {}
+        for broker_id in added.values():
+            per_broker[broker_id] = per_broker.get(broker_id, 0) + 1
+        held_by: dict[int, int] = {}
+        for t in self._topics.values():  # one pass over every placement, not one per broker
+            for b in t.placement.values():
+                if b in per_broker:
+                    held_by[b] = held_by.get(b, 0) + 1
+        for broker_id, count in sorted(per_broker.items()):
+            held = held_by.get(broker_id, 0)
+            if held + count > self.max_partitions_per_broker:
+                raise PartitionLimitExceeded(
+                    f"partitions: adding {len(added)} partitions to {shorten(topic)} would place "
+                    f"{held + count} partitions on broker {broker_id}; the limit (max_partitions_per_broker) is "
+                    f"{self.max_partitions_per_broker}: delete unused topics or add brokers"
+                )
 
     async def _apply_add(self, record: TopicRecord, added: dict[int, int]) -> None:
         await self.store.add_partitions(record.name, record.partition_count, added)
@@ -586,10 +630,10 @@ def _handler(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[A
         except grpc.aio.AbortError:
             raise
         except MetadataError as e:
-            await context.abort(e.code, str(e))
+            await context.abort(e.code, cap_message(str(e)))
         except Exception as e:  # noqa: BLE001 - a bug must not take the server down or hang the client
             log.exception("metadata handler failed", rpc=name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {e}")
+            await context.abort(grpc.StatusCode.INTERNAL, cap_message(f"internal error in {name}: {type(e).__name__}: {e}"))
 
     return wrapper
 

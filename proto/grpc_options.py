@@ -3,20 +3,67 @@
 gRPC's default 4 MiB message limit is below the largest record batch (16 MiB by default) and the
 largest fetch response, so both sides raise it to MAX_MESSAGE_BYTES. Requests above the limit are
 refused by gRPC itself with RESOURCE_EXHAUSTED before any handler runs.
+
+Connections (servers):
+  - at most `max_connections` at once per server, enforced by gRPC core when it accepts
+    (`grpc.max_allowed_incoming_connections`: a connection over the limit is closed at once, so it
+    holds no descriptor). The limit is also capped at half the process's open-file limit
+    (RLIMIT_NOFILE), so idle sockets can never take the descriptors the logs need: with
+    `ulimit -n 1024`, 1,100 idle connections used to make fsync fail with EMFILE;
+  - a connection with no call for `idle_ms` is closed (`grpc.max_connection_idle_ms`, a GOAWAY the
+    client's channel handles by reconnecting on its next call);
+  - per client address: see dmq.proto.connections (gRPC core has no such setting).
 """
 
 from __future__ import annotations
+
+import contextlib
+import resource
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Fetch responses are capped below the transport limit so that framing never pushes one over.
 MAX_FETCH_RESPONSE_BYTES = 60 * 1024 * 1024
 
+DEFAULT_MAX_CONNECTIONS = 10_000
+DEFAULT_CONNECTION_IDLE_MS = 5 * 60 * 1000  # Kafka's connections.max.idle.ms is 9 min; clients reconnect cheaply
+MIN_CONNECTIONS = 16  # even under a tiny descriptor limit a server must take a few clients
 
-def server_options() -> list[tuple[str, int]]:
+
+def open_files_limit() -> int:
+    """The process's soft RLIMIT_NOFILE (a large number when unlimited)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def connection_limit(max_connections: int = DEFAULT_MAX_CONNECTIONS) -> int:
+    """`max_connections`, capped so that connections use at most half of the open-file limit."""
+    return max(MIN_CONNECTIONS, min(max_connections, open_files_limit() // 2))
+
+
+def raise_open_files_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; returns the new soft limit.
+
+    Process-wide: only process owners (the `dmq` commands, benches) call it, before servers are
+    built. It widens the room for connections and log files; it is not a substitute for the limits.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return open_files_limit()
+
+
+def server_options(
+    *, max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_ms: int = DEFAULT_CONNECTION_IDLE_MS
+) -> list[tuple[str, int]]:
+    if idle_ms <= 0:
+        raise ValueError(f"idle_ms must be > 0, got {idle_ms}")
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0),
+        ("grpc.max_allowed_incoming_connections", connection_limit(max_connections)),
+        ("grpc.max_connection_idle_ms", idle_ms),
     ]
 
 

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import itertools
 import os
 import shutil
 import threading
@@ -72,6 +73,14 @@ def sync_filesystem(path: str) -> None:
     os.sync()
 
 
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _parse_dir_name(name: str) -> tuple[str, int] | None:
     topic, sep, part = name.rpartition("-")
     if not sep or not topic or not part.isdigit() or name.endswith(_DELETED_SUFFIX):
@@ -111,6 +120,7 @@ class LogManager:
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._unopened: dict[tuple[str, int], str] = {}  # cleanly closed, opened on first use
         self._lock = threading.RLock()
+        self._tombstones = itertools.count()
         self._closed = False
         os.makedirs(self.data_dir, exist_ok=True)
 
@@ -237,8 +247,15 @@ class LogManager:
                 directory = plog.directory
             assert directory is not None
             # Rename first so a crash mid-delete cannot leave a half-deleted log that looks valid.
-            doomed = directory + f".{time.time_ns()}{_DELETED_SUFFIX}"
+            # The tombstone's name does not contain the topic: `<topic>-<partition>` may already
+            # use 255 bytes, and a longer name failed the rename (ENAMETOOLONG), left the data
+            # in place and brought it back when the topic was created again. A tombstone never
+            # parses as a partition directory (it does not end in -<digits>), and open_existing()
+            # removes any a crash left behind.
+            doomed = os.path.join(self.data_dir, f"{time.time_ns()}-{next(self._tombstones)}{_DELETED_SUFFIX}")
             os.rename(directory, doomed)
+            with self.file_cache.reserve():
+                _fsync_directory(self.data_dir)  # the delete is durable before it is acknowledged
         with self.file_cache.reserve(), self.file_cache.reserve():  # rmtree holds 2 directory fds
             shutil.rmtree(doomed, ignore_errors=True)
         log.info("partition log deleted", topic=topic, partition=partition)

@@ -7,7 +7,9 @@ them back for the caller to persist. Group ids are ``G_<topic>_<app_id>`` (see D
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
+
+from dmq.proto import names
 
 from .effects import (
     Event,
@@ -34,8 +36,7 @@ from .messages import (
     TickResponse,
 )
 
-MAX_NAME_CHARS = 249
-_APP_ID = re.compile(r"[A-Za-z0-9._-]+")
+MAX_NAME_CHARS = names.TOPIC_NAME_MAX_BYTES
 
 
 def group_id_for(topic: str, app_id: str) -> str:
@@ -81,8 +82,8 @@ class GroupRegistry:
         recorded one (first wins). A larger ``partition_count`` than the group knows is
         applied as a partition count change (it may schedule a rebalance).
         """
-        _check_name("topic", request.topic, _APP_ID)
-        _check_name("app_id", request.app_id, _APP_ID)
+        _check_name(names.check_topic_name, request.topic, "topic")
+        _check_name(names.check_app_id, request.app_id, "app_id")
         if request.partition_count < 0:
             raise InvalidRequestError(f"partition_count={request.partition_count} must be >= 0")
         group_id = group_id_for(request.topic, request.app_id)
@@ -226,9 +227,9 @@ def _found(group: Group, *, created: bool) -> FindOrCreateGroupResponse:
     )
 
 
-def _check_name(field: str, value: str, pattern: re.Pattern[str]) -> None:
-    if not value or len(value) > MAX_NAME_CHARS or not pattern.fullmatch(value):
-        raise InvalidRequestError(
-            f"{field}={value!r} must be 1-{MAX_NAME_CHARS} characters of letters, digits, "
-            f"'.', '_' and '-'"
-        )
+def _check_name(check: Callable[..., None], value: str, field: str) -> None:
+    """The rules of dmq.proto.names (shared by every server and the client), as this machine's error."""
+    try:
+        check(value, field=field)
+    except names.FieldError as e:
+        raise InvalidRequestError(str(e)) from None

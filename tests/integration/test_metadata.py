@@ -243,7 +243,7 @@ async def test_create_existing_topic_is_already_exists(harness: Harness) -> None
         ("ok", -5, {}, ["partitions:", "got -5"]),
         ("ok", PARTITIONS_MAX + 1, {}, ["partitions:", "10000"]),
         ("ok", 1, {"retention_ms": -2}, ["config.retention_ms:", "-1"]),
-        ("ok", 1, {"segment_bytes": 1}, ["config.segment_bytes:", "64"]),
+        ("ok", 1, {"segment_bytes": 1}, ["config.segment_bytes:", "1024"]),
         ("ok", 1, {"segment_ms": 0}, ["config.segment_ms:"]),
         ("ok", 1, {"max_message_bytes": 2**31 - 1}, ["config.max_message_bytes:"]),
     ],
@@ -537,8 +537,9 @@ configs = st.fixed_dictionaries(
         "max_message_bytes": st.integers(-(2**31), 2**31 - 1),
     },
 )
-CREATE_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS}
-ADD_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
+# RESOURCE_EXHAUSTED: the brokers' partition limit (max_partitions_per_broker) is reached.
+CREATE_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.RESOURCE_EXHAUSTED}
+ADD_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED}
 DESCRIBE_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
 
 

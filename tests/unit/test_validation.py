@@ -32,7 +32,7 @@ def test_legal_topic_names(name: str) -> None:
         ("", "empty"),
         (".", "'.'"),
         ("..", "'..'"),
-        ("x" * 250, "250 characters long, the limit is 249"),
+        ("x" * 250, "250 bytes long, the limit is 249"),
         ("a b", "contains ' '"),
         ("a/b", "contains '/'"),
         ("a\x00b", "contains '\\x00'"),

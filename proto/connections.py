@@ -1,0 +1,183 @@
+"""Connections per client address: a server interceptor.
+
+gRPC core bounds connections per server (`grpc.max_allowed_incoming_connections`, see
+grpc_options.py) but has no per-address setting, and grpc.aio gives Python no hook at accept
+time. What Python does see is each call's peer (`context.peer()`, e.g. "ipv4:10.0.0.7:51234":
+one address and port per TCP connection). So this interceptor counts, per client address, the
+connections that are in use: those with a call in flight or one within the last `recent_s`
+seconds. A call on a new connection from an address already at `max_per_address` is refused with
+RESOURCE_EXHAUSTED naming the limit, before its handler runs.
+
+What it does not do: refuse the TCP connection itself (a connection that never calls costs one
+descriptor until `grpc.max_connection_idle_ms` closes it, and the server-wide limit bounds those).
+Connections through a unix socket are not counted (no address to count by).
+
+The table is bounded: entries without calls for `recent_s` are dropped when an address reaches its
+limit, and the whole table is swept when it exceeds `max_entries`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+DEFAULT_MAX_PER_ADDRESS = 1_000
+DEFAULT_RECENT_S = 30.0
+DEFAULT_MAX_ENTRIES = 100_000
+
+
+def split_peer(peer: str) -> tuple[str, str] | None:
+    """("10.0.0.7", "51234") from "ipv4:10.0.0.7:51234" (or "ipv6:[::1]:51234"); None for others."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6") or not rest:
+        return None
+    address, sep, port = rest.rpartition(":")
+    if not sep:
+        return None
+    return address, port
+
+
+@dataclass(slots=True)
+class _Connection:
+    active_calls: int = 0
+    last_call_s: float = 0.0
+
+
+class PerAddressConnectionLimit(grpc.aio.ServerInterceptor):
+    def __init__(
+        self,
+        max_per_address: int = DEFAULT_MAX_PER_ADDRESS,
+        *,
+        recent_s: float = DEFAULT_RECENT_S,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_per_address < 1:
+            raise ValueError(f"max_per_address must be >= 1, got {max_per_address}")
+        self.max_per_address = max_per_address
+        self.recent_s = recent_s
+        self.max_entries = max_entries
+        self._clock = clock
+        self._by_address: dict[str, dict[str, _Connection]] = {}
+        self._entries = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<PerAddressConnectionLimit max_per_address={self.max_per_address} "
+            f"addresses={len(self._by_address)} connections={self._entries}>"
+        )
+
+    def connections(self, address: str) -> int:
+        return len(self._by_address.get(address, ()))
+
+    # -- accounting ------------------------------------------------------------------------------
+
+    def _prune(self, address: str, now: float) -> None:
+        conns = self._by_address.get(address)
+        if not conns:
+            return
+        for port in [p for p, c in conns.items() if c.active_calls == 0 and now - c.last_call_s > self.recent_s]:
+            del conns[port]
+            self._entries -= 1
+        if not conns:
+            del self._by_address[address]
+
+    def enter(self, peer: str) -> _Connection | str | None:
+        """The connection's entry, counted in; or the refusal message; None when not counted."""
+        split = split_peer(peer)
+        if split is None:
+            return None
+        address, port = split
+        now = self._clock()
+        conns = self._by_address.setdefault(address, {})
+        conn = conns.get(port)
+        if conn is None:
+            if len(conns) >= self.max_per_address:
+                self._prune(address, now)
+                conns = self._by_address.setdefault(address, {})
+            if len(conns) >= self.max_per_address:
+                return (
+                    f"too many connections from {address}: {len(conns)} in use, the limit "
+                    f"(max_connections_per_address) is {self.max_per_address}; share channels between clients"
+                )
+            if self._entries >= self.max_entries:
+                for other in list(self._by_address):
+                    self._prune(other, now)
+                conns = self._by_address.setdefault(address, {})
+            conn = conns[port] = _Connection()
+            self._entries += 1
+        conn.active_calls += 1
+        conn.last_call_s = now
+        return conn
+
+    def leave(self, conn: _Connection) -> None:
+        conn.active_calls -= 1
+        conn.last_call_s = self._clock()
+
+    # -- the interceptor -------------------------------------------------------------------------
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            self._wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+        )
+
+    async def _admit(self, context: grpc.aio.ServicerContext) -> _Connection | None:
+        entered = self.enter(context.peer() or "")
+        if isinstance(entered, str):
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, entered)
+        return entered
+
+    def _wrap_unary(self, behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            conn = await self._admit(context)
+            try:
+                result = behavior(request, context)
+                return (await result) if inspect.isawaitable(result) else result
+            finally:
+                if conn is not None:
+                    self.leave(conn)
+
+        return wrapped
+
+    def _wrap_stream(self, behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            conn = await self._admit(context)
+            try:
+                result = behavior(request, context)
+                if inspect.isasyncgen(result):
+                    async for item in result:
+                        yield item
+                elif inspect.isawaitable(result):  # a coroutine that writes with context.write()
+                    await result
+                else:  # a plain generator
+                    for item in result:
+                        yield item
+            finally:
+                if conn is not None:
+                    self.leave(conn)
+
+        return wrapped

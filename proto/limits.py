@@ -1,0 +1,78 @@
+"""Numeric limits of topics, shared by the coordinator (which records topics), the brokers (which
+store them) and the client (which checks before sending): one table, so a topic the coordinator
+accepts is always one a broker can store.
+
+  partitions         1..PARTITIONS_PER_TOPIC_MAX per topic
+  retention_ms       -1 (keep forever) or 0..MAX_DURATION_MS
+  retention_bytes    -1 (no size limit) or 0..2^63-1
+  segment_bytes      SEGMENT_BYTES_MIN..2^31-1 (index entries hold 32-bit file positions; the
+                     broker's log refuses smaller segments)
+  segment_ms         1..MAX_DURATION_MS
+  max_message_bytes  MAX_MESSAGE_BYTES_MIN..MAX_MESSAGE_BYTES_MAX (a batch must fit a fetch response)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from dmq.proto.names import FieldError
+
+PARTITIONS_MIN = 1
+PARTITIONS_PER_TOPIC_MAX = 10_000
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+# A century: beyond any sensible retention, and small enough that `now_ms + duration` never overflows int64.
+MAX_DURATION_MS = 100 * 365 * 24 * 3600 * 1000
+# The broker's log (LogConfig) refuses segments under 1 KiB: a topic must never be accepted by the
+# coordinator and then refused by every broker.
+SEGMENT_BYTES_MIN = 1024
+SEGMENT_BYTES_MAX = INT32_MAX
+# A batch is at least its 57-byte header plus one record.
+MAX_MESSAGE_BYTES_MIN = 64
+# dmq.proto.grpc_options.MAX_FETCH_RESPONSE_BYTES: a fetch returns at least one whole batch, so no
+# batch may be larger than the largest fetch response.
+MAX_MESSAGE_BYTES_MAX = 60 * 1024 * 1024
+
+# name -> (low, high, -1 allowed as "no limit")
+TOPIC_CONFIG_RANGES: dict[str, tuple[int, int, bool]] = {
+    "retention_ms": (0, MAX_DURATION_MS, True),
+    "retention_bytes": (0, INT64_MAX, True),
+    "segment_bytes": (SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX, False),
+    "segment_ms": (1, MAX_DURATION_MS, False),
+    "max_message_bytes": (MAX_MESSAGE_BYTES_MIN, MAX_MESSAGE_BYTES_MAX, False),
+}
+
+
+def check_partition_count(count: object, *, field: str = "partitions") -> None:
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise FieldError(field, f"must be an integer, got {type(count).__name__}")
+    if not PARTITIONS_MIN <= count <= PARTITIONS_PER_TOPIC_MAX:
+        raise FieldError(
+            field, f"must be between {PARTITIONS_MIN} and {PARTITIONS_PER_TOPIC_MAX}, got {count}"
+        )
+
+
+def check_partition_number(partition: object, *, field: str = "partition") -> None:
+    if isinstance(partition, bool) or not isinstance(partition, int):
+        raise FieldError(field, f"must be an integer, got {type(partition).__name__}")
+    if not 0 <= partition < PARTITIONS_PER_TOPIC_MAX:
+        raise FieldError(field, f"must be within 0..{PARTITIONS_PER_TOPIC_MAX - 1}, got {partition}")
+
+
+def check_topic_config(values: Mapping[str, object], *, field_prefix: str = "config.") -> None:
+    """Check the settings that are set (None = unset); unknown names are refused."""
+    for name, value in values.items():
+        field = field_prefix + name
+        if name not in TOPIC_CONFIG_RANGES:
+            raise FieldError(field, f"unknown setting; known are {sorted(TOPIC_CONFIG_RANGES)}")
+        if value is None:
+            continue
+        low, high, unlimited = TOPIC_CONFIG_RANGES[name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise FieldError(field, f"must be an integer, got {type(value).__name__}")
+        if unlimited and value == -1:
+            continue
+        if not low <= value <= high:
+            extra = " or -1 for no limit" if unlimited else ""
+            raise FieldError(field, f"must be between {low} and {high}{extra}, got {value}")

@@ -1,0 +1,115 @@
+"""Names and ids: the one place that says how long they may be and what they may contain.
+
+Every RPC that takes a topic name, group id, app id or member id checks it here, on the
+coordinator, on the broker and in the client, so a bad name gets the same INVALID_ARGUMENT message
+wherever it is caught, and nothing unchecked reaches a file name or an error message.
+
+Lengths are in UTF-8 bytes: file names are limited in bytes (255 on ext4, xfs, btrfs, tmpfs), and
+gRPC metadata (where status messages travel) in bytes too.
+
+Rules:
+  topic name   1..249 bytes of [a-zA-Z0-9._-], not "." or ".." (Kafka's legal topic names; topic
+               names become directory names `<topic>-<partition>`, and 249 + "-" + 5 digits of a
+               partition number stays within 255 bytes)
+  app_id       the topic name's rule (it becomes part of the group id G_<topic>_<app_id>, which so
+               fits 512 bytes)
+  group id     1..512 bytes, no control characters
+  member id    0..512 bytes, no control characters (empty is an operator's commit)
+
+`shorten()` is what an error message may echo of a value: never more than ECHO_MAX_CHARS, so a
+megabyte name cannot push a status past gRPC's metadata limit.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+TOPIC_NAME_MAX_BYTES = 249
+APP_ID_MAX_BYTES = 249
+GROUP_ID_MAX_BYTES = 512
+MEMBER_ID_MAX_BYTES = 512
+ECHO_MAX_CHARS = 60
+
+_TOPIC_NAME_RE = re.compile(r"[a-zA-Z0-9._-]+")
+TOPIC_NAME_CHARACTERS = "ASCII letters, digits, '.', '_' and '-'"
+
+
+class FieldError(ValueError):
+    """A request field breaks a rule. `field` is the field's name as spelled in dmq.proto."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def shorten(value: object, limit: int = ECHO_MAX_CHARS) -> str:
+    """`value` as it may appear in an error message: repr()'d, cut to about `limit` characters."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) > limit:
+        return repr(text[:limit]) + f"... ({len(text.encode('utf-8', 'surrogatepass'))} bytes)"
+    return repr(text)
+
+
+def utf8_length(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_topic_name(name: object, *, field: str = "name") -> None:
+    if not isinstance(name, str):
+        raise FieldError(field, f"topic name must be a string, got {type(name).__name__}")
+    if not name:
+        raise FieldError(field, "topic name must not be empty")
+    size = utf8_length(name)
+    if size > TOPIC_NAME_MAX_BYTES:
+        raise FieldError(field, f"topic name is {size} bytes long, the limit is {TOPIC_NAME_MAX_BYTES}")
+    if name in (".", ".."):
+        raise FieldError(field, f"topic name cannot be {name!r}")
+    if not _TOPIC_NAME_RE.fullmatch(name):
+        bad = next(c for c in name if not _TOPIC_NAME_RE.fullmatch(c))
+        raise FieldError(field, f"topic name {shorten(name)} contains {bad!r}; allowed are {TOPIC_NAME_CHARACTERS}")
+
+
+def _check_id(value: object, field: str, what: str, limit: int, *, allow_empty: bool = False) -> None:
+    if not isinstance(value, str):
+        raise FieldError(field, f"{what} must be a string, got {type(value).__name__}")
+    if not value and not allow_empty:
+        raise FieldError(field, f"{what} must not be empty")
+    size = utf8_length(value)
+    if size > limit:
+        raise FieldError(field, f"{what} is {size} bytes long, the limit is {limit}")
+    for c in value:
+        # Cc: control characters (newlines, NUL, escapes); Cs: lone surrogates, not encodable.
+        if unicodedata.category(c) in ("Cc", "Cs"):
+            raise FieldError(field, f"{what} {shorten(value)} contains the control character {c!r}")
+
+
+def check_app_id(app_id: object, *, field: str = "app_id") -> None:
+    if not isinstance(app_id, str):
+        raise FieldError(field, f"app_id must be a string, got {type(app_id).__name__}")
+    if not app_id:
+        raise FieldError(field, "app_id must not be empty")
+    size = utf8_length(app_id)
+    if size > APP_ID_MAX_BYTES:
+        raise FieldError(field, f"app_id is {size} bytes long, the limit is {APP_ID_MAX_BYTES}")
+    if not _TOPIC_NAME_RE.fullmatch(app_id):
+        bad = next(c for c in app_id if not _TOPIC_NAME_RE.fullmatch(c))
+        raise FieldError(field, f"app_id {shorten(app_id)} contains {bad!r}; allowed are {TOPIC_NAME_CHARACTERS}")
+
+
+def check_group_id(group_id: object, *, field: str = "group_id") -> None:
+    _check_id(group_id, field, "group id", GROUP_ID_MAX_BYTES)
+
+
+def check_member_id(member_id: object, *, field: str = "member_id", allow_empty: bool = True) -> None:
+    _check_id(member_id, field, "member id", MEMBER_ID_MAX_BYTES, allow_empty=allow_empty)
+
+
+# A status message travels in gRPC metadata (8 KiB for all headers by default): no message may
+# come near that, whatever a handler put in it.
+STATUS_MESSAGE_MAX_CHARS = 2_000
+
+
+def cap_message(message: str, limit: int = STATUS_MESSAGE_MAX_CHARS) -> str:
+    """A status message cut to `limit` characters (a last safety net after shorten())."""
+    return message if len(message) <= limit else message[: limit - 20] + "... (message cut)"
