@@ -97,6 +97,7 @@ class StorageUnavailableError(LogError):
     def __init__(self, message: str, *, errno_: int | None = None) -> None:
         super().__init__(message)
         self.errno = errno_
+        self.flush_epoch: int | None = None  # a failed flush: the log's rollback epoch it was prepared in
 
     @property
     def disk_full(self) -> bool:

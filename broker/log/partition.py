@@ -883,19 +883,29 @@ class PartitionLog:
             self._check_epoch(epoch, end_offset)
             if not (self.durable_end_offset < end_offset and self.log_start_offset < end_offset):
                 return
-            fut = self._inflight
-            if fut is None or fut.done() or fut.get_loop() is not loop:
-                if self._placement is not None and self._placement.inline_ok():
-                    await self._flush_inline(end_offset)
+            try:
+                fut = self._inflight
+                if fut is None or fut.done() or fut.get_loop() is not loop:
+                    if self._placement is not None and self._placement.inline_ok():
+                        await self._flush_inline(end_offset)
+                        continue
+                    job = self._prepare_or_rollback()
+                    if job is None:
+                        continue  # durable already, or the epoch check above raises
+                    fut = loop.run_in_executor(self._get_executor(), self._run_job, job)
+                    self._inflight = fut
+                    fut.add_done_callback(self._clear_inflight)
+                # shield: a cancelled waiter must not cancel the flush the other waiters share
+                await asyncio.shield(fut)
+            except StorageUnavailableError as e:
+                # A flush prepared before this batch's epoch began (i.e. before the rollback this
+                # batch was appended after) did not cover it: try the next one. Otherwise the
+                # failure rolled this batch back (the epoch check raises) or, without a
+                # rollback (flush_policy "interval"), it is this caller's failure.
+                if e.flush_epoch is not None and e.flush_epoch < epoch:
                     continue
-                job = self._prepare_or_rollback()
-                if job is None:
-                    continue  # durable already, or the epoch check above raises
-                fut = loop.run_in_executor(self._get_executor(), self._run_job, job)
-                self._inflight = fut
-                fut.add_done_callback(self._clear_inflight)
-            # shield: a cancelled waiter must not cancel the flush the other waiters share
-            await asyncio.shield(fut)
+                self._check_epoch(epoch, end_offset)
+                raise
 
     async def _flush_inline(self, end_offset: int) -> None:
         """One flush on this (the event loop's) thread. It first yields once, so that the appends
@@ -1029,6 +1039,7 @@ class PartitionLog:
                 self._write_checkpoint(sync=True)
         except OSError as e:
             err = StorageUnavailableError.from_os_error(self._where, "flush (fsync)", e)
+            err.flush_epoch = job.epoch
             with self._lock:
                 if not self._closed and self.config.flush_policy == "fsync" and job.epoch == self._rollback_epoch:
                     self._rollback(self.durable_end_offset, str(err), e.errno)
@@ -1056,6 +1067,7 @@ class PartitionLog:
             try:
                 return self._prepare_flush()
             except StorageUnavailableError as e:
+                e.flush_epoch = self._rollback_epoch
                 if self.config.flush_policy == "fsync":
                     self._rollback(self.durable_end_offset, str(e), e.errno)
                 raise

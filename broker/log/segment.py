@@ -373,6 +373,7 @@ class Segment:
         """Position of the batch containing `offset` (which must be in this segment). An index
         entry that does not point at a batch with its offset is detected here (the first header
         walked from it) and the index is rebuilt from the log."""
+        self.ensure_indexes()
         for attempt in (0, 1):
             rel, pos = self.index.floor(offset - self.base_offset)
             first = True
