@@ -84,15 +84,18 @@ class FileCache:
         """Descriptor for `path` (an existing file unless create; a directory, read-only, if
         directory), opening it if needed; marks it most recent."""
         with self._lock:
-            fd = self._fds.get(path)
-            if fd is not None:
-                self._fds.move_to_end(path)
-                return fd
-            self._make_room_locked()
-            flags = _DIR_FLAGS if directory else _OPEN_FLAGS | (os.O_CREAT if create else 0)
-            fd = self._open_locked(path, flags)
-            self._fds[path] = fd
+            return self._fd_locked(path, create, directory)
+
+    def _fd_locked(self, path: str, create: bool, directory: bool) -> int:
+        fd = self._fds.get(path)
+        if fd is not None:
+            self._fds.move_to_end(path)
             return fd
+        self._make_room_locked()
+        flags = _DIR_FLAGS if directory else _OPEN_FLAGS | (os.O_CREAT if create else 0)
+        fd = self._open_locked(path, flags)
+        self._fds[path] = fd
+        return fd
 
     def create(self, path: str) -> int:
         """Create a new empty file (must not exist) and cache its descriptor."""
@@ -123,8 +126,8 @@ class FileCache:
 
     def pin(self, path: str, *, directory: bool = False) -> int:
         """Like fd(), and the descriptor stays open until unpin(path, fd)."""
-        fd = self.fd(path, directory=directory)
-        with self._lock:
+        with self._lock:  # one critical section: another thread must not evict it in between
+            fd = self._fd_locked(path, False, directory)
             self._pins[path] = self._pins.get(path, 0) + 1
         return fd
 
