@@ -5,6 +5,13 @@ message naming the field and the limit, and never reaches storage. Record batche
 the header level (size, magic, CRC) and stored as they came, their base offset patched: the broker
 never decodes individual records.
 
+Storage errors (one mapping, `_storage_status`, for every RPC): a full disk (ENOSPC / EDQUOT, or
+SQLite's "database or disk is full") -> RESOURCE_EXHAUSTED "disk full on broker N"; any other
+I/O error -> UNAVAILABLE (the log stays writable, the client retries); damaged log data ->
+DATA_LOSS naming topic, partition and offset. The reason also travels as trailing metadata
+(dmq.proto.error_details) so clients never parse messages. In Fetch they are per-partition
+errors (STORAGE_ERROR, CORRUPT_DATA), so one bad partition never fails or stalls the others.
+
 Fetch long-polls: when the first read returns fewer than `min_bytes`, the handler parks on the
 partitions' append notifiers until an append lands or `max_wait_ms` passes, then reads again.
 """
@@ -12,6 +19,8 @@ partitions' append notifiers until an append lands or `max_wait_ms` passes, then
 from __future__ import annotations
 
 import asyncio
+import errno
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, NoReturn
@@ -20,17 +29,21 @@ import grpc
 import structlog
 
 from dmq.broker.log import (
+    CorruptLogError,
+    LogClosedError,
     LogError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     PartitionLog,
     ProducerFencedError,
+    StorageUnavailableError,
     UnknownPartitionError,
 )
+from dmq.broker.log.errors import DISK_FULL_ERRNOS
 from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from dmq.proto import limits, names, records
+from dmq.proto import error_details, limits, names, records
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 from dmq.proto.names import FieldError
 from dmq.proto.wire import frame_fetch_response
@@ -48,12 +61,14 @@ DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 
 
 class _Abort(Exception):
-    """A request refused with a status; raised by validators, turned into context.abort once."""
+    """A request refused with a status; raised by validators, turned into context.abort once.
+    `reason` (dmq.proto.error_details) goes out as trailing metadata."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.reason = reason
 
 
 def _fail(code: grpc.StatusCode, message: str) -> NoReturn:
@@ -66,6 +81,45 @@ def _checked(check: Callable[..., None], value: object, field: str) -> None:
         check(value, field=field)
     except FieldError as e:
         _fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+
+def _is_disk_full(e: BaseException) -> bool:
+    if isinstance(e, StorageUnavailableError):
+        return e.disk_full
+    if isinstance(e, OSError):
+        return e.errno in DISK_FULL_ERRNOS
+    if isinstance(e, sqlite3.Error):  # aiosqlite passes sqlite3's errors through
+        return getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(e)
+    return False
+
+
+def _storage_status(e: BaseException, broker_id: int) -> _Abort | None:
+    """The status for a storage failure (see the module docstring), None if `e` is not one."""
+    if _is_disk_full(e):
+        return _Abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"disk full on broker {broker_id}: {e}; retry once space is freed",
+            error_details.DISK_FULL,
+        )
+    if isinstance(e, CorruptLogError):
+        return _Abort(grpc.StatusCode.DATA_LOSS, f"broker {broker_id}: {e}", error_details.CORRUPT_DATA)
+    if isinstance(e, LogClosedError):
+        return _Abort(grpc.StatusCode.UNAVAILABLE, f"broker {broker_id} is shutting down: {e}; retry")
+    if isinstance(e, StorageUnavailableError | OSError):
+        what = str(e)
+        if isinstance(e, OSError) and e.errno:
+            what = f"{errno.errorcode.get(e.errno, e.errno)} ({e.strerror})"
+        return _Abort(
+            grpc.StatusCode.UNAVAILABLE,
+            f"broker {broker_id}: storage temporarily unavailable: {what}",
+            error_details.STORAGE_UNAVAILABLE,
+        )
+    return None
+
+
+async def _abort(context: grpc.aio.ServicerContext, e: _Abort) -> None:
+    metadata = ((error_details.REASON_KEY, e.reason),) if e.reason else ()
+    await context.abort(e.code, e.message, trailing_metadata=metadata)
 
 
 def _check_topic(topic: str, field: str = "topic") -> None:
@@ -99,10 +153,14 @@ def _guarded(method: Handler) -> Handler:
         try:
             return await method(self, request, context)
         except _Abort as e:
-            await context.abort(e.code, e.message)
+            await _abort(context, e)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence of a server
+            status = _storage_status(e, self._node.broker_id)
+            if status is not None:
+                log.warning("storage error", rpc=method.__name__, code=status.code.name, error=str(e))
+                await _abort(context, status)
             log.exception("broker handler failed", rpc=method.__name__)
             # shortened: an exception's text may quote request data of any size
             detail = names.shorten(str(e), 300)
@@ -284,7 +342,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                 result.error, result.error_message = await self._not_here(p.topic, p.partition)
                 results.append((result, data))
                 continue
-            result.high_watermark = plog.log_end_offset
+            # Batches of acks=all produces are readable once durable (see PartitionLog)
+            result.high_watermark = plog.visible_end_offset
             result.log_start_offset = plog.log_start_offset
             # Kafka's rule: the first partition with data returns at least one whole batch even
             # when it exceeds the limits, so a consumer can never get stuck behind a large batch.
@@ -301,9 +360,13 @@ class BrokerService(pb_grpc.BrokerServicer):
                     f"offset {p.offset} is out of range for {p.topic}[{p.partition}]: "
                     f"log start {plog.log_start_offset}, log end {plog.log_end_offset}"
                 )
+            except CorruptLogError as e:
+                # already logged where it was found; the consumer learns partition and offsets
+                result.error = pb.CORRUPT_DATA
+                result.error_message = f"broker {node.broker_id}: {e}"
             except LogError as e:
                 result.error = pb.STORAGE_ERROR
-                result.error_message = str(e)
+                result.error_message = f"broker {node.broker_id}: {e}"
                 log.error("fetch read failed", topic=p.topic, partition=p.partition, error=str(e))
             else:
                 total += len(data)
@@ -465,10 +528,25 @@ class BrokerService(pb_grpc.BrokerServicer):
             except UnknownPartitionError:
                 info.error = pb.UNKNOWN_TOPIC_OR_PARTITION
             else:
+                if request.verify:
+                    # reads every byte: in a thread, so other requests go on meanwhile
+                    try:
+                        report = await asyncio.to_thread(plog.verify)
+                    except LogError as e:  # one partition's I/O error does not hide the others
+                        info.error = pb.STORAGE_ERROR
+                        info.status_detail = str(e)
+                        out.append(info)
+                        continue
+                    info.problems.extend(report.problems)
+                    info.indexes_rebuilt.extend(report.indexes_rebuilt)
+                    info.batches_checked = report.batches
                 info.log_start_offset = plog.log_start_offset
                 info.log_end_offset = plog.log_end_offset
                 info.size_bytes = plog.size_bytes
                 info.segment_count = plog.segment_count
+                info.status = plog.status
+                if plog.corruption is not None:
+                    info.status_detail = str(plog.corruption)
             out.append(info)
         return pb.DescribeLogsResponse(logs=out)
 

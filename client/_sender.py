@@ -10,6 +10,12 @@ turn of the loop (woken by new batches, responses, or the next linger/backoff de
      idempotent sequence) and send it to the partition's leader with `Produce.future`;
   4. fail batches older than delivery_timeout_ms that are still waiting.
 
+Retries: an error whose class is `retriable` is retried with backoff until delivery_timeout_ms.
+That includes a full disk on the broker (RESOURCE_EXHAUSTED with the disk-full reason in the
+trailing metadata: `DiskFullError`) and its transient I/O errors (UNAVAILABLE,
+`StorageUnavailableError`): the broker stored nothing of the batch, so the retry cannot
+duplicate it. A batch too large (RESOURCE_EXHAUSTED without that reason) is not retried.
+
 Ordering: at most ONE Produce per partition is in flight, so batches land in seal order and a
 retried batch never overtakes the next. Different partitions are in flight concurrently.
 

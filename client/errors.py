@@ -6,9 +6,11 @@ Two class flags tell a caller (and the library's own retry loops) what to do:
   timeout). Non-retriable errors need a change by a person or the program.
 - ``invalid_metadata``: the cached partition leaders may be stale; refresh metadata first.
 
-gRPC errors are translated at the boundary with `from_rpc_error()`: the status code picks the
-class through a registry (``STATUS_ERRORS``) with an `UnknownServerError` fallback, and callers
-that know the RPC refine it with ``overrides`` (a NOT_FOUND from GetAssignment is an
+gRPC errors are translated at the boundary with `from_rpc_error()`: a reason the server sent in
+the trailing metadata (``dmq.proto.error_details``: disk full, storage unavailable, corrupt data)
+picks the class first (``REASON_ERRORS``; never a search in the message text); otherwise the
+status code picks it through a registry (``STATUS_ERRORS``) with an `UnknownServerError`
+fallback, and callers that know the RPC refine it with ``overrides`` (a NOT_FOUND from GetAssignment is an
 `UnknownMemberError`, from DescribeTopic a `TopicNotFoundError`). ``grpc.RpcError`` never
 reaches a user; the original is chained as ``__cause__``.
 """
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 import grpc
 
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto import error_details
 
 __all__ = [
     "DMQError",
@@ -39,7 +42,9 @@ __all__ = [
     "OffsetOutOfRangeError",
     "ResourceExhaustedError",
     "RecordTooLargeError",
+    "DiskFullError",
     "BrokerUnavailableError",
+    "StorageUnavailableError",
     "NotLeaderError",
     "CoordinatorUnavailableError",
     "DMQTimeoutError",
@@ -54,6 +59,7 @@ __all__ = [
     "IllegalStateError",
     "ClientClosedError",
     "STATUS_ERRORS",
+    "REASON_ERRORS",
     "from_rpc_error",
     "from_partition_error",
 ]
@@ -173,11 +179,25 @@ class RecordTooLargeError(ResourceExhaustedError):
     topic's max_message_bytes."""
 
 
+class DiskFullError(ResourceExhaustedError):
+    """The broker's disk is full; nothing of the request was stored. The producer retries within
+    delivery_timeout_ms: free space on the broker (or lower retention) and it goes on."""
+
+    retriable = True
+
+
 class BrokerUnavailableError(DMQError):
     """The broker cannot be reached or is starting; metadata is refreshed and the call retried."""
 
     retriable = True
     invalid_metadata = True
+
+
+class StorageUnavailableError(BrokerUnavailableError):
+    """A transient I/O error on the broker (out of file descriptors, I/O error); nothing of the
+    request was stored and the partition stays usable: the call is retried."""
+
+    invalid_metadata = False
 
 
 class NotLeaderError(BrokerUnavailableError):
@@ -256,7 +276,14 @@ STATUS_ERRORS: dict[grpc.StatusCode, type[DMQError]] = {
     grpc.StatusCode.UNIMPLEMENTED: UnsupportedError,
     grpc.StatusCode.INTERNAL: UnknownServerError,
     grpc.StatusCode.UNKNOWN: UnknownServerError,
-    grpc.StatusCode.DATA_LOSS: UnknownServerError,
+    grpc.StatusCode.DATA_LOSS: CorruptRecordError,
+}
+
+# error_details reason -> class; it wins over the status code and the caller's overrides.
+REASON_ERRORS: dict[str, type[DMQError]] = {
+    error_details.DISK_FULL: DiskFullError,
+    error_details.STORAGE_UNAVAILABLE: StorageUnavailableError,
+    error_details.CORRUPT_DATA: CorruptRecordError,
 }
 
 # Hints appended to the server's message when it alone does not say what to do.
@@ -283,8 +310,15 @@ def from_rpc_error(
     details = details_fn() if callable(details_fn) else None
     if not isinstance(code, grpc.StatusCode):
         code = grpc.StatusCode.UNKNOWN
-    cls = None
-    if overrides:
+    trailing_fn = getattr(error, "trailing_metadata", None)
+    reason = None
+    if callable(trailing_fn):
+        try:
+            reason = error_details.reason_of(trailing_fn())
+        except Exception:  # noqa: BLE001 - a call without metadata (e.g. failed to connect)
+            reason = None
+    cls = REASON_ERRORS.get(reason) if reason else None
+    if cls is None and overrides:
         cls = overrides.get(code)
     if cls is None:
         cls = STATUS_ERRORS.get(code, UnknownServerError)
@@ -330,4 +364,8 @@ def from_partition_error(
         return NotLeaderError(text, code="UNAVAILABLE", details=message)
     if code == pb.INVALID_REQUEST:
         return InvalidArgumentError(text, code="INVALID_ARGUMENT", details=message)
+    if code == pb.CORRUPT_DATA:
+        return CorruptRecordError(text, code="DATA_LOSS", details=message)
+    if code == pb.STORAGE_ERROR:
+        return StorageUnavailableError(f"{text} (a transient storage error on the broker; retried)", details=message)
     return UnknownServerError(f"{text} (a storage error on the broker: see its log)", details=message)

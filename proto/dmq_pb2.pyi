@@ -15,6 +15,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NOT_LEADER: _ClassVar[ErrorCode]
     INVALID_REQUEST: _ClassVar[ErrorCode]
     STORAGE_ERROR: _ClassVar[ErrorCode]
+    CORRUPT_DATA: _ClassVar[ErrorCode]
 
 class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -41,6 +42,7 @@ UNKNOWN_TOPIC_OR_PARTITION: ErrorCode
 NOT_LEADER: ErrorCode
 INVALID_REQUEST: ErrorCode
 STORAGE_ERROR: ErrorCode
+CORRUPT_DATA: ErrorCode
 ACKS_ALL: Acks
 ACKS_NONE: Acks
 ACKS_LEADER: Acks
@@ -308,13 +310,15 @@ class DeleteGroupOffsetsResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeLogsRequest(_message.Message):
-    __slots__ = ("partitions",)
+    __slots__ = ("partitions", "verify")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[TopicPartition]
-    def __init__(self, partitions: _Optional[_Iterable[_Union[TopicPartition, _Mapping]]] = ...) -> None: ...
+    verify: bool
+    def __init__(self, partitions: _Optional[_Iterable[_Union[TopicPartition, _Mapping]]] = ..., verify: _Optional[bool] = ...) -> None: ...
 
 class LogInfo(_message.Message):
-    __slots__ = ("topic", "partition", "error", "log_start_offset", "log_end_offset", "size_bytes", "segment_count")
+    __slots__ = ("topic", "partition", "error", "log_start_offset", "log_end_offset", "size_bytes", "segment_count", "status", "status_detail", "problems", "batches_checked", "indexes_rebuilt")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -322,6 +326,11 @@ class LogInfo(_message.Message):
     LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    INDEXES_REBUILT_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     error: ErrorCode
@@ -329,7 +338,12 @@ class LogInfo(_message.Message):
     log_end_offset: int
     size_bytes: int
     segment_count: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., segment_count: _Optional[int] = ...) -> None: ...
+    status: str
+    status_detail: str
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    batches_checked: int
+    indexes_rebuilt: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., segment_count: _Optional[int] = ..., status: _Optional[str] = ..., status_detail: _Optional[str] = ..., problems: _Optional[_Iterable[str]] = ..., batches_checked: _Optional[int] = ..., indexes_rebuilt: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DescribeLogsResponse(_message.Message):
     __slots__ = ("logs",)

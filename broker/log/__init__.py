@@ -4,12 +4,14 @@ Public API (see partition.py and manager.py for the formats and invariants):
 
     LogConfig, AppendInfo, RecoveryInfo, PartitionLog, LogManager, FileCache
     errors: LogError, OffsetOutOfRangeError, UnknownPartitionError, OutOfOrderSequenceError,
-            ProducerFencedError, InvalidBatchError, LogClosedError and the RecordsError family.
+            ProducerFencedError, InvalidBatchError, LogClosedError,
+            StorageUnavailableError, CorruptLogError and the RecordsError family.
 """
 
 from dmq.broker.log.errors import (
     BatchTooLargeError,
     CorruptBatchError,
+    CorruptLogError,
     InvalidBatchError,
     LogClosedError,
     LogError,
@@ -17,6 +19,7 @@ from dmq.broker.log.errors import (
     OutOfOrderSequenceError,
     ProducerFencedError,
     RecordsError,
+    StorageUnavailableError,
     RecordTooLargeError,
     TruncatedBatchError,
     UnknownPartitionError,
@@ -29,6 +32,7 @@ __all__ = [
     "AppendInfo",
     "BatchTooLargeError",
     "CorruptBatchError",
+    "CorruptLogError",
     "FileCache",
     "InvalidBatchError",
     "LogClosedError",
@@ -42,6 +46,7 @@ __all__ = [
     "RecordTooLargeError",
     "RecordsError",
     "RecoveryInfo",
+    "StorageUnavailableError",
     "TruncatedBatchError",
     "UnknownPartitionError",
 ]

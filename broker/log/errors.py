@@ -5,10 +5,19 @@ magic, CRC, too large) come from the codec as the `RecordsError` family and are 
 so callers of `dmq.broker.log` need one import. The broker maps them to gRPC codes:
 OffsetOutOfRangeError -> OUT_OF_RANGE, UnknownPartitionError -> NOT_FOUND,
 OutOfOrderSequenceError / InvalidBatchError / RecordsError -> INVALID_ARGUMENT (BatchTooLargeError
--> RESOURCE_EXHAUSTED), ProducerFencedError -> FAILED_PRECONDITION.
+-> RESOURCE_EXHAUSTED), ProducerFencedError -> FAILED_PRECONDITION, StorageUnavailableError -> UNAVAILABLE (disk full:
+RESOURCE_EXHAUSTED), CorruptLogError -> DATA_LOSS.
+
+Transient vs permanent: an I/O error (EMFILE, ENOSPC, EINTR, EIO, ...) fails the one operation
+with a StorageUnavailableError and leaves the log consistent and writable (partition.py rolls back
+what was not made durable), so it serves again once the cause is gone. Only damage found in the
+files (CorruptLogError) takes a partition offline for appends.
 """
 
 from __future__ import annotations
+
+import errno
+import os
 
 from dmq.proto.records import (
     BatchTooLargeError,
@@ -21,6 +30,9 @@ from dmq.proto.records import (
 __all__ = [
     "BatchTooLargeError",
     "CorruptBatchError",
+    "CorruptLogError",
+    "DISK_FULL_ERRNOS",
+    "StorageUnavailableError",
     "InvalidBatchError",
     "LogClosedError",
     "LogError",
@@ -69,3 +81,45 @@ class InvalidBatchError(LogError):
 
 class LogClosedError(LogError):
     """The log (or its manager) was closed."""
+
+
+# ENOSPC: no space; EDQUOT: over quota. Both are "disk full" to a client, retried after a while.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
+class StorageUnavailableError(LogError):
+    """An I/O error failed this operation; the log is consistent and accepts the next one.
+
+    `errno` is the OSError's errno (None if unknown); `disk_full` says whether it was ENOSPC /
+    EDQUOT. Nothing the failed operation wrote stays in the log (see partition.py, rollback).
+    """
+
+    def __init__(self, message: str, *, errno_: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno_
+        self.flush_epoch: int | None = None  # a failed flush: the log's rollback epoch it was prepared in
+
+    @property
+    def disk_full(self) -> bool:
+        return self.errno in DISK_FULL_ERRNOS
+
+    @classmethod
+    def from_os_error(cls, where: str, what: str, e: OSError) -> StorageUnavailableError:
+        name = errno.errorcode.get(e.errno or 0, "I/O error")
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        return cls(f"{where}{what} failed: {name} ({reason}); nothing was stored, retry", errno_=e.errno)
+
+
+class CorruptLogError(LogError):
+    """Bytes of the partition's files failed validation (CRC, layout, offsets): the damaged
+    batch is never served and the partition refuses appends until an operator repairs it."""
+
+    def __init__(
+        self, message: str, *, topic: str, partition: int, offset: int | None, segment: str = "", position: int = -1
+    ) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.segment = segment
+        self.position = position

@@ -13,12 +13,18 @@ Pinning: a descriptor used outside the event-loop thread (the group-commit fsync
 eviction cannot close it (and the number reused by another open) while the thread uses it. Pins are
 short; if every cached descriptor is pinned the cache briefly exceeds its bound rather than block.
 
+Descriptors for fsync come from here too (index files, directories: `pin(path, directory=True)`),
+not from new opens by path: a process whose descriptors are exhausted by other things (sockets)
+can still make durable what it wrote. When an open fails with EMFILE / ENFILE anyway, the cache
+closes some of its least recently used unpinned descriptors and tries once more.
+
 All methods are called from one thread (the event loop), except `unpin`, which takes the lock too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 from collections import OrderedDict
@@ -33,6 +39,8 @@ log = structlog.get_logger(__name__)
 # Segments are opened read-write in append mode: writes always land at the end (the log's own
 # size bookkeeping is the source of truth; recovery truncates anything beyond it), reads use pread.
 _OPEN_FLAGS = os.O_RDWR | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
 
 
 class FileCache:
@@ -72,33 +80,54 @@ class FileCache:
             with self._lock:
                 self._transient -= 1
 
-    def fd(self, path: str, *, create: bool = False) -> int:
-        """Descriptor for `path` (an existing file unless create), opening it if needed; marks it
-        most recent."""
+    def fd(self, path: str, *, create: bool = False, directory: bool = False) -> int:
+        """Descriptor for `path` (an existing file unless create; a directory, read-only, if
+        directory), opening it if needed; marks it most recent."""
         with self._lock:
-            fd = self._fds.get(path)
-            if fd is not None:
-                self._fds.move_to_end(path)
-                return fd
-            self._make_room_locked()
-            fd = os.open(path, _OPEN_FLAGS | (os.O_CREAT if create else 0), 0o644)
-            self.opens += 1
-            self._fds[path] = fd
+            return self._fd_locked(path, create, directory)
+
+    def _fd_locked(self, path: str, create: bool, directory: bool) -> int:
+        fd = self._fds.get(path)
+        if fd is not None:
+            self._fds.move_to_end(path)
             return fd
+        self._make_room_locked()
+        flags = _DIR_FLAGS if directory else _OPEN_FLAGS | (os.O_CREAT if create else 0)
+        fd = self._open_locked(path, flags)
+        self._fds[path] = fd
+        return fd
 
     def create(self, path: str) -> int:
         """Create a new empty file (must not exist) and cache its descriptor."""
         with self._lock:
             self._make_room_locked()
-            fd = os.open(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
-            self.opens += 1
+            fd = self._open_locked(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL)
             self._fds[path] = fd
             return fd
 
-    def pin(self, path: str) -> int:
+    def _open_locked(self, path: str, flags: int) -> int:
+        """os.open; out of descriptors, close an eighth of the idle cached ones and retry once."""
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as e:
+            if e.errno not in _OUT_OF_FDS or not self._evict_locked(max(1, len(self._fds) // 8)):
+                raise
+            log.warning("out of file descriptors; closed idle log files and retrying", path=path, error=str(e))
+            fd = os.open(path, flags, 0o644)
+        self.opens += 1
+        return fd
+
+    def _evict_locked(self, n: int) -> int:
+        victims = [p for p in self._fds if p not in self._pins][:n]
+        for p in victims:
+            os.close(self._fds.pop(p))
+            self.evictions += 1
+        return len(victims)
+
+    def pin(self, path: str, *, directory: bool = False) -> int:
         """Like fd(), and the descriptor stays open until unpin(path, fd)."""
-        fd = self.fd(path)
-        with self._lock:
+        with self._lock:  # one critical section: another thread must not evict it in between
+            fd = self._fd_locked(path, False, directory)
             self._pins[path] = self._pins.get(path, 0) + 1
         return fd
 

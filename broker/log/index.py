@@ -67,16 +67,29 @@ def _read_file(path: str, cache: FileCache | None) -> bytes | None:
 
 
 def fsync_path(path: str, fsync_fn: Callable[[int], None], cache: FileCache | None) -> None:
-    """fsync a file by path if it exists (index files are not kept open)."""
-    with reserve(cache):
+    """fsync a file by path if it exists, through the FileCache's descriptor for it when there is
+    a cache (the descriptor the writes went through, or one the cache keeps for next time), so
+    that a process short of descriptors (EMFILE) can still make what it wrote durable."""
+    if cache is not None:
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = cache.pin(path)
         except FileNotFoundError:
             return
         try:
             fsync_fn(fd)
         finally:
-            os.close(fd)
+            cache.unpin(path, fd)
+            if not path.endswith((".index", ".timeindex")):
+                cache.close(path)  # snapshots are replaced by rename: never keep a stale inode
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return
+    try:
+        fsync_fn(fd)
+    finally:
+        os.close(fd)
 
 
 class OffsetIndex:
@@ -135,9 +148,14 @@ class OffsetIndex:
         if sys.byteorder != "little":
             flat.byteswap()
         rel, pos = flat[0::2], flat[1::2]
-        # Cheap plausibility checks: the file was fsynced before the recovery checkpoint moved past
-        # this segment, so a full O(n) monotonicity check is only worth it at the ends.
-        if rel and (pos[-1] >= max(segment_size, 1) or pos[0] > pos[-1] or rel[0] > rel[-1]):
+        # Entries must be strictly increasing in both columns and point inside the segment. O(n),
+        # but only once per segment and lazily (n is ~size / index_interval_bytes); a lookup
+        # also checks that its entry points at the batch it names (Segment.locate).
+        if rel and (
+            pos[-1] >= max(segment_size, 1)
+            or any(b <= a for a, b in zip(rel, rel[1:]))
+            or any(b <= a for a, b in zip(pos, pos[1:]))
+        ):
             return False
         self.rel_offsets, self.positions = rel, pos
         self.persisted = len(rel)

@@ -35,6 +35,24 @@ Concurrency: appends, reads and retention may come from the event loop and from 
 under one per-partition lock. fsync never runs under it: a flush job is prepared under the lock
 (descriptors pinned in the FileCache), fsynced outside, and completed under the lock again.
 
+I/O errors are transient (EMFILE, ENOSPC, EINTR, EIO ...): the operation fails with a
+StorageUnavailableError and the log stays consistent and writable:
+  - a failed write cuts its partial bytes off at once (or before the next append, if that cut
+    failed too), so nothing after it lands behind garbage;
+  - a failed group-commit flush (flush_policy "fsync") ROLLS THE LOG BACK to durable_end_offset:
+    every batch appended since the last successful fsync is removed (files truncated, producer
+    state forgotten) and every acks=all waiter gets the error. Why not keep those bytes and fsync
+    them later: after a failed fsync Linux may already have dropped the dirty pages' error state
+    (a later fsync succeeds without writing them), and a produce reported as failed must not
+    reappear later (a non-idempotent retry would duplicate it). acks=1 batches appended since the
+    last fsync are removed too: exactly what a crash at that moment would do, which is all acks=1
+    promises. Under flush_policy "interval" every batch was acknowledged already, so nothing is
+    rolled back and the next interval flush retries.
+  - batches of acks=all produces are not visible to readers (`visible_end_offset`) until they are
+    durable, so no consumer ever reads a batch that a rollback then removes.
+Only damage in the files (CorruptLogError) takes the partition offline, for appends only: reads
+are served around the damaged batches (see segment.py), which are never served.
+
 Group commit (`append_durable`): a caller waits until `durable_end_offset` covers its batch. If a
 flush is already in flight it waits for that one and, if the flush started before its write (so
 does not cover it), for the next; one flush is in flight at a time and it covers every write made
@@ -54,24 +72,27 @@ import threading
 import time
 import zlib
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import structlog
 
 from dmq.broker.log.errors import (
+    CorruptLogError,
     InvalidBatchError,
     LogClosedError,
-    LogError,
     OffsetOutOfRangeError,
+    StorageUnavailableError,
 )
 from dmq.broker.log.fsync_placement import FsyncPlacement
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import fsync_path
 from dmq.broker.log.producer_state import ProducerStateManager, list_snapshots, snapshot_path
-from dmq.broker.log.segment import LOG_SUFFIX, MAX_RELATIVE_OFFSET, Segment
+from dmq.broker.log.scan import Damaged
+from dmq.broker.log.segment import LOG_SUFFIX, MAX_RELATIVE_OFFSET, Segment, SegmentCorruptError
 from dmq.proto.records import DEFAULT_MAX_BATCH_BYTES, patch_base_offset, validate_batch
 
 __all__ = ["AppendInfo", "LogConfig", "PartitionLog", "RecoveryInfo"]
@@ -178,6 +199,7 @@ class RecoveryInfo:
     bytes_scanned: int = 0
     bytes_truncated: int = 0
     segments_deleted: int = 0
+    damaged_batches: int = 0  # kept on disk (valid batches follow them), never served
     producer_batches_replayed: int = 0
     duration_s: float = 0.0
 
@@ -191,6 +213,23 @@ class _FlushJob:
     sync_parent: bool  # the partition directory itself is new: fsync its parent too
     recovery_offset: int | None
     segments: list[Segment]
+    epoch: int  # the log's rollback epoch when prepared: a flush from before a rollback proves nothing
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """What `PartitionLog.verify()` found; `ok` when nothing."""
+
+    segments: int = 0
+    batches: int = 0
+    bytes: int = 0
+    problems: list[str] = field(default_factory=list)  # damage: the partition is corrupt
+    indexes_rebuilt: list[str] = field(default_factory=list)  # index files that were inconsistent
+    first_corrupt_offset: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
 
 
 @dataclass(slots=True)
@@ -228,12 +267,12 @@ def _atomic_write(path: str, data: bytes, fsync_fn: Callable[[int], None] | None
 
 
 def _fsync_dir(path: str, fsync_fn: Callable[[int], None], cache: FileCache) -> None:
-    with cache.reserve():
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-        try:
-            fsync_fn(fd)
-        finally:
-            os.close(fd)
+    """Through the cache's descriptor for the directory (kept for the next time)."""
+    fd = cache.pin(path, directory=True)
+    try:
+        fsync_fn(fd)
+    finally:
+        cache.unpin(path, fd)
 
 
 class PartitionLog:
@@ -291,7 +330,16 @@ class PartitionLog:
         self._time_index_synced_at = 0.0  # time.monotonic() of that fsync
         self._inflight: asyncio.Future[None] | None = None
         self._background: set[Future[Any]] = set()
-        self._failed: BaseException | None = None
+        # Bumped by every rollback: a waiter whose batch was appended in an older epoch lost it.
+        self._rollback_epoch = 0
+        self._rollback_cause = ""
+        self._rollback_errno: int | None = None
+        self._rollbacks: deque[tuple[int, int]] = deque(maxlen=64)  # (epoch, offset), recent ones
+        self._rollback_unfinished: list[str] = []  # files a rollback could not remove yet
+        self._rollback_pending = False  # a rollback's file work is not all done
+        # Base offsets of acks=all batches not yet durable, ascending: readers stop at the first.
+        self._held: deque[int] = deque()
+        self._corruption: CorruptLogError | None = None  # first damage found; appends refused
         self._closed = False
 
         fresh = not os.path.isdir(self.directory)
@@ -347,6 +395,26 @@ class PartitionLog:
     @property
     def producer_count(self) -> int:
         return len(self._producers)
+
+    @property
+    def visible_end_offset(self) -> int:
+        """Readers see offsets below this: the log end, except that a batch of an acks=all
+        produce (and everything after it) stays hidden until it is durable."""
+        with self._lock:
+            held = self._held
+            while held and held[0] < self.durable_end_offset:
+                held.popleft()
+            return held[0] if held else self.log_end_offset
+
+    @property
+    def corruption(self) -> CorruptLogError | None:
+        """The first damage found in this partition's files (None: none known)."""
+        return self._corruption
+
+    @property
+    def status(self) -> str:
+        """"ok", or "corrupt" (damage found: appends refused, reads served around it)."""
+        return "corrupt" if self._corruption is not None else "ok"
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -431,6 +499,7 @@ class PartitionLog:
             segments=len(self._segments),
             segments_scanned=info.segments_scanned,
             bytes_truncated=info.bytes_truncated,
+            damaged_batches=info.damaged_batches,
             duration_s=round(info.duration_s, 4),
         )
 
@@ -457,6 +526,9 @@ class PartitionLog:
         while i < len(segs):
             seg = segs[i]
             result = seg.scan(max_batch_bytes=max_batch, min_time_ms=min_time, now_ms=now)
+            for d in result.damaged:
+                info.damaged_batches += 1
+                self._record_damage(seg, d.position, d.first_offset, d.last_offset, d.reason, at="recovery")
             info.segments_scanned += 1
             info.bytes_scanned += result.valid_bytes + result.truncated_bytes
             min_time = seg.largest_time_ms or min_time
@@ -607,16 +679,129 @@ class PartitionLog:
     def _check_writable(self) -> None:
         if self._closed:
             raise LogClosedError(f"log {self.topic}[{self.partition}] is closed")
-        if self._failed is not None:
-            raise LogError(
-                f"log {self.topic}[{self.partition}] is offline after an I/O error ({self._failed}); "
-                f"restart the broker to recover it"
+        if self._corruption is not None:
+            c = self._corruption
+            raise CorruptLogError(
+                f"{self._where}offline for appends: {c}", topic=self.topic, partition=self.partition,
+                offset=c.offset, segment=c.segment, position=c.position,
             )
+        if self._rollback_pending:
+            self._finish_rollback()
+
+    # -- damage ----------------------------------------------------------------------------------
+
+    def _damage_error(self, seg: Segment, position: int, first: int, last: int, reason: str) -> CorruptLogError:
+        offsets = f"offsets {first}..{last}" if last >= first else f"after offset {first - 1}"
+        return CorruptLogError(
+            f"{self._where}corrupt data at {offsets} ({os.path.basename(seg.log_path)} position {position}: "
+            f"{reason}); it is never served: check the files with `dmq topics verify {self.topic}`",
+            topic=self.topic, partition=self.partition, offset=first if last >= first else max(first - 1, 0),
+            segment=seg.log_path, position=position,
+        )
+
+    def _record_damage(
+        self, seg: Segment, position: int, first: int, last: int, reason: str, *, at: str
+    ) -> CorruptLogError:
+        """Log damage found in `seg` and take the partition offline for appends (under the lock
+        or while opening)."""
+        err = self._damage_error(seg, position, first, last, reason)
+        self._log.error(
+            "corrupt batch in the log; partition offline for appends, valid data around it kept",
+            segment=os.path.basename(seg.log_path), position=position, first_offset=first,
+            last_offset=last, reason=reason, found_by=at,
+        )
+        if self._corruption is None:
+            self._corruption = err
+        return err
+
+    def _damage_found(self, seg: Segment, e: SegmentCorruptError, offset: int) -> CorruptLogError:
+        """A read met bad bytes: locate every damaged range of the segment (one scan), so later
+        reads stop before them and offsets after them stay readable (under the lock)."""
+        known = set(seg.damaged)
+        try:
+            found = seg.find_damage(max(self.config.max_batch_bytes, DEFAULT_MAX_BATCH_BYTES))
+        except OSError as oe:
+            raise StorageUnavailableError.from_os_error(self._where, f"scan of {seg.log_path}", oe) from oe
+        for d in found:
+            if d.position not in known:
+                self._record_damage(seg, d.position, d.first_offset, d.last_offset, d.reason, at="read")
+        for d in found:
+            if d.first_offset <= offset <= d.last_offset or d.position == e.position:
+                return self._damage_error(seg, d.position, d.first_offset, d.last_offset, d.reason)
+        if found:
+            d = found[0]
+            return self._damage_error(seg, d.position, d.first_offset, d.last_offset, d.reason)
+        # The scan found nothing wrong (a transient read problem): report it, don't mark the log.
+        return self._damage_error(seg, e.position, offset, offset, str(e))
+
+    # -- rollback --------------------------------------------------------------------------------
+
+    def _rollback(self, offset: int, cause: str, errno_: int | None = None) -> None:
+        """Cut the log back to `offset` (>= log start, a batch boundary: durable_end_offset) after
+        a failed flush: in memory first, then the files (under the lock). What the files could not
+        take yet is retried before the next append (`_finish_rollback`)."""
+        self._rollback_epoch += 1
+        self._rollbacks.append((self._rollback_epoch, offset))
+        self._rollback_cause = cause
+        self._rollback_errno = errno_
+        self._held.clear()
+        if offset >= self.log_end_offset:
+            return
+        dropped = self.log_end_offset - offset
+        segs = self._segments
+        doomed: list[str] = []
+        while len(segs) > 1 and segs[-1].base_offset > offset:
+            dead = segs.pop()
+            self._bases.pop()
+            snap = snapshot_path(self.directory, dead.base_offset)
+            gone = (dead.index.path, dead.time_index.path, snap)
+            self._pending_paths = [p for p in self._pending_paths if p not in gone]
+            dead.close()
+            doomed += [dead.log_path, *gone]
+        active = segs[-1]
+        self._unflushed = [s for s in self._unflushed if s is not active and s in segs]
+        position = active.position_of(offset)
+        self.log_end_offset = offset
+        self._producers.truncate(offset)
+        self._dir_gen += 1
+        self._rollback_unfinished = doomed
+        self._rollback_pending = True
+        try:
+            active.truncate_to(position, offset)
+        except OSError as e:
+            self._log.warning("rollback could not cut the file yet; retried before the next append", error=str(e))
+        self.size_bytes = sum(seg.size for seg in segs)
+        self._log.warning(
+            "flush failed; log rolled back to its durable end", offset=offset, batches_offsets_dropped=dropped,
+            cause=cause,
+        )
+        self._finish_rollback()
+
+    def _finish_rollback(self) -> None:
+        """Remove the files of segments a rollback dropped and cut the active one (idempotent)."""
+        try:
+            for path in list(self._rollback_unfinished):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                self._rollback_unfinished.remove(path)
+            active = self._segments[-1]
+            if active.tail_dirty or active.index.persisted > len(active.index) or (
+                active.time_index.persisted > len(active.time_index)
+            ):
+                active.truncate_to(active.size, active.next_offset)
+        except OSError as e:
+            raise StorageUnavailableError.from_os_error(self._where, "finishing a rollback", e) from e
+        self._rollback_pending = False
 
     # -- append ----------------------------------------------------------------------------------
 
     def append(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
         """Validate and append one batch (not fsynced). A bytearray is patched in place."""
+        return self._append(batch, hold=False)[0]
+
+    def _append(self, batch: bytes | bytearray | memoryview, *, hold: bool) -> tuple[AppendInfo, int]:
+        """append(); also the rollback epoch it happened in, and with hold the batch stays hidden
+        from readers until durable."""
         h = validate_batch(batch, max_batch_bytes=self.config.max_batch_bytes)
         size = h.total_size
         view = memoryview(batch)
@@ -630,28 +815,29 @@ class PartitionLog:
                 h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, where=self._where
             )
             if dup is not None:
-                return AppendInfo(dup.base_offset, dup.last_offset, dup.append_time_ms, True)
+                return AppendInfo(dup.base_offset, dup.last_offset, dup.append_time_ms, True), self._rollback_epoch
             now = max(self._clock(), self._last_append_ms)
             base = self.log_end_offset
             last = base + h.record_count - 1
-            self._before_change()
             seg = self._segments[-1]
-            if seg.size and (
-                seg.size + size > self.config.segment_bytes
-                or now - (seg.first_time_ms or now) >= self.config.segment_ms
-                or last - seg.base_offset > MAX_RELATIVE_OFFSET
-            ):
-                seg = self._roll(base)
-            if isinstance(batch, bytearray):
-                patch_base_offset(batch, 0, base)
-                parts = [view]
-            else:
-                # Immutable input: write a patched 8-byte prefix and the rest, no copy.
-                parts = [memoryview(_INT64.pack(base)), view[8:]]
             try:
+                self._before_change()
+                if seg.size and (
+                    seg.size + size > self.config.segment_bytes
+                    or now - (seg.first_time_ms or now) >= self.config.segment_ms
+                    or last - seg.base_offset > MAX_RELATIVE_OFFSET
+                ):
+                    seg = self._roll(base)
+                if isinstance(batch, bytearray):
+                    patch_base_offset(batch, 0, base)
+                    parts = [view]
+                else:
+                    # Immutable input: write a patched 8-byte prefix and the rest, no copy.
+                    parts = [memoryview(_INT64.pack(base)), view[8:]]
                 seg.append(parts, size, base, last, now)
             except OSError as e:
-                raise LogError(f"{self.topic}[{self.partition}]: write to {seg.log_path} failed: {e}") from e
+                # Nothing of this batch is in the log (segment.append cuts a partial write off).
+                raise StorageUnavailableError.from_os_error(self._where, f"write to {seg.log_path}", e) from e
             self.log_end_offset = last + 1
             self.size_bytes += size
             self._last_append_ms = now
@@ -659,37 +845,67 @@ class PartitionLog:
                 self._producers.update(
                     h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, base, last, now
                 )
-            return AppendInfo(base, last, now, False)
+            if hold:
+                self._held.append(base)
+            return AppendInfo(base, last, now, False), self._rollback_epoch
 
     async def append_durable(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
         """append() then wait for an fsync covering the batch (group commit), unless the
-        flush_policy is "interval", where the periodic flusher makes it durable."""
-        info = self.append(batch)
-        if self.config.flush_policy == "fsync":
-            await self.wait_durable(info.last_offset + 1)
+        flush_policy is "interval", where the periodic flusher makes it durable. Raises
+        StorageUnavailableError when the flush failed (the batch is then not in the log)."""
+        if self.config.flush_policy != "fsync":
+            return self.append(batch)
+        info, epoch = self._append(batch, hold=True)
+        await self.wait_durable(info.last_offset + 1, epoch=epoch)
         return info
 
-    async def wait_durable(self, end_offset: int) -> None:
-        """Return once every offset below end_offset is fsynced (sharing fsyncs between callers)."""
+    def _check_epoch(self, epoch: int, end_offset: int) -> None:
+        """Raise if a rollback since `epoch` cut the log below end_offset."""
+        if epoch == self._rollback_epoch:
+            return
+        rollbacks = self._rollbacks
+        if not rollbacks or rollbacks[0][0] > epoch + 1 or any(
+            e > epoch and offset < end_offset for e, offset in rollbacks
+        ):
+            raise StorageUnavailableError(
+                f"{self._where}the flush covering offsets below {end_offset} failed and the log was rolled "
+                f"back to its durable end: nothing of this produce was stored ({self._rollback_cause}); retry",
+                errno_=self._rollback_errno,
+            )
+
+    async def wait_durable(self, end_offset: int, *, epoch: int | None = None) -> None:
+        """Return once every offset below end_offset is fsynced (sharing fsyncs between callers).
+        `epoch` (from _append): raise if a rollback removed the batch meanwhile."""
+        if epoch is None:
+            epoch = self._rollback_epoch
         loop = asyncio.get_running_loop()
-        while self.durable_end_offset < end_offset and self.log_start_offset < end_offset:
-            fut = self._inflight
-            if fut is None or fut.done() or fut.get_loop() is not loop:
-                if self._placement is not None and self._placement.inline_ok():
-                    await self._flush_inline(end_offset)
-                    continue
-                with self._lock:
-                    job = self._prepare_flush()
-                if job is None:
-                    return
-                fut = loop.run_in_executor(self._get_executor(), self._run_job, job)
-                self._inflight = fut
-                fut.add_done_callback(self._clear_inflight)
-            # shield: a cancelled waiter must not cancel the flush the other waiters share
+        while True:
+            self._check_epoch(epoch, end_offset)
+            if not (self.durable_end_offset < end_offset and self.log_start_offset < end_offset):
+                return
             try:
+                fut = self._inflight
+                if fut is None or fut.done() or fut.get_loop() is not loop:
+                    if self._placement is not None and self._placement.inline_ok():
+                        await self._flush_inline(end_offset)
+                        continue
+                    job = self._prepare_or_rollback()
+                    if job is None:
+                        continue  # durable already, or the epoch check above raises
+                    fut = loop.run_in_executor(self._get_executor(), self._run_job, job)
+                    self._inflight = fut
+                    fut.add_done_callback(self._clear_inflight)
+                # shield: a cancelled waiter must not cancel the flush the other waiters share
                 await asyncio.shield(fut)
-            except OSError as e:
-                raise LogError(f"{self.topic}[{self.partition}]: fsync failed: {e}") from e
+            except StorageUnavailableError as e:
+                # A flush prepared before this batch's epoch began (i.e. before the rollback this
+                # batch was appended after) did not cover it: try the next one. Otherwise the
+                # failure rolled this batch back (the epoch check raises) or, without a
+                # rollback (flush_policy "interval"), it is this caller's failure.
+                if e.flush_epoch is not None and e.flush_epoch < epoch:
+                    continue
+                self._check_epoch(epoch, end_offset)
+                raise
 
     async def _flush_inline(self, end_offset: int) -> None:
         """One flush on this (the event loop's) thread. It first yields once, so that the appends
@@ -701,14 +917,10 @@ class PartitionLog:
         fut = self._inflight
         if fut is not None and not fut.done():
             return  # another waiter started a pooled flush meanwhile: the caller waits for it
-        with self._lock:
-            job = self._prepare_flush()
+        job = self._prepare_or_rollback()
         if job is None:
             return
-        try:
-            self._run_job(job, inline=True)
-        except OSError as e:
-            raise LogError(f"{self.topic}[{self.partition}]: fsync failed: {e}") from e
+        self._run_job(job, inline=True)
 
     def _clear_inflight(self, fut: asyncio.Future[None]) -> None:
         if self._inflight is fut:
@@ -771,7 +983,8 @@ class PartitionLog:
 
     def _prepare_flush(self) -> _FlushJob | None:
         """Decide what the next flush covers (under the lock); None if everything is durable."""
-        self._check_writable()
+        if self._closed:
+            raise LogClosedError(f"log {self.topic}[{self.partition}] is closed")
         end = self.log_end_offset
         active = self._segments[-1]
         segs = list(self._unflushed)
@@ -783,19 +996,31 @@ class PartitionLog:
         # index.py); fsync it at most once a second rather than doubling the fsyncs per commit.
         ti = active.time_index
         if len(ti) and ti.persisted < len(ti):
-            ti.write_pending()
+            try:
+                ti.write_pending()
+            except OSError as e:  # stays pending; the log data does not depend on it
+                self._log.warning("time index write failed", error=str(e))
         if ti.persisted > self._time_index_synced[1] or ti.path != self._time_index_synced[0]:
             now = time.monotonic()
             if now - self._time_index_synced_at >= TIME_INDEX_SYNC_INTERVAL_S:
                 self._time_index_synced_at = now
                 self._time_index_synced = (ti.path, ti.persisted)
                 extra.append(ti.path)
-        fds = [(s.log_path, self._cache.pin(s.log_path)) for s in [*segs, active]]
+        fds: list[tuple[str, int]] = []
+        try:
+            for seg in [*segs, active]:
+                fds.append((seg.log_path, self._cache.pin(seg.log_path)))
+        except OSError as e:
+            for path, fd in fds:
+                self._cache.unpin(path, fd)
+            raise StorageUnavailableError.from_os_error(self._where, "flush (opening a segment)", e) from e
         recovery = active.base_offset if active.base_offset > self._recovery_offset else None
-        return _FlushJob(end, fds, extra, dir_gen, self._parent_dirty, recovery, segs)
+        return _FlushJob(end, fds, extra, dir_gen, self._parent_dirty, recovery, segs, self._rollback_epoch)
 
     def _run_job(self, job: _FlushJob, *, inline: bool = False) -> None:
-        """fsync outside the lock (any thread), then publish the new durable offset."""
+        """fsync outside the lock (any thread), then publish the new durable offset. On failure
+        (fsync policy) roll the log back to its durable end and raise StorageUnavailableError:
+        the log stays writable (see the module docstring)."""
         try:
             started = time.perf_counter()
             for _path, fd in job.fds:
@@ -812,15 +1037,21 @@ class PartitionLog:
                 with self._lock:
                     self._recovery_offset = max(self._recovery_offset, job.recovery_offset)
                 self._write_checkpoint(sync=True)
-        except BaseException as e:
-            if not self._closed:
-                self._failed = e
-                self._log.error("fsync failed; log is offline", error=repr(e))
-            raise
+        except OSError as e:
+            err = StorageUnavailableError.from_os_error(self._where, "flush (fsync)", e)
+            err.flush_epoch = job.epoch
+            with self._lock:
+                if not self._closed and self.config.flush_policy == "fsync" and job.epoch == self._rollback_epoch:
+                    self._rollback(self.durable_end_offset, str(err), e.errno)
+                else:
+                    self._log.warning("flush failed; retried by the next one", error=str(err))
+            raise err from e
         finally:
             for path, fd in job.fds:
                 self._cache.unpin(path, fd)
         with self._lock:
+            if job.epoch != self._rollback_epoch:
+                return  # it synced bytes a rollback removed since: it proves nothing now
             self.durable_end_offset = max(self.durable_end_offset, job.end_offset)
             done = {id(s) for s in job.segments}
             self._unflushed = [s for s in self._unflushed if id(s) not in done]
@@ -828,6 +1059,18 @@ class PartitionLog:
             self._dir_synced_gen = max(self._dir_synced_gen, job.dir_gen)
             if job.sync_parent:
                 self._parent_dirty = False
+
+    def _prepare_or_rollback(self) -> _FlushJob | None:
+        """_prepare_flush(); if it cannot even start (no descriptor), the log is rolled back as
+        for a failed fsync (fsync policy), since the waiters are told their batches failed."""
+        with self._lock:
+            try:
+                return self._prepare_flush()
+            except StorageUnavailableError as e:
+                e.flush_epoch = self._rollback_epoch
+                if self.config.flush_policy == "fsync":
+                    self._rollback(self.durable_end_offset, str(e), e.errno)
+                raise
 
     def _run_job_logged(self, job: _FlushJob) -> None:
         try:
@@ -840,7 +1083,7 @@ class PartitionLog:
         with self._lock:
             if self._closed:
                 return
-            job = self._prepare_flush()
+        job = self._prepare_or_rollback()
         if job is not None:
             self._run_job(job)
 
@@ -848,8 +1091,7 @@ class PartitionLog:
         """flush() sharing the group-commit machinery, fsync in a worker thread."""
         await self.wait_durable(self.log_end_offset)
         if self._unflushed or self._dir_gen > self._dir_synced_gen:
-            with self._lock:
-                job = self._prepare_flush()
+            job = self._prepare_or_rollback()
             if job is not None:
                 await asyncio.get_running_loop().run_in_executor(self._get_executor(), self._run_job, job)
 
@@ -874,22 +1116,26 @@ class PartitionLog:
 
     def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> bytes:
         """Whole batches starting with the one containing `offset`, about max_bytes of them
-        (at least one whole batch however large), from one segment; b"" at the log end.
-        max_offset (e.g. durable_end_offset) hides batches at or beyond it."""
+        (at least one whole batch however large), from one segment; b"" at the visible end
+        (see visible_end_offset). max_offset (e.g. durable_end_offset) hides batches at or
+        beyond it. Damaged bytes are never returned: a read that starts in them raises
+        CorruptLogError naming the offsets, one that reaches them ends before them."""
         with self._lock:
             if self._closed:
                 raise LogClosedError(f"log {self.topic}[{self.partition}] is closed")
             if offset < self.log_start_offset or offset > self.log_end_offset:
                 raise self._out_of_range(offset)
-            end = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
+            end = self.visible_end_offset if max_offset is None else min(max_offset, self.visible_end_offset)
             if offset >= end:
                 return b""
             seg = self._segments[bisect_right(self._bases, offset) - 1]
-            end_pos = None if end >= seg.next_offset else seg.position_of(end)
             try:
+                end_pos = None if end >= seg.next_offset else seg.position_of(end)
                 return seg.read(offset, max(max_bytes, 1), end_pos)
+            except SegmentCorruptError as e:
+                raise self._damage_found(seg, e, offset) from e
             except OSError as e:
-                raise LogError(f"{self.topic}[{self.partition}]: read of {seg.log_path} failed: {e}") from e
+                raise StorageUnavailableError.from_os_error(self._where, f"read of {seg.log_path}", e) from e
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
         """First offset whose append time is >= timestamp_ms, None if there is none."""
@@ -902,6 +1148,55 @@ class PartitionLog:
                 if found is not None:
                     return max(found, self.log_start_offset)
             return None
+
+    def verify(self) -> VerifyReport:
+        """Check every segment: the CRC and layout of every batch, contiguous offsets, and that
+        the indexes agree with the log. Damage found is recorded as a read would (the partition
+        goes offline for appends); an inconsistent index is rebuilt. Scans run without the lock
+        (see Segment.verify), so appends and reads go on meanwhile. Callable from any thread."""
+        with self._lock:
+            if self._closed:
+                raise LogClosedError(f"log {self.topic}[{self.partition}] is closed")
+            snapshot = []
+            for seg in self._segments:
+                seg.ensure_indexes()
+                snapshot.append(
+                    (seg, seg.size, (list(seg.index.rel_offsets), list(seg.index.positions)),
+                     (list(seg.time_index.times), list(seg.time_index.rel_offsets)))
+                )
+        report = VerifyReport(segments=len(snapshot))
+        max_batch = max(self.config.max_batch_bytes, DEFAULT_MAX_BATCH_BYTES)
+        for seg, size, index, times in snapshot:
+            name = os.path.basename(seg.log_path)
+            try:
+                result = seg.verify(max_batch, size=size, index=index, times=times)
+            except FileNotFoundError:
+                continue  # deleted by retention meanwhile
+            except OSError as e:
+                raise StorageUnavailableError.from_os_error(self._where, f"verify of {seg.log_path}", e) from e
+            report.batches += result.batches
+            report.bytes += size
+            damage = list(result.damaged)
+            if result.tail is not None:
+                damage.append(Damaged(result.tail.position, size, seg.next_offset, seg.next_offset - 1, result.tail.reason))
+            with self._lock:
+                for d in damage:
+                    err = self._damage_error(seg, d.position, d.first_offset, d.last_offset, d.reason)
+                    report.problems.append(str(err))
+                    if report.first_corrupt_offset is None:
+                        report.first_corrupt_offset = err.offset
+                    if d.position not in seg.damaged:
+                        seg.damaged[d.position] = d
+                        self._record_damage(seg, d.position, d.first_offset, d.last_offset, d.reason, at="verify")
+                if result.index_problems and not damage and seg in self._segments:
+                    self._log.warning("index inconsistent with the log; rebuilding it", segment=name,
+                                      problems=result.index_problems)
+                    try:
+                        seg._rebuild_indexes(rebuild_times="time index is not increasing" in result.index_problems)
+                    except OSError as e:
+                        raise StorageUnavailableError.from_os_error(self._where, f"index rebuild of {name}", e) from e
+                    report.indexes_rebuilt += [f"{name}: {p}" for p in result.index_problems]
+        return report
 
     # -- retention -------------------------------------------------------------------------------
 
@@ -948,6 +1243,15 @@ class PartitionLog:
             self._write_checkpoint(sync=True)
         for seg in doomed:
             seg.delete_files()
+        with self._lock:
+            if self._corruption is not None and all(s.log_path != self._corruption.segment for s in self._segments):
+                self._log.info("the damaged segment was deleted by retention; partition writable again")
+                self._corruption = None
+                for seg in self._segments:
+                    for d in seg.damaged.values():
+                        self._corruption = self._corruption or self._damage_error(
+                            seg, d.position, d.first_offset, d.last_offset, d.reason
+                        )
         self._log.info(
             "deleted segments by retention",
             segments=len(doomed),
@@ -974,8 +1278,12 @@ class PartitionLog:
             if self._closed:
                 return False
             self._closed = True
-            if self._failed is not None:
-                return False
+            if self._rollback_pending:
+                try:
+                    self._finish_rollback()
+                except StorageUnavailableError as e:
+                    self._log.warning("closing without a clean-shutdown marker", error=str(e))
+                    return False  # the next open scans and cuts what is beyond the log end
             if self._marker_present and not self.needs_flush:
                 return False  # untouched since a clean open: the marker still holds
             active = self._segments[-1]
@@ -1017,6 +1325,7 @@ class PartitionLog:
     def _close_handles(self) -> None:
         for seg in self._segments:
             seg.close()
+        self._cache.close(self.directory)
         if self._owns_executor and self._executor is not None:
             self._executor.shutdown(wait=True)
         if self._owns_cache:

@@ -162,6 +162,24 @@ class ProducerStateManager:
         )
         entry.last_append_ms = max(entry.last_append_ms, append_time_ms)
 
+    def truncate(self, offset: int) -> int:
+        """Forget the batches at or above `offset` (the log was cut back there). A producer left
+        with no batch is forgotten (it is then accepted with any sequence, as after expiry): its
+        epoch may have come from a removed batch. Returns how many batches were forgotten."""
+        removed = 0
+        for pid in list(self.producers):
+            entry = self.producers[pid]
+            kept = [b for b in entry.batches if b.last_offset < offset]
+            if len(kept) == len(entry.batches):
+                continue
+            removed += len(entry.batches) - len(kept)
+            if not kept:
+                del self.producers[pid]
+                continue
+            entry.batches.clear()
+            entry.batches.extend(kept)
+        return removed
+
     def expire(self, now_ms: int, expiration_ms: int) -> int:
         """Forget producers idle for longer than expiration_ms; returns how many."""
         if expiration_ms < 0:

@@ -7,25 +7,43 @@ the file may be longer only after a crash, and recovery truncates it back.
 A segment owns no file descriptor: it asks the shared FileCache for one by path on each use, so
 thousands of segments can exist with a bounded number of open files.
 
-Batch headers are walked with `HEADER.unpack_from` on trusted (already validated) data, and with
-`read_header` + a CRC-32 (records.crc32: ISA-L) over memoryview
-slices of large reads during recovery.
+Batch headers are walked with `HEADER.unpack_from` on data whose layout was validated (at append,
+by a recovery scan, or by the CRC check of an earlier read); see scan.py for the full validation.
+
+Corruption (damage below the end of the file, found by recovery or by a read):
+  - recovery (`scan`) truncates only a torn tail; a damaged batch followed by valid ones is kept
+    on disk, recorded in `damaged` and never served;
+  - bytes not yet known good (`verified_bytes` is the prefix known good: appended by this process
+    or scanned) are CRC-checked by `read()` before they are returned: a bad batch raises
+    `SegmentCorruptError` (the caller then runs `find_damage()` to locate it exactly);
+  - an offset index entry that does not point at a batch with its offset makes `locate()`
+    rebuild the index from the file (`IndexRebuilt` is logged).
 """
 
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
 from dmq.broker.log.errors import LogError
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import OffsetIndex, TimeIndex
-from dmq.proto.records import HEADER, HEADER_SIZE, BatchHeader, RecordsError, crc32, read_header
+from dmq.broker.log.scan import Batch, Damaged, Tail, scan_batches
+from dmq.proto.records import (
+    DEFAULT_MAX_BATCH_BYTES,
+    HEADER,
+    HEADER_SIZE,
+    BatchHeader,
+    RecordsError,
+    crc32,
+    read_header,
+)
 
-__all__ = ["Segment", "ScanResult", "LOG_SUFFIX", "segment_name"]
+__all__ = ["Segment", "ScanResult", "SegmentCorruptError", "LOG_SUFFIX", "segment_name"]
 
 log = structlog.get_logger(__name__)
 
@@ -37,8 +55,6 @@ CRC_START = 17  # the CRC covers [17, end of batch)
 # Header walks read this much at a time: enough for the batches between two index entries at the
 # default interval, small enough that walking past one huge batch costs little.
 WALK_CHUNK_BYTES = 64 * 1024
-# Recovery reads segments in large chunks so the per-syscall cost vanishes next to the CRC.
-SCAN_CHUNK_BYTES = 8 * 1024 * 1024
 # Relative offsets are stored as uint32; a segment must roll before its offsets outgrow them.
 MAX_RELATIVE_OFFSET = 2**32 - 1
 
@@ -72,6 +88,21 @@ def _write_all(fd: int, parts: list[memoryview] | memoryview) -> int:
     return written
 
 
+class _IndexMismatch(Exception):
+    """An offset index entry does not point at the batch it names."""
+
+
+class SegmentCorruptError(LogError):
+    """Bytes of a segment below its end failed validation (the partition log turns this into a
+    CorruptLogError naming the topic, partition and offset)."""
+
+    def __init__(self, message: str, *, segment: str, position: int, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.segment = segment
+        self.position = position
+        self.offset = offset
+
+
 @dataclass(slots=True)
 class ScanResult:
     valid_bytes: int
@@ -79,6 +110,17 @@ class ScanResult:
     batches: int
     truncated_bytes: int
     reason: str | None  # why the tail was cut, None if the segment was intact
+    damaged: list[Damaged] = field(default_factory=list)  # kept, never served
+
+
+@dataclass(slots=True)
+class VerifyResult:
+    """What `Segment.verify()` found (read-only)."""
+
+    batches: int = 0
+    damaged: list[Damaged] = field(default_factory=list)
+    tail: Tail | None = None  # bytes below the segment's size that are no batch at all
+    index_problems: list[str] = field(default_factory=list)
 
 
 class Segment:
@@ -93,6 +135,9 @@ class Segment:
         "index_interval_bytes",
         "_cache",
         "_bytes_since_index",
+        "verified_bytes",
+        "damaged",
+        "tail_dirty",
     )
 
     def __init__(
@@ -109,11 +154,18 @@ class Segment:
         self.index_interval_bytes = index_interval_bytes
         self._cache = cache
         self._bytes_since_index = 0
+        # Prefix of the file known to hold valid batches (written by this process or scanned);
+        # bytes beyond it are CRC-checked when first read.
+        self.verified_bytes = 0
+        self.damaged: dict[int, Damaged] = {}  # by position: known damage, never served
+        # An append failed and cutting its partial bytes off failed too: cut before the next one.
+        self.tail_dirty = False
 
     def __repr__(self) -> str:
         return (
             f"Segment(base_offset={self.base_offset}, size={self.size}, next_offset={self.next_offset}, "
-            f"index_entries={len(self.index)}, time_entries={len(self.time_index)})"
+            f"index_entries={len(self.index)}, time_entries={len(self.time_index)}"
+            f"{f', damaged={len(self.damaged)}' if self.damaged else ''})"
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -133,6 +185,7 @@ class Segment:
     def close(self) -> None:
         self._cache.close(self.log_path)
         self._cache.close(self.time_index.path)
+        self._cache.close(self.index.path)
 
     def delete_files(self) -> None:
         self.close()
@@ -165,22 +218,46 @@ class Segment:
             self._rebuild_indexes(rebuild_times=not time_ok)
         self.indexes_loaded = True
 
+    def _events(
+        self, end: int | None = None, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, fd: int | None = None
+    ) -> Iterator[object]:
+        if fd is None:
+            fd = self._cache.fd(self.log_path)
+        size = self.size if end is None else end
+        return scan_batches(
+            lambda n, pos: os.pread(fd, n, pos),
+            size,
+            self.base_offset,
+            max_batch_bytes=max_batch_bytes,
+            max_relative_offset=MAX_RELATIVE_OFFSET,
+        )
+
     def _rebuild_indexes(self, *, rebuild_times: bool) -> None:
-        """From the batch headers. Append times are not in the batches: a lost time index is
-        approximated by the batches' max_timestamp, kept monotonic."""
+        """From the file, validating every batch (scan.py), so damage cannot misplace an entry.
+        Append times are not in the batches: a lost time index is approximated by the batches'
+        max_timestamp, kept monotonic."""
         self.index.clear()
         if rebuild_times:
             self.time_index.clear()
         since = 0
         current = 0
-        for pos, h in self.walk(0, self.size):
-            rel = h[0] - self.base_offset
+        for ev in self._events():
+            if isinstance(ev, Damaged):
+                self.damaged[ev.position] = ev
+                since = self.index_interval_bytes  # index the batch after the damage
+                continue
+            if isinstance(ev, Tail):
+                self.damaged[ev.position] = Damaged(ev.position, self.size, -1, -2, ev.reason)
+                break
+            assert isinstance(ev, Batch)
+            pos, h = ev.position, ev.header
+            rel = h.base_offset - self.base_offset
             if since >= self.index_interval_bytes and pos > 0:
                 self.index.append(rel, pos)
                 since = 0
-            since += 12 + h[1]
+            since += h.total_size
             if rebuild_times:
-                current = max(current, h[7])
+                current = max(current, h.max_timestamp)
                 self.time_index.maybe_append(current, rel)
         self.index.rewrite()
         if rebuild_times:
@@ -197,6 +274,9 @@ class Segment:
         append_time_ms: int,
     ) -> None:
         fd = self._cache.fd(self.log_path)
+        if self.tail_dirty:
+            os.ftruncate(fd, self.size)  # raises again while the cause lasts: nothing is written
+            self.tail_dirty = False
         try:
             _write_all(fd, parts)
         except BaseException:
@@ -204,7 +284,7 @@ class Segment:
             try:
                 os.ftruncate(fd, self.size)
             except OSError:
-                pass
+                self.tail_dirty = True
             raise
         rel = base_offset - self.base_offset
         if self._bytes_since_index >= self.index_interval_bytes and self.size > 0:
@@ -215,9 +295,36 @@ class Segment:
                 self.time_index.write_last(self._cache.fd(self.time_index.path, create=True))
             except OSError as e:  # the entry stays pending; flush/close retry it
                 log.warning("time index write failed", segment=self.log_path, error=str(e))
+        if self.verified_bytes == self.size:
+            self.verified_bytes += nbytes  # validated by the caller (header, CRC) before the write
         self.size += nbytes
         self._bytes_since_index += nbytes
         self.next_offset = last_offset + 1
+
+    def truncate_to(self, position: int, next_offset: int) -> None:
+        """Drop everything from `position` (a batch boundary, holding `next_offset`) on: the
+        in-memory state first, then the files (an OSError leaves `tail_dirty` for the next append)."""
+        self.size = position
+        self.next_offset = next_offset
+        self.verified_bytes = min(self.verified_bytes, position)
+        for p in [p for p in self.damaged if p >= position]:
+            del self.damaged[p]
+        rel = next_offset - self.base_offset
+        keep = bisect_left(self.index.positions, position)
+        del self.index.rel_offsets[keep:]
+        del self.index.positions[keep:]
+        keep_t = bisect_left(self.time_index.rel_offsets, rel)
+        del self.time_index.times[keep_t:]
+        del self.time_index.rel_offsets[keep_t:]
+        self._bytes_since_index = position - self.index.last_position()
+        self.tail_dirty = True
+        os.ftruncate(self._cache.fd(self.log_path), position)
+        self.tail_dirty = False
+        if self.index.persisted > len(self.index):
+            self.index.rewrite()
+        if self.time_index.persisted > len(self.time_index):
+            os.ftruncate(self._cache.fd(self.time_index.path, create=True), len(self.time_index) * 12)
+            self.time_index.persisted = len(self.time_index)
 
     def set_active_state(self, next_offset: int) -> None:
         """After a clean open: where appends continue."""
@@ -229,35 +336,83 @@ class Segment:
     def walk(
         self, start: int, end: int, chunk_bytes: int = WALK_CHUNK_BYTES
     ) -> Iterator[tuple[int, tuple]]:  # type: ignore[type-arg]
-        """Yield (position, raw header tuple) of the batches in [start, end), trusted data only,
-        reading chunk_bytes at a time (a header beyond the chunk costs one more small read)."""
+        """Yield (position, raw header tuple) of the batches in [start, end), reading chunk_bytes
+        at a time (a header beyond the chunk costs one more small read). Stops before known
+        damage; an impossible header raises SegmentCorruptError."""
         pos = start
         buf = b""
         buf_start = start
+        damaged = self.damaged
         while pos < end:
+            if damaged and pos in damaged:
+                return
             if pos + HEADER_SIZE > buf_start + len(buf):
                 buf = os.pread(self._cache.fd(self.log_path), max(min(chunk_bytes, end - pos), HEADER_SIZE), pos)
                 buf_start = pos
                 if len(buf) < HEADER_SIZE:
-                    raise LogError(f"{self.log_path}: header at position {pos} beyond the end of the file")
+                    raise SegmentCorruptError(
+                        f"{self.log_path}: header at position {pos} beyond the end of the file",
+                        segment=self.log_path, position=pos,
+                    )
             h = HEADER.unpack_from(buf, pos - buf_start)
-            if h[1] < HEADER_SIZE - 12:
-                raise LogError(f"{self.log_path}: impossible batch_length {h[1]} at position {pos}")
+            if h[1] < HEADER_SIZE - 12 or pos + 12 + h[1] > self.size:
+                raise SegmentCorruptError(
+                    f"{self.log_path}: impossible batch_length {h[1]} at position {pos}",
+                    segment=self.log_path, position=pos,
+                )
             yield pos, h
             pos += 12 + h[1]
 
+    def _damage_at(self, offset: int) -> Damaged | None:
+        for d in self.damaged.values():
+            if d.first_offset <= offset <= d.last_offset:
+                return d
+        return None
+
     def locate(self, offset: int) -> int:
-        """Position of the batch containing `offset` (which must be in this segment)."""
-        _, pos = self.index.floor(offset - self.base_offset)
-        # the batch holding `offset` starts within ~one index interval of the indexed position
-        for p, h in self.walk(pos, self.size, self.index_interval_bytes + HEADER_SIZE):
-            if h[0] + h[5] - 1 >= offset:
-                return p
+        """Position of the batch containing `offset` (which must be in this segment). An index
+        entry that does not point at a batch with its offset is detected here (the first header
+        walked from it) and the index is rebuilt from the log."""
+        self.ensure_indexes()
+        for attempt in (0, 1):
+            rel, pos = self.index.floor(offset - self.base_offset)
+            first = True
+            try:
+                for p, h in self.walk(pos, self.size, self.index_interval_bytes + HEADER_SIZE):
+                    if first and pos and h[0] != self.base_offset + rel:
+                        raise _IndexMismatch
+                    first = False
+                    if h[0] + h[5] - 1 >= offset:
+                        return p
+            except (SegmentCorruptError, _IndexMismatch):
+                if not (first and pos) or attempt:
+                    if first and pos:  # still wrong after a rebuild: the bytes are damaged
+                        raise SegmentCorruptError(
+                            f"{self.log_path}: no valid batch at indexed position {pos}",
+                            segment=self.log_path, position=pos, offset=offset,
+                        ) from None
+                    raise
+            else:
+                if not (first and pos):
+                    break
+            log.warning(
+                "offset index inconsistent with the log; rebuilding it",
+                segment=self.log_path, entry_offset=self.base_offset + rel, entry_position=pos,
+            )
+            self._rebuild_indexes(rebuild_times=False)
+        d = self._damage_at(offset)
+        if d is not None:
+            raise SegmentCorruptError(
+                f"{self.log_path}: offset {offset} is in damaged bytes at position {d.position}: {d.reason}",
+                segment=self.log_path, position=d.position, offset=offset,
+            )
         raise LogError(f"{self.log_path}: offset {offset} not found (segment ends at {self.next_offset})")
 
     def read(self, offset: int, max_bytes: int, end_position: int | None = None) -> bytes:
         """Whole batches from the one holding `offset`, up to max_bytes (at least one batch),
-        not beyond end_position (a batch boundary)."""
+        not beyond end_position (a batch boundary) nor into known damage. Bytes not yet known
+        good are CRC-checked; a bad first batch raises SegmentCorruptError, a later one ends
+        the answer before it."""
         limit = self.size if end_position is None else end_position
         start = self.locate(offset)
         if start >= limit:
@@ -265,17 +420,127 @@ class Segment:
         want = min(start + max_bytes, limit)
         # The indexed boundary nearest below `want` bounds the header walk to ~one index interval.
         end = max(self.index.floor_position(want), start)
+        if self.damaged and end > start and any(start < p < end for p in self.damaged):
+            end = start  # walk from the start so the walk stops at the damage
+        walked_any = False
         for p, h in self.walk(end, limit, want - end + HEADER_SIZE):
             e = p + 12 + h[1]
             if e > want:
-                if end == start:  # the first batch alone exceeds max_bytes: return it anyway
+                if end == start and not walked_any:  # the first batch alone exceeds max_bytes
                     end = e
                 break
             end = e
+            walked_any = True
+        if end <= start:
+            if start in self.damaged:
+                d = self.damaged[start]
+                raise SegmentCorruptError(
+                    f"{self.log_path}: damaged bytes at position {start}: {d.reason}",
+                    segment=self.log_path, position=start, offset=offset,
+                )
+            return b""
         data = os.pread(self._cache.fd(self.log_path), end - start, start)
         if len(data) != end - start:
             raise LogError(f"{self.log_path}: short read at {start} ({len(data)} of {end - start} bytes)")
+        if end > self.verified_bytes:
+            data = self._checked(data, start, offset)
         return data
+
+    def _checked(self, data: bytes, start: int, offset: int) -> bytes:
+        """CRC-check the batches of `data` (read at `start`) beyond the verified prefix."""
+        view = memoryview(data)
+        p = 0
+        while p < len(data):
+            h = None
+            why = ""
+            if p + HEADER_SIZE > len(data):
+                why = "batch header cut short"
+            else:
+                try:
+                    h = read_header(view, p, max_batch_bytes=2**31 - 1)
+                except RecordsError as e:
+                    why = f"bad header: {e}"
+                else:
+                    if p + h.total_size > len(data):
+                        why, h = "batch longer than the bytes read", None
+                    elif start + p >= self.verified_bytes and crc32(view[p + CRC_START : p + h.total_size]) != h.crc:
+                        why, h = "crc mismatch", None
+            if h is None:
+                if p:
+                    return data[:p]  # hand over the good batches; the next read meets the damage
+                raise SegmentCorruptError(
+                    f"{self.log_path}: batch at position {start + p} is corrupt ({why})",
+                    segment=self.log_path, position=start + p, offset=offset,
+                )
+            p += h.total_size
+            if start <= self.verified_bytes and start + p > self.verified_bytes:
+                self.verified_bytes = start + p
+        return data
+
+    def find_damage(self, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> list[Damaged]:
+        """Scan the whole segment (read-only) and remember every damaged range, so that reads
+        stop before them and offsets after them stay readable. Returns the damage found."""
+        result = self.verify(max_batch_bytes)
+        found = list(result.damaged)
+        if result.tail is not None:
+            found.append(Damaged(result.tail.position, self.size, -1, -2, result.tail.reason))
+        for d in found:
+            self.damaged[d.position] = d
+            # an index entry right after the damage lets lookups of later offsets skip it
+            if d.end < self.size and d.last_offset >= d.first_offset - 1:
+                rel = d.last_offset + 1 - self.base_offset
+                i = bisect_left(self.index.positions, d.end)
+                if i >= len(self.index.positions) or self.index.positions[i] != d.end:
+                    self.index.rel_offsets.insert(i, rel)
+                    self.index.positions.insert(i, d.end)
+                    self.index.persisted = min(self.index.persisted, i)
+        if not found:
+            self.verified_bytes = self.size
+        return found
+
+    def verify(
+        self,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        *,
+        size: int | None = None,
+        index: tuple[list[int], list[int]] | None = None,
+        times: tuple[list[int], list[int]] | None = None,
+    ) -> VerifyResult:
+        """Check every batch below `size` (header, CRC, contiguous offsets) and, when given the
+        index entries (relative offsets, positions) and time entries (times, relative offsets),
+        that every offset index entry points at a batch starting with its offset and that the
+        time index is increasing. Read-only, through a private descriptor: safe without the
+        partition lock (bytes below a snapshot of `size` never change; a deleted file stays
+        readable through it)."""
+        out = VerifyResult()
+        boundaries: dict[int, int] = {}
+        with self._cache.reserve():
+            fd = os.open(self.log_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                for ev in self._events(self.size if size is None else size, max_batch_bytes, fd):
+                    if isinstance(ev, Batch):
+                        out.batches += 1
+                        boundaries[ev.position] = ev.header.base_offset
+                    elif isinstance(ev, Damaged):
+                        out.damaged.append(ev)
+                    else:
+                        assert isinstance(ev, Tail)
+                        out.tail = ev
+            finally:
+                os.close(fd)
+        if index is not None:
+            for rel, pos in zip(*index):
+                if boundaries.get(pos) != self.base_offset + rel:
+                    out.index_problems.append(
+                        f"offset index entry (offset {self.base_offset + rel}, position {pos}) does not "
+                        "point at that batch"
+                    )
+                    break
+        if times is not None:
+            ts, rels = times
+            if any(b <= a for a, b in zip(ts, ts[1:])) or any(b <= a for a, b in zip(rels, rels[1:])):
+                out.index_problems.append("time index is not increasing")
+        return out
 
     def position_of(self, offset: int) -> int:
         """Byte position where the batch starting at `offset` begins (size if offset == next_offset)."""
@@ -299,7 +564,7 @@ class Segment:
         return self.time_index.first_time_ms
 
     def iter_headers(self, from_offset: int) -> Iterator[tuple[int, tuple]]:  # type: ignore[type-arg]
-        """Raw headers of the batches whose last offset >= from_offset."""
+        """Raw headers of the batches whose last offset >= from_offset (stopping at damage)."""
         start = self.locate(from_offset) if from_offset > self.base_offset else 0
         for p, h in self.walk(start, self.size):
             if h[0] + h[5] - 1 >= from_offset:
@@ -315,9 +580,10 @@ class Segment:
         now_ms: int,
         on_batch: Callable[[BatchHeader, int], None] | None = None,
     ) -> ScanResult:
-        """Validate every batch (header, CRC, contiguous offsets), rebuild both indexes and truncate
-        the file after the last valid batch; on_batch(header, append_time_ms) sees each valid batch.
-        """
+        """Validate every batch (header, CRC, contiguous offsets, see scan.py), rebuild both
+        indexes, keep damaged batches that valid ones follow (recorded in `damaged`, never
+        served), and truncate the file after the last valid batch when only a torn tail follows
+        it; on_batch(header, append_time_ms) sees each valid batch."""
         fd = self._cache.fd(self.log_path)
         st = os.fstat(fd)
         file_size = st.st_size
@@ -329,51 +595,27 @@ class Segment:
         current_time = min_time_ms
         new_index = OffsetIndex(self.index.path, self._cache)
         new_time = TimeIndex(self.time_index.path, self._cache)
+        self.damaged = {}
 
-        chunk = bytearray(SCAN_CHUNK_BYTES)
-        view = memoryview(chunk)
-        pos = 0  # file position of view[0]
-        avail = 0
-        off = 0
+        valid = 0
         expected = self.base_offset
         batches = 0
         since_index = 0
         reason: str | None = None
-        while True:
-            if pos + off >= file_size:
+        damaged: list[Damaged] = []
+        for ev in self._events(file_size, max_batch_bytes):
+            if isinstance(ev, Tail):
+                reason = ev.reason
                 break
-            # Refill when the next header or batch is not fully in the buffer.
-            need = HEADER_SIZE
-            if avail - off >= HEADER_SIZE:
-                try:
-                    h = read_header(view[:avail], off, max_batch_bytes=max_batch_bytes)
-                except RecordsError as e:
-                    reason = f"bad header: {e}"
-                    break
-                need = h.total_size
-            if avail - off < need:
-                if pos + off + need > file_size:
-                    reason = (
-                        f"torn batch: {need} bytes needed at position {pos + off}, "
-                        f"{file_size - pos - off} left in the file"
-                    )
-                    break
-                pos += off
-                off = 0
-                if need > len(chunk):
-                    chunk = bytearray(need)
-                    view = memoryview(chunk)
-                avail = os.preadv(fd, [view[: min(len(chunk), file_size - pos)]], pos)
+            if isinstance(ev, Damaged):
+                damaged.append(ev)
+                self.damaged[ev.position] = ev
+                since_index = self.index_interval_bytes  # index the batch after the damage
+                valid = ev.end
+                expected = ev.last_offset + 1
                 continue
-            if crc32(view[off + CRC_START : off + h.total_size]) != h.crc:
-                reason = f"crc mismatch in batch at position {pos + off}"
-                break
-            if h.base_offset != expected:
-                reason = f"batch at position {pos + off} has base offset {h.base_offset}, expected {expected}"
-                break
-            if h.last_offset - self.base_offset > MAX_RELATIVE_OFFSET:
-                reason = f"batch at position {pos + off} has offsets beyond the segment's range"
-                break
+            assert isinstance(ev, Batch)
+            pos, h = ev.position, ev.header
             rel = h.base_offset - self.base_offset
             # Append time: from the persisted time index. Batches after its last entry keep that
             # entry's time (exact after a process crash; after a power loss it errs early, so a
@@ -385,20 +627,20 @@ class Segment:
             if not times:
                 current_time = max(current_time, min(h.max_timestamp, mtime_ms))
             new_time.maybe_append(current_time, rel)
-            if since_index >= self.index_interval_bytes and pos + off > 0:
-                new_index.append(rel, pos + off)
+            if since_index >= self.index_interval_bytes and pos > 0:
+                new_index.append(rel, pos)
                 since_index = 0
             since_index += h.total_size
             if on_batch is not None:
                 on_batch(h, current_time)
             expected = h.last_offset + 1
             batches += 1
-            off += h.total_size
-        valid = pos + off
+            valid = pos + h.total_size
         truncated = file_size - valid
         if truncated:
             os.ftruncate(fd, valid)
         self.size = valid
+        self.verified_bytes = valid
         self.next_offset = expected
         self._bytes_since_index = since_index
         self.index = new_index
@@ -406,4 +648,4 @@ class Segment:
         self.index.rewrite()
         self.time_index.rewrite()
         self.indexes_loaded = True
-        return ScanResult(valid, expected, batches, truncated, reason if truncated else None)
+        return ScanResult(valid, expected, batches, truncated, reason if truncated else None, damaged)

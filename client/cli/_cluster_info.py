@@ -33,6 +33,8 @@ class LogView:
     size_bytes: int | None = None
     segment_count: int | None = None
     error: str | None = None
+    status: str | None = None  # "ok" | "corrupt" (None: unknown, e.g. an older broker)
+    status_detail: str | None = None
 
 
 def describe_logs(sess: Session, topics: Iterable[Any]) -> tuple[dict[tuple[str, int], LogView], list[str]]:
@@ -66,7 +68,10 @@ def describe_logs(sess: Session, topics: Iterable[Any]) -> tuple[dict[tuple[str,
             if info.error != pb.NONE:
                 views[key].error = pb.ErrorCode.Name(info.error).lower()
                 continue
-            views[key] = LogView(info.log_start_offset, info.log_end_offset, info.size_bytes, info.segment_count)
+            views[key] = LogView(
+                info.log_start_offset, info.log_end_offset, info.size_bytes, info.segment_count,
+                status=info.status or None, status_detail=info.status_detail or None,
+            )
     return views, warnings
 
 

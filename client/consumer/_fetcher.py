@@ -41,7 +41,7 @@ from dmq.client._cluster import Cluster, fetch_results
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._records import TopicPartition
 from dmq.client.consumer._subscription import PartitionState, SubscriptionState
-from dmq.client.errors import CorruptRecordError, DMQError, from_rpc_error
+from dmq.client.errors import CorruptRecordError, DMQError, from_partition_error, from_rpc_error
 from dmq.client.records import ConsumerRecord, consumer_records
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.wire import FetchPartitionView
@@ -294,6 +294,14 @@ class Fetcher:
                 return  # the log moved between the read and the answer; fetch again
             self._buffers.pop(tp, None)
             self._subs.seek(tp, target)
+            return
+        if code == pb.CORRUPT_DATA:
+            # The broker's copy is damaged at this offset: retrying cannot help. poll() raises
+            # the error (naming partition and offsets); the application may seek past it.
+            buf = self._buffers.get(tp)
+            if buf is None or buf.epoch != state.epoch:
+                buf = self._buffers[tp] = _PartitionBuffer(tp, state.epoch, offset)
+            buf.error = from_partition_error(code, result.error_message, tp.topic, tp.partition)
             return
         log.warning(
             "fetch error for partition, will retry",

@@ -1,5 +1,7 @@
 """Recovery from damaged files: torn tails, flipped bytes, garbage, bad indexes, checkpoints and
-snapshots. Reopening must truncate to the last valid batch, log it, and never expose a bad batch."""
+snapshots. Reopening truncates a torn tail (log it), keeps damaged batches that valid ones follow
+(reported, never served: before issue 13 recovery cut them AND every valid batch after them), and
+never exposes a bad batch."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import random
 import pytest
 import structlog
 
-from dmq.broker.log import LogConfig, PartitionLog
+from dmq.broker.log import CorruptLogError, LogConfig, PartitionLog
 from dmq.proto import records
 
 CONFIG = LogConfig(segment_bytes=8192, index_interval_bytes=256)
@@ -75,24 +77,63 @@ def test_torn_tail_is_truncated_and_logged(tmp_path):
     again.close()
 
 
-@pytest.mark.parametrize("where", ["last body", "last crc", "middle body", "header magic"])
-def test_flipped_bytes_truncate_from_the_damaged_batch(tmp_path, where):
-    plog, stored = build(tmp_path, 10)
-    path = active_file(plog)
-    crash(plog)
-    size = os.path.getsize(path)
-    offsets_in_file = [size - sum(len(b) for b in stored[i:]) for i in range(10)]
-    damaged, pos = {
-        "last body": (9, offsets_in_file[9] + 80),
-        "last crc": (9, offsets_in_file[9] + 14),
-        "middle body": (4, offsets_in_file[4] + 150),
-        "header magic": (6, offsets_in_file[6] + 12),
-    }[where]
+def flip(path: str, pos: int) -> None:
     with open(path, "r+b") as f:
         f.seek(pos)
         byte = f.read(1)
         f.seek(pos)
         f.write(bytes([byte[0] ^ 0x40]))
+
+
+def assert_damage_kept(plog: PartitionLog, stored: list[bytes], damaged: int) -> None:
+    """Batch `damaged` (offsets 2d, 2d+1) is reported and never served; every other batch is
+    there byte for byte; appends are refused (the partition is offline for writes)."""
+    assert plog.log_end_offset == 2 * len(stored)
+    for i, expected in enumerate(stored):
+        if i == damaged:
+            with pytest.raises(CorruptLogError) as e:
+                plog.read(2 * i, 1 << 20)
+            assert e.value.offset == 2 * i and "t[3]" in str(e.value) and f"offsets {2 * i}..{2 * i + 1}" in str(e.value)
+            continue
+        assert plog.read(2 * i, 1) == expected
+    # a read running into the damage stops before it
+    assert plog.read(0, 1 << 20) == b"".join(stored[:damaged])
+    assert plog.status == "corrupt"
+    with pytest.raises(CorruptLogError):
+        plog.append(batch(99))
+
+
+@pytest.mark.parametrize("where", ["middle body", "header magic"])
+def test_damage_in_the_middle_is_kept_reported_and_never_served(tmp_path, where):
+    plog, stored = build(tmp_path, 10)
+    path = active_file(plog)
+    crash(plog)
+    size = os.path.getsize(path)
+    offsets_in_file = [size - sum(len(b) for b in stored[i:]) for i in range(10)]
+    damaged, pos = {"middle body": (4, offsets_in_file[4] + 150), "header magic": (6, offsets_in_file[6] + 12)}[where]
+    flip(path, pos)
+    with structlog.testing.capture_logs() as logs:
+        again = PartitionLog(tmp_path / "t-3", "t", 3, CONFIG)
+    errors = [e for e in logs if e["log_level"] == "error"]
+    assert [(e["position"], e["first_offset"], e["last_offset"]) for e in errors] == [
+        (offsets_in_file[damaged], 2 * damaged, 2 * damaged + 1)
+    ]
+    assert errors[0]["topic"] == "t" and errors[0]["partition"] == 3
+    assert again.recovery.bytes_truncated == 0 and again.recovery.damaged_batches == 1
+    assert os.path.getsize(path) == size
+    assert_damage_kept(again, stored, damaged)
+    again.close()
+
+
+@pytest.mark.parametrize("where", ["last body", "last crc"])
+def test_damaged_last_batch_is_a_torn_tail_and_truncated(tmp_path, where):
+    plog, stored = build(tmp_path, 10)
+    path = active_file(plog)
+    crash(plog)
+    size = os.path.getsize(path)
+    offsets_in_file = [size - sum(len(b) for b in stored[i:]) for i in range(10)]
+    damaged, pos = {"last body": (9, offsets_in_file[9] + 80), "last crc": (9, offsets_in_file[9] + 14)}[where]
+    flip(path, pos)
     again, warnings = reopen(tmp_path)
     assert [w["position"] for w in warnings] == [offsets_in_file[damaged]]
     assert warnings[0]["bytes_truncated"] == size - offsets_in_file[damaged]
@@ -120,9 +161,11 @@ def test_wrong_base_offset_is_detected_although_not_covered_by_the_crc(tmp_path)
     with open(path, "r+b") as f:
         f.seek(pos)
         f.write((12345).to_bytes(8, "little"))
-    again, warnings = reopen(tmp_path)
-    assert "expected 6" in warnings[0]["reason"]
-    assert_prefix(again, stored, 3)
+    with structlog.testing.capture_logs() as logs:
+        again = PartitionLog(tmp_path / "t-3", "t", 3, CONFIG)
+    (err,) = [e for e in logs if e["log_level"] == "error"]
+    assert "expected 6" in err["reason"]
+    assert_damage_kept(again, stored, 3)  # before issue 13: batch 4, valid, was cut too
     again.close()
 
 
@@ -202,7 +245,7 @@ def read_all(plog: PartitionLog) -> bytes:
     return b"".join(out)
 
 
-def test_random_damage_always_leaves_a_valid_prefix(tmp_path):
+def test_random_damage_never_serves_a_bad_batch_and_keeps_the_valid_ones(tmp_path):
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     for round_ in range(15):
@@ -229,9 +272,26 @@ def test_random_damage_always_leaves_a_valid_prefix(tmp_path):
                 f.seek(0, 2)
                 f.write(os.urandom(rng.randrange(1, 200)))
         again = PartitionLog(path / "t-3", "t", 3, CONFIG)
-        data = read_all(again)
-        n = len(records.decode_batches(data))  # raises if any visible batch is bad
-        assert data == b"".join(stored[:n]), f"seed={seed}"
-        assert again.log_end_offset == n, f"seed={seed}"
-        assert again.append(batch(1)).base_offset == n, f"seed={seed}"
+        where = f"seed={seed} round={round_} action={action}"
+        if again.status == "ok":
+            # a torn tail was cut (or the damage hit nothing): a valid prefix, writable
+            data = read_all(again)
+            n = len(records.decode_batches(data))  # raises if any visible batch is bad
+            assert data == b"".join(stored[:n]), where
+            assert again.log_end_offset == n, where
+            assert again.append(batch(1)).base_offset == n, where
+        else:
+            # damage in the middle: every batch but the damaged one is served intact, none bad
+            assert action == "flip", where
+            assert again.log_end_offset == len(stored), where
+            bad = 0
+            for offset, expected in enumerate(stored):
+                try:
+                    got = again.read(offset, 1)
+                except CorruptLogError as e:
+                    assert e.offset == offset, where
+                    bad += 1
+                    continue
+                assert got == expected, where
+            assert bad == 1, where
         again.close()
