@@ -23,6 +23,7 @@ import structlog
 
 from dmq.broker.log import LogConfig
 from dmq.broker.node import BrokerNode
+from dmq.coordinator.metadata import DEFAULT_BROKER_SESSION_TIMEOUT_MS
 from dmq.coordinator.node import CoordinatorNode
 from dmq.proto.grpc_options import server_options
 
@@ -41,7 +42,7 @@ class ClusterOptions:
     log_config: LogConfig | None = None
     default_subscription_mode: str = "all"
     rebalance_debounce_ms: int = 500
-    broker_session_timeout_ms: int = 10_000
+    broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS
     retention_check_interval_ms: int = 60_000
     coordinator_kwargs: dict[str, object] = field(default_factory=dict)
 
