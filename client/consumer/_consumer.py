@@ -124,7 +124,10 @@ class DMQConsumer:
         self._memberships: dict[str, Membership] = {}
         self._ops: dict[str, _GroupOp] = {}  # topic -> the membership's group call in flight
         self._backoff: dict[str, tuple[float, float]] = {}  # topic -> (retry at, last delay)
+        # Partitions whose records poll() holds back during a hand-off: per commit in flight,
+        # and per membership while its GetAssignment is in flight.
         self._held_by: dict[concurrent.futures.Future[Any], frozenset[TopicPartition]] = {}
+        self._held_for_assignment: dict[str, frozenset[TopicPartition]] = {}
         self._auto_commits: dict[str, concurrent.futures.Future[Any]] = {}  # broker -> last auto-commit
         self._heartbeat = HeartbeatThread(self.consumer_id, config, self._wakeup, self._poll_age_s)
         self._last_poll = time.monotonic()
@@ -295,12 +298,14 @@ class DMQConsumer:
                     return
                 self._heartbeat.track(m)
             elif op.kind == "handover":
-                self._finish_handover(m, op)
-                self._start(m, "assignment", self._groups.start_get_assignment(m, wait_ms=0))
+                failed = self._finish_handover(m, op)
+                self._start_assignment(m, exclude=failed)
                 return
             else:
+                self._held_for_assignment.pop(m.topic, None)
                 self._apply_assignment(m, op.futures[0])
         except UnknownMemberError as e:
+            self._held_for_assignment.pop(m.topic, None)
             m.rejoin_reason = str(e)
             self._wakeup.set()
             return
@@ -308,6 +313,7 @@ class DMQConsumer:
             if not e.retriable:
                 raise
             if op.kind == "assignment":
+                self._held_for_assignment.pop(m.topic, None)
                 m.assignment_stale = True
             self._group_failed(m, _OP_WHAT[op.kind], e)
             return
@@ -356,29 +362,44 @@ class DMQConsumer:
                 futures.append(f)
                 self._held_by[f] = frozenset(call.offsets)
         if not futures:
-            self._start(m, "assignment", self._groups.start_get_assignment(m, wait_ms=0))
+            self._start_assignment(m, exclude=frozenset())
             return
         wakeup = self._wakeup
         for f in futures:
             f.add_done_callback(lambda _f: wakeup.set())
         self._ops[m.topic] = _GroupOp("handover", futures)
 
-    def _finish_handover(self, m: Membership, op: _GroupOp) -> None:
+    def _start_assignment(self, m: Membership, exclude: frozenset[TopicPartition]) -> None:
+        """GetAssignment, holding m's partitions until it answers: a record returned now and
+        then revoked would be read again by the next owner. Partitions whose hand-off commit
+        failed are not held (their next owner re-reads from the last commit anyway), so a dead
+        broker's commit holds nothing."""
+        self._held_for_assignment[m.topic] = frozenset(self._subs.assigned(m.topic)) - exclude
+        self._start(m, "assignment", self._groups.start_get_assignment(m, wait_ms=0))
+
+    def _finish_handover(self, m: Membership, op: _GroupOp) -> frozenset[TopicPartition]:
+        """Record the hand-off commits; the partitions whose commit failed."""
+        failed: set[TopicPartition] = set()
         for f in op.futures:
-            self._held_by.pop(f, None)
+            tps = self._held_by.pop(f, frozenset())
             error = f.exception()
             if error is None:
                 self._subs.mark_committed({tp: o.offset for tp, o in f.result().items()})
             else:
+                failed.update(tps)
                 # Ownership already moved (expired) or the broker is away: the next owner re-reads
                 # from the last good commit. Duplicates, never loss.
                 self._log.warning("commit before the hand-off failed", group=m.group_id, member=m.member_id,
                                   error=str(error))
+        return frozenset(failed)
 
     def _held(self) -> frozenset[TopicPartition]:
-        if not self._held_by:
+        if not self._held_by and not self._held_for_assignment:
             return frozenset()
-        return frozenset(tp for f, tps in self._held_by.items() if not f.done() for tp in tps)
+        held = {tp for f, tps in self._held_by.items() if not f.done() for tp in tps}
+        for tps in self._held_for_assignment.values():
+            held.update(tps)
+        return frozenset(held)
 
     def _apply_assignment(self, m: Membership, future: Any) -> None:
         owned = set(self._subs.assigned(m.topic))
@@ -413,6 +434,7 @@ class DMQConsumer:
                 self._held_by.pop(f, None)
                 f.cancel()
         self._backoff.pop(topic, None)
+        self._held_for_assignment.pop(topic, None)
         owned = set(self._subs.assigned(topic))
         if owned and self.config.enable_auto_commit and m.rejoin_reason is None and m.joined:
             offsets = {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items() if tp.topic == topic}

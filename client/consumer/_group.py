@@ -182,7 +182,10 @@ class GroupClient:
 
     def start_get_assignment(self, m: Membership, wait_ms: int) -> grpc.Future:
         request = pb.GetAssignmentRequest(group_id=m.group_id, member_id=m.member_id, wait_ms=wait_ms)
-        return self._stub(m).GetAssignment.future(request, timeout=self._timeout_s + wait_ms / 1000)
+        # Bounded by the session too: poll() holds the membership's records back while this is
+        # in flight, and a member must hear from the coordinator within its session anyway.
+        timeout_s = min(self._timeout_s, self._config.session_timeout_ms / 1000)
+        return self._stub(m).GetAssignment.future(request, timeout=timeout_s + wait_ms / 1000)
 
     def finish_get_assignment(self, m: Membership, future: grpc.Future) -> pb.GetAssignmentResponse:
         try:
