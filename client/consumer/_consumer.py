@@ -81,6 +81,10 @@ CommitCallback = Callable[[dict[TopicPartition, OffsetAndMetadata], Exception | 
 # close() gives up on what the cluster has not answered by then (Kafka's close() default).
 DEFAULT_CLOSE_TIMEOUT_S = 30.0
 LEAVE_TIMEOUT_S = 5.0
+# How long a hand-off waits for its commits before asking for the new assignment anyway.
+# Healthy brokers answer in milliseconds; a stopped one would otherwise hold the rebalance (and
+# this member's other partitions, held meanwhile) for a whole request timeout.
+HANDOVER_COMMIT_WAIT_S = 1.0
 MAX_GROUP_BACKOFF_S = 1.0
 _OP_WHAT = {"find": "finding the group", "join": "joining the group", "handover": "committing before the hand-off",
             "assignment": "fetching the assignment"}
@@ -88,19 +92,23 @@ _OP_WHAT = {"find": "finding the group", "join": "joining the group", "handover"
 
 class _GroupOp:
     """A membership's group call in flight: one future (find, join, assignment) or the
-    per-broker commit futures of a hand-off."""
+    per-broker commit futures of a hand-off, with the partitions a hand-off holds back."""
 
-    __slots__ = ("kind", "futures")
+    __slots__ = ("kind", "futures", "commits", "held", "released", "wait_until")
 
-    def __init__(self, kind: str, futures: list[Any]) -> None:
+    def __init__(self, kind: str, futures: list[Any], held: frozenset[TopicPartition] = frozenset()) -> None:
         self.kind = kind
         self.futures = futures
+        self.commits: dict[Any, frozenset[TopicPartition]] = {}  # hand-off commit future -> its partitions
+        self.held = held  # poll() returns none of their records while this is in flight...
+        self.released: set[TopicPartition] = set()  # ...except these (their commit failed)
+        self.wait_until = float("inf")  # a hand-off goes on without commits still out by then
 
     def __repr__(self) -> str:
-        return f"<_GroupOp {self.kind} done={self.done()}>"
+        return f"<_GroupOp {self.kind} done={self.done()} held={len(self.held)} released={len(self.released)}>"
 
     def done(self) -> bool:
-        return all(f.done() for f in self.futures)
+        return all(f.done() for f in self.futures) or time.monotonic() >= self.wait_until
 
 
 class DMQConsumer:
@@ -124,10 +132,6 @@ class DMQConsumer:
         self._memberships: dict[str, Membership] = {}
         self._ops: dict[str, _GroupOp] = {}  # topic -> the membership's group call in flight
         self._backoff: dict[str, tuple[float, float]] = {}  # topic -> (retry at, last delay)
-        # Partitions whose records poll() holds back during a hand-off: per commit in flight,
-        # and per membership while its GetAssignment is in flight.
-        self._held_by: dict[concurrent.futures.Future[Any], frozenset[TopicPartition]] = {}
-        self._held_for_assignment: dict[str, frozenset[TopicPartition]] = {}
         self._auto_commits: dict[str, concurrent.futures.Future[Any]] = {}  # broker -> last auto-commit
         self._heartbeat = HeartbeatThread(self.consumer_id, config, self._wakeup, self._poll_age_s)
         self._last_poll = time.monotonic()
@@ -298,14 +302,12 @@ class DMQConsumer:
                     return
                 self._heartbeat.track(m)
             elif op.kind == "handover":
-                failed = self._finish_handover(m, op)
-                self._start_assignment(m, exclude=failed)
+                self._finish_handover(m, op)
+                self._start_assignment(m, op)
                 return
             else:
-                self._held_for_assignment.pop(m.topic, None)
                 self._apply_assignment(m, op.futures[0])
         except UnknownMemberError as e:
-            self._held_for_assignment.pop(m.topic, None)
             m.rejoin_reason = str(e)
             self._wakeup.set()
             return
@@ -313,7 +315,6 @@ class DMQConsumer:
             if not e.retriable:
                 raise
             if op.kind == "assignment":
-                self._held_for_assignment.pop(m.topic, None)
                 m.assignment_stale = True
             self._group_failed(m, _OP_WHAT[op.kind], e)
             return
@@ -341,14 +342,19 @@ class DMQConsumer:
 
     def _start_handover(self, m: Membership) -> None:
         """Commit what poll() returned for m's partitions, per broker, so their next owner starts
-        there; GetAssignment follows once every commit answered. Partitions whose commit is in
-        flight are held (no records returned), the others keep flowing."""
+        there; GetAssignment follows once the commits answered, or after HANDOVER_COMMIT_WAIT_S
+        (a stopped broker must not hold the group's rebalance nor m's other partitions).
+
+        From here until the assignment is applied, m's partitions are held (poll() returns none
+        of their records): a record returned now and then revoked would be read again by the
+        next owner. Partitions whose commit failed or did not answer in time are released at
+        once: their next owner re-reads from the last good commit whatever we do (duplicates,
+        never loss), and they are on a broker that is away anyway."""
+        owned = frozenset(self._subs.assigned(m.topic))
         offsets = {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items()
                    if tp.topic == m.topic}
-        futures: list[Any] = []
-        if offsets and self._subs.assigned(m.topic):
-            # A commit to a stopped broker must not hold the group's rebalance for long: the
-            # member has to answer within its session anyway.
+        op = _GroupOp("handover", [], held=owned)
+        if offsets and owned:
             timeout_s = min(self.config.request_timeout_ms, self.config.session_timeout_ms) / 1000
             try:
                 calls, errors = self._offsets.commit_calls(offsets, {m.topic: m}, timeout_s=0)
@@ -357,48 +363,52 @@ class DMQConsumer:
             for tp, e in errors.items():
                 self._log.warning("commit before the hand-off not sent", group=m.group_id, partition=tp.partition,
                                   error=str(e))
+            op.released |= set(errors)
+            wakeup = self._wakeup
             for call in calls:
                 f = self._offsets.send_commit(call, timeout_s)
-                futures.append(f)
-                self._held_by[f] = frozenset(call.offsets)
-        if not futures:
-            self._start_assignment(m, exclude=frozenset())
+                f.add_done_callback(lambda _f: wakeup.set())
+                op.futures.append(f)
+                op.commits[f] = frozenset(call.offsets)
+        if not op.futures:
+            self._start_assignment(m, op)
             return
+        op.wait_until = time.monotonic() + HANDOVER_COMMIT_WAIT_S
+        self._ops[m.topic] = op
+
+    def _start_assignment(self, m: Membership, handover: _GroupOp) -> None:
+        future = self._groups.start_get_assignment(m, wait_ms=0)
         wakeup = self._wakeup
-        for f in futures:
-            f.add_done_callback(lambda _f: wakeup.set())
-        self._ops[m.topic] = _GroupOp("handover", futures)
+        future.add_done_callback(lambda _f: wakeup.set())
+        op = _GroupOp("assignment", [future], held=handover.held)
+        op.released = handover.released
+        self._ops[m.topic] = op
 
-    def _start_assignment(self, m: Membership, exclude: frozenset[TopicPartition]) -> None:
-        """GetAssignment, holding m's partitions until it answers: a record returned now and
-        then revoked would be read again by the next owner. Partitions whose hand-off commit
-        failed are not held (their next owner re-reads from the last commit anyway), so a dead
-        broker's commit holds nothing."""
-        self._held_for_assignment[m.topic] = frozenset(self._subs.assigned(m.topic)) - exclude
-        self._start(m, "assignment", self._groups.start_get_assignment(m, wait_ms=0))
-
-    def _finish_handover(self, m: Membership, op: _GroupOp) -> frozenset[TopicPartition]:
-        """Record the hand-off commits; the partitions whose commit failed."""
-        failed: set[TopicPartition] = set()
-        for f in op.futures:
-            tps = self._held_by.pop(f, frozenset())
+    def _finish_handover(self, m: Membership, op: _GroupOp) -> None:
+        """Record the hand-off commits; release the partitions whose commit failed or is late."""
+        for f, tps in op.commits.items():
+            if not f.done():
+                op.released |= tps
+                self._log.warning("commit before the hand-off did not answer in time; going on without it",
+                                  group=m.group_id, member=m.member_id, partitions=sorted(tp.partition for tp in tps),
+                                  waited_s=HANDOVER_COMMIT_WAIT_S)
+                continue
             error = f.exception()
             if error is None:
                 self._subs.mark_committed({tp: o.offset for tp, o in f.result().items()})
             else:
-                failed.update(tps)
+                op.released |= tps
                 # Ownership already moved (expired) or the broker is away: the next owner re-reads
                 # from the last good commit. Duplicates, never loss.
                 self._log.warning("commit before the hand-off failed", group=m.group_id, member=m.member_id,
                                   error=str(error))
-        return frozenset(failed)
 
     def _held(self) -> frozenset[TopicPartition]:
-        if not self._held_by and not self._held_for_assignment:
-            return frozenset()
-        held = {tp for f, tps in self._held_by.items() if not f.done() for tp in tps}
-        for tps in self._held_for_assignment.values():
-            held.update(tps)
+        held: set[TopicPartition] = set()
+        for op in self._ops.values():
+            if op.held:
+                held |= op.held - op.released - {tp for f, tps in op.commits.items() if f.done()
+                                                 and f.exception() is not None for tp in tps}
         return frozenset(held)
 
     def _apply_assignment(self, m: Membership, future: Any) -> None:
@@ -431,10 +441,8 @@ class DMQConsumer:
         op = self._ops.pop(topic, None)
         if op is not None:
             for f in op.futures:
-                self._held_by.pop(f, None)
                 f.cancel()
         self._backoff.pop(topic, None)
-        self._held_for_assignment.pop(topic, None)
         owned = set(self._subs.assigned(topic))
         if owned and self.config.enable_auto_commit and m.rejoin_reason is None and m.joined:
             offsets = {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items() if tp.topic == topic}
@@ -576,6 +584,11 @@ class DMQConsumer:
         self._check_open()
         deadline = time.monotonic() + (self.config.request_timeout_ms / 1000 if timeout is None else max(0.0, timeout))
         self._run_commit_callbacks()
+        if offsets is None:
+            # Refused for a member that lost its group even when no position moved (Kafka's
+            # rule): the application must learn that its partitions may be gone.
+            self._check_can_commit({tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed().items()},
+                                   self._memberships)
         normalised = self._commit_offsets(offsets)
         self._commit_sync_now(normalised, deadline=deadline)
 
@@ -597,7 +610,9 @@ class DMQConsumer:
         self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None
     ) -> dict[TopicPartition, OffsetAndMetadata]:
         if offsets is None:
-            return {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed().items()}
+            # Positions already committed are left out: re-committing them changes nothing, and
+            # would make commit_sync() wait on a dead broker whose partitions did not move.
+            return {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items()}
         out = {}
         for tp, o in offsets.items():
             om = o if isinstance(o, OffsetAndMetadata) else OffsetAndMetadata(o)
