@@ -1,11 +1,13 @@
-"""One of three brokers dies (SIGKILL) and later another one stops (SIGSTOP): a group consumer
-keeps reading the partitions of the healthy brokers with no gap over 2 s, the coordinator
+"""One of three brokers dies (SIGKILL) and later another one stops (SIGSTOP): group consumers
+keep reading the partitions of the healthy brokers with no gap over 2 s, the coordinator
 declares the killed broker dead within its session (6 s), and `dmq consume --group` started
 while a broker is dead prints the live partitions' messages.
 
 Real processes: `dmq coordinator` and three `dmq broker`s (see _isolation_procs.py). The
 topic has one partition per broker; a writer thread per partition produces every 50 ms
-straight to the partition's broker; the group consumer polls in a thread of this process.
+straight to the partition's broker. Two group consumers read it, each in its own group: a
+DMQConsumer polling in a thread of this process (auto-commit), and `dmq consume --group` in
+its own process (committing what it printed every second).
 """
 
 from __future__ import annotations
@@ -56,6 +58,36 @@ class GroupReader:
         self._consumer.close(timeout=5)
 
 
+class CliGroupReader:
+    """`dmq consume TOPIC --group APP --print-offset` in its own process; arrival times of the
+    printed records per partition."""
+
+    def __init__(self, bootstrap: str, app: str) -> None:
+        self.arrivals: dict[int, list[float]] = defaultdict(list)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dmq.client.cli", "--bootstrap", bootstrap, "consume", TOPIC, "--group", app,
+             "--from-beginning", "--print-offset"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self._thread = threading.Thread(target=self._read, name="cli-reader", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.arrivals[int(line.split(":", 1)[0])].append(time.monotonic())
+
+    def stop(self) -> str:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        self._thread.join(5)
+        return err
+
+
 def max_gap(times: list[float], start: float, end: float) -> float:
     points = [start, *(t for t in times if start <= t <= end), end]
     return max(b - a for a, b in zip(points, points[1:], strict=False))
@@ -80,8 +112,11 @@ def test_group_keeps_reading_healthy_partitions_through_sigkill_and_sigstop(tmp_
         part_on = {b: p for p, b in broker_of.items()}
         writer = PartitionWriter(TOPIC, {p.partition: p.leader_address for p in partitions})
         reader = GroupReader(cluster.bootstrap)
+        cli_reader = CliGroupReader(cluster.bootstrap, "iso-cli")
         try:
-            wait_for(lambda: len(reader.arrivals) == 3, READY_TIMEOUT_S, "records from every partition")
+            wait_for(lambda: len(reader.arrivals) == 3 and len(cli_reader.arrivals) == 3, READY_TIMEOUT_S,
+                     "records from every partition")
+            time.sleep(1.0)  # both have committed
 
             # -- SIGKILL broker 1 -----------------------------------------------------------------
             killed_at = time.monotonic()
@@ -114,18 +149,20 @@ def test_group_keeps_reading_healthy_partitions_through_sigkill_and_sigstop(tmp_
             time.sleep(5.0)
             cluster.signal_broker(2, signal.SIGCONT)
             continued_at = time.monotonic()
-            wait_for(lambda: any(t > continued_at for t in reader.arrivals[part_on[2]]), 35.0,
+            wait_for(lambda: any(t > continued_at for t in reader.arrivals[part_on[2]])
+                     and any(t > continued_at for t in cli_reader.arrivals[part_on[2]]), 35.0,
                      "records of the stopped broker after SIGCONT")
         finally:
             writer.stop()
             reader.stop()
-        gaps = {
-            "after SIGKILL, broker 0": max_gap(reader.arrivals[part_on[0]], killed_at, stopped_at),
-            "after SIGKILL, broker 2": max_gap(reader.arrivals[part_on[2]], killed_at, stopped_at),
-            "during SIGSTOP, broker 0": max_gap(reader.arrivals[part_on[0]], stopped_at, continued_at),
-        }
+            cli_err = cli_reader.stop()
+        gaps = {}
+        for name, arrivals in (("DMQConsumer", reader.arrivals), ("dmq consume --group", cli_reader.arrivals)):
+            gaps[f"{name}: after SIGKILL, broker 0"] = max_gap(arrivals[part_on[0]], killed_at, stopped_at)
+            gaps[f"{name}: after SIGKILL, broker 2"] = max_gap(arrivals[part_on[2]], killed_at, stopped_at)
+            gaps[f"{name}: during SIGSTOP, broker 0"] = max_gap(arrivals[part_on[0]], stopped_at, continued_at)
         print(f"declared dead after {dead_after_s:.2f}s; gaps", {k: round(v, 2) for k, v in gaps.items()})
         assert reader.error is None, repr(reader.error)
         assert dead_after_s <= SESSION_BOUND_S, f"broker 1 declared dead only {dead_after_s:.1f}s after SIGKILL"
-        assert all(g <= MAX_GAP_S for g in gaps.values()), {k: round(v, 2) for k, v in gaps.items()}
+        assert all(g <= MAX_GAP_S for g in gaps.values()), ({k: round(v, 2) for k, v in gaps.items()}, cli_err[-1000:])
         assert writer.sent[part_on[0]] > 0 and writer.failed[part_on[1]] > 0
