@@ -46,6 +46,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import grpc
 import structlog
 
 from dmq.client._cluster import Cluster
@@ -184,15 +185,21 @@ class DMQConsumer:
             m = Membership.pending(topic, group_id_for(topic, self.config.group_id), self._cluster.bootstrap)
             self._memberships[topic] = m
             try:
-                self._groups.finish_find(m, self._groups.start_find(topic))
-                self._groups.finish_join(m, self._groups.start_join(m))
+                for kind, start, finish in (("find", self._groups.start_find, self._groups.finish_find),
+                                            ("join", self._groups.start_join, self._groups.finish_join)):
+                    future = start(topic if kind == "find" else m)  # type: ignore[arg-type]
+                    if not _wait(future, deadline - time.monotonic()):
+                        # Still unanswered at the deadline: poll() finishes it.
+                        self._start(m, kind, future)
+                        break
+                    finish(m, future)  # type: ignore[arg-type]
+                else:
+                    self._heartbeat.track(m)
             except DMQError as e:
                 if not e.retriable:
                     self._memberships.pop(topic, None)
                     raise
                 self._group_failed(m, "subscribing", e)
-                continue
-            self._heartbeat.track(m)
 
     def unsubscribe(self) -> None:
         """Commit (with auto-commit), hand back every partition and leave every group, within
@@ -753,6 +760,17 @@ class DMQConsumer:
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosedError("this DMQConsumer is closed; create a new one")
+
+
+def _wait(future: Any, timeout_s: float) -> bool:
+    """Wait for a gRPC future up to timeout_s; True when it is done."""
+    try:
+        future.exception(timeout=max(0.0, timeout_s))
+    except grpc.FutureTimeoutError:
+        return False
+    except grpc.FutureCancelledError:
+        pass
+    return True
 
 
 def _tp(value: Any) -> TopicPartition:
