@@ -10,12 +10,22 @@ Cache rules:
   - a miss, or an entry marked stale by `invalidate()` (callers do so on UNAVAILABLE / NOT_FOUND,
     errors whose class has ``invalid_metadata``), or one older than ``metadata_max_age_ms``,
     triggers `refresh()`;
-  - refreshes are serialised by one lock and deduplicated: a caller that waited for someone
-    else's refresh started after its own request uses that result instead of asking again.
+  - a refresh is one GetMetadata call in flight, shared: a caller whose topics an in-flight
+    refresh covers waits for that one instead of asking again;
+  - a caller says how long it may wait (``timeout_s``); the refresh itself goes on with its full
+    request timeout and fills the cache for later callers, so a consumer's poll(0) never blocks
+    on the coordinator yet still learns new metadata;
+  - with ``allow_stale`` (the consumer's fetch and commit paths), a refresh that fails or is still
+    under way leaves the last known entry in use: partitions never move between brokers, so a
+    coordinator outage must not stop reading from brokers that are up. Failed refreshes back off
+    (exponentially, up to MAX_REFRESH_BACKOFF_S) so a dead coordinator is not hammered.
+
+Every error of a metadata look-up names the coordinator address it tried.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections.abc import Iterable
@@ -29,6 +39,8 @@ from dmq.client.errors import (
     ClientClosedError,
     CoordinatorUnavailableError,
     CorruptRecordError,
+    DMQError,
+    DMQTimeoutError,
     TopicNotFoundError,
     UnknownPartitionError,
     from_rpc_error,
@@ -44,6 +56,10 @@ __all__ = ["Cluster", "TopicMetadata", "PartitionMetadata", "BrokerMetadata", "p
 
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 DEFAULT_METADATA_MAX_AGE_MS = 300_000
+# After a failed refresh, implicit refreshes (cache misses with allow_stale) wait this long,
+# doubling per failure up to the maximum, so a dead coordinator is not asked on every look-up.
+MIN_REFRESH_BACKOFF_S = 0.1
+MAX_REFRESH_BACKOFF_S = 2.0
 
 
 def parse_address(address: str) -> str:
@@ -111,13 +127,16 @@ class Cluster:
         self.request_timeout_ms = request_timeout_ms
         self.metadata_max_age_ms = metadata_max_age_ms
         self._lock = threading.Lock()  # channels, stubs, closed flag
-        self._refresh_lock = threading.Lock()  # one GetMetadata at a time
+        self._refresh_lock = threading.Lock()  # guards _refreshes (bookkeeping only, no I/O)
+        # In-flight GetMetadata calls: key = sorted topic names, () = every topic.
+        self._refreshes: dict[tuple[str, ...], concurrent.futures.Future[None]] = {}
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[tuple[str, object], Any] = {}  # (address, stub class or method)
         self._topics: dict[str, TopicMetadata] = {}
         self._stale: set[str] = set()
         self._brokers: dict[int, BrokerMetadata] = {}
-        self._last_refresh_started = 0.0
+        self._refresh_backoff_s = 0.0
+        self._refresh_retry_at = 0.0  # time.monotonic() before which allow_stale look-ups do not refresh
         self._closed = False
 
     def __repr__(self) -> str:
@@ -180,18 +199,34 @@ class Cluster:
 
     # -- metadata cache ----------------------------------------------------------------------------
 
-    def topic_metadata(self, topic: str) -> TopicMetadata:
-        """The cached metadata of `topic`, refreshed first if missing, stale or too old."""
+    def topic_metadata(self, topic: str, *, timeout_s: float | None = None, allow_stale: bool = False) -> TopicMetadata:
+        """The cached metadata of `topic`, refreshed first if missing, stale or too old.
+
+        `timeout_s` bounds the wait for a refresh (default: request_timeout_ms). With
+        `allow_stale`, a cached entry is returned when the refresh fails, is backing off after a
+        failure, or does not finish within `timeout_s`; only a missing entry raises then.
+        """
         meta = self._topics.get(topic)
         if (
-            meta is None
-            or topic in self._stale
-            or time.monotonic() - meta.fetched_at > self.metadata_max_age_ms / 1000
+            meta is not None
+            and topic not in self._stale
+            and time.monotonic() - meta.fetched_at <= self.metadata_max_age_ms / 1000
         ):
-            self.refresh([topic])
-            meta = self._topics.get(topic)
-            if meta is None:  # pragma: no cover - refresh raises TopicNotFoundError instead
-                raise TopicNotFoundError(f"topic {topic!r} not found")
+            return meta
+        if allow_stale and meta is not None and time.monotonic() < self._refresh_retry_at:
+            return meta
+        try:
+            self.refresh([topic], timeout_s=timeout_s)
+        except TopicNotFoundError:
+            raise
+        except DMQError as e:
+            if allow_stale and meta is not None and e.retriable:
+                log.debug("using cached metadata", topic=topic, error=str(e))
+                return meta
+            raise
+        meta = self._topics.get(topic)
+        if meta is None:  # pragma: no cover - refresh raises TopicNotFoundError instead
+            raise TopicNotFoundError(f"topic {topic!r} not found")
         return meta
 
     def partitions_for(self, topic: str) -> int:
@@ -200,13 +235,14 @@ class Cluster:
             return len(meta.partitions)
         return self.topic_metadata(topic).partition_count
 
-    def leader_for(self, topic: str, partition: int) -> str:
-        """The "host:port" of the broker leading topic[partition]."""
-        meta = self.topic_metadata(topic)
+    def leader_for(self, topic: str, partition: int, *, timeout_s: float | None = None, allow_stale: bool = False) -> str:
+        """The "host:port" of the broker leading topic[partition] (see topic_metadata() for the
+        keyword arguments)."""
+        meta = self.topic_metadata(topic, timeout_s=timeout_s, allow_stale=allow_stale)
         if not 0 <= partition < len(meta.partitions):
             # The topic may have grown since we looked: ask once more before failing.
-            self.refresh([topic])
-            meta = self.topic_metadata(topic)
+            self.refresh([topic], timeout_s=timeout_s)
+            meta = self.topic_metadata(topic, timeout_s=timeout_s)
             if not 0 <= partition < len(meta.partitions):
                 raise UnknownPartitionError(
                     f"topic {topic!r} has partitions 0..{len(meta.partitions) - 1}; partition {partition} does not exist"
@@ -220,41 +256,84 @@ class Cluster:
         """Mark a topic's metadata stale: the next lookup asks the coordinator again."""
         self._stale.add(topic)
 
-    def refresh(self, topics: Iterable[str] | None = None) -> None:
-        """Fetch metadata for `topics` (None = every topic) and update the cache.
+    def refresh(self, topics: Iterable[str] | None = None, *, timeout_s: float | None = None) -> None:
+        """Fetch metadata for `topics` (None = every topic) and update the cache, waiting at most
+        `timeout_s` (default request_timeout_ms) for the answer; the call itself goes on and
+        fills the cache when it answers later.
 
-        Raises TopicNotFoundError when a named topic does not exist (and drops it from the cache).
+        Raises TopicNotFoundError when a named topic does not exist (and drops it from the cache),
+        CoordinatorUnavailableError / DMQTimeoutError naming the coordinator's address otherwise.
         """
-        names = None if topics is None else sorted(set(topics)) or None
-        requested_at = time.monotonic()
+        names = tuple(sorted(set(topics))) if topics is not None else ()
+        future = self._start_refresh(names)
+        wait_s = self.timeout_s if timeout_s is None else max(0.0, timeout_s)
+        try:
+            future.result(timeout=wait_s)
+        except concurrent.futures.TimeoutError:
+            raise DMQTimeoutError(
+                f"GetMetadata from the coordinator at {self.bootstrap} did not answer within {wait_s:.3g} s; "
+                "is the coordinator up and is that its address?"
+            ) from None
+
+    def _start_refresh(self, names: tuple[str, ...]) -> concurrent.futures.Future[None]:
+        """The in-flight refresh covering `names`, started if there is none (never blocks)."""
         with self._refresh_lock:
-            # Someone refreshed everything we need while we waited for the lock: use it.
-            if (
-                names
-                and self._last_refresh_started >= requested_at
-                and all(n in self._topics and n not in self._stale for n in names)
-            ):
-                return
+            for key in ((), names):
+                pending = self._refreshes.get(key)
+                if pending is not None:
+                    return pending
+            result: concurrent.futures.Future[None] = concurrent.futures.Future()
             started = time.monotonic()
-            request = pb.GetMetadataRequest(topics=names or [])
+            request = pb.GetMetadataRequest(topics=list(names))
             try:
-                response = self.metadata_stub().GetMetadata(request, timeout=self.timeout_s)
-            except grpc.RpcError as e:
-                err = from_rpc_error(
-                    e,
-                    context=f"GetMetadata from the coordinator at {self.bootstrap}",
-                    overrides={
-                        grpc.StatusCode.NOT_FOUND: TopicNotFoundError,
-                        grpc.StatusCode.UNAVAILABLE: CoordinatorUnavailableError,
-                    },
-                )
-                if isinstance(err, TopicNotFoundError) and names:
-                    for n in names:
-                        self._topics.pop(n, None)
-                raise err from e
+                call = self.metadata_stub().GetMetadata.future(request, timeout=self.timeout_s)
             except ValueError as e:  # the channel was closed under us
-                raise ClientClosedError(f"the client for {self.bootstrap} is closed") from e
-            self._apply(response, names, started)
+                result.set_exception(ClientClosedError(f"the client for {self.bootstrap} is closed"))
+                del e
+                return result
+            except ClientClosedError as e:
+                result.set_exception(e)
+                return result
+            self._refreshes[names] = result
+        call.add_done_callback(lambda f: self._refresh_done(f, names, started, result))
+        return result
+
+    def _refresh_done(
+        self, call: grpc.Future, names: tuple[str, ...], started: float, result: concurrent.futures.Future[None]
+    ) -> None:
+        with self._refresh_lock:
+            self._refreshes.pop(names, None)
+        try:
+            response = call.result()
+        except grpc.FutureCancelledError:
+            result.set_exception(ClientClosedError(f"the client for {self.bootstrap} is closed"))
+            return
+        except grpc.RpcError as e:
+            err = from_rpc_error(
+                e,
+                context=f"GetMetadata from the coordinator at {self.bootstrap}",
+                overrides={
+                    grpc.StatusCode.NOT_FOUND: TopicNotFoundError,
+                    grpc.StatusCode.UNAVAILABLE: CoordinatorUnavailableError,
+                },
+            )
+            if isinstance(err, TopicNotFoundError):
+                for n in names:
+                    self._topics.pop(n, None)
+            elif err.retriable:
+                self._refresh_backoff_s = min(
+                    MAX_REFRESH_BACKOFF_S, max(MIN_REFRESH_BACKOFF_S, self._refresh_backoff_s * 2)
+                )
+                self._refresh_retry_at = time.monotonic() + self._refresh_backoff_s
+            result.set_exception(err)
+            return
+        except Exception as e:  # noqa: BLE001 - a waiter must never hang on a callback that died
+            result.set_exception(DMQError(f"GetMetadata from the coordinator at {self.bootstrap}: {e}"))
+            return
+        self._refresh_backoff_s = 0.0
+        self._refresh_retry_at = 0.0
+        self._apply(response, list(names) or None, started)
+        result.set_result(None)
 
     def _apply(self, response: pb.GetMetadataResponse, names: list[str] | None, started: float) -> None:
         now = time.monotonic()
@@ -269,7 +348,6 @@ class Cluster:
         self._brokers = {
             b.broker_id: BrokerMetadata(b.broker_id, _address(b.host, b.port), b.alive) for b in response.brokers
         }
-        self._last_refresh_started = started
         log.debug("metadata refreshed", topics=len(response.topics), brokers=len(response.brokers))
 
     def brokers(self, refresh: bool = False) -> list[BrokerMetadata]:

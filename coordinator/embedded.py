@@ -37,6 +37,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dmq.broker.log import LogConfig
 from dmq.broker.node import BrokerNode
+from dmq.coordinator.metadata import DEFAULT_BROKER_SESSION_TIMEOUT_MS
 from dmq.coordinator.node import CoordinatorNode
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.connections import PerAddressConnectionLimit
@@ -58,7 +59,7 @@ class ClusterOptions:
     log_config: LogConfig | None = None
     default_subscription_mode: str = "all"
     rebalance_debounce_ms: int = 500
-    broker_session_timeout_ms: int = 10_000
+    broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS
     retention_check_interval_ms: int = 60_000
     coordinator_kwargs: dict[str, object] = field(default_factory=dict)
 

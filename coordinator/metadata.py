@@ -13,7 +13,11 @@ held through their broker calls, so a broker sees CreatePartitions and DeletePar
 in the order the coordinator decided them; those calls have a timeout, so the lock is bounded.
 
 Broker liveness: a broker is alive while it has registered with this coordinator process and its
-last heartbeat is at most broker_session_timeout_ms old (clock_ms is injected for tests). Brokers
+last heartbeat is at most broker_session_timeout_ms old (clock_ms is injected for tests). Liveness
+is computed from the clock on every read, so metadata answers leader_alive=false as soon as the
+session has elapsed, not when the node's monitor next runs. The default session is short
+(DEFAULT_BROKER_SESSION_TIMEOUT_MS, 6 s) because clients route around a dead broker only once
+it is declared dead; brokers are told to heartbeat four times per session. Brokers
 known from SQLite but not yet registered since start are not alive; their heartbeats are answered
 with reregister=true, as are those of a broker whose session expired, so every (re-)registration
 hands the broker its full placement and repairs any CreatePartitions call that was lost.
@@ -168,13 +172,19 @@ async def complete_even_if_cancelled(coro: Coroutine[Any, Any, T]) -> T:
     return task.result()
 
 
+# A dead broker is declared dead at most this long after its last heartbeat. Kafka's KRaft
+# default (broker.session.timeout.ms) is 9 s; ours is shorter because a local cluster's brokers
+# heartbeat over loopback, and the bound for declaring a broker dead is 6 s.
+DEFAULT_BROKER_SESSION_TIMEOUT_MS = 6_000
+
+
 class MetadataManager:
     def __init__(
         self,
         store: CoordinatorStore,
         broker_pool: BrokerPool,
         *,
-        broker_session_timeout_ms: int = 10_000,
+        broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
         broker_call_timeout_ms: int = DEFAULT_BROKER_CALL_TIMEOUT_MS,
         default_topic_config: TopicSettings | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,

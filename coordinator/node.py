@@ -32,6 +32,7 @@ from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.group_service import build as build_group_service
 from dmq.coordinator.metadata import (
     DEFAULT_BROKER_CALL_TIMEOUT_MS,
+    DEFAULT_BROKER_SESSION_TIMEOUT_MS,
     MetadataManager,
     MetadataServicer,
     wall_clock_ms,
@@ -62,7 +63,7 @@ class CoordinatorNode:
         data_dir: pathlib.Path,
         *,
         advertised_address: str,
-        broker_session_timeout_ms: int = 10_000,
+        broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
         default_subscription_mode: str = "all",
         rebalance_debounce_ms: int = 500,
         default_topic_config: TopicConfigDefaults | None = None,
@@ -82,8 +83,9 @@ class CoordinatorNode:
         self.default_subscription_mode = default_subscription_mode
         self.rebalance_debounce_ms = rebalance_debounce_ms
         self.clock_ms = clock_ms
-        # Often enough that an expiry is logged within a quarter session of happening.
-        self.liveness_check_interval_ms = liveness_check_interval_ms or max(10, broker_session_timeout_ms // 4)
+        # Liveness reads use the clock directly (MetadataManager._alive); the monitor only logs
+        # expiries and ends sessions, and does so within a tenth of a session of the expiry.
+        self.liveness_check_interval_ms = liveness_check_interval_ms or max(10, broker_session_timeout_ms // 10)
         self.store = CoordinatorStore(self.data_dir / SQLITE_FILE)
         self.dir_lock = DataDirLock(self.data_dir)
         self.broker_pool = BrokerPool()

@@ -2,8 +2,9 @@
 --group, `dmq bench consume --no-group`).
 
 SimpleConsumer reads one partition per Fetch; a console tail wants all partitions at once with one
-long-poll per broker. So each round sends one Fetch per leader naming all of its partitions (in
-parallel, as futures), waits for all of them, decodes and advances the positions. Per-partition
+long-poll per broker. So each broker has one Fetch in flight naming all of its partitions (in
+parallel, as futures); a round returns the answers that have arrived, decodes them and advances
+those positions, so a dead or stopped broker never holds up the others. Per-partition
 errors: NOT_LEADER / UNKNOWN_TOPIC_OR_PARTITION re-read the topic's placement and retry next
 round; OFFSET_OUT_OF_RANGE below the log start (retention deleted the data) jumps to the log
 start with a warning, like Kafka's auto.offset.reset=earliest.
@@ -11,6 +12,7 @@ start with a warning, like Kafka's auto.offset.reset=earliest.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -22,6 +24,8 @@ from dmq.client.cli._session import CLIError, Session, broker_unreachable, is_co
 DEFAULT_MAX_WAIT_MS = 500
 DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 MAX_METADATA_RETRIES = 20
+UNREACHABLE_RETRY_S = 1.0
+WAIT_MARGIN_S = 0.1
 
 
 class TopicReader:
@@ -38,6 +42,11 @@ class TopicReader:
         self.warn = warn or (lambda _msg: None)
         self.info = describe_topic(sess, topic)
         self._stale_rounds = 0
+        # per-broker fetch sessions: address -> (broker id, the Fetch in flight)
+        self._inflight: dict[str, tuple[int, Any]] = {}
+        self._answered = threading.Event()  # set by any in-flight Fetch completing
+        self._retry_at: dict[str, float] = {}
+        self._down: set[str] = set()  # brokers warned about as unreachable
         self.fetches = 0
         self.fetch_latencies_s: list[float] = []
 
@@ -55,53 +64,61 @@ class TopicReader:
         return by_leader
 
     def poll(self) -> list[Any]:
-        """One round: ConsumerRecords in offset order per partition (possibly none after max_wait_ms)."""
+        """One round: ConsumerRecords in offset order per partition (possibly none after max_wait_ms).
+
+        Per-broker fetch sessions: each broker has at most one Fetch in flight, kept across
+        rounds, and a round returns what the brokers that answered gave, so a dead or stopped
+        broker holds up only its own partitions. A broker that cannot be reached is warned
+        about once and retried every second while others are readable; only when no broker of
+        the topic can be reached is it an error."""
         import grpc
 
-        from dmq.client.records import consumer_records
         from dmq.proto import dmq_pb2 as pb
-        from dmq.proto import records
 
-        calls = []
         started = time.monotonic()
+        now = started
         for (address, broker_id), parts in sorted(self._leaders().items()):
+            if address in self._inflight or self._retry_at.get(address, 0.0) > now:
+                continue
             request = pb.FetchRequest(
                 partitions=[pb.FetchPartition(topic=self.topic, partition=p, offset=self.positions[p],
                                               max_bytes=self.partition_max_bytes) for p in parts],
                 max_wait_ms=self.max_wait_ms, min_bytes=1,
             )
-            stub = self.sess.broker_stub(address)
-            calls.append((address, broker_id, stub.Fetch.future(request, timeout=self.max_wait_ms / 1000 + self.sess.timeout_s)))
+            future = self.sess.broker_stub(address).Fetch.future(
+                request, timeout=self.max_wait_ms / 1000 + self.sess.timeout_s)
+            future.add_done_callback(lambda _f: self._answered.set())
+            self._inflight[address] = (broker_id, future)
+        # Wait for the first answer, at most a long-poll's time (plus a margin for the call).
+        wait_s = self.max_wait_ms / 1000 + WAIT_MARGIN_S
+        if self._inflight and not any(f.done() for _, f in self._inflight.values()):
+            self._answered.wait(wait_s)
+        elif not self._inflight and self._retry_at:
+            # Every broker is backing off: wait for the first to be due, not in a busy loop.
+            time.sleep(max(0.0, min(wait_s, min(self._retry_at.values()) - time.monotonic())))
+        self._answered.clear()
         out: list[Any] = []
         stale = False
-        for address, broker_id, future in calls:
+        for address, (broker_id, future) in list(self._inflight.items()):
+            if not future.done():
+                continue
+            del self._inflight[address]
             try:
                 response = future.result()
             except grpc.RpcError as e:
                 details = e.details() or ""
                 if e.code() == grpc.StatusCode.UNAVAILABLE and is_connect_failure(details):
-                    raise broker_unreachable(address, broker_id) from None
-                if e.code() == grpc.StatusCode.UNAVAILABLE:
-                    stale = True
+                    self._unreachable(address, broker_id)
+                    continue
+                if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    stale = stale or e.code() == grpc.StatusCode.UNAVAILABLE
+                    self._retry_at[address] = time.monotonic() + UNREACHABLE_RETRY_S
                     continue
                 raise CLIError(f"fetch from broker {broker_id} at {address}: {details or e.code().name}") from None
-            for r in response.partitions:
-                if r.error == pb.NONE:
-                    if not r.records:
-                        continue
-                    position = self.positions[r.partition]
-                    for batch in records.decode_batches(r.records):
-                        out.extend(consumer_records(self.topic, r.partition, batch, position))
-                    if out and out[-1].partition == r.partition:
-                        self.positions[r.partition] = out[-1].offset + 1
-                elif r.error == pb.OFFSET_OUT_OF_RANGE and self.positions[r.partition] < r.log_start_offset:
-                    self.warn(f"{self.topic}[{r.partition}]: offset {self.positions[r.partition]} was deleted by "
-                              f"retention; continuing from the log start {r.log_start_offset}")
-                    self.positions[r.partition] = r.log_start_offset
-                elif r.error in (pb.NOT_LEADER, pb.UNKNOWN_TOPIC_OR_PARTITION):
-                    stale = True
-                else:
-                    raise CLIError(f"{self.topic}[{r.partition}]: {r.error_message or pb.ErrorCode.Name(r.error)}")
+            if address in self._down:
+                self._down.discard(address)
+                self.warn(f"broker {broker_id} at {address} answers again")
+            stale = self._take(response, out) or stale
         self.fetches += 1
         self.fetch_latencies_s.append(time.monotonic() - started)
         if stale:
@@ -113,3 +130,49 @@ class TopicReader:
         else:
             self._stale_rounds = 0
         return out
+
+    def _unreachable(self, address: str, broker_id: int) -> None:
+        leaders = self._leaders()
+        if all(a in self._down or a == address for a, _ in leaders):
+            raise broker_unreachable(address, broker_id)
+        self._retry_at[address] = time.monotonic() + UNREACHABLE_RETRY_S
+        if address not in self._down:
+            self._down.add(address)
+            parts = leaders.get((address, broker_id), [])
+            self.warn(f"cannot reach broker {broker_id} at {address}; reading the other partitions, "
+                      f"{self.topic}{parts} resume when it is back")
+
+    def _take(self, response: Any, out: list[Any]) -> bool:
+        """Decode one Fetch answer into out, advancing the positions; True when the topic's
+        placement must be read again."""
+        from dmq.client.records import consumer_records
+        from dmq.proto import dmq_pb2 as pb
+        from dmq.proto import records
+
+        stale = False
+        for r in response.partitions:
+            if r.error == pb.NONE:
+                if not r.records:
+                    continue
+                position = self.positions[r.partition]
+                got = []
+                for batch in records.decode_batches(r.records):
+                    got.extend(consumer_records(self.topic, r.partition, batch, position))
+                if got:
+                    out.extend(got)
+                    self.positions[r.partition] = got[-1].offset + 1
+            elif r.error == pb.OFFSET_OUT_OF_RANGE and self.positions[r.partition] < r.log_start_offset:
+                self.warn(f"{self.topic}[{r.partition}]: offset {self.positions[r.partition]} was deleted by "
+                          f"retention; continuing from the log start {r.log_start_offset}")
+                self.positions[r.partition] = r.log_start_offset
+            elif r.error in (pb.NOT_LEADER, pb.UNKNOWN_TOPIC_OR_PARTITION):
+                stale = True
+            else:
+                raise CLIError(f"{self.topic}[{r.partition}]: {r.error_message or pb.ErrorCode.Name(r.error)}")
+        return stale
+
+    def close(self) -> None:
+        """Cancel the fetches still in flight."""
+        for _, future in self._inflight.values():
+            future.cancel()
+        self._inflight.clear()

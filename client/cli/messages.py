@@ -32,6 +32,10 @@ from dmq.client.cli._session import CLIError
 ACKS = {"all": "all", "1": 1, "leader": 1, "0": 0, "none": 0}
 # How often a group consumer commits what it has printed while it keeps running.
 COMMIT_INTERVAL_S = 1.0
+# Bounds of the group consumer's final commit and close, so a dead broker or coordinator does
+# not hold up the exit.
+FINAL_COMMIT_TIMEOUT_S = 5.0
+CLOSE_TIMEOUT_S = 5.0
 
 
 def quiet_client_logs() -> None:
@@ -370,8 +374,36 @@ def _consume_group(ctx: click.Context, topic: str, app: str, from_beginning: boo
         subscription_mode="all" if from_beginning else None,
         request_timeout_ms=int(session(ctx).timeout_s * 1000),
     )
+    from dmq.client.errors import CommitFailedError, DMQError
+
     pending: dict[Any, int] = {}
     last_commit = time.monotonic()
+    warned: set[str] = set()
+
+    def commit_sync(timeout_s: float) -> None:
+        try:
+            consumer.commit_sync(pending, timeout=timeout_s)
+        except DMQError as e:
+            note(f"[yellow]warning:[/] the last commit failed: {e}")
+        pending.clear()
+
+    def commit_async() -> None:
+        # Periodic commits do not wait: a broker that is down must not pause the printing of
+        # the others' partitions. What a failed commit did not record stays pending and goes
+        # with the next one (commits are idempotent).
+        offsets = dict(pending)
+
+        def done(_committed: Any, error: Exception | None) -> None:
+            if error is None or isinstance(error, CommitFailedError):
+                for tp, o in offsets.items():
+                    if pending.get(tp) == o:
+                        del pending[tp]
+            if error is not None and type(error).__name__ not in warned:
+                warned.add(type(error).__name__)
+                note(f"[yellow]warning:[/] commit failed: {error}")
+
+        consumer.commit_async(offsets, callback=done)
+
     try:
         consumer.subscribe(topic)
         last_data = time.monotonic()
@@ -385,12 +417,11 @@ def _consume_group(ctx: click.Context, topic: str, app: str, from_beginning: boo
             elif idle_s is not None and time.monotonic() - last_data >= idle_s:
                 break
             if pending and time.monotonic() - last_commit >= COMMIT_INTERVAL_S:
-                consumer.commit_sync(pending)
-                pending.clear()
+                commit_async()
                 last_commit = time.monotonic()
     finally:
         try:
             if pending:
-                consumer.commit_sync(pending)
+                commit_sync(FINAL_COMMIT_TIMEOUT_S)
         finally:
-            consumer.close()
+            consumer.close(timeout=CLOSE_TIMEOUT_S)

@@ -7,24 +7,33 @@ It composes the parts, which never import each other (STYLE.md, after aiokafka):
     GroupClient        memberships: find/join/assignment/leave RPCs     (_group.py)
     HeartbeatThread    heartbeats, watch streams, poll watchdog         (_heartbeat.py)
     OffsetClient       commit / committed / list offsets                (_offsets.py)
+    PositionFinder     position look-ups of new partitions              (_positions.py)
 
 Threads: everything here runs on the application's thread, which must be one thread at a time
 (like Kafka's consumer, the object is not thread-safe). The heartbeat thread only sets flags on
 memberships; gRPC threads only complete futures; both then set ``_wakeup`` so a poll() waiting
 for data wakes up.
 
+Nothing in poll() waits for the network beyond its timeout: every call it makes (group calls,
+commits, position look-ups, fetches, metadata refreshes) is started as a future with its own
+deadline and finished by a later iteration or a later poll() when it has answered. Each broker
+has its own calls, so a dead or stopped broker holds up only its own partitions, and fetching
+needs no coordinator, so a coordinator outage stops nothing but rebalances.
+
 poll(), step by step:
   1. run the callbacks of finished commit_async() calls;
-  2. auto-commit: positions returned by earlier polls, async, at most every
+  2. auto-commit: positions returned by earlier polls, async, per broker, at most every
      auto_commit_interval_ms;
-  3. per membership: re-join if the coordinator forgot us (partitions lost); if the heartbeat
-     thread flagged a new generation, commit the returned positions synchronously, then
-     GetAssignment (this is what hands revoked partitions to their new owner, who starts at
-     that commit), drop fetched data of revoked partitions, call the listener;
+  3. per membership, one group call at a time: find the group (if subscribe() could not),
+     re-join if the coordinator forgot us (partitions lost); if the heartbeat thread flagged a
+     new generation, commit the returned positions (holding those partitions' records until
+     their broker answered), then GetAssignment (this is what hands revoked partitions to
+     their new owner, who starts at that commit), drop fetched data of revoked partitions,
+     call the listener. Failed calls are retried after retry_backoff_ms, doubling up to 1 s;
   4. look up the positions of new partitions: committed offset, else the group's start
-     position (exact offset, log start, or by subscription time);
+     position (exact offset, log start, or by subscription time), per broker;
   5. return buffered records (max_poll_records) and start the next fetches before returning,
-     or wait for a fetch / a rebalance until the timeout.
+     or wait for a fetch / a rebalance / an answer until the timeout.
 """
 
 from __future__ import annotations
@@ -35,9 +44,9 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from functools import partial
 from typing import Any
 
+import grpc
 import structlog
 
 from dmq.client._cluster import Cluster
@@ -47,18 +56,18 @@ from dmq.client.consumer._group import GroupClient, Membership, group_id_for
 from dmq.client.consumer._heartbeat import HeartbeatThread
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
+from dmq.client.consumer._positions import PositionFinder
 from dmq.client.consumer._records import ConsumerRecords, OffsetAndMetadata, TopicPartition
 from dmq.client.consumer._subscription import (
     EARLIEST,
     LATEST,
-    START_BY_TIMESTAMP,
     SubscriptionState,
 )
 from dmq.client.errors import (
     ClientClosedError,
     CommitFailedError,
-    CoordinatorUnavailableError,
     DMQError,
+    DMQTimeoutError,
     GroupNotFoundError,
     IllegalStateError,
     InvalidArgumentError,
@@ -68,6 +77,39 @@ from dmq.client.errors import (
 log = structlog.get_logger(__name__)
 
 CommitCallback = Callable[[dict[TopicPartition, OffsetAndMetadata], Exception | None], None]
+
+
+# close() gives up on what the cluster has not answered by then (Kafka's close() default).
+DEFAULT_CLOSE_TIMEOUT_S = 30.0
+LEAVE_TIMEOUT_S = 5.0
+# How long a hand-off waits for its commits before asking for the new assignment anyway.
+# Healthy brokers answer in milliseconds; a stopped one would otherwise hold the rebalance (and
+# this member's other partitions, held meanwhile) for a whole request timeout.
+HANDOVER_COMMIT_WAIT_S = 1.0
+MAX_GROUP_BACKOFF_S = 1.0
+_OP_WHAT = {"find": "finding the group", "join": "joining the group", "handover": "committing before the hand-off",
+            "assignment": "fetching the assignment"}
+
+
+class _GroupOp:
+    """A membership's group call in flight: one future (find, join, assignment) or the
+    per-broker commit futures of a hand-off, with the partitions a hand-off holds back."""
+
+    __slots__ = ("kind", "futures", "commits", "held", "released", "wait_until")
+
+    def __init__(self, kind: str, futures: list[Any], held: frozenset[TopicPartition] = frozenset()) -> None:
+        self.kind = kind
+        self.futures = futures
+        self.commits: dict[Any, frozenset[TopicPartition]] = {}  # hand-off commit future -> its partitions
+        self.held = held  # poll() returns none of their records while this is in flight...
+        self.released: set[TopicPartition] = set()  # ...except these (their commit failed)
+        self.wait_until = float("inf")  # a hand-off goes on without commits still out by then
+
+    def __repr__(self) -> str:
+        return f"<_GroupOp {self.kind} done={self.done()} held={len(self.held)} released={len(self.released)}>"
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures) or time.monotonic() >= self.wait_until
 
 
 class DMQConsumer:
@@ -87,12 +129,15 @@ class DMQConsumer:
         self._fetcher = Fetcher(self._cluster, self._subs, config, self._wakeup, name=self.consumer_id)
         self._groups = GroupClient(self._cluster, config, self.consumer_id)
         self._offsets = OffsetClient(self._cluster, config)
+        self._positions = PositionFinder(self._cluster, self._offsets, self._subs, config, self._wakeup)
         self._memberships: dict[str, Membership] = {}
+        self._ops: dict[str, _GroupOp] = {}  # topic -> the membership's group call in flight
+        self._backoff: dict[str, tuple[float, float]] = {}  # topic -> (retry at, last delay)
+        self._auto_commits: dict[str, concurrent.futures.Future[Any]] = {}  # broker -> last auto-commit
         self._heartbeat = HeartbeatThread(self.consumer_id, config, self._wakeup, self._poll_age_s)
         self._last_poll = time.monotonic()
         self._in_poll = False
         self._next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
-        self._auto_commit: concurrent.futures.Future[Any] | None = None
         self._commits_in_flight: set[concurrent.futures.Future[Any]] = set()
         self._finished_commits: deque[tuple[CommitCallback | None, concurrent.futures.Future[Any]]] = deque()
         self._closed = False
@@ -118,7 +163,10 @@ class DMQConsumer:
         """Join the group of each topic (``G_<topic>_<group_id>``); partitions arrive in poll().
 
         The group's subscription mode is recorded when it is first created, here: a group
-        subscribing with mode ``new`` reads everything produced after this call returns.
+        subscribing with mode ``new`` reads everything produced after this call returns. When
+        the coordinator cannot be reached (a retriable error, logged with its address), the
+        group is found and joined by poll() instead, within poll()'s timeout; errors a person
+        must fix (no such topic, bad setting) are raised here.
         """
         self._check_open()
         topics = [topic_or_topics] if isinstance(topic_or_topics, str) else list(topic_or_topics)
@@ -127,20 +175,39 @@ class DMQConsumer:
         if not self._heartbeat.alive:
             self._heartbeat.start()
         wanted = list(dict.fromkeys(topics))
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
         for topic in [t for t in self._memberships if t not in wanted]:
-            self._leave_topic(topic, call_listener=True)
+            self._leave_topic(topic, call_listener=True, deadline=deadline)
         self._subs.subscribe(wanted, listener)
         for topic in wanted:
-            if topic not in self._memberships:
-                m = self._call_coordinator(partial(self._groups.find_or_create, topic), f"finding the group of {topic}")
-                self._memberships[topic] = m
-                self._join(m)
+            if topic in self._memberships:
+                continue
+            m = Membership.pending(topic, group_id_for(topic, self.config.group_id), self._cluster.bootstrap)
+            self._memberships[topic] = m
+            try:
+                for kind, start, finish in (("find", self._groups.start_find, self._groups.finish_find),
+                                            ("join", self._groups.start_join, self._groups.finish_join)):
+                    future = start(topic if kind == "find" else m)  # type: ignore[arg-type]
+                    if not _wait(future, deadline - time.monotonic()):
+                        # Still unanswered at the deadline: poll() finishes it.
+                        self._start(m, kind, future)
+                        break
+                    finish(m, future)  # type: ignore[arg-type]
+                else:
+                    self._heartbeat.track(m)
+            except DMQError as e:
+                if not e.retriable:
+                    self._memberships.pop(topic, None)
+                    raise
+                self._group_failed(m, "subscribing", e)
 
     def unsubscribe(self) -> None:
-        """Commit (with auto-commit), hand back every partition and leave every group."""
+        """Commit (with auto-commit), hand back every partition and leave every group, within
+        request_timeout_ms."""
         self._check_open()
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
         for topic in list(self._memberships):
-            self._leave_topic(topic, call_listener=True)
+            self._leave_topic(topic, call_listener=True, deadline=deadline)
         self._subs.subscribe((), None)
 
     def subscription(self) -> set[str]:
@@ -154,7 +221,12 @@ class DMQConsumer:
 
     def poll(self, timeout: float = 0.0) -> ConsumerRecords:
         """Records fetched for the owned partitions, at most max_poll_records, waiting up to
-        `timeout` seconds for some. Rebalances are carried out here, on this thread."""
+        `timeout` seconds for some. Rebalances are carried out here, on this thread.
+
+        poll() returns within `timeout` (plus the time of the rebalance listener's callbacks)
+        whatever the cluster does: group, commit, position and metadata calls are started here
+        and finished by a later poll() when they answer; nothing waits for a dead broker or an
+        absent coordinator."""
         self._check_open()
         if not self._memberships:
             raise IllegalStateError("poll() needs a subscription: call subscribe(topic) first")
@@ -170,16 +242,16 @@ class DMQConsumer:
                 self._wakeup.clear()
                 self._coordinate()
                 if self._subs.needing_position():
-                    self._initialise_positions(in_poll=True)
-                records = fetcher.collect(self.config.max_poll_records)
+                    self._update_positions()
+                records = fetcher.collect(self.config.max_poll_records, self._held())
                 fetcher.send_fetches()
                 if records:
                     return ConsumerRecords(records)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return ConsumerRecords()
-                # Fetch answers and rebalance flags set _wakeup; the cap covers retry backoffs,
-                # which nothing signals.
+                # Fetch answers, look-ups, group calls and rebalance flags set _wakeup; the cap
+                # covers retry backoffs and background metadata refreshes, which nothing signals.
                 self._wakeup.wait(min(remaining, self.config.retry_backoff_ms / 1000 or remaining))
         finally:
             self._in_poll = False
@@ -189,69 +261,59 @@ class DMQConsumer:
         """Seconds since the application last called poll(); 0 while inside poll()."""
         return 0.0 if self._in_poll else time.monotonic() - self._last_poll
 
-    # -- group coordination (application thread) -------------------------------------------------
-
-    def _call_coordinator(self, fn: Callable[[], Any], what: str) -> Any:
-        """Run a group RPC, retrying retriable failures for up to request_timeout_ms."""
-        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
-        delay_s = self.config.retry_backoff_ms / 1000
-        while True:
-            try:
-                return fn()
-            except DMQError as e:
-                if not e.retriable:
-                    raise
-                if time.monotonic() + delay_s > deadline:
-                    raise CoordinatorUnavailableError(
-                        f"{what} failed for request_timeout_ms ({self.config.request_timeout_ms}): {e}",
-                        code=e.code, details=e.details,
-                    ) from e
-                self._log.info("coordinator call failed, retrying", what=what, error=str(e))
-                time.sleep(delay_s)
-                delay_s = min(delay_s * 2, 1.0)
-
-    def _join(self, m: Membership) -> None:
-        def join() -> None:
-            try:
-                self._groups.join(m)
-            except GroupNotFoundError:
-                # Deleted between FindOrCreateGroup and now (an empty group can be): find it again.
-                fresh = self._groups.find_or_create(m.topic)
-                m.group_id, m.coordinator, m.subscription = fresh.group_id, fresh.coordinator, fresh.subscription
-                self._groups.join(m)
-
-        self._call_coordinator(join, f"joining group {m.group_id}")
-        self._heartbeat.track(m)
+    # -- group coordination (application thread, never blocking) ----------------------------------
 
     def _coordinate(self) -> None:
-        for m in self._memberships.values():
-            if m.rejoin_reason is not None or not m.joined:
-                self._rejoin(m)
-            if m.assignment_stale:
-                self._refresh_assignment(m)
+        for m in list(self._memberships.values()):
+            self._step(m)
 
-    def _rejoin(self, m: Membership) -> None:
-        reason = m.rejoin_reason or "not a member"
-        lost = set(self._subs.assigned(m.topic))
-        for tp in lost:
-            self._subs.remove(tp)
-            self._fetcher.drop(tp)
-        if lost:
-            self._log.warning("partitions lost without a hand-off", group=m.group_id, member=m.member_id,
-                              partitions=sorted(tp.partition for tp in lost), reason=reason)
-        self._join(m)
-        if lost:
-            self._listener_call("on_partitions_lost", lost)
+    def _step(self, m: Membership) -> None:
+        """Finish m's group call if it answered, then start the next one m needs (one at a
+        time per membership): find the group, (re-)join, commit before the hand-off, fetch the
+        assignment. Retriable failures are retried after a backoff; others are raised."""
+        op = self._ops.get(m.topic)
+        if op is not None:
+            if not op.done():
+                return
+            del self._ops[m.topic]
+            self._finish(m, op)
+            if m.topic in self._ops:
+                return
+        retry_at, _ = self._backoff.get(m.topic, (0.0, 0.0))
+        if retry_at > time.monotonic():
+            return
+        if not m.found:
+            self._start(m, "find", self._groups.start_find(m.topic))
+        elif m.rejoin_reason is not None or not m.joined:
+            self._drop_lost(m)
+            self._start(m, "join", self._groups.start_join(m))
+        elif m.assignment_stale:
+            m.assignment_stale = False
+            self._start_handover(m)
 
-    def _refresh_assignment(self, m: Membership) -> None:
-        m.assignment_stale = False
-        owned = set(self._subs.assigned(m.topic))
-        if owned:
-            self._commit_before_handover(m)
+    def _start(self, m: Membership, kind: str, future: Any) -> None:
+        wakeup = self._wakeup
+        future.add_done_callback(lambda _f: wakeup.set())
+        self._ops[m.topic] = _GroupOp(kind, [future])
+
+    def _finish(self, m: Membership, op: _GroupOp) -> None:
         try:
-            # Never wait in the coordinator: partitions still held by their previous owner come
-            # with a later watch event / heartbeat, and poll() keeps consuming meanwhile.
-            response = self._groups.get_assignment(m, wait_ms=0)
+            if op.kind == "find":
+                self._groups.finish_find(m, op.futures[0])
+            elif op.kind == "join":
+                try:
+                    self._groups.finish_join(m, op.futures[0])
+                except GroupNotFoundError:
+                    # Deleted between FindOrCreateGroup and now (an empty group can be): find it again.
+                    m.found = False
+                    return
+                self._heartbeat.track(m)
+            elif op.kind == "handover":
+                self._finish_handover(m, op)
+                self._start_assignment(m, op)
+                return
+            else:
+                self._apply_assignment(m, op.futures[0])
         except UnknownMemberError as e:
             m.rejoin_reason = str(e)
             self._wakeup.set()
@@ -259,9 +321,108 @@ class DMQConsumer:
         except DMQError as e:
             if not e.retriable:
                 raise
-            self._log.warning("fetching the assignment failed; retrying", group=m.group_id, error=str(e))
-            m.assignment_stale = True
+            if op.kind == "assignment":
+                m.assignment_stale = True
+            self._group_failed(m, _OP_WHAT[op.kind], e)
             return
+        self._backoff.pop(m.topic, None)
+
+    def _group_failed(self, m: Membership, what: str, e: DMQError) -> None:
+        """Back off before the next group call of m: retry_backoff_ms, doubling up to 1 s, so a
+        returning coordinator is found again within about a second."""
+        _, last = self._backoff.get(m.topic, (0.0, 0.0))
+        delay_s = min(MAX_GROUP_BACKOFF_S, max(self.config.retry_backoff_ms / 1000, last * 2))
+        self._backoff[m.topic] = (time.monotonic() + delay_s, delay_s)
+        self._log.warning("group call failed; retrying", what=what, group=m.group_id, error=str(e),
+                          retry_in_ms=int(delay_s * 1000))
+
+    def _drop_lost(self, m: Membership) -> None:
+        lost = set(self._subs.assigned(m.topic))
+        if not lost:
+            return
+        for tp in lost:
+            self._subs.remove(tp)
+            self._fetcher.drop(tp)
+        self._log.warning("partitions lost without a hand-off", group=m.group_id, member=m.member_id,
+                          partitions=sorted(tp.partition for tp in lost), reason=m.rejoin_reason or "not a member")
+        self._listener_call("on_partitions_lost", lost)
+
+    def _start_handover(self, m: Membership) -> None:
+        """Commit what poll() returned for m's partitions, per broker, so their next owner starts
+        there; GetAssignment follows once the commits answered, or after HANDOVER_COMMIT_WAIT_S
+        (a stopped broker must not hold the group's rebalance nor m's other partitions).
+
+        From here until the assignment is applied, m's partitions are held (poll() returns none
+        of their records): a record returned now and then revoked would be read again by the
+        next owner. Partitions whose commit failed or did not answer in time are released at
+        once: their next owner re-reads from the last good commit whatever we do (duplicates,
+        never loss), and they are on a broker that is away anyway."""
+        owned = frozenset(self._subs.assigned(m.topic))
+        offsets = {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items()
+                   if tp.topic == m.topic}
+        op = _GroupOp("handover", [], held=owned)
+        if offsets and owned:
+            timeout_s = min(self.config.request_timeout_ms, self.config.session_timeout_ms) / 1000
+            try:
+                calls, errors = self._offsets.commit_calls(offsets, {m.topic: m}, timeout_s=0)
+            except DMQError as e:
+                calls, errors = [], dict.fromkeys(offsets, e)
+            for tp, e in errors.items():
+                self._log.warning("commit before the hand-off not sent", group=m.group_id, partition=tp.partition,
+                                  error=str(e))
+            op.released |= set(errors)
+            wakeup = self._wakeup
+            for call in calls:
+                f = self._offsets.send_commit(call, timeout_s)
+                f.add_done_callback(lambda _f: wakeup.set())
+                op.futures.append(f)
+                op.commits[f] = frozenset(call.offsets)
+        if not op.futures:
+            self._start_assignment(m, op)
+            return
+        op.wait_until = time.monotonic() + HANDOVER_COMMIT_WAIT_S
+        self._ops[m.topic] = op
+
+    def _start_assignment(self, m: Membership, handover: _GroupOp) -> None:
+        future = self._groups.start_get_assignment(m, wait_ms=0)
+        wakeup = self._wakeup
+        future.add_done_callback(lambda _f: wakeup.set())
+        op = _GroupOp("assignment", [future], held=handover.held)
+        op.released = handover.released
+        self._ops[m.topic] = op
+
+    def _finish_handover(self, m: Membership, op: _GroupOp) -> None:
+        """Record the hand-off commits; release the partitions whose commit failed or is late."""
+        for f, tps in op.commits.items():
+            if not f.done():
+                op.released |= tps
+                self._log.warning("commit before the hand-off did not answer in time; going on without it",
+                                  group=m.group_id, member=m.member_id, partitions=sorted(tp.partition for tp in tps),
+                                  waited_s=HANDOVER_COMMIT_WAIT_S)
+                continue
+            error = f.exception()
+            if error is None:
+                self._subs.mark_committed({tp: o.offset for tp, o in f.result().items()})
+            else:
+                op.released |= tps
+                # Ownership already moved (expired) or the broker is away: the next owner re-reads
+                # from the last good commit. Duplicates, never loss.
+                self._log.warning("commit before the hand-off failed", group=m.group_id, member=m.member_id,
+                                  error=str(error))
+
+    def _held(self) -> frozenset[TopicPartition]:
+        held: set[TopicPartition] = set()
+        for op in self._ops.values():
+            if op.held:
+                held |= op.held - op.released - {tp for f, tps in op.commits.items() if f.done()
+                                                 and f.exception() is not None for tp in tps}
+        return frozenset(held)
+
+    def _apply_assignment(self, m: Membership, future: Any) -> None:
+        owned = set(self._subs.assigned(m.topic))
+        # Never wait in the coordinator (wait_ms=0): partitions still held by their previous
+        # owner come with a later watch event / heartbeat, and poll() keeps consuming meanwhile.
+        response = self._groups.finish_get_assignment(m, future)
         now_owned = {TopicPartition(m.topic, p) for p in response.partitions}
         revoked = owned - now_owned
         added = now_owned - owned
@@ -282,25 +443,18 @@ class DMQConsumer:
         if added:
             self._listener_call("on_partitions_assigned", added)
 
-    def _commit_before_handover(self, m: Membership) -> None:
-        """Commit what poll() returned for m's partitions, so their next owner starts there."""
-        offsets = {tp: o for tp, o in self._subs.consumed(only_changed=True).items() if tp.topic == m.topic}
-        if not offsets:
-            return
-        try:
-            self._commit_sync_now({tp: OffsetAndMetadata(o) for tp, o in offsets.items()})
-        except DMQError as e:
-            # Ownership already moved (expired) or the broker is away: the next owner re-reads
-            # from the last good commit. Duplicates, never loss.
-            self._log.warning("commit before the hand-off failed", group=m.group_id, member=m.member_id, error=str(e))
-
-    def _leave_topic(self, topic: str, *, call_listener: bool) -> None:
+    def _leave_topic(self, topic: str, *, call_listener: bool, deadline: float) -> None:
         m = self._memberships.pop(topic)
+        op = self._ops.pop(topic, None)
+        if op is not None:
+            for f in op.futures:
+                f.cancel()
+        self._backoff.pop(topic, None)
         owned = set(self._subs.assigned(topic))
-        if owned and self.config.enable_auto_commit and m.rejoin_reason is None:
+        if owned and self.config.enable_auto_commit and m.rejoin_reason is None and m.joined:
             offsets = {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items() if tp.topic == topic}
             try:
-                self._commit_sync_now(offsets, {topic: m})
+                self._commit_sync_now(offsets, {topic: m}, deadline=deadline)
             except DMQError as e:
                 self._log.warning("final commit failed", group=m.group_id, member=m.member_id, error=str(e))
         for tp in owned:
@@ -311,7 +465,7 @@ class DMQConsumer:
                 self._listener_call("on_partitions_revoked", owned)
         finally:
             self._heartbeat.untrack(topic)
-            self._groups.leave(m)
+            self._groups.leave(m, timeout_s=min(LEAVE_TIMEOUT_S, max(0.001, deadline - time.monotonic())))
 
     def _listener_call(self, name: str, partitions: set[TopicPartition]) -> None:
         listener = self._subs.listener
@@ -320,45 +474,16 @@ class DMQConsumer:
 
     # -- positions -------------------------------------------------------------------------------
 
-    def _initialise_positions(self, in_poll: bool = False) -> None:
-        """Find the positions of partitions that have none. Inside poll() a retriable failure
-        (a broker away) is logged and retried at the next iteration, so poll() keeps its timeout
-        and the other partitions keep flowing; position() retries up to request_timeout_ms."""
-        try:
-            self._lookup_positions(retry=not in_poll)
-        except DMQError as e:
-            if not (in_poll and e.retriable):
-                raise
-            self._log.warning("looking up positions failed; retrying", error=str(e))
+    def _update_positions(self) -> None:
+        """Harvest and start position look-ups (never blocks; see _positions.py)."""
+        group_ids = {t: m.group_id for t, m in self._memberships.items() if m.found}
+        error = self._positions.update(group_ids, self._subscription_from_ms)
+        if error is not None:
+            raise error
 
-    def _lookup_positions(self, retry: bool) -> None:
-        need = self._subs.needing_position()
-        unknown = [tp for tp in need if self._subs.state(tp).reset is None]
-        if unknown:
-            group_ids = {tp.topic: self._memberships[tp.topic].group_id for tp in unknown}
-            committed = self._offsets.fetch_committed(unknown, group_ids, retry=retry)
-            for tp in unknown:
-                state = self._subs.get(tp)
-                if state is None or state.position is not None:
-                    continue
-                c = committed.get(tp)
-                if c is not None:
-                    state.position = state.committed = c.offset
-                elif state.start_position >= 0:
-                    state.position = state.start_position
-                elif state.start_position == START_BY_TIMESTAMP:
-                    state.reset = self._memberships[tp.topic].subscription.from_ms
-                else:
-                    state.reset = EARLIEST
-        lookups = {tp: s.reset for tp, s in self._subs.items() if s.position is None and s.reset is not None}
-        if lookups:
-            found = self._offsets.list_offsets(lookups, retry=retry)
-            for tp, offset in found.items():
-                state = self._subs.get(tp)
-                if state is not None and state.position is None:
-                    self._subs.seek(tp, offset)
-        self._log.debug("positions initialised", partitions={str(tp): self._subs.state(tp).position for tp in need
-                                                            if self._subs.is_assigned(tp)})
+    def _subscription_from_ms(self, topic: str) -> int:
+        m = self._memberships.get(topic)
+        return m.subscription.from_ms if m is not None else EARLIEST
 
     def _assigned_state(self, tp: TopicPartition, what: str):  # type: ignore[no-untyped-def]
         tp = _tp(tp)
@@ -374,8 +499,19 @@ class DMQConsumer:
         """The offset of the next record poll() will return for an assigned partition."""
         self._check_open()
         tp, state = self._assigned_state(partition, "position()")
-        if state.position is None:
-            self._initialise_positions()
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        while state.position is None:
+            self._wakeup.clear()
+            self._update_positions()
+            if state.position is not None or self._subs.get(tp) is not state:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DMQTimeoutError(
+                    f"position(): the position of {tp} was not found within request_timeout_ms "
+                    f"({self.config.request_timeout_ms}); is its broker up?"
+                )
+            self._wakeup.wait(min(remaining, self.config.retry_backoff_ms / 1000 or remaining))
         position = self._subs.state(tp).position
         assert position is not None
         return position
@@ -421,11 +557,12 @@ class DMQConsumer:
         return self._subs.paused()
 
     def committed(
-        self, partitions: TopicPartition | Iterable[TopicPartition]
+        self, partitions: TopicPartition | Iterable[TopicPartition], timeout: float | None = None
     ) -> int | None | dict[TopicPartition, int | None]:
         """The group's committed offset (the next offset to consume; None = nothing committed):
         an int for one TopicPartition, a dict for several. Any partition of any topic may be
-        asked, assigned or not."""
+        asked, assigned or not. Brokers are asked in parallel, within `timeout` seconds
+        (default request_timeout_ms)."""
         self._check_open()
         single = isinstance(partitions, TopicPartition) or (
             isinstance(partitions, tuple) and len(partitions) == 2 and isinstance(partitions[0], str)
@@ -436,20 +573,31 @@ class DMQConsumer:
                        else group_id_for(tp.topic, self.config.group_id))
             for tp in tps
         }
-        found = self._offsets.fetch_committed(tps, group_ids)
+        found = self._offsets.fetch_committed(tps, group_ids, timeout_s=timeout)
         out = {tp: (None if (c := found.get(tp)) is None else c.offset) for tp in tps}
         return out[tps[0]] if single else out
 
     # -- commits ---------------------------------------------------------------------------------
 
-    def commit_sync(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None) -> None:
+    def commit_sync(
+        self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None, timeout: float | None = None
+    ) -> None:
         """Commit `offsets` (next offset to consume per partition), or the positions of every
-        record poll() returned. Raises CommitFailedError when this consumer no longer owns a
-        partition (see its message for the settings to change)."""
+        record poll() returned, within `timeout` seconds (default request_timeout_ms). Each
+        broker is committed to in parallel: the partitions of healthy brokers are committed even
+        when another broker is down, and the error then names the partitions left. Raises
+        CommitFailedError when this consumer no longer owns a partition (see its message for the
+        settings to change), DMQTimeoutError when a broker did not answer in time."""
         self._check_open()
+        deadline = time.monotonic() + (self.config.request_timeout_ms / 1000 if timeout is None else max(0.0, timeout))
         self._run_commit_callbacks()
+        if offsets is None:
+            # Refused for a member that lost its group even when no position moved (Kafka's
+            # rule): the application must learn that its partitions may be gone.
+            self._check_can_commit({tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed().items()},
+                                   self._memberships)
         normalised = self._commit_offsets(offsets)
-        self._commit_sync_now(normalised)
+        self._commit_sync_now(normalised, deadline=deadline)
 
     def commit_async(
         self,
@@ -469,7 +617,9 @@ class DMQConsumer:
         self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None
     ) -> dict[TopicPartition, OffsetAndMetadata]:
         if offsets is None:
-            return {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed().items()}
+            # Positions already committed are left out: re-committing them changes nothing, and
+            # would make commit_sync() wait on a dead broker whose partitions did not move.
+            return {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items()}
         out = {}
         for tp, o in offsets.items():
             om = o if isinstance(o, OffsetAndMetadata) else OffsetAndMetadata(o)
@@ -493,21 +643,25 @@ class DMQConsumer:
                 )
 
     def _commit_sync_now(self, offsets: Mapping[TopicPartition, OffsetAndMetadata],
-                         memberships: Mapping[str, Membership] | None = None) -> None:
+                         memberships: Mapping[str, Membership] | None = None, *, deadline: float) -> None:
         if not offsets:
             return
         memberships = self._memberships if memberships is None else memberships
         self._check_can_commit(offsets, memberships)
         # An older async commit landing after this one would move the offset backwards.
-        self._wait_for_async_commits()
-        try:
-            self._offsets.commit_sync(offsets, memberships)
-        except CommitFailedError:
-            for topic in {tp.topic for tp in offsets}:
+        self._wait_for_async_commits(deadline)
+        outcome = self._offsets.commit_sync(offsets, memberships, timeout_s=deadline - time.monotonic())
+        self._subs.mark_committed({tp: o.offset for tp, o in outcome.done.items()})
+        error = outcome.error("commit")
+        if error is None:
+            return
+        if isinstance(error, CommitFailedError):
+            for topic in {tp.topic for tp in outcome.errors}:
                 if topic in self._memberships:
                     self._memberships[topic].assignment_stale = True
-            raise
-        self._subs.mark_committed({tp: o.offset for tp, o in offsets.items()})
+        elif error.retriable:
+            error = DMQTimeoutError(f"{error} (gave up at the commit's deadline)", code=error.code, details=error.details)
+        raise error
 
     def _commit_async_now(
         self, offsets: dict[TopicPartition, OffsetAndMetadata], callback: CommitCallback | None
@@ -518,11 +672,14 @@ class DMQConsumer:
             future: concurrent.futures.Future[Any] = concurrent.futures.Future()
             future.set_exception(e)
         else:
-            future = self._offsets.commit_async(offsets, self._memberships)
+            future = self._offsets.commit_async(offsets, self._memberships, timeout_s=0)
+        self._track_commit(future, callback)
+        return future
+
+    def _track_commit(self, future: concurrent.futures.Future[Any], callback: CommitCallback | None) -> None:
         self._commits_in_flight.add(future)
         finished = self._finished_commits
         future.add_done_callback(lambda f: finished.append((callback, f)))
-        return future
 
     def _run_commit_callbacks(self) -> None:
         while self._finished_commits:
@@ -544,38 +701,58 @@ class DMQConsumer:
             if callback is not None:
                 callback(offsets, error)
 
-    def _wait_for_async_commits(self) -> None:
+    def _wait_for_async_commits(self, deadline: float) -> None:
         if self._commits_in_flight:
-            concurrent.futures.wait(list(self._commits_in_flight), timeout=self.config.request_timeout_ms / 1000)
+            concurrent.futures.wait(list(self._commits_in_flight), timeout=max(0.0, deadline - time.monotonic()))
             self._run_commit_callbacks()
 
     def _maybe_auto_commit(self, now: float) -> None:
+        """Commit the returned positions asynchronously, per broker: a broker whose previous
+        auto-commit has not answered (stopped, slow) is skipped this time, the others are not."""
         if not self.config.enable_auto_commit or now < self._next_auto_commit:
             return
-        if self._auto_commit is not None and not self._auto_commit.done():
-            return
         self._next_auto_commit = now + self.config.auto_commit_interval_ms / 1000
-        offsets = {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items()}
-        if offsets:
-            self._auto_commit = self._commit_async_now(offsets, None)
+        offsets = {
+            tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items()
+            if (m := self._memberships.get(tp.topic)) is not None and m.joined and m.rejoin_reason is None
+        }
+        if not offsets:
+            return
+        try:
+            calls, _ = self._offsets.commit_calls(offsets, self._memberships, timeout_s=0)
+        except DMQError as e:
+            self._log.debug("auto-commit skipped", error=str(e))
+            return
+        for call in calls:
+            busy = self._auto_commits.get(call.address)
+            if busy is not None and not busy.done():
+                continue
+            future = self._offsets.send_commit(call)
+            self._auto_commits[call.address] = future
+            self._track_commit(future, None)
 
     # -- close -----------------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Commit (with auto-commit on), hand the partitions back, leave the groups and stop the
-        heartbeat thread (within about a second). Safe to call twice."""
+        heartbeat thread, within `timeout` seconds (default DEFAULT_CLOSE_TIMEOUT_S, 30 s, as
+        Kafka's). What does not finish in time (a commit to a dead broker, a leave to an absent
+        coordinator) is logged and abandoned: the group's session timeout is the backstop.
+        Safe to call twice."""
         if self._closed:
             return
+        deadline = time.monotonic() + (DEFAULT_CLOSE_TIMEOUT_S if timeout is None else max(0.0, timeout))
         try:
-            self._wait_for_async_commits()
+            self._wait_for_async_commits(deadline)
             for topic in list(self._memberships):
                 try:
-                    self._leave_topic(topic, call_listener=True)
+                    self._leave_topic(topic, call_listener=True, deadline=deadline)
                 except Exception as e:  # noqa: BLE001 - closing must finish whatever a listener does
                     self._log.warning("error while leaving a group", topic=topic, error=str(e))
         finally:
             self._closed = True
             self._heartbeat.stop()
+            self._positions.close()
             self._fetcher.close()
             self._cluster.close()
             self._log.info("consumer closed")
@@ -583,6 +760,17 @@ class DMQConsumer:
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosedError("this DMQConsumer is closed; create a new one")
+
+
+def _wait(future: Any, timeout_s: float) -> bool:
+    """Wait for a gRPC future up to timeout_s; True when it is done."""
+    try:
+        future.exception(timeout=max(0.0, timeout_s))
+    except grpc.FutureTimeoutError:
+        return False
+    except grpc.FutureCancelledError:
+        pass
+    return True
 
 
 def _tp(value: Any) -> TopicPartition:

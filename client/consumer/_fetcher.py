@@ -10,6 +10,13 @@ small pool of I/O threads whose only other act is setting the consumer's wake-up
                     needed, builds the ConsumerRecords of one batch at a time (in C, from the
                     batch's columns), slices them, and advances the positions
 
+Per-broker fetch sessions: each broker has at most one Fetch in flight, with its own deadline
+(fetch_max_wait_ms + request_timeout_ms), and harvest() takes whichever answers are done, so
+records of healthy brokers flow while another broker is dead or stopped. A failed broker is
+retried after its own backoff (retry_backoff_ms, doubling up to 1 s). Leaders come from the
+metadata cache without waiting for the coordinator (a missing entry is fetched in the
+background), so neither a dead broker nor a coordinator outage holds up the others.
+
 poll() calls send_fetches() again just before returning records, so the next answer travels
 while the application works. Per partition at most one answer waits undecoded, one is being
 drained and one is in flight, which bounds memory to about three times
@@ -51,6 +58,7 @@ log = structlog.get_logger(__name__)
 
 _OFFSET_INDEX = ConsumerRecord._fields.index("offset")
 _MAX_FETCH_THREADS = 32
+_MAX_BACKOFF_S = 1.0
 
 
 class _PartitionBuffer:
@@ -134,6 +142,7 @@ class Fetcher:
         self._inflight_tps: set[TopicPartition] = set()
         self._buffers: dict[TopicPartition, _PartitionBuffer] = {}
         self._backoff_until: dict[str, float] = {}
+        self._backoff_s: dict[str, float] = {}  # the last backoff per broker, doubled per failure
         self._rotation = 0
         self._timeout_s = (config.fetch_max_wait_ms + config.request_timeout_ms) / 1000
         # At most one fetch per broker is in flight, so the pool never holds more than the
@@ -168,7 +177,8 @@ class Fetcher:
             assert state.position is not None
             offset = state.position if buf is None else buf.next_fetch_offset
             try:
-                address = self._cluster.leader_for(tp.topic, tp.partition)
+                # timeout 0: a missing entry is fetched in the background, never waited for.
+                address = self._cluster.leader_for(tp.topic, tp.partition, timeout_s=0, allow_stale=True)
             except DMQError as e:
                 log.debug("no leader to fetch from", topic=tp.topic, partition=tp.partition, error=str(e))
                 continue
@@ -223,6 +233,7 @@ class Fetcher:
                 log.debug("fetch abandoned", broker=address, error=str(e))
                 continue
             self._backoff_until.pop(address, None)
+            self._backoff_s.pop(address, None)
             try:
                 results = fetch_results(response, f"Fetch from broker {address}")
             except CorruptRecordError as e:
@@ -236,7 +247,9 @@ class Fetcher:
             return
         err = e if isinstance(e, DMQError) else from_rpc_error(e, context=f"Fetch from broker {address}")
         log.warning("fetch failed, will retry", broker=address, error=str(err), retriable=err.retriable)
-        self._backoff_until[address] = time.monotonic() + self._config.retry_backoff_ms / 1000
+        delay_s = min(_MAX_BACKOFF_S, max(self._config.retry_backoff_ms / 1000, 2 * self._backoff_s.get(address, 0.0)))
+        self._backoff_s[address] = delay_s
+        self._backoff_until[address] = time.monotonic() + delay_s
         # The broker may be gone or no longer lead these partitions: look the leaders up again.
         for topic in {tp.topic for tp in inflight.requested}:
             self._cluster.invalidate(topic)
@@ -312,8 +325,17 @@ class Fetcher:
 
     # -- handing records to the application ------------------------------------------------------
 
-    def collect(self, max_records: int) -> dict[TopicPartition, list[ConsumerRecord]]:
-        """Up to max_records buffered records, advancing the positions past them."""
+    def next_retry_s(self) -> float | None:
+        """Seconds until the earliest broker backoff ends, None when no broker backs off."""
+        now = time.monotonic()
+        ahead = [at for at in self._backoff_until.values() if at > now]
+        return min(ahead) - now if ahead else None
+
+    def collect(
+        self, max_records: int, hold: frozenset[TopicPartition] | set[TopicPartition] = frozenset()
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Up to max_records buffered records, advancing the positions past them. Partitions in
+        `hold` keep their buffers but give nothing now (their hand-off commit is in flight)."""
         self.harvest()
         out: dict[TopicPartition, list[ConsumerRecord]] = {}
         if not self._buffers:
@@ -331,7 +353,7 @@ class Fetcher:
             if state is None or state.epoch != buf.epoch or state.position is None:
                 del self._buffers[tp]
                 continue
-            if state.paused:
+            if state.paused or tp in hold:
                 continue
             try:
                 recs = buf.take(remaining, state.position, verify)

@@ -62,6 +62,7 @@ class Membership:
         self.group_id = group_id
         self.coordinator = coordinator
         self.subscription = subscription
+        self.found = True  # False until FindOrCreateGroup answered (see Membership.pending)
         self.member_id = ""  # "" until joined
         self.generation = -1  # the generation of the last GetAssignment
         self.partitions: frozenset[int] = frozenset()
@@ -75,6 +76,14 @@ class Membership:
             f"<Membership group={self.group_id!r} member={self.member_id!r} generation={self.generation} "
             f"partitions={sorted(self.partitions)} stale={self.assignment_stale} rejoin={self.rejoin_reason!r}>"
         )
+
+    @classmethod
+    def pending(cls, topic: str, group_id: str, coordinator: str) -> Membership:
+        """A membership whose group has not been found yet (the coordinator was not reachable
+        when subscribe() ran): poll() calls FindOrCreateGroup first."""
+        m = cls(topic, group_id, coordinator, pb.Subscription())
+        m.found = False
+        return m
 
     @property
     def joined(self) -> bool:
@@ -93,7 +102,12 @@ class GroupClient:
     def _stub(self, m: Membership | None = None) -> pb_grpc.GroupCoordinatorStub:
         return self._cluster.group_stub(m.coordinator if m is not None else None)
 
-    def find_or_create(self, topic: str) -> Membership:
+    # Each RPC comes as start_*() -> grpc future (with its own request_timeout_ms deadline, so it
+    # completes whatever the caller's poll timeout) and finish_*(future) on the application thread,
+    # which applies the answer or raises DMQError. poll() starts one, returns when its own
+    # timeout is up, and finishes the call in a later poll() once the future is done.
+
+    def start_find(self, topic: str) -> grpc.Future:
         c = self._config
         request = pb.FindOrCreateGroupRequest(
             topic=topic,
@@ -101,12 +115,17 @@ class GroupClient:
             subscription_mode=_MODES[c.subscription_mode],
             subscription_from_ms=c.subscription_from_ms or 0,
         )
+        return self._stub().FindOrCreateGroup.future(request, timeout=self._timeout_s)
+
+    def finish_find(self, m: Membership, future: grpc.Future) -> None:
+        c = self._config
         try:
-            response = self._stub().FindOrCreateGroup(request, timeout=self._timeout_s)
+            response = future.result()
         except grpc.RpcError as e:
             raise from_rpc_error(
                 e,
-                context=f"FindOrCreateGroup for topic {topic!r}, group_id {c.group_id!r}",
+                context=(f"FindOrCreateGroup for topic {m.topic!r}, group_id {c.group_id!r} "
+                         f"at the coordinator {self._cluster.bootstrap}"),
                 overrides={
                     grpc.StatusCode.NOT_FOUND: TopicNotFoundError,
                     grpc.StatusCode.UNAVAILABLE: CoordinatorUnavailableError,
@@ -114,11 +133,19 @@ class GroupClient:
             ) from e
         log.info(
             "group found" if not response.created else "group created",
-            topic=topic, group=response.group_id, mode=pb.SubscriptionMode.Name(response.subscription.mode),
+            topic=m.topic, group=response.group_id, mode=pb.SubscriptionMode.Name(response.subscription.mode),
         )
-        return Membership(topic, response.group_id, response.coordinator_address or self._cluster.bootstrap, response.subscription)
+        m.group_id = response.group_id
+        m.coordinator = response.coordinator_address or self._cluster.bootstrap
+        m.subscription = response.subscription
+        m.found = True
 
-    def join(self, m: Membership) -> None:
+    def find_or_create(self, topic: str) -> Membership:
+        m = Membership.pending(topic, group_id_for(topic, self._config.group_id), self._cluster.bootstrap)
+        self.finish_find(m, self.start_find(topic))
+        return m
+
+    def start_join(self, m: Membership) -> grpc.Future:
         c = self._config
         request = pb.JoinGroupRequest(
             group_id=m.group_id,
@@ -127,12 +154,15 @@ class GroupClient:
             session_timeout_ms=c.session_timeout_ms,
             max_poll_interval_ms=c.max_poll_interval_ms,
         )
+        return self._stub(m).JoinGroup.future(request, timeout=self._timeout_s)
+
+    def finish_join(self, m: Membership, future: grpc.Future) -> None:
         try:
-            response = self._stub(m).JoinGroup(request, timeout=self._timeout_s)
+            response = future.result()
         except grpc.RpcError as e:
             raise from_rpc_error(
                 e,
-                context=f"JoinGroup {m.group_id}",
+                context=f"JoinGroup {m.group_id} at the coordinator {m.coordinator}",
                 overrides={
                     grpc.StatusCode.NOT_FOUND: GroupNotFoundError,
                     grpc.StatusCode.UNAVAILABLE: CoordinatorUnavailableError,
@@ -147,10 +177,19 @@ class GroupClient:
         m.member_id = response.member_id
         log.info("joined group", group=m.group_id, member=m.member_id, generation=response.generation)
 
-    def get_assignment(self, m: Membership, wait_ms: int) -> pb.GetAssignmentResponse:
+    def join(self, m: Membership) -> None:
+        self.finish_join(m, self.start_join(m))
+
+    def start_get_assignment(self, m: Membership, wait_ms: int) -> grpc.Future:
         request = pb.GetAssignmentRequest(group_id=m.group_id, member_id=m.member_id, wait_ms=wait_ms)
+        # Bounded by the session too: poll() holds the membership's records back while this is
+        # in flight, and a member must hear from the coordinator within its session anyway.
+        timeout_s = min(self._timeout_s, self._config.session_timeout_ms / 1000)
+        return self._stub(m).GetAssignment.future(request, timeout=timeout_s + wait_ms / 1000)
+
+    def finish_get_assignment(self, m: Membership, future: grpc.Future) -> pb.GetAssignmentResponse:
         try:
-            response = self._stub(m).GetAssignment(request, timeout=self._timeout_s + wait_ms / 1000)
+            response = future.result()
         except grpc.RpcError as e:
             raise self._member_error(e, "GetAssignment", m) from e
         m.generation = response.generation
@@ -158,17 +197,22 @@ class GroupClient:
         m.rebalance_in_progress = response.rebalance_in_progress
         return response
 
-    def leave(self, m: Membership) -> None:
+    def get_assignment(self, m: Membership, wait_ms: int) -> pb.GetAssignmentResponse:
+        return self.finish_get_assignment(m, self.start_get_assignment(m, wait_ms))
+
+    def leave(self, m: Membership, timeout_s: float | None = None) -> None:
         """Leave the group (its partitions are released at once). Errors are logged, not raised:
-        leaving is best effort, the session timeout is the backstop."""
+        leaving is best effort, the session timeout is the backstop. Waits at most `timeout_s`
+        (default min(request_timeout_ms, 5 s))."""
         if not m.joined:
             return
         member_id = m.member_id
         m.member_id = ""
         m.partitions = frozenset()
+        wait_s = min(self._timeout_s, 5.0) if timeout_s is None else max(0.001, timeout_s)
         try:
             self._stub(m).LeaveGroup(
-                pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id), timeout=min(self._timeout_s, 5.0)
+                pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id), timeout=wait_s
             )
             log.info("left group", group=m.group_id, member=member_id)
         except grpc.RpcError as e:

@@ -40,6 +40,7 @@ from dmq.proto.grpc_options import channel_options
 log = structlog.get_logger(__name__)
 
 STOP_TIMEOUT_S = 1.0
+MAX_WATCH_BACKOFF_S = 1.0
 _START_TIMEOUT_S = 5.0
 
 
@@ -230,7 +231,9 @@ class HeartbeatThread:
             finally:
                 call.cancel()
             await asyncio.sleep(backoff_s)
-            backoff_s = min(backoff_s * 2, c.heartbeat_interval_ms / 1000)
+            # Capped at a second: when a restarted coordinator answers the reopened watch with
+            # NOT_FOUND, the member re-joins at once instead of after a heartbeat interval.
+            backoff_s = min(backoff_s * 2, MAX_WATCH_BACKOFF_S, c.heartbeat_interval_ms / 1000)
 
     async def _watchdog(self) -> None:
         limit_s = self._config.max_poll_interval_ms / 1000

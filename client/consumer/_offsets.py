@@ -6,9 +6,14 @@ owner / stale generation, or NOT_FOUND: the member is gone) becomes CommitFailed
 message says which settings to change. Requests are grouped per (topic, leader): one
 CommitOffsets names one group, and a group is one topic.
 
-Synchronous calls retry retriable errors (broker restarting, leader moved: the metadata cache is
-invalidated first) with retry_backoff_ms pauses until request_timeout_ms; asynchronous commits
-are sent once, like Kafka's commitAsync, since a later commit supersedes them anyway.
+Isolation: one broker never holds up the partitions of another. Every call is per broker, sent
+in parallel, with its own deadline; the answers of healthy brokers are used as they come, and
+only the partitions of a failing broker are retried (with retry_backoff_ms pauses, doubling up
+to 1 s) until the caller's deadline. A synchronous call reports which partitions it finished
+(``Outcome``), so a commit to three brokers of which one is dead still records the two others.
+
+The building blocks used by poll() without waiting (`start_*` returning a gRPC future,
+`parse_*` reading the answer) are exposed for the consumer's PositionFinder.
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import grpc
 import structlog
@@ -43,15 +48,39 @@ from dmq.proto import dmq_pb2 as pb
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T")
+V = TypeVar("V")
+MAX_RETRY_BACKOFF_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class _CommitCall:
+class CommitCall:
     address: str
     membership: Membership
     request: pb.CommitOffsetsRequest
     offsets: dict[TopicPartition, OffsetAndMetadata]
+
+
+@dataclass(slots=True)
+class Outcome(Generic[V]):
+    """What a per-broker synchronous call finished, and why the rest did not."""
+
+    done: dict[TopicPartition, V] = field(default_factory=dict)
+    errors: dict[TopicPartition, DMQError] = field(default_factory=dict)
+
+    def error(self, what: str) -> DMQError | None:
+        """One error for the unfinished partitions: the first non-retriable one, else a
+        retriable one whose message names every partition left."""
+        if not self.errors:
+            return None
+        fatal = next((e for e in self.errors.values() if not e.retriable), None)
+        if fatal is not None:
+            return fatal
+        first = next(iter(self.errors.values()))
+        left = ", ".join(sorted(str(tp) for tp in self.errors))
+        try:
+            return type(first)(f"{what} of {left} did not finish: {first}", code=first.code, details=first.details)
+        except TypeError:  # a subclass with its own constructor
+            return first
 
 
 class OffsetClient:
@@ -60,51 +89,95 @@ class OffsetClient:
         self._config = config
         self._timeout_s = config.request_timeout_ms / 1000
 
-    # -- retry helper ------------------------------------------------------------------------------
+    # -- helpers -----------------------------------------------------------------------------------
 
-    def _retrying(self, what: str, topics: Iterable[str], fn: Callable[[], T], retry: bool = True) -> T:
-        if not retry:
+    def _leaders(
+        self, tps: Iterable[TopicPartition], timeout_s: float
+    ) -> tuple[dict[tuple[str, str], list[TopicPartition]], dict[TopicPartition, DMQError]]:
+        """Partitions grouped by (topic, leader address), and those whose leader is unknown.
+        Cached metadata is used while the coordinator is away (partitions never move)."""
+        out: dict[tuple[str, str], list[TopicPartition]] = {}
+        errors: dict[TopicPartition, DMQError] = {}
+        for tp in tps:
             try:
-                return fn()
+                address = self._cluster.leader_for(tp.topic, tp.partition, timeout_s=timeout_s, allow_stale=True)
             except DMQError as e:
-                if e.invalid_metadata:
-                    for t in set(topics):
-                        self._cluster.invalidate(t)
-                raise
-        deadline = time.monotonic() + self._timeout_s
+                errors[tp] = e
+                continue
+            out.setdefault((tp.topic, address), []).append(tp)
+        return out, errors
+
+    def _call_timeout(self, deadline: float) -> float:
+        return max(0.001, min(self._timeout_s, deadline - time.monotonic()))
+
+    def _per_broker(
+        self,
+        what: str,
+        tps: Iterable[TopicPartition],
+        send: Callable[[str, str, list[TopicPartition], float], grpc.Future],
+        parse: Callable[[Any, str], Mapping[TopicPartition, V | DMQError]],
+        error: Callable[[grpc.RpcError, str, list[TopicPartition]], DMQError],
+        timeout_s: float | None,
+        retry: bool = True,
+    ) -> Outcome[V]:
+        """Run one call per (topic, broker) in parallel until every partition is done, a
+        non-retriable error stops it, or the deadline passes. Never raises for a partition:
+        see the Outcome."""
+        deadline = time.monotonic() + (self._timeout_s if timeout_s is None else max(0.0, timeout_s))
+        outcome: Outcome[V] = Outcome()
+        pending = list(dict.fromkeys(tps))
         delay_s = self._config.retry_backoff_ms / 1000
         while True:
-            try:
-                return fn()
-            except DMQError as e:
-                if not e.retriable or time.monotonic() + delay_s > deadline:
-                    if e.retriable:
-                        raise DMQTimeoutError(
-                            f"{what} did not succeed within request_timeout_ms "
-                            f"({self._config.request_timeout_ms}): {e}"
-                        ) from e
-                    raise
-                if e.invalid_metadata:
-                    for t in set(topics):
-                        self._cluster.invalidate(t)
-                log.info("retrying", what=what, error=str(e), delay_ms=int(delay_s * 1000))
-                time.sleep(delay_s)
-                delay_s = min(delay_s * 2, 1.0)
-
-    def _leaders(self, tps: Iterable[TopicPartition]) -> dict[tuple[str, str], list[TopicPartition]]:
-        """Partitions grouped by (topic, leader address)."""
-        out: dict[tuple[str, str], list[TopicPartition]] = {}
-        for tp in tps:
-            out.setdefault((tp.topic, self._cluster.leader_for(tp.topic, tp.partition)), []).append(tp)
-        return out
+            groups, lookup_errors = self._leaders(pending, self._call_timeout(deadline))
+            errors: dict[TopicPartition, DMQError] = dict(lookup_errors)
+            calls = []
+            for (topic, address), part in groups.items():
+                try:
+                    calls.append((address, part, send(topic, address, part, self._call_timeout(deadline))))
+                except (DMQError, ValueError) as e:  # closed client
+                    err = e if isinstance(e, DMQError) else DMQError(f"{what}: not sent ({e})")
+                    errors.update(dict.fromkeys(part, err))
+            for address, part, future in calls:
+                try:
+                    answers = parse(future.result(), address)
+                except grpc.RpcError as e:
+                    errors.update(dict.fromkeys(part, error(e, address, part)))
+                    continue
+                except grpc.FutureCancelledError:
+                    errors.update(dict.fromkeys(part, DMQError(f"{what}: cancelled (the consumer closed)")))
+                    continue
+                for tp in part:
+                    answer = answers.get(tp)
+                    if isinstance(answer, DMQError):
+                        errors[tp] = answer
+                    elif tp in answers:
+                        outcome.done[tp] = answer  # type: ignore[assignment]
+                    else:
+                        errors[tp] = UnknownServerError(f"{what}: broker {address} did not answer for {tp}")
+            outcome.errors = errors
+            retriable = {tp: e for tp, e in errors.items() if e.retriable}
+            if not retriable or not retry or time.monotonic() + delay_s > deadline:
+                return outcome
+            for topic in {tp.topic for tp, e in retriable.items() if e.invalid_metadata}:
+                self._cluster.invalidate(topic)
+            log.info("retrying", what=what, partitions=sorted(map(str, retriable)),
+                     error=str(next(iter(retriable.values()))), delay_ms=int(delay_s * 1000))
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, MAX_RETRY_BACKOFF_S)
+            pending = list(retriable)
 
     # -- commits -----------------------------------------------------------------------------------
 
-    def _commit_calls(
-        self, offsets: Mapping[TopicPartition, OffsetAndMetadata], memberships: Mapping[str, Membership]
-    ) -> list[_CommitCall]:
+    def commit_calls(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
+        memberships: Mapping[str, Membership],
+        timeout_s: float | None = None,
+    ) -> tuple[list[CommitCall], dict[TopicPartition, DMQError]]:
+        """One CommitOffsets per (topic, leader), and the partitions whose leader is unknown."""
         calls = []
-        for (topic, address), tps in self._leaders(offsets).items():
+        groups, errors = self._leaders(offsets, self._timeout_s if timeout_s is None else timeout_s)
+        for (topic, address), tps in groups.items():
             m = memberships.get(topic)
             if m is None or not m.joined:
                 raise IllegalStateError(
@@ -121,16 +194,15 @@ class OffsetClient:
                     for tp in tps
                 ],
             )
-            calls.append(_CommitCall(address, m, request, {tp: offsets[tp] for tp in tps}))
-        return calls
+            calls.append(CommitCall(address, m, request, {tp: offsets[tp] for tp in tps}))
+        return calls, errors
 
-    def _commit_error(self, e: grpc.RpcError, call: _CommitCall) -> DMQError:
+    def _commit_error(self, e: grpc.RpcError, address: str, membership: Membership, where: str) -> DMQError:
         c = self._config
         code = e.code() if callable(getattr(e, "code", None)) else None
-        where = ", ".join(str(tp) for tp in call.offsets)
         if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
             return CommitFailedError(
-                f"commit of {where} for group {call.membership.group_id} was refused: {e.details()}. "
+                f"commit of {where} for group {membership.group_id} was refused: {e.details()}. "
                 f"This consumer no longer owns these partitions: the group rebalanced without it, "
                 f"usually because poll() was not called within max_poll_interval_ms "
                 f"({c.max_poll_interval_ms} ms) while the records of the previous poll were processed. "
@@ -139,37 +211,73 @@ class OffsetClient:
                 code=code.name,
                 details=e.details(),
             )
-        return from_rpc_error(e, context=f"CommitOffsets of {where} to broker {call.address}")
+        return from_rpc_error(e, context=f"CommitOffsets of {where} to broker {address}")
 
     def commit_sync(
-        self, offsets: Mapping[TopicPartition, OffsetAndMetadata], memberships: Mapping[str, Membership]
-    ) -> None:
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
+        memberships: Mapping[str, Membership],
+        timeout_s: float | None = None,
+    ) -> Outcome[OffsetAndMetadata]:
+        """Commit per broker in parallel within timeout_s (default request_timeout_ms)."""
         if not offsets:
-            return
+            return Outcome()
+        offsets = dict(offsets)
+        # The membership (member id, generation) is read per attempt: a retry after a
+        # re-join carries the new one.
+        def send(topic: str, address: str, part: list[TopicPartition], call_timeout_s: float) -> grpc.Future:
+            calls, _ = self.commit_calls({tp: offsets[tp] for tp in part}, memberships, call_timeout_s)
+            (call,) = calls
+            return self._cluster.broker_stub(address).CommitOffsets.future(call.request, timeout=call_timeout_s)
 
-        def attempt() -> None:
-            calls = self._commit_calls(offsets, memberships)
-            futures = [
-                (call, self._cluster.broker_stub(call.address).CommitOffsets.future(call.request, timeout=self._timeout_s))
-                for call in calls
-            ]
-            first: DMQError | None = None
-            for call, f in futures:
-                try:
-                    f.result()
-                except grpc.RpcError as e:
-                    err = self._commit_error(e, call)
-                    if first is None or (first.retriable and not err.retriable):
-                        first = err
-            if first is not None:
-                raise first
+        def parse(_response: Any, _address: str) -> dict[TopicPartition, OffsetAndMetadata]:
+            return offsets
 
-        self._retrying("commit", {tp.topic for tp in offsets}, attempt)
+        def error(e: grpc.RpcError, address: str, part: list[TopicPartition]) -> DMQError:
+            topic = part[0].topic
+            m = memberships.get(topic)
+            assert m is not None
+            return self._commit_error(e, address, m, ", ".join(str(tp) for tp in part))
+
+        outcome = self._per_broker("commit", offsets, send, parse, error, timeout_s)
+        # A partition is done only if its own call succeeded (parse returns every offset).
+        outcome.done = {tp: offsets[tp] for tp in outcome.done if tp not in outcome.errors}
+        return outcome
+
+    def send_commit(self, call: CommitCall, timeout_s: float | None = None) -> concurrent.futures.Future[
+            dict[TopicPartition, OffsetAndMetadata]]:
+        """Send one CommitOffsets once; the future resolves (on a gRPC thread) with its offsets."""
+        result: concurrent.futures.Future[dict[TopicPartition, OffsetAndMetadata]] = concurrent.futures.Future()
+        result.set_running_or_notify_cancel()
+        where = ", ".join(str(tp) for tp in call.offsets)
+        try:
+            f = self._cluster.broker_stub(call.address).CommitOffsets.future(
+                call.request, timeout=self._timeout_s if timeout_s is None else max(0.001, timeout_s)
+            )
+        except (DMQError, ValueError) as e:
+            result.set_exception(e if isinstance(e, DMQError) else DMQError(f"commit not sent: {e}"))
+            return result
+
+        def done(fut: grpc.Future) -> None:
+            try:
+                fut.result()
+            except grpc.RpcError as e:
+                result.set_exception(self._commit_error(e, call.address, call.membership, where))
+                return
+            except grpc.FutureCancelledError:
+                result.set_exception(DMQError("commit cancelled: the consumer closed"))
+                return
+            result.set_result(call.offsets)
+
+        f.add_done_callback(done)
+        return result
 
     def commit_async(
-        self, offsets: Mapping[TopicPartition, OffsetAndMetadata], memberships: Mapping[str, Membership]
+        self, offsets: Mapping[TopicPartition, OffsetAndMetadata], memberships: Mapping[str, Membership],
+        timeout_s: float | None = None,
     ) -> concurrent.futures.Future[dict[TopicPartition, OffsetAndMetadata]]:
-        """Send the commits once; the future resolves (on a gRPC thread) with the offsets."""
+        """Send the commits once; the future resolves (on a gRPC thread) with the offsets once
+        every broker answered, or with the first error."""
         result: concurrent.futures.Future[dict[TopicPartition, OffsetAndMetadata]] = concurrent.futures.Future()
         result.set_running_or_notify_cancel()
         offsets = dict(offsets)
@@ -177,21 +285,18 @@ class OffsetClient:
             result.set_result(offsets)
             return result
         try:
-            calls = self._commit_calls(offsets, memberships)
+            calls, errors = self.commit_calls(offsets, memberships, timeout_s)
         except DMQError as e:
             result.set_exception(e)
+            return result
+        if errors:
+            result.set_exception(next(iter(errors.values())))
             return result
         lock = threading.Lock()
         state: dict[str, Any] = {"pending": len(calls), "error": None}
 
-        def done(call: _CommitCall, f: grpc.Future) -> None:
-            err = None
-            try:
-                f.result()
-            except grpc.RpcError as e:
-                err = self._commit_error(e, call)
-            except grpc.FutureCancelledError:
-                err = DMQError("commit cancelled: the consumer closed")
+        def done(f: concurrent.futures.Future[Any]) -> None:
+            err = f.exception()
             with lock:
                 if err is not None and state["error"] is None:
                     state["error"] = err
@@ -204,80 +309,99 @@ class OffsetClient:
                     result.set_result(offsets)
 
         for call in calls:
-            try:
-                f = self._cluster.broker_stub(call.address).CommitOffsets.future(call.request, timeout=self._timeout_s)
-            except (DMQError, ValueError) as e:
-                result_err = e if isinstance(e, DMQError) else DMQError(f"commit not sent: {e}")
-                with lock:
-                    state["error"] = state["error"] or result_err
-                    state["pending"] -= 1
-                    last = state["pending"] == 0
-                if last:
-                    result.set_exception(state["error"])
-                continue
-            f.add_done_callback(lambda fut, call=call: done(call, fut))
+            self.send_commit(call).add_done_callback(done)
         return result
 
     # -- reading -----------------------------------------------------------------------------------
 
+    def start_fetch_committed(self, address: str, group_id: str, tps: list[TopicPartition],
+                              timeout_s: float | None = None) -> grpc.Future:
+        request = pb.FetchCommittedOffsetsRequest(
+            group_id=group_id,
+            partitions=[pb.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps],
+        )
+        return self._cluster.broker_stub(address).FetchCommittedOffsets.future(
+            request, timeout=self._timeout_s if timeout_s is None else max(0.001, timeout_s)
+        )
+
+    @staticmethod
+    def parse_committed(response: pb.FetchCommittedOffsetsResponse, _address: str = "") -> dict[
+            TopicPartition, OffsetAndMetadata | None]:
+        return {
+            TopicPartition(o.topic, o.partition): (None if o.offset < 0 else OffsetAndMetadata(o.offset, o.metadata))
+            for o in response.offsets
+        }
+
     def fetch_committed(
-        self, tps: Iterable[TopicPartition], group_ids: Mapping[str, str], *, retry: bool = True
+        self, tps: Iterable[TopicPartition], group_ids: Mapping[str, str], *, timeout_s: float | None = None
     ) -> dict[TopicPartition, OffsetAndMetadata | None]:
         """Committed offsets of tps (None = nothing committed); group_ids maps topic -> group id.
-        With retry=False a retriable failure is raised at once (the caller retries later)."""
+        Raises the error of the partitions it could not read within timeout_s."""
         tps = list(tps)
         if not tps:
             return {}
+        outcome = self._per_broker(
+            "reading committed offsets", tps,
+            lambda topic, address, part, t: self.start_fetch_committed(address, group_ids[topic], part, t),
+            self.parse_committed,
+            lambda e, address, _part: from_rpc_error(e, context=f"FetchCommittedOffsets from broker {address}"),
+            timeout_s,
+        )
+        err = outcome.error("reading committed offsets")
+        if err is not None:
+            raise _timed_out(err, self._config)
+        return outcome.done
 
-        def attempt() -> dict[TopicPartition, OffsetAndMetadata | None]:
-            out: dict[TopicPartition, OffsetAndMetadata | None] = {}
-            for (topic, address), part in self._leaders(tps).items():
-                request = pb.FetchCommittedOffsetsRequest(
-                    group_id=group_ids[topic],
-                    partitions=[pb.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in part],
-                )
-                try:
-                    response = self._cluster.broker_stub(address).FetchCommittedOffsets(request, timeout=self._timeout_s)
-                except grpc.RpcError as e:
-                    raise from_rpc_error(e, context=f"FetchCommittedOffsets from broker {address}") from e
-                for o in response.offsets:
-                    out[TopicPartition(o.topic, o.partition)] = (
-                        None if o.offset < 0 else OffsetAndMetadata(o.offset, o.metadata)
-                    )
-            return out
+    def start_list_offsets(self, address: str, queries: Mapping[TopicPartition, int],
+                           timeout_s: float | None = None) -> grpc.Future:
+        request = pb.ListOffsetsRequest(
+            queries=[pb.OffsetQuery(topic=tp.topic, partition=tp.partition, timestamp_ms=ts) for tp, ts in queries.items()]
+        )
+        return self._cluster.broker_stub(address).ListOffsets.future(
+            request, timeout=self._timeout_s if timeout_s is None else max(0.001, timeout_s)
+        )
 
-        return self._retrying("reading committed offsets", {tp.topic for tp in tps}, attempt, retry)
+    @staticmethod
+    def parse_list_offsets(response: pb.ListOffsetsResponse, _address: str = "") -> dict[TopicPartition, int | DMQError]:
+        out: dict[TopicPartition, int | DMQError] = {}
+        for a in response.answers:
+            tp = TopicPartition(a.topic, a.partition)
+            if a.error == pb.NONE:
+                out[tp] = a.offset
+            elif a.error == pb.NOT_LEADER:
+                out[tp] = NotLeaderError(a.error_message)
+            elif a.error == pb.UNKNOWN_TOPIC_OR_PARTITION:
+                out[tp] = UnknownPartitionError(a.error_message)
+            elif a.error == pb.OFFSET_OUT_OF_RANGE:
+                out[tp] = OffsetOutOfRangeError(a.error_message)
+            elif a.error == pb.STORAGE_ERROR:
+                out[tp] = BrokerUnavailableError(a.error_message)
+            else:
+                out[tp] = UnknownServerError(a.error_message)
+        return out
 
-    def list_offsets(self, queries: Mapping[TopicPartition, int], *, retry: bool = True) -> dict[TopicPartition, int]:
+    def list_offsets(self, queries: Mapping[TopicPartition, int], *, timeout_s: float | None = None) -> dict[TopicPartition, int]:
         """ListOffsets: timestamp -2 = log start, -1 = log end, >= 0 = first offset appended at or
         after it (the log end when there is none)."""
         if not queries:
             return {}
+        outcome = self._per_broker(
+            "listing offsets", queries,
+            lambda _topic, address, part, t: self.start_list_offsets(address, {tp: queries[tp] for tp in part}, t),
+            self.parse_list_offsets,
+            lambda e, address, _part: from_rpc_error(e, context=f"ListOffsets from broker {address}"),
+            timeout_s,
+        )
+        err = outcome.error("listing offsets")
+        if err is not None:
+            raise _timed_out(err, self._config)
+        return outcome.done
 
-        def attempt() -> dict[TopicPartition, int]:
-            out: dict[TopicPartition, int] = {}
-            for (_, address), part in self._leaders(queries).items():
-                request = pb.ListOffsetsRequest(
-                    queries=[pb.OffsetQuery(topic=tp.topic, partition=tp.partition, timestamp_ms=queries[tp]) for tp in part]
-                )
-                try:
-                    response = self._cluster.broker_stub(address).ListOffsets(request, timeout=self._timeout_s)
-                except grpc.RpcError as e:
-                    raise from_rpc_error(e, context=f"ListOffsets from broker {address}") from e
-                for a in response.answers:
-                    tp = TopicPartition(a.topic, a.partition)
-                    if a.error == pb.NONE:
-                        out[tp] = a.offset
-                    elif a.error == pb.NOT_LEADER:
-                        raise NotLeaderError(a.error_message)
-                    elif a.error == pb.UNKNOWN_TOPIC_OR_PARTITION:
-                        raise UnknownPartitionError(a.error_message)
-                    elif a.error == pb.OFFSET_OUT_OF_RANGE:
-                        raise OffsetOutOfRangeError(a.error_message)
-                    elif a.error == pb.STORAGE_ERROR:
-                        raise BrokerUnavailableError(a.error_message)
-                    else:
-                        raise UnknownServerError(a.error_message)
-            return out
 
-        return self._retrying("listing offsets", {tp.topic for tp in queries}, attempt, retry)
+def _timed_out(err: DMQError, config: ConsumerConfig) -> DMQError:
+    if not err.retriable:
+        return err
+    return DMQTimeoutError(
+        f"{err} (retried until the deadline; request_timeout_ms is {config.request_timeout_ms})",
+        code=err.code, details=err.details,
+    )

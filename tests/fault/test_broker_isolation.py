@@ -1,0 +1,168 @@
+"""One of three brokers dies (SIGKILL) and later another one stops (SIGSTOP): group consumers
+keep reading the partitions of the healthy brokers with no gap over 2 s, the coordinator
+declares the killed broker dead within its session (6 s), and `dmq consume --group` started
+while a broker is dead prints the live partitions' messages.
+
+Real processes: `dmq coordinator` and three `dmq broker`s (see _isolation_procs.py). The
+topic has one partition per broker; a writer thread per partition produces every 50 ms
+straight to the partition's broker. Two group consumers read it, each in its own group: a
+DMQConsumer polling in a thread of this process (auto-commit), and `dmq consume --group` in
+its own process (committing what it printed every second).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+
+from _isolation_procs import PartitionWriter, ProcCluster
+
+from dmq.client import AdminClient
+from dmq.client.consumer import DMQConsumer
+
+TOPIC = "iso"
+MAX_GAP_S = 2.0
+SESSION_BOUND_S = 6.0 + 0.5  # the default broker session, plus one liveness read of slack
+READY_TIMEOUT_S = 30.0
+
+
+class GroupReader:
+    """A DMQConsumer polling in a thread; the arrival time of each record per partition."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.arrivals: dict[int, list[float]] = defaultdict(list)
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._consumer = DMQConsumer(metadata_service_url=bootstrap, group_id="iso-app", fetch_max_wait_ms=200,
+                                     auto_commit_interval_ms=200)
+        self._consumer.subscribe(TOPIC)
+        self._thread = threading.Thread(target=self._run, name="group-reader", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for r in self._consumer.poll(0.2):
+                    self.arrivals[r.partition].append(time.monotonic())
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close(timeout=5)
+
+
+class CliGroupReader:
+    """`dmq consume TOPIC --group APP --print-offset` in its own process; arrival times of the
+    printed records per partition."""
+
+    def __init__(self, bootstrap: str, app: str) -> None:
+        self.arrivals: dict[int, list[float]] = defaultdict(list)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dmq.client.cli", "--bootstrap", bootstrap, "consume", TOPIC, "--group", app,
+             "--from-beginning", "--print-offset"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self._thread = threading.Thread(target=self._read, name="cli-reader", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.arrivals[int(line.split(":", 1)[0])].append(time.monotonic())
+
+    def stop(self) -> str:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        self._thread.join(5)
+        return err
+
+
+def max_gap(times: list[float], start: float, end: float) -> float:
+    points = [start, *(t for t in times if start <= t <= end), end]
+    return max(b - a for a, b in zip(points, points[1:], strict=False))
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> float:  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout_s:
+            raise AssertionError(f"no {what} within {timeout_s}s")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_group_keeps_reading_healthy_partitions_through_sigkill_and_sigstop(tmp_path: pathlib.Path) -> None:
+    with ProcCluster(tmp_path, brokers=3) as cluster:
+        with AdminClient(cluster.bootstrap) as admin:
+            admin.create_topic(TOPIC, 3)
+            partitions = admin.describe_topic(TOPIC).partitions
+        broker_of = {p.partition: p.leader_id for p in partitions}
+        assert sorted(broker_of.values()) == [0, 1, 2], broker_of
+        part_on = {b: p for p, b in broker_of.items()}
+        writer = PartitionWriter(TOPIC, {p.partition: p.leader_address for p in partitions})
+        reader = GroupReader(cluster.bootstrap)
+        cli_reader = CliGroupReader(cluster.bootstrap, "iso-cli")
+        try:
+            wait_for(lambda: len(reader.arrivals) == 3 and len(cli_reader.arrivals) == 3, READY_TIMEOUT_S,
+                     "records from every partition")
+            time.sleep(1.0)  # both have committed
+
+            # -- SIGKILL broker 1 -----------------------------------------------------------------
+            killed_at = time.monotonic()
+            cluster.signal_broker(1, signal.SIGKILL)
+            cli = subprocess.Popen(
+                [sys.executable, "-m", "dmq.client.cli", "--bootstrap", cluster.bootstrap, "consume", TOPIC,
+                 "--group", "g2", "--from-beginning", "--max-messages", "30", "--print-offset"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            with AdminClient(cluster.bootstrap) as admin:
+                dead_after_s = wait_for(
+                    lambda: not next(b for b in admin.list_brokers() if b.broker_id == 1).alive,
+                    20.0, "broker 1 declared dead",
+                )
+            try:
+                out, err = cli.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                cli.kill()
+                out, err = cli.communicate()
+                raise AssertionError(f"`dmq consume --group` printed nothing in 20 s with broker 1 dead: {out!r} {err[-500:]!r}") from None
+            printed = [line.split("\t", 1)[0] for line in out.splitlines()]
+            assert cli.returncode == 0, err
+            assert len(printed) == 30, (out, err)
+            assert {int(x.split(":")[0]) for x in printed} <= {part_on[0], part_on[2]}
+            time.sleep(max(0.0, killed_at + 7.0 - time.monotonic()))
+
+            # -- SIGSTOP broker 2, SIGCONT 5 s later ------------------------------------------------
+            stopped_at = time.monotonic()
+            cluster.signal_broker(2, signal.SIGSTOP)
+            time.sleep(5.0)
+            cluster.signal_broker(2, signal.SIGCONT)
+            continued_at = time.monotonic()
+            wait_for(lambda: any(t > continued_at for t in reader.arrivals[part_on[2]])
+                     and any(t > continued_at for t in cli_reader.arrivals[part_on[2]]), 35.0,
+                     "records of the stopped broker after SIGCONT")
+        finally:
+            writer.stop()
+            reader.stop()
+            cli_err = cli_reader.stop()
+        gaps = {}
+        for name, arrivals in (("DMQConsumer", reader.arrivals), ("dmq consume --group", cli_reader.arrivals)):
+            gaps[f"{name}: after SIGKILL, broker 0"] = max_gap(arrivals[part_on[0]], killed_at, stopped_at)
+            gaps[f"{name}: after SIGKILL, broker 2"] = max_gap(arrivals[part_on[2]], killed_at, stopped_at)
+            gaps[f"{name}: during SIGSTOP, broker 0"] = max_gap(arrivals[part_on[0]], stopped_at, continued_at)
+        print(f"declared dead after {dead_after_s:.2f}s; gaps", {k: round(v, 2) for k, v in gaps.items()})
+        assert reader.error is None, repr(reader.error)
+        assert dead_after_s <= SESSION_BOUND_S, f"broker 1 declared dead only {dead_after_s:.1f}s after SIGKILL"
+        assert all(g <= MAX_GAP_S for g in gaps.values()), ({k: round(v, 2) for k, v in gaps.items()}, cli_err[-1000:])
+        assert writer.sent[part_on[0]] > 0 and writer.failed[part_on[1]] > 0

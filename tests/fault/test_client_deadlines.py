@@ -1,0 +1,114 @@
+"""The consumer's calls are bounded when the coordinator is away (a real `dmq coordinator`
+process, SIGKILLed), and consumption of owned partitions goes on through its outage.
+
+- commit_sync(timeout=…) and close(timeout=…) return within their timeout (+0.5 s) with the
+  coordinator dead (a broker cannot confirm ownership, so the commit fails: it must fail in time);
+- poll(timeout) keeps its timeout (+0.1 s) while the coordinator is dead and after it returns;
+- records keep flowing while the coordinator is down (fetching needs only the broker), and
+  after it restarts the consumer re-joins and consumes again within a few seconds.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+
+import pytest
+from _isolation_procs import PartitionWriter, ProcCluster
+
+from dmq.client import AdminClient
+from dmq.client.consumer import DMQConsumer
+from dmq.client.errors import DMQError
+
+TOPIC = "dl"
+POLL_SLACK_S = 0.1
+CALL_SLACK_S = 0.5
+READY_TIMEOUT_S = 30.0
+
+
+def consumer_for(bootstrap: str, **settings: object) -> DMQConsumer:
+    settings = {"fetch_max_wait_ms": 200, "auto_commit_interval_ms": 200, **settings}
+    c = DMQConsumer(metadata_service_url=bootstrap, group_id="dl-app", **settings)  # type: ignore[arg-type]
+    c.subscribe(TOPIC)
+    return c
+
+
+def consume_until(c: DMQConsumer, predicate, timeout_s: float) -> list:  # type: ignore[no-untyped-def]
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while not predicate(got):
+        assert time.monotonic() < deadline, f"consumed only {len(got)} records in {timeout_s}s"
+        got.extend(c.poll(0.2))
+    return got
+
+
+@pytest.fixture
+def cluster(tmp_path: pathlib.Path):  # type: ignore[no-untyped-def]
+    with ProcCluster(tmp_path, brokers=1) as cl:
+        with AdminClient(cl.bootstrap) as admin:
+            admin.create_topic(TOPIC, 2)
+            leaders = {p.partition: p.leader_address for p in admin.describe_topic(TOPIC).partitions}
+        writer = PartitionWriter(TOPIC, leaders)
+        try:
+            yield cl
+        finally:
+            writer.stop()
+
+
+def test_commit_sync_and_close_are_bounded_with_the_coordinator_down(cluster: ProcCluster) -> None:
+    # Auto-commit on: close() then commits the positions of the records the last poll returned.
+    c = consumer_for(cluster.bootstrap, auto_commit_interval_ms=60_000)
+    try:
+        records = consume_until(c, lambda got: len(got) >= 10, READY_TIMEOUT_S)
+        offsets = {}
+        for r in records:
+            offsets[(r.topic, r.partition)] = r.offset + 1
+        cluster.kill_coordinator()
+        started = time.monotonic()
+        with pytest.raises(DMQError):
+            c.commit_sync(offsets, timeout=2.0)
+        commit_s = time.monotonic() - started
+        started = time.monotonic()
+        poll_records = c.poll(1.0)
+        poll_s = time.monotonic() - started
+        assert poll_records, "the owned partitions must still be read with the coordinator down"
+    finally:
+        started = time.monotonic()
+        c.close(timeout=2.0)
+        close_s = time.monotonic() - started
+    print(f"commit_sync {commit_s:.2f}s, poll(1.0) {poll_s:.2f}s ({len(poll_records)} records), close {close_s:.2f}s")
+    assert commit_s <= 2.0 + CALL_SLACK_S
+    assert poll_s <= 1.0 + POLL_SLACK_S
+    assert close_s <= 2.0 + CALL_SLACK_S
+
+
+def test_consumption_goes_on_through_a_coordinator_restart(cluster: ProcCluster) -> None:
+    c = consumer_for(cluster.bootstrap, session_timeout_ms=6000, heartbeat_interval_ms=1000)
+    arrivals: list[float] = []
+    slowest_poll_s = 0.0
+    try:
+        consume_until(c, lambda got: len({r.partition for r in got}) == 2, READY_TIMEOUT_S)
+        killed_at = time.monotonic()
+        cluster.kill_coordinator()
+        restarted_at = None
+        while time.monotonic() < killed_at + 10.0:
+            if restarted_at is None and time.monotonic() >= killed_at + 3.0:
+                cluster.start_coordinator()
+                restarted_at = time.monotonic()
+            started = time.monotonic()
+            got = c.poll(0.5)
+            slowest_poll_s = max(slowest_poll_s, time.monotonic() - started)
+            arrivals.extend(time.monotonic() for _ in got)
+    finally:
+        c.close(timeout=5.0)
+    assert restarted_at is not None
+    end = killed_at + 10.0
+    down = [killed_at, *(t for t in arrivals if killed_at <= t <= restarted_at), restarted_at]
+    up = [restarted_at, *(t for t in arrivals if t >= restarted_at), end]
+    gap_down = max(b - a for a, b in zip(down, down[1:], strict=False))
+    gap_up = max(b - a for a, b in zip(up, up[1:], strict=False))
+    print(f"largest gap: {gap_down:.2f}s while the coordinator was down, {gap_up:.2f}s after its restart; "
+          f"slowest poll(0.5) {slowest_poll_s:.2f}s")
+    assert slowest_poll_s <= 0.5 + POLL_SLACK_S
+    assert gap_down <= 1.5, "consumption stopped while the coordinator was down"
+    assert gap_up <= 3.0, "consumption did not resume promptly after the coordinator restarted"
