@@ -146,9 +146,11 @@ def _to_epoch_ms(value: object) -> int:
     if isinstance(value, _dt.datetime):
         if value.tzinfo is None:
             raise ValueError("a datetime must be timezone-aware (e.g. datetime.now(timezone.utc))")
-        return int(value.timestamp() * 1000)
+        value = int(value.timestamp() * 1000)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"must be epoch milliseconds (int) or an aware datetime, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"must be >= 0 epoch milliseconds, got {value}")
+    # 0 means "no time" on the wire and the coordinator refuses it for mode timestamp; the log
+    # start is subscription_mode='all'.
+    if value <= 0:
+        raise ValueError(f"must be > 0 epoch milliseconds (for the log start use subscription_mode='all'), got {value}")
     return value
