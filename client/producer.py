@@ -131,6 +131,14 @@ class Producer:
         _positive("delivery_timeout_ms", delivery_timeout_ms)
         if linger_ms < 0 or max_block_ms < 0 or retries < 0 or retry_backoff_ms < 0:
             raise ValueError("linger_ms, max_block_ms, retries and retry_backoff_ms must be >= 0")
+        if delivery_timeout_ms < linger_ms + request_timeout_ms:
+            # Kafka's rule: a batch may linger, then wait a whole request for its answer; a
+            # shorter delivery timeout fails records that were never given a chance (a batch
+            # lingering past it expired the moment it was sealed).
+            raise ValueError(
+                f"delivery_timeout_ms ({delivery_timeout_ms}) must be at least linger_ms + request_timeout_ms "
+                f"({linger_ms} + {request_timeout_ms}): raise delivery_timeout_ms or lower the others"
+            )
         if buffer_memory < batch_size:
             raise ValueError(f"buffer_memory ({buffer_memory}) must be at least batch_size ({batch_size})")
 

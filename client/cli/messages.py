@@ -205,7 +205,7 @@ def _send_lines(producer: Any, topic: str, stream: IO[bytes], sep: bytes | None,
               help="Compress each batch.")
 @click.option("--linger-ms", type=click.FloatRange(0), default=5, show_default=True,
               help="Wait up to this long to fill a batch.")
-@click.option("--batch-size", type=click.IntRange(1024), default=1024 * 1024, show_default=True,
+@click.option("--batch-size", type=click.IntRange(1024, 8 * 1024 * 1024), default=1024 * 1024, show_default=True,
               help="Bytes per batch at most (encoded; a topic's max_message_bytes caps it further).")
 @click.option("--progress/--no-progress", default=None,
               help="Show a progress bar of the records stored. Default: for files, when stderr is a terminal.")
@@ -249,8 +249,9 @@ def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None
         producer = Producer(bootstrap(ctx), acks=ACKS[acks], compression=None if compression == "none" else compression,
                             linger_ms=linger_ms, batch_size=batch_size, client_id="dmq-cli-produce",
                             request_timeout_ms=int(sess.timeout_s * 1000),
-                            # An operator waits at most about two --timeouts for a broker that went away.
-                            delivery_timeout_ms=int(sess.timeout_s * 2000))
+                            # An operator waits at most about two --timeouts (after the linger) for a
+                            # broker that went away.
+                            delivery_timeout_ms=int(sess.timeout_s * 2000 + linger_ms))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--batch-size" if "batch_size" in str(e) else None) from None
     read = _ReadState()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from dmq.client._cluster import parse_address as _parse_address
 from dmq.client.errors import InvalidConfigError
+from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 
 SUBSCRIPTION_MODES = ("all", "new", "timestamp")
 
@@ -116,6 +117,10 @@ class ConsumerConfig:
                 f"fetch_max_wait_ms ({self.fetch_max_wait_ms}) must be below request_timeout_ms "
                 f"({self.request_timeout_ms}), or every idle fetch would time out"
             )
+        if self.fetch_max_bytes > MAX_FETCH_RESPONSE_BYTES:
+            # Brokers refuse a Fetch asking for more (broker/service.py): every poll would come
+            # back empty.
+            out.append(f"fetch_max_bytes must be at most {MAX_FETCH_RESPONSE_BYTES}, got {self.fetch_max_bytes}")
         if self.max_partition_fetch_bytes > self.fetch_max_bytes:
             out.append(
                 f"max_partition_fetch_bytes ({self.max_partition_fetch_bytes}) must not exceed "

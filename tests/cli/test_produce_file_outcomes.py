@@ -91,3 +91,10 @@ def test_ctrl_c_stores_what_was_read_and_says_how_much(server: ServerProcess, dm
     assert proc.returncode == 130, text
     assert "Interrupted: 200 stored, 0 failed, 0 not sent (of 200 lines read; reading stopped after line 200)" in text
     assert _end_offset(server.bootstrap, "lines-int") == 200
+
+
+def test_bench_produce_honours_a_record_size_above_one_mib(dmq: Dmq) -> None:
+    """--record-size accepted up to 16 MB, but the producer refused every record above 1 MiB."""
+    result = dmq.json("bench", "produce", "-t", "bench-big", "-n", "3", "-s", str(2 * 1024 * 1024), "--no-progress")
+    assert result["records"] == 3 and result["errors"] == 0
+    assert dmq.json("topics", "describe", "bench-big")["messages"] == 3
