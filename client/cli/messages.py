@@ -140,6 +140,7 @@ class _ReadState:
         self.bytes = 0  # their bytes, line endings included
         self.queued = 0  # records handed to the producer
         self.rejected = 0  # lines send() refused (too large for the topic): reported, skipped
+        self.unsent = 0  # the line reading stopped at (malformed, or send() failed): read, not sent
         self.eof = False
         self.stop_reason: str | None = None  # why reading stopped before the end of the input
 
@@ -167,6 +168,7 @@ def _send_lines(producer: Any, topic: str, stream: IO[bytes], sep: bytes | None,
             if not found:
                 read.stop_reason = (f"line {read.lines} has no key separator {key_separator!r}; with "
                                     f"--key-separator every line must be KEY{key_separator}VALUE")
+                read.unsent = 1
                 return
         else:
             value = line
@@ -179,6 +181,7 @@ def _send_lines(producer: Any, topic: str, stream: IO[bytes], sep: bytes | None,
             continue
         except DMQError as e:
             read.stop_reason = f"line {read.lines}: {explain(e, bootstrap_address)}"
+            read.unsent = 1
             return
         read.queued += 1
         if bar is not None and read.queued % 1000 == 0:
@@ -249,6 +252,8 @@ def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None
         producer = Producer(bootstrap(ctx), acks=ACKS[acks], compression=None if compression == "none" else compression,
                             linger_ms=linger_ms, batch_size=batch_size, client_id="dmq-cli-produce",
                             request_timeout_ms=int(sess.timeout_s * 1000),
+                            # send() waits for metadata or buffer space at most one --timeout
+                            max_block_ms=int(sess.timeout_s * 1000),
                             # An operator waits at most about two --timeouts (after the linger) for a
                             # broker that went away.
                             delivery_timeout_ms=int(sess.timeout_s * 2000 + linger_ms))
@@ -300,16 +305,17 @@ def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None
             stream.close()
     elapsed = time.monotonic() - started
     failed = tally.failed + read.rejected
-    lost = failed + tally.not_sent
+    not_sent = tally.not_sent + read.unsent
+    lost = failed + not_sent
     eof, lines_read, sent_bytes, stop_reason = read.eof, read.lines, read.bytes, read.stop_reason
     unread = "" if eof else f"; reading stopped after line {lines_read}"
     if output == "json":
         print_json({"topic": topic, "messages": tally.stored, "bytes": sent_bytes, "failed": failed,
-                    "not_sent": tally.not_sent, "lines_read": lines_read, "complete": eof and not lost,
+                    "not_sent": not_sent, "lines_read": lines_read, "complete": eof and not lost,
                     "interrupted": interrupted, "elapsed_s": round(elapsed, 3),
                     "partitions": {str(p): n for p, n in sorted(tally.partitions.items())}})
-    counts = (f"{tally.stored} stored, {failed} failed, {tally.not_sent} not sent "
-              f"(of {lines_read} line{'s' if lines_read != 1 else ''} read{unread})")
+    counts = (f"{tally.stored} stored, {failed} failed, {not_sent} not sent, "
+              f"of {lines_read} line{'s' if lines_read != 1 else ''} read{unread}")
     if interrupted:
         note(f"Interrupted: {counts}.")
         ctx.exit(130)
@@ -317,10 +323,11 @@ def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None
         cause = stop_reason or ""
         if tally.first_error is not None:
             first = explain(tally.first_error, bootstrap(ctx))
-            cause = f"{cause}: {first}" if cause else first
+            if first not in cause:
+                cause = f"{cause}: {first}" if cause else first
         elif read.rejected and not cause:
             cause = f"{read.rejected} line{'s were' if read.rejected != 1 else ' was'} too large for the topic"
-        raise CLIError(f"not every line was stored ({counts})" + (f": {cause}" if cause else ""))
+        raise CLIError(f"not every line was stored: {counts}" + (f". {cause}" if cause else ""))
     if output != "json":
         rate = f", {tally.stored / elapsed:,.0f} msgs/s" if elapsed > 0 and tally.stored >= 1000 else ""
         note(f"Produced {tally.stored} message{'s' if tally.stored != 1 else ''} ({human_bytes(sent_bytes)}) to "

@@ -71,7 +71,7 @@ def test_produce_and_consume_errors(dmq: Dmq) -> None:
     dmq.ok("topics", "create", "cli-errs", "-p", "2")
     missing_sep = dmq("produce", "cli-errs", "--key-separator", ":", input="a:1\nno separator here\n")
     assert missing_sep.returncode == 1
-    assert "not every line was stored (1 stored, 0 failed, 0 not sent" in missing_sep.stderr
+    assert "not every line was stored: 1 stored, 0 failed, 1 not sent, of 2 lines read" in missing_sep.stderr
     assert "line 2 has no key separator ':'" in missing_sep.stderr
 
     for args in (("produce", "no-such-topic"), ("consume", "no-such-topic", "--timeout-ms", "100")):

@@ -51,7 +51,7 @@ def test_a_line_too_large_is_reported_and_skipped_and_the_rest_is_stored(dmq: Dm
     result = dmq("produce", "lines-4k", "--file", str(path), "--batch-size", "2048", "--progress")
     assert result.returncode == 1, result
     assert "line 501 skipped" in result.stderr and "max_message_bytes 4096" in result.stderr, result.stderr
-    assert "999 stored, 1 failed, 0 not sent (of 1000 lines read)" in result.stderr, result.stderr
+    assert "999 stored, 1 failed, 0 not sent, of 1000 lines read" in result.stderr, result.stderr
     # the progress bar counts records stored, against the lines of the file
     assert "999/1000" in result.stderr, result.stderr
     stored = dmq.ok("consume", "lines-4k", "--from-beginning", "--timeout-ms", "500").stdout.splitlines()
@@ -89,7 +89,7 @@ def test_ctrl_c_stores_what_was_read_and_says_how_much(server: ServerProcess, dm
             proc.communicate(timeout=WAIT_S)
     text = err.decode()
     assert proc.returncode == 130, text
-    assert "Interrupted: 200 stored, 0 failed, 0 not sent (of 200 lines read; reading stopped after line 200)" in text
+    assert "Interrupted: 200 stored, 0 failed, 0 not sent, of 200 lines read; reading stopped after line 200" in text
     assert _end_offset(server.bootstrap, "lines-int") == 200
 
 
