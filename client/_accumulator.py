@@ -31,6 +31,14 @@ below ``count``. (Once a batch is done its list is replaced by an empty one, to 
 Auxiliary lists (keys, headers, timestamps) are appended BEFORE the value, so whenever the sealer
 sees n values it also sees at least n entries of each; it uses the first ``count`` of each.
 
+Size: a batch's ``size`` counts, per record, key + value + an upper bound of its encoded headers
++ RECORD_OVERHEAD_BYTES (+ HEADER_OFFSET_BYTES once the batch has headers). What the encoding adds
+beyond that (the 57-byte header, the first entry of each offsets array, the key-validity bitmap,
+and with compression the codec's worst-case expansion) is bounded by `encoded_size_bound`, and
+every batch is capped at ``accounted_cap(limit)``: a sealed batch never encodes to more than its
+limit (min(batch_size, the topic's max_message_bytes)). The bound, not an estimate: a batch of
+1 MiB of accounted records used to encode to 1,053,236 bytes and be refused by a 1 MiB topic.
+
 Memory: ``buffer_memory`` bounds the bytes of records accepted but not yet acknowledged (keys +
 values + headers + RECORD_OVERHEAD_BYTES each). An open batch reserves it in chunks of
 MEMORY_CHUNK_BYTES (so the fast path only compares ``size <= limit``) and gives it all back when it
@@ -51,12 +59,16 @@ import structlog
 
 from dmq.client.errors import DMQError, DMQTimeoutError, RecordTooLargeError
 from dmq.client.records import RecordMetadata
+from dmq.proto.records import HEADER_SIZE
 
 log = structlog.get_logger(__name__)
 
 __all__ = [
     "RECORD_OVERHEAD_BYTES",
+    "HEADER_OFFSET_BYTES",
     "MEMORY_CHUNK_BYTES",
+    "encoded_size_bound",
+    "accounted_cap",
     "ProducerBatch",
     "ThreadState",
     "RecordFuture",
@@ -68,10 +80,48 @@ __all__ = [
 
 # A record's share of the batch arrays: timestamp delta, key offset and value offset (int32 each).
 RECORD_OVERHEAD_BYTES = 12
+# Its header_offsets entry, present for every record of a batch in which any record has headers.
+HEADER_OFFSET_BYTES = 4
+# What a batch adds whatever its records: the header and the first entry of the key, value and
+# header offset arrays (proto/records.py layout).
+BATCH_OVERHEAD_BYTES = HEADER_SIZE + 12
+# zstd's ZSTD_COMPRESSBOUND(n) = n + n/256 + at most 64 for small inputs (frame header included);
+# an lz4 frame adds less (raw blocks of 64 KiB with 4-byte headers, a <= 19-byte frame header and
+# a 4-byte end mark). Incompressible data is stored in raw blocks, so a compressed body never
+# grows by more than this.
+COMPRESSION_SLACK_BYTES = 64
 MEMORY_CHUNK_BYTES = 64 * 1024
 MAX_TIMESTAMP_DELTA_MS = 2**31 - 1  # the codec's per-record timestamp deltas are int32
 
 Callback = Callable[[RecordMetadata | None, DMQError | None], None]
+
+
+def encoded_size_bound(accounted: int, compressed: bool) -> int:
+    """The most bytes a batch whose records account for `accounted` bytes can encode to.
+
+    Every record accounts for at least RECORD_OVERHEAD_BYTES, so there are at most
+    accounted // 12 records, and the key-validity bitmap (a bit per record) is at most
+    ceil(that / 8) bytes.
+    """
+    records_max = accounted // RECORD_OVERHEAD_BYTES
+    total = accounted + BATCH_OVERHEAD_BYTES + (records_max + 7) // 8
+    if compressed:
+        body = total - HEADER_SIZE
+        total += (body >> 8) + COMPRESSION_SLACK_BYTES
+    return total
+
+
+def accounted_cap(max_batch_bytes: int, compressed: bool) -> int:
+    """The largest accounted size whose batch is sure to encode within `max_batch_bytes` (about
+    1% below it: the bitmap bound; 1.4% with compression); 0 when not even an empty record fits."""
+    lo, hi = 0, max_batch_bytes  # the bound is monotonic in the accounted size: binary search
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if encoded_size_bound(mid, compressed) <= max_batch_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class ProducerBatch:
@@ -85,6 +135,7 @@ class ProducerBatch:
         "headers",
         "timestamps",
         "size",
+        "cap",
         "limit",
         "reserved",
         "sealed",
@@ -110,7 +161,8 @@ class ProducerBatch:
         self.keys: list[bytes | None] | None = None
         self.headers: list[list[tuple[str, bytes | None]] | None] | None = None
         self.timestamps: list[int] | None = None
-        self.size = 0  # estimated encoded bytes appended (owner-written)
+        self.size = 0  # accounted bytes appended (owner-written; see the module comment)
+        self.cap = 0  # the most `size` may reach: encodes within the batch's limit (accounted_cap)
         self.limit = 0  # the fast path appends while size <= limit; -1 once sealed
         self.reserved = 0  # bytes of buffer_memory held
         self.sealed = False
@@ -135,6 +187,15 @@ class ProducerBatch:
         return f"<ProducerBatch {self.topic}[{self.partition}] {state} records={n} size={self.size}>"
 
     # -- owner-thread appends (the caller holds the producer lock, or is the fast path) -------------
+
+    def header_cost(self, has_headers: bool) -> int:
+        """The header_offsets bytes appending a record adds: its own entry when the batch has (or
+        gets) headers, and for the first record with headers the entries of the records before it."""
+        if self.headers is not None:
+            return HEADER_OFFSET_BYTES
+        if has_headers:
+            return HEADER_OFFSET_BYTES * (len(self.values) + 1)
+        return 0
 
     def append_full(
         self,
@@ -166,7 +227,9 @@ class ProducerBatch:
         return n
 
     def extend(self, values: Sequence[bytes], keys: Sequence[bytes | None] | None, size: int) -> int:
-        """Append many records (send_many); returns the index of the first."""
+        """Append many records (send_many) to a batch without headers; returns the index of the
+        first. `size` is their accounted bytes."""
+        assert self.headers is None, "send_many seals a batch with headers first (header_cost)"
         n = len(self.values)
         if keys is not None or self.keys is not None:
             if self.keys is None:
@@ -175,8 +238,6 @@ class ProducerBatch:
                 self.keys.extend([None] * len(values))
             else:
                 self.keys.extend(keys)
-        if self.headers is not None:
-            self.headers.extend([None] * len(values))
         if self.timestamps is not None:
             self.timestamps.extend([self.created_ms] * len(values))
         self.size += size
@@ -505,11 +566,13 @@ class Accumulator:
             q = self.queues.setdefault((topic, partition), PartitionQueue(topic, partition))
         return q
 
-    def new_batch(self, st: ThreadState, topic: str, partition: int, reserved: int) -> ProducerBatch:
-        """An open batch holding `reserved` bytes of buffer memory. Lock held."""
+    def new_batch(self, st: ThreadState, topic: str, partition: int, reserved: int, cap: int) -> ProducerBatch:
+        """An open batch holding `reserved` bytes of buffer memory, whose records may account for
+        up to `cap` bytes (see accounted_cap). Lock held."""
         b = ProducerBatch(topic, partition, now_ms())
         b.reserved = reserved
-        b.limit = min(reserved, self.batch_size)
+        b.cap = cap
+        b.limit = min(reserved, cap)
         b.deadline = b.created + self.delivery_timeout_s
         st.batches[(topic, partition)] = b
         self.open.add(b)
@@ -521,7 +584,7 @@ class Accumulator:
         """Give an open batch more of the buffer memory. Lock held."""
         b.reserved += nbytes
         if not b.sealed and b.plain:
-            b.limit = min(b.reserved, self.batch_size)
+            b.limit = min(b.reserved, b.cap)
 
     def seal(self, b: ProducerBatch) -> None:
         """Fix the batch's record count and queue it on its partition. Lock held."""

@@ -85,6 +85,8 @@ class TopicMetadata:
     partitions: tuple[PartitionMetadata, ...]  # index = partition number
     available: tuple[int, ...]  # partitions whose leader is alive (all of them when none is)
     fetched_at: float  # time.monotonic()
+    # The topic's max_message_bytes (largest batch its brokers accept); None = the brokers' default.
+    max_message_bytes: int | None = None
 
     @property
     def partition_count(self) -> int:
@@ -103,7 +105,8 @@ class TopicMetadata:
             for i in range(info.partition_count)
         )
         alive = tuple(p.partition for p in parts if p.leader_alive and p.leader_address)
-        return cls(info.name, parts, alive or tuple(range(len(parts))), fetched_at)
+        limit = info.config.max_message_bytes if info.config.HasField("max_message_bytes") else None
+        return cls(info.name, parts, alive or tuple(range(len(parts))), fetched_at, limit)
 
 
 @dataclass(frozen=True, slots=True)

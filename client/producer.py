@@ -9,11 +9,16 @@ Where a record goes: ``partition=`` if given; else, with a key, ``zlib.crc32(key
 (see `dmq.client._partitioner`); else the thread's sticky partition, which moves on each time its
 batch is sealed.
 
-Batching: a partition's batch ships when it is full (``batch_size`` bytes) or ``linger_ms`` old
+Batching: a partition's batch ships when it is full or ``linger_ms`` old
 and nothing is in flight for that partition; while a Produce is in flight the next batch keeps
 filling. At most one Produce per partition is in flight, so records keep their order, even
 across retries; different partitions are sent concurrently. See `dmq.client._accumulator` for
 the lock-free fast path of send() and `dmq.client._sender` for retries and idempotence.
+
+Batch size: an encoded batch (header, arrays, compression included) is at most
+min(``batch_size``, the topic's ``max_message_bytes``), so a topic never refuses a batch for its
+size. A record that does not fit a batch of ``batch_size`` on its own goes alone, up to the
+topic's limit; above that send() raises RecordTooLargeError naming the limit.
 
 Delivery: acks="all" (default: the broker fsyncs per its flush policy before answering), 1 (the
 leader wrote it), 0 (nobody waits: futures resolve with offset -1 once the batch is sent).
@@ -42,6 +47,7 @@ from typing import Any
 import structlog
 
 from dmq.client._accumulator import (
+    HEADER_OFFSET_BYTES,
     MEMORY_CHUNK_BYTES,
     RECORD_OVERHEAD_BYTES,
     Accumulator,
@@ -51,6 +57,8 @@ from dmq.client._accumulator import (
     RecordFuture,
     SendManyFuture,
     ThreadState,
+    accounted_cap,
+    encoded_size_bound,
 )
 from dmq.client._cluster import Cluster, TopicMetadata
 from dmq.client._partitioner import Partitioner, StickyChooser, crc32_partition
@@ -71,6 +79,9 @@ log = structlog.get_logger(__name__)
 __all__ = ["Producer", "RecordFuture", "SendManyFuture"]
 
 DEFAULT_BATCH_SIZE = 1024 * 1024
+# The largest batch_size: half the brokers' default max batch bytes, so that a full batch and the
+# one filling behind it fit what a broker holds for one request.
+MAX_BATCH_SIZE = records.DEFAULT_MAX_BATCH_BYTES // 2
 DEFAULT_BUFFER_MEMORY = 64 * 1024 * 1024
 SENDER_STOP_TIMEOUT_S = 5.0
 
@@ -112,13 +123,22 @@ class Producer:
         codec_name = compression.lower() if isinstance(compression, str) else compression
         if codec_name not in _CODECS:
             raise ValueError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
-        _positive("batch_size", batch_size, records.DEFAULT_MAX_BATCH_BYTES // 2)
+        _positive("batch_size", batch_size, MAX_BATCH_SIZE, "the brokers' default max batch bytes is "
+                  f"{records.DEFAULT_MAX_BATCH_BYTES}; a topic's max_message_bytes caps its batches further")
         _positive("buffer_memory", buffer_memory)
         _positive("max_record_bytes", max_record_bytes, records.DEFAULT_MAX_BATCH_BYTES // 2)
         _positive("request_timeout_ms", request_timeout_ms)
         _positive("delivery_timeout_ms", delivery_timeout_ms)
         if linger_ms < 0 or max_block_ms < 0 or retries < 0 or retry_backoff_ms < 0:
             raise ValueError("linger_ms, max_block_ms, retries and retry_backoff_ms must be >= 0")
+        if delivery_timeout_ms < linger_ms + request_timeout_ms:
+            # Kafka's rule: a batch may linger, then wait a whole request for its answer; a
+            # shorter delivery timeout fails records that were never given a chance (a batch
+            # lingering past it expired the moment it was sealed).
+            raise ValueError(
+                f"delivery_timeout_ms ({delivery_timeout_ms}) must be at least linger_ms + request_timeout_ms "
+                f"({linger_ms} + {request_timeout_ms}): raise delivery_timeout_ms or lower the others"
+            )
         if buffer_memory < batch_size:
             raise ValueError(f"buffer_memory ({buffer_memory}) must be at least batch_size ({batch_size})")
 
@@ -126,6 +146,9 @@ class Producer:
         self._own_cluster = cluster is None
         self._cluster = cluster or Cluster(bootstrap, request_timeout_ms=request_timeout_ms)
         self._batch_size = batch_size
+        self._compressed = _CODECS[codec_name] is not records.Codec.NONE
+        # topic max_message_bytes (None = the brokers' default) -> (batch cap, single-record cap)
+        self._caps: dict[int | None, tuple[int, int]] = {}
         self._max_block_ms = max_block_ms
         self._max_record_bytes = max_record_bytes
         self._partitioner = partitioner or crc32_partition
@@ -241,6 +264,9 @@ class Producer:
             )
         size = record_bytes + RECORD_OVERHEAD_BYTES
         meta = self._topic_metadata(topic)
+        batch_cap, record_cap = self._caps_for(meta)
+        if size + (HEADER_OFFSET_BYTES if hdrs else 0) > record_cap:
+            raise self._too_large(topic, meta, record_bytes, size + (HEADER_OFFSET_BYTES if hdrs else 0))
         if partition is not None:
             meta = self._check_partition(topic, partition, meta)
         elif key is not None:
@@ -266,7 +292,7 @@ class Producer:
                         and not b.sealed
                         and b.values
                         and (
-                            b.size + size > self._batch_size
+                            b.size + size + b.header_cost(hdrs is not None) > b.cap
                             or not b.accepts_timestamp(b.created_ms if timestamp_ms is None else timestamp_ms)
                         )
                     ):
@@ -275,24 +301,28 @@ class Producer:
                             partition = None  # a sealed sticky batch moves the topic on
                             continue
                     if b is None or b.sealed:
-                        if credit >= size:
-                            b = acc.new_batch(st, topic, p, credit)
+                        cost = size + (HEADER_OFFSET_BYTES if hdrs else 0)
+                        if credit >= cost:
+                            # a record above batch_cap (but within record_cap) goes alone
+                            b = acc.new_batch(st, topic, p, credit, max(batch_cap, cost))
                             credit = 0
                         else:
-                            need = max(min(MEMORY_CHUNK_BYTES, self._batch_size), size) - credit
-                    elif b.size + size > b.reserved:
-                        if credit >= b.size + size - b.reserved:
-                            acc.grow(b, credit)
-                            credit = 0
-                        else:
-                            room = max(size, min(MEMORY_CHUNK_BYTES, self._batch_size - b.size))
-                            need = room - (b.reserved - b.size) - credit
+                            need = max(min(MEMORY_CHUNK_BYTES, batch_cap), cost) - credit
+                    else:
+                        cost = size + b.header_cost(hdrs is not None)
+                        if b.size + cost > b.reserved:
+                            if credit >= b.size + cost - b.reserved:
+                                acc.grow(b, credit)
+                                credit = 0
+                            else:
+                                room = max(cost, min(MEMORY_CHUNK_BYTES, b.cap - b.size))
+                                need = room - (b.reserved - b.size) - credit
                     if not need:
                         assert b is not None
-                        index = b.append_full(value, key, hdrs, timestamp_ms, size)
+                        index = b.append_full(value, key, hdrs, timestamp_ms, cost)
                         if sticky:
                             st.sticky[topic] = b
-                        if b.size >= self._batch_size:
+                        if b.size >= b.cap:
                             acc.seal(b)
                         break
                 self._pool.reserve(need, self._max_block_ms)  # outside the lock: may block
@@ -339,6 +369,10 @@ class Producer:
                 f"send_many: record {i} is {biggest} bytes, above max_record_bytes {self._max_record_bytes}"
             )
         meta = self._topic_metadata(topic)
+        _, record_cap = self._caps_for(meta)
+        if biggest + RECORD_OVERHEAD_BYTES > record_cap:
+            i = sizes.index(biggest)
+            raise self._too_large(topic, meta, biggest, biggest + RECORD_OVERHEAD_BYTES, f"send_many: record {i}: ")
         count = meta.partition_count
         st = self._acc.thread_state(get_ident())
         segments: list[tuple[ProducerBatch, int, int, list[int] | None]] = []
@@ -395,7 +429,7 @@ class Producer:
     ) -> None:
         """Append records to `partition` (None = sticky), a batch-sized chunk per lock hold."""
         acc = self._acc
-        batch_size = self._batch_size
+        batch_cap, _ = self._caps_for(meta)
         cum = [0, *accumulate(map(add, sizes, repeat(RECORD_OVERHEAD_BYTES)))]
         n = len(values)
         i = 0
@@ -414,25 +448,31 @@ class Producer:
                     else:
                         p = partition
                     b = st.batches.get((topic, p))
-                    if b is not None and not b.sealed and b.values and not b.accepts_timestamp(b.created_ms):
-                        acc.seal(b)  # holds an explicit timestamp too far from now for int32 deltas
+                    if b is not None and not b.sealed and b.values and (
+                        b.headers is not None or not b.accepts_timestamp(b.created_ms)
+                    ):
+                        # Holds an explicit timestamp too far from now for int32 deltas, or
+                        # headers (whose offsets would make each record cost more than counted).
+                        acc.seal(b)
                         continue
                     if b is not None and b.sealed:
                         b = None
-                    room = batch_size - (b.size if b is not None else 0)
+                    cap = b.cap if b is not None else batch_cap
+                    room = cap - (b.size if b is not None else 0)
                     j = bisect_right(cum, cum[i] + room, i + 1) - 1  # records [i, j) fit
                     if j == i:
                         if b is not None and b.values:
                             acc.seal(b)  # full
                             continue
                         j = i + 1  # a single record larger than batch_size gets its own batch
+                        cap = max(cap, cum[j] - cum[i])
                     chunk = cum[j] - cum[i]
                     free = (b.reserved - b.size) if b is not None else 0
                     if free + credit < chunk:
                         need = chunk - free - credit
                     else:
                         if b is None:
-                            b = acc.new_batch(st, topic, p, credit)
+                            b = acc.new_batch(st, topic, p, credit, cap)
                         else:
                             acc.grow(b, credit)
                         credit = 0
@@ -444,7 +484,7 @@ class Producer:
                             chunk,
                         )
                         segments.append((b, first, j - i, None if positions is None else positions[i:j]))
-                        if b.size >= batch_size or j < n:
+                        if b.size >= b.cap or j < n:
                             acc.seal(b)
                         i = j
                 if need:
@@ -492,6 +532,35 @@ class Producer:
                     f"0..{meta.partition_count - 1}"
                 )
         return meta
+
+    def _caps_for(self, meta: TopicMetadata) -> tuple[int, int]:
+        """(batch cap, single-record cap) in accounted bytes for the topic: batches encode within
+        min(batch_size, the topic's limit); a record alone within the topic's limit."""
+        limit = meta.max_message_bytes
+        caps = self._caps.get(limit)
+        if caps is None:
+            topic_limit = limit if limit is not None else records.DEFAULT_MAX_BATCH_BYTES
+            caps = (
+                accounted_cap(min(self._batch_size, topic_limit), self._compressed),
+                accounted_cap(topic_limit, self._compressed),
+            )
+            self._caps[limit] = caps
+        return caps
+
+    def _too_large(
+        self, topic: str, meta: TopicMetadata, record_bytes: int, accounted: int, prefix: str = ""
+    ) -> RecordTooLargeError:
+        limit = meta.max_message_bytes
+        named = (
+            f"topic {topic!r}'s max_message_bytes {limit}"
+            if limit is not None
+            else f"the brokers' max batch bytes {records.DEFAULT_MAX_BATCH_BYTES}"
+        )
+        return RecordTooLargeError(
+            f"{prefix}record for {topic!r} is {record_bytes} bytes (key + value + headers); as a batch it "
+            f"may take up to {encoded_size_bound(accounted, self._compressed)} bytes, above {named}: "
+            "send a smaller record or raise the topic's max_message_bytes"
+        )
 
     def partitions_for(self, topic: str) -> list[int]:
         return list(range(self._topic_metadata(topic).partition_count))
@@ -574,11 +643,11 @@ class Producer:
         }
 
 
-def _positive(name: str, value: int, maximum: int | None = None) -> None:
+def _positive(name: str, value: int, maximum: int | None = None, why: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be at most {maximum}, got {value}")
+        raise ValueError(f"{name} must be at most {maximum}, got {value}" + (f" ({why})" if why else ""))
 
 
 def _as_bytes(value: Any, what: str) -> bytes:

@@ -331,6 +331,9 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self.node = node
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.default_mode = SubscriptionMode(node.default_subscription_mode)
+        # The time a default `timestamp` subscription starts from (CoordinatorNode refuses that
+        # mode without one); None for the other modes.
+        self.default_from_ms: int | None = node.default_subscription_from_ms
         debounce_ms = node.rebalance_debounce_ms
         self.config = config or GroupConfig(
             rebalance_debounce_ms=debounce_ms,
@@ -586,6 +589,10 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         asked = self._requested_mode(request)
         mode = asked or self.default_mode
         from_ms = request.subscription_from_ms
+        if asked is None and mode is SubscriptionMode.TIMESTAMP and not from_ms and self.default_from_ms:
+            # The server's default mode comes with the server's default time: a consumer that
+            # names neither starts where the operator said (`--default-subscription-from`).
+            from_ms = self.default_from_ms
         if from_ms < 0:
             _invalid(f"subscription_from_ms must be >= 0 (wall-clock milliseconds), got {from_ms}")
         if from_ms and mode is not SubscriptionMode.TIMESTAMP:
@@ -612,9 +619,9 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 continue
             async with self._lock:
                 if self.registry.find(group_id) is not None:
-                    result = self._find_or_create(request, mode, record.partition_count, None)
+                    result = self._find_or_create(request, mode, from_ms, record.partition_count, None)
             if result is None and group_id not in self._creating:
-                result = await self._create(request, mode, record.partition_count)
+                result = await self._create(request, mode, from_ms, record.partition_count)
         self._publish(result.events)
 
         found = result.response
@@ -651,6 +658,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self,
         request: pb.FindOrCreateGroupRequest,
         mode: SubscriptionMode,
+        from_ms: int,
         partition_count: int,
         snapshot: dict[int, int] | None,
     ) -> machine.Result[machine.FindOrCreateGroupResponse]:
@@ -659,14 +667,14 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             app_id=request.app_id,
             partition_count=partition_count,
             subscription_mode=mode,
-            subscription_from_ms=request.subscription_from_ms if mode is SubscriptionMode.TIMESTAMP else None,
+            subscription_from_ms=from_ms if mode is SubscriptionMode.TIMESTAMP else None,
             snapshot_offsets=snapshot,
             created_ms=self.node.clock_ms(),
         )
         return self.registry.find_or_create(pure, self.clock.now_ms())
 
     async def _create(
-        self, request: pb.FindOrCreateGroupRequest, mode: SubscriptionMode, partition_count: int
+        self, request: pb.FindOrCreateGroupRequest, mode: SubscriptionMode, from_ms: int, partition_count: int
     ) -> machine.Result[machine.FindOrCreateGroupResponse]:
         """Create the group: snapshot the log ends first for mode `new`, then record it durably."""
         group_id = group_id_for(request.topic, request.app_id)
@@ -676,7 +684,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             snapshot = None
             if mode is SubscriptionMode.NEW:
                 snapshot = await self._latest_offsets(request.topic, partition_count)
-            return await complete_even_if_cancelled(self._create_durably(request, mode, partition_count, snapshot))
+            return await complete_even_if_cancelled(self._create_durably(request, mode, from_ms, partition_count, snapshot))
         finally:
             del self._creating[group_id]
             done.set_result(None)
@@ -685,11 +693,12 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self,
         request: pb.FindOrCreateGroupRequest,
         mode: SubscriptionMode,
+        from_ms: int,
         partition_count: int,
         snapshot: dict[int, int] | None,
     ) -> machine.Result[machine.FindOrCreateGroupResponse]:
         async with self._lock:
-            result = self._find_or_create(request, mode, partition_count, snapshot)
+            result = self._find_or_create(request, mode, from_ms, partition_count, snapshot)
         try:
             await self._persist(result.records)
         except Exception as e:

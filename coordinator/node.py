@@ -65,6 +65,7 @@ class CoordinatorNode:
         advertised_address: str,
         broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
         default_subscription_mode: str = "all",
+        default_subscription_from_ms: int | None = None,
         rebalance_debounce_ms: int = 500,
         default_topic_config: TopicConfigDefaults | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
@@ -75,12 +76,26 @@ class CoordinatorNode:
             raise ValueError(
                 f"default_subscription_mode must be one of {SUBSCRIPTION_MODES}, got {default_subscription_mode!r}"
             )
+        # A default of `timestamp` is only usable with a time to start from: refused here, at
+        # start, rather than accepted and then failing every consumer that names no mode.
+        if default_subscription_mode == "timestamp":
+            if default_subscription_from_ms is None or default_subscription_from_ms <= 0:
+                raise ValueError(
+                    "default_subscription_mode 'timestamp' needs default_subscription_from_ms > 0 "
+                    f"(wall-clock milliseconds), got {default_subscription_from_ms!r}"
+                )
+        elif default_subscription_from_ms is not None:
+            raise ValueError(
+                "default_subscription_from_ms is only used with default_subscription_mode 'timestamp' "
+                f"(the mode is {default_subscription_mode!r})"
+            )
         if rebalance_debounce_ms < 0:
             raise ValueError(f"rebalance_debounce_ms must be >= 0, got {rebalance_debounce_ms}")
         self.data_dir = pathlib.Path(data_dir)
         self.advertised_address = advertised_address
         self.broker_session_timeout_ms = broker_session_timeout_ms
         self.default_subscription_mode = default_subscription_mode
+        self.default_subscription_from_ms = default_subscription_from_ms
         self.rebalance_debounce_ms = rebalance_debounce_ms
         self.clock_ms = clock_ms
         # Liveness reads use the clock directly (MetadataManager._alive); the monitor only logs

@@ -100,9 +100,10 @@ def parse_partitions(values: tuple[str, ...]) -> list[int] | None:
     return sorted(result)
 
 
-def parse_datetime_ms(text: str) -> int:
+def parse_datetime_ms(text: str, param_hint: str = "--to-datetime") -> int:
     """ISO 8601 ('2024-05-01T12:00:00', '2024-05-01 12:00', with optional Z or +02:00; no zone = local
-    time), a date ('2024-05-01', local midnight), or epoch milliseconds ('1714564800000')."""
+    time), a date ('2024-05-01', local midnight), or epoch milliseconds ('1714564800000').
+    `param_hint` names the option in the error."""
     s = text.strip()
     if re.fullmatch(r"\d{11,}", s):
         return int(s)
@@ -112,7 +113,7 @@ def parse_datetime_ms(text: str) -> int:
         raise click.BadParameter(
             f"{text!r} is not a date-time; use ISO 8601 like 2024-05-01T12:00:00 (local), "
             "2024-05-01T12:00:00Z, or epoch milliseconds",
-            param_hint="--to-datetime",
+            param_hint=param_hint,
         ) from None
     if when.tzinfo is None:
         when = when.astimezone()  # local time, as Kafka's tools read it

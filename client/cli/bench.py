@@ -116,7 +116,7 @@ def bench() -> None:
 @click.option("-t", "--topic", required=True, help="Topic to write to (created if missing, see --partitions).")
 @click.option("-n", "--num-records", type=click.IntRange(1), default=100_000, show_default=True,
               help="Records to send.")
-@click.option("-s", "--record-size", type=click.IntRange(0, 16 * MB), default=100, show_default=True,
+@click.option("-s", "--record-size", type=click.IntRange(0, 8 * MB), default=100, show_default=True,
               help="Bytes per record value (random, incompressible).")
 @click.option("--throughput", type=click.IntRange(-1), default=-1, show_default=True,
               help="Limit to this many records/s; -1 = as fast as possible.")
@@ -126,7 +126,7 @@ def bench() -> None:
               help="all: durable before the answer; 1: written by the leader; 0: no wait.")
 @click.option("--compression", type=click.Choice(["none", "zstd", "lz4"]), default="none", show_default=True,
               help="Batch compression.")
-@click.option("--batch-size", type=click.IntRange(1024), default=1024 * 1024, show_default=True,
+@click.option("--batch-size", type=click.IntRange(1024, 8 * MB), default=1024 * 1024, show_default=True,
               help="Producer batch size in bytes.")
 @click.option("--linger-ms", type=click.FloatRange(0), default=5, show_default=True,
               help="Producer linger: how long a batch may wait to fill.")
@@ -178,7 +178,9 @@ def bench_produce(ctx: click.Context, topic: str, num_records: int, record_size:
 
     producer = Producer(bootstrap(ctx), acks={"all": "all", "1": 1, "0": 0}[acks],
                         compression=None if compression == "none" else compression, batch_size=batch_size,
-                        linger_ms=linger_ms, client_id="dmq-bench-produce")
+                        linger_ms=linger_ms, client_id="dmq-bench-produce",
+                        # --record-size goes up to the producer's largest max_record_bytes
+                        max_record_bytes=max(1 * MB, record_size))
     started = perf()
     try:
         with Reporter("sent", num_records, report_interval_ms / 1000, progress) as reporter:
@@ -235,7 +237,7 @@ def _quick_median(samples: list[float]) -> float | None:
               help="Stop after this many records. Default: every record in the topic when the run starts.")
 @click.option("-g", "--group", "app", default=None, metavar="APP",
               help="Read as consumer group G_<topic>_<APP> (DMQConsumer). Default: no group, from each log start.")
-@click.option("--fetch-max-bytes", type=click.IntRange(1024), default=4 * MB, show_default=True,
+@click.option("--fetch-max-bytes", type=click.IntRange(1024, 60 * MB), default=4 * MB, show_default=True,
               help="Bytes per partition per fetch.")
 @click.option("--timeout-ms", "idle_timeout_ms", type=click.IntRange(1), default=10_000, show_default=True,
               help="Give up when no record arrives for this long.")

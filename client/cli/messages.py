@@ -50,6 +50,13 @@ def quiet_client_logs() -> None:
 
 # -- produce --------------------------------------------------------------------------------------
 
+# Records whose send() is refused (too large) are reported one line each, up to this many.
+MAX_RECORD_ERRORS_SHOWN = 10
+# After Ctrl-C, how long what was already read may take to be stored before it is abandoned.
+INTERRUPT_FLUSH_S = 10.0
+# How often the progress bar is refreshed while waiting for acknowledgements.
+PROGRESS_POLL_S = 0.2
+
 
 def _lines(stream: IO[bytes]) -> Iterator[bytes]:
     for raw in stream:
@@ -58,6 +65,134 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes]:
             if raw.endswith(b"\r"):
                 raw = raw[:-1]
         yield raw
+
+
+def _count_lines(path: str) -> int:
+    """Lines in the file as _lines() splits them (the progress bar's total): one read pass."""
+    count = 0
+    last = b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            count += chunk.count(b"\n")
+            last = chunk[-1:]
+    return count + (last != b"\n")
+
+
+class _Tally:
+    """What became of the records handed to the producer. on_done runs on the producer's sender
+    thread (or, for records abandoned by close(), on the closing thread once the sender has
+    stopped): one writer at a time, so plain counters are safe."""
+
+    def __init__(self) -> None:
+        self.stored = 0
+        self.failed = 0  # refused by a broker, or gave up (delivery timeout)
+        self.not_sent = 0  # abandoned when the command stopped: not sent, or sent without an answer
+        self.partitions: dict[int, int] = {}
+        self.first_error: BaseException | None = None
+
+    def on_done(self, meta: Any, err: BaseException | None) -> None:
+        from dmq.client.errors import ClientClosedError
+
+        if err is None:
+            self.stored += 1
+            self.partitions[meta.partition] = self.partitions.get(meta.partition, 0) + 1
+        elif isinstance(err, ClientClosedError):
+            self.not_sent += 1
+        else:
+            self.failed += 1
+            if self.first_error is None:
+                self.first_error = err
+
+
+class _Interrupts:
+    """SIGINT / SIGTERM while producing. While a line is being read (possibly blocked on stdin)
+    the signal raises KeyboardInterrupt at once; elsewhere (inside send()) it only asks the loop
+    to stop, so no record is half-queued, and a second one raises (send() may be blocked on a
+    full buffer for max_block_ms). While waiting for acknowledgements it raises, which abandons
+    the wait."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.raise_now = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupts:
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        already = self.requested
+        self.requested = True
+        if self.raise_now or already:
+            raise KeyboardInterrupt
+
+
+class _ReadState:
+    """How far reading the input got (the main thread's)."""
+
+    def __init__(self) -> None:
+        self.lines = 0  # lines read
+        self.bytes = 0  # their bytes, line endings included
+        self.queued = 0  # records handed to the producer
+        self.rejected = 0  # lines send() refused (too large for the topic): reported, skipped
+        self.unsent = 0  # the line reading stopped at (malformed, or send() failed): read, not sent
+        self.eof = False
+        self.stop_reason: str | None = None  # why reading stopped before the end of the input
+
+
+def _send_lines(producer: Any, topic: str, stream: IO[bytes], sep: bytes | None, key_separator: str | None,
+                header_list: Any, partition: int | None, tally: _Tally, read: _ReadState, intr: _Interrupts,
+                bar: Any, bootstrap_address: str) -> None:
+    """Read lines and hand them to the producer until the input ends, Ctrl-C, or an error that
+    makes going on pointless (a malformed line, a failing cluster)."""
+    from dmq.client.errors import DMQError, RecordTooLargeError
+
+    lines = _lines(stream)
+    while not intr.requested:
+        intr.raise_now = True  # a blocked read of stdin must end on Ctrl-C
+        line = next(lines, None)
+        intr.raise_now = False
+        if line is None:
+            read.eof = True
+            return
+        read.lines += 1
+        read.bytes += len(line) + 1
+        key = None
+        if sep is not None:
+            key, found, value = line.partition(sep)
+            if not found:
+                read.stop_reason = (f"line {read.lines} has no key separator {key_separator!r}; with "
+                                    f"--key-separator every line must be KEY{key_separator}VALUE")
+                read.unsent = 1
+                return
+        else:
+            value = line
+        try:
+            producer.send(topic, value, key=key, headers=header_list, partition=partition, callback=tally.on_done)
+        except RecordTooLargeError as e:
+            read.rejected += 1
+            if read.rejected <= MAX_RECORD_ERRORS_SHOWN:
+                note(f"[yellow]line {read.lines} skipped:[/] {explain(e, bootstrap_address)}")
+            continue
+        except DMQError as e:
+            read.stop_reason = f"line {read.lines}: {explain(e, bootstrap_address)}"
+            read.unsent = 1
+            return
+        read.queued += 1
+        if bar is not None and read.queued % 1000 == 0:
+            bar.update(tally.stored)
+        if tally.failed:
+            read.stop_reason = "the brokers refused records"  # the cluster is failing: stop reading
+            return
 
 
 @click.command("produce")
@@ -77,10 +212,10 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes]:
               help="Compress each batch.")
 @click.option("--linger-ms", type=click.FloatRange(0), default=5, show_default=True,
               help="Wait up to this long to fill a batch.")
-@click.option("--batch-size", type=click.IntRange(1024), default=1024 * 1024, show_default=True,
-              help="Bytes per batch at most.")
+@click.option("--batch-size", type=click.IntRange(1024, 8 * 1024 * 1024), default=1024 * 1024, show_default=True,
+              help="Bytes per batch at most (encoded; a topic's max_message_bytes caps it further).")
 @click.option("--progress/--no-progress", default=None,
-              help="Show a progress bar while reading a file. Default: for files, when stderr is a terminal.")
+              help="Show a progress bar of the records stored. Default: for files, when stderr is a terminal.")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="text: a summary line on stderr; json: the summary as JSON on stdout.")
 @click.pass_context
@@ -88,6 +223,11 @@ def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None
             partition: int | None, acks: str, compression: str, linger_ms: float, batch_size: int,
             progress: bool | None, output: str) -> None:
     """Send lines from stdin (or --file) to TOPIC, one message per line.
+
+    A line the topic cannot take (too large) is reported and skipped; the others are sent. On
+    Ctrl-C (or SIGTERM) reading stops, what was read is given up to 10 s to be stored (Ctrl-C
+    again abandons it), and the summary says how many records were stored, failed and not sent.
+    The exit code is 0 only when every line was stored (130 after Ctrl-C).
 
     \b
     Examples:
@@ -106,87 +246,105 @@ def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None
         raise CLIError(f"topic {topic!r} has partitions 0..{info.partition_count - 1}; no partition {partition}")
 
     quiet_client_logs()
+    from dmq.client.errors import DMQTimeoutError
     from dmq.client.producer import Producer
 
     is_file = path != "-"
     show_progress = progress if progress is not None else (is_file and sys.stderr.isatty())
-    counts: dict[int, int] = {}
-    failures: list[BaseException] = []
-
-    def on_done(meta: Any, err: BaseException | None) -> None:
-        # Runs on the producer's sender thread; dict/list updates are atomic under the GIL.
-        if err is not None:
-            failures.append(err)
-        else:
-            counts[meta.partition] = counts.get(meta.partition, 0) + 1
-
-    sent = 0
-    sent_bytes = 0
+    tally = _Tally()
+    try:
+        producer = Producer(bootstrap(ctx), acks=ACKS[acks], compression=None if compression == "none" else compression,
+                            linger_ms=linger_ms, batch_size=batch_size, client_id="dmq-cli-produce",
+                            request_timeout_ms=int(sess.timeout_s * 1000),
+                            # send() waits for metadata or buffer space at most one --timeout
+                            max_block_ms=int(sess.timeout_s * 1000),
+                            # An operator waits at most about two --timeouts (after the linger) for a
+                            # broker that went away.
+                            delivery_timeout_ms=int(sess.timeout_s * 2000 + linger_ms))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--batch-size" if "batch_size" in str(e) else None) from None
+    read = _ReadState()
+    interrupted = False
     started = time.monotonic()
     stream: IO[bytes] = open(path, "rb") if is_file else sys.stdin.buffer  # noqa: SIM115 - closed below
-    producer = Producer(bootstrap(ctx), acks=ACKS[acks], compression=None if compression == "none" else compression,
-                        linger_ms=linger_ms, batch_size=batch_size, client_id="dmq-cli-produce",
-                        request_timeout_ms=int(sess.timeout_s * 1000),
-                        # An operator waits at most about two --timeouts for a broker that went away.
-                        delivery_timeout_ms=int(sess.timeout_s * 2000))
     bar = None
     try:
-        if show_progress:
-            bar = _file_progress(path if is_file else None)
-        for line_no, line in enumerate(_lines(stream), 1):
-            key = None
-            if sep is not None:
-                key, found, value = line.partition(sep)
-                if not found:
-                    raise CLIError(
-                        f"line {line_no} has no key separator {key_separator!r} ({sent} earlier messages were sent); "
-                        f"with --key-separator every line must be KEY{key_separator}VALUE"
-                    )
-            else:
-                value = line
-            producer.send(topic, value, key=key, headers=header_list, partition=partition, callback=on_done)
-            sent += 1
-            sent_bytes += len(line) + 1
-            if bar is not None and sent % 1000 == 0:
-                bar.update(stream.tell() if is_file else sent_bytes)
-            if failures:
-                break
-        producer.flush(timeout=sess.timeout_s * 2 + 5)
+        with _Interrupts() as intr:
+            try:
+                if show_progress:
+                    bar = _records_progress(_count_lines(path) if is_file else None)
+                try:
+                    _send_lines(producer, topic, stream, sep, key_separator, header_list, partition, tally, read,
+                                intr, bar, bootstrap(ctx))
+                except KeyboardInterrupt:
+                    pass  # Ctrl-C while reading: what was read is still flushed below
+                if intr.requested:
+                    interrupted = True
+                    note(f"Interrupted: waiting up to {INTERRUPT_FLUSH_S:.0f} s for the records read to be "
+                         "stored (Ctrl-C again abandons them)…")
+                intr.raise_now = True  # from here on Ctrl-C abandons the wait
+                wait_s = INTERRUPT_FLUSH_S if interrupted else sess.timeout_s * 2 + 5
+                deadline = time.monotonic() + wait_s
+                while True:
+                    try:
+                        producer.flush(timeout=max(0.0, min(PROGRESS_POLL_S, deadline - time.monotonic())))
+                        break
+                    except DMQTimeoutError:
+                        if bar is not None:
+                            bar.update(tally.stored)
+                        if time.monotonic() >= deadline:
+                            break
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                # A further Ctrl-C during close() only flags: close(timeout=0) is bounded itself.
+                intr.raise_now = intr.requested = False
+                # Whatever is still unacknowledged is abandoned now (counted as not sent).
+                producer.close(timeout=0)
+                if bar is not None:
+                    bar.update(tally.stored)
+                    bar.close()
     finally:
-        if bar is not None:
-            bar.update(os.path.getsize(path) if is_file else sent_bytes)
-            bar.close()
-        producer.close(timeout=sess.timeout_s)
         if is_file:
             stream.close()
     elapsed = time.monotonic() - started
-    delivered = sum(counts.values())
+    failed = tally.failed + read.rejected
+    not_sent = tally.not_sent + read.unsent
+    lost = failed + not_sent
+    eof, lines_read, sent_bytes, stop_reason = read.eof, read.lines, read.bytes, read.stop_reason
+    unread = "" if eof else f"; reading stopped after line {lines_read}"
     if output == "json":
-        print_json({"topic": topic, "messages": delivered, "bytes": sent_bytes, "failed": sent - delivered,
-                    "elapsed_s": round(elapsed, 3), "partitions": {str(p): n for p, n in sorted(counts.items())}})
-    if failures:
-        raise CLIError(f"{sent - delivered} of {sent} messages were not stored: {explain(failures[0], bootstrap(ctx))}")
+        print_json({"topic": topic, "messages": tally.stored, "bytes": sent_bytes, "failed": failed,
+                    "not_sent": not_sent, "lines_read": lines_read, "complete": eof and not lost,
+                    "interrupted": interrupted, "elapsed_s": round(elapsed, 3),
+                    "partitions": {str(p): n for p, n in sorted(tally.partitions.items())}})
+    counts = (f"{tally.stored} stored, {failed} failed, {not_sent} not sent, "
+              f"of {lines_read} line{'s' if lines_read != 1 else ''} read{unread}")
+    if interrupted:
+        note(f"Interrupted: {counts}.")
+        ctx.exit(130)
+    if lost or not eof:
+        cause = stop_reason or ""
+        if tally.first_error is not None:
+            first = explain(tally.first_error, bootstrap(ctx))
+            if first not in cause:
+                cause = f"{cause}: {first}" if cause else first
+        elif read.rejected and not cause:
+            cause = f"{read.rejected} line{'s were' if read.rejected != 1 else ' was'} too large for the topic"
+        raise CLIError(f"not every line was stored: {counts}" + (f". {cause}" if cause else ""))
     if output != "json":
-        rate = f", {delivered / elapsed:,.0f} msgs/s" if elapsed > 0 and delivered >= 1000 else ""
-        note(f"Produced {delivered} message{'s' if delivered != 1 else ''} ({human_bytes(sent_bytes)}) to "
+        rate = f", {tally.stored / elapsed:,.0f} msgs/s" if elapsed > 0 and tally.stored >= 1000 else ""
+        note(f"Produced {tally.stored} message{'s' if tally.stored != 1 else ''} ({human_bytes(sent_bytes)}) to "
              f"{topic} in {elapsed:.2f} s{rate}.")
 
 
-class _file_progress:
-    """A rich progress bar over the bytes of the input, on stderr."""
+class _records_progress:
+    """A rich progress bar of records stored (acknowledged), on stderr; total = lines of the file."""
 
-    def __init__(self, path: str | None) -> None:
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
+    def __init__(self, total: int | None) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        total = os.path.getsize(path) if path else None
-        self._progress = Progress(TextColumn("producing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        self._progress = Progress(TextColumn("stored"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
                                   TimeRemainingColumn(), console=err_console(), transient=False)
         self._task = self._progress.add_task("produce", total=total)
         self._progress.start()

@@ -49,6 +49,36 @@ def _storage_options(f):  # type: ignore[no-untyped-def]
     return f
 
 
+def _subscription_from_option(f):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--default-subscription-from", "default_subscription_from", default=None, metavar="TIME",
+        help="With --default-subscription-mode timestamp (and only then): the time a new group starts from, "
+             "ISO 8601 (2024-05-01T12:00:00Z; no zone = local time) or epoch milliseconds.",
+    )(f)
+
+
+def _default_subscription_from_ms(mode: str, text: str | None) -> int | None:
+    """The server default's start time, checked at start: a default the server cannot honour
+    would otherwise fail every consumer that names no mode, long after the server started."""
+    from dmq.client.cli._parse import parse_datetime_ms
+
+    if mode != "timestamp":
+        if text is not None:
+            raise click.UsageError(
+                f"--default-subscription-from is only used with --default-subscription-mode timestamp (the mode is {mode})"
+            )
+        return None
+    if text is None:
+        raise click.UsageError(
+            "--default-subscription-mode timestamp needs --default-subscription-from TIME "
+            "(ISO 8601 or epoch ms): the time new groups start from"
+        )
+    from_ms = parse_datetime_ms(text, param_hint="--default-subscription-from")
+    if from_ms <= 0:
+        raise click.BadParameter(f"{text!r} must be after 1970-01-01", param_hint="--default-subscription-from")
+    return from_ms
+
+
 @click.command("server")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on and advertise.")
 @click.option("--port", type=click.IntRange(0, 65535), default=9091, show_default=True,
@@ -58,18 +88,21 @@ def _storage_options(f):  # type: ignore[no-untyped-def]
 @click.option("--brokers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="1: coordinator and broker in this process on one port. N>1: a coordinator and N broker processes.")
 @click.option("--default-subscription-mode", type=SUBSCRIPTION_MODES, default="all", show_default=True,
-              help="Where a new group starts when its consumers name no mode: all (log start) or new (log end).")
+              help="Where a new group starts when its consumers name no mode: all (log start), new (log end) "
+                   "or timestamp (--default-subscription-from).")
+@_subscription_from_option
 @click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
               help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
 @_storage_options
 def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, default_subscription_mode: str,
-               log_level: str, flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int,
-               retention_bytes: int) -> None:
+               default_subscription_from: str | None, log_level: str, flush: str, flush_interval_ms: int,
+               segment_bytes: int, retention_ms: int, retention_bytes: int) -> None:
     """Run DMQ for development: a coordinator and broker(s), data under --data-dir."""
+    from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
     configure_logging(log_level)
     if brokers > 1:
         storage = _storage_argv(flush, flush_interval_ms, segment_bytes, retention_ms, retention_bytes)
-        _run_process_cluster(host, port, data_dir, brokers, default_subscription_mode, log_level, storage)
+        _run_process_cluster(host, port, data_dir, brokers, default_subscription_mode, log_level, storage, from_ms)
         return
     from dmq.coordinator.embedded import ClusterOptions, run_embedded
 
@@ -79,6 +112,7 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
         port=port,
         log_config=_log_config(flush, flush_interval_ms, segment_bytes, retention_ms, retention_bytes),
         default_subscription_mode=default_subscription_mode,
+        coordinator_kwargs={"default_subscription_from_ms": from_ms},
     )
 
     def ready(cluster) -> None:  # type: ignore[no-untyped-def]
@@ -107,7 +141,7 @@ _POLL_S = 0.2
 
 
 def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: int, mode: str, log_level: str,
-                         storage: list[str]) -> None:
+                         storage: list[str], from_ms: int | None = None) -> None:
     """A coordinator process and N broker processes; SIGINT/SIGTERM stop them all cleanly.
 
     A cluster with a dead member is not the cluster that was asked for: when any child exits
@@ -123,6 +157,7 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
     exe = [sys.executable, "-m", "dmq.client.cli"]
     bootstrap = f"{host}:{port}"
     names = ["coordinator"] + [f"broker {i}" for i in range(brokers)]
+    from_args = [] if from_ms is None else ["--default-subscription-from", str(from_ms)]
     stop = {"signal": 0}
 
     def handle(signum: int, frame: object) -> None:
@@ -135,7 +170,7 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
     try:
         children.append(subprocess.Popen(exe + ["coordinator", "--host", host, "--port", str(port),
                                                 "--data-dir", str(data_dir / "coordinator"),
-                                                "--default-subscription-mode", mode, "--log-level", log_level]))
+                                                "--default-subscription-mode", mode, *from_args, "--log-level", log_level]))
         for i in range(brokers):
             children.append(subprocess.Popen(exe + ["broker", "--host", host, "--port", "0", "--broker-id", str(i),
                                                     "--coordinator", bootstrap,
@@ -186,11 +221,15 @@ def _stop_children(children: list[subprocess.Popen[bytes]]) -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=pathlib.Path),
               default=pathlib.Path("dmq-data/coordinator"), show_default=True, help="Where the SQLite metadata lives.")
 @click.option("--default-subscription-mode", type=SUBSCRIPTION_MODES, default="all", show_default=True,
-              help="Where a new group starts when its consumers name no mode.")
+              help="Where a new group starts when its consumers name no mode: all, new or timestamp "
+                   "(--default-subscription-from).")
+@_subscription_from_option
 @click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
               help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
-def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str, log_level: str) -> None:
+def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str,
+                    default_subscription_from: str | None, log_level: str) -> None:
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups."""
+    from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
     configure_logging(log_level)
     from dmq.coordinator.embedded import run_coordinator_only
 
@@ -199,6 +238,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
         asyncio.run(run_coordinator_only(
             data_dir, host, port, lambda addr: click.echo(f"coordinator listening on {addr}", err=True),
             default_subscription_mode=default_subscription_mode,
+            default_subscription_from_ms=from_ms,
         ))
     except OSError as e:
         raise click.ClickException(str(e)) from None

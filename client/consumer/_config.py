@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from dmq.client._cluster import parse_address as _parse_address
 from dmq.client.errors import InvalidConfigError
+from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 
 SUBSCRIPTION_MODES = ("all", "new", "timestamp")
 
@@ -116,6 +117,10 @@ class ConsumerConfig:
                 f"fetch_max_wait_ms ({self.fetch_max_wait_ms}) must be below request_timeout_ms "
                 f"({self.request_timeout_ms}), or every idle fetch would time out"
             )
+        if self.fetch_max_bytes > MAX_FETCH_RESPONSE_BYTES:
+            # Brokers refuse a Fetch asking for more (broker/service.py): every poll would come
+            # back empty.
+            out.append(f"fetch_max_bytes must be at most {MAX_FETCH_RESPONSE_BYTES}, got {self.fetch_max_bytes}")
         if self.max_partition_fetch_bytes > self.fetch_max_bytes:
             out.append(
                 f"max_partition_fetch_bytes ({self.max_partition_fetch_bytes}) must not exceed "
@@ -146,9 +151,11 @@ def _to_epoch_ms(value: object) -> int:
     if isinstance(value, _dt.datetime):
         if value.tzinfo is None:
             raise ValueError("a datetime must be timezone-aware (e.g. datetime.now(timezone.utc))")
-        return int(value.timestamp() * 1000)
+        value = int(value.timestamp() * 1000)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"must be epoch milliseconds (int) or an aware datetime, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"must be >= 0 epoch milliseconds, got {value}")
+    # 0 means "no time" on the wire and the coordinator refuses it for mode timestamp; the log
+    # start is subscription_mode='all'.
+    if value <= 0:
+        raise ValueError(f"must be > 0 epoch milliseconds (for the log start use subscription_mode='all'), got {value}")
     return value

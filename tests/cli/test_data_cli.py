@@ -71,7 +71,8 @@ def test_produce_and_consume_errors(dmq: Dmq) -> None:
     dmq.ok("topics", "create", "cli-errs", "-p", "2")
     missing_sep = dmq("produce", "cli-errs", "--key-separator", ":", input="a:1\nno separator here\n")
     assert missing_sep.returncode == 1
-    assert "line 2 has no key separator ':' (1 earlier messages were sent)" in missing_sep.stderr
+    assert "not every line was stored: 1 stored, 0 failed, 1 not sent, of 2 lines read" in missing_sep.stderr
+    assert "line 2 has no key separator ':'" in missing_sep.stderr
 
     for args in (("produce", "no-such-topic"), ("consume", "no-such-topic", "--timeout-ms", "100")):
         result = dmq(*args, input="x\n")

@@ -447,7 +447,8 @@ def test_fenced_producer_fails_the_batch() -> None:
 def test_retriable_errors_stop_at_delivery_timeout() -> None:
     broker = FakeBroker()
     broker.script = [FakeRpcError(grpc.StatusCode.UNAVAILABLE, "down")] * 1000
-    with make_producer(broker, retry_backoff_ms=5, retry_backoff_max_ms=5, delivery_timeout_ms=100) as p:
+    with make_producer(broker, retry_backoff_ms=5, retry_backoff_max_ms=5, delivery_timeout_ms=100,
+                       request_timeout_ms=50) as p:
         h = p.send("t", b"a")
         with pytest.raises(DMQTimeoutError, match="delivery_timeout_ms"):
             h.get(WAIT_S)
