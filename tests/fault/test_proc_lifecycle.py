@@ -203,6 +203,34 @@ def test_broker_stops_on_signal_while_its_coordinator_is_unreachable(tmp_path, s
     assert (tmp_path / "b" / "dmq.lock").read_text() == ""
 
 
+@pytest.mark.parametrize("when", ["before registering", "after registering"])
+def test_broker_stops_on_sigterm_while_its_coordinator_is_frozen(tmp_path, servers, when):
+    """A SIGSTOPped coordinator accepts connections and never answers: every RPC hangs to its deadline."""
+    port = free_port()
+    bootstrap = f"127.0.0.1:{port}"
+    coordinator = Server(["coordinator", "--port", str(port), "--data-dir", str(tmp_path / "c")], tmp_path / "c.log")
+    servers.append(coordinator)
+    coordinator.wait_for_text("coordinator listening")
+    if when == "before registering":
+        coordinator.proc.send_signal(signal.SIGSTOP)
+    broker = Server(["broker", "--coordinator", bootstrap, "--broker-id", "0", "--data-dir", str(tmp_path / "b")],
+                    tmp_path / "b.log")
+    servers.append(broker)
+    if when == "after registering":
+        wait_brokers(bootstrap, 1)
+        coordinator.proc.send_signal(signal.SIGSTOP)
+        time.sleep(1.5)  # a heartbeat is now in flight to the frozen coordinator
+    else:
+        broker.wait_for_text("logs found")
+        time.sleep(1.0)  # the registration call is in flight
+    try:
+        rc, took_s = broker.signal_and_wait(signal.SIGTERM)
+    finally:
+        coordinator.proc.send_signal(signal.SIGCONT)
+    assert rc == 0 and "broker stopped" in broker.text(), broker.text()[-2000:]
+    print(f"stopped {took_s:.2f}s after SIGTERM, coordinator frozen {when}")
+
+
 def test_server_stops_cleanly_when_its_log_pipe_is_closed(tmp_path, servers):
     """`dmq server 2>&1 | tee log`, Ctrl-C: tee exits first, the server's shutdown logs meet EPIPE."""
     port = free_port()
