@@ -272,6 +272,38 @@ def test_broker_with_a_closed_log_pipe_keeps_running_and_stops_on_sigterm(tmp_pa
     assert rc == 0
 
 
+def test_server_stuck_writing_to_a_full_log_pipe_still_exits_within_the_limit(tmp_path, servers):
+    """`dmq server | less` with less paused: the pipe fills and every log write blocks the loop.
+    The stop cannot be clean then, but the process must still end: the watchdog armed by the
+    signal exits it (code 1) before STOP_LIMIT_S."""
+    read_end, write_end = os.pipe()
+    port = free_port()
+    try:
+        proc = subprocess.Popen([dmq_executable(), "server", "--port", str(port), "--data-dir", str(tmp_path / "d"),
+                                 "--log-level", "info"], stdout=write_end, stderr=write_end, start_new_session=True)
+        server = Server.__new__(Server)
+        server.args, server.log, server.proc = ["server"], None, proc
+        servers.append(server)
+        wait_brokers(f"127.0.0.1:{port}", 1)
+        # A description of our own for the same pipe, so non-blocking applies to our writes only.
+        filler = os.open(f"/proc/self/fd/{write_end}", os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            for chunk in (b"x" * 4096, b"x"):  # fill the pipe to the last byte: the server's next write blocks
+                try:
+                    while True:
+                        os.write(filler, chunk)
+                except BlockingIOError:
+                    pass
+        finally:
+            os.close(filler)
+        rc, took_s = server.signal_and_wait(signal.SIGTERM)
+        assert rc == 1, rc
+        print(f"forced exit after {took_s:.2f}s")
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
 # -- dmq server --brokers N ----------------------------------------------------------------------
 
 def _children(pid: int) -> list[int]:
