@@ -364,9 +364,10 @@ async def serve_until_signalled(
 
     A signal during start cancels it (start undoes its own work then), so a broker that waits for
     an unreachable coordinator still stops at once. `stop()` runs only after a completed start.
-    The handlers stay installed until the end: a second Ctrl-C must not interrupt the clean stop
-    half-way (which would leave logs unclean). The first signal also arms a watchdog that ends
-    the process STOP_DEADLINE_S later if it is still there (interpreter exit included).
+    The handlers stay installed for the rest of the process (this is for process runners only): a
+    second Ctrl-C must not interrupt the clean stop half-way (which would leave logs unclean), nor
+    raise KeyboardInterrupt into the interpreter's exit. The first signal also arms a watchdog that
+    ends the process STOP_DEADLINE_S later if it is still there (interpreter exit included).
     """
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
@@ -385,37 +386,35 @@ async def serve_until_signalled(
         if not signalled_once.is_set():
             signalled_once.set()
             _arm_stop_watchdog(STOP_DEADLINE_S)
-        loop.call_soon_threadsafe(on_signal, signal.Signals(signum))
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the process is exiting
+            loop.call_soon_threadsafe(on_signal, signal.Signals(signum))
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+    starting = asyncio.ensure_future(start())  # type: ignore[arg-type]
+    signalled = asyncio.ensure_future(stopping.wait())
     try:
-        starting = asyncio.ensure_future(start())  # type: ignore[arg-type]
-        signalled = asyncio.ensure_future(stopping.wait())
-        try:
-            await asyncio.wait([starting, signalled], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            signalled.cancel()
-        if not starting.done():
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting
-            return
-        starting.result()  # a failed start raises here, after cleaning up after itself
-        # Everything allocated so far (modules, servicers, open logs) lives as long as the process:
-        # freezing it keeps the cyclic GC's full collections from walking it each time (10-20 ms
-        # pauses of the event loop, stalling every in-flight request, otherwise ~1 ms). Collect first,
-        # so that start-up garbage in reference cycles is freed rather than frozen for good.
-        gc.collect()
-        gc.freeze()
-        try:
-            if on_ready is not None:
-                on_ready()
-            await stopping.wait()
-        finally:
-            await stop()  # type: ignore[misc]
+        await asyncio.wait([starting, signalled], return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for sig, was in previous.items():
-            signal.signal(sig, was)
+        signalled.cancel()
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        return
+    starting.result()  # a failed start raises here, after cleaning up after itself
+    # Everything allocated so far (modules, servicers, open logs) lives as long as the process:
+    # freezing it keeps the cyclic GC's full collections from walking it each time (10-20 ms
+    # pauses of the event loop, stalling every in-flight request, otherwise ~1 ms). Collect first,
+    # so that start-up garbage in reference cycles is freed rather than frozen for good.
+    gc.collect()
+    gc.freeze()
+    try:
+        if on_ready is not None:
+            on_ready()
+        await stopping.wait()
+    finally:
+        await stop()  # type: ignore[misc]
 
 
 def _arm_stop_watchdog(deadline_s: float) -> None:
