@@ -115,10 +115,17 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
     stopped and the command exits 1 naming it, so scripts and supervisors see the failure.
     """
     from dmq.coordinator.embedded import PortUnavailable, bind_probe
+    from dmq.proto.dirlock import DataDirLock, DataDirLocked
 
+    # One line now rather than a child failing a moment later (each child still takes its own
+    # lock and binds its own port: these are only probes).
     try:
-        bind_probe(host, port)  # one line now rather than a coordinator child failing a moment later
-    except PortUnavailable as e:
+        bind_probe(host, port)
+        for name in ["coordinator"] + [f"broker-{i}" for i in range(brokers)]:
+            probe = DataDirLock(data_dir / name)
+            probe.acquire()
+            probe.release()
+    except (PortUnavailable, DataDirLocked) as e:
         raise click.ClickException(str(e)) from None
     exe = [sys.executable, "-m", "dmq.client.cli"]
     bootstrap = f"{host}:{port}"

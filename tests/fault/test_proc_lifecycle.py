@@ -146,6 +146,7 @@ def test_second_server_on_a_locked_data_dir_fails_at_once_naming_the_holder(tmp_
 
     attempts = [
         ["server", "--port", str(free_port()), "--data-dir", str(data)],
+        ["server", "--brokers", "2", "--port", str(free_port()), "--data-dir", str(data)],
         ["coordinator", "--port", str(free_port()), "--data-dir", str(data / "coordinator")],
         ["broker", "--coordinator", bootstrap, "--broker-id", "7", "--data-dir", str(data / "broker-0")],
     ]
