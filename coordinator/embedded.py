@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import errno
 import gc
+import os
 import pathlib
 import socket
 import signal
@@ -47,6 +48,11 @@ from dmq.proto.grpc_options import server_options
 log = structlog.get_logger(__name__)
 
 SHUTDOWN_GRACE_S = 2.0
+# A signalled process is gone by then, whatever happens. A clean stop takes well under a second
+# (grace for in-flight calls included); past this something is stuck (a thread that will not end,
+# an fsync on a dying disk) and ending the process unclean beats a server that ignores SIGTERM:
+# acknowledged data is already on disk, and the next start recovers the logs' tails.
+STOP_DEADLINE_S = 8.0
 
 
 @dataclass
@@ -366,50 +372,71 @@ async def serve_until_signalled(
 
     A signal during start cancels it (start undoes its own work then), so a broker that waits for
     an unreachable coordinator still stops at once. `stop()` runs only after a completed start.
-    The handlers stay installed until the end: a second Ctrl-C must not interrupt the clean stop
-    half-way (which would leave logs unclean); the stop itself is bounded.
+    The handlers stay installed for the rest of the process (this is for process runners only): a
+    second Ctrl-C must not interrupt the clean stop half-way (which would leave logs unclean), nor
+    raise KeyboardInterrupt into the interpreter's exit. The first signal also arms a watchdog that
+    ends the process STOP_DEADLINE_S later if it is still there (interpreter exit included).
     """
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
+    signalled_once = threading.Event()
 
-    def on_signal(sig: signal.Signals) -> None:
+    def on_signal(sig: signal.Signals) -> None:  # in the loop
         if stopping.is_set():
             log.info("already stopping", signal=sig.name)
-        else:
-            log.info("stopping", signal=sig.name)
+            return
         stopping.set()
+        log.info("stopping", signal=sig.name)
+
+    def handler(signum: int, frame: object) -> None:
+        # A plain handler, not loop.add_signal_handler: it runs even while the loop is blocked
+        # (in a write to a full pipe, say), which is when the watchdog is needed.
+        if not signalled_once.is_set():
+            signalled_once.set()
+            _arm_stop_watchdog(STOP_DEADLINE_S)
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the process is exiting
+            loop.call_soon_threadsafe(on_signal, signal.Signals(signum))
 
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal, sig)
+        signal.signal(sig, handler)
+    starting = asyncio.ensure_future(start())  # type: ignore[arg-type]
+    signalled = asyncio.ensure_future(stopping.wait())
     try:
-        starting = asyncio.ensure_future(start())  # type: ignore[arg-type]
-        signalled = asyncio.ensure_future(stopping.wait())
-        try:
-            await asyncio.wait([starting, signalled], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            signalled.cancel()
-        if not starting.done():
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting
-            return
-        starting.result()  # a failed start raises here, after cleaning up after itself
-        # Everything allocated so far (modules, servicers, open logs) lives as long as the process:
-        # freezing it keeps the cyclic GC's full collections from walking it each time (10-20 ms
-        # pauses of the event loop, stalling every in-flight request, otherwise ~1 ms). Collect first,
-        # so that start-up garbage in reference cycles is freed rather than frozen for good.
-        gc.collect()
-        gc.freeze()
-        try:
-            if on_ready is not None:
-                on_ready()
-            await stopping.wait()
-        finally:
-            await stop()  # type: ignore[misc]
+        await asyncio.wait([starting, signalled], return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(sig)
+        signalled.cancel()
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        return
+    starting.result()  # a failed start raises here, after cleaning up after itself
+    # Everything allocated so far (modules, servicers, open logs) lives as long as the process:
+    # freezing it keeps the cyclic GC's full collections from walking it each time (10-20 ms
+    # pauses of the event loop, stalling every in-flight request, otherwise ~1 ms). Collect first,
+    # so that start-up garbage in reference cycles is freed rather than frozen for good.
+    gc.collect()
+    gc.freeze()
+    try:
+        if on_ready is not None:
+            on_ready()
+        await stopping.wait()
+    finally:
+        await stop()  # type: ignore[misc]
+
+
+def _arm_stop_watchdog(deadline_s: float) -> None:
+    def expire() -> None:
+        # Not through structlog: its lock or stream may be what is stuck. Non-blocking, since
+        # stderr may be the full pipe that blocks everything else.
+        with contextlib.suppress(OSError, ValueError):
+            os.set_blocking(2, False)
+            os.write(2, f"dmq: did not stop within {deadline_s:g}s of the signal; exiting now\n".encode())
+        os._exit(1)
+
+    timer = threading.Timer(deadline_s, expire)
+    timer.daemon = True  # never what keeps the process alive
+    timer.start()
 
 
 async def run_coordinator_only(

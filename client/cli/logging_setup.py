@@ -56,6 +56,8 @@ class DetachingStream(io.TextIOBase):
             self._stream.write(text)
             if "\n" in text:
                 self._stream.flush()
+        except BlockingIOError:
+            pass  # a non-blocking descriptor that is full for now: this line is lost, later ones are not
         except (OSError, ValueError):  # ValueError: the stream was closed
             self._detach()
         return len(text)
@@ -65,6 +67,8 @@ class DetachingStream(io.TextIOBase):
             return
         try:
             self._stream.flush()
+        except BlockingIOError:
+            pass
         except (OSError, ValueError):
             self._detach()
 

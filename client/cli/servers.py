@@ -149,10 +149,17 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
     stopped and the command exits 1 naming it, so scripts and supervisors see the failure.
     """
     from dmq.coordinator.embedded import PortUnavailable, bind_probe
+    from dmq.proto.dirlock import DataDirLock, DataDirLocked
 
+    # One line now rather than a child failing a moment later (each child still takes its own
+    # lock and binds its own port: these are only probes).
     try:
-        bind_probe(host, port)  # one line now rather than a coordinator child failing a moment later
-    except PortUnavailable as e:
+        bind_probe(host, port)
+        for name in ["coordinator"] + [f"broker-{i}" for i in range(brokers)]:
+            probe = DataDirLock(data_dir / name)
+            probe.acquire()
+            probe.release()
+    except (PortUnavailable, DataDirLocked) as e:
         raise click.ClickException(str(e)) from None
     exe = [sys.executable, "-m", "dmq.client.cli"]
     bootstrap = f"{host}:{port}"
@@ -186,9 +193,11 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
             else:
                 time.sleep(_POLL_S)
     finally:
-        _stop_children(children)
+        unclean = _stop_children(dict(zip(names, children)))
     if failed is not None:
         raise click.ClickException(f"{failed}; stopped the rest of the cluster")
+    if unclean:
+        raise click.ClickException("the cluster did not stop cleanly: " + "; ".join(unclean))
 
 
 def _exit_status(returncode: int) -> str:
@@ -200,18 +209,27 @@ def _exit_status(returncode: int) -> str:
     return f"code {returncode}"
 
 
-def _stop_children(children: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every live child, wait for all within one shared bound, SIGKILL what remains."""
-    for child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
+def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> list[str]:
+    """SIGTERM every live child, wait for all within one shared bound, SIGKILL what remains.
+
+    Returns what did not stop cleanly (killed, or a non-zero exit after SIGTERM)."""
+    signalled = {name for name, child in children.items() if child.poll() is None}
+    for name in signalled:
+        children[name].send_signal(signal.SIGTERM)
     deadline = time.monotonic() + CHILD_STOP_TIMEOUT_S
-    for child in children:
+    unclean = []
+    for name, child in children.items():
         try:
             child.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait(5)
+            unclean.append(f"{name} (pid {child.pid}) did not stop within {CHILD_STOP_TIMEOUT_S:g}s of SIGTERM: killed")
+            continue
+        # SIGINT from the terminal reaches the children too: both are a requested stop.
+        if name in signalled and child.returncode not in (0, -signal.SIGTERM, -signal.SIGINT):
+            unclean.append(f"{name} (pid {child.pid}) exited with {_exit_status(child.returncode)} while stopping")
+    return unclean
 
 
 @click.command("coordinator")

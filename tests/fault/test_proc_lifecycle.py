@@ -146,6 +146,7 @@ def test_second_server_on_a_locked_data_dir_fails_at_once_naming_the_holder(tmp_
 
     attempts = [
         ["server", "--port", str(free_port()), "--data-dir", str(data)],
+        ["server", "--brokers", "2", "--port", str(free_port()), "--data-dir", str(data)],
         ["coordinator", "--port", str(free_port()), "--data-dir", str(data / "coordinator")],
         ["broker", "--coordinator", bootstrap, "--broker-id", "7", "--data-dir", str(data / "broker-0")],
     ]
@@ -203,6 +204,34 @@ def test_broker_stops_on_signal_while_its_coordinator_is_unreachable(tmp_path, s
     assert (tmp_path / "b" / "dmq.lock").read_text() == ""
 
 
+@pytest.mark.parametrize("when", ["before registering", "after registering"])
+def test_broker_stops_on_sigterm_while_its_coordinator_is_frozen(tmp_path, servers, when):
+    """A SIGSTOPped coordinator accepts connections and never answers: every RPC hangs to its deadline."""
+    port = free_port()
+    bootstrap = f"127.0.0.1:{port}"
+    coordinator = Server(["coordinator", "--port", str(port), "--data-dir", str(tmp_path / "c")], tmp_path / "c.log")
+    servers.append(coordinator)
+    coordinator.wait_for_text("coordinator listening")
+    if when == "before registering":
+        coordinator.proc.send_signal(signal.SIGSTOP)
+    broker = Server(["broker", "--coordinator", bootstrap, "--broker-id", "0", "--data-dir", str(tmp_path / "b")],
+                    tmp_path / "b.log")
+    servers.append(broker)
+    if when == "after registering":
+        wait_brokers(bootstrap, 1)
+        coordinator.proc.send_signal(signal.SIGSTOP)
+        time.sleep(1.5)  # a heartbeat is now in flight to the frozen coordinator
+    else:
+        broker.wait_for_text("logs found")
+        time.sleep(1.0)  # the registration call is in flight
+    try:
+        rc, took_s = broker.signal_and_wait(signal.SIGTERM)
+    finally:
+        coordinator.proc.send_signal(signal.SIGCONT)
+    assert rc == 0 and "broker stopped" in broker.text(), broker.text()[-2000:]
+    print(f"stopped {took_s:.2f}s after SIGTERM, coordinator frozen {when}")
+
+
 def test_server_stops_cleanly_when_its_log_pipe_is_closed(tmp_path, servers):
     """`dmq server 2>&1 | tee log`, Ctrl-C: tee exits first, the server's shutdown logs meet EPIPE."""
     port = free_port()
@@ -242,6 +271,38 @@ def test_broker_with_a_closed_log_pipe_keeps_running_and_stops_on_sigterm(tmp_pa
     assert broker.proc.poll() is None, f"the broker died of its closed log pipe (exit code {broker.proc.returncode})"
     rc, _ = broker.signal_and_wait(signal.SIGTERM)
     assert rc == 0
+
+
+def test_server_stuck_writing_to_a_full_log_pipe_still_exits_within_the_limit(tmp_path, servers):
+    """`dmq server | less` with less paused: the pipe fills and every log write blocks the loop.
+    The stop cannot be clean then, but the process must still end: the watchdog armed by the
+    signal exits it (code 1) before STOP_LIMIT_S."""
+    read_end, write_end = os.pipe()
+    port = free_port()
+    try:
+        proc = subprocess.Popen([dmq_executable(), "server", "--port", str(port), "--data-dir", str(tmp_path / "d"),
+                                 "--log-level", "info"], stdout=write_end, stderr=write_end, start_new_session=True)
+        server = Server.__new__(Server)
+        server.args, server.log, server.proc = ["server"], None, proc
+        servers.append(server)
+        wait_brokers(f"127.0.0.1:{port}", 1)
+        # A description of our own for the same pipe, so non-blocking applies to our writes only.
+        filler = os.open(f"/proc/self/fd/{write_end}", os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            for chunk in (b"x" * 4096, b"x"):  # fill the pipe to the last byte: the server's next write blocks
+                try:
+                    while True:
+                        os.write(filler, chunk)
+                except BlockingIOError:
+                    pass
+        finally:
+            os.close(filler)
+        rc, took_s = server.signal_and_wait(signal.SIGTERM)
+        assert rc == 1, rc
+        print(f"forced exit after {took_s:.2f}s")
+    finally:
+        os.close(read_end)
+        os.close(write_end)
 
 
 # -- dmq server --brokers N ----------------------------------------------------------------------
