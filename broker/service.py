@@ -12,8 +12,9 @@ partitions' append notifiers until an append lands or `max_wait_ms` passes, then
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, NoReturn
 
 import grpc
@@ -156,6 +157,15 @@ class BrokerService(pb_grpc.BrokerServicer):
         # Fetch answers and produce requests in flight, together (see memory_budget.py).
         self.budget = budget or ByteBudget()
 
+    @contextlib.asynccontextmanager
+    async def _turn(self, size: int, context: grpc.aio.ServicerContext, what: str) -> AsyncIterator[None]:
+        """A large request's turn to be worked on (see memory_budget.py, rule 3)."""
+        try:
+            async with self.budget.turn(size, context.time_remaining(), what):
+                yield
+        except BudgetExhaustedError as e:
+            _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+
     async def _reserve(self, size: int, context: grpc.aio.ServicerContext, what: str) -> Lease:
         """Hold `size` bytes of the budget, waiting until the call's deadline; RESOURCE_EXHAUSTED after."""
         try:
@@ -208,14 +218,16 @@ class BrokerService(pb_grpc.BrokerServicer):
             )
         # The batch is in memory already; holding its size until it is appended makes a flood
         # of produces wait (or be refused) instead of piling up in the broker.
-        lease = await self._reserve(
-            len(request.batch), context, f"produce to {request.topic}[{request.partition}]"
-        )
+        what = f"produce to {request.topic}[{request.partition}]"
+        lease = await self._reserve(len(request.batch), context, what)
         try:
-            if request.acks == pb.ACKS_ALL:
-                info = await plog.append_durable(request.batch)
-            else:
+            # The turn covers the work on the event loop (checks, copy, write), not the wait for
+            # the fsync: large acks=all batches still share group commits.
+            async with self._turn(len(request.batch), context, what):
                 info = plog.append(request.batch)
+            if request.acks == pb.ACKS_ALL and plog.config.flush_policy == "fsync":
+                # PartitionLog.append_durable() in two steps, the turn released in between
+                await plog.wait_durable(info.last_offset + 1)
         except records.BatchTooLargeError as e:
             _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"batch: {e}")
         except records.RecordsError as e:
@@ -327,11 +339,13 @@ class BrokerService(pb_grpc.BrokerServicer):
             # most the budget's per-request share (and answers with less data, not an error).
             lease = await self._reserve(wanted, context, what)
             try:
-                results, total = await self._read_all(request, max(lease.size, 1))
-                lease.resize(total)  # more only when one whole batch exceeded the limit (Kafka's rule)
-                remaining_s = deadline - time.monotonic()
-                if total >= min_bytes or remaining_s <= 0 or any(r.error for r, _ in results):
-                    answer = frame_fetch_response(results)
+                async with self._turn(lease.size, context, what):
+                    results, total = await self._read_all(request, max(lease.size, 1))
+                    lease.resize(total)  # more only when one whole batch exceeded the limit (Kafka's rule)
+                    remaining_s = deadline - time.monotonic()
+                    done = total >= min_bytes or remaining_s <= 0 or any(r.error for r, _ in results)
+                    answer = frame_fetch_response(results) if done else b""
+                if done:
                     # Held until gRPC is done with the answer (sent, or the call ended), not just
                     # until this handler returns: an unread answer still occupies memory.
                     context.add_done_callback(lambda _ctx, lease=lease: lease.release())

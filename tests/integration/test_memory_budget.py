@@ -126,3 +126,20 @@ def test_budget_unit_rules() -> None:
         assert budget.in_use == 0 and budget.peak == 60
 
     asyncio.run(run())
+
+
+def test_large_requests_take_turns_small_ones_do_not_wait() -> None:
+    from dmq.broker.memory_budget import BudgetExhaustedError
+
+    async def run() -> None:
+        budget = ByteBudget(100 * MiB, small_request_bytes=MiB, large_in_service=1)
+        async with budget.turn(2 * MiB, 5.0, "first"):
+            async with budget.turn(100, 0.2, "small"):  # small: no turn needed
+                pass
+            with pytest.raises(BudgetExhaustedError, match="large_in_service"):
+                async with budget.turn(2 * MiB, 0.2, "second"):
+                    pass
+        async with budget.turn(2 * MiB, 0.2, "third"):  # the turn is free again
+            pass
+
+    asyncio.run(run())
