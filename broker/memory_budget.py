@@ -49,6 +49,13 @@ MAX_WAIT_S = 30.0
 DEADLINE_MARGIN_S = 0.05
 
 
+# A refusal for lack of room is temporary: it goes out as RESOURCE_EXHAUSTED with this reason in the
+# trailing metadata (the key clients read for machine-readable reasons), so that a client can tell
+# it from "batch too large" and retry it with backoff.
+REASON_KEY = "dmq-error-reason"
+BUSY_REASON = "server-busy"
+
+
 class BudgetExhaustedError(Exception):
     """No room in the budget before the request's deadline."""
 

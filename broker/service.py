@@ -28,7 +28,7 @@ from dmq.broker.log import (
     ProducerFencedError,
     UnknownPartitionError,
 )
-from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
+from dmq.broker.memory_budget import BUSY_REASON, REASON_KEY, BudgetExhaustedError, ByteBudget, Lease
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import limits, names, records
@@ -49,12 +49,14 @@ DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 
 
 class _Abort(Exception):
-    """A request refused with a status; raised by validators, turned into context.abort once."""
+    """A request refused with a status; raised by validators, turned into context.abort once.
+    `reason`, when given, goes out as trailing metadata (memory_budget.REASON_KEY)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.reason = reason
 
 
 def _fail(code: grpc.StatusCode, message: str) -> NoReturn:
@@ -100,7 +102,8 @@ def _guarded(method: Handler) -> Handler:
         try:
             return await method(self, request, context)
         except _Abort as e:
-            await context.abort(e.code, e.message)
+            metadata = ((REASON_KEY, e.reason),) if e.reason else ()
+            await context.abort(e.code, e.message, trailing_metadata=metadata)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence of a server
@@ -164,14 +167,14 @@ class BrokerService(pb_grpc.BrokerServicer):
             async with self.budget.turn(size, context.time_remaining(), what):
                 yield
         except BudgetExhaustedError as e:
-            _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), BUSY_REASON) from None
 
     async def _reserve(self, size: int, context: grpc.aio.ServicerContext, what: str) -> Lease:
         """Hold `size` bytes of the budget, waiting until the call's deadline; RESOURCE_EXHAUSTED after."""
         try:
             return await self.budget.acquire(size, context.time_remaining(), what)
         except BudgetExhaustedError as e:
-            _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), BUSY_REASON) from None
 
     # -- helpers -------------------------------------------------------------------------------
 

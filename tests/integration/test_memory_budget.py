@@ -78,6 +78,8 @@ def test_a_full_budget_makes_large_produces_wait_then_refuses_them(cluster, stub
     waited = time.monotonic() - started
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
     assert "memory budget exhausted" in info.value.details() and "max_in_flight_bytes" in info.value.details()
+    # machine-readable: a temporary refusal, unlike "batch too large" (same status code)
+    assert ("dmq-error-reason", "server-busy") in tuple(info.value.trailing_metadata())
     assert waited >= 0.45  # it waited for room until (nearly) its deadline, not refused at once
     # a small producer is not starved: the rest of the budget is kept for small requests
     small = broker.Produce(pb.ProduceRequest(topic="t", partition=1, batch=records.encode([b"s"])), timeout=2)
