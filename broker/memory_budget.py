@@ -15,8 +15,8 @@ Fairness, in two rules:
   2. large requests (over `small_request_bytes`) may fill only `large_share` of the budget; the rest
      is kept for small ones, so a small producer is never starved by big fetches or a flood of
      large batches.
-  3. large requests take turns: at most `large_in_service` of them are being worked on (a produce
-     appended, a fetch read and framed) at a time. Each costs milliseconds of the event loop (copies,
+  3. large produce requests take turns: at most `large_in_service` of them are being appended at
+     a time (the wait for the fsync is outside the turn). Each costs milliseconds of the event loop (copies,
      CRC); 32 of them in progress at once put ~130 ms of work ahead of every small request in the
      loop's queue, so a small producer's latency was that of the flood. Taking turns bounds the work
      queued ahead of it to a couple of large requests.

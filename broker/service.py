@@ -342,13 +342,13 @@ class BrokerService(pb_grpc.BrokerServicer):
             # most the budget's per-request share (and answers with less data, not an error).
             lease = await self._reserve(wanted, context, what)
             try:
-                async with self._turn(lease.size, context, what):
-                    results, total = await self._read_all(request, max(lease.size, 1))
-                    lease.resize(total)  # more only when one whole batch exceeded the limit (Kafka's rule)
-                    remaining_s = deadline - time.monotonic()
-                    done = total >= min_bytes or remaining_s <= 0 or any(r.error for r, _ in results)
-                    answer = frame_fetch_response(results) if done else b""
-                if done:
+                # No turn here (memory_budget rule 3 is for produce): an empty fetch reserves the
+                # most it may get, and _read_all() may wait on the coordinator for a leader hint.
+                results, total = await self._read_all(request, max(lease.size, 1))
+                lease.resize(total)  # more only when one whole batch exceeded the limit (Kafka's rule)
+                remaining_s = deadline - time.monotonic()
+                if total >= min_bytes or remaining_s <= 0 or any(r.error for r, _ in results):
+                    answer = frame_fetch_response(results)
                     # Held until gRPC is done with the answer (sent, or the call ended), not just
                     # until this handler returns: an unread answer still occupies memory.
                     context.add_done_callback(lambda _ctx, lease=lease: lease.release())
