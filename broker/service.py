@@ -19,10 +19,11 @@ partitions' append notifiers until an append lands or `max_wait_ms` passes, then
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, NoReturn
 
 import grpc
@@ -214,12 +215,21 @@ class BrokerService(pb_grpc.BrokerServicer):
         # Fetch answers and produce requests in flight, together (see memory_budget.py).
         self.budget = budget or ByteBudget()
 
+    @contextlib.asynccontextmanager
+    async def _turn(self, size: int, context: grpc.aio.ServicerContext, what: str) -> AsyncIterator[None]:
+        """A large request's turn to be worked on (see memory_budget.py, rule 3)."""
+        try:
+            async with self.budget.turn(size, context.time_remaining(), what):
+                yield
+        except BudgetExhaustedError as e:
+            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), error_details.BUSY) from None
+
     async def _reserve(self, size: int, context: grpc.aio.ServicerContext, what: str) -> Lease:
         """Hold `size` bytes of the budget, waiting until the call's deadline; RESOURCE_EXHAUSTED after."""
         try:
             return await self.budget.acquire(size, context.time_remaining(), what)
         except BudgetExhaustedError as e:
-            _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), error_details.BUSY) from None
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -266,14 +276,16 @@ class BrokerService(pb_grpc.BrokerServicer):
             )
         # The batch is in memory already; holding its size until it is appended makes a flood
         # of produces wait (or be refused) instead of piling up in the broker.
-        lease = await self._reserve(
-            len(request.batch), context, f"produce to {request.topic}[{request.partition}]"
-        )
+        what = f"produce to {request.topic}[{request.partition}]"
+        lease = await self._reserve(len(request.batch), context, what)
         try:
-            if request.acks == pb.ACKS_ALL:
-                info = await plog.append_durable(request.batch)
-            else:
+            # The turn covers the work on the event loop (checks, copy, write), not the wait for
+            # the fsync: large acks=all batches still share group commits.
+            async with self._turn(len(request.batch), context, what):
                 info = plog.append(request.batch)
+            if request.acks == pb.ACKS_ALL and plog.config.flush_policy == "fsync":
+                # PartitionLog.append_durable() in two steps, the turn released in between
+                await plog.wait_durable(info.last_offset + 1)
         except records.BatchTooLargeError as e:
             _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"batch: {e}")
         except records.RecordsError as e:
@@ -390,6 +402,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             # most the budget's per-request share (and answers with less data, not an error).
             lease = await self._reserve(wanted, context, what)
             try:
+                # No turn here (memory_budget rule 3 is for produce): an empty fetch reserves the
+                # most it may get, and _read_all() may wait on the coordinator for a leader hint.
                 results, total = await self._read_all(request, max(lease.size, 1))
                 lease.resize(total)  # more only when one whole batch exceeded the limit (Kafka's rule)
                 remaining_s = deadline - time.monotonic()

@@ -85,7 +85,7 @@ from dmq.coordinator.store import GroupRecord
 from dmq.coordinator.validation import ValidationError, validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from dmq.proto.names import FieldError, cap_message, check_app_id
+from dmq.proto.names import FieldError, cap_message, check_app_id, check_id
 
 if TYPE_CHECKING:
     from dmq.coordinator.node import CoordinatorNode
@@ -138,10 +138,11 @@ def _invalid(message: str) -> NoReturn:
 
 
 def _check_id(field: str, value: str, *, limit: int = MAX_ID_CHARS) -> None:
-    if not value:
-        _invalid(f"{field} must not be empty")
-    if len(value) > limit:
-        _invalid(f"{field} is {len(value)} characters; the limit is {limit}")
+    """The shared id rule (dmq.proto.names): 1..limit UTF-8 bytes, no control characters."""
+    try:
+        check_id(value, field, field, limit)
+    except FieldError as e:
+        _invalid(str(e))
 
 
 def _check_range(field: str, value: int, low: int, high: int) -> None:

@@ -8,13 +8,14 @@ it (never the message text) to pick their error class.
 
 from __future__ import annotations
 
-__all__ = ["REASON_KEY", "DISK_FULL", "STORAGE_UNAVAILABLE", "CORRUPT_DATA", "reason_of"]
+__all__ = ["REASON_KEY", "DISK_FULL", "STORAGE_UNAVAILABLE", "CORRUPT_DATA", "BUSY", "reason_of"]
 
 REASON_KEY = "dmq-error-reason"
 
 DISK_FULL = "disk-full"  # RESOURCE_EXHAUSTED: the broker's disk is full; retry after a while
 STORAGE_UNAVAILABLE = "storage-unavailable"  # UNAVAILABLE: a transient I/O error (EMFILE, EIO); retry
 CORRUPT_DATA = "corrupt-data"  # DATA_LOSS: damaged log data; not retriable
+BUSY = "server-busy"  # RESOURCE_EXHAUSTED: the broker's in-flight byte budget is taken; retry after a while
 
 
 def reason_of(trailing_metadata: object) -> str | None:

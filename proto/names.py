@@ -70,7 +70,8 @@ def check_topic_name(name: object, *, field: str = "name") -> None:
         raise FieldError(field, f"topic name {shorten(name)} contains {bad!r}; allowed are {TOPIC_NAME_CHARACTERS}")
 
 
-def _check_id(value: object, field: str, what: str, limit: int, *, allow_empty: bool = False) -> None:
+def check_id(value: object, field: str, what: str, limit: int, *, allow_empty: bool = False) -> None:
+    """An id of at most `limit` UTF-8 bytes without control characters."""
     if not isinstance(value, str):
         raise FieldError(field, f"{what} must be a string, got {type(value).__name__}")
     if not value and not allow_empty:
@@ -98,11 +99,11 @@ def check_app_id(app_id: object, *, field: str = "app_id") -> None:
 
 
 def check_group_id(group_id: object, *, field: str = "group_id") -> None:
-    _check_id(group_id, field, "group id", GROUP_ID_MAX_BYTES)
+    check_id(group_id, field, "group id", GROUP_ID_MAX_BYTES)
 
 
 def check_member_id(member_id: object, *, field: str = "member_id", allow_empty: bool = True) -> None:
-    _check_id(member_id, field, "member id", MEMBER_ID_MAX_BYTES, allow_empty=allow_empty)
+    check_id(member_id, field, "member id", MEMBER_ID_MAX_BYTES, allow_empty=allow_empty)
 
 
 # A status message travels in gRPC metadata (8 KiB for all headers by default): no message may

@@ -78,6 +78,8 @@ def test_a_full_budget_makes_large_produces_wait_then_refuses_them(cluster, stub
     waited = time.monotonic() - started
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
     assert "memory budget exhausted" in info.value.details() and "max_in_flight_bytes" in info.value.details()
+    # machine-readable: a temporary refusal, unlike "batch too large" (same status code)
+    assert ("dmq-error-reason", "server-busy") in tuple(info.value.trailing_metadata())
     assert waited >= 0.45  # it waited for room until (nearly) its deadline, not refused at once
     # a small producer is not starved: the rest of the budget is kept for small requests
     small = broker.Produce(pb.ProduceRequest(topic="t", partition=1, batch=records.encode([b"s"])), timeout=2)
@@ -124,5 +126,22 @@ def test_budget_unit_rules() -> None:
         lease.release()
         small.release()
         assert budget.in_use == 0 and budget.peak == 60
+
+    asyncio.run(run())
+
+
+def test_large_requests_take_turns_small_ones_do_not_wait() -> None:
+    from dmq.broker.memory_budget import BudgetExhaustedError
+
+    async def run() -> None:
+        budget = ByteBudget(100 * MiB, small_request_bytes=MiB, large_in_service=1)
+        async with budget.turn(2 * MiB, 5.0, "first"):
+            async with budget.turn(100, 0.2, "small"):  # small: no turn needed
+                pass
+            with pytest.raises(BudgetExhaustedError, match="large_in_service"):
+                async with budget.turn(2 * MiB, 0.2, "second"):
+                    pass
+        async with budget.turn(2 * MiB, 0.2, "third"):  # the turn is free again
+            pass
 
     asyncio.run(run())
