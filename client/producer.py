@@ -24,7 +24,9 @@ Delivery: acks="all" (default: the broker fsyncs per its flush policy before ans
 leader wrote it), 0 (nobody waits: futures resolve with offset -1 once the batch is sent).
 Retriable errors are retried with exponential backoff (retry_backoff_ms .. retry_backoff_max_ms)
 until ``retries`` attempts or ``delivery_timeout_ms`` after the batch was created. With
-enable_idempotence (default) a retried batch whose first answer was lost is stored once.
+enable_idempotence (default with acks "all" or 1) a retried batch whose first answer was lost
+is stored once. With acks=0 it is off (and refused if asked for): nobody reads the answers, so a
+lost batch would leave a sequence gap that makes the broker refuse every later batch.
 
 Timestamps: records sent without ``timestamp_ms`` get their batch's creation time, which is at
 most linger_ms (or the time to fill a batch) before their send().
@@ -105,7 +107,7 @@ class Producer:
         linger_ms: float = 5,
         batch_size: int = DEFAULT_BATCH_SIZE,
         compression: str | None = None,
-        enable_idempotence: bool = True,
+        enable_idempotence: bool | None = None,
         buffer_memory: int = DEFAULT_BUFFER_MEMORY,
         max_block_ms: int = 60_000,
         retries: int = 2_147_483_647,
@@ -138,6 +140,13 @@ class Producer:
             raise ValueError(
                 f"delivery_timeout_ms ({delivery_timeout_ms}) must be at least linger_ms + request_timeout_ms "
                 f"({linger_ms} + {request_timeout_ms}): raise delivery_timeout_ms or lower the others"
+            )
+        if enable_idempotence is None:
+            enable_idempotence = _ACKS[acks] != pb.ACKS_NONE
+        elif enable_idempotence and _ACKS[acks] == pb.ACKS_NONE:
+            raise ValueError(
+                "enable_idempotence needs acks 'all' or 1: with acks=0 no answer is read, so a lost batch "
+                "cannot be retried in sequence and the broker would refuse every later one"
             )
         if buffer_memory < batch_size:
             raise ValueError(f"buffer_memory ({buffer_memory}) must be at least batch_size ({batch_size})")
