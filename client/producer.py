@@ -81,8 +81,8 @@ log = structlog.get_logger(__name__)
 __all__ = ["Producer", "RecordFuture", "SendManyFuture"]
 
 DEFAULT_BATCH_SIZE = 1024 * 1024
-# The largest batch_size: half the brokers' default max batch bytes, so that a full batch and the
-# one filling behind it fit what a broker holds for one request.
+# The largest batch_size accepted (half the brokers' default max batch bytes, the bound it always
+# had); batches are further capped per topic by its max_message_bytes (see _caps_for).
 MAX_BATCH_SIZE = records.DEFAULT_MAX_BATCH_BYTES // 2
 DEFAULT_BUFFER_MEMORY = 64 * 1024 * 1024
 SENDER_STOP_TIMEOUT_S = 5.0
