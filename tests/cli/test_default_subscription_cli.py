@@ -48,3 +48,17 @@ def test_dmq_coordinator_refuses_a_timestamp_default_without_a_time(tmp_path: pa
         raise AssertionError("`dmq coordinator` started instead of refusing the setting") from e
     assert result.returncode == 2, result
     assert "--default-subscription-from" in result.stderr
+
+
+def test_dmq_server_with_brokers_refuses_a_timestamp_default_without_a_time(tmp_path: pathlib.Path,
+                                                                             dmq_exe: str) -> None:
+    """Refused before any child process starts, so the coordinator child never fails later."""
+    try:
+        result = subprocess.run([dmq_exe, "server", "--brokers", "2", "--port", "0", "--data-dir", str(tmp_path / "d"),
+                                 "--default-subscription-mode", "timestamp"], capture_output=True, text=True,
+                                timeout=10)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError("`dmq server --brokers 2` started instead of refusing the setting") from e
+    assert result.returncode == 2, result
+    assert "--default-subscription-from" in result.stderr
+    assert not (tmp_path / "d").exists()
