@@ -643,8 +643,10 @@ class Producer:
         return self._cluster
 
     def metrics(self) -> dict[str, int]:
-        """A few gauges for monitoring and tests."""
+        """A few gauges for monitoring and tests; records_failed counts every record that failed
+        for good (not only those whose handle or callback someone looked at)."""
         return {
+            "records_failed": self._acc.records_failed,
             "open_batches": len(self._acc.open),
             "incomplete_batches": len(self._acc.incomplete),
             "buffer_available_bytes": self._pool.available,

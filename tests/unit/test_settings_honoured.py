@@ -74,3 +74,18 @@ def test_acks_0_keeps_sending_after_a_lost_batch() -> None:
 def test_idempotence_with_acks_0_is_refused() -> None:
     with pytest.raises(ValueError, match="enable_idempotence needs acks 'all' or 1"):
         Producer("127.0.0.1:1", acks=0, enable_idempotence=True)
+
+
+def test_the_producer_counts_every_failed_record() -> None:
+    """`dmq bench produce` reported errors only for the records it sampled for latency, so a run
+    whose other batches failed reported 0 errors; the producer now counts every failed record."""
+    broker = FakeBroker()
+    broker.script = [FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "refused")]
+    with make_producer(broker, linger_ms=60_000) as p:
+        for i in range(3):
+            p.send("t", b"v%d" % i)  # no handle kept, no callback: nobody looks at them
+        p.flush(WAIT_S)
+        ok = p.send("t", b"ok")
+        p.flush(WAIT_S)
+        assert ok.get(0).offset == 0
+        assert p.metrics()["records_failed"] == 3
