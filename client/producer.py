@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, repeat
@@ -86,6 +87,8 @@ DEFAULT_BATCH_SIZE = 1024 * 1024
 MAX_BATCH_SIZE = records.DEFAULT_MAX_BATCH_BYTES // 2
 DEFAULT_BUFFER_MEMORY = 64 * 1024 * 1024
 SENDER_STOP_TIMEOUT_S = 5.0
+# The shortest metadata look-up timeout (max_block_ms=0 still allows one quick look-up).
+METADATA_TIMEOUT_MIN_MS = 100
 
 _ACKS = {"all": pb.ACKS_ALL, -1: pb.ACKS_ALL, "-1": pb.ACKS_ALL, 1: pb.ACKS_LEADER, "1": pb.ACKS_LEADER,
          0: pb.ACKS_NONE, "0": pb.ACKS_NONE}
@@ -153,7 +156,11 @@ class Producer:
 
         self.client_id = client_id or f"producer-{id(self):x}"
         self._own_cluster = cluster is None
-        self._cluster = cluster or Cluster(bootstrap, request_timeout_ms=request_timeout_ms)
+        # Metadata look-ups block send(): each one is bounded by max_block_ms as well (a coordinator
+        # that accepts connections but does not answer held send() for a whole request timeout).
+        self._cluster = cluster or Cluster(
+            bootstrap, request_timeout_ms=min(request_timeout_ms, max(max_block_ms, METADATA_TIMEOUT_MIN_MS))
+        )
         self._batch_size = batch_size
         self._compressed = _CODECS[codec_name] is not records.Codec.NONE
         # topic max_message_bytes (None = the brokers' default) -> (batch cap, single-record cap)
@@ -506,16 +513,16 @@ class Producer:
     # -- metadata --------------------------------------------------------------------------------
 
     def _topic_metadata(self, topic: str) -> TopicMetadata:
-        """The topic's metadata; retriable failures are retried for up to max_block_ms."""
+        """The topic's metadata; retriable failures are retried until max_block_ms after the first
+        try (each try is bounded by it too: see the Cluster's timeout in __init__)."""
+        started = time.monotonic()
         try:
             return self._cluster.topic_metadata(topic)
         except DMQError as first:
             if not first.retriable:
                 raise
             err: DMQError = first
-        import time  # local: only on this slow path
-
-        deadline = time.monotonic() + self._max_block_ms / 1000
+        deadline = started + self._max_block_ms / 1000
         delay = 0.05
         while time.monotonic() + delay < deadline:
             time.sleep(delay)  # bounded by max_block_ms; nothing to wait on but the coordinator

@@ -3,13 +3,15 @@ instead of failing (or silently doing nothing) later."""
 
 from __future__ import annotations
 
+import socket
+import time
 from typing import Any
 
 import grpc
 import pytest
 
 from dmq.client.consumer import ConsumerConfig
-from dmq.client.errors import InvalidConfigError
+from dmq.client.errors import DMQError, InvalidConfigError
 from dmq.client.producer import Producer
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
@@ -89,3 +91,19 @@ def test_the_producer_counts_every_failed_record() -> None:
         p.flush(WAIT_S)
         assert ok.get(0).offset == 0
         assert p.metrics()["records_failed"] == 3
+
+
+def test_max_block_ms_bounds_send_when_the_coordinator_does_not_answer() -> None:
+    """Before: the first metadata look-up waited a whole request_timeout_ms (10 s here) before
+    max_block_ms (0.5 s) was looked at. A listening socket that never answers stands in for a
+    hung coordinator (the kernel completes the TCP handshake; gRPC then waits for HTTP/2)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(16)
+        address = "127.0.0.1:%d" % hole.getsockname()[1]
+        with Producer(address, max_block_ms=500, request_timeout_ms=10_000) as p:
+            started = time.monotonic()
+            with pytest.raises(DMQError):
+                p.send("t", b"x")
+            elapsed = time.monotonic() - started
+    assert elapsed < 3.0, f"send() blocked {elapsed:.1f} s with max_block_ms=500"
