@@ -151,6 +151,7 @@ class ProducerBatch:
         "deadline",
         "acked",
         "callbacks",
+        "accumulator",
         "__weakref__",
     )
 
@@ -180,6 +181,7 @@ class ProducerBatch:
         # Records' callbacks as [index, fn, index, fn, ...]; None once they have run (see
         # RecordFuture.add_callback for why they are not the future's done-callbacks).
         self.callbacks: list[Any] | None = []
+        self.accumulator: Accumulator | None = None  # counts the records of a failed batch
 
     def __repr__(self) -> str:
         state = "done" if self.future.done() else "sealed" if self.sealed else "open"
@@ -282,6 +284,8 @@ class ProducerBatch:
         """Fail the batch (if not yet done) and run its records' callbacks, on this thread."""
         if not self.future.done():
             self.future.set_exception(err)
+            if self.accumulator is not None:
+                self.accumulator.records_failed += self.count or len(self.values)
         self.run_callbacks()
 
     def run_callbacks(self) -> None:
@@ -545,6 +549,9 @@ class Accumulator:
         self.queues: dict[tuple[str, int], PartitionQueue] = {}
         self.newly_ready: set[PartitionQueue] = set()
         self.closed = False
+        # Records of batches that failed for good (written by whoever fails them: the sender
+        # thread, or close() once the sender has stopped).
+        self.records_failed = 0
 
     def __repr__(self) -> str:
         return (
@@ -572,6 +579,7 @@ class Accumulator:
         b = ProducerBatch(topic, partition, now_ms())
         b.reserved = reserved
         b.cap = cap
+        b.accumulator = self
         b.limit = min(reserved, cap)
         b.deadline = b.created + self.delivery_timeout_s
         st.batches[(topic, partition)] = b

@@ -24,7 +24,9 @@ Delivery: acks="all" (default: the broker fsyncs per its flush policy before ans
 leader wrote it), 0 (nobody waits: futures resolve with offset -1 once the batch is sent).
 Retriable errors are retried with exponential backoff (retry_backoff_ms .. retry_backoff_max_ms)
 until ``retries`` attempts or ``delivery_timeout_ms`` after the batch was created. With
-enable_idempotence (default) a retried batch whose first answer was lost is stored once.
+enable_idempotence (default with acks "all" or 1) a retried batch whose first answer was lost
+is stored once. With acks=0 it is off (and refused if asked for): nobody reads the answers, so a
+lost batch would leave a sequence gap that makes the broker refuse every later batch.
 
 Timestamps: records sent without ``timestamp_ms`` get their batch's creation time, which is at
 most linger_ms (or the time to fill a batch) before their send().
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, repeat
@@ -79,11 +82,13 @@ log = structlog.get_logger(__name__)
 __all__ = ["Producer", "RecordFuture", "SendManyFuture"]
 
 DEFAULT_BATCH_SIZE = 1024 * 1024
-# The largest batch_size: half the brokers' default max batch bytes, so that a full batch and the
-# one filling behind it fit what a broker holds for one request.
+# The largest batch_size accepted (half the brokers' default max batch bytes, the bound it always
+# had); batches are further capped per topic by its max_message_bytes (see _caps_for).
 MAX_BATCH_SIZE = records.DEFAULT_MAX_BATCH_BYTES // 2
 DEFAULT_BUFFER_MEMORY = 64 * 1024 * 1024
 SENDER_STOP_TIMEOUT_S = 5.0
+# The shortest metadata look-up timeout (max_block_ms=0 still allows one quick look-up).
+METADATA_TIMEOUT_MIN_MS = 100
 
 _ACKS = {"all": pb.ACKS_ALL, -1: pb.ACKS_ALL, "-1": pb.ACKS_ALL, 1: pb.ACKS_LEADER, "1": pb.ACKS_LEADER,
          0: pb.ACKS_NONE, "0": pb.ACKS_NONE}
@@ -105,7 +110,7 @@ class Producer:
         linger_ms: float = 5,
         batch_size: int = DEFAULT_BATCH_SIZE,
         compression: str | None = None,
-        enable_idempotence: bool = True,
+        enable_idempotence: bool | None = None,
         buffer_memory: int = DEFAULT_BUFFER_MEMORY,
         max_block_ms: int = 60_000,
         retries: int = 2_147_483_647,
@@ -139,12 +144,23 @@ class Producer:
                 f"delivery_timeout_ms ({delivery_timeout_ms}) must be at least linger_ms + request_timeout_ms "
                 f"({linger_ms} + {request_timeout_ms}): raise delivery_timeout_ms or lower the others"
             )
+        if enable_idempotence is None:
+            enable_idempotence = _ACKS[acks] != pb.ACKS_NONE
+        elif enable_idempotence and _ACKS[acks] == pb.ACKS_NONE:
+            raise ValueError(
+                "enable_idempotence needs acks 'all' or 1: with acks=0 no answer is read, so a lost batch "
+                "cannot be retried in sequence and the broker would refuse every later one"
+            )
         if buffer_memory < batch_size:
             raise ValueError(f"buffer_memory ({buffer_memory}) must be at least batch_size ({batch_size})")
 
         self.client_id = client_id or f"producer-{id(self):x}"
         self._own_cluster = cluster is None
-        self._cluster = cluster or Cluster(bootstrap, request_timeout_ms=request_timeout_ms)
+        # Metadata look-ups block send(): each one is bounded by max_block_ms as well (a coordinator
+        # that accepts connections but does not answer held send() for a whole request timeout).
+        self._cluster = cluster or Cluster(
+            bootstrap, request_timeout_ms=min(request_timeout_ms, max(max_block_ms, METADATA_TIMEOUT_MIN_MS))
+        )
         self._batch_size = batch_size
         self._compressed = _CODECS[codec_name] is not records.Codec.NONE
         # topic max_message_bytes (None = the brokers' default) -> (batch cap, single-record cap)
@@ -497,16 +513,16 @@ class Producer:
     # -- metadata --------------------------------------------------------------------------------
 
     def _topic_metadata(self, topic: str) -> TopicMetadata:
-        """The topic's metadata; retriable failures are retried for up to max_block_ms."""
+        """The topic's metadata; retriable failures are retried until max_block_ms after the first
+        try (each try is bounded by it too: see the Cluster's timeout in __init__)."""
+        started = time.monotonic()
         try:
             return self._cluster.topic_metadata(topic)
         except DMQError as first:
             if not first.retriable:
                 raise
             err: DMQError = first
-        import time  # local: only on this slow path
-
-        deadline = time.monotonic() + self._max_block_ms / 1000
+        deadline = started + self._max_block_ms / 1000
         delay = 0.05
         while time.monotonic() + delay < deadline:
             time.sleep(delay)  # bounded by max_block_ms; nothing to wait on but the coordinator
@@ -634,8 +650,10 @@ class Producer:
         return self._cluster
 
     def metrics(self) -> dict[str, int]:
-        """A few gauges for monitoring and tests."""
+        """A few gauges for monitoring and tests; records_failed counts every record that failed
+        for good (not only those whose handle or callback someone looked at)."""
         return {
+            "records_failed": self._acc.records_failed,
             "open_batches": len(self._acc.open),
             "incomplete_batches": len(self._acc.incomplete),
             "buffer_available_bytes": self._pool.available,

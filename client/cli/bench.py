@@ -195,15 +195,17 @@ def bench_produce(ctx: click.Context, topic: str, num_records: int, record_size:
                     producer.send(topic, payload)
                 if i % 4096 == 0:
                     reporter.update(i, i * record_size, f"p50 {_fmt_ms(_quick_median(latencies_ms))}")
-                    if errors:
+                    if errors or producer.metrics()["records_failed"]:
                         break
             producer.flush()
             reporter.update(num_records, num_records * record_size, final=True)
     finally:
         producer.close(timeout=30)
     elapsed = perf() - started
-    if errors:
-        raise CLIError(f"sends failed ({len(errors)} sampled records); first error: {errors[0]}")
+    failed = producer.metrics()["records_failed"]  # every record, not only the sampled ones
+    if failed or errors:
+        first = f"; first error: {errors[0]}" if errors else ""
+        raise CLIError(f"{max(failed, len(errors))} of {num_records} records were not stored{first}")
     total_bytes = num_records * record_size
     summary = {
         "records": num_records, "record_size": record_size, "bytes": total_bytes, "errors": len(errors),

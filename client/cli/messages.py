@@ -2,7 +2,10 @@
 
 produce: every input line (without its line ending) is one message; with --key-separator the text
 before the first separator is the key. A summary goes to stderr (or, with -o json, to stdout:
-{"topic", "messages", "bytes", "failed", "elapsed_s", "partitions": {"<p>": count}}).
+{"topic", "messages" (stored), "bytes" (of the lines read), "failed", "not_sent", "lines_read",
+"complete", "interrupted", "elapsed_s", "partitions": {"<p>": count}}). Every line read ends up
+stored, failed (refused: too large, or the brokers gave up) or not sent (abandoned on Ctrl-C, or
+the line reading stopped at); the exit code is 0 only when every line was stored.
 
 consume: text prints each value on its own line (optionally key and partition/offset first);
 json prints one object per line:

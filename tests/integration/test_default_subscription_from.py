@@ -12,14 +12,13 @@ import pathlib
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
 import pytest
 
 from dmq.client import AdminClient, Producer
 from dmq.client.consumer import DMQConsumer
 from dmq.client.errors import InvalidConfigError
-from dmq.coordinator.embedded import ClusterThread
+from dmq.coordinator.embedded import ClusterOptions, ClusterThread
 from dmq.coordinator.node import CoordinatorNode
 
 WAIT_S = 15.0
@@ -46,31 +45,31 @@ def test_a_default_time_with_another_default_mode_is_refused(tmp_path: pathlib.P
         )
 
 
-def test_a_consumer_naming_no_mode_starts_at_the_server_default_time(
-    cluster_factory: Callable[..., ClusterThread],
-) -> None:
+def test_a_consumer_naming_no_mode_starts_at_the_server_default_time(tmp_path: pathlib.Path) -> None:
     """The server default is timestamp T: a consumer naming no mode reads from T; one naming
-    `all` (another group) still reads everything."""
-    # T is fixed before the cluster starts (as an operator's flag is); records are produced
-    # around it by waiting for the wall clock, since the broker stamps append times.
-    from_ms = time.time_ns() // 1_000_000 + 1_500
-    thread = cluster_factory(
-        default_subscription_mode="timestamp", coordinator_kwargs={"default_subscription_from_ms": from_ms}
-    )
-    with AdminClient(thread.bootstrap) as admin:
-        admin.create_topic("t", 1)
-    with Producer(thread.bootstrap, linger_ms=0) as p:
-        p.send("t", b"before").get(WAIT_S)
-        while time.time_ns() // 1_000_000 <= from_ms + 5:
-            time.sleep(0.02)
-        p.send("t", b"after").get(WAIT_S)
-    with DMQConsumer(metadata_service_url=thread.bootstrap, group_id="nomode", heartbeat_interval_ms=200) as c:
-        c.subscribe("t")
-        assert _poll_values(c, 1) == [b"after"]
-    with DMQConsumer(metadata_service_url=thread.bootstrap, group_id="everything", subscription_mode="all",
-                     heartbeat_interval_ms=200) as c:
-        c.subscribe("t")
-        assert _poll_values(c, 2) == [b"before", b"after"]
+    `all` (another group) still reads everything. The records are written first, around T, and
+    the cluster is then restarted with the default (a default fixed before the records were
+    written would race with them)."""
+    data_dir = tmp_path / "cluster"
+    with ClusterThread(ClusterOptions(data_dir=data_dir)) as thread:
+        with AdminClient(thread.bootstrap) as admin:
+            admin.create_topic("t", 1)
+        with Producer(thread.bootstrap, linger_ms=0) as p:
+            p.send("t", b"before").get(WAIT_S)
+            from_ms = time.time_ns() // 1_000_000 + 20
+            while time.time_ns() // 1_000_000 <= from_ms + 5:  # the broker stamps append times
+                time.sleep(0.01)
+            p.send("t", b"after").get(WAIT_S)
+    options = ClusterOptions(data_dir=data_dir, default_subscription_mode="timestamp",
+                             coordinator_kwargs={"default_subscription_from_ms": from_ms})
+    with ClusterThread(options) as thread:
+        with DMQConsumer(metadata_service_url=thread.bootstrap, group_id="nomode", heartbeat_interval_ms=200) as c:
+            c.subscribe("t")
+            assert _poll_values(c, 1) == [b"after"]
+        with DMQConsumer(metadata_service_url=thread.bootstrap, group_id="everything", subscription_mode="all",
+                         heartbeat_interval_ms=200) as c:
+            c.subscribe("t")
+            assert _poll_values(c, 2) == [b"before", b"after"]
 
 
 def test_subscription_from_zero_is_refused_by_the_consumer_config() -> None:
