@@ -126,6 +126,11 @@ class OffsetIndex:
         i = bisect_right(self.positions, position) - 1
         return self.positions[i] if i >= 0 else 0
 
+    def floor_by_position(self, position: int) -> tuple[int, int]:
+        """(relative offset, position) of the greatest entry at or below position, or (0, 0)."""
+        i = bisect_right(self.positions, position) - 1
+        return (self.rel_offsets[i], self.positions[i]) if i >= 0 else (0, 0)
+
     def last_position(self) -> int:
         return self.positions[-1] if self.positions else 0
 

@@ -413,24 +413,50 @@ class Segment:
         not beyond end_position (a batch boundary) nor into known damage. Bytes not yet known
         good are CRC-checked; a bad first batch raises SegmentCorruptError, a later one ends
         the answer before it."""
+        try:
+            return self._read(offset, max_bytes, end_position)
+        except _IndexMismatch:
+            log.warning("offset index inconsistent with the log; rebuilding it", segment=self.log_path)
+            self._rebuild_indexes(rebuild_times=False)
+        try:
+            return self._read(offset, max_bytes, end_position)
+        except _IndexMismatch:
+            raise SegmentCorruptError(
+                f"{self.log_path}: no valid batch at an indexed position after a rebuild",
+                segment=self.log_path, position=-1, offset=offset,
+            ) from None
+
+    def _read(self, offset: int, max_bytes: int, end_position: int | None) -> bytes:
         limit = self.size if end_position is None else end_position
         start = self.locate(offset)
         if start >= limit:
             return b""
         want = min(start + max_bytes, limit)
         # The indexed boundary nearest below `want` bounds the header walk to ~one index interval.
-        end = max(self.index.floor_position(want), start)
+        rel, end = self.index.floor_by_position(want)
+        check = end > start  # a position from the index: its first header must carry its offset
+        if not check:
+            end = start
         if self.damaged and end > start and any(start < p < end for p in self.damaged):
-            end = start  # walk from the start so the walk stops at the damage
+            end, check = start, False  # walk from the start so the walk stops at the damage
         walked_any = False
-        for p, h in self.walk(end, limit, want - end + HEADER_SIZE):
-            e = p + 12 + h[1]
-            if e > want:
-                if end == start and not walked_any:  # the first batch alone exceeds max_bytes
-                    end = e
-                break
-            end = e
-            walked_any = True
+        try:
+            for p, h in self.walk(end, limit, want - end + HEADER_SIZE):
+                if check:
+                    if h[0] != self.base_offset + rel:
+                        raise _IndexMismatch
+                    check = False
+                e = p + 12 + h[1]
+                if e > want:
+                    if end == start and not walked_any:  # the first batch alone exceeds max_bytes
+                        end = e
+                    break
+                end = e
+                walked_any = True
+        except SegmentCorruptError:
+            if check:
+                raise _IndexMismatch from None
+            raise
         if end <= start:
             if start in self.damaged:
                 d = self.damaged[start]
