@@ -90,7 +90,7 @@ from dmq.broker.log.errors import (
 from dmq.broker.log.fsync_placement import FsyncPlacement
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import fsync_path
-from dmq.broker.log.producer_state import ProducerStateManager, list_snapshots, snapshot_path
+from dmq.broker.log.producer_state import SNAPSHOT_SUFFIX, ProducerStateManager, list_snapshots, snapshot_path
 from dmq.broker.log.scan import Damaged
 from dmq.broker.log.segment import LOG_SUFFIX, MAX_RELATIVE_OFFSET, Segment, SegmentCorruptError
 from dmq.proto.records import DEFAULT_MAX_BATCH_BYTES, patch_base_offset, validate_batch
@@ -772,10 +772,13 @@ class PartitionLog:
             self._log.warning("rollback could not cut the file yet; retried before the next append", error=str(e))
         self.size_bytes = sum(seg.size for seg in segs)
         self._log.warning(
-            "flush failed; log rolled back to its durable end", offset=offset, batches_offsets_dropped=dropped,
+            "flush failed; log rolled back to its durable end", offset=offset, offsets_dropped=dropped,
             cause=cause,
         )
-        self._finish_rollback()
+        try:
+            self._finish_rollback()
+        except StorageUnavailableError as e:  # retried before the next append
+            self._log.warning("rollback not finished on disk yet", error=str(e))
 
     def _finish_rollback(self) -> None:
         """Remove the files of segments a rollback dropped and cut the active one (idempotent)."""
@@ -1028,15 +1031,20 @@ class PartitionLog:
             if self._placement is not None:
                 self._placement.record(time.perf_counter() - started, inline=inline)
             for path in job.extra_paths:
-                fsync_path(path, self._fsync, self._cache)
+                try:
+                    fsync_path(path, self._fsync, self._cache)
+                except OSError as e:
+                    if not path.endswith(SNAPSHOT_SUFFIX):
+                        raise
+                    # A snapshot only spares a replay of batch headers: a torn one is detected
+                    # (CRC) and an older one (or the log itself) used instead.
+                    self._log.warning("producer state snapshot not fsynced", file=path, error=str(e))
             if job.dir_gen:
                 _fsync_dir(self.directory, self._fsync, self._cache)
             if job.sync_parent:
                 _fsync_dir(os.path.dirname(os.path.abspath(self.directory)), self._fsync, self._cache)
             if job.recovery_offset is not None and not self._closed:
-                with self._lock:
-                    self._recovery_offset = max(self._recovery_offset, job.recovery_offset)
-                self._write_checkpoint(sync=True)
+                self._advance_recovery_offset(job.recovery_offset)
         except OSError as e:
             err = StorageUnavailableError.from_os_error(self._where, "flush (fsync)", e)
             err.flush_epoch = job.epoch
@@ -1071,6 +1079,20 @@ class PartitionLog:
                 if self.config.flush_policy == "fsync":
                     self._rollback(self.durable_end_offset, str(e), e.errno)
                 raise
+
+    def _advance_recovery_offset(self, offset: int) -> None:
+        """Persist a higher recovery offset after the segments below it were fsynced. A failure
+        (no descriptor for the tmp file, disk full) does not fail the flush: the data is durable;
+        the old checkpoint only makes the next recovery scan more."""
+        with self._lock:
+            before = self._recovery_offset
+            self._recovery_offset = max(before, offset)
+        try:
+            self._write_checkpoint(sync=True)
+        except OSError as e:
+            with self._lock:
+                self._recovery_offset = before
+            self._log.warning("checkpoint not written; recovery offset not advanced", error=str(e))
 
     def _run_job_logged(self, job: _FlushJob) -> None:
         try:

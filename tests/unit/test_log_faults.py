@@ -22,8 +22,6 @@ from dmq.broker.log import (
     StorageUnavailableError,
 )
 from dmq.broker.log import handles as handles_mod
-from dmq.broker.log import index as index_mod
-from dmq.broker.log import partition as partition_mod
 from dmq.broker.log import segment as segment_mod
 from dmq.broker.log.producer_state import ProducerStateManager
 from dmq.broker.log.scan import Batch, Damaged, Tail, scan_batches
@@ -159,35 +157,50 @@ def test_failed_write_leaves_no_partial_batch_and_the_next_append_lands_right(tm
 
 
 async def test_flush_needs_no_new_descriptor_when_the_process_is_out_of_them(tmp_path, monkeypatch):
-    """Before issue 13 the index files and directories were fsynced through new opens by path:
-    with the descriptors exhausted (EMFILE) every acks=all produce failed, and the log stayed
-    offline until a restart."""
+    """Before issue 13 the index files (and directories) were fsynced through new opens by path:
+    with the descriptors exhausted (EMFILE) the acks=all produce after a segment roll failed, and
+    the log stayed offline until a restart."""
     mgr = LogManager(tmp_path, CONFIG)
     plog = mgr.create("t", 0)
-    for i in range(40):  # several segments: rolls leave index files to fsync
-        await plog.append_durable(batch(i))
-
-    real_open = os.open
+    await plog.append_durable(batch(0))
+    segments = plog.segment_count
+    while plog.segment_count == segments:  # a roll: the next flush must fsync its index files
+        plog.append(batch(1))
+    # The process is out of descriptors: an open succeeds only after a close freed one.
+    real_open, real_close = os.open, os.close
+    freed = [0]
 
     def no_fds(path, flags, mode=0o777, **kw):  # type: ignore[no-untyped-def]
-        raise OSError(errno.EMFILE, "Too many open files")
+        if freed[0] <= 0:
+            raise OSError(errno.EMFILE, "Too many open files")
+        freed[0] -= 1
+        return real_open(path, flags, mode, **kw)
 
-    for mod in (index_mod, partition_mod, handles_mod):
-        monkeypatch.setattr(mod.os, "open", no_fds)
-    # appends within the active segment need no descriptor at all
-    infos = [await plog.append_durable(batch(100 + i)) for i in range(3)]
-    assert [i.base_offset for i in infos] == [80, 82, 84]
+    def close(fd: int) -> None:
+        real_close(fd)
+        freed[0] += 1
+
+    monkeypatch.setattr(os, "open", no_fds)
+    monkeypatch.setattr(os, "close", close)
+    info = await plog.append_durable(batch(2))
+    assert plog.durable_end_offset == info.last_offset + 1
+    assert not plog._unflushed and not plog._pending_paths  # the rolled segment's files too
     # a roll needs new files: a retriable error, nothing stored, the log still writable
+    end = plog.log_end_offset
     with pytest.raises(StorageUnavailableError) as e:
         for i in range(40):
             await plog.append_durable(batch(200 + i))
-    assert e.value.errno == errno.EMFILE
-    end = plog.log_end_offset
-    for mod in (index_mod, partition_mod, handles_mod):
-        monkeypatch.setattr(mod.os, "open", real_open)
+            end = plog.log_end_offset
+    assert e.value.errno == errno.EMFILE and plog.log_end_offset == end
+    monkeypatch.setattr(os, "open", real_open)
+    monkeypatch.setattr(os, "close", real_close)
     info = await plog.append_durable(batch(250))
     assert info.base_offset == end and plog.status == "ok"
     mgr.close()
+    again = LogManager(tmp_path, CONFIG)
+    again.open_existing()
+    assert again.get("t", 0).log_end_offset == info.last_offset + 1
+    again.close()
 
 
 def test_file_cache_closes_idle_descriptors_and_retries_when_out_of_them(tmp_path, monkeypatch):
