@@ -84,6 +84,7 @@ from dmq.broker.log.errors import (
     CorruptLogError,
     InvalidBatchError,
     LogClosedError,
+    LogError,
     OffsetOutOfRangeError,
     StorageUnavailableError,
 )
@@ -740,12 +741,20 @@ class PartitionLog:
         """Cut the log back to `offset` (>= log start, a batch boundary: durable_end_offset) after
         a failed flush: in memory first, then the files (under the lock). What the files could not
         take yet is retried before the next append (`_finish_rollback`)."""
+        position = None
+        if offset < self.log_end_offset:
+            target = self._segments[max(bisect_right(self._bases, offset) - 1, 0)]
+            try:
+                position = target.position_of(offset)  # before any change: may fail (damage, I/O)
+            except (LogError, OSError) as e:
+                self._log.error("cannot roll back after a failed flush; batches stay", offset=offset, error=str(e))
+                return
         self._rollback_epoch += 1
         self._rollbacks.append((self._rollback_epoch, offset))
         self._rollback_cause = cause
         self._rollback_errno = errno_
         self._held.clear()
-        if offset >= self.log_end_offset:
+        if position is None:
             return
         dropped = self.log_end_offset - offset
         segs = self._segments
@@ -760,7 +769,6 @@ class PartitionLog:
             doomed += [dead.log_path, *gone]
         active = segs[-1]
         self._unflushed = [s for s in self._unflushed if s is not active and s in segs]
-        position = active.position_of(offset)
         self.log_end_offset = offset
         self._producers.truncate(offset)
         self._dir_gen += 1

@@ -353,3 +353,28 @@ def test_scan_tells_a_torn_tail_from_damage_in_the_middle():
     ev = events(bytes(data[:size]) + os.urandom(33) + bytes(data[size:]))
     assert [type(e) for e in ev] == [Batch, Damaged, Batch, Batch, Batch]
     assert ev[1].last_offset < ev[1].first_offset
+
+
+async def test_rollback_across_a_roll_removes_the_new_segment_and_reopens_consistent(tmp_path):
+    fsync = FailingFsync()
+    plog = open_log(tmp_path, fsync=fsync)
+    await plog.append_durable(batch(0))
+    durable = plog.log_end_offset
+    segments = plog.segment_count
+    while plog.segment_count < segments + 2:  # acks=1 appends roll twice, nothing fsynced
+        plog.append(batch(1))
+    dropped_files = [s.log_path for s in plog._segments[segments:]]
+    fsync.fail = 1_000  # every fsync fails until the "disk" is repaired
+    with pytest.raises(StorageUnavailableError):
+        await plog.append_durable(batch(2))
+    assert plog.log_end_offset == durable and plog.segment_count == segments
+    assert not any(os.path.exists(p) for p in dropped_files)
+    assert os.path.getsize(plog._segments[-1].log_path) == plog.size_bytes
+    fsync.fail = 0
+    info = await plog.append_durable(batch(3))
+    assert info.base_offset == durable
+    plog.close()
+    again = open_log(tmp_path)
+    assert again.recovery.clean and again.log_end_offset == info.last_offset + 1
+    assert [next(iter(b)).value[:1] for b in all_batches(again)] == [b"\x00", b"\x03"]
+    again.close()
