@@ -273,5 +273,31 @@ def test_damaged_middle_batch_and_index_are_found_reported_and_valid_data_kept(t
         corrupt = [e for e in events if e.get("event", "").startswith("corrupt batch in the log")]
         assert corrupt and all(e["topic"] == topic and e["partition"] == 0 for e in corrupt)
         assert corrupt[0]["first_offset"] == 20
+        if stop == "clean":
+            consume_around_the_damage(srv.bootstrap, topic, values)
     finally:
         srv.stop()
+
+
+def consume_around_the_damage(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    """A group consumer gets every record of the healthy partition and of the damaged one up to
+    the damage, then an error naming partition and offset; seeking past it, the rest."""
+    from dmq.client import ConsumerConfig, DMQConsumer, TopicPartition
+    from dmq.client.errors import CorruptRecordError
+
+    got: dict[int, list[bytes]] = {0: [], 1: []}
+    corrupt_errors: list[str] = []
+    with DMQConsumer(ConsumerConfig(metadata_service_url=bootstrap, group_id="g")) as consumer:
+        consumer.subscribe(topic)
+        deadline = time.monotonic() + 30
+        while (len(got[1]) < 61 or len(got[0]) < 59) and time.monotonic() < deadline:
+            try:
+                for rec in consumer.poll(0.5):
+                    got[rec.partition].append(rec.value)
+            except CorruptRecordError as e:
+                corrupt_errors.append(str(e))
+                consumer.seek(TopicPartition(topic, 0), 21)  # the operator's way past the damage
+    assert got[1] == [*values, b"more"]
+    assert got[0] == values[:20] + values[21:]
+    assert corrupt_errors and f"{topic}[0]" in corrupt_errors[0] and "offsets 20..20" in corrupt_errors[0]
+
