@@ -341,6 +341,7 @@ class PartitionLog:
         # Base offsets of acks=all batches not yet durable, ascending: readers stop at the first.
         self._held: deque[int] = deque()
         self._corruption: CorruptLogError | None = None  # first damage found; appends refused
+        self._reported: set[tuple[str, int]] = set()  # (segment, position) of damage logged
         self._closed = False
 
         fresh = not os.path.isdir(self.directory)
@@ -703,9 +704,12 @@ class PartitionLog:
     def _record_damage(
         self, seg: Segment, position: int, first: int, last: int, reason: str, *, at: str
     ) -> CorruptLogError:
-        """Log damage found in `seg` and take the partition offline for appends (under the lock
-        or while opening)."""
+        """Log damage found in `seg` (once per place) and take the partition offline for appends
+        (under the lock or while opening)."""
         err = self._damage_error(seg, position, first, last, reason)
+        if (seg.log_path, position) in self._reported:
+            return err
+        self._reported.add((seg.log_path, position))
         self._log.error(
             "corrupt batch in the log; partition offline for appends, valid data around it kept",
             segment=os.path.basename(seg.log_path), position=position, first_offset=first,
@@ -718,14 +722,12 @@ class PartitionLog:
     def _damage_found(self, seg: Segment, e: SegmentCorruptError, offset: int) -> CorruptLogError:
         """A read met bad bytes: locate every damaged range of the segment (one scan), so later
         reads stop before them and offsets after them stay readable (under the lock)."""
-        known = set(seg.damaged)
         try:
             found = seg.find_damage(max(self.config.max_batch_bytes, DEFAULT_MAX_BATCH_BYTES))
         except OSError as oe:
             raise StorageUnavailableError.from_os_error(self._where, f"scan of {seg.log_path}", oe) from oe
         for d in found:
-            if d.position not in known:
-                self._record_damage(seg, d.position, d.first_offset, d.last_offset, d.reason, at="read")
+            self._record_damage(seg, d.position, d.first_offset, d.last_offset, d.reason, at="read")
         for d in found:
             if d.first_offset <= offset <= d.last_offset or d.position == e.position:
                 return self._damage_error(seg, d.position, d.first_offset, d.last_offset, d.reason)
@@ -1208,16 +1210,17 @@ class PartitionLog:
             report.bytes += size
             damage = list(result.damaged)
             if result.tail is not None:
-                damage.append(Damaged(result.tail.position, size, seg.next_offset, seg.next_offset - 1, result.tail.reason))
+                damage.append(
+                    Damaged(result.tail.position, size, result.next_offset, seg.next_offset - 1, result.tail.reason)
+                )
             with self._lock:
                 for d in damage:
                     err = self._damage_error(seg, d.position, d.first_offset, d.last_offset, d.reason)
                     report.problems.append(str(err))
                     if report.first_corrupt_offset is None:
                         report.first_corrupt_offset = err.offset
-                    if d.position not in seg.damaged:
-                        seg.damaged[d.position] = d
-                        self._record_damage(seg, d.position, d.first_offset, d.last_offset, d.reason, at="verify")
+                    seg.damaged.setdefault(d.position, d)
+                    self._record_damage(seg, d.position, d.first_offset, d.last_offset, d.reason, at="verify")
                 if result.index_problems and not damage and seg in self._segments:
                     self._log.warning("index inconsistent with the log; rebuilding it", segment=name,
                                       problems=result.index_problems)

@@ -120,6 +120,7 @@ class VerifyResult:
     batches: int = 0
     damaged: list[Damaged] = field(default_factory=list)
     tail: Tail | None = None  # bytes below the segment's size that are no batch at all
+    next_offset: int = 0  # the offset after the last valid batch (where a `tail` starts)
     index_problems: list[str] = field(default_factory=list)
 
 
@@ -401,6 +402,9 @@ class Segment:
             )
             self._rebuild_indexes(rebuild_times=False)
         d = self._damage_at(offset)
+        if d is None and self.damaged:  # the walk ended at damage whose offsets are unknown
+            after = [x for x in self.damaged.values() if x.position >= pos]
+            d = min(after, key=lambda x: x.position) if after else None
         if d is not None:
             raise SegmentCorruptError(
                 f"{self.log_path}: offset {offset} is in damaged bytes at position {d.position}: {d.reason}",
@@ -509,7 +513,8 @@ class Segment:
         result = self.verify(max_batch_bytes)
         found = list(result.damaged)
         if result.tail is not None:
-            found.append(Damaged(result.tail.position, self.size, -1, -2, result.tail.reason))
+            found.append(Damaged(result.tail.position, self.size, result.next_offset, self.next_offset - 1,
+                                 result.tail.reason))
         for d in found:
             self.damaged[d.position] = d
             # an index entry right after the damage lets lookups of later offsets skip it
@@ -538,7 +543,7 @@ class Segment:
         time index is increasing. Read-only, through a private descriptor: safe without the
         partition lock (bytes below a snapshot of `size` never change; a deleted file stays
         readable through it)."""
-        out = VerifyResult()
+        out = VerifyResult(next_offset=self.base_offset)
         boundaries: dict[int, int] = {}
         with self._cache.reserve():
             fd = os.open(self.log_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -547,8 +552,10 @@ class Segment:
                     if isinstance(ev, Batch):
                         out.batches += 1
                         boundaries[ev.position] = ev.header.base_offset
+                        out.next_offset = ev.header.last_offset + 1
                     elif isinstance(ev, Damaged):
                         out.damaged.append(ev)
+                        out.next_offset = ev.last_offset + 1
                     else:
                         assert isinstance(ev, Tail)
                         out.tail = ev

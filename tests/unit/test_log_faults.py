@@ -378,3 +378,23 @@ async def test_rollback_across_a_roll_removes_the_new_segment_and_reopens_consis
     assert again.recovery.clean and again.log_end_offset == info.last_offset + 1
     assert [next(iter(b)).value[:1] for b in all_batches(again)] == [b"\x00", b"\x03"]
     again.close()
+
+
+def test_damage_at_the_end_of_a_sealed_segment_names_the_lost_offsets(tmp_path):
+    plog, stored = build(tmp_path, 60)
+    first = plog._segments[0]
+    next_base = plog._segments[1].base_offset
+    plog.close()
+    # the last batch of the first segment: its length field (an impossible value: no resync)
+    size = os.path.getsize(first.log_path)
+    last_pos = size - len(stored[next_base // 2 - 1])
+    with open(first.log_path, "r+b") as f:
+        f.seek(last_pos + 8)
+        f.write((2**31 - 1).to_bytes(4, "little"))
+    again = PartitionLog(tmp_path / "t-3", "t", 3, CONFIG)
+    with pytest.raises(CorruptLogError) as e:
+        again.read(next_base - 2, 1 << 20)
+    assert e.value.offset == next_base - 2 and f"offsets {next_base - 2}..{next_base - 1}" in str(e.value)
+    assert again.read(next_base, 1) == stored[next_base // 2]  # the next segment is intact
+    assert again.read(0, 1) == stored[0]
+    again.close()
