@@ -264,6 +264,8 @@ def test_damaged_middle_batch_and_index_are_found_reported_and_valid_data_kept(t
         assert not report[0]["ok"] and "offsets 20..20" in report[0]["problems"][0]
         assert report[1]["ok"] and report[1]["batches_checked"] == 61
         assert report[0]["batches_checked"] == 59
+        human = dmq_cli(srv.bootstrap, "topics", "verify", topic)
+        assert human.returncode == 1 and "CORRUPT" in human.stdout and "offsets 20..20" in human.stdout
         events = []
         for line in srv.log_tail(1_000_000).splitlines():
             try:
