@@ -720,10 +720,13 @@ class PartitionLog:
         return err
 
     def _damage_found(self, seg: Segment, e: SegmentCorruptError, offset: int) -> CorruptLogError:
-        """A read met bad bytes: locate every damaged range of the segment (one scan), so later
-        reads stop before them and offsets after them stay readable (under the lock)."""
+        """A read met bad bytes: find where valid batches resume after them (a scan just past the
+        damage, not of the whole segment: the event loop waits for it), so later reads stop
+        before them and offsets after them stay readable (under the lock)."""
         try:
-            found = seg.find_damage(max(self.config.max_batch_bytes, DEFAULT_MAX_BATCH_BYTES))
+            found = seg.find_damage(
+                e.position, e.expected_offset, max(self.config.max_batch_bytes, DEFAULT_MAX_BATCH_BYTES)
+            )
         except OSError as oe:
             raise StorageUnavailableError.from_os_error(self._where, f"scan of {seg.log_path}", oe) from oe
         for d in found:

@@ -156,11 +156,14 @@ def scan_batches(
     max_batch_bytes: int,
     max_relative_offset: int,
     chunk_bytes: int = SCAN_CHUNK_BYTES,
+    start_position: int = 0,
+    start_offset: int | None = None,
 ) -> Iterator[Event]:
-    """Validate the batches of one segment file (see the module docstring)."""
+    """Validate the batches of one segment file (see the module docstring), from
+    start_position, where a batch with start_offset (default base_offset) is expected."""
     r = _Reader(pread, file_size, chunk_bytes)
-    pos = 0
-    expected = base_offset
+    pos = start_position
+    expected = base_offset if start_offset is None else start_offset
     while pos < file_size:
         h, why = _check(r, pos, max_batch_bytes)
         if h is not None and h.base_offset != expected:
