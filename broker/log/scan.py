@@ -132,19 +132,22 @@ def _resync(r: _Reader, pos: int, expected: int, max_batch_bytes: int) -> tuple[
     # Every later position whose magic byte is in place, found with bytes.find chunk by chunk.
     p = pos + 1
     while p + HEADER_SIZE <= r.size:
-        window = r.view(p + _MAGIC_AT, min(SCAN_CHUNK_BYTES, r.size - p - _MAGIC_AT))
+        n = min(SCAN_CHUNK_BYTES, r.size - p - _MAGIC_AT)
+        window = r.view(p + _MAGIC_AT, n)
         if window is None:
             return None
-        i = bytes(window).find(_MAGIC_BYTE)
-        if i < 0:
-            p += len(window)
-            continue
-        cand = p + i
-        if cand not in tried:
-            h = ok(cand)
-            if h is not None:
-                return cand, h
-        p = cand + 1
+        chunk = bytes(window)  # one copy per chunk; candidates are found in it
+        i = chunk.find(_MAGIC_BYTE)
+        while i >= 0:
+            cand = p + i
+            if cand + HEADER_SIZE > r.size:
+                return None
+            if cand not in tried:
+                h = ok(cand)
+                if h is not None:
+                    return cand, h
+            i = chunk.find(_MAGIC_BYTE, i + 1)
+        p += n
     return None
 
 
