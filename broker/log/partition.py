@@ -697,7 +697,7 @@ class PartitionLog:
         return CorruptLogError(
             f"{self._where}corrupt data at {offsets} ({os.path.basename(seg.log_path)} position {position}: "
             f"{reason}); it is never served: check the files with `dmq topics verify {self.topic}`",
-            topic=self.topic, partition=self.partition, offset=first if last >= first else max(first - 1, 0),
+            topic=self.topic, partition=self.partition, offset=first,
             segment=seg.log_path, position=position,
         )
 
