@@ -45,16 +45,27 @@ _OPEN_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC",
 
 
 def _write_file_tail(path: str, data: bytes, cache: FileCache | None, *, truncate: bool = False) -> None:
+    """Append (or, with truncate, rewrite) through the FileCache's descriptor for the file: the
+    same descriptor later fsyncs it, so making an index durable needs no new open (EMFILE)."""
+    if cache is not None:
+        fd = cache.fd(path, create=True)  # opened O_APPEND: writes land at the end
+        if truncate:
+            os.ftruncate(fd, 0)
+        _write_all_to(fd, data)
+        return
     flags = _OPEN_APPEND | (os.O_TRUNC if truncate else 0)
-    with reserve(cache):
-        fd = os.open(path, flags, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-        finally:
-            os.close(fd)
+    fd = os.open(path, flags, 0o644)
+    try:
+        _write_all_to(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _write_all_to(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
 
 
 def _read_file(path: str, cache: FileCache | None) -> bytes | None:
@@ -71,6 +82,8 @@ def fsync_path(path: str, fsync_fn: Callable[[int], None], cache: FileCache | No
     a cache (the descriptor the writes went through, or one the cache keeps for next time), so
     that a process short of descriptors (EMFILE) can still make what it wrote durable."""
     if cache is not None:
+        if not os.path.exists(path):  # stat needs no descriptor; an open would fail on EMFILE first
+            return
         try:
             fd = cache.pin(path)
         except FileNotFoundError:
@@ -125,6 +138,11 @@ class OffsetIndex:
         """The greatest indexed batch boundary <= position (0 when none)."""
         i = bisect_right(self.positions, position) - 1
         return self.positions[i] if i >= 0 else 0
+
+    def floor_by_position(self, position: int) -> tuple[int, int]:
+        """(relative offset, position) of the greatest entry at or below position, or (0, 0)."""
+        i = bisect_right(self.positions, position) - 1
+        return (self.rel_offsets[i], self.positions[i]) if i >= 0 else (0, 0)
 
     def last_position(self) -> int:
         return self.positions[-1] if self.positions else 0

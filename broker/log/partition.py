@@ -84,13 +84,14 @@ from dmq.broker.log.errors import (
     CorruptLogError,
     InvalidBatchError,
     LogClosedError,
+    LogError,
     OffsetOutOfRangeError,
     StorageUnavailableError,
 )
 from dmq.broker.log.fsync_placement import FsyncPlacement
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import fsync_path
-from dmq.broker.log.producer_state import ProducerStateManager, list_snapshots, snapshot_path
+from dmq.broker.log.producer_state import SNAPSHOT_SUFFIX, ProducerStateManager, list_snapshots, snapshot_path
 from dmq.broker.log.scan import Damaged
 from dmq.broker.log.segment import LOG_SUFFIX, MAX_RELATIVE_OFFSET, Segment, SegmentCorruptError
 from dmq.proto.records import DEFAULT_MAX_BATCH_BYTES, patch_base_offset, validate_batch
@@ -340,6 +341,7 @@ class PartitionLog:
         # Base offsets of acks=all batches not yet durable, ascending: readers stop at the first.
         self._held: deque[int] = deque()
         self._corruption: CorruptLogError | None = None  # first damage found; appends refused
+        self._reported: set[tuple[str, int]] = set()  # (segment, position) of damage logged
         self._closed = False
 
         fresh = not os.path.isdir(self.directory)
@@ -695,16 +697,19 @@ class PartitionLog:
         return CorruptLogError(
             f"{self._where}corrupt data at {offsets} ({os.path.basename(seg.log_path)} position {position}: "
             f"{reason}); it is never served: check the files with `dmq topics verify {self.topic}`",
-            topic=self.topic, partition=self.partition, offset=first if last >= first else max(first - 1, 0),
+            topic=self.topic, partition=self.partition, offset=first,
             segment=seg.log_path, position=position,
         )
 
     def _record_damage(
         self, seg: Segment, position: int, first: int, last: int, reason: str, *, at: str
     ) -> CorruptLogError:
-        """Log damage found in `seg` and take the partition offline for appends (under the lock
-        or while opening)."""
+        """Log damage found in `seg` (once per place) and take the partition offline for appends
+        (under the lock or while opening)."""
         err = self._damage_error(seg, position, first, last, reason)
+        if (seg.log_path, position) in self._reported:
+            return err
+        self._reported.add((seg.log_path, position))
         self._log.error(
             "corrupt batch in the log; partition offline for appends, valid data around it kept",
             segment=os.path.basename(seg.log_path), position=position, first_offset=first,
@@ -715,16 +720,17 @@ class PartitionLog:
         return err
 
     def _damage_found(self, seg: Segment, e: SegmentCorruptError, offset: int) -> CorruptLogError:
-        """A read met bad bytes: locate every damaged range of the segment (one scan), so later
-        reads stop before them and offsets after them stay readable (under the lock)."""
-        known = set(seg.damaged)
+        """A read met bad bytes: find where valid batches resume after them (a scan just past the
+        damage, not of the whole segment: the event loop waits for it), so later reads stop
+        before them and offsets after them stay readable (under the lock)."""
         try:
-            found = seg.find_damage(max(self.config.max_batch_bytes, DEFAULT_MAX_BATCH_BYTES))
+            found = seg.find_damage(
+                e.position, e.expected_offset, max(self.config.max_batch_bytes, DEFAULT_MAX_BATCH_BYTES)
+            )
         except OSError as oe:
             raise StorageUnavailableError.from_os_error(self._where, f"scan of {seg.log_path}", oe) from oe
         for d in found:
-            if d.position not in known:
-                self._record_damage(seg, d.position, d.first_offset, d.last_offset, d.reason, at="read")
+            self._record_damage(seg, d.position, d.first_offset, d.last_offset, d.reason, at="read")
         for d in found:
             if d.first_offset <= offset <= d.last_offset or d.position == e.position:
                 return self._damage_error(seg, d.position, d.first_offset, d.last_offset, d.reason)
@@ -740,12 +746,20 @@ class PartitionLog:
         """Cut the log back to `offset` (>= log start, a batch boundary: durable_end_offset) after
         a failed flush: in memory first, then the files (under the lock). What the files could not
         take yet is retried before the next append (`_finish_rollback`)."""
+        position = None
+        if offset < self.log_end_offset:
+            target = self._segments[max(bisect_right(self._bases, offset) - 1, 0)]
+            try:
+                position = target.position_of(offset)  # before any change: may fail (damage, I/O)
+            except (LogError, OSError) as e:
+                self._log.error("cannot roll back after a failed flush; batches stay", offset=offset, error=str(e))
+                return
         self._rollback_epoch += 1
         self._rollbacks.append((self._rollback_epoch, offset))
         self._rollback_cause = cause
         self._rollback_errno = errno_
         self._held.clear()
-        if offset >= self.log_end_offset:
+        if position is None:
             return
         dropped = self.log_end_offset - offset
         segs = self._segments
@@ -760,7 +774,6 @@ class PartitionLog:
             doomed += [dead.log_path, *gone]
         active = segs[-1]
         self._unflushed = [s for s in self._unflushed if s is not active and s in segs]
-        position = active.position_of(offset)
         self.log_end_offset = offset
         self._producers.truncate(offset)
         self._dir_gen += 1
@@ -772,10 +785,13 @@ class PartitionLog:
             self._log.warning("rollback could not cut the file yet; retried before the next append", error=str(e))
         self.size_bytes = sum(seg.size for seg in segs)
         self._log.warning(
-            "flush failed; log rolled back to its durable end", offset=offset, batches_offsets_dropped=dropped,
+            "flush failed; log rolled back to its durable end", offset=offset, offsets_dropped=dropped,
             cause=cause,
         )
-        self._finish_rollback()
+        try:
+            self._finish_rollback()
+        except StorageUnavailableError as e:  # retried before the next append
+            self._log.warning("rollback not finished on disk yet", error=str(e))
 
     def _finish_rollback(self) -> None:
         """Remove the files of segments a rollback dropped and cut the active one (idempotent)."""
@@ -1028,15 +1044,20 @@ class PartitionLog:
             if self._placement is not None:
                 self._placement.record(time.perf_counter() - started, inline=inline)
             for path in job.extra_paths:
-                fsync_path(path, self._fsync, self._cache)
+                try:
+                    fsync_path(path, self._fsync, self._cache)
+                except OSError as e:
+                    if not path.endswith(SNAPSHOT_SUFFIX):
+                        raise
+                    # A snapshot only spares a replay of batch headers: a torn one is detected
+                    # (CRC) and an older one (or the log itself) used instead.
+                    self._log.warning("producer state snapshot not fsynced", file=path, error=str(e))
             if job.dir_gen:
                 _fsync_dir(self.directory, self._fsync, self._cache)
             if job.sync_parent:
                 _fsync_dir(os.path.dirname(os.path.abspath(self.directory)), self._fsync, self._cache)
             if job.recovery_offset is not None and not self._closed:
-                with self._lock:
-                    self._recovery_offset = max(self._recovery_offset, job.recovery_offset)
-                self._write_checkpoint(sync=True)
+                self._advance_recovery_offset(job.recovery_offset)
         except OSError as e:
             err = StorageUnavailableError.from_os_error(self._where, "flush (fsync)", e)
             err.flush_epoch = job.epoch
@@ -1071,6 +1092,20 @@ class PartitionLog:
                 if self.config.flush_policy == "fsync":
                     self._rollback(self.durable_end_offset, str(e), e.errno)
                 raise
+
+    def _advance_recovery_offset(self, offset: int) -> None:
+        """Persist a higher recovery offset after the segments below it were fsynced. A failure
+        (no descriptor for the tmp file, disk full) does not fail the flush: the data is durable;
+        the old checkpoint only makes the next recovery scan more."""
+        with self._lock:
+            before = self._recovery_offset
+            self._recovery_offset = max(before, offset)
+        try:
+            self._write_checkpoint(sync=True)
+        except OSError as e:
+            with self._lock:
+                self._recovery_offset = before
+            self._log.warning("checkpoint not written; recovery offset not advanced", error=str(e))
 
     def _run_job_logged(self, job: _FlushJob) -> None:
         try:
@@ -1178,16 +1213,17 @@ class PartitionLog:
             report.bytes += size
             damage = list(result.damaged)
             if result.tail is not None:
-                damage.append(Damaged(result.tail.position, size, seg.next_offset, seg.next_offset - 1, result.tail.reason))
+                damage.append(
+                    Damaged(result.tail.position, size, result.next_offset, seg.next_offset - 1, result.tail.reason)
+                )
             with self._lock:
                 for d in damage:
                     err = self._damage_error(seg, d.position, d.first_offset, d.last_offset, d.reason)
                     report.problems.append(str(err))
                     if report.first_corrupt_offset is None:
                         report.first_corrupt_offset = err.offset
-                    if d.position not in seg.damaged:
-                        seg.damaged[d.position] = d
-                        self._record_damage(seg, d.position, d.first_offset, d.last_offset, d.reason, at="verify")
+                    seg.damaged.setdefault(d.position, d)
+                    self._record_damage(seg, d.position, d.first_offset, d.last_offset, d.reason, at="verify")
                 if result.index_problems and not damage and seg in self._segments:
                     self._log.warning("index inconsistent with the log; rebuilding it", segment=name,
                                       problems=result.index_problems)

@@ -132,19 +132,22 @@ def _resync(r: _Reader, pos: int, expected: int, max_batch_bytes: int) -> tuple[
     # Every later position whose magic byte is in place, found with bytes.find chunk by chunk.
     p = pos + 1
     while p + HEADER_SIZE <= r.size:
-        window = r.view(p + _MAGIC_AT, min(SCAN_CHUNK_BYTES, r.size - p - _MAGIC_AT))
+        n = min(SCAN_CHUNK_BYTES, r.size - p - _MAGIC_AT)
+        window = r.view(p + _MAGIC_AT, n)
         if window is None:
             return None
-        i = bytes(window).find(_MAGIC_BYTE)
-        if i < 0:
-            p += len(window)
-            continue
-        cand = p + i
-        if cand not in tried:
-            h = ok(cand)
-            if h is not None:
-                return cand, h
-        p = cand + 1
+        chunk = bytes(window)  # one copy per chunk; candidates are found in it
+        i = chunk.find(_MAGIC_BYTE)
+        while i >= 0:
+            cand = p + i
+            if cand + HEADER_SIZE > r.size:
+                return None
+            if cand not in tried:
+                h = ok(cand)
+                if h is not None:
+                    return cand, h
+            i = chunk.find(_MAGIC_BYTE, i + 1)
+        p += n
     return None
 
 
@@ -156,11 +159,14 @@ def scan_batches(
     max_batch_bytes: int,
     max_relative_offset: int,
     chunk_bytes: int = SCAN_CHUNK_BYTES,
+    start_position: int = 0,
+    start_offset: int | None = None,
 ) -> Iterator[Event]:
-    """Validate the batches of one segment file (see the module docstring)."""
+    """Validate the batches of one segment file (see the module docstring), from
+    start_position, where a batch with start_offset (default base_offset) is expected."""
     r = _Reader(pread, file_size, chunk_bytes)
-    pos = 0
-    expected = base_offset
+    pos = start_position
+    expected = base_offset if start_offset is None else start_offset
     while pos < file_size:
         h, why = _check(r, pos, max_batch_bytes)
         if h is not None and h.base_offset != expected:

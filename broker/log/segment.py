@@ -96,11 +96,15 @@ class SegmentCorruptError(LogError):
     """Bytes of a segment below its end failed validation (the partition log turns this into a
     CorruptLogError naming the topic, partition and offset)."""
 
-    def __init__(self, message: str, *, segment: str, position: int, offset: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, segment: str, position: int, offset: int | None = None,
+        expected_offset: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.segment = segment
         self.position = position
-        self.offset = offset
+        self.offset = offset  # the offset being read
+        self.expected_offset = expected_offset  # the offset a batch at `position` should start with
 
 
 @dataclass(slots=True)
@@ -120,6 +124,7 @@ class VerifyResult:
     batches: int = 0
     damaged: list[Damaged] = field(default_factory=list)
     tail: Tail | None = None  # bytes below the segment's size that are no batch at all
+    next_offset: int = 0  # the offset after the last valid batch (where a `tail` starts)
     index_problems: list[str] = field(default_factory=list)
 
 
@@ -138,6 +143,7 @@ class Segment:
         "verified_bytes",
         "damaged",
         "tail_dirty",
+        "_located_expected",
     )
 
     def __init__(
@@ -160,6 +166,7 @@ class Segment:
         self.damaged: dict[int, Damaged] = {}  # by position: known damage, never served
         # An append failed and cutting its partial bytes off failed too: cut before the next one.
         self.tail_dirty = False
+        self._located_expected = base_offset  # set by locate(): the base offset at its answer
 
     def __repr__(self) -> str:
         return (
@@ -219,7 +226,8 @@ class Segment:
         self.indexes_loaded = True
 
     def _events(
-        self, end: int | None = None, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, fd: int | None = None
+        self, end: int | None = None, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, fd: int | None = None,
+        *, start_position: int = 0, start_offset: int | None = None,
     ) -> Iterator[object]:
         if fd is None:
             fd = self._cache.fd(self.log_path)
@@ -230,6 +238,8 @@ class Segment:
             self.base_offset,
             max_batch_bytes=max_batch_bytes,
             max_relative_offset=MAX_RELATIVE_OFFSET,
+            start_position=start_position,
+            start_offset=start_offset,
         )
 
     def _rebuild_indexes(self, *, rebuild_times: bool) -> None:
@@ -241,16 +251,19 @@ class Segment:
             self.time_index.clear()
         since = 0
         current = 0
+        nxt = self.base_offset
         for ev in self._events():
             if isinstance(ev, Damaged):
                 self.damaged[ev.position] = ev
                 since = self.index_interval_bytes  # index the batch after the damage
+                nxt = ev.last_offset + 1
                 continue
             if isinstance(ev, Tail):
-                self.damaged[ev.position] = Damaged(ev.position, self.size, -1, -2, ev.reason)
+                self.damaged[ev.position] = Damaged(ev.position, self.size, nxt, self.next_offset - 1, ev.reason)
                 break
             assert isinstance(ev, Batch)
             pos, h = ev.position, ev.header
+            nxt = h.last_offset + 1
             rel = h.base_offset - self.base_offset
             if since >= self.index_interval_bytes and pos > 0:
                 self.index.append(rel, pos)
@@ -377,21 +390,29 @@ class Segment:
         for attempt in (0, 1):
             rel, pos = self.index.floor(offset - self.base_offset)
             first = True
+            expected = self.base_offset + rel  # the base offset of the batch at `pos`
             try:
                 for p, h in self.walk(pos, self.size, self.index_interval_bytes + HEADER_SIZE):
                     if first and pos and h[0] != self.base_offset + rel:
                         raise _IndexMismatch
                     first = False
                     if h[0] + h[5] - 1 >= offset:
+                        self._located_expected = expected
                         return p
-            except (SegmentCorruptError, _IndexMismatch):
-                if not (first and pos) or attempt:
-                    if first and pos:  # still wrong after a rebuild: the bytes are damaged
-                        raise SegmentCorruptError(
-                            f"{self.log_path}: no valid batch at indexed position {pos}",
-                            segment=self.log_path, position=pos, offset=offset,
-                        ) from None
+                    expected = h[0] + h[5]
+            except SegmentCorruptError as e:
+                if e.expected_offset is None:
+                    e.expected_offset = expected
+                if first and pos and not attempt:
+                    pass  # maybe the index: rebuilt below
+                else:
                     raise
+            except _IndexMismatch:
+                if attempt:  # still wrong after a rebuild: the bytes are damaged
+                    raise SegmentCorruptError(
+                        f"{self.log_path}: no valid batch at indexed position {pos}",
+                        segment=self.log_path, position=pos, offset=offset,
+                    ) from None
             else:
                 if not (first and pos):
                     break
@@ -401,10 +422,13 @@ class Segment:
             )
             self._rebuild_indexes(rebuild_times=False)
         d = self._damage_at(offset)
+        if d is None and self.damaged:  # the walk ended at damage whose offsets are unknown
+            after = [x for x in self.damaged.values() if x.position >= pos]
+            d = min(after, key=lambda x: x.position) if after else None
         if d is not None:
             raise SegmentCorruptError(
                 f"{self.log_path}: offset {offset} is in damaged bytes at position {d.position}: {d.reason}",
-                segment=self.log_path, position=d.position, offset=offset,
+                segment=self.log_path, position=d.position, offset=offset, expected_offset=d.first_offset,
             )
         raise LogError(f"{self.log_path}: offset {offset} not found (segment ends at {self.next_offset})")
 
@@ -413,24 +437,51 @@ class Segment:
         not beyond end_position (a batch boundary) nor into known damage. Bytes not yet known
         good are CRC-checked; a bad first batch raises SegmentCorruptError, a later one ends
         the answer before it."""
+        try:
+            return self._read(offset, max_bytes, end_position)
+        except _IndexMismatch:
+            log.warning("offset index inconsistent with the log; rebuilding it", segment=self.log_path)
+            self._rebuild_indexes(rebuild_times=False)
+        try:
+            return self._read(offset, max_bytes, end_position)
+        except _IndexMismatch:
+            raise SegmentCorruptError(
+                f"{self.log_path}: no valid batch at an indexed position after a rebuild",
+                segment=self.log_path, position=-1, offset=offset,
+            ) from None
+
+    def _read(self, offset: int, max_bytes: int, end_position: int | None) -> bytes:
         limit = self.size if end_position is None else end_position
         start = self.locate(offset)
+        located_expected = self._located_expected
         if start >= limit:
             return b""
         want = min(start + max_bytes, limit)
         # The indexed boundary nearest below `want` bounds the header walk to ~one index interval.
-        end = max(self.index.floor_position(want), start)
+        rel, end = self.index.floor_by_position(want)
+        check = end > start  # a position from the index: its first header must carry its offset
+        if not check:
+            end = start
         if self.damaged and end > start and any(start < p < end for p in self.damaged):
-            end = start  # walk from the start so the walk stops at the damage
+            end, check = start, False  # walk from the start so the walk stops at the damage
         walked_any = False
-        for p, h in self.walk(end, limit, want - end + HEADER_SIZE):
-            e = p + 12 + h[1]
-            if e > want:
-                if end == start and not walked_any:  # the first batch alone exceeds max_bytes
-                    end = e
-                break
-            end = e
-            walked_any = True
+        try:
+            for p, h in self.walk(end, limit, want - end + HEADER_SIZE):
+                if check:
+                    if h[0] != self.base_offset + rel:
+                        raise _IndexMismatch
+                    check = False
+                e = p + 12 + h[1]
+                if e > want:
+                    if end == start and not walked_any:  # the first batch alone exceeds max_bytes
+                        end = e
+                    break
+                end = e
+                walked_any = True
+        except SegmentCorruptError:
+            if check:
+                raise _IndexMismatch from None
+            raise
         if end <= start:
             if start in self.damaged:
                 d = self.damaged[start]
@@ -443,11 +494,12 @@ class Segment:
         if len(data) != end - start:
             raise LogError(f"{self.log_path}: short read at {start} ({len(data)} of {end - start} bytes)")
         if end > self.verified_bytes:
-            data = self._checked(data, start, offset)
+            data = self._checked(data, start, offset, located_expected)
         return data
 
-    def _checked(self, data: bytes, start: int, offset: int) -> bytes:
-        """CRC-check the batches of `data` (read at `start`) beyond the verified prefix."""
+    def _checked(self, data: bytes, start: int, offset: int, expected: int) -> bytes:
+        """CRC-check the batches of `data` (read at `start`, where a batch with base offset
+        `expected` starts) beyond the verified prefix."""
         view = memoryview(data)
         p = 0
         while p < len(data):
@@ -470,20 +522,41 @@ class Segment:
                     return data[:p]  # hand over the good batches; the next read meets the damage
                 raise SegmentCorruptError(
                     f"{self.log_path}: batch at position {start + p} is corrupt ({why})",
-                    segment=self.log_path, position=start + p, offset=offset,
+                    segment=self.log_path, position=start + p, offset=offset, expected_offset=expected,
                 )
             p += h.total_size
+            expected = h.last_offset + 1
             if start <= self.verified_bytes and start + p > self.verified_bytes:
                 self.verified_bytes = start + p
         return data
 
-    def find_damage(self, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> list[Damaged]:
-        """Scan the whole segment (read-only) and remember every damaged range, so that reads
-        stop before them and offsets after them stay readable. Returns the damage found."""
-        result = self.verify(max_batch_bytes)
-        found = list(result.damaged)
-        if result.tail is not None:
-            found.append(Damaged(result.tail.position, self.size, -1, -2, result.tail.reason))
+    def find_damage(
+        self, position: int, expected_offset: int | None, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    ) -> list[Damaged]:
+        """Scan from `position` (where a batch with base offset expected_offset should start)
+        just far enough to find where valid batches resume, and remember that damaged range, so
+        reads stop before it and offsets after it stay readable. Without expected_offset the
+        whole segment is scanned. Returns the damage found ([] if the bytes there are fine)."""
+        found: list[Damaged] = []
+        if expected_offset is None:
+            result = self.verify(max_batch_bytes)
+            found = list(result.damaged)
+            if result.tail is not None:
+                found.append(Damaged(result.tail.position, self.size, result.next_offset, self.next_offset - 1,
+                                     result.tail.reason))
+        else:
+            events = self._events(max_batch_bytes=max_batch_bytes, start_position=position,
+                                  start_offset=expected_offset)
+            for ev in events:
+                if isinstance(ev, Batch):
+                    break  # valid batches resume (or there was no damage at all)
+                if isinstance(ev, Damaged):
+                    found.append(ev)
+                    continue
+                assert isinstance(ev, Tail)
+                first = found[-1].last_offset + 1 if found else expected_offset
+                found.append(Damaged(ev.position, self.size, first, self.next_offset - 1, ev.reason))
+                break
         for d in found:
             self.damaged[d.position] = d
             # an index entry right after the damage lets lookups of later offsets skip it
@@ -494,8 +567,6 @@ class Segment:
                     self.index.rel_offsets.insert(i, rel)
                     self.index.positions.insert(i, d.end)
                     self.index.persisted = min(self.index.persisted, i)
-        if not found:
-            self.verified_bytes = self.size
         return found
 
     def verify(
@@ -512,7 +583,7 @@ class Segment:
         time index is increasing. Read-only, through a private descriptor: safe without the
         partition lock (bytes below a snapshot of `size` never change; a deleted file stays
         readable through it)."""
-        out = VerifyResult()
+        out = VerifyResult(next_offset=self.base_offset)
         boundaries: dict[int, int] = {}
         with self._cache.reserve():
             fd = os.open(self.log_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -521,8 +592,10 @@ class Segment:
                     if isinstance(ev, Batch):
                         out.batches += 1
                         boundaries[ev.position] = ev.header.base_offset
+                        out.next_offset = ev.header.last_offset + 1
                     elif isinstance(ev, Damaged):
                         out.damaged.append(ev)
+                        out.next_offset = ev.last_offset + 1
                     else:
                         assert isinstance(ev, Tail)
                         out.tail = ev

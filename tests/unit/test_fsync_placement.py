@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from dmq.broker.log import LogConfig, LogError, LogManager, PartitionLog
+from dmq.broker.log import LogConfig, LogManager, PartitionLog, StorageUnavailableError
 from dmq.broker.log.fsync_placement import WINDOW_S, FsyncPlacement
 from dmq.proto import records
 
@@ -121,16 +121,19 @@ async def test_slow_fsyncs_move_to_the_pool(tmp_path):
     plog.close()
 
 
-async def test_a_failed_inline_fsync_fails_the_append_and_takes_the_log_offline(tmp_path):
+async def test_a_failed_inline_fsync_fails_the_append_and_the_log_serves_again(tmp_path):
+    # Before issue 13 the failure took the log offline until a restart; now it fails this append
+    # (retriable), rolls back what was not durable, and the next append is stored.
     fsync = ThreadRecordingFsync()
     plog = open_log(tmp_path, fsync, FsyncPlacement(inline_max_ms=1000))
     await plog.append_durable(batch())
     fsync.fail = OSError(errno.EIO, "Input/output error")
-    with pytest.raises(LogError, match="fsync failed"):
+    with pytest.raises(StorageUnavailableError, match="fsync"):
         await plog.append_durable(batch())
-    assert plog.durable_end_offset == 1  # the failed batch was never reported durable
-    with pytest.raises(LogError, match="offline"):
-        plog.append(batch())
+    assert plog.durable_end_offset == plog.log_end_offset == 1  # the failed batch is not in the log
+    fsync.fail = None
+    info = await plog.append_durable(batch())
+    assert info.base_offset == 1 and plog.durable_end_offset == 2
     plog.close()
 
 

@@ -22,8 +22,6 @@ from dmq.broker.log import (
     StorageUnavailableError,
 )
 from dmq.broker.log import handles as handles_mod
-from dmq.broker.log import index as index_mod
-from dmq.broker.log import partition as partition_mod
 from dmq.broker.log import segment as segment_mod
 from dmq.broker.log.producer_state import ProducerStateManager
 from dmq.broker.log.scan import Batch, Damaged, Tail, scan_batches
@@ -159,35 +157,50 @@ def test_failed_write_leaves_no_partial_batch_and_the_next_append_lands_right(tm
 
 
 async def test_flush_needs_no_new_descriptor_when_the_process_is_out_of_them(tmp_path, monkeypatch):
-    """Before issue 13 the index files and directories were fsynced through new opens by path:
-    with the descriptors exhausted (EMFILE) every acks=all produce failed, and the log stayed
-    offline until a restart."""
+    """Before issue 13 the index files (and directories) were fsynced through new opens by path:
+    with the descriptors exhausted (EMFILE) the acks=all produce after a segment roll failed, and
+    the log stayed offline until a restart."""
     mgr = LogManager(tmp_path, CONFIG)
     plog = mgr.create("t", 0)
-    for i in range(40):  # several segments: rolls leave index files to fsync
-        await plog.append_durable(batch(i))
-
-    real_open = os.open
+    await plog.append_durable(batch(0))
+    segments = plog.segment_count
+    while plog.segment_count == segments:  # a roll: the next flush must fsync its index files
+        plog.append(batch(1))
+    # The process is out of descriptors: an open succeeds only after a close freed one.
+    real_open, real_close = os.open, os.close
+    freed = [0]
 
     def no_fds(path, flags, mode=0o777, **kw):  # type: ignore[no-untyped-def]
-        raise OSError(errno.EMFILE, "Too many open files")
+        if freed[0] <= 0:
+            raise OSError(errno.EMFILE, "Too many open files")
+        freed[0] -= 1
+        return real_open(path, flags, mode, **kw)
 
-    for mod in (index_mod, partition_mod, handles_mod):
-        monkeypatch.setattr(mod.os, "open", no_fds)
-    # appends within the active segment need no descriptor at all
-    infos = [await plog.append_durable(batch(100 + i)) for i in range(3)]
-    assert [i.base_offset for i in infos] == [80, 82, 84]
+    def close(fd: int) -> None:
+        real_close(fd)
+        freed[0] += 1
+
+    monkeypatch.setattr(os, "open", no_fds)
+    monkeypatch.setattr(os, "close", close)
+    info = await plog.append_durable(batch(2))
+    assert plog.durable_end_offset == info.last_offset + 1
+    assert not plog._unflushed and not plog._pending_paths  # the rolled segment's files too
     # a roll needs new files: a retriable error, nothing stored, the log still writable
+    end = plog.log_end_offset
     with pytest.raises(StorageUnavailableError) as e:
         for i in range(40):
             await plog.append_durable(batch(200 + i))
-    assert e.value.errno == errno.EMFILE
-    end = plog.log_end_offset
-    for mod in (index_mod, partition_mod, handles_mod):
-        monkeypatch.setattr(mod.os, "open", real_open)
+            end = plog.log_end_offset
+    assert e.value.errno == errno.EMFILE and plog.log_end_offset == end
+    monkeypatch.setattr(os, "open", real_open)
+    monkeypatch.setattr(os, "close", real_close)
     info = await plog.append_durable(batch(250))
     assert info.base_offset == end and plog.status == "ok"
     mgr.close()
+    again = LogManager(tmp_path, CONFIG)
+    again.open_existing()
+    assert again.get("t", 0).log_end_offset == info.last_offset + 1
+    again.close()
 
 
 def test_file_cache_closes_idle_descriptors_and_retries_when_out_of_them(tmp_path, monkeypatch):
@@ -340,3 +353,48 @@ def test_scan_tells_a_torn_tail_from_damage_in_the_middle():
     ev = events(bytes(data[:size]) + os.urandom(33) + bytes(data[size:]))
     assert [type(e) for e in ev] == [Batch, Damaged, Batch, Batch, Batch]
     assert ev[1].last_offset < ev[1].first_offset
+
+
+async def test_rollback_across_a_roll_removes_the_new_segment_and_reopens_consistent(tmp_path):
+    fsync = FailingFsync()
+    plog = open_log(tmp_path, fsync=fsync)
+    await plog.append_durable(batch(0))
+    durable = plog.log_end_offset
+    segments = plog.segment_count
+    while plog.segment_count < segments + 2:  # acks=1 appends roll twice, nothing fsynced
+        plog.append(batch(1))
+    dropped_files = [s.log_path for s in plog._segments[segments:]]
+    fsync.fail = 1_000  # every fsync fails until the "disk" is repaired
+    with pytest.raises(StorageUnavailableError):
+        await plog.append_durable(batch(2))
+    assert plog.log_end_offset == durable and plog.segment_count == segments
+    assert not any(os.path.exists(p) for p in dropped_files)
+    assert os.path.getsize(plog._segments[-1].log_path) == plog.size_bytes
+    fsync.fail = 0
+    info = await plog.append_durable(batch(3))
+    assert info.base_offset == durable
+    plog.close()
+    again = open_log(tmp_path)
+    assert again.recovery.clean and again.log_end_offset == info.last_offset + 1
+    assert [next(iter(b)).value[:1] for b in all_batches(again)] == [b"\x00", b"\x03"]
+    again.close()
+
+
+def test_damage_at_the_end_of_a_sealed_segment_names_the_lost_offsets(tmp_path):
+    plog, stored = build(tmp_path, 60)
+    first = plog._segments[0]
+    next_base = plog._segments[1].base_offset
+    plog.close()
+    # the last batch of the first segment: its length field (an impossible value: no resync)
+    size = os.path.getsize(first.log_path)
+    last_pos = size - len(stored[next_base // 2 - 1])
+    with open(first.log_path, "r+b") as f:
+        f.seek(last_pos + 8)
+        f.write((2**31 - 1).to_bytes(4, "little"))
+    again = PartitionLog(tmp_path / "t-3", "t", 3, CONFIG)
+    with pytest.raises(CorruptLogError) as e:
+        again.read(next_base - 2, 1 << 20)
+    assert e.value.offset == next_base - 2 and f"offsets {next_base - 2}..{next_base - 1}" in str(e.value)
+    assert again.read(next_base, 1) == stored[next_base // 2]  # the next segment is intact
+    assert again.read(0, 1) == stored[0]
+    again.close()

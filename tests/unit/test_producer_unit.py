@@ -768,7 +768,9 @@ def test_partition_errors_carry_the_log_bounds() -> None:
     assert "log start 10" in str(err) and "log end 20" in str(err)
     assert isinstance(from_partition_error(pb.NOT_LEADER, "moved", "t", 0), NotLeaderError)
     assert isinstance(from_partition_error(pb.UNKNOWN_TOPIC_OR_PARTITION, "", "t", 0), UnknownPartitionError)
-    assert isinstance(from_partition_error(pb.STORAGE_ERROR, "disk", "t", 0), errors.UnknownServerError)
+    # issue 13: a transient storage error is retriable (it was an UnknownServerError)
+    storage = from_partition_error(pb.STORAGE_ERROR, "disk", "t", 0)
+    assert isinstance(storage, errors.StorageUnavailableError) and storage.retriable
 
 
 # -- the metadata cache's parsing --------------------------------------------------------------------
