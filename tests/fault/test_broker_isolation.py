@@ -166,3 +166,61 @@ def test_group_keeps_reading_healthy_partitions_through_sigkill_and_sigstop(tmp_
         assert dead_after_s <= SESSION_BOUND_S, f"broker 1 declared dead only {dead_after_s:.1f}s after SIGKILL"
         assert all(g <= MAX_GAP_S for g in gaps.values()), ({k: round(v, 2) for k, v in gaps.items()}, cli_err[-1000:])
         assert writer.sent[part_on[0]] > 0 and writer.failed[part_on[1]] > 0
+
+
+def test_commits_and_positions_of_healthy_partitions_do_not_wait_on_a_dead_broker(tmp_path: pathlib.Path) -> None:
+    """commit_sync() with one broker dead commits the other brokers' partitions at once and fails
+    in time for the dead one; a new member then starts the healthy partitions at those commits."""
+    from dmq.client.errors import DMQError
+
+    with ProcCluster(tmp_path, brokers=3) as cluster:
+        with AdminClient(cluster.bootstrap) as admin:
+            admin.create_topic(TOPIC, 3)
+            partitions = admin.describe_topic(TOPIC).partitions
+        part_on = {p.leader_id: p.partition for p in partitions}
+        writer = PartitionWriter(TOPIC, {p.partition: p.leader_address for p in partitions})
+        settings = {"group_id": "commit-app", "enable_auto_commit": False, "fetch_max_wait_ms": 200}
+        first = DMQConsumer(metadata_service_url=cluster.bootstrap, **settings)
+        second = None
+        try:
+            first.subscribe(TOPIC)
+            positions: dict = {}
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while len(positions) < 3:
+                assert time.monotonic() < deadline, f"records only from {sorted(positions)}"
+                for r in first.poll(0.2):
+                    positions[(r.topic, r.partition)] = r.offset + 1
+            cluster.signal_broker(1, signal.SIGKILL)
+            started = time.monotonic()
+            try:
+                first.commit_sync(positions, timeout=2.0)
+            except DMQError as e:
+                error: DMQError | None = e
+            else:
+                error = None
+            commit_s = time.monotonic() - started
+            assert error is not None and f"{TOPIC}[{part_on[1]}]" in str(error), error
+            assert commit_s <= 2.5, f"commit_sync(timeout=2.0) took {commit_s:.2f}s"
+            healthy = [(TOPIC, part_on[0]), (TOPIC, part_on[2])]
+            started = time.monotonic()
+            committed = first.committed(healthy, timeout=2.0)
+            assert time.monotonic() - started <= 2.5
+            assert committed == {tp: positions[tp] for tp in healthy}
+            first.close(timeout=2.0)
+
+            # A new member: positions of the healthy partitions come from their brokers while the
+            # dead one's look-up fails; their records start exactly at the commits.
+            second = DMQConsumer(metadata_service_url=cluster.bootstrap, **settings)
+            second.subscribe(TOPIC)
+            firsts: dict = {}
+            deadline = time.monotonic() + 15.0
+            while len(firsts) < 2:
+                assert time.monotonic() < deadline, f"the new member read only {sorted(firsts)} with broker 1 dead"
+                for r in second.poll(0.2):
+                    firsts.setdefault((r.topic, r.partition), r.offset)
+            assert firsts == {tp: positions[tp] for tp in healthy}
+        finally:
+            writer.stop()
+            first.close(timeout=2.0)
+            if second is not None:
+                second.close(timeout=2.0)
