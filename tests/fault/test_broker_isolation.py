@@ -20,7 +20,7 @@ import threading
 import time
 from collections import defaultdict
 
-from _isolation_procs import PartitionWriter, ProcCluster
+from _isolation_procs import CliReader, PartitionWriter, ProcCluster
 
 from dmq.client import AdminClient
 from dmq.client.consumer import DMQConsumer
@@ -58,37 +58,6 @@ class GroupReader:
         self._consumer.close(timeout=5)
 
 
-class CliReader:
-    """`dmq consume TOPIC [--group APP] --print-offset` in its own process; arrival times of the
-    printed records per partition."""
-
-    def __init__(self, bootstrap: str, app: str | None) -> None:
-        self.arrivals: dict[int, list[float]] = defaultdict(list)
-        group = ["--group", app] if app else []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dmq.client.cli", "--bootstrap", bootstrap, "consume", TOPIC, *group,
-             "--from-beginning", "--print-offset"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        self._thread = threading.Thread(target=self._read, name="cli-reader", daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.arrivals[int(line.split(":", 1)[0])].append(time.monotonic())
-
-    def stop(self) -> str:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = self.proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        self._thread.join(5)
-        return err
-
-
 def max_gap(times: list[float], start: float, end: float) -> float:
     points = [start, *(t for t in times if start <= t <= end), end]
     return max(b - a for a, b in zip(points, points[1:], strict=False))
@@ -113,8 +82,8 @@ def test_group_keeps_reading_healthy_partitions_through_sigkill_and_sigstop(tmp_
         part_on = {b: p for p, b in broker_of.items()}
         writer = PartitionWriter(TOPIC, {p.partition: p.leader_address for p in partitions})
         reader = GroupReader(cluster.bootstrap)
-        cli_reader = CliReader(cluster.bootstrap, "iso-cli")
-        tail_reader = CliReader(cluster.bootstrap, None)
+        cli_reader = CliReader(cluster.bootstrap, TOPIC, "iso-cli")
+        tail_reader = CliReader(cluster.bootstrap, TOPIC, None)
         readers = {"DMQConsumer": reader, "dmq consume --group": cli_reader, "dmq consume (no group)": tail_reader}
         try:
             wait_for(lambda: all(len(r.arrivals) == 3 for r in readers.values()), READY_TIMEOUT_S,
