@@ -1,7 +1,7 @@
 """One of three brokers dies (SIGKILL) and later another one stops (SIGSTOP): group consumers
 keep reading the partitions of the healthy brokers with no gap over 2 s, the coordinator
-declares the killed broker dead within its session (6 s), and `dmq consume --group` started
-while a broker is dead prints the live partitions' messages.
+declares the killed broker dead within its session (6 s), and `dmq consume` started while a
+broker is dead (with --group, and without) prints the live partitions' messages.
 
 Real processes: `dmq coordinator` and three `dmq broker`s (see _isolation_procs.py). The
 topic has one partition per broker; a writer thread per partition produces every 50 ms
@@ -98,7 +98,11 @@ def test_group_keeps_reading_healthy_partitions_through_sigkill_and_sigstop(tmp_
                  "--group", "g2", "--from-beginning", "--max-messages", "30", "--print-offset"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )
-
+            late_tail = subprocess.Popen(  # without a group, started while broker 1 is dead
+                [sys.executable, "-m", "dmq.client.cli", "--bootstrap", cluster.bootstrap, "consume", TOPIC,
+                 "--from-beginning", "--max-messages", "30", "--print-offset"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
             with AdminClient(cluster.bootstrap) as admin:
                 dead_after_s = wait_for(
                     lambda: not next(b for b in admin.list_brokers() if b.broker_id == 1).alive,
@@ -114,6 +118,14 @@ def test_group_keeps_reading_healthy_partitions_through_sigkill_and_sigstop(tmp_
             assert cli.returncode == 0, err
             assert len(printed) == 30, (out, err)
             assert {int(x.split(":")[0]) for x in printed} <= {part_on[0], part_on[2]}
+            try:
+                tail_out, late_err = late_tail.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                late_tail.kill()
+                tail_out, late_err = late_tail.communicate()
+            tail_lines = tail_out.splitlines()
+            assert late_tail.returncode == 0 and len(tail_lines) == 30, (late_tail.returncode, tail_out, late_err)
+            assert {int(line.split(":")[0]) for line in tail_lines} <= {part_on[0], part_on[2]}
             time.sleep(max(0.0, killed_at + 7.0 - time.monotonic()))
 
             # -- SIGSTOP broker 2, SIGCONT 5 s later ------------------------------------------------
