@@ -144,7 +144,12 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
               help="Where a new group starts when its consumers name no mode.")
 @click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
               help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
-def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str, log_level: str) -> None:
+# The default is coordinator.metadata.DEFAULT_BROKER_SESSION_TIMEOUT_MS (a test checks), kept
+# literal so that the CLI does not import the coordinator to show its help.
+@click.option("--broker-session-timeout-ms", type=click.IntRange(100), default=6_000, show_default=True,
+              help="A broker that has not heartbeated for this long is declared dead (clients stop waiting on it).")
+def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str, log_level: str,
+                    broker_session_timeout_ms: int) -> None:
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups."""
     configure_logging(log_level)
     from dmq.coordinator.embedded import run_coordinator_only
@@ -154,6 +159,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
         asyncio.run(run_coordinator_only(
             data_dir, host, port, lambda addr: click.echo(f"coordinator listening on {addr}", err=True),
             default_subscription_mode=default_subscription_mode,
+            broker_session_timeout_ms=broker_session_timeout_ms,
         ))
     except OSError as e:
         raise click.ClickException(str(e)) from None
