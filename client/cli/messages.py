@@ -505,10 +505,12 @@ def _consume_offsets(sess: Any, info: Any, partition: int | None, start: int | N
             if not lo <= start <= hi:
                 raise CLIError(f"offset {start} is outside {info.name}[{p}]'s log {lo}..{hi} "
                                "(use --offset earliest or latest, or an offset in that range)")
-        positions = {p: start for p in parts}
+        positions, resets = {p: start for p in parts}, {}
     else:
-        positions = {p: a.offset for p, a in list_offsets(sess, info, parts, start).items()}
-    reader = TopicReader(sess, info.name, positions, warn=lambda m: note(f"[yellow]warning:[/] {m}"))
+        # Looked up by the reader from each partition's broker: a broker that is down delays
+        # only its own partitions.
+        positions, resets = {}, {p: start for p in parts}
+    reader = TopicReader(sess, info.name, positions, resets=resets, warn=lambda m: note(f"[yellow]warning:[/] {m}"))
     last_data = time.monotonic()
     while not done():
         records = reader.poll()

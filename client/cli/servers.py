@@ -244,8 +244,12 @@ def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> list[str]:
 @_subscription_from_option
 @click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
               help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
+# The default is coordinator.metadata.DEFAULT_BROKER_SESSION_TIMEOUT_MS (a test checks), kept
+# literal so that the CLI does not import the coordinator to show its help.
+@click.option("--broker-session-timeout-ms", type=click.IntRange(100), default=6_000, show_default=True,
+              help="A broker that has not heartbeated for this long is declared dead (clients stop waiting on it).")
 def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str,
-                    default_subscription_from: str | None, log_level: str) -> None:
+                    default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int) -> None:
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups."""
     from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
     configure_logging(log_level)
@@ -257,6 +261,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
             data_dir, host, port, lambda addr: click.echo(f"coordinator listening on {addr}", err=True),
             default_subscription_mode=default_subscription_mode,
             default_subscription_from_ms=from_ms,
+            broker_session_timeout_ms=broker_session_timeout_ms,
         ))
     except OSError as e:
         raise click.ClickException(str(e)) from None

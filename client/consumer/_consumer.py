@@ -333,8 +333,10 @@ class DMQConsumer:
         _, last = self._backoff.get(m.topic, (0.0, 0.0))
         delay_s = min(MAX_GROUP_BACKOFF_S, max(self.config.retry_backoff_ms / 1000, last * 2))
         self._backoff[m.topic] = (time.monotonic() + delay_s, delay_s)
-        self._log.warning("group call failed; retrying", what=what, group=m.group_id, error=str(e),
-                          retry_in_ms=int(delay_s * 1000))
+        # A warning for the first failure in a row, then quieter: the coordinator may be away for
+        # minutes, and poll() retries every second meanwhile.
+        emit = self._log.warning if last == 0.0 else self._log.debug
+        emit("group call failed; retrying", what=what, group=m.group_id, error=str(e), retry_in_ms=int(delay_s * 1000))
 
     def _drop_lost(self, m: Membership) -> None:
         lost = set(self._subs.assigned(m.topic))

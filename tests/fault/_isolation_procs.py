@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import defaultdict
 
 import grpc
 
@@ -114,6 +115,37 @@ class ProcCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class CliReader:
+    """`dmq consume TOPIC [--group APP] --print-offset` in its own process; arrival times of the
+    printed records per partition."""
+
+    def __init__(self, bootstrap: str, topic: str, app: str | None) -> None:
+        self.arrivals: dict[int, list[float]] = defaultdict(list)
+        group = ["--group", app] if app else []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dmq.client.cli", "--bootstrap", bootstrap, "consume", topic, *group,
+             "--from-beginning", "--print-offset"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self._thread = threading.Thread(target=self._read, name="cli-reader", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.arrivals[int(line.split(":", 1)[0])].append(time.monotonic())
+
+    def stop(self) -> str:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        self._thread.join(5)
+        return err
 
 
 class PartitionWriter:
