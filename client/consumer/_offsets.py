@@ -178,23 +178,8 @@ class OffsetClient:
         calls = []
         groups, errors = self._leaders(offsets, self._timeout_s if timeout_s is None else timeout_s)
         for (topic, address), tps in groups.items():
-            m = memberships.get(topic)
-            if m is None or not m.joined:
-                raise IllegalStateError(
-                    f"cannot commit {topic}: this consumer is not a member of its group "
-                    f"(subscribe() to {topic!r} first, and poll() until it is assigned)"
-                )
-            request = pb.CommitOffsetsRequest(
-                group_id=m.group_id,
-                member_id=m.member_id,
-                generation=m.generation,
-                offsets=[
-                    pb.PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offsets[tp].offset,
-                                       metadata=offsets[tp].metadata)
-                    for tp in tps
-                ],
-            )
-            calls.append(CommitCall(address, m, request, {tp: offsets[tp] for tp in tps}))
+            m = _member(memberships, topic)
+            calls.append(CommitCall(address, m, _commit_request(m, tps, offsets), {tp: offsets[tp] for tp in tps}))
         return calls, errors
 
     def _commit_error(self, e: grpc.RpcError, address: str, membership: Membership, where: str) -> DMQError:
@@ -226,9 +211,8 @@ class OffsetClient:
         # The membership (member id, generation) is read per attempt: a retry after a
         # re-join carries the new one.
         def send(topic: str, address: str, part: list[TopicPartition], call_timeout_s: float) -> grpc.Future:
-            calls, _ = self.commit_calls({tp: offsets[tp] for tp in part}, memberships, call_timeout_s)
-            (call,) = calls
-            return self._cluster.broker_stub(address).CommitOffsets.future(call.request, timeout=call_timeout_s)
+            request = _commit_request(_member(memberships, topic), part, offsets)
+            return self._cluster.broker_stub(address).CommitOffsets.future(request, timeout=call_timeout_s)
 
         def parse(_response: Any, _address: str) -> dict[TopicPartition, OffsetAndMetadata]:
             return offsets
@@ -396,6 +380,31 @@ class OffsetClient:
         if err is not None:
             raise _timed_out(err, self._config)
         return outcome.done
+
+
+def _member(memberships: Mapping[str, Membership], topic: str) -> Membership:
+    m = memberships.get(topic)
+    if m is None or not m.joined:
+        raise IllegalStateError(
+            f"cannot commit {topic}: this consumer is not a member of its group "
+            f"(subscribe() to {topic!r} first, and poll() until it is assigned)"
+        )
+    return m
+
+
+def _commit_request(
+    m: Membership, tps: Iterable[TopicPartition], offsets: Mapping[TopicPartition, OffsetAndMetadata]
+) -> pb.CommitOffsetsRequest:
+    return pb.CommitOffsetsRequest(
+        group_id=m.group_id,
+        member_id=m.member_id,
+        generation=m.generation,
+        offsets=[
+            pb.PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offsets[tp].offset,
+                               metadata=offsets[tp].metadata)
+            for tp in tps
+        ],
+    )
 
 
 def _timed_out(err: DMQError, config: ConsumerConfig) -> DMQError:

@@ -27,7 +27,7 @@ from dmq.client.consumer import DMQConsumer
 
 TOPIC = "iso"
 MAX_GAP_S = 2.0
-SESSION_BOUND_S = 6.0 + 0.5  # the default broker session, plus one liveness read of slack
+SESSION_BOUND_S = 6.0 + 1.0  # the default broker session, plus slack for the polling ListBrokers calls
 READY_TIMEOUT_S = 30.0
 
 
