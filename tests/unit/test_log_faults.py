@@ -361,15 +361,19 @@ async def test_rollback_across_a_roll_removes_the_new_segment_and_reopens_consis
     await plog.append_durable(batch(0))
     durable = plog.log_end_offset
     segments = plog.segment_count
-    while plog.segment_count < segments + 2:  # acks=1 appends roll twice, nothing fsynced
-        plog.append(batch(1))
-    dropped_files = [s.log_path for s in plog._segments[segments:]]
     fsync.fail = 1_000  # every fsync fails until the "disk" is repaired
+    new_files = []
+    while plog.segment_count == segments:  # acks=1 appends until a roll (nothing fsynced since)
+        plog.append(batch(1))
+        new_files = [s.log_path for s in plog._segments[segments:]]
+    for fut in list(plog._background):  # the roll's own background flush fails and rolls back
+        fut.result(10)
+    assert plog.log_end_offset == durable and plog.segment_count == segments
+    assert new_files and not any(os.path.exists(p) for p in new_files)
+    assert os.path.getsize(plog._segments[-1].log_path) == plog.size_bytes
     with pytest.raises(StorageUnavailableError):
         await plog.append_durable(batch(2))
-    assert plog.log_end_offset == durable and plog.segment_count == segments
-    assert not any(os.path.exists(p) for p in dropped_files)
-    assert os.path.getsize(plog._segments[-1].log_path) == plog.size_bytes
+    assert plog.log_end_offset == durable
     fsync.fail = 0
     info = await plog.append_durable(batch(3))
     assert info.base_offset == durable
