@@ -43,6 +43,7 @@ __all__ = [
     "ResourceExhaustedError",
     "RecordTooLargeError",
     "DiskFullError",
+    "BrokerBusyError",
     "BrokerUnavailableError",
     "StorageUnavailableError",
     "NotLeaderError",
@@ -186,6 +187,13 @@ class DiskFullError(ResourceExhaustedError):
     retriable = True
 
 
+class BrokerBusyError(ResourceExhaustedError):
+    """The broker's in-flight byte budget stayed full until the request's deadline; nothing of the
+    request was stored. Retried with backoff (within delivery_timeout_ms for the producer)."""
+
+    retriable = True
+
+
 class BrokerUnavailableError(DMQError):
     """The broker cannot be reached or is starting; metadata is refreshed and the call retried."""
 
@@ -284,6 +292,7 @@ REASON_ERRORS: dict[str, type[DMQError]] = {
     error_details.DISK_FULL: DiskFullError,
     error_details.STORAGE_UNAVAILABLE: StorageUnavailableError,
     error_details.CORRUPT_DATA: CorruptRecordError,
+    error_details.BUSY: BrokerBusyError,
 }
 
 # Hints appended to the server's message when it alone does not say what to do.

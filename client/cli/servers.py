@@ -51,7 +51,7 @@ def _storage_options(f):  # type: ignore[no-untyped-def]
 
 def _subscription_from_option(f):  # type: ignore[no-untyped-def]
     return click.option(
-        "--default-subscription-from", "default_subscription_from", default=None, metavar="TIME",
+        "--default-subscription-from", "default_subscription_from", default=None, metavar="TIME", show_default="none",
         help="With --default-subscription-mode timestamp (and only then): the time a new group starts from, "
              "ISO 8601 (2024-05-01T12:00:00Z; no zone = local time) or epoch milliseconds.",
     )(f)

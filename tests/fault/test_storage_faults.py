@@ -10,8 +10,8 @@ import errno
 import json
 import os
 import pathlib
+import resource
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -27,11 +27,18 @@ from _storage_server import Server, create_topic, dmq_executable, fetch_all, pro
 pytestmark = pytest.mark.timeout(90)
 
 NOFILE = 256
+# Below the descriptors a started server already holds (stdio, epoll, its lock, logs, SQLite, sockets).
+EXHAUSTED_NOFILE = 12
+
+
+def lowest_free_fd(pid: int) -> int:
+    used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    return next(fd for fd in range(len(used) + 1) if fd not in used)
 
 
 def test_out_of_descriptors_is_retriable_and_the_partition_serves_again_without_restart(tmp_path):
     srv = Server(tmp_path / "data", tmp_path / "server.log", nofile=NOFILE, extra=("--segment-bytes", "4096"))
-    sockets: list[socket.socket] = []
+    lowered = False
     try:
         srv.wait_ready()
         create_topic(srv, "fds")
@@ -40,20 +47,16 @@ def test_out_of_descriptors_is_retriable_and_the_partition_serves_again_without_
             base, err = produce(srv, "fds", [b"before-%d" % i])
             assert err is None
             acked.append(b"before-%d" % i)
-        # Exhaust the server's descriptors with idle TCP connections.
-        for _ in range(NOFILE + 64):
-            s = socket.socket()
-            s.settimeout(2)
-            try:
-                s.connect(("127.0.0.1", srv.port))
-            except OSError:
-                s.close()
-                break
-            sockets.append(s)
-        deadline = time.monotonic() + 10
-        while srv.open_fds() < NOFILE - 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert srv.open_fds() >= NOFILE - 2, f"only {srv.open_fds()} descriptors used"
+        # Exhaust the server's descriptors. Idle TCP connections no longer can: the server keeps half of
+        # its descriptors away from connections (dmq.proto.grpc_options), which tests/fault/
+        # test_connection_flood.py checks. So lower the running server's own RLIMIT_NOFILE below every
+        # descriptor number it could take (prlimit(2), as `ulimit -n` would have): its open files and
+        # connections stay usable, every new open() fails with EMFILE, even after the handle cache
+        # closes its idle descriptors.
+        limits_before = resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE, (EXHAUSTED_NOFILE, limits_before[1]))
+        lowered = True
+        assert lowest_free_fd(srv.proc.pid) > EXHAUSTED_NOFILE
         # acks=all produces until one needs a new file (segments roll every 4 KiB): a retriable
         # error naming the cause, never INTERNAL, never "restart the broker"
         failed = None
@@ -71,8 +74,8 @@ def test_out_of_descriptors_is_retriable_and_the_partition_serves_again_without_
         assert "EMFILE" in failed.details() and "restart" not in failed.details()
         failed_value = value
     finally:
-        for s in sockets:
-            s.close()
+        if lowered:
+            resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE, limits_before)
     try:
         # Once the descriptors are free again the same partition takes produces, no restart.
         deadline = time.monotonic() + 15
@@ -155,7 +158,7 @@ def test_full_disk_is_resource_exhausted_retried_by_the_producer_and_loses_nothi
         base, err = produce(srv, "full", [b"x" * 100_000])
         assert err is not None and reason(err) == error_details.DISK_FULL
         # the producer retries a disk-full answer within its delivery timeout
-        with Producer(srv.bootstrap, delivery_timeout_ms=20_000, linger_ms=0,
+        with Producer(srv.bootstrap, delivery_timeout_ms=20_000, linger_ms=0, request_timeout_ms=5_000,
                       retry_backoff_max_ms=200) as producer:
             future = producer.send("full", b"p" * 100_000, partition=0)
             time.sleep(1.5)

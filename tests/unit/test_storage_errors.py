@@ -54,6 +54,17 @@ def test_producer_retries_transient_storage_errors() -> None:
     assert cluster.invalidated == []  # type: ignore[attr-defined]  # the leader did not move
 
 
+def test_producer_retries_a_busy_broker() -> None:
+    """The broker's in-flight byte budget refuses with RESOURCE_EXHAUSTED and the busy reason: a
+    wait, not a batch to drop (before, every RESOURCE_EXHAUSTED was RecordTooLargeError)."""
+    broker = FakeBroker()
+    broker.script = [RpcErrorWithReason(grpc.StatusCode.RESOURCE_EXHAUSTED, "no room in max_in_flight_bytes before "
+                                        "the deadline", error_details.BUSY)] * 2
+    with make_producer(broker, retry_backoff_ms=1, retry_backoff_max_ms=5) as p:
+        assert p.send("t", b"x").get(WAIT_S).offset == 0
+    assert len(broker.calls) == 3
+
+
 def test_a_batch_too_large_is_not_retried() -> None:
     broker = FakeBroker()
     broker.script = [RpcErrorWithReason(grpc.StatusCode.RESOURCE_EXHAUSTED, "batch is 2000000 bytes; the limit is "
@@ -69,7 +80,7 @@ def test_a_batch_too_large_is_not_retried() -> None:
 def test_a_full_disk_past_the_delivery_timeout_says_so() -> None:
     broker = FakeBroker()
     broker.script = [disk_full()] * 1000
-    with make_producer(broker, retry_backoff_ms=5, retry_backoff_max_ms=5, delivery_timeout_ms=100) as p:
+    with make_producer(broker, retry_backoff_ms=5, retry_backoff_max_ms=5, delivery_timeout_ms=100, request_timeout_ms=50) as p:
         with pytest.raises(errors.DMQTimeoutError, match="disk full on broker 0"):
             p.send("t", b"a").get(WAIT_S)
 
