@@ -81,10 +81,11 @@ from dmq.coordinator.group import (
     group_id_for,
 )
 from dmq.coordinator.metadata import complete_even_if_cancelled
-from dmq.coordinator.store import GroupRecord
+from dmq.coordinator.store import GroupRecord, StoreFullError
 from dmq.coordinator.validation import ValidationError, validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto import error_details
 from dmq.proto.names import FieldError, cap_message, check_app_id, check_id
 
 if TYPE_CHECKING:
@@ -123,14 +124,23 @@ def build(node: CoordinatorNode) -> GroupService:
 class ServiceError(Exception):
     """A request refused by this layer (the machine's own errors are GroupError)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.reason = reason  # a dmq.proto.error_details reason, sent as trailing metadata
 
 
 def _fail(code: grpc.StatusCode, message: str) -> NoReturn:
     raise ServiceError(code, message)
+
+
+def _not_recorded(what: str, e: Exception) -> NoReturn:
+    """A failed write of the group store: a full disk is RESOURCE_EXHAUSTED with the disk-full reason
+    (the client backs off until space is freed); anything else UNAVAILABLE. Both retriable: nothing changed."""
+    if isinstance(e, StoreFullError):
+        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"could not {what}: {e}", error_details.DISK_FULL)
+    _fail(grpc.StatusCode.UNAVAILABLE, f"could not {what}: {e}: retry")
 
 
 def _invalid(message: str) -> NoReturn:
@@ -164,7 +174,8 @@ def _rpc(method: Handler) -> Handler:
             self._check_serving()
             return await method(self, request, context)
         except ServiceError as e:
-            await context.abort(e.code, cap_message(e.message))
+            metadata = ((error_details.REASON_KEY, e.reason),) if e.reason else ()
+            await context.abort(e.code, cap_message(e.message), trailing_metadata=metadata)
         except GroupError as e:
             if e.code == "INTERNAL":  # IllegalStateTransitionError: a bug in the machine
                 log.exception("group machine failed", rpc=name, group=getattr(request, "group_id", None))
@@ -708,7 +719,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                     if isinstance(record, GroupCreated):
                         self.registry.replay(GroupDeleted(record.group_id))
             log.exception("could not record the new group", group=result.response.group_id, topic=request.topic)
-            _fail(grpc.StatusCode.UNAVAILABLE, f"could not record group {result.response.group_id!r}: {e}: retry")
+            _not_recorded(f"record group {result.response.group_id!r}", e)
         if result.records and self.node.metadata.topic(request.topic) is None:
             # The topic was deleted while the group was being recorded (its listener found no
             # group to delete then): take the group away again.
@@ -1060,7 +1071,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             async with self._lock:
                 self.registry.replay(undo)
             log.exception("could not delete the group row", group=group_id)
-            _fail(grpc.StatusCode.UNAVAILABLE, f"could not delete group {group_id!r}: {e}: retry")
+            _not_recorded(f"delete group {group_id!r}", e)
 
     def _forget_group(self, group_id: str) -> None:
         self._signals.fire(group_id, (ALL_MEMBERS,))

@@ -8,9 +8,19 @@ Two layers:
 
 State: topics and placement are read from memory; every change is written to SQLite first (one
 transaction) and applied to memory after it commits, and that pair completes even if the calling
-RPC is cancelled. Topic admin operations (create, delete, add partitions) are serialized by one lock
+RPC is cancelled. A full disk under SQLite fails the write whole (StoreFullError) and is answered
+RESOURCE_EXHAUSTED "disk full on the coordinator" with the disk-full reason (dmq.proto.error_details)
+in the trailing metadata: nothing changed, and the same request succeeds once space is freed. Topic admin operations (create, delete, add partitions) are serialized by one lock
 held through their broker calls, so a broker sees CreatePartitions and DeletePartitions for a topic
 in the order the coordinator decided them; those calls have a timeout, so the lock is bounded.
+
+Broker answers to CreatePartitions (create topic, add partitions), two cases:
+  1. Lost (unreachable, timed out, shutting down): the change stands; the broker gets its
+     partitions when it next (re-)registers, as its session expires.
+  2. Refused (any other status, e.g. RESOURCE_EXHAUSTED "disk full on broker N", or a reason such as
+     storage-unavailable): the broker will not get the partitions by re-registering, so the change is
+     undone (store, memory, and DeletePartitions to the brokers, which may have created some) and the
+     caller gets the broker's own status, message and reason: a retry once the cause is gone succeeds.
 
 Broker liveness: a broker is alive while it has registered with this coordinator process and its
 last heartbeat is at most broker_session_timeout_ms old (clock_ms is injected for tests). Liveness
@@ -32,12 +42,13 @@ partition keeps its broker for life (no replication), so a dead broker's partiti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import sqlite3
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -45,7 +56,7 @@ import grpc
 import structlog
 
 from dmq.coordinator.broker_pool import BrokerPool
-from dmq.coordinator.store import BrokerRecord, CoordinatorStore, TopicRecord
+from dmq.coordinator.store import BrokerRecord, CoordinatorStore, StoreFullError, TopicRecord
 from dmq.coordinator.validation import (
     TopicSettings,
     ValidationError,
@@ -55,6 +66,7 @@ from dmq.coordinator.validation import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto import error_details
 from dmq.proto.names import cap_message, shorten
 
 log = structlog.get_logger(__name__)
@@ -83,6 +95,7 @@ class MetadataError(Exception):
     """A request the metadata service refuses; `code` is the gRPC status it maps to."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    reason: str | None = None  # a dmq.proto.error_details reason, sent as trailing metadata
 
 
 class InvalidArgument(MetadataError):
@@ -92,6 +105,48 @@ class InvalidArgument(MetadataError):
 class PartitionLimitExceeded(MetadataError):
     # RESOURCE_EXHAUSTED: the request is valid, the cluster is full (delete topics or add brokers).
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class CoordinatorDiskFull(MetadataError):
+    """The coordinator's SQLite could not write: its disk is full. Nothing changed; retriable."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = error_details.DISK_FULL
+
+
+@contextlib.contextmanager
+def _coordinator_disk_full() -> Iterator[None]:
+    """Around a store write: a full disk becomes CoordinatorDiskFull (its message says where)."""
+    try:
+        yield
+    except StoreFullError as e:
+        raise CoordinatorDiskFull(str(e)) from e
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRefusal:
+    """A broker's answer refusing a partition change (case 2 in the module docstring)."""
+
+    broker_id: int
+    code: grpc.StatusCode
+    message: str
+    reason: str | None
+
+
+class BrokerRefused(MetadataError):
+    """A topic change undone because a broker refused it; carries the broker's status and reason."""
+
+    def __init__(self, refusal: BrokerRefusal, message: str) -> None:
+        super().__init__(message)
+        self.code = refusal.code
+        self.reason = refusal.reason
+        self.refusal = refusal
+
+
+# Broker answers after which it gets its partitions anyway, at its next (re-)registration.
+_LOST_CALL_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
 
 
 class TopicNotFound(MetadataError):
@@ -312,7 +367,8 @@ class MetadataManager:
     async def _apply_registration(self, record: BrokerRecord, now_ms: int) -> None:
         previous = self._brokers.get(record.broker_id)
         if previous is None or (previous.record.host, previous.record.port) != (record.host, record.port):
-            await self.store.upsert_broker(record)
+            with _coordinator_disk_full():
+                await self.store.upsert_broker(record)
         if previous is not None and (previous.record.host, previous.record.port) != (record.host, record.port):
             old = broker_address(previous.record.host, previous.record.port)
             # Two brokers configured with one id would flap here; the log line is how to spot it.
@@ -411,15 +467,46 @@ class MetadataManager:
                 brokers=sorted(set(record.placement.values())),
                 config=record.config.to_dict(),
             )
-            await self._create_on_brokers(record, range(partitions))
+            refusal = await self._create_on_brokers(record, range(partitions))
+            if refusal is not None:
+                undone = await self._undo(refusal, f"topic {name!r}", self._apply_delete(name))
+                await self._delete_on_brokers(record)
+        if refusal is not None:
+            # Listeners (the group coordinator) may have seen the topic meanwhile; it is gone again.
+            await self._notify(self._topic_deleted_listeners, name)
+            raise undone
         return record
 
     async def _apply_create(self, record: TopicRecord) -> None:
         try:
-            await self.store.create_topic(record)
+            with _coordinator_disk_full():
+                await self.store.create_topic(record)
         except sqlite3.IntegrityError as e:  # only if memory and disk disagree; say which
             raise MetadataError(f"topic {record.name!r} is already in the store but not in memory: {e}") from e
         self._topics[record.name] = record
+
+    async def _undo(self, refusal: BrokerRefusal, what: str, undo: Coroutine[Any, Any, None]) -> BrokerRefused:
+        """Undo a recorded change a broker refused; the error to answer (it names the broker's cause).
+        When the store cannot undo it either, the answer says what is left and how to clear it."""
+        log.warning(
+            "broker refused partitions; change undone",
+            what=what,
+            broker_id=refusal.broker_id,
+            code=refusal.code.name,
+            error=refusal.message,
+        )
+        try:
+            with _coordinator_disk_full():
+                await complete_even_if_cancelled(undo)
+        except CoordinatorDiskFull as e:
+            log.error("could not undo a change a broker refused", what=what, error=str(e))
+            return BrokerRefused(
+                refusal,
+                f"{what}: broker {refusal.broker_id} refused its partitions ({refusal.message}) and the "
+                f"coordinator could not undo the change ({e}): once space is freed, delete the topic "
+                "(`dmq topics delete`) and create it again",
+            )
+        return BrokerRefused(refusal, f"{what} not changed: {refusal.message}")
 
     async def delete_topic(self, name: str) -> None:
         self.check_ready()
@@ -434,7 +521,8 @@ class MetadataManager:
         await self._notify(self._topic_deleted_listeners, name)
 
     async def _apply_delete(self, name: str) -> None:
-        await self.store.delete_topic(name)
+        with _coordinator_disk_full():
+            await self.store.delete_topic(name)
         del self._topics[name]
 
     async def add_partitions(self, name: str, total: int) -> TopicRecord:
@@ -468,7 +556,11 @@ class MetadataManager:
                 new_count=total,
                 brokers=sorted(set(added.values())),
             )
-            await self._create_on_brokers(record, new)
+            refusal = await self._create_on_brokers(record, new)
+            if refusal is not None:
+                error = await self._undo(refusal, f"topic {name!r}", self._apply_remove(current))
+                await self._delete_on_brokers(record, new)
+                raise error
         # Listeners run outside the lock (they may read metadata), so two growths can notify out of
         # order; passing the count current at notification time keeps what they see non-decreasing.
         latest = self._topics.get(name)
@@ -503,56 +595,75 @@ class MetadataManager:
                 )
 
     async def _apply_add(self, record: TopicRecord, added: dict[int, int]) -> None:
-        await self.store.add_partitions(record.name, record.partition_count, added)
+        with _coordinator_disk_full():
+            await self.store.add_partitions(record.name, record.partition_count, added)
         self._topics[record.name] = record
+
+    async def _apply_remove(self, previous: TopicRecord) -> None:
+        """Undo _apply_add: back to `previous` (store first, then memory)."""
+        await self.store.remove_partitions(previous.name, previous.partition_count)
+        self._topics[previous.name] = previous
 
     # -- broker calls ----------------------------------------------------------------------------
 
-    async def _create_on_brokers(self, record: TopicRecord, partitions: Iterable[int]) -> None:
-        """Ask each broker to create its new partitions. A failure is logged, not raised: the topic is
-        recorded, and the broker gets its partitions when it next (re-)registers."""
+    async def _create_on_brokers(self, record: TopicRecord, partitions: Iterable[int]) -> BrokerRefusal | None:
+        """Ask each broker to create its new partitions; the first refusal (by broker id), if any.
+        A lost call is logged, not returned: the broker gets its partitions when it re-registers."""
         by_broker: dict[int, list[int]] = {}
         for p in partitions:
             by_broker.setdefault(record.placement[p], []).append(p)
         config = topic_config_to_proto(record.config)
 
-        async def call(broker_id: int, parts: list[int]) -> None:
+        async def call(broker_id: int, parts: list[int]) -> BrokerRefusal | None:
             request = pb.CreatePartitionsRequest(topic=record.name, partitions=parts, config=config)
-            await self._call_broker(broker_id, "CreatePartitions", request, topic=record.name, partitions=parts)
+            return await self._call_broker(broker_id, "CreatePartitions", request, topic=record.name, partitions=parts)
 
-        await asyncio.gather(*(call(b, parts) for b, parts in sorted(by_broker.items())))
+        refusals = await asyncio.gather(*(call(b, parts) for b, parts in sorted(by_broker.items())))
+        return next((r for r in refusals if r is not None), None)
 
-    async def _delete_on_brokers(self, record: TopicRecord) -> None:
-        """Best effort: a broker that misses the call keeps the files until an operator removes them."""
+    async def _delete_on_brokers(self, record: TopicRecord, partitions: Iterable[int] | None = None) -> None:
+        """Best effort (all of the topic's partitions, or `partitions`): a broker that misses the call
+        keeps the files until an operator removes them."""
+        wanted = set(record.placement) if partitions is None else set(partitions)
 
         async def call(broker_id: int) -> None:
-            parts = record.partitions_on(broker_id)
+            parts = [p for p in record.partitions_on(broker_id) if p in wanted]
             request = pb.DeletePartitionsRequest(topic=record.name, partitions=parts)
-            await self._call_broker(broker_id, "DeletePartitions", request, topic=record.name, partitions=parts)
+            refusal = await self._call_broker(
+                broker_id, "DeletePartitions", request, topic=record.name, partitions=parts
+            )
+            if refusal is not None:
+                log.warning("broker DeletePartitions refused; its files stay", broker_id=broker_id,
+                            topic=record.name, partitions=parts, code=refusal.code.name, error=refusal.message)
 
-        await asyncio.gather(*(call(b) for b in sorted(set(record.placement.values()))))
+        await asyncio.gather(*(call(b) for b in sorted({record.placement[p] for p in wanted})))
 
-    async def _call_broker(self, broker_id: int, method: str, request: Any, **fields: Any) -> bool:
+    async def _call_broker(self, broker_id: int, method: str, request: Any, **fields: Any) -> BrokerRefusal | None:
+        """None when the broker did it or the call was lost (logged); its refusal otherwise."""
         address = self.broker_address(broker_id)
         if address is None:  # cannot happen: placement only uses registered brokers
             log.error("partition placed on an unknown broker", broker_id=broker_id, **fields)
-            return False
+            return None
         try:
             stub = self.broker_pool.stub(address)
             await getattr(stub, method)(request, timeout=self.broker_call_timeout_ms / 1000)
-            return True
+            return None
         except grpc.aio.AioRpcError as e:
-            log.warning(
-                f"broker {method} failed; it gets its partitions when it re-registers",
-                broker_id=broker_id,
-                address=address,
-                code=e.code().name,
-                error=e.details(),
-                **fields,
-            )
+            reason = error_details.reason_of(e.trailing_metadata())
+            if e.code() in _LOST_CALL_CODES and reason is None:
+                log.warning(
+                    f"broker {method} failed; it gets its partitions when it re-registers",
+                    broker_id=broker_id,
+                    address=address,
+                    code=e.code().name,
+                    error=e.details(),
+                    **fields,
+                )
+                return None
+            return BrokerRefusal(broker_id, e.code(), e.details() or e.code().name, reason)
         except Exception:  # noqa: BLE001 - the topic is recorded either way; say what went wrong
             log.exception(f"broker {method} failed", broker_id=broker_id, address=address, **fields)
-        return False
+        return None
 
 
 def _validated(check: Callable[..., None], *args: Any) -> None:
@@ -640,7 +751,8 @@ def _handler(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[A
         except grpc.aio.AbortError:
             raise
         except MetadataError as e:
-            await context.abort(e.code, cap_message(str(e)))
+            metadata = ((error_details.REASON_KEY, e.reason),) if e.reason else ()
+            await context.abort(e.code, cap_message(str(e)), trailing_metadata=metadata)
         except Exception as e:  # noqa: BLE001 - a bug must not take the server down or hang the client
             log.exception("metadata handler failed", rpc=name)
             await context.abort(grpc.StatusCode.INTERNAL, cap_message(f"internal error in {name}: {type(e).__name__}: {e}"))
@@ -734,6 +846,8 @@ class MetadataServicer(pb_grpc.MetadataServicer):
 
 
 __all__ = [
+    "BrokerRefused",
+    "CoordinatorDiskFull",
     "InvalidArgument",
     "MetadataError",
     "MetadataManager",

@@ -13,7 +13,9 @@ Schema (PRAGMA user_version = SCHEMA_VERSION):
       for subscription mode `new` ({"<partition>": offset}); owned by the group coordinator.
 
 Durability: WAL with synchronous=FULL, so a committed topic survives power loss. Each write is one
-transaction; the asyncio lock keeps two coroutines from interleaving statements inside one
+transaction, rolled back whole when it fails; a full disk (SQLITE_FULL, ENOSPC / EDQUOT) is raised as
+StoreFullError, which callers answer with RESOURCE_EXHAUSTED "disk full on the coordinator" (transient:
+the same write succeeds once space is freed, nothing was half-written); the asyncio lock keeps two coroutines from interleaving statements inside one
 transaction on the shared connection. The store is the only writer; reads at start-up only.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import pathlib
 import sqlite3
@@ -72,6 +75,26 @@ CREATE TABLE IF NOT EXISTS groups (
 
 class StoreError(RuntimeError):
     """The SQLite file cannot be used (newer schema, closed store)."""
+
+
+class StoreFullError(StoreError):
+    """The disk under the SQLite file is full: the write was rolled back and changed nothing.
+    Transient: the same write succeeds once space is freed."""
+
+
+# ENOSPC: no space; EDQUOT: over quota. Both are a full disk to whoever retries.
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether `e` (from sqlite3 / aiosqlite or the OS) says the disk is full."""
+    if isinstance(e, OSError):
+        return e.errno in _DISK_FULL_ERRNOS
+    if isinstance(e, sqlite3.Error):
+        # sqlite_errorcode is the primary code in its low byte (extended codes keep it there).
+        code = getattr(e, "sqlite_errorcode", None)
+        return (code is not None and code & 0xFF == sqlite3.SQLITE_FULL) or "disk is full" in str(e)
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,19 +196,24 @@ class CoordinatorStore:
     async def _transaction(self, statements: list[tuple[str, tuple[object, ...]]]) -> list[int]:
         db = self._conn()
         async with self._lock:
-            await db.execute("BEGIN IMMEDIATE")
             try:
-                counts = []
-                for sql, params in statements:
-                    cur = await db.execute(sql, params)
-                    counts.append(cur.rowcount)
-                    await cur.close()
-                await db.execute("COMMIT")
-            except BaseException:
-                # Suppressed: the original error is the one to report (ROLLBACK fails when COMMIT
-                # already ended the transaction).
-                with contextlib.suppress(sqlite3.Error):
-                    await db.execute("ROLLBACK")
+                await db.execute("BEGIN IMMEDIATE")
+                try:
+                    counts = []
+                    for sql, params in statements:
+                        cur = await db.execute(sql, params)
+                        counts.append(cur.rowcount)
+                        await cur.close()
+                    await db.execute("COMMIT")
+                except BaseException:
+                    # Suppressed: the original error is the one to report (ROLLBACK fails when COMMIT
+                    # already ended the transaction, as SQLite does itself on SQLITE_FULL).
+                    with contextlib.suppress(sqlite3.Error):
+                        await db.execute("ROLLBACK")
+                    raise
+            except (sqlite3.Error, OSError) as e:
+                if is_disk_full(e):
+                    raise StoreFullError(f"disk full on the coordinator ({self.path.name}: {e}); retry once space is freed") from e
                 raise
         return counts
 
@@ -235,6 +263,15 @@ class CoordinatorStore:
             for p, b in sorted(new_placement.items())
         ]
         await self._write(statements)
+
+    async def remove_partitions(self, name: str, count: int) -> None:
+        """Shrink the topic back to `count` partitions: undoes an add_partitions no broker could carry out."""
+        await self._write(
+            [
+                ("DELETE FROM partitions WHERE topic = ? AND partition >= ?", (name, count)),
+                ("UPDATE topics SET partition_count = ? WHERE name = ?", (count, name)),
+            ]
+        )
 
     async def delete_topic(self, name: str) -> None:
         await self._write(
