@@ -71,6 +71,7 @@ from dmq.client.errors import (
     GroupNotFoundError,
     IllegalStateError,
     InvalidArgumentError,
+    ResourceExhaustedError,
     UnknownMemberError,
 )
 
@@ -589,7 +590,8 @@ class DMQConsumer:
         broker is committed to in parallel: the partitions of healthy brokers are committed even
         when another broker is down, and the error then names the partitions left. Raises
         CommitFailedError when this consumer no longer owns a partition (see its message for the
-        settings to change), DMQTimeoutError when a broker did not answer in time."""
+        settings to change), DiskFullError when a broker's disk stayed full until the deadline,
+        DMQTimeoutError when a broker did not answer in time."""
         self._check_open()
         deadline = time.monotonic() + (self.config.request_timeout_ms / 1000 if timeout is None else max(0.0, timeout))
         self._run_commit_callbacks()
@@ -662,7 +664,10 @@ class DMQConsumer:
                 if topic in self._memberships:
                     self._memberships[topic].assignment_stale = True
         elif error.retriable:
-            error = DMQTimeoutError(f"{error} (gave up at the commit's deadline)", code=error.code, details=error.details)
+            # A broker that answered with the resource it lacks (disk full, busy) keeps that class:
+            # "free space on broker N" is not "a broker did not answer in time".
+            cls = type(error) if isinstance(error, ResourceExhaustedError) else DMQTimeoutError
+            error = cls(f"{error} (gave up at the commit's deadline)", code=error.code, details=error.details)
         raise error
 
     def _commit_async_now(
