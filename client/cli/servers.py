@@ -39,7 +39,7 @@ def _storage_options(f):  # type: ignore[no-untyped-def]
         "interval: fsync every --flush-interval-ms (faster, may lose the last interval on a crash).",
     )(f)
     f = click.option("--flush-interval-ms", type=click.IntRange(1), default=1000, show_default=True,
-                     help="Flush period for --flush interval.")(f)
+                     help="Flush period for --flush interval (refused with --flush fsync).")(f)
     f = click.option("--segment-bytes", type=click.IntRange(1024), default=1024**3, show_default=True,
                      help="Roll a new log segment at this size (topic default).")(f)
     f = click.option("--retention-ms", type=click.IntRange(-1), default=7 * 24 * 3600 * 1000, show_default=True,
@@ -47,6 +47,23 @@ def _storage_options(f):  # type: ignore[no-untyped-def]
     f = click.option("--retention-bytes", type=click.IntRange(-1), default=-1, show_default=True,
                      help="Delete old segments past this size per partition (topic default); -1 = no limit.")(f)
     return f
+
+
+def _check_flush_interval(flush: str) -> None:
+    """--flush-interval-ms is only read by --flush interval: given with fsync it would be silently
+    ignored, and the operator would believe the log is flushed on that period."""
+    source = click.get_current_context().get_parameter_source("flush_interval_ms")
+    if flush != "interval" and source not in (None, click.core.ParameterSource.DEFAULT):
+        raise click.UsageError(f"--flush-interval-ms is only used with --flush interval (the flush policy is {flush})")
+
+
+# The default is coordinator.metadata.DEFAULT_BROKER_SESSION_TIMEOUT_MS (a test checks), kept
+# literal so that the CLI does not import the coordinator to show its help.
+def _broker_session_option(f):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--broker-session-timeout-ms", type=click.IntRange(100), default=6_000, show_default=True,
+        help="A broker that has not heartbeated for this long is declared dead (clients stop waiting on it).",
+    )(f)
 
 
 def _subscription_from_option(f):  # type: ignore[no-untyped-def]
@@ -94,15 +111,18 @@ def _default_subscription_from_ms(mode: str, text: str | None) -> int | None:
 @click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
               help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
 @_storage_options
+@_broker_session_option
 def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, default_subscription_mode: str,
                default_subscription_from: str | None, log_level: str, flush: str, flush_interval_ms: int,
-               segment_bytes: int, retention_ms: int, retention_bytes: int) -> None:
+               segment_bytes: int, retention_ms: int, retention_bytes: int, broker_session_timeout_ms: int) -> None:
     """Run DMQ for development: a coordinator and broker(s), data under --data-dir."""
     from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
+    _check_flush_interval(flush)
     configure_logging(log_level)
     if brokers > 1:
         storage = _storage_argv(flush, flush_interval_ms, segment_bytes, retention_ms, retention_bytes)
-        _run_process_cluster(host, port, data_dir, brokers, default_subscription_mode, log_level, storage, from_ms)
+        _run_process_cluster(host, port, data_dir, brokers, default_subscription_mode, log_level, storage, from_ms,
+                             broker_session_timeout_ms=broker_session_timeout_ms)
         return
     from dmq.coordinator.embedded import ClusterOptions, run_embedded
 
@@ -112,6 +132,7 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
         port=port,
         log_config=_log_config(flush, flush_interval_ms, segment_bytes, retention_ms, retention_bytes),
         default_subscription_mode=default_subscription_mode,
+        broker_session_timeout_ms=broker_session_timeout_ms,
         coordinator_kwargs={"default_subscription_from_ms": from_ms},
     )
 
@@ -131,8 +152,10 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
 
 def _storage_argv(flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int,
                   retention_bytes: int) -> list[str]:
-    """The storage options again, for `dmq broker` children: every one of them, as given."""
-    return ["--flush", flush, "--flush-interval-ms", str(flush_interval_ms), "--segment-bytes", str(segment_bytes),
+    """The storage options again, for `dmq broker` children: every one of them, as given
+    (--flush-interval-ms only with --flush interval, the one policy that reads it)."""
+    interval = ["--flush-interval-ms", str(flush_interval_ms)] if flush == "interval" else []
+    return ["--flush", flush, *interval, "--segment-bytes", str(segment_bytes),
             "--retention-ms", str(retention_ms), "--retention-bytes", str(retention_bytes)]
 
 
@@ -141,7 +164,8 @@ _POLL_S = 0.2
 
 
 def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: int, mode: str, log_level: str,
-                         storage: list[str], from_ms: int | None = None) -> None:
+                         storage: list[str], from_ms: int | None = None, *,
+                         broker_session_timeout_ms: int | None = None) -> None:
     """A coordinator process and N broker processes; SIGINT/SIGTERM stop them all cleanly.
 
     A cluster with a dead member is not the cluster that was asked for: when any child exits
@@ -165,6 +189,8 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
     bootstrap = f"{host}:{port}"
     names = ["coordinator"] + [f"broker {i}" for i in range(brokers)]
     from_args = [] if from_ms is None else ["--default-subscription-from", str(from_ms)]
+    session_args = ([] if broker_session_timeout_ms is None
+                    else ["--broker-session-timeout-ms", str(broker_session_timeout_ms)])
     stop = {"signal": 0}
 
     def handle(signum: int, frame: object) -> None:
@@ -177,7 +203,8 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
     try:
         children.append(subprocess.Popen(exe + ["coordinator", "--host", host, "--port", str(port),
                                                 "--data-dir", str(data_dir / "coordinator"),
-                                                "--default-subscription-mode", mode, *from_args, "--log-level", log_level]))
+                                                "--default-subscription-mode", mode, *from_args, *session_args,
+                                                "--log-level", log_level]))
         for i in range(brokers):
             children.append(subprocess.Popen(exe + ["broker", "--host", host, "--port", "0", "--broker-id", str(i),
                                                     "--coordinator", bootstrap,
@@ -244,10 +271,7 @@ def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> list[str]:
 @_subscription_from_option
 @click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
               help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
-# The default is coordinator.metadata.DEFAULT_BROKER_SESSION_TIMEOUT_MS (a test checks), kept
-# literal so that the CLI does not import the coordinator to show its help.
-@click.option("--broker-session-timeout-ms", type=click.IntRange(100), default=6_000, show_default=True,
-              help="A broker that has not heartbeated for this long is declared dead (clients stop waiting on it).")
+@_broker_session_option
 def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str,
                     default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int) -> None:
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups."""
@@ -280,6 +304,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
 def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir: pathlib.Path, log_level: str,
                flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int) -> None:
     """Run one storage broker that registers with --coordinator."""
+    _check_flush_interval(flush)
     configure_logging(log_level)
     import grpc
 
