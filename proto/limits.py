@@ -34,6 +34,13 @@ MAX_MESSAGE_BYTES_MIN = 64
 # batch may be larger than the largest fetch response.
 MAX_MESSAGE_BYTES_MAX = 60 * 1024 * 1024
 
+# A group member's timeouts, as the group coordinator accepts them in JoinGroup
+# (coordinator.group.GroupConfig); the consumer checks its config against the same numbers.
+SESSION_TIMEOUT_MS_MIN = 1_000
+SESSION_TIMEOUT_MS_MAX = 300_000
+MAX_POLL_INTERVAL_MS_MIN = 1_000
+MAX_POLL_INTERVAL_MS_MAX = 3_600_000
+
 # name -> (low, high, -1 allowed as "no limit")
 TOPIC_CONFIG_RANGES: dict[str, tuple[int, int, bool]] = {
     "retention_ms": (0, MAX_DURATION_MS, True),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from dmq.client._cluster import parse_address as _parse_address
 from dmq.client.errors import InvalidConfigError
+from dmq.proto import limits
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 
 SUBSCRIPTION_MODES = ("all", "new", "timestamp")
@@ -104,6 +105,15 @@ class ConsumerConfig:
         for name in ("fetch_min_bytes", "retry_backoff_ms"):
             if getattr(self, name) < 0:
                 out.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        # The group coordinator refuses a JoinGroup outside these (dmq.proto.limits): checked here,
+        # a bad value fails when the config is built instead of at the first subscribe.
+        for name, low, high in (
+            ("session_timeout_ms", limits.SESSION_TIMEOUT_MS_MIN, limits.SESSION_TIMEOUT_MS_MAX),
+            ("max_poll_interval_ms", limits.MAX_POLL_INTERVAL_MS_MIN, limits.MAX_POLL_INTERVAL_MS_MAX),
+        ):
+            if getattr(self, name) > 0 and not low <= getattr(self, name) <= high:
+                out.append(f"{name} must be within {low}..{high} ms (the group coordinator's limits), "
+                           f"got {getattr(self, name)}")
         if not 0 <= self.fetch_max_wait_ms <= MAX_FETCH_WAIT_MS:
             out.append(f"fetch_max_wait_ms must be within 0..{MAX_FETCH_WAIT_MS}, got {self.fetch_max_wait_ms}")
         if self.heartbeat_interval_ms > 0 and self.heartbeat_interval_ms * 3 > self.session_timeout_ms:

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from dmq.proto import limits
+
 from .assignor import PartitionAssignor, RangeAssignor
 from .effects import Event, StateChanged, Subscription, SubscriptionMode
 from .errors import UnknownMemberError
@@ -56,11 +58,11 @@ class GroupConfig:
     # Continuous churn re-arms the debounce; this caps how long a rebalance can be put off.
     rebalance_max_delay_ms: int = 5_000
     default_session_timeout_ms: int = 10_000
-    min_session_timeout_ms: int = 1_000
-    max_session_timeout_ms: int = 300_000
+    min_session_timeout_ms: int = limits.SESSION_TIMEOUT_MS_MIN
+    max_session_timeout_ms: int = limits.SESSION_TIMEOUT_MS_MAX
     default_max_poll_interval_ms: int = 300_000
-    min_max_poll_interval_ms: int = 1_000
-    max_max_poll_interval_ms: int = 3_600_000
+    min_max_poll_interval_ms: int = limits.MAX_POLL_INTERVAL_MS_MIN
+    max_max_poll_interval_ms: int = limits.MAX_POLL_INTERVAL_MS_MAX
     max_members: int = 1_000
     max_id_chars: int = 255  # client_id, consumer_id, host
     default_subscription_mode: SubscriptionMode = SubscriptionMode.ALL
