@@ -14,7 +14,15 @@ Retries: an error whose class is `retriable` is retried with backoff until deliv
 That includes a full disk on the broker (RESOURCE_EXHAUSTED with the disk-full reason in the
 trailing metadata: `DiskFullError`) and its transient I/O errors (UNAVAILABLE,
 `StorageUnavailableError`): the broker stored nothing of the batch, so the retry cannot
-duplicate it. A batch too large (RESOURCE_EXHAUSTED without that reason) is not retried.
+duplicate it. A batch too large (RESOURCE_EXHAUSTED without any reason) is not retried; as the
+producer builds batches within the topic's max_message_bytes from its metadata, the refusal means
+the broker's limit is lower than that metadata said, so the topic's metadata is refreshed for the
+batches after it. A RESOURCE_EXHAUSTED with a reason this client does not know is a plain
+ResourceExhaustedError, never "too large".
+
+acks=0: nobody waits for the broker, so a batch's handle resolves once the batch is handed to
+gRPC; a batch dropped after that (an error answer) is logged and counted in records_failed. A
+batch that fails before it was handed over fails its handle like any other.
 
 Ordering: at most ONE Produce per partition is in flight, so batches land in seal order and a
 retried batch never overtakes the next. Different partitions are in flight concurrently.
@@ -58,7 +66,7 @@ from dmq.client.errors import (
     from_rpc_error,
 )
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto import records
+from dmq.proto import error_details, records
 from dmq.proto.wire import uvarint
 
 log = structlog.get_logger(__name__)
@@ -73,6 +81,9 @@ _PRODUCE_ERRORS = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: RecordTooLargeError,
     grpc.StatusCode.NOT_FOUND: UnknownPartitionError,
 }
+# An answer carrying a reason (dmq.proto.error_details) says what ran out; only a reason-less
+# RESOURCE_EXHAUSTED is the broker's "batch too large".
+_PRODUCE_ERRORS_WITH_REASON = {grpc.StatusCode.NOT_FOUND: UnknownPartitionError}
 
 
 class Sender:
@@ -268,15 +279,18 @@ class Sender:
         try:
             response = call.result()
         except grpc.RpcError as e:
-            err = from_rpc_error(
-                e, context=f"Produce to {b.topic}[{b.partition}] at {address}", overrides=_PRODUCE_ERRORS
-            )
+            overrides = _PRODUCE_ERRORS if _reason(e) is None else _PRODUCE_ERRORS_WITH_REASON
+            err = from_rpc_error(e, context=f"Produce to {b.topic}[{b.partition}] at {address}", overrides=overrides)
             if isinstance(err, FailedPreconditionError):
                 err = _sequence_error(err)
             if isinstance(err, RecordTooLargeError):
+                # Built within the topic's limit as the metadata gave it: the broker's is lower.
+                # Later batches are built with fresh metadata; this one cannot be split any more.
+                self._cluster.invalidate(b.topic)
                 err.message += (
-                    f" (this batch: {b.count} records, {len(b.payload or b'')} bytes: lower the producer's "
-                    "batch_size below the topic's max_message_bytes)"
+                    f" (this batch: {b.count} records, {len(b.payload or b'')} bytes, built within the limit the "
+                    f"topic's metadata gave; the broker's limit is lower, so later batches use refreshed metadata. "
+                    "Records this large need a higher max_message_bytes on the topic, or smaller records)"
                 )
                 err.args = (err.message,)
             self._attempt_failed(q, b, err, now)
@@ -300,8 +314,14 @@ class Sender:
         self._active.add(q)
         where = dict(topic=b.topic, partition=b.partition, attempt=b.attempts)
         if not self._wait_for_ack:
-            log.warning("produce failed with acks=0; records dropped", error=str(err), **where)
-            self._done(b, -1)
+            if not b.future.done():  # never handed to gRPC: its handle still waits, tell it
+                self._fail(q, b, err)
+                return
+            # The handle said "sent" already; the metrics are the one place the loss shows.
+            log.warning("produce failed with acks=0; records dropped", error=str(err), records=b.count, **where)
+            with self._acc.lock:
+                self._acc.records_failed += b.count
+            self._release(b)
             return
         if err.invalid_metadata:
             self._cluster.invalidate(b.topic)
@@ -386,6 +406,14 @@ class Sender:
             acc.pool.release(b.reserved)
             b.reserved = 0
         return failed
+
+
+def _reason(e: grpc.RpcError) -> str | None:
+    trailing = getattr(e, "trailing_metadata", None)
+    try:
+        return error_details.reason_of(trailing()) if callable(trailing) else None
+    except Exception:  # noqa: BLE001 - a call that failed before any metadata (connect failure)
+        return None
 
 
 def _sequence_error(err: FailedPreconditionError) -> DMQError:
