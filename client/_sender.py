@@ -22,7 +22,7 @@ ResourceExhaustedError, never "too large".
 
 acks=0: nobody waits for the broker, so a batch's handle resolves once the batch is handed to
 gRPC; a batch dropped after that (an error answer) is logged and counted in records_failed. A
-batch that fails before it was handed over fails its handle like any other.
+batch not handed over yet (no leader known) is retried, or its handle fails, like any other.
 
 Ordering: at most ONE Produce per partition is in flight, so batches land in seal order and a
 retried batch never overtakes the next. Different partitions are in flight concurrently.
@@ -313,11 +313,9 @@ class Sender:
         q.inflight = None
         self._active.add(q)
         where = dict(topic=b.topic, partition=b.partition, attempt=b.attempts)
-        if not self._wait_for_ack:
-            if not b.future.done():  # never handed to gRPC: its handle still waits, tell it
-                self._fail(q, b, err)
-                return
-            # The handle said "sent" already; the metrics are the one place the loss shows.
+        if not self._wait_for_ack and b.future.done():
+            # The handle said "sent" already; the metrics are the one place the loss shows. (A
+            # batch never handed to gRPC goes on below: retried, or its handle fails.)
             log.warning("produce failed with acks=0; records dropped", error=str(err), records=b.count, **where)
             with self._acc.lock:
                 self._acc.records_failed += b.count

@@ -84,6 +84,35 @@ def test_acks_0_batches_dropped_after_an_error_are_counted_as_failed() -> None:
         for i in range(3):
             h = p.send("t", b"v%d" % i)
             assert h.get(WAIT_S).offset == -1  # acks=0: resolved once handed to gRPC
-            wait_until(lambda: len(broker.calls) == i + 1)
+            wait_until(lambda n=i + 1: len(broker.calls) == n)
         wait_until(lambda: p.metrics()["incomplete_batches"] == 0)
         assert p.metrics()["records_failed"] == 2
+
+
+def test_an_acks_0_batch_not_sent_yet_is_retried_or_fails_its_handle() -> None:
+    """No leader to send to: the batch never reached gRPC, so it is retried like any batch, and
+    when that fails its handle (not yet resolved) fails rather than reporting it sent."""
+    broker = FakeBroker()
+    with make_producer(broker, acks=0, enable_idempotence=False, retry_backoff_ms=1, delivery_timeout_ms=300,
+                       request_timeout_ms=100) as p:
+        cluster = p.cluster
+        leader_for = cluster.leader_for  # type: ignore[attr-defined]
+        failures = [errors.BrokerUnavailableError("no live leader for t[0]")]
+
+        def flaky_leader(topic: str, partition: int) -> str:
+            if failures:
+                raise failures.pop()
+            return leader_for(topic, partition)  # type: ignore[no-any-return]
+
+        cluster.leader_for = flaky_leader  # type: ignore[attr-defined]
+        assert p.send("t", b"a").get(WAIT_S).offset == -1
+        assert len(broker.calls) == 1 and p.metrics()["records_failed"] == 0
+
+        def no_leader(topic: str, partition: int) -> str:
+            raise errors.BrokerUnavailableError(f"no live leader for {topic}[{partition}]")
+
+        cluster.leader_for = no_leader  # type: ignore[attr-defined]
+        with pytest.raises(errors.DMQTimeoutError, match="delivery_timeout_ms"):
+            p.send("t", b"b").get(WAIT_S)
+        assert p.metrics()["records_failed"] == 1
+    assert len(broker.calls) == 1
