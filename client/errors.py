@@ -181,8 +181,9 @@ class RecordTooLargeError(ResourceExhaustedError):
 
 
 class DiskFullError(ResourceExhaustedError):
-    """The broker's disk is full; nothing of the request was stored. The producer retries within
-    delivery_timeout_ms: free space on the broker (or lower retention) and it goes on."""
+    """A server's disk is full (a broker's, or the coordinator's for topic and group changes);
+    nothing of the request was stored. The producer retries within delivery_timeout_ms: free space
+    on that server (or lower retention) and it goes on."""
 
     retriable = True
 
