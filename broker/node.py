@@ -35,6 +35,7 @@ from dmq.broker.offsets import OffsetStore
 from dmq.broker.service import BrokerService, _fail
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto import error_details
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.malloc_tuning import keep_large_buffers
@@ -203,9 +204,13 @@ class BrokerNode:
                     timeout=COORDINATOR_RPC_TIMEOUT_S,
                 )
             except grpc.aio.AioRpcError as e:
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                # Unreachable, or its disk is full (it cannot record us yet): both pass; any other
+                # refusal (a bad id or address) is for the operator.
+                disk_full = error_details.reason_of(e.trailing_metadata()) == error_details.DISK_FULL
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not disk_full:
                     raise
-                log.warning("coordinator not reachable, retrying", coordinator=self.coordinator_address, error=e.details())
+                log.warning("coordinator cannot register this broker yet, retrying",
+                            coordinator=self.coordinator_address, code=e.code().name, error=e.details())
                 # Bounded backoff that ends at once when the node stops (the RPC itself is
                 # bounded by its timeout, and the whole loop is cancellable).
                 with contextlib.suppress(TimeoutError):

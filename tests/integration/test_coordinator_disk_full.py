@@ -14,6 +14,7 @@ import asyncio
 import errno
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -65,6 +66,12 @@ async def add_full_broker(h: Harness, broker_id: int) -> FullBroker:
     h.brokers[broker_id] = broker
     await h.register(broker_id)
     return broker
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def reason(e: grpc.aio.AioRpcError) -> str | None:
@@ -206,3 +213,31 @@ async def test_coordinator_disk_full_is_resource_exhausted_and_retriable(small_t
     finally:
         await h.close()
 
+
+
+async def test_a_broker_registering_while_the_coordinators_disk_is_full_waits_and_then_registers(
+    small_tmpfs: pathlib.Path,
+) -> None:
+    """A broker's first registration is a write: with the coordinator's disk full it is refused,
+    and the broker keeps retrying (before, the refusal ended `dmq broker`, and `--brokers N` with it)."""
+    from dmq.broker.node import BrokerNode
+
+    h = Harness(small_tmpfs / "coordinator")
+    await h.start_coordinator()
+    filler = small_tmpfs / "filler"
+    broker = BrokerNode(small_tmpfs.parent / "broker-5", broker_id=5, coordinator_address=h.node.advertised_address,
+                        advertised_host="127.0.0.1", advertised_port=free_port())
+    try:
+        fill(filler)
+        start = asyncio.create_task(broker.start())
+        await asyncio.sleep(1.5)
+        assert not start.done(), start.exception() if start.done() else None
+        assert [b.broker_id for b in (await h.stub.ListBrokers(pb.ListBrokersRequest(), timeout=5)).brokers] == []
+        filler.unlink()
+        await asyncio.wait_for(start, 10)
+        assert broker.ready
+        alive = {b.broker_id: b.alive for b in (await h.stub.ListBrokers(pb.ListBrokersRequest(), timeout=5)).brokers}
+        assert alive == {5: True}
+    finally:
+        await broker.stop()
+        await h.close()
