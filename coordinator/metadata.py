@@ -136,11 +136,12 @@ class BrokerRefusal:
 class BrokerRefused(MetadataError):
     """A topic change undone because a broker refused it; carries the broker's status and reason."""
 
-    def __init__(self, refusal: BrokerRefusal, message: str) -> None:
+    def __init__(self, refusal: BrokerRefusal, message: str, *, undone: bool) -> None:
         super().__init__(message)
         self.code = refusal.code
         self.reason = refusal.reason
         self.refusal = refusal
+        self.undone = undone  # False: the store could not undo it either (the message says what to do)
 
 
 # Broker answers after which it gets its partitions anyway, at its next (re-)registration.
@@ -469,12 +470,14 @@ class MetadataManager:
             )
             refusal = await self._create_on_brokers(record, range(partitions))
             if refusal is not None:
-                undone = await self._undo(refusal, f"topic {name!r}", self._apply_delete(name))
-                await self._delete_on_brokers(record)
+                error = await self._undo(refusal, f"create topic {name!r}", self._apply_delete(name))
+                if error.undone:
+                    await self._delete_on_brokers(record)
         if refusal is not None:
-            # Listeners (the group coordinator) may have seen the topic meanwhile; it is gone again.
-            await self._notify(self._topic_deleted_listeners, name)
-            raise undone
+            if error.undone:
+                # Listeners (the group coordinator) may have seen the topic meanwhile; it is gone again.
+                await self._notify(self._topic_deleted_listeners, name)
+            raise error
         return record
 
     async def _apply_create(self, record: TopicRecord) -> None:
@@ -485,12 +488,13 @@ class MetadataManager:
             raise MetadataError(f"topic {record.name!r} is already in the store but not in memory: {e}") from e
         self._topics[record.name] = record
 
-    async def _undo(self, refusal: BrokerRefusal, what: str, undo: Coroutine[Any, Any, None]) -> BrokerRefused:
+    async def _undo(self, refusal: BrokerRefusal, change: str, undo: Coroutine[Any, Any, None]) -> BrokerRefused:
         """Undo a recorded change a broker refused; the error to answer (it names the broker's cause).
-        When the store cannot undo it either, the answer says what is left and how to clear it."""
+        When the store cannot undo it either (its disk is full too), the change stands and the answer
+        says how it completes: the broker is handed its partitions whenever it registers."""
         log.warning(
-            "broker refused partitions; change undone",
-            what=what,
+            "broker refused partitions; undoing the change",
+            change=change,
             broker_id=refusal.broker_id,
             code=refusal.code.name,
             error=refusal.message,
@@ -499,14 +503,15 @@ class MetadataManager:
             with _coordinator_disk_full():
                 await complete_even_if_cancelled(undo)
         except CoordinatorDiskFull as e:
-            log.error("could not undo a change a broker refused", what=what, error=str(e))
+            log.error("could not undo a change a broker refused", change=change, error=str(e))
             return BrokerRefused(
                 refusal,
-                f"{what}: broker {refusal.broker_id} refused its partitions ({refusal.message}) and the "
-                f"coordinator could not undo the change ({e}): once space is freed, delete the topic "
-                "(`dmq topics delete`) and create it again",
+                f"{change}: broker {refusal.broker_id} refused its partitions ({refusal.message}) and the "
+                f"coordinator could not undo the change ({e}): once space is freed, restart broker "
+                f"{refusal.broker_id}; it creates its partitions when it registers",
+                undone=False,
             )
-        return BrokerRefused(refusal, f"{what} not changed: {refusal.message}")
+        return BrokerRefused(refusal, f"could not {change}: {refusal.message}", undone=True)
 
     async def delete_topic(self, name: str) -> None:
         self.check_ready()
@@ -558,8 +563,9 @@ class MetadataManager:
             )
             refusal = await self._create_on_brokers(record, new)
             if refusal is not None:
-                error = await self._undo(refusal, f"topic {name!r}", self._apply_remove(current))
-                await self._delete_on_brokers(record, new)
+                error = await self._undo(refusal, f"add partitions to topic {name!r}", self._apply_remove(current))
+                if error.undone:
+                    await self._delete_on_brokers(record, new)
                 raise error
         # Listeners run outside the lock (they may read metadata), so two growths can notify out of
         # order; passing the count current at notification time keeps what they see non-decreasing.

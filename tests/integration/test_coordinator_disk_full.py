@@ -128,6 +128,31 @@ async def test_broker_disk_full_on_add_partitions_keeps_the_old_count(harness: H
     assert (await harness.stub.AddPartitions(pb.AddPartitionsRequest(name="t", partitions=3), timeout=5)).partition_count == 3
 
 
+
+async def test_a_refusal_the_store_cannot_undo_says_how_it_completes(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both disks full (the broker refuses, and the coordinator cannot delete the row again): the
+    topic stands, the answer says so and how it completes; the broker's next registration does it."""
+    from dmq.coordinator.store import StoreFullError
+
+    healthy = await harness.add_broker(1)
+    full = await add_full_broker(harness, 2)
+
+    async def store_full(name: str) -> None:
+        raise StoreFullError("disk full on the coordinator (coordinator.sqlite: database or disk is full)")
+
+    monkeypatch.setattr(harness.node.store, "delete_topic", store_full)
+    err = await rpc_error(harness.create("t", 2))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and reason(err) == error_details.DISK_FULL
+    assert "disk full on broker 2" in err.details() and "restart broker 2" in err.details(), err.details()
+    assert await topic_names(harness) == ["t"]
+    assert healthy.deleted == []  # its partition stays: the topic does
+    on_2 = [p for p, b in enumerate(leaders(await harness.describe("t"))) if b == 2]
+    full.full = False
+    response = await harness.register(2)
+    assert [(r.topic, list(r.partitions)) for r in response.partitions] == [("t", on_2)]
+
 # -- the coordinator's own disk ------------------------------------------------------------------
 
 
