@@ -150,7 +150,8 @@ class Wakeup:
         if timeout_s is not None and timeout_s <= 0:
             return False
         try:
-            await asyncio.wait_for(self._event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # no task per wait (wait_for would make one)
+                await self._event.wait()
         except TimeoutError:
             return False
         return True

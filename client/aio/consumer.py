@@ -342,6 +342,10 @@ class AsyncConsumer:
         deadline = time.monotonic() + timeout_s
         fetcher = self._fetcher
         self._maybe_auto_commit()
+        # One turn of the loop first, even when records are buffered: fetch answers that have
+        # arrived are only taken in (and the next fetch sent) when the loop runs, and an
+        # application that never waits would otherwise drain and fetch in turn, not in parallel.
+        await asyncio.sleep(0)
         while True:
             self._wakeup.clear()
             await self._coordinate()

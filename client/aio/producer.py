@@ -338,6 +338,9 @@ class AsyncProducer:
                     b.size + size + b.header_cost(hdrs is not None) > b.cap
                     or not b.accepts_timestamp(b.created_ms if timestamp_ms is None else timestamp_ms)):
                 acc.seal(b)  # full (or the timestamp is too far off): the next batch takes it
+                # Let the sender ship it now: a loop of sends that never waits would otherwise
+                # hold every batch until buffer_memory is full (no pipelining).
+                await asyncio.sleep(0)
                 continue
             if b is None or b.sealed:
                 need = max(min(MEMORY_CHUNK_BYTES, batch_cap), alone)
