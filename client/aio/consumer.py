@@ -266,7 +266,7 @@ class AsyncConsumer:
         limit = self.config.max_poll_records if max_records is None else max_records
         if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
             raise InvalidArgumentError(f"max_records must be a positive int, got {max_records!r}")
-        only = set(_tps((partitions,))) if partitions else None
+        only = set(_tps(partitions)) if partitions else None
         assert self._lock is not None
         async with self._lock:
             self._in_poll = True

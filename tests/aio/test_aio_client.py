@@ -209,14 +209,52 @@ def test_bad_settings_name_the_setting(make, setting):
         make()
 
 
-async def test_no_thread_per_client_or_call(server):
-    """Producing and consuming start no thread: everything is a task on this loop."""
+async def test_no_thread_per_client_or_call(server, monkeypatch):
+    """Producing and consuming start no thread: everything is a task on this loop. (Threads
+    the servers start, from their own thread, do not count.)"""
     await create(server.bootstrap, "threads", 2)
-    before = {t.ident for t in threading.enumerate()}
+    here = threading.current_thread()
+    started: list[str] = []
+    original = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if threading.current_thread() is here:
+            started.append(self.name)
+        original(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
     await produce(server.bootstrap, "threads", 100)
     seen: list = []
     async with AsyncConsumer("threads", bootstrap_servers=server.bootstrap, group_id="app", **FAST) as consumer:
         await drain(consumer, 100, seen)
-        during = {t.name for t in threading.enumerate() if t.ident not in before}
     assert len(seen) == 100
-    assert not during, f"threads started: {during}"
+    assert not started, f"threads started by the client: {started}"
+
+
+async def test_listener_seek_and_partition_filter(server):
+    await create(server.bootstrap, "seek", 2)
+    async with AsyncProducer(server.bootstrap, linger_ms=1) as producer:
+        for p in (0, 1):
+            for i in range(10):
+                await producer.send("seek", b"%d-%d" % (p, i), partition=p)
+    assigned: list = []
+
+    class Listener:
+        async def on_partitions_assigned(self, partitions):  # a coroutine callback is awaited
+            await asyncio.sleep(0)
+            assigned.append(set(partitions))
+
+        def on_partitions_revoked(self, partitions):
+            pass
+
+    tp0, tp1 = TopicPartition("seek", 0), TopicPartition("seek", 1)
+    async with AsyncConsumer("seek", bootstrap_servers=server.bootstrap, group_id="app", listener=Listener(), **FAST) as c:
+        only1 = await c.getmany(tp1, timeout_ms=5_000)
+        assert set(only1) == {tp1} and [r.offset for r in only1[tp1]] == list(range(10))
+        assert assigned == [{tp0, tp1}]
+        c.seek(tp0, 7)
+        assert await c.position(tp0) == 7
+        got = await c.getmany(tp0, timeout_ms=5_000)
+        assert [r.value for r in got[tp0]] == [b"0-7", b"0-8", b"0-9"]
+        with pytest.raises(InvalidArgumentError):
+            c.seek(tp0, -1)
