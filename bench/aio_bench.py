@@ -101,42 +101,30 @@ def sync_consume(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
     return rate
 
 
-async def aio_consume(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
+async def aio_consume(bootstrap: str, topic: str, n: int, iterate: bool = False) -> tuple[float, float]:
+    """getmany() batches, or with `iterate` ``async for`` record by record."""
     from dmq.client.aio import AsyncConsumer
 
     async with AsyncConsumer(topic, bootstrap_servers=bootstrap, group_id=group(), subscription_mode="all") as consumer:
         seen = touched = 0
         clock = Clock()
-        started = False
-        while seen < n:
-            batch = await consumer.getmany(timeout_ms=1000)
-            if not started and batch:
-                clock.start()
-                started = True
-            for records in batch.values():
-                for r in records:
-                    touched += len(r.value)
-                    seen += 1
-        rate = clock.rates(seen)
-    assert touched == 100 * seen
-    return rate
-
-
-async def aio_iterate(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
-    from dmq.client.aio import AsyncConsumer
-
-    async with AsyncConsumer(topic, bootstrap_servers=bootstrap, group_id=group(), subscription_mode="all") as consumer:
-        seen = touched = 0
-        clock = Clock()
-        started = False
-        async for r in consumer:
-            if not started:
-                clock.start()
-                started = True
-            touched += len(r.value)
-            seen += 1
-            if seen == n:
-                break
+        if iterate:
+            async for r in consumer:
+                if not seen:
+                    clock.start()
+                touched += len(r.value)
+                seen += 1
+                if seen == n:
+                    break
+        else:
+            while seen < n:
+                batch = await consumer.getmany(timeout_ms=1000)
+                if batch and not seen:
+                    clock.start()
+                for records in batch.values():
+                    for r in records:
+                        touched += len(r.value)
+                        seen += 1
         rate = clock.rates(seen)
     assert touched == 100 * seen
     return rate
@@ -179,7 +167,7 @@ def main() -> None:
                 rates["ap"].append(asyncio.run(aio_produce(server.bootstrap, "produce", values)))
                 rates["sc"].append(sync_consume(server.bootstrap, "consume", args.records))
                 rates["ac"].append(asyncio.run(aio_consume(server.bootstrap, "consume", args.records)))
-                rates["ai"].append(asyncio.run(aio_iterate(server.bootstrap, "consume", args.records)))
+                rates["ai"].append(asyncio.run(aio_consume(server.bootstrap, "consume", args.records, iterate=True)))
         finally:
             server.stop()
     print(f"{args.records:,} x 100-byte values, {args.partitions} partitions, acks=all, server in a subprocess, "
