@@ -166,6 +166,7 @@ class AsyncConsumer:
         self._last_poll = time.monotonic()
         self._in_poll = False
         self._lock: asyncio.Lock | None = None
+        self._coordinating: asyncio.Future[None] | None = None  # group work in flight (see _coordination)
         self._started = False
         self._closed = False
 
@@ -271,7 +272,7 @@ class AsyncConsumer:
         async with self._lock:
             self._in_poll = True
             try:
-                if self._pending:
+                if self._pending and self._coordinating is None:
                     out = self._take_pending(limit, only)
                     if out:
                         return out
@@ -289,7 +290,7 @@ class AsyncConsumer:
                 if batch:
                     return next(iter(batch.values()))[0]
                 continue
-            if self._pending:
+            if self._pending and self._coordinating is None:
                 chunk = self._pending[0]
                 records, i = chunk[1], chunk[2]
                 if i + 1 == len(records):
@@ -306,7 +307,7 @@ class AsyncConsumer:
     async def __anext__(self) -> ConsumerRecord:
         """The next record; StopAsyncIteration once the consumer is stopped."""
         pending = self._pending
-        if pending and not self._closed:  # getone()'s first step inline: one coroutine less a record
+        if pending and self._coordinating is None and not self._closed:  # getone()'s first step inline: one coroutine less a record
             chunk = pending[0]
             records, i = chunk[1], chunk[2]
             if i + 1 == len(records):
@@ -357,7 +358,17 @@ class AsyncConsumer:
         await asyncio.sleep(0)
         while True:
             self._wakeup.clear()
-            await self._coordinate()
+            if self._coordination():
+                fetcher.send_fetches()  # records go on arriving; none is handed out meanwhile
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return {}
+                await self._wakeup.wait(remaining)  # the work's end sets the wake-up
+                continue
+            if self._pending:  # held while the group work ran: older than anything fetched since
+                out = self._take_pending(limit, only)
+                if out:
+                    return out
             if self._subs.needing_position():
                 group_ids = {t: m.group_id for t, m in self._memberships.items() if m.found}
                 error = self._positions.update(group_ids, self._subscription_from_ms)
@@ -382,6 +393,27 @@ class AsyncConsumer:
         return m.subscription.from_ms if m is not None else EARLIEST
 
     # -- group coordination ----------------------------------------------------------------------
+
+    def _coordination(self) -> bool:
+        """Start the group work the memberships need (find, re-join, hand-off) as a task of its
+        own, so that getmany() keeps to its timeout whatever the coordinator does (each call in
+        it is bounded by request_timeout_ms). True while that work runs: no record is handed out
+        then, since a hand-off's commit must cover every record returned. Raises what finished
+        work raised (errors a person must fix)."""
+        task = self._coordinating
+        if task is not None:
+            if not task.done():
+                return True
+            self._coordinating = None
+            task.result()
+        now = time.monotonic()
+        if not any((not m.found or m.rejoin_reason is not None or not m.joined or m.assignment_stale)
+                   and self._backoff.get(m.topic, (0.0, 0.0))[0] <= now for m in self._memberships.values()):
+            return False
+        task = self._coordinating = asyncio.ensure_future(self._coordinate())
+        wakeup = self._wakeup
+        task.add_done_callback(lambda _t: wakeup.set())
+        return True
 
     async def _coordinate(self) -> None:
         for m in list(self._memberships.values()):
@@ -695,6 +727,11 @@ class AsyncConsumer:
             return
         deadline = time.monotonic() + (DEFAULT_CLOSE_TIMEOUT_S if timeout is None else max(0.0, timeout))
         try:
+            work = self._coordinating
+            if work is not None and not work.done():
+                # A hand-off half done is finished by leaving: the commit below covers it.
+                work.cancel()
+                await asyncio.wait({work}, timeout=max(0.0, deadline - time.monotonic()))
             if self._auto_commits:
                 await asyncio.wait(set(self._auto_commits), timeout=max(0.0, deadline - time.monotonic()))
             for topic in list(self._memberships):
