@@ -258,3 +258,25 @@ async def test_listener_seek_and_partition_filter(server):
         assert [r.value for r in got[tp0]] == [b"0-7", b"0-8", b"0-9"]
         with pytest.raises(InvalidArgumentError):
             c.seek(tp0, -1)
+
+
+async def test_getmany_keeps_its_timeout_while_the_coordinator_hangs():
+    """A coordinator that accepts connections but never answers: each group call waits for its
+    request_timeout_ms, in the background; getmany() still returns within its own timeout."""
+    writers = []
+    hung = await asyncio.start_server(lambda _r, w: writers.append(w), "127.0.0.1", 0)
+    port = hung.sockets[0].getsockname()[1]
+    consumer = AsyncConsumer("t", bootstrap_servers=f"127.0.0.1:{port}", group_id="g", request_timeout_ms=1_500,
+                             fetch_max_wait_ms=100, heartbeat_interval_ms=300, retry_backoff_ms=20)
+    try:
+        await asyncio.wait_for(consumer.start(), 10)  # the find times out (retriable): retried by getmany()
+        for _ in range(5):
+            started = time.monotonic()
+            assert await consumer.getmany(timeout_ms=100) == {}
+            assert time.monotonic() - started < 1.0  # not a group call's 1.5 s
+    finally:
+        await asyncio.wait_for(consumer.stop(timeout=2), 10)
+        for w in writers:
+            w.close()
+        hung.close()
+        await hung.wait_closed()
