@@ -23,13 +23,17 @@ GroupClient and OffsetClient (request building, answer parsing, error mapping th
 CallFuture), the heartbeat/watch/max-poll-interval coroutines of HeartbeatThread (run as tasks on
 this loop by _Heartbeats), and the record types.
 
-Differences from DMQConsumer: group calls are awaited inside getmany() (each bounded by
-request_timeout_ms; the hand-off commits by HANDOVER_COMMIT_WAIT_S), so no record is returned
-while a hand-off is under way; records buffered for getone() / ``async for`` are not counted as
-consumed until they are handed out, so commits never cover a record the application has not seen.
+Differences from DMQConsumer: the group work a poll finds to do (find, re-join, hand-off) runs as
+one task of its own (each call in it bounded by request_timeout_ms, the hand-off commits by
+HANDOVER_COMMIT_WAIT_S), and getmany() hands out no record while it runs, rather than holding back
+only the partitions of the membership concerned; getmany() keeps to its timeout either way.
+Records buffered for getone() / ``async for`` are not counted as consumed until they are handed
+out, so commits never cover a record the application has not seen. Rebalance listener callbacks
+may be coroutine functions (they are awaited).
 
-Tasks owned here: the heartbeat supervisor (and its per-membership heartbeat and watch tasks),
-the fetch and look-up calls, the auto-commits. stop() ends them all.
+Tasks owned here: the group work, the heartbeat supervisor (and its per-membership heartbeat and
+watch tasks), the fetch and look-up calls (through the AsyncCluster), the auto-commits. stop()
+ends them all.
 """
 
 from __future__ import annotations
