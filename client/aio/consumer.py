@@ -60,7 +60,7 @@ from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
 from dmq.client.consumer._positions import PositionFinder
 from dmq.client.consumer._records import OffsetAndMetadata, TopicPartition
-from dmq.client.consumer._subscription import EARLIEST, SubscriptionState
+from dmq.client.consumer._subscription import EARLIEST, LATEST, SubscriptionState
 from dmq.client.errors import (
     ClientClosedError,
     CommitFailedError,
@@ -718,6 +718,44 @@ class AsyncConsumer:
         self._subs.seek(tp, offset)
         self._fetcher.drop(tp)
         self._drop_pending([tp])
+
+    async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        """Move to the log start of the given partitions (every assigned one when none given)."""
+        self._seek_to(EARLIEST, partitions, "seek_to_beginning()")
+
+    async def seek_to_end(self, *partitions: TopicPartition) -> None:
+        """Move to the log end: only records produced from now on are returned."""
+        self._seek_to(LATEST, partitions, "seek_to_end()")
+
+    def _seek_to(self, where: int, partitions: tuple[TopicPartition, ...], what: str) -> None:
+        self._check_open()
+        tps = [DMQConsumer._assigned_state(self, tp, what)[0] for tp in (_tps(partitions) or self._subs.assigned())]  # type: ignore[arg-type]
+        for tp in tps:
+            self._subs.request_reset(tp, where)
+            self._fetcher.drop(tp)
+        self._drop_pending(tps)
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        """Stop fetching and returning records of these partitions until resume()."""
+        self._check_open()
+        tps = [DMQConsumer._assigned_state(self, tp, "pause()")[0] for tp in _tps(partitions)]  # type: ignore[arg-type]
+        # Records buffered but not handed out are dropped, and the position moved back to the
+        # first of them, so resume() fetches them again.
+        unhanded = self._to_commit(only_changed=False)
+        for tp in tps:
+            if any(c[0] == tp for c in self._pending):
+                self._subs.seek(tp, unhanded[tp].offset)
+            self._subs.pause(tp)
+            self._fetcher.drop(tp)
+        self._drop_pending(tps)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self._check_open()
+        for tp in [DMQConsumer._assigned_state(self, tp, "resume()")[0] for tp in _tps(partitions)]:  # type: ignore[arg-type]
+            self._subs.resume(tp)
+
+    def paused(self) -> set[TopicPartition]:
+        return self._subs.paused() if self._started else set()
 
     # -- stop ------------------------------------------------------------------------------------
 

@@ -258,6 +258,16 @@ async def test_listener_seek_and_partition_filter(server):
         assert [r.value for r in got[tp0]] == [b"0-7", b"0-8", b"0-9"]
         with pytest.raises(InvalidArgumentError):
             c.seek(tp0, -1)
+        await c.seek_to_beginning(tp0)
+        assert (await c.getone()).offset == 0  # buffers a chunk of tp0 for getone()
+        c.pause(tp0)  # the buffered, unreturned records are fetched again after resume()
+        assert c.paused() == {tp0}
+        assert await c.getmany(timeout_ms=300) == {}
+        c.resume(tp0)
+        got = await c.getmany(timeout_ms=5_000)
+        assert [r.offset for r in got[tp0]] == list(range(1, 10))
+        await c.seek_to_end()
+        assert await c.position(tp0) == 10 and await c.position(tp1) == 10
 
 
 async def test_getmany_keeps_its_timeout_while_the_coordinator_hangs():
