@@ -86,6 +86,9 @@ HANDOVER_COMMIT_WAIT_S = 1.0  # as DMQConsumer: a stopped broker must not hold t
 MAX_GROUP_BACKOFF_S = 1.0
 HEARTBEAT_STOP_TIMEOUT_S = 1.0
 _CONFIG_NAMES = frozenset(f.name for f in fields(ConsumerConfig) if f.init)
+# DMQConsumer._check_can_commit and ._assigned_state are called with an AsyncConsumer as `self`:
+# they only read `config`, `_subs` and `_memberships`, which this class keeps under the same
+# names and meanings, so the rules (and messages) of who may commit and what is assigned are one.
 
 
 class _Heartbeats(HeartbeatThread):
