@@ -1,0 +1,269 @@
+"""AsyncCluster: the sync client's metadata cache and call builders, on grpc.aio channels.
+
+The asyncio client reuses the synchronous client's pure parts (request building, answer parsing,
+error mapping, the metadata cache, retry and idempotence rules of the sender, the fetch buffers)
+rather than writing them again. Those parts talk to gRPC through a small surface: a stub method's
+``.future(request, timeout=)`` returning a grpc.Future (done / result / add_done_callback /
+cancel), and ``Cluster.leader_for`` / ``topic_metadata`` lookups. This module gives that surface
+on grpc.aio:
+
+    CallFuture     a grpc.Future view of an asyncio task running one aio call. result() never
+                   blocks (the event loop must run for any answer to arrive): asked before the
+                   call is done it raises grpc.FutureTimeoutError.
+    FutureStub     wraps an aio stub: ``stub.X.future(req, timeout=)`` -> CallFuture, and
+                   ``await stub.X(req, timeout=)`` -> the response.
+    AsyncCluster   a Cluster whose channels are aio channels and whose synchronous look-ups
+                   never wait: they answer from the cache (stale entries included: partitions
+                   never move between brokers) and start a refresh in the background, whose
+                   answer later look-ups find. ``await metadata(topic)`` waits for it, with a
+                   timeout.
+
+No thread is started: every call is a task on the caller's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import grpc
+
+from dmq.client._cluster import Cluster, TopicMetadata, parse_address
+from dmq.client.errors import ClientClosedError, DMQError, DMQTimeoutError, InvalidConfigError
+from dmq.proto.grpc_options import channel_options
+
+log = logging.getLogger(__name__)
+
+CHANNEL_CLOSE_TIMEOUT_S = 1.0
+
+
+class CallCancelledError(grpc.FutureCancelledError, concurrent.futures.CancelledError):
+    """A CallFuture's call was cancelled (the client closed). Both base classes, because the
+    reused sync parts catch one or the other."""
+
+
+class CallFuture:
+    """The grpc.Future surface over an asyncio task (see the module comment)."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, awaitable: Awaitable[Any], running: set[CallFuture] | None = None) -> None:
+        self.task: asyncio.Future[Any] = asyncio.ensure_future(awaitable)
+        if running is not None:  # the owner's register of calls in flight (see AsyncCluster.aclose)
+            running.add(self)
+            self.task.add_done_callback(lambda _t: running.discard(self))
+
+    def __repr__(self) -> str:
+        return f"<CallFuture {self.task!r}>"
+
+    def done(self) -> bool:
+        return self.task.done()
+
+    def cancel(self) -> bool:
+        return self.task.cancel()
+
+    def cancelled(self) -> bool:
+        return self.task.cancelled()
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.task.done():
+            raise grpc.FutureTimeoutError()
+        if self.task.cancelled():
+            raise CallCancelledError()
+        return self.task.result()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self.task.done():
+            raise grpc.FutureTimeoutError()
+        if self.task.cancelled():
+            raise CallCancelledError()
+        return self.task.exception()
+
+    def add_done_callback(self, fn: Callable[[CallFuture], Any]) -> None:
+        self.task.add_done_callback(lambda _t: fn(self))
+
+
+class FutureMethod:
+    """One aio multi-callable: awaitable when called, grpc.Future-like through ``future()``."""
+
+    __slots__ = ("_call", "_running")
+
+    def __init__(self, call: Any, running: set[CallFuture]) -> None:
+        self._call = call
+        self._running = running
+
+    def __call__(self, request: Any, timeout: float | None = None) -> Any:
+        return self._call(request, timeout=timeout)
+
+    def future(self, request: Any, timeout: float | None = None) -> CallFuture:
+        return CallFuture(self._call(request, timeout=timeout), self._running)
+
+
+class FutureStub:
+    __slots__ = ("_stub", "_running")
+
+    def __init__(self, stub: Any, running: set[CallFuture]) -> None:
+        self._stub = stub
+        self._running = running
+
+    def __getattr__(self, name: str) -> FutureMethod:
+        return FutureMethod(getattr(self._stub, name), self._running)
+
+
+class TaskPool:
+    """Stands in for the sync Fetcher's thread pool: ``submit(call, request, timeout=)`` starts
+    the aio call (a FutureMethod) as a task; the cluster's aclose() ends what still runs."""
+
+    def submit(self, fn: FutureMethod, request: Any, timeout: float | None = None) -> CallFuture:
+        return fn.future(request, timeout=timeout)
+
+    def shutdown(self, wait: bool = False, cancel_futures: bool = True) -> None:
+        """Nothing to do here: the calls belong to the cluster (AsyncCluster.aclose)."""
+
+
+class Wakeup:
+    """The sync parts' wake-up event (they only call set()), on asyncio: the owner awaits it."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self, timeout_s: float | None) -> bool:
+        """Wait until set or `timeout_s` passed; True when set."""
+        if self._event.is_set():
+            return True
+        if timeout_s is not None and timeout_s <= 0:
+            return False
+        try:
+            async with asyncio.timeout(timeout_s):  # no task per wait (wait_for would make one)
+                await self._event.wait()
+        except TimeoutError:
+            return False
+        return True
+
+
+def bootstrap_address(value: Any, setting: str = "bootstrap_servers") -> str:
+    """One coordinator ``host:port`` from a string ("h:p" or "h1:p,h2:p") or a list of them: the
+    first is used (the coordinator tells the client where the brokers are)."""
+    if isinstance(value, str):
+        candidates = [a for a in value.split(",") if a.strip()]
+    elif isinstance(value, (list, tuple)) and all(isinstance(a, str) for a in value):
+        candidates = [a for a in value if a.strip()]
+    else:
+        raise InvalidConfigError(f"{setting} must be 'host:port' or a list of them, got {value!r}")
+    if not candidates:
+        raise InvalidConfigError(f"{setting} must name at least one 'host:port', got {value!r}")
+    address = candidates[0].strip()
+    if "://" in address:
+        address = address.split("://", 1)[1].rstrip("/")
+    try:
+        return parse_address(address)
+    except ValueError as e:
+        raise InvalidConfigError(f"{setting}: {e}") from e
+
+
+class AsyncCluster(Cluster):
+    """A Cluster on grpc.aio whose synchronous look-ups never wait (see the module comment).
+    Create it inside a running event loop; the owner awaits aclose()."""
+
+    def __init__(self, bootstrap: str, **settings: Any) -> None:
+        super().__init__(bootstrap, **settings)
+        self.running: set[CallFuture] = set()  # calls started here and not finished yet
+
+    def channel(self, address: str) -> Any:
+        ch = self._channels.get(address)
+        if ch is None:
+            if self._closed:
+                raise ClientClosedError(f"the client for {self.bootstrap} is closed; create a new one")
+            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=channel_options())
+        return ch
+
+    def _stub(self, address: str, cls: type) -> Any:
+        stub = self._stubs.get((address, cls))
+        if stub is None:
+            stub = self._stubs[(address, cls)] = FutureStub(cls(self.channel(address)), self.running)
+        return stub
+
+    def _unary(self, address: str, method: str, serializer: Any, deserializer: Any) -> Any:
+        return FutureMethod(super()._unary(address, method, serializer, deserializer), self.running)
+
+    # Never wait in a synchronous look-up: nothing could answer while the loop is held.
+    def topic_metadata(self, topic: str, *, timeout_s: float | None = None, allow_stale: bool = False) -> TopicMetadata:
+        return super().topic_metadata(topic, timeout_s=0, allow_stale=True)
+
+    def refresh(self, topics: Iterable[str] | None = None, *, timeout_s: float | None = None) -> None:
+        super().refresh(topics, timeout_s=0)
+
+    async def metadata(self, topic: str, timeout_s: float | None = None) -> TopicMetadata:
+        """The topic's metadata, asking the coordinator when it is missing, stale or old, and
+        waiting up to `timeout_s` (default request_timeout_ms) for the answer."""
+        meta = self._topics.get(topic)
+        if (meta is not None and topic not in self._stale
+                and time.monotonic() - meta.fetched_at <= self.metadata_max_age_ms / 1000):
+            return meta
+        await self.wait_refresh([topic], timeout_s)
+        meta = self._topics.get(topic)
+        if meta is None:  # pragma: no cover - the refresh raises TopicNotFoundError instead
+            raise DMQError(f"no metadata for topic {topic!r}")
+        return meta
+
+    def knows(self, topic: str) -> bool:
+        """Whether the cache holds the topic (fresh or not)."""
+        return topic in self._topics
+
+    async def wait_refresh(self, topics: Iterable[str] | None, timeout_s: float | None = None) -> None:
+        names = tuple(sorted(set(topics))) if topics is not None else ()
+        wait_s = self.timeout_s if timeout_s is None else max(0.0, timeout_s)
+        future = asyncio.wrap_future(self._start_refresh(names))
+        try:
+            # shield: the refresh is shared; a waiter that gives up must not cancel it for others
+            await asyncio.wait_for(asyncio.shield(future), wait_s)
+        except TimeoutError:
+            raise DMQTimeoutError(
+                f"GetMetadata from the coordinator at {self.bootstrap} did not answer within {wait_s:.3g} s; "
+                "is the coordinator up and is that its address?"
+            ) from None
+
+    async def aclose(self) -> None:
+        """Close every channel (their calls end CANCELLED). Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        # Cancel the calls still in flight and let them finish before the channels close: a call
+        # left behind would deliver its completion to a loop that may be closed by then.
+        tasks = [f.task for f in self.running]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=CHANNEL_CLOSE_TIMEOUT_S)
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._stubs.clear()
+        for ch in channels:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ch.close(grace=None), CHANNEL_CLOSE_TIMEOUT_S)
+
+    def close(self) -> None:  # pragma: no cover - the async owners call aclose()
+        raise RuntimeError("AsyncCluster is closed with `await cluster.aclose()`")
+
+
+async def settle(futures: Iterable[Any], timeout_s: float) -> None:
+    """Wait until the CallFutures are done or `timeout_s` passed (their own deadlines end them)."""
+    tasks = {f.task for f in futures if not f.done()}
+    if tasks:
+        await asyncio.wait(tasks, timeout=max(0.0, timeout_s))

@@ -1,0 +1,802 @@
+"""AsyncConsumer: consumer groups from asyncio code, with DMQConsumer's semantics (aiokafka's shape).
+
+    consumer = AsyncConsumer("orders", bootstrap_servers="127.0.0.1:9091", group_id="billing")
+    await consumer.start()
+    try:
+        async for record in consumer:                      # or: await consumer.getmany(timeout_ms=500)
+            handle(record)
+    finally:
+        await consumer.stop()                              # commits, hands back, leaves the group
+
+The group protocol is DESIGN.md's "Consumer groups", as DMQConsumer runs it: one membership per
+subscribed topic (``G_<topic>_<group_id>``), FindOrCreateGroup / JoinGroup, heartbeats and a
+WatchGroup stream that flag a new generation, and the ownership hand-off: when a generation
+changes, the positions of the records already handed to the application are committed to each
+partition's broker BEFORE GetAssignment acknowledges the new assignment, so the next owner of a
+revoked partition starts exactly after the last record this consumer returned: no record lost or
+returned twice across a voluntary rebalance.
+
+Reused from the sync consumer, unchanged: ConsumerConfig (settings and their checks),
+SubscriptionState, the Fetcher (pipelined per-broker fetches and lazy decoding; its calls become
+tasks through TaskPool), PositionFinder (committed offset, group start position or reset),
+GroupClient and OffsetClient (request building, answer parsing, error mapping through
+CallFuture), the heartbeat/watch/max-poll-interval coroutines of HeartbeatThread (run as tasks on
+this loop by _Heartbeats), and the record types.
+
+Differences from DMQConsumer: the group work a poll finds to do (find, re-join, hand-off) runs as
+one task of its own (each call in it bounded by request_timeout_ms, the hand-off commits by
+HANDOVER_COMMIT_WAIT_S), and getmany() hands out no record while it runs, rather than holding back
+only the partitions of the membership concerned; getmany() keeps to its timeout either way.
+Records buffered for getone() / ``async for`` are not counted as consumed until they are handed
+out, so commits never cover a record the application has not seen. Rebalance listener callbacks
+may be coroutine functions (they are awaited).
+
+Tasks owned here: the group work, the heartbeat supervisor (and its per-membership heartbeat and
+watch tasks), the fetch and look-up calls (through the AsyncCluster), the auto-commits. stop()
+ends them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import fields
+from typing import Any
+
+import grpc
+
+from dmq.client.aio._cluster import AsyncCluster, TaskPool, Wakeup, bootstrap_address, settle
+from dmq.client.consumer._config import ConsumerConfig
+from dmq.client.consumer._consumer import DMQConsumer, _tp, _tps
+from dmq.client.consumer._fetcher import Fetcher
+from dmq.client.consumer._group import GroupClient, Membership, group_id_for
+from dmq.client.consumer._heartbeat import HeartbeatThread
+from dmq.client.consumer._listener import ConsumerRebalanceListener
+from dmq.client.consumer._offsets import OffsetClient
+from dmq.client.consumer._positions import PositionFinder
+from dmq.client.consumer._records import OffsetAndMetadata, TopicPartition
+from dmq.client.consumer._subscription import EARLIEST, LATEST, SubscriptionState
+from dmq.client.errors import (
+    ClientClosedError,
+    CommitFailedError,
+    DMQError,
+    DMQTimeoutError,
+    GroupNotFoundError,
+    IllegalStateError,
+    InvalidArgumentError,
+    InvalidConfigError,
+    UnknownMemberError,
+    from_rpc_error,
+)
+from dmq.client.records import ConsumerRecord
+from dmq.proto import dmq_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AsyncConsumer"]
+
+DEFAULT_CLOSE_TIMEOUT_S = 30.0
+LEAVE_TIMEOUT_S = 5.0
+HANDOVER_COMMIT_WAIT_S = 1.0  # as DMQConsumer: a stopped broker must not hold the rebalance
+MAX_GROUP_BACKOFF_S = 1.0
+HEARTBEAT_STOP_TIMEOUT_S = 1.0
+_CONFIG_NAMES = frozenset(f.name for f in fields(ConsumerConfig) if f.init)
+# DMQConsumer._check_can_commit and ._assigned_state are called with an AsyncConsumer as `self`:
+# they only read `config`, `_subs` and `_memberships`, which this class keeps under the same
+# names and meanings, so the rules (and messages) of who may commit and what is assigned are one.
+
+
+class _Heartbeats(HeartbeatThread):
+    """HeartbeatThread's coroutines (heartbeat and WatchGroup per membership, the
+    max_poll_interval_ms watchdog) run as tasks on the consumer's loop instead of a thread's."""
+
+    _main_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._main_task = asyncio.create_task(self._main(), name=f"{self.name}-heartbeats")
+
+    @property
+    def alive(self) -> bool:
+        return self._main_task is not None and not self._main_task.done()
+
+    def _call(self, fn: Any, *args: object) -> None:
+        fn(*args)  # already on the loop
+
+    async def astop(self, timeout_s: float = HEARTBEAT_STOP_TIMEOUT_S) -> None:
+        task = self._main_task
+        if task is None or task.done():
+            return
+        if self._stopping is None:  # _main has not run yet
+            task.cancel()
+        else:
+            self._stopping.set()  # _main cancels its tasks and closes its channels
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task}, timeout=timeout_s)
+
+
+def consumer_config(bootstrap_servers: Any, group_id: Any, config: ConsumerConfig | None,
+                    settings: Mapping[str, Any]) -> ConsumerConfig:
+    """A ConsumerConfig from aiokafka-style arguments; an unknown setting is named."""
+    if config is not None:
+        if settings or bootstrap_servers is not None or group_id is not None:
+            raise InvalidConfigError("give either config=ConsumerConfig(...) or settings, not both")
+        return config
+    unknown = sorted(set(settings) - _CONFIG_NAMES)
+    if unknown:
+        raise InvalidConfigError(f"unknown consumer setting(s): {', '.join(unknown)} "
+                                 f"(known: bootstrap_servers, {', '.join(sorted(_CONFIG_NAMES))})")
+    values = dict(settings)
+    if bootstrap_servers is not None:
+        if "metadata_service_url" in values:
+            raise InvalidConfigError("give bootstrap_servers or metadata_service_url, not both")
+        values["metadata_service_url"] = bootstrap_address(bootstrap_servers)
+    elif "metadata_service_url" not in values:
+        raise InvalidConfigError("bootstrap_servers is required: the coordinator's 'host:port'")
+    if group_id is None:
+        raise InvalidConfigError("group_id is required: the application's consumer group name")
+    values["group_id"] = group_id
+    return ConsumerConfig(**values)
+
+
+class AsyncConsumer:
+    """Consume topics as a member of a consumer group, from asyncio code."""
+
+    def __init__(
+        self,
+        *topics: str,
+        bootstrap_servers: str | list[str] | None = None,
+        group_id: str | None = None,
+        config: ConsumerConfig | None = None,
+        listener: ConsumerRebalanceListener | None = None,
+        **settings: Any,
+    ) -> None:
+        self.config = consumer_config(bootstrap_servers, group_id, config, settings)
+        if not all(isinstance(t, str) and t for t in topics):
+            raise InvalidArgumentError(f"topics must be non-empty strings, got {topics!r}")
+        self._initial_topics = list(topics)
+        self._initial_listener = listener
+        self.consumer_id = f"{self.config.client_id}-{uuid.uuid4().hex[:12]}"
+        self._memberships: dict[str, Membership] = {}
+        self._backoff: dict[str, tuple[float, float]] = {}  # topic -> (retry at, last delay)
+        # Records fetched but not handed out yet (getone / async for): (partition, records, next index)
+        self._pending: deque[list[Any]] = deque()
+        self._auto_commits: set[asyncio.Future[Any]] = set()
+        self._next_auto_commit = 0.0
+        self._last_poll = time.monotonic()
+        self._in_poll = False
+        self._lock: asyncio.Lock | None = None
+        self._coordinating: asyncio.Future[None] | None = None  # group work in flight (see _coordination)
+        self._started = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "started" if self._started else "not started"
+        return f"<AsyncConsumer id={self.consumer_id!r} group_id={self.config.group_id!r} topics={list(self._memberships)} {state}>"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Build the client on this loop and join the groups of the topics given to the
+        constructor (errors a person must fix, like an unknown topic, are raised here)."""
+        if self._closed:
+            raise ClientClosedError("this AsyncConsumer is stopped; create a new one")
+        if self._started:
+            return
+        c = self.config
+        self._cluster = AsyncCluster(c.metadata_service_url, request_timeout_ms=c.request_timeout_ms)
+        self._wakeup = Wakeup()
+        self._subs = SubscriptionState()
+        self._fetcher = Fetcher(self._cluster, self._subs, c, self._wakeup, name=self.consumer_id)  # type: ignore[arg-type]
+        # Fetches become tasks on this loop instead of calls on the Fetcher's thread pool.
+        self._fetcher._pool.shutdown(wait=False)
+        self._fetcher._pool = TaskPool()  # type: ignore[assignment]
+        self._groups = GroupClient(self._cluster, c, self.consumer_id)
+        self._offsets = OffsetClient(self._cluster, c)
+        self._positions = PositionFinder(self._cluster, self._offsets, self._subs, c, self._wakeup)  # type: ignore[arg-type]
+        self._heartbeat = _Heartbeats(self.consumer_id, c, self._wakeup, self._poll_age_s)  # type: ignore[arg-type]
+        self._lock = asyncio.Lock()
+        self._next_auto_commit = time.monotonic() + c.auto_commit_interval_ms / 1000
+        self._started = True
+        if self._initial_topics:
+            try:
+                await self.subscribe(self._initial_topics, self._initial_listener)
+            except BaseException:
+                await self.stop()
+                raise
+
+    async def __aenter__(self) -> AsyncConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- subscription ----------------------------------------------------------------------------
+
+    async def subscribe(self, topics: str | Iterable[str], listener: ConsumerRebalanceListener | None = None) -> None:
+        """Join the group of each topic (leaving those no longer named); partitions arrive in
+        getmany(). A retriable failure (coordinator away) is retried by getmany()."""
+        self._check_open()
+        wanted = list(dict.fromkeys([topics] if isinstance(topics, str) else topics))
+        if not wanted or not all(isinstance(t, str) and t for t in wanted):
+            raise InvalidArgumentError("subscribe() needs a topic name or a non-empty list of topic names")
+        if not self._heartbeat.alive:
+            self._heartbeat.start()
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        for topic in [t for t in self._memberships if t not in wanted]:
+            await self._leave_topic(topic, deadline)
+        self._subs.subscribe(wanted, listener)
+        for topic in wanted:
+            if topic in self._memberships:
+                continue
+            m = self._memberships[topic] = Membership.pending(
+                topic, group_id_for(topic, self.config.group_id), self._cluster.bootstrap)
+            try:
+                await self._find(m)
+                await self._join(m)
+            except DMQError as e:
+                if not e.retriable:
+                    self._memberships.pop(topic, None)
+                    raise
+                self._group_failed(m, "subscribing", e)
+
+    async def unsubscribe(self) -> None:
+        self._check_open()
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        for topic in list(self._memberships):
+            await self._leave_topic(topic, deadline)
+        self._subs.subscribe((), None)
+
+    def subscription(self) -> set[str]:
+        return set(self._memberships)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._subs.assigned()) if self._started else set()
+
+    # -- records ---------------------------------------------------------------------------------
+
+    async def getmany(self, *partitions: TopicPartition, timeout_ms: int = 0,
+                      max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Records of the owned partitions (of `partitions` only, when given), at most
+        max_records (default max_poll_records), waiting up to timeout_ms for some. Rebalances
+        are carried out here."""
+        self._check_open()
+        if not self._memberships:
+            raise IllegalStateError("getmany() needs a subscription: give topics or call subscribe() first")
+        limit = self.config.max_poll_records if max_records is None else max_records
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise InvalidArgumentError(f"max_records must be a positive int, got {max_records!r}")
+        only = set(_tps(partitions)) if partitions else None
+        assert self._lock is not None
+        async with self._lock:
+            self._in_poll = True
+            try:
+                if self._pending and self._coordinating is None:
+                    out = self._take_pending(limit, only)
+                    if out:
+                        return out
+                return await self._poll(max(0, timeout_ms) / 1000, limit, only)
+            finally:
+                self._in_poll = False
+                self._last_poll = time.monotonic()
+
+    async def getone(self, *partitions: TopicPartition) -> ConsumerRecord:
+        """The next record (of `partitions` only, when given), waiting as long as it takes (like
+        aiokafka's); each wait inside is bounded by fetch_max_wait_ms."""
+        while True:
+            if partitions:
+                batch = await self.getmany(*partitions, timeout_ms=self.config.fetch_max_wait_ms, max_records=1)
+                if batch:
+                    return next(iter(batch.values()))[0]
+                continue
+            if self._pending and self._coordinating is None:
+                chunk = self._pending[0]
+                records, i = chunk[1], chunk[2]
+                if i + 1 == len(records):
+                    self._pending.popleft()
+                else:
+                    chunk[2] = i + 1
+                return records[i]  # type: ignore[no-any-return]
+            batch = await self.getmany(timeout_ms=self.config.fetch_max_wait_ms)
+            self._pending.extend([tp, records, 0] for tp, records in batch.items())
+
+    def __aiter__(self) -> AsyncConsumer:
+        return self
+
+    async def __anext__(self) -> ConsumerRecord:
+        """The next record; StopAsyncIteration once the consumer is stopped."""
+        pending = self._pending
+        if pending and self._coordinating is None and not self._closed:  # getone()'s first step inline: one coroutine less a record
+            chunk = pending[0]
+            records, i = chunk[1], chunk[2]
+            if i + 1 == len(records):
+                pending.popleft()
+            else:
+                chunk[2] = i + 1
+            return records[i]  # type: ignore[no-any-return]
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            return await self.getone()
+        except ClientClosedError:
+            raise StopAsyncIteration from None
+
+    def _take_pending(self, limit: int, only: set[TopicPartition] | None) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Buffered records first (they were fetched before anything newer), up to limit."""
+        out: dict[TopicPartition, list[ConsumerRecord]] = {}
+        kept: deque[list[Any]] = deque()
+        while self._pending and limit > 0:
+            chunk = self._pending.popleft()
+            tp, records, i = chunk
+            if only is not None and tp not in only:
+                kept.append(chunk)
+                continue
+            taken = records[i:i + limit]
+            out.setdefault(tp, []).extend(taken)
+            limit -= len(taken)
+            if i + len(taken) < len(records):
+                chunk[2] = i + len(taken)
+                kept.append(chunk)
+        kept.extend(self._pending)
+        self._pending = kept
+        return out
+
+    def _drop_pending(self, tps: Iterable[TopicPartition]) -> None:
+        gone = set(tps)
+        if gone and self._pending:
+            self._pending = deque(c for c in self._pending if c[0] not in gone)
+
+    async def _poll(self, timeout_s: float, limit: int,
+                    only: set[TopicPartition] | None) -> dict[TopicPartition, list[ConsumerRecord]]:
+        deadline = time.monotonic() + timeout_s
+        fetcher = self._fetcher
+        self._maybe_auto_commit()
+        # One turn of the loop first, even when records are buffered: fetch answers that have
+        # arrived are only taken in (and the next fetch sent) when the loop runs, and an
+        # application that never waits would otherwise drain and fetch in turn, not in parallel.
+        await asyncio.sleep(0)
+        while True:
+            self._wakeup.clear()
+            if self._coordination():
+                fetcher.send_fetches()  # records go on arriving; none is handed out meanwhile
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return {}
+                await self._wakeup.wait(remaining)  # the work's end sets the wake-up
+                continue
+            if self._pending:  # held while the group work ran: older than anything fetched since
+                out = self._take_pending(limit, only)
+                if out:
+                    return out
+            if self._subs.needing_position():
+                group_ids = {t: m.group_id for t, m in self._memberships.items() if m.found}
+                error = self._positions.update(group_ids, self._subscription_from_ms)
+                if error is not None:
+                    raise error
+            hold = frozenset(tp for tp in self._subs.assigned() if tp not in only) if only is not None else frozenset()
+            records = fetcher.collect(limit, hold)
+            fetcher.send_fetches()
+            if records:
+                return records
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return {}
+            # Answers and group flags set the wake-up; the cap covers backoffs nothing signals.
+            await self._wakeup.wait(min(remaining, self.config.retry_backoff_ms / 1000 or remaining))
+
+    def _poll_age_s(self) -> float:
+        return 0.0 if self._in_poll else time.monotonic() - self._last_poll
+
+    def _subscription_from_ms(self, topic: str) -> int:
+        m = self._memberships.get(topic)
+        return m.subscription.from_ms if m is not None else EARLIEST
+
+    # -- group coordination ----------------------------------------------------------------------
+
+    def _coordination(self) -> bool:
+        """Start the group work the memberships need (find, re-join, hand-off) as a task of its
+        own, so that getmany() keeps to its timeout whatever the coordinator does (each call in
+        it is bounded by request_timeout_ms). True while that work runs: no record is handed out
+        then, since a hand-off's commit must cover every record returned. Raises what finished
+        work raised (errors a person must fix)."""
+        task = self._coordinating
+        if task is not None:
+            if not task.done():
+                return True
+            self._coordinating = None
+            task.result()
+        now = time.monotonic()
+        if not any((not m.found or m.rejoin_reason is not None or not m.joined or m.assignment_stale)
+                   and self._backoff.get(m.topic, (0.0, 0.0))[0] <= now for m in self._memberships.values()):
+            return False
+        task = self._coordinating = asyncio.ensure_future(self._coordinate())
+        wakeup = self._wakeup
+        task.add_done_callback(lambda _t: wakeup.set())
+        return True
+
+    async def _coordinate(self) -> None:
+        for m in list(self._memberships.values()):
+            for _ in range(4):  # find, join, hand-off in one go when each succeeds at once
+                if not await self._step(m):
+                    break
+
+    async def _step(self, m: Membership) -> bool:
+        """Do the next group call m needs (find, re-join, hand-off); True when one succeeded."""
+        retry_at, _ = self._backoff.get(m.topic, (0.0, 0.0))
+        if retry_at > time.monotonic():
+            return False
+        what = "finding the group"
+        try:
+            if not m.found:
+                await self._find(m)
+            elif m.rejoin_reason is not None or not m.joined:
+                what = "joining the group"
+                await self._drop_lost(m)
+                await self._join(m)
+            elif m.assignment_stale:
+                what = "handing over / fetching the assignment"
+                m.assignment_stale = False
+                try:
+                    await self._handover(m)
+                except DMQError:
+                    m.assignment_stale = True
+                    raise
+            else:
+                return False
+        except UnknownMemberError as e:
+            m.rejoin_reason = str(e)
+            return True
+        except DMQError as e:
+            if not e.retriable:
+                raise
+            self._group_failed(m, what, e)
+            return False
+        self._backoff.pop(m.topic, None)
+        return True
+
+    async def _rpc(self, future: Any, what: str) -> Any:
+        """Wait for a group call (its own deadline is request_timeout_ms)."""
+        await settle([future], self.config.request_timeout_ms / 1000 + 1)
+        if not future.done():
+            future.cancel()
+            raise DMQTimeoutError(f"{what}: no answer from the coordinator at {self._cluster.bootstrap}")
+        return future
+
+    async def _find(self, m: Membership) -> None:
+        self._groups.finish_find(m, await self._rpc(self._groups.start_find(m.topic), f"FindOrCreateGroup {m.topic}"))
+
+    async def _join(self, m: Membership) -> None:
+        future = await self._rpc(self._groups.start_join(m), f"JoinGroup {m.group_id}")
+        try:
+            self._groups.finish_join(m, future)
+        except GroupNotFoundError:
+            m.found = False  # deleted since it was found (an empty group can be): find it again
+            raise
+        self._heartbeat.track(m)
+
+    async def _handover(self, m: Membership) -> None:
+        """Commit the positions of the records handed out for m's partitions (so their next
+        owner starts there), then GetAssignment, which acknowledges the new generation and
+        hands revoked partitions over. A commit that fails or does not answer within
+        HANDOVER_COMMIT_WAIT_S is logged: the next owner then re-reads from the last good
+        commit (duplicates, never loss)."""
+        offsets = self._to_commit(topic=m.topic)
+        if offsets and self._subs.assigned(m.topic):
+            errors = await self._commit_now(offsets, {m.topic: m}, HANDOVER_COMMIT_WAIT_S)
+            for tp, e in errors.items():
+                log.warning("commit before the hand-off failed: group=%s partition=%d error=%s",
+                            m.group_id, tp.partition, e)
+        future = await self._rpc(self._groups.start_get_assignment(m, wait_ms=0), f"GetAssignment {m.group_id}")
+        response = self._groups.finish_get_assignment(m, future)
+        owned = set(self._subs.assigned(m.topic))
+        now_owned = {TopicPartition(m.topic, p) for p in response.partitions}
+        revoked, added = owned - now_owned, now_owned - owned
+        for tp in revoked:
+            self._subs.remove(tp)
+            self._fetcher.drop(tp)
+        self._drop_pending(revoked)
+        starts = {sp.partition: sp.offset for sp in response.start_positions}
+        for tp in sorted(added):
+            self._subs.add(tp, starts.get(tp.partition, EARLIEST))
+        if revoked or added:
+            log.info("assignment changed: group=%s member=%s generation=%d revoked=%s assigned=%s",
+                     m.group_id, m.member_id, response.generation, sorted(tp.partition for tp in revoked),
+                     sorted(tp.partition for tp in added))
+        if revoked:
+            await self._listener_call("on_partitions_revoked", revoked)
+        if added:
+            await self._listener_call("on_partitions_assigned", added)
+
+    async def _drop_lost(self, m: Membership) -> None:
+        lost = set(self._subs.assigned(m.topic))
+        if not lost:
+            return
+        for tp in lost:
+            self._subs.remove(tp)
+            self._fetcher.drop(tp)
+        self._drop_pending(lost)
+        log.warning("partitions lost without a hand-off: group=%s partitions=%s reason=%s", m.group_id,
+                    sorted(tp.partition for tp in lost), m.rejoin_reason or "not a member")
+        await self._listener_call("on_partitions_lost", lost)
+
+    def _group_failed(self, m: Membership, what: str, e: DMQError) -> None:
+        _, last = self._backoff.get(m.topic, (0.0, 0.0))
+        delay_s = min(MAX_GROUP_BACKOFF_S, max(self.config.retry_backoff_ms / 1000, last * 2))
+        self._backoff[m.topic] = (time.monotonic() + delay_s, delay_s)
+        log.warning("group call failed (%s); retrying in %d ms: group=%s error=%s", what, delay_s * 1000, m.group_id, e)
+
+    async def _listener_call(self, name: str, partitions: set[TopicPartition]) -> None:
+        """The listener's callback; a coroutine function is awaited."""
+        listener = self._subs.listener
+        if listener is not None:
+            result = getattr(listener, name)(set(partitions))
+            if inspect.isawaitable(result):
+                await result
+
+    async def _leave_topic(self, topic: str, deadline: float) -> None:
+        """Commit (with auto-commit on), hand the partitions back and leave the topic's group."""
+        m = self._memberships.pop(topic)
+        self._backoff.pop(topic, None)
+        owned = set(self._subs.assigned(topic))
+        if owned and self.config.enable_auto_commit and m.rejoin_reason is None and m.joined:
+            errors = await self._commit_now(self._to_commit(topic=topic), {topic: m},
+                                            max(0.0, deadline - time.monotonic()))
+            if errors:
+                log.warning("final commit failed: group=%s error=%s", m.group_id, next(iter(errors.values())))
+        for tp in owned:
+            self._subs.remove(tp)
+            self._fetcher.drop(tp)
+        self._drop_pending(owned)
+        try:
+            if owned:
+                await self._listener_call("on_partitions_revoked", owned)
+        finally:
+            self._heartbeat.untrack(topic)
+            await self._leave(m, min(LEAVE_TIMEOUT_S, max(0.001, deadline - time.monotonic())))
+
+    async def _leave(self, m: Membership, timeout_s: float) -> None:
+        """LeaveGroup: the partitions are released at once. Best effort (the session timeout
+        is the backstop), so failures are logged."""
+        if not m.joined:
+            return
+        member_id, m.member_id = m.member_id, ""
+        try:
+            await self._cluster.group_stub(m.coordinator).LeaveGroup(
+                pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id), timeout=timeout_s)
+            log.info("left group: group=%s member=%s", m.group_id, member_id)
+        except Exception as e:  # noqa: BLE001 - leaving is best effort
+            log.warning("leave failed; the session timeout will remove the member: group=%s error=%s", m.group_id, e)
+
+    # -- commits ---------------------------------------------------------------------------------
+
+    def _to_commit(self, topic: str | None = None, only_changed: bool = True) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Positions after the last record HANDED OUT, per owned partition: records buffered for
+        getone() are not consumed yet."""
+        positions = {tp: p for tp, p in self._subs.consumed().items() if topic is None or tp.topic == topic}
+        seen: set[TopicPartition] = set()
+        for tp, records, i in self._pending:  # a partition's chunks are in fetch order: the first counts
+            if tp in positions and tp not in seen:
+                seen.add(tp)
+                positions[tp] = records[i].offset
+        return {tp: OffsetAndMetadata(p) for tp, p in positions.items()
+                if not (only_changed and self._subs.state(tp).committed == p)}
+
+    async def _commit_now(self, offsets: Mapping[TopicPartition, OffsetAndMetadata],
+                          memberships: Mapping[str, Membership], timeout_s: float) -> dict[TopicPartition, DMQError]:
+        """Commit per broker in parallel, within timeout_s; the partitions left and why."""
+        if not offsets:
+            return {}
+        for topic in {tp.topic for tp in offsets}:
+            try:
+                await self._cluster.metadata(topic, timeout_s)
+            except DMQError as e:
+                if not self._cluster.knows(topic):
+                    return dict.fromkeys(offsets, e)
+        calls, errors = self._offsets.commit_calls(offsets, memberships, timeout_s=0)
+        futures = {asyncio.wrap_future(self._offsets.send_commit(call, max(0.001, timeout_s))): call for call in calls}
+        if futures:
+            await asyncio.wait(futures, timeout=max(0.0, timeout_s))
+        for future, call in futures.items():
+            if future.done() and future.exception() is None:
+                self._subs.mark_committed({tp: o.offset for tp, o in call.offsets.items()})
+                continue
+            error = future.exception() if future.done() else None
+            if not future.done():
+                future.cancel()
+            err = error if isinstance(error, DMQError) else DMQTimeoutError(
+                f"commit to broker {call.address} did not answer within {timeout_s:.3g} s")
+            errors.update(dict.fromkeys(call.offsets, err))
+        return errors
+
+    async def commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None) -> None:
+        """Commit `offsets` (the next offset to consume, per partition), or the positions of
+        every record handed out, within request_timeout_ms. CommitFailedError when this consumer
+        no longer owns a partition; DMQTimeoutError when a broker did not answer in time."""
+        self._check_open()
+        if offsets is None:
+            # Refused for a member that lost its group even when no position moved (Kafka's rule).
+            DMQConsumer._check_can_commit(self, self._to_commit(only_changed=False), self._memberships)  # type: ignore[arg-type]
+            normalised = self._to_commit()
+        else:
+            normalised = {}
+            for tp, o in offsets.items():
+                om = o if isinstance(o, OffsetAndMetadata) else OffsetAndMetadata(o)
+                if isinstance(om.offset, bool) or not isinstance(om.offset, int) or om.offset < 0:
+                    raise InvalidArgumentError(f"commit offset for {tp} must be an int >= 0, got {om.offset!r}")
+                normalised[_tp(tp)] = om
+            DMQConsumer._check_can_commit(self, normalised, self._memberships)  # type: ignore[arg-type]
+        errors = await self._commit_now(normalised, self._memberships, self.config.request_timeout_ms / 1000)
+        if not errors:
+            return
+        error = next((e for e in errors.values() if not e.retriable), next(iter(errors.values())))
+        if isinstance(error, CommitFailedError):
+            for topic in {tp.topic for tp in errors}:
+                if topic in self._memberships:
+                    self._memberships[topic].assignment_stale = True
+        raise error
+
+    def _maybe_auto_commit(self) -> None:
+        """Commit the handed-out positions in the background every auto_commit_interval_ms (the
+        previous auto-commit must have answered first)."""
+        now = time.monotonic()
+        if not self.config.enable_auto_commit or now < self._next_auto_commit or self._auto_commits:
+            return
+        self._next_auto_commit = now + self.config.auto_commit_interval_ms / 1000
+        offsets = {tp: o for tp, o in self._to_commit().items()
+                   if (m := self._memberships.get(tp.topic)) is not None and m.joined and m.rejoin_reason is None}
+        if not offsets:
+            return
+        task = asyncio.ensure_future(self._commit_now(offsets, self._memberships, self.config.request_timeout_ms / 1000))
+        self._auto_commits.add(task)
+        task.add_done_callback(self._auto_commit_done)
+
+    def _auto_commit_done(self, task: asyncio.Future[Any]) -> None:
+        self._auto_commits.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        errors = task.result() if error is None else {}
+        if error is not None or errors:
+            log.warning("auto-commit failed: %s", error or next(iter(errors.values())))
+            for m in self._memberships.values():
+                if any(isinstance(e, CommitFailedError) for e in errors.values()):
+                    m.assignment_stale = True
+
+    async def committed(self, partition: TopicPartition) -> int | None:
+        """The group's committed offset of a partition (the next offset to consume), or None."""
+        self._check_open()
+        tp = _tp(partition)
+        m = self._memberships.get(tp.topic)
+        group_id = m.group_id if m is not None else group_id_for(tp.topic, self.config.group_id)
+        await self._cluster.metadata(tp.topic, self.config.request_timeout_ms / 1000)
+        address = self._cluster.leader_for(tp.topic, tp.partition)
+        future = await self._rpc(self._offsets.start_fetch_committed(address, group_id, [tp]),
+                                 f"FetchCommittedOffsets of {tp}")
+        try:
+            response = future.result()
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, context=f"FetchCommittedOffsets of {tp} from broker {address}") from e
+        found = OffsetClient.parse_committed(response).get(tp)
+        return None if found is None else found.offset
+
+    # -- positions -------------------------------------------------------------------------------
+
+    async def position(self, partition: TopicPartition) -> int:
+        """The offset of the next record getmany() / getone() will return for an assigned partition."""
+        self._check_open()
+        tp, state = DMQConsumer._assigned_state(self, partition, "position()")  # type: ignore[arg-type]
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        while state.position is None:
+            self._wakeup.clear()
+            group_ids = {t: m.group_id for t, m in self._memberships.items() if m.found}
+            error = self._positions.update(group_ids, self._subscription_from_ms)
+            if error is not None:
+                raise error
+            if state.position is not None or self._subs.get(tp) is not state:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DMQTimeoutError(f"position(): the position of {tp} was not found within request_timeout_ms "
+                                      f"({self.config.request_timeout_ms}); is its broker up?")
+            await self._wakeup.wait(min(remaining, self.config.retry_backoff_ms / 1000 or remaining))
+        handed = self._to_commit(topic=tp.topic, only_changed=False).get(tp)
+        position = self._subs.state(tp).position
+        assert position is not None
+        return position if handed is None else handed.offset
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        """Make the next getmany() / getone() return records of `partition` from `offset` on."""
+        self._check_open()
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidArgumentError(f"seek() offset must be an int >= 0, got {offset!r}")
+        tp, _ = DMQConsumer._assigned_state(self, partition, "seek()")  # type: ignore[arg-type]
+        self._subs.seek(tp, offset)
+        self._fetcher.drop(tp)
+        self._drop_pending([tp])
+
+    async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        """Move to the log start of the given partitions (every assigned one when none given)."""
+        self._seek_to(EARLIEST, partitions, "seek_to_beginning()")
+
+    async def seek_to_end(self, *partitions: TopicPartition) -> None:
+        """Move to the log end: only records produced from now on are returned."""
+        self._seek_to(LATEST, partitions, "seek_to_end()")
+
+    def _seek_to(self, where: int, partitions: tuple[TopicPartition, ...], what: str) -> None:
+        self._check_open()
+        tps = [DMQConsumer._assigned_state(self, tp, what)[0] for tp in (_tps(partitions) or self._subs.assigned())]  # type: ignore[arg-type]
+        for tp in tps:
+            self._subs.request_reset(tp, where)
+            self._fetcher.drop(tp)
+        self._drop_pending(tps)
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        """Stop fetching and returning records of these partitions until resume()."""
+        self._check_open()
+        tps = [DMQConsumer._assigned_state(self, tp, "pause()")[0] for tp in _tps(partitions)]  # type: ignore[arg-type]
+        # Records buffered but not handed out are dropped, and the position moved back to the
+        # first of them, so resume() fetches them again.
+        unhanded = self._to_commit(only_changed=False)
+        for tp in tps:
+            if any(c[0] == tp for c in self._pending):
+                self._subs.seek(tp, unhanded[tp].offset)
+            self._subs.pause(tp)
+            self._fetcher.drop(tp)
+        self._drop_pending(tps)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self._check_open()
+        for tp in [DMQConsumer._assigned_state(self, tp, "resume()")[0] for tp in _tps(partitions)]:  # type: ignore[arg-type]
+            self._subs.resume(tp)
+
+    def paused(self) -> set[TopicPartition]:
+        return self._subs.paused() if self._started else set()
+
+    # -- stop ------------------------------------------------------------------------------------
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Commit (with auto-commit on), hand the partitions back, leave the groups and end every
+        task, within `timeout` seconds (default 30). Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._started:
+            return
+        deadline = time.monotonic() + (DEFAULT_CLOSE_TIMEOUT_S if timeout is None else max(0.0, timeout))
+        try:
+            work = self._coordinating
+            if work is not None and not work.done():
+                # A hand-off half done is finished by leaving: the commit below covers it.
+                work.cancel()
+                await asyncio.wait({work}, timeout=max(0.0, deadline - time.monotonic()))
+            if self._auto_commits:
+                await asyncio.wait(set(self._auto_commits), timeout=max(0.0, deadline - time.monotonic()))
+            for topic in list(self._memberships):
+                try:
+                    await self._leave_topic(topic, deadline)
+                except Exception as e:  # noqa: BLE001 - stopping must finish whatever a listener does
+                    log.warning("error while leaving a group: topic=%s error=%s", topic, e)
+        finally:
+            for task in list(self._auto_commits):
+                task.cancel()
+            await self._heartbeat.astop()
+            self._positions.close()
+            self._fetcher.close()
+            await self._cluster.aclose()
+            log.info("consumer stopped: %s", self.consumer_id)
+
+    close = stop
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError("this AsyncConsumer is stopped; create a new one")
+        if not self._started:
+            raise IllegalStateError("call `await consumer.start()` (or use `async with`) first")
