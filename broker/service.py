@@ -23,7 +23,7 @@ import contextlib
 import errno
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 import grpc
@@ -121,6 +121,18 @@ def _storage_status(e: BaseException, broker_id: int) -> _Abort | None:
 async def _abort(context: grpc.aio.ServicerContext, e: _Abort) -> None:
     metadata = ((error_details.REASON_KEY, e.reason),) if e.reason else ()
     await context.abort(e.code, e.message, trailing_metadata=metadata)
+
+
+def _check_topic_partitions(topic: str, partitions: Sequence[int]) -> None:
+    """The coordinator's CreatePartitions / DeletePartitions: a valid topic and partition list."""
+    _check_topic(topic)
+    if len(partitions) > limits.PARTITIONS_PER_TOPIC_MAX:
+        _fail(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"partitions has {len(partitions)} entries; the limit is {limits.PARTITIONS_PER_TOPIC_MAX}",
+        )
+    for i, p in enumerate(partitions):
+        _check_partition(p, f"partitions[{i}]")
 
 
 def _check_topic(topic: str, field: str = "topic") -> None:
@@ -570,14 +582,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def CreatePartitions(
         self, request: pb.CreatePartitionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreatePartitionsResponse:
-        _check_topic(request.topic)
-        if len(request.partitions) > limits.PARTITIONS_PER_TOPIC_MAX:
-            _fail(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"partitions has {len(request.partitions)} entries; the limit is {limits.PARTITIONS_PER_TOPIC_MAX}",
-            )
-        for i, p in enumerate(request.partitions):
-            _check_partition(p, f"partitions[{i}]")
+        _check_topic_partitions(request.topic, request.partitions)
         _check_topic_config(request.config)
         self._node.create_partitions(request)
         return pb.CreatePartitionsResponse()
@@ -586,14 +591,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def DeletePartitions(
         self, request: pb.DeletePartitionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeletePartitionsResponse:
-        _check_topic(request.topic)
-        if len(request.partitions) > limits.PARTITIONS_PER_TOPIC_MAX:
-            _fail(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"partitions has {len(request.partitions)} entries; the limit is {limits.PARTITIONS_PER_TOPIC_MAX}",
-            )
-        for i, p in enumerate(request.partitions):
-            _check_partition(p, f"partitions[{i}]")
+        _check_topic_partitions(request.topic, request.partitions)
         await self._node.delete_partitions(request.topic, set(request.partitions) or None)
         return pb.DeletePartitionsResponse()
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import grpc
 
+from dmq.proto import error_details
+
 DEFAULT_MAX_PER_ADDRESS = 1_000
 DEFAULT_RECENT_S = 30.0
 DEFAULT_MAX_ENTRIES = 100_000
@@ -148,7 +150,11 @@ class PerAddressConnectionLimit(grpc.aio.ServerInterceptor):
     async def _admit(self, context: grpc.aio.ServicerContext) -> _Connection | None:
         entered = self.enter(context.peer() or "")
         if isinstance(entered, str):
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, entered)
+            # the busy reason: a client waits and retries (never reads it as "batch too large")
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, entered,
+                trailing_metadata=((error_details.REASON_KEY, error_details.BUSY),),
+            )
         return entered
 
     def _wrap_unary(self, behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+
+from dmq.proto import error_details
 import pytest
 
 from dmq.proto.connections import PerAddressConnectionLimit, split_peer
@@ -51,6 +53,8 @@ def test_calls_beyond_the_per_address_limit_are_refused_naming_it() -> None:
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "too many connections from 127.0.0.1" in info.value.details()
             assert "max_connections_per_address" in info.value.details()
+            # a wait-and-retry refusal, never "batch too large" to a producer
+            assert error_details.reason_of(info.value.trailing_metadata()) == error_details.BUSY
             # the connections already in use keep working
             assert await channels[0].unary_unary("/test.Echo/Echo")(b"again", timeout=5) == b"again"
             await channels[1].close()
