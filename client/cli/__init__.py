@@ -81,7 +81,7 @@ def _check_bootstrap(ctx: click.Context, param: click.Parameter, value: str) -> 
               show_default=True, help="Seconds to wait for the cluster to answer a request (env DMQ_TIMEOUT).")
 @click.option("-v", "--verbose", count=True,
               help="Show the client library's log on stderr: -v warnings, -vv everything (produce, consume, bench).")
-@click.version_option(package_name="dmq", prog_name="dmq")
+@click.version_option(package_name="dmq-queue", prog_name="dmq")
 @click.pass_context
 def cli(ctx: click.Context, bootstrap: str, timeout_s: float, verbose: int) -> None:
     """DMQ: a Kafka-style message queue. Start with `dmq server`, then `dmq topics create`.
