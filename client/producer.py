@@ -143,6 +143,10 @@ class Producer:
         address = "" if cluster is not None else bootstrap_address(
             {"bootstrap_servers": bootstrap_servers, "bootstrap": bootstrap}, "Producer"
         )
+        if partitioner is not None and not callable(partitioner):
+            raise InvalidConfigError(f"partitioner must be a callable (key, partition count) -> partition, got {partitioner!r}")
+        if client_id is not None and (not isinstance(client_id, str) or not client_id):
+            raise InvalidConfigError(f"client_id must be a non-empty string, got {client_id!r}")
         if acks not in _ACKS:
             raise InvalidConfigError(f"acks must be 'all', 1 or 0, got {acks!r}")
         codec_name = compression.lower() if isinstance(compression, str) else compression

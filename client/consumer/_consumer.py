@@ -119,7 +119,18 @@ class _GroupOp:
 class DMQConsumer:
     """Consume topics as a member of a consumer group. Use as a context manager, or call close()."""
 
-    def __init__(self, config: ConsumerConfig | None = None, **settings: Any) -> None:
+    def __init__(self, *topics: str | ConsumerConfig, config: ConsumerConfig | None = None, **settings: Any) -> None:
+        """``DMQConsumer(ConsumerConfig(...))``, ``DMQConsumer(bootstrap_servers=..., group_id=...)``,
+        or kafka-python's ``DMQConsumer("topic", ..., bootstrap_servers=..., group_id=...)``, which
+        also subscribes to the topics."""
+        if topics and isinstance(topics[0], ConsumerConfig):
+            if config is not None:
+                raise InvalidArgumentError("give the ConsumerConfig once")
+            config, topics = topics[0], topics[1:]
+        if not all(isinstance(t, str) for t in topics):
+            raise InvalidArgumentError(
+                f"DMQConsumer takes topic names (str) and keyword settings, got {[type(t).__name__ for t in topics]}"
+            )
         if config is None:
             config = ConsumerConfig(**settings)
         elif settings:
@@ -153,6 +164,12 @@ class DMQConsumer:
         self._pattern_listener: ConsumerRebalanceListener | None = None
         self._next_pattern_listing = 0.0
         self._counters = {"polls": 0, "records_returned": 0}
+        if topics:
+            try:
+                self.subscribe(list(topics))  # type: ignore[arg-type]
+            except BaseException:
+                self.close(0)  # stops the heartbeat thread subscribe() started
+                raise
 
     def __repr__(self) -> str:
         return (

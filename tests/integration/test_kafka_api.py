@@ -120,7 +120,23 @@ def test_bad_settings_name_the_setting() -> None:
         Producer(bootstrap_servers=DEAD, value_serializer="json")
     with pytest.raises(InvalidConfigError, match="linger_ms must be a number"):
         Producer(bootstrap_servers=DEAD, linger_ms="5")
+    with pytest.raises(InvalidConfigError, match="partitioner must be a callable"):
+        Producer(bootstrap_servers=DEAD, partitioner="murmur2")
+    with pytest.raises(InvalidConfigError, match="acks must be"):
+        Producer(bootstrap_servers=DEAD, acks="leader")
     assert ConsumerConfig(bootstrap_servers=DEAD, group_id="g", auto_offset_reset="latest").subscription_mode == "new"
+
+
+def test_topics_given_to_the_consumer_like_kafka_python_are_subscribed(server: ClusterThread) -> None:
+    _produce(server, "t", [b"a"], partition=0)
+    with DMQConsumer("t", bootstrap_servers=server.bootstrap, group_id="kp", **FAST) as c:
+        assert c.subscription() == {"t"}
+        assert [r.value for r in _drain(c, 1)] == [b"a"]
+    config = ConsumerConfig(bootstrap_servers=server.bootstrap, group_id="kp2", **FAST)
+    with DMQConsumer(config, "t") as c:
+        assert c.subscription() == {"t"}
+    with pytest.raises(InvalidArgumentError, match="topic names"):
+        DMQConsumer(7, bootstrap_servers=server.bootstrap, group_id="g")  # type: ignore[arg-type]
 
 
 # -- serializers ------------------------------------------------------------------------------
