@@ -845,19 +845,33 @@ class DMQConsumer:
         return timeout, max_records
 
     def _deserialize(self, records: dict[TopicPartition, list[Any]]) -> dict[TopicPartition, list[Any]]:
+        """Apply the deserializers. A record that fails is not skipped (Kafka's rule): the records
+        before it are returned, and the next poll() raises SerializationError with the partition's
+        position at the failed record, which the application may seek() past."""
         kd, vd = self.config.key_deserializer, self.config.value_deserializer
-        out = {}
-        for tp, rs in records.items():
+        out: dict[TopicPartition, list[Any]] = {}
+        pending = list(records.items())
+        for i, (tp, rs) in enumerate(pending):
             done = []
             for r in rs:
+                what = "key"
                 try:
                     key = r.key if kd is None or r.key is None else kd(r.key)
+                    what = "value"
                     value = r.value if vd is None or r.value is None else vd(r.value)
                 except Exception as e:
-                    # The position already moved past the record: seek() back to retry it.
+                    # Rewind what this poll will not return: tp to the failed record, the
+                    # partitions not reached yet to their first record.
+                    self.seek(tp, r.offset)
+                    for other, others in pending[i + 1:]:
+                        self.seek(other, others[0].offset)
+                    if done:
+                        out[tp] = done
+                    if out:
+                        return out
                     raise SerializationError(
-                        f"{'key' if kd is not None and key is r.key else 'value'}_deserializer failed on "
-                        f"{tp} offset {r.offset}: {e!r}"
+                        f"{what}_deserializer failed on {tp} offset {r.offset}: {e!r}; the position stays "
+                        f"there: seek(TopicPartition({tp.topic!r}, {tp.partition}), {r.offset + 1}) skips the record"
                     ) from e
                 done.append(r._replace(key=key, value=value))
             out[tp] = done

@@ -168,6 +168,23 @@ def test_a_failing_deserializer_names_the_record(server: ClusterThread) -> None:
         with pytest.raises(SerializationError, match=r"value_deserializer failed on t\[1\] offset 0"):
             while time.monotonic() < deadline:
                 c.poll(0.2)
+    _produce(server, "t", [b"v"], partition=0)
+    with Producer(bootstrap_servers=server.bootstrap, linger_ms=0) as p:
+        p.send("t", b"v", key=b"\xff", partition=0).get(TIMEOUT_S)
+    with DMQConsumer(bootstrap_servers=server.bootstrap, group_id="g2", key_deserializer=str_deserializer,
+                     auto_offset_reset="earliest", **FAST) as c:
+        c.assign([TopicPartition("t", 0)])
+        deadline = time.monotonic() + TIMEOUT_S
+        returned: list[Any] = []
+        with pytest.raises(SerializationError, match=r"key_deserializer failed on t\[0\] offset 1") as info:
+            while time.monotonic() < deadline:
+                returned.extend(c.poll(0.2))
+        assert [(r.offset, r.key) for r in returned] == [(0, None)]  # the good record before it came out
+        assert c.position(TopicPartition("t", 0)) == 1  # at the failed record
+        assert "seek(TopicPartition('t', 0), 2) skips the record" in str(info.value)
+        c.seek(TopicPartition("t", 0), 2)
+        _produce(server, "t", [b"after"], partition=0)
+        assert [r.value for r in _drain(c, 1)] == [b"after"]
 
 
 # -- where a consumer starts ------------------------------------------------------------------
