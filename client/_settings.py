@@ -20,7 +20,7 @@ import grpc
 from dmq.client._cluster import parse_address
 from dmq.client.errors import InvalidConfigError, UnknownSettingError
 
-__all__ = ["BOOTSTRAP_NAMES", "bootstrap_address", "reject_unknown", "split_addresses"]
+__all__ = ["BOOTSTRAP_NAMES", "bootstrap_address", "check_flag", "check_positive", "reject_unknown", "split_addresses"]
 
 BOOTSTRAP_NAMES = ("bootstrap_servers", "bootstrap", "metadata_service_url")
 # How long start-up waits for each of several bootstrap addresses to accept a connection.
@@ -109,3 +109,14 @@ def reject_unknown(owner: str, unknown: Mapping[str, Any], known: Iterable[str])
         f"{owner} got unknown setting{'s' if len(parts) > 1 else ''} {', '.join(parts)}; "
         f"its settings are: {', '.join(known)}"
     )
+
+
+def check_positive(name: str, value: Any) -> None:
+    """An int setting that must be > 0 (timeouts, sizes)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidConfigError(f"{name} must be True or False, got {value!r}")

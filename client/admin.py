@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from dmq.client._log import get_logger
-from dmq.client._settings import bootstrap_address, reject_unknown
+from dmq.client._settings import bootstrap_address, check_positive, reject_unknown
 from dmq.client._cluster import Cluster
 from dmq.client.errors import (
     CoordinatorUnavailableError,
@@ -184,6 +184,7 @@ class AdminClient:
         """``bootstrap_servers``: the coordinator's "host:port" (a string, "h:p,h:p" or a list;
         ``bootstrap`` is the original name)."""
         reject_unknown("AdminClient", unknown, _SETTINGS)
+        check_positive("request_timeout_ms", request_timeout_ms)
         self._own_cluster = cluster is None
         self._cluster = cluster or Cluster(
             bootstrap_address({"bootstrap_servers": bootstrap_servers, "bootstrap": bootstrap}, "AdminClient"),

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from dmq.client._log import get_logger
-from dmq.client._settings import bootstrap_address, reject_unknown
+from dmq.client._settings import bootstrap_address, check_flag, check_positive, reject_unknown
 from dmq.client._cluster import Cluster, single_fetch_result
 from dmq.client.errors import (
     CorruptRecordError,
@@ -71,6 +71,8 @@ class SimpleConsumer:
         """``bootstrap_servers``: the coordinator's "host:port" (a string, "h:p,h:p" or a list;
         ``bootstrap`` is the original name)."""
         reject_unknown("SimpleConsumer", unknown, _SETTINGS)
+        check_positive("request_timeout_ms", request_timeout_ms)
+        check_flag("verify_crc", verify_crc)
         _check_limits(max_wait_ms, max_bytes)
         self._own_cluster = cluster is None
         self._cluster = cluster or Cluster(

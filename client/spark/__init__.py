@@ -76,8 +76,9 @@ def probe(_rows):
 def register(spark: SparkSession, *, check: bool = True) -> None:
     """Make `format("dmq")` available in this session (repeat calls are harmless).
 
-    Spark's Python workers must import `dmq`: register() ships this process's `dmq` packages to
-    them (a zip given to SparkContext.addPyFile, put on the workers' sys.path). Its third-party
+    Spark's Python workers must import `dmq`: unless they run this very interpreter on this
+    machine, register() ships this process's `dmq` packages to them (a zip given to
+    SparkContext.addPyFile, put on the workers' sys.path). Its third-party
     dependencies (grpcio, protobuf, pyarrow, ...) cannot be shipped that way, so with ``check``
     (the default) register() runs one tiny Spark job that imports what the source needs in a
     worker and raises WorkerSetupError at once, naming the missing module and the fix, instead
@@ -86,11 +87,14 @@ def register(spark: SparkSession, *, check: bool = True) -> None:
     from dmq.client.spark.source import DMQDataSource
 
     sc = spark.sparkContext
-    path = _dmq_zip()
-    if os.path.basename(path) not in set(getattr(sc, "_python_includes", None) or ()):
-        sc.addPyFile(path)
-    if check:
-        _check_workers(sc)
+    # Workers that are this interpreter on this machine (local_session()) import `dmq` as this
+    # process does, from compiled files; a zip would only make each worker compile it again.
+    if not _workers_are_this_interpreter(sc):
+        path = _dmq_zip()
+        if os.path.basename(path) not in set(getattr(sc, "_python_includes", None) or ()):
+            sc.addPyFile(path)
+        if check:
+            _check_workers(sc)
     spark.dataSource.register(DMQDataSource)
 
 
@@ -116,6 +120,14 @@ def _dmq_zip() -> str:
                                 z.write(full, os.path.join("dmq", name, os.path.relpath(full, root)))
         _zip_path = target
         return target
+
+
+def _workers_are_this_interpreter(sc: Any) -> bool:
+    """A local session whose workers run this very interpreter (local_session()'s) imports what
+    this process imports: no probe job needed. Paths are compared unresolved: a virtualenv's
+    python is a symlink to a base interpreter that lacks the virtualenv's packages."""
+    python = getattr(sc, "pythonExec", None)
+    return bool(python) and str(sc.master).startswith("local") and os.path.abspath(python) == os.path.abspath(sys.executable)
 
 
 def _check_workers(sc: Any) -> None:

@@ -125,6 +125,11 @@ def test_bad_settings_name_the_setting() -> None:
     with pytest.raises(InvalidConfigError, match="acks must be"):
         Producer(bootstrap_servers=DEAD, acks="leader")
     assert ConsumerConfig(bootstrap_servers=DEAD, group_id="g", auto_offset_reset="latest").subscription_mode == "new"
+    for make in (AdminClient, SimpleConsumer):
+        with pytest.raises(InvalidConfigError, match="request_timeout_ms must be a positive integer"):
+            make(bootstrap_servers=DEAD, request_timeout_ms=0)
+    with pytest.raises(InvalidConfigError, match="verify_crc must be True or False"):
+        SimpleConsumer(bootstrap_servers=DEAD, verify_crc="no")
 
 
 def test_topics_given_to_the_consumer_like_kafka_python_are_subscribed(server: ClusterThread) -> None:
