@@ -31,6 +31,10 @@ _EXPORTS = {
     "ConsumerRebalanceListener": "dmq.client.consumer",
     "OffsetAndMetadata": "dmq.client.consumer",
     "TopicPartition": "dmq.client.consumer",
+    "json_serializer": "dmq.client.serializers",
+    "json_deserializer": "dmq.client.serializers",
+    "str_serializer": "dmq.client.serializers",
+    "str_deserializer": "dmq.client.serializers",
 }
 
 __all__ = sorted([*_EXPORTS, "errors"])
@@ -56,6 +60,7 @@ if TYPE_CHECKING:
     from dmq.client.errors import DMQError
     from dmq.client.producer import Producer, RecordFuture, SendManyFuture
     from dmq.client.records import ConsumerRecord, RecordMetadata
+    from dmq.client.serializers import json_deserializer, json_serializer, str_deserializer, str_serializer
     from dmq.client.simple_consumer import SimpleConsumer
 
 

@@ -55,13 +55,13 @@ from collections.abc import Callable, Sequence
 from collections import deque
 from typing import Any
 
-import structlog
 
+from dmq.client._log import get_logger
 from dmq.client.errors import DMQError, DMQTimeoutError, RecordTooLargeError
 from dmq.client.records import RecordMetadata
 from dmq.proto.records import HEADER_SIZE
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 __all__ = [
     "RECORD_OVERHEAD_BYTES",
@@ -325,17 +325,51 @@ class ThreadState:
         self.batches: dict[tuple[str, int], ProducerBatch] = {}
 
 
-class RecordFuture:
-    """The handle send() returns: the record's batch and its index in it (no Future per record).
+# The state a concurrent.futures.Future keeps; a RecordFuture creates it on first use (below).
+_FUTURE_STATE = frozenset({"_condition", "_state", "_result", "_exception", "_waiters", "_done_callbacks"})
+_materialize_lock = threading.Lock()
 
-    ``get(timeout)`` waits for the batch and returns the RecordMetadata, or raises its DMQError.
+
+class RecordFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+    """The handle send() returns: the record's batch and its index in it.
+
+    ``get(timeout)`` (also ``result``) waits for the batch and returns the RecordMetadata, or
+    raises its DMQError.
+
+    It is a `concurrent.futures.Future`, so ``concurrent.futures.wait`` / ``as_completed`` and
+    ``add_done_callback`` work on it, but a lazy one: send() creates no Future state per record
+    (a Condition, a lock and lists per record would cost more than the send itself). The first
+    use of that state (wait(), as_completed(), add_done_callback()) creates it and registers a
+    batch callback that completes it; done(), get(), exception() and add_callback() read the
+    batch directly. A queued record cannot be cancelled: cancel() returns False.
     """
 
     __slots__ = ("_batch", "_index")
 
-    def __init__(self, batch: ProducerBatch, index: int) -> None:
+    def __init__(self, batch: ProducerBatch, index: int) -> None:  # no Future.__init__: see above
         self._batch = batch
         self._index = index
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes not set yet: the Future state of a handle never waited on.
+        if name not in _FUTURE_STATE:
+            raise AttributeError(f"'RecordFuture' object has no attribute {name!r}")
+        self._materialize()
+        return self.__dict__[name]
+
+    def _materialize(self) -> None:
+        with _materialize_lock:
+            if "_condition" in self.__dict__:
+                return
+            concurrent.futures.Future.__init__(self)
+        # Outside the lock: runs _settle at once when the batch is already done.
+        self.add_callback(self._settle)
+
+    def _settle(self, metadata: RecordMetadata | None, error: Exception | None) -> None:
+        if error is None:
+            concurrent.futures.Future.set_result(self, metadata)
+        else:
+            concurrent.futures.Future.set_exception(self, error)
 
     def __repr__(self) -> str:
         b = self._batch
@@ -347,6 +381,15 @@ class RecordFuture:
 
     def done(self) -> bool:
         return self._batch.future.done()
+
+    def running(self) -> bool:
+        return not self._batch.future.done()
+
+    def cancel(self) -> bool:
+        return False  # the record may already be on its way
+
+    def cancelled(self) -> bool:
+        return False
 
     def get(self, timeout: float | None = None) -> RecordMetadata:
         """Wait up to `timeout` seconds (None = until the producer gives up on the batch)."""
@@ -367,6 +410,16 @@ class RecordFuture:
             return self._batch.future.exception(timeout)
         except concurrent.futures.TimeoutError:
             raise DMQTimeoutError(f"record not acknowledged within {timeout} s") from None
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[Any]], object]) -> None:
+        """concurrent.futures style: ``fn(self)`` once the record is acknowledged or failed."""
+        self._materialize()
+        concurrent.futures.Future.add_done_callback(self, fn)
+
+    def set_result(self, result: Any) -> None:
+        raise RuntimeError("a RecordFuture is completed by the producer, not by its user")
+
+    set_exception = set_result  # type: ignore[assignment]
 
     def add_callback(self, fn: Callback) -> None:
         """Call ``fn(metadata, None)`` or ``fn(None, error)`` once the record's batch is done, on the

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import structlog
 
+from dmq.client._log import get_logger
 from dmq.client.errors import (
     ClientClosedError,
     CoordinatorUnavailableError,
@@ -50,7 +50,7 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.wire import FetchPartitionView, WireError, parse_fetch_response
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["Cluster", "TopicMetadata", "PartitionMetadata", "BrokerMetadata", "parse_address"]
 
@@ -380,6 +380,14 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def topic_names(self) -> list[str]:
+        """The names of the topics in the cache: every topic after refresh(None) answered."""
+        return sorted(self._topics)
+
+    def start_listing(self) -> concurrent.futures.Future[None]:
+        """Start (or join) a refresh of every topic's metadata without waiting for it."""
+        return self._start_refresh(())
 
 
 def _address(host: str, port: int) -> str:

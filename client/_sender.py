@@ -46,8 +46,8 @@ from collections import deque
 from typing import Any
 
 import grpc
-import structlog
 
+from dmq.client._log import get_logger
 from dmq.client._accumulator import Accumulator, PartitionQueue, ProducerBatch
 from dmq.client._cluster import Cluster
 from dmq.client.errors import (
@@ -69,7 +69,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, records
 from dmq.proto.wire import uvarint
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["Sender"]
 

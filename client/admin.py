@@ -8,13 +8,15 @@ message the server would give; every gRPC error is translated into a `dmq.client
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
-import structlog
 
+from dmq.client._log import get_logger
+from dmq.client._settings import bootstrap_address, check_positive, reject_unknown
 from dmq.client._cluster import Cluster
 from dmq.client.errors import (
     CoordinatorUnavailableError,
@@ -32,7 +34,7 @@ from dmq.coordinator.validation import (
 )
 from dmq.proto import dmq_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 __all__ = [
     "AdminClient",
@@ -170,9 +172,24 @@ def _check(fn: Callable[..., None], *args: Any) -> None:
 class AdminClient:
     """Topic and cluster administration. Synchronous, thread-safe; close() (or `with`) when done."""
 
-    def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000, cluster: Cluster | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str | Sequence[str] | None = None,
+        *,
+        request_timeout_ms: int = 30_000,
+        cluster: Cluster | None = None,
+        bootstrap: str | Sequence[str] | None = None,
+        **unknown: Any,
+    ) -> None:
+        """``bootstrap_servers``: the coordinator's "host:port" (a string, "h:p,h:p" or a list;
+        ``bootstrap`` is the original name)."""
+        reject_unknown("AdminClient", unknown, _SETTINGS)
+        check_positive("request_timeout_ms", request_timeout_ms)
         self._own_cluster = cluster is None
-        self._cluster = cluster or Cluster(bootstrap, request_timeout_ms=request_timeout_ms)
+        self._cluster = cluster or Cluster(
+            bootstrap_address({"bootstrap_servers": bootstrap_servers, "bootstrap": bootstrap}, "AdminClient"),
+            request_timeout_ms=request_timeout_ms,
+        )
 
     def __repr__(self) -> str:
         return f"<AdminClient bootstrap={self._cluster.bootstrap!r}>"
@@ -322,3 +339,8 @@ def _timestamp(timestamp: int | str) -> int:
             f"timestamp must be -2 (earliest), -1 (latest) or ms since the epoch, got {timestamp!r}"
         )
     return timestamp
+
+
+_SETTINGS = frozenset(
+    name for name in inspect.signature(AdminClient.__init__).parameters if name not in ("self", "unknown")
+)

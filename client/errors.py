@@ -379,3 +379,12 @@ def from_partition_error(
     if code == pb.STORAGE_ERROR:
         return StorageUnavailableError(f"{text} (a transient storage error on the broker; retried)", details=message)
     return UnknownServerError(f"{text} (a storage error on the broker: see its log)", details=message)
+
+
+class UnknownSettingError(InvalidConfigError, TypeError):
+    """A keyword setting no client takes (a TypeError too, as Python's own would be); the
+    message lists the close names."""
+
+
+class SerializationError(DMQError):
+    """A key or value (de)serializer raised; the message names the setting and the record."""

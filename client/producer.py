@@ -1,6 +1,6 @@
 """Producer: batches records per partition and ships them from a background sender thread.
 
-    with Producer("127.0.0.1:9091") as p:
+    with Producer(bootstrap_servers="127.0.0.1:9091") as p:
         p.send("orders", b'{"id": 1}', key=b"customer-7")          # -> RecordFuture
         p.send_many("clicks", [b"a", b"b", b"c"])                   # -> SendManyFuture
     # leaving the block flushes and closes
@@ -38,17 +38,18 @@ short, and do not call flush() from one (it would wait for itself).
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import accumulate, repeat
 from operator import add
 from threading import get_ident
 from typing import Any
 
-import structlog
 
+from dmq.client._log import get_logger
 from dmq.client._accumulator import (
     HEADER_OFFSET_BYTES,
     MEMORY_CHUNK_BYTES,
@@ -66,18 +67,21 @@ from dmq.client._accumulator import (
 from dmq.client._cluster import Cluster, TopicMetadata
 from dmq.client._partitioner import Partitioner, StickyChooser, crc32_partition
 from dmq.client._sender import Sender, new_producer_id
+from dmq.client._settings import bootstrap_address, reject_unknown
 from dmq.client.errors import (
     ClientClosedError,
     DMQError,
     DMQTimeoutError,
     IllegalStateError,
+    InvalidConfigError,
     RecordTooLargeError,
+    SerializationError,
     UnknownPartitionError,
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["Producer", "RecordFuture", "SendManyFuture"]
 
@@ -95,6 +99,7 @@ _ACKS = {"all": pb.ACKS_ALL, -1: pb.ACKS_ALL, "-1": pb.ACKS_ALL, 1: pb.ACKS_LEAD
 _CODECS = {None: records.Codec.NONE, "none": records.Codec.NONE, "zstd": records.Codec.ZSTD, "lz4": records.Codec.LZ4}
 
 Headers = Iterable[tuple[str, bytes | None]] | Mapping[str, bytes | None]
+Serializer = Callable[[Any], bytes]
 _BYTES_ONLY = {bytes}
 
 
@@ -104,7 +109,7 @@ class Producer:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap_servers: str | Sequence[str] | None = None,
         *,
         acks: str | int = "all",
         linger_ms: float = 5,
@@ -122,44 +127,70 @@ class Producer:
         partitioner: Partitioner | None = None,
         client_id: str | None = None,
         cluster: Cluster | None = None,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
+        bootstrap: str | Sequence[str] | None = None,
+        **unknown: Any,
     ) -> None:
+        """``bootstrap_servers``: the coordinator's "host:port" (a string, "h:p,h:p" or a list;
+        ``bootstrap`` is the original name). ``key_serializer`` / ``value_serializer``: applied to
+        every key / value given to send() and send_many() (see dmq.client.serializers). Every
+        bad setting raises InvalidConfigError (a ValueError) naming it."""
+        reject_unknown("Producer", unknown, _SETTINGS)
+        for name, fn in (("key_serializer", key_serializer), ("value_serializer", value_serializer)):
+            if fn is not None and not callable(fn):
+                raise InvalidConfigError(f"{name} must be a callable returning bytes, got {type(fn).__name__}")
+        address = "" if cluster is not None else bootstrap_address(
+            {"bootstrap_servers": bootstrap_servers, "bootstrap": bootstrap}, "Producer"
+        )
+        if partitioner is not None and not callable(partitioner):
+            raise InvalidConfigError(f"partitioner must be a callable (key, partition count) -> partition, got {partitioner!r}")
+        if client_id is not None and (not isinstance(client_id, str) or not client_id):
+            raise InvalidConfigError(f"client_id must be a non-empty string, got {client_id!r}")
         if acks not in _ACKS:
-            raise ValueError(f"acks must be 'all', 1 or 0, got {acks!r}")
+            raise InvalidConfigError(f"acks must be 'all', 1 or 0, got {acks!r}")
         codec_name = compression.lower() if isinstance(compression, str) else compression
         if codec_name not in _CODECS:
-            raise ValueError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
+            raise InvalidConfigError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
         _positive("batch_size", batch_size, MAX_BATCH_SIZE, "the brokers' default max batch bytes is "
                   f"{records.DEFAULT_MAX_BATCH_BYTES}; a topic's max_message_bytes caps its batches further")
         _positive("buffer_memory", buffer_memory)
         _positive("max_record_bytes", max_record_bytes, records.DEFAULT_MAX_BATCH_BYTES // 2)
         _positive("request_timeout_ms", request_timeout_ms)
         _positive("delivery_timeout_ms", delivery_timeout_ms)
+        for name, value in (("linger_ms", linger_ms), ("max_block_ms", max_block_ms), ("retries", retries),
+                            ("retry_backoff_ms", retry_backoff_ms), ("retry_backoff_max_ms", retry_backoff_max_ms)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidConfigError(f"{name} must be a number, got {type(value).__name__} {value!r}")
         if linger_ms < 0 or max_block_ms < 0 or retries < 0 or retry_backoff_ms < 0:
-            raise ValueError("linger_ms, max_block_ms, retries and retry_backoff_ms must be >= 0")
+            raise InvalidConfigError("linger_ms, max_block_ms, retries and retry_backoff_ms must be >= 0")
         if delivery_timeout_ms < linger_ms + request_timeout_ms:
             # Kafka's rule: a batch may linger, then wait a whole request for its answer; a
             # shorter delivery timeout fails records that were never given a chance (a batch
             # lingering past it expired the moment it was sealed).
-            raise ValueError(
+            raise InvalidConfigError(
                 f"delivery_timeout_ms ({delivery_timeout_ms}) must be at least linger_ms + request_timeout_ms "
                 f"({linger_ms} + {request_timeout_ms}): raise delivery_timeout_ms or lower the others"
             )
         if enable_idempotence is None:
             enable_idempotence = _ACKS[acks] != pb.ACKS_NONE
         elif enable_idempotence and _ACKS[acks] == pb.ACKS_NONE:
-            raise ValueError(
+            raise InvalidConfigError(
                 "enable_idempotence needs acks 'all' or 1: with acks=0 no answer is read, so a lost batch "
                 "cannot be retried in sequence and the broker would refuse every later one"
             )
         if buffer_memory < batch_size:
-            raise ValueError(f"buffer_memory ({buffer_memory}) must be at least batch_size ({batch_size})")
+            raise InvalidConfigError(f"buffer_memory ({buffer_memory}) must be at least batch_size ({batch_size})")
 
         self.client_id = client_id or f"producer-{id(self):x}"
         self._own_cluster = cluster is None
         # Metadata look-ups block send(): each one is bounded by max_block_ms as well (a coordinator
         # that accepts connections but does not answer held send() for a whole request timeout).
+        self._key_serializer = key_serializer
+        self._value_serializer = value_serializer
+        self._serializing = key_serializer is not None or value_serializer is not None
         self._cluster = cluster or Cluster(
-            bootstrap, request_timeout_ms=min(request_timeout_ms, max(max_block_ms, METADATA_TIMEOUT_MIN_MS))
+            address, request_timeout_ms=min(request_timeout_ms, max(max_block_ms, METADATA_TIMEOUT_MIN_MS))
         )
         self._batch_size = batch_size
         self._compressed = _CODECS[codec_name] is not records.Codec.NONE
@@ -218,8 +249,11 @@ class Producer:
 
         Blocks only when buffer_memory is full (up to max_block_ms, then DMQTimeoutError) or on
         the first send to a topic (its metadata). `callback(metadata, error)` runs once the
-        record is acknowledged or has failed.
+        record is acknowledged or has failed. The handle is a concurrent.futures.Future: it works
+        with concurrent.futures.wait() and as_completed().
         """
+        if self._serializing:
+            key, value = self._serialize(topic, key, value)
         # Fast path: a plain value for this thread's sticky batch. No lock: this thread is the
         # batch's only appender (see _accumulator); a seal racing the append is caught by the
         # `sealed` check after it.
@@ -365,6 +399,11 @@ class Producer:
         """
         self._check_open()
         values = values if isinstance(values, list) else list(values)
+        if self._serializing:
+            pairs = [self._serialize(topic, k, v) for k, v in zip(keys if keys is not None else repeat(None), values)]
+            values = [v for _, v in pairs]
+            if keys is not None:
+                keys = [k for k, _ in pairs]
         n = len(values)
         if n == 0:
             return SendManyFuture([], 0)
@@ -649,6 +688,20 @@ class Producer:
     def cluster(self) -> Cluster:
         return self._cluster
 
+    def _serialize(self, topic: str, key: Any, value: Any) -> tuple[Any, Any]:
+        ks, vs = self._key_serializer, self._value_serializer
+        try:
+            if ks is not None and key is not None:
+                key = ks(key)
+        except Exception as e:
+            raise SerializationError(f"key_serializer failed for a record to {topic!r}: {e!r}") from e
+        try:
+            if vs is not None:
+                value = vs(value)
+        except Exception as e:
+            raise SerializationError(f"value_serializer failed for a record to {topic!r}: {e!r}") from e
+        return key, value
+
     def metrics(self) -> dict[str, int]:
         """A few gauges for monitoring and tests; records_failed counts every record that failed
         for good (not only those whose handle or callback someone looked at)."""
@@ -663,9 +716,9 @@ class Producer:
 
 def _positive(name: str, value: int, maximum: int | None = None, why: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise InvalidConfigError(f"{name} must be a positive integer, got {value!r}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be at most {maximum}, got {value}" + (f" ({why})" if why else ""))
+        raise InvalidConfigError(f"{name} must be at most {maximum}, got {value}" + (f" ({why})" if why else ""))
 
 
 def _as_bytes(value: Any, what: str) -> bytes:
@@ -677,7 +730,8 @@ def _as_bytes(value: Any, what: str) -> bytes:
         return bytes(value)
     raise TypeError(
         f"{what} must be bytes, got {type(value).__name__}: serialise it first "
-        "(e.g. json.dumps(obj).encode() or text.encode())"
+        "(e.g. json.dumps(obj).encode() or text.encode()), or give the Producer a key_serializer / "
+        "value_serializer (dmq.client.json_serializer, dmq.client.str_serializer)"
     )
 
 
@@ -702,3 +756,8 @@ def _headers_size(headers: list[tuple[str, bytes | None]] | None) -> int:
         return 0
     # the codec's varints take at most 5 bytes each: count, key length, value length
     return 5 + sum(10 + len(k.encode()) + (len(v) if v is not None else 0) for k, v in headers)
+
+
+_SETTINGS = frozenset(
+    name for name in inspect.signature(Producer.__init__).parameters if name not in ("self", "unknown")
+)

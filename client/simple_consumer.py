@@ -18,13 +18,15 @@ start and end.
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
-import structlog
 
+from dmq.client._log import get_logger
+from dmq.client._settings import bootstrap_address, check_flag, check_positive, reject_unknown
 from dmq.client._cluster import Cluster, single_fetch_result
 from dmq.client.errors import (
     CorruptRecordError,
@@ -40,7 +42,7 @@ from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 from dmq.proto.records import RecordBatch
 from dmq.proto.wire import FetchPartitionView
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["SimpleConsumer"]
 
@@ -56,17 +58,27 @@ class SimpleConsumer:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap_servers: str | Sequence[str] | None = None,
         *,
         max_wait_ms: int = DEFAULT_MAX_WAIT_MS,
         max_bytes: int = DEFAULT_MAX_BYTES,
         request_timeout_ms: int = 30_000,
         verify_crc: bool = True,
         cluster: Cluster | None = None,
+        bootstrap: str | Sequence[str] | None = None,
+        **unknown: Any,
     ) -> None:
+        """``bootstrap_servers``: the coordinator's "host:port" (a string, "h:p,h:p" or a list;
+        ``bootstrap`` is the original name)."""
+        reject_unknown("SimpleConsumer", unknown, _SETTINGS)
+        check_positive("request_timeout_ms", request_timeout_ms)
+        check_flag("verify_crc", verify_crc)
         _check_limits(max_wait_ms, max_bytes)
         self._own_cluster = cluster is None
-        self._cluster = cluster or Cluster(bootstrap, request_timeout_ms=request_timeout_ms)
+        self._cluster = cluster or Cluster(
+            bootstrap_address({"bootstrap_servers": bootstrap_servers, "bootstrap": bootstrap}, "SimpleConsumer"),
+            request_timeout_ms=request_timeout_ms,
+        )
         self.max_wait_ms = max_wait_ms
         self.max_bytes = max_bytes
         self.verify_crc = verify_crc
@@ -272,3 +284,8 @@ def _check_limits(max_wait_ms: int, max_bytes: int) -> None:
         raise InvalidArgumentError(f"max_wait_ms must be within 0..60000, got {max_wait_ms}")
     if not 1 <= max_bytes <= MAX_FETCH_RESPONSE_BYTES:
         raise InvalidArgumentError(f"max_bytes must be within 1..{MAX_FETCH_RESPONSE_BYTES}, got {max_bytes}")
+
+
+_SETTINGS = frozenset(
+    name for name in inspect.signature(SimpleConsumer.__init__).parameters if name not in ("self", "unknown")
+)

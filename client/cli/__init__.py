@@ -64,6 +64,21 @@ class DMQGroup(click.Group):
         return run_translating_errors(ctx, lambda: super(DMQGroup, self).invoke(ctx))
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """The distribution is dmq-queue ("dmq" on PyPI is another project, whose version must never be
+    shown as ours); looked up only when asked, so every other command starts without it."""
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("dmq-queue")
+    except PackageNotFoundError:
+        found = "unknown (the dmq-queue distribution is not installed: pip install -e .)"
+    click.echo(f"dmq, version {found}")
+    ctx.exit()
+
+
 def _check_bootstrap(ctx: click.Context, param: click.Parameter, value: str) -> str:
     value = value.strip()
     if "://" in value:
@@ -81,7 +96,8 @@ def _check_bootstrap(ctx: click.Context, param: click.Parameter, value: str) -> 
               show_default=True, help="Seconds to wait for the cluster to answer a request (env DMQ_TIMEOUT).")
 @click.option("-v", "--verbose", count=True,
               help="Show the client library's log on stderr: -v warnings, -vv everything (produce, consume, bench).")
-@click.version_option(package_name="dmq", prog_name="dmq")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version and exit.")
 @click.pass_context
 def cli(ctx: click.Context, bootstrap: str, timeout_s: float, verbose: int) -> None:
     """DMQ: a Kafka-style message queue. Start with `dmq server`, then `dmq topics create`.

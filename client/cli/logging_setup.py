@@ -116,3 +116,23 @@ def configure_logging(level: str = "info", json_output: bool | None = None) -> N
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+    # The client library logs through the standard `logging` module (silent by default); a
+    # process that chose structlog output shows its lines the same way, at the same level.
+    library = logging.getLogger("dmq")
+    library.setLevel(getattr(logging, level.upper()))
+    if not any(isinstance(h, StructlogBridge) for h in library.handlers):
+        library.addHandler(StructlogBridge())
+
+
+class StructlogBridge(logging.Handler):
+    """Hands the client library's `logging` records to structlog (the process's configured output)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields = dict(getattr(record, "dmq_fields", {}))
+            if record.exc_info:
+                fields["exc_info"] = record.exc_info
+            logger = structlog.get_logger(record.name)
+            getattr(logger, record.levelname.lower(), logger.error)(getattr(record, "dmq_event", record.getMessage()), **fields)
+        except Exception:  # noqa: BLE001 - logging must never break the caller
+            self.handleError(record)

@@ -42,9 +42,10 @@ CLOSE_TIMEOUT_S = 5.0
 
 
 def quiet_client_logs() -> None:
-    """The client library logs through structlog, which prints to stdout by default: route it to
-    stderr, and keep it silent unless asked (`dmq -v`), since the command reports failures itself
-    in one line and stdout must carry only data."""
+    """The client library logs through the standard `logging` module (silent by default):
+    configure_logging() shows it through structlog on stderr at the level asked (`dmq -v`), and
+    keeps it silent otherwise, since the command reports failures itself in one line and stdout
+    must carry only data."""
     from dmq.client.cli.logging_setup import configure_logging
 
     level = os.environ.get("DMQ_CLIENT_LOG_LEVEL", "critical")

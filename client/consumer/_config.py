@@ -8,19 +8,28 @@ connection is made.
 from __future__ import annotations
 
 import datetime as _dt
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from dmq.client._cluster import parse_address as _parse_address
+from dmq.client._settings import BOOTSTRAP_NAMES, bootstrap_address, reject_unknown
 from dmq.client.errors import InvalidConfigError
 from dmq.proto import limits
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 
 SUBSCRIPTION_MODES = ("all", "new", "timestamp")
+# kafka-python's auto_offset_reset, mapped onto where a new group starts (DESIGN.md "Subscription
+# modes"): "earliest" reads the whole log, "latest" only what is produced after the group appears.
+AUTO_OFFSET_RESETS = {"earliest": "all", "latest": "new"}
 
 # The broker refuses a fetch that waits longer (broker/service.py MAX_FETCH_WAIT_MS).
 MAX_FETCH_WAIT_MS = 60_000
 # gRPC message limit the servers and channels are built with (proto/grpc_options.py).
 _DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
+
+Deserializer = Callable[[bytes], Any]
 
 
 def parse_address(url: str) -> str:
@@ -36,9 +45,10 @@ def parse_address(url: str) -> str:
 
 @dataclass
 class ConsumerConfig:
-    metadata_service_url: str
-    """The coordinator (``dmq server``) address, ``host:port``; brokers are found through it."""
-    group_id: str
+    metadata_service_url: str | None = None
+    """The coordinator (``dmq server``) address, ``host:port``; brokers are found through it.
+    The original name of ``bootstrap_servers`` (give one of them)."""
+    group_id: str | None = None
     """The application's group name; per topic the group is ``G_<topic>_<group_id>``."""
     heartbeat_interval_ms: int = 3_000
     session_timeout_ms: int = 10_000
@@ -61,23 +71,44 @@ class ConsumerConfig:
     """Deadline of one RPC (fetches get fetch_max_wait_ms on top)."""
     retry_backoff_ms: int = 100
     check_crcs: bool = True
+    bootstrap_servers: str | list[str] | None = None
+    """The coordinator's ``host:port``: a string, ``"h:p,h:p"`` or a list (alternatives tried in
+    order at start-up). After validation it holds the address in use, as does metadata_service_url."""
+    bootstrap: str | list[str] | None = None
+    """Another accepted name of bootstrap_servers (the Producer's original one)."""
+    auto_offset_reset: str | None = None
+    """kafka-python's name for the start of a new group: ``earliest`` (= subscription_mode
+    ``all``) or ``latest`` (= ``new``). Also where manually assign()ed partitions without a
+    committed offset start (default earliest)."""
+    key_deserializer: Deserializer | None = None
+    """Applied to every record's key (bytes, not None) before poll() returns it."""
+    value_deserializer: Deserializer | None = None
+    """Applied to every record's value (bytes, not None) before poll() returns it."""
+    metadata_max_age_ms: int = 300_000
+    """How often a pattern subscription (subscribe(pattern=...)) lists the topics again."""
     _from_ms: int | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
         if problems:
             raise InvalidConfigError("invalid ConsumerConfig: " + "; ".join(problems))
-        self.metadata_service_url = parse_address(self.metadata_service_url)
+        address = bootstrap_address({n: getattr(self, n) for n in BOOTSTRAP_NAMES}, "ConsumerConfig")
+        self.metadata_service_url = self.bootstrap_servers = address
+        self.bootstrap = None
+        if self.auto_offset_reset is not None and self.subscription_mode is None:
+            self.subscription_mode = AUTO_OFFSET_RESETS[self.auto_offset_reset]
+
+    @property
+    def start_latest(self) -> bool:
+        """Manually assigned partitions with nothing committed start at the log end."""
+        return self.auto_offset_reset == "latest"
 
     def _problems(self) -> list[str]:
         out: list[str] = []
-        if not isinstance(self.metadata_service_url, str) or not self.metadata_service_url.strip():
-            out.append("metadata_service_url must be the coordinator's host:port")
-        else:
-            try:
-                parse_address(self.metadata_service_url)
-            except InvalidConfigError as e:
-                out.append(str(e))
+        try:
+            bootstrap_address({n: getattr(self, n) for n in BOOTSTRAP_NAMES}, "ConsumerConfig", probe=False)
+        except InvalidConfigError as e:
+            out.append(str(e))
         if not isinstance(self.group_id, str) or not self.group_id:
             out.append("group_id must be a non-empty string")
         for f in fields(self):
@@ -98,6 +129,7 @@ class ConsumerConfig:
             "fetch_max_bytes",
             "max_partition_fetch_bytes",
             "request_timeout_ms",
+            "metadata_max_age_ms",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -138,6 +170,17 @@ class ConsumerConfig:
             )
         if not isinstance(self.client_id, str) or not self.client_id or len(self.client_id) > 255:
             out.append("client_id must be a string of 1..255 characters")
+        reset = self.auto_offset_reset
+        if reset is not None and reset not in AUTO_OFFSET_RESETS:
+            out.append(f"auto_offset_reset must be 'earliest' or 'latest', got {reset!r}")
+        elif reset is not None and self.subscription_mode not in (None, AUTO_OFFSET_RESETS[reset]):
+            out.append(
+                f"auto_offset_reset={reset!r} means subscription_mode={AUTO_OFFSET_RESETS[reset]!r}, but "
+                f"subscription_mode={self.subscription_mode!r} was given too: give one of them"
+            )
+        for name in ("key_deserializer", "value_deserializer"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                out.append(f"{name} must be a callable taking bytes, got {type(getattr(self, name)).__name__}")
         mode = self.subscription_mode
         if mode is not None and mode not in SUBSCRIPTION_MODES:
             out.append(f"subscription_mode must be one of {', '.join(SUBSCRIPTION_MODES)} or None, got {mode!r}")
@@ -169,3 +212,19 @@ def _to_epoch_ms(value: object) -> int:
     if value <= 0:
         raise ValueError(f"must be > 0 epoch milliseconds (for the log start use subscription_mode='all'), got {value}")
     return value
+
+
+SETTINGS = frozenset(f.name for f in fields(ConsumerConfig) if f.init)
+_dataclass_init = ConsumerConfig.__init__
+
+
+def _init(self: ConsumerConfig, *args: Any, **settings: Any) -> None:
+    # The dataclass's own __init__ answers a misspelt setting with a bare TypeError; this names
+    # it and the settings close to it (UnknownSettingError is a TypeError too).
+    reject_unknown("ConsumerConfig", {k: v for k, v in settings.items() if k not in SETTINGS}, SETTINGS)
+    _dataclass_init(self, *args, **settings)
+
+
+_init.__doc__ = _dataclass_init.__doc__
+_init.__signature__ = inspect.signature(_dataclass_init)  # type: ignore[attr-defined]
+ConsumerConfig.__init__ = _init  # type: ignore[method-assign]

@@ -39,6 +39,7 @@ poll(), step by step:
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import threading
 import time
 import uuid
@@ -47,8 +48,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
-import structlog
 
+from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._fetcher import Fetcher
@@ -61,6 +62,8 @@ from dmq.client.consumer._records import ConsumerRecords, OffsetAndMetadata, Top
 from dmq.client.consumer._subscription import (
     EARLIEST,
     LATEST,
+    START_AT_LOG_START,
+    START_BY_TIMESTAMP,
     SubscriptionState,
 )
 from dmq.client.errors import (
@@ -72,10 +75,11 @@ from dmq.client.errors import (
     IllegalStateError,
     InvalidArgumentError,
     ResourceExhaustedError,
+    SerializationError,
     UnknownMemberError,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 CommitCallback = Callable[[dict[TopicPartition, OffsetAndMetadata], Exception | None], None]
 
@@ -116,7 +120,18 @@ class _GroupOp:
 class DMQConsumer:
     """Consume topics as a member of a consumer group. Use as a context manager, or call close()."""
 
-    def __init__(self, config: ConsumerConfig | None = None, **settings: Any) -> None:
+    def __init__(self, *topics: str | ConsumerConfig, config: ConsumerConfig | None = None, **settings: Any) -> None:
+        """``DMQConsumer(ConsumerConfig(...))``, ``DMQConsumer(bootstrap_servers=..., group_id=...)``,
+        or kafka-python's ``DMQConsumer("topic", ..., bootstrap_servers=..., group_id=...)``, which
+        also subscribes to the topics."""
+        if topics and isinstance(topics[0], ConsumerConfig):
+            if config is not None:
+                raise InvalidArgumentError("give the ConsumerConfig once")
+            config, topics = topics[0], topics[1:]
+        if not all(isinstance(t, str) for t in topics):
+            raise InvalidArgumentError(
+                f"DMQConsumer takes topic names (str) and keyword settings, got {[type(t).__name__ for t in topics]}"
+            )
         if config is None:
             config = ConsumerConfig(**settings)
         elif settings:
@@ -142,6 +157,20 @@ class DMQConsumer:
         self._commits_in_flight: set[concurrent.futures.Future[Any]] = set()
         self._finished_commits: deque[tuple[CommitCallback | None, concurrent.futures.Future[Any]]] = deque()
         self._closed = False
+        # The Kafka-style API (methods at the end of the class): partitions given to assign()
+        # (read without a group), a subscribe(pattern=...) and its listing in flight, counters.
+        self._manual: set[TopicPartition] = set()
+        self._pattern: re.Pattern[str] | None = None
+        self._pattern_listing: concurrent.futures.Future[None] | None = None
+        self._pattern_listener: ConsumerRebalanceListener | None = None
+        self._next_pattern_listing = 0.0
+        self._counters = {"polls": 0, "records_returned": 0}
+        if topics:
+            try:
+                self.subscribe(list(topics))  # type: ignore[arg-type]
+            except BaseException:
+                self.close(0)  # stops the heartbeat thread subscribe() started
+                raise
 
     def __repr__(self) -> str:
         return (
@@ -160,8 +189,18 @@ class DMQConsumer:
 
     # -- subscription ----------------------------------------------------------------------------
 
-    def subscribe(self, topic_or_topics: str | Iterable[str], listener: ConsumerRebalanceListener | None = None) -> None:
+    def subscribe(
+        self,
+        topic_or_topics: str | Iterable[str] | None = None,
+        listener: ConsumerRebalanceListener | None = None,
+        *,
+        pattern: str | re.Pattern[str] | None = None,
+    ) -> None:
         """Join the group of each topic (``G_<topic>_<group_id>``); partitions arrive in poll().
+
+        ``pattern=`` (a regular expression, matched in full against topic names) subscribes to
+        every matching topic, and to topics that start matching later: poll() lists the topics
+        again every metadata_max_age_ms.
 
         The group's subscription mode is recorded when it is first created, here: a group
         subscribing with mode ``new`` reads everything produced after this call returns. When
@@ -170,7 +209,17 @@ class DMQConsumer:
         must fix (no such topic, bad setting) are raised here.
         """
         self._check_open()
+        if self._manual:
+            raise IllegalStateError("subscribe() after assign(): call unsubscribe() first (a consumer either "
+                                    "assigns its partitions itself or is given them by a group)")
+        if pattern is not None or topic_or_topics is None:
+            self._subscribe_pattern(topic_or_topics, pattern, listener)
+            return
+        self._pattern = None
         topics = [topic_or_topics] if isinstance(topic_or_topics, str) else list(topic_or_topics)
+        self._subscribe_topics(topics, listener)
+
+    def _subscribe_topics(self, topics: list[str], listener: ConsumerRebalanceListener | None) -> None:
         if not topics or not all(isinstance(t, str) and t for t in topics):
             raise InvalidArgumentError("subscribe() needs a topic name or a non-empty list of topic names")
         if not self._heartbeat.alive:
@@ -210,6 +259,11 @@ class DMQConsumer:
         for topic in list(self._memberships):
             self._leave_topic(topic, call_listener=True, deadline=deadline)
         self._subs.subscribe((), None)
+        self._pattern = None
+        for tp in self._manual:
+            self._subs.remove(tp)
+            self._fetcher.drop(tp)
+        self._manual.clear()
 
     def subscription(self) -> set[str]:
         return set(self._subs.topics)
@@ -220,17 +274,20 @@ class DMQConsumer:
 
     # -- poll ------------------------------------------------------------------------------------
 
-    def poll(self, timeout: float = 0.0) -> ConsumerRecords:
-        """Records fetched for the owned partitions, at most max_poll_records, waiting up to
-        `timeout` seconds for some. Rebalances are carried out here, on this thread.
+    def poll(self, timeout: float = 0.0, *, timeout_ms: int | None = None, max_records: int | None = None) -> ConsumerRecords:
+        """Records fetched for the owned partitions, at most max_poll_records (or `max_records`),
+        waiting up to `timeout` seconds (or `timeout_ms` milliseconds, kafka-python's name) for
+        some. Rebalances are carried out here, on this thread.
 
         poll() returns within `timeout` (plus the time of the rebalance listener's callbacks)
         whatever the cluster does: group, commit, position and metadata calls are started here
         and finished by a later poll() when they answer; nothing waits for a dead broker or an
         absent coordinator."""
         self._check_open()
-        if not self._memberships:
-            raise IllegalStateError("poll() needs a subscription: call subscribe(topic) first")
+        timeout, limit = self._poll_arguments(timeout, timeout_ms, max_records)
+        if not self._memberships and not self._manual and self._pattern is None:
+            raise IllegalStateError("poll() needs a subscription: call subscribe(topic) or assign(partitions) first")
+        self._counters["polls"] += 1
         now = time.monotonic()
         deadline = now + max(0.0, timeout)
         self._in_poll = True
@@ -241,12 +298,17 @@ class DMQConsumer:
             fetcher = self._fetcher
             while True:
                 self._wakeup.clear()
+                if self._pattern is not None:
+                    self._follow_pattern()
                 self._coordinate()
                 if self._subs.needing_position():
                     self._update_positions()
-                records = fetcher.collect(self.config.max_poll_records, self._held())
+                records = fetcher.collect(limit, self._held())
                 fetcher.send_fetches()
                 if records:
+                    if self.config.key_deserializer is not None or self.config.value_deserializer is not None:
+                        records = self._deserialize(records)
+                    self._counters["records_returned"] += sum(map(len, records.values()))
                     return ConsumerRecords(records)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -480,13 +542,17 @@ class DMQConsumer:
     def _update_positions(self) -> None:
         """Harvest and start position look-ups (never blocks; see _positions.py)."""
         group_ids = {t: m.group_id for t, m in self._memberships.items() if m.found}
+        for tp in self._manual:  # assign()ed partitions start at the group's commit, if any
+            group_ids.setdefault(tp.topic, group_id_for(tp.topic, self.config.group_id))
         error = self._positions.update(group_ids, self._subscription_from_ms)
         if error is not None:
             raise error
 
     def _subscription_from_ms(self, topic: str) -> int:
         m = self._memberships.get(topic)
-        return m.subscription.from_ms if m is not None else EARLIEST
+        if m is None:
+            return LATEST if self.config.start_latest else EARLIEST
+        return m.subscription.from_ms
 
     def _assigned_state(self, tp: TopicPartition, what: str):  # type: ignore[no-untyped-def]
         tp = _tp(tp)
@@ -561,9 +627,9 @@ class DMQConsumer:
 
     def committed(
         self, partitions: TopicPartition | Iterable[TopicPartition], timeout: float | None = None
-    ) -> int | None | dict[TopicPartition, int | None]:
-        """The group's committed offset (the next offset to consume; None = nothing committed):
-        an int for one TopicPartition, a dict for several. Any partition of any topic may be
+    ) -> OffsetAndMetadata | None | dict[TopicPartition, OffsetAndMetadata | None]:
+        """The group's commit: OffsetAndMetadata(offset = the next offset to consume, metadata as
+        committed), None = nothing committed; one for a TopicPartition, a dict for several. Any partition of any topic may be
         asked, assigned or not. Brokers are asked in parallel, within `timeout` seconds
         (default request_timeout_ms)."""
         self._check_open()
@@ -577,7 +643,7 @@ class DMQConsumer:
             for tp in tps
         }
         found = self._offsets.fetch_committed(tps, group_ids, timeout_s=timeout)
-        out = {tp: (None if (c := found.get(tp)) is None else c.offset) for tp in tps}
+        out = {tp: found.get(tp) for tp in tps}
         return out[tps[0]] if single else out
 
     # -- commits ---------------------------------------------------------------------------------
@@ -767,6 +833,166 @@ class DMQConsumer:
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosedError("this DMQConsumer is closed; create a new one")
+
+    # -- the Kafka-style API: manual assignment, patterns, offsets look-ups, metrics -------------
+
+    def _poll_arguments(self, timeout: float, timeout_ms: int | None, max_records: int | None) -> tuple[float, int]:
+        if timeout_ms is not None:
+            if timeout:
+                raise InvalidArgumentError("poll(): give timeout (seconds) or timeout_ms, not both")
+            if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or timeout_ms < 0:
+                raise InvalidArgumentError(f"poll(): timeout_ms must be a number >= 0, got {timeout_ms!r}")
+            timeout = timeout_ms / 1000
+        elif isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise InvalidArgumentError(f"poll(): timeout must be seconds (a number), got {timeout!r}")
+        if max_records is None:
+            return timeout, self.config.max_poll_records
+        if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records <= 0:
+            raise InvalidArgumentError(f"poll(): max_records must be an int > 0, got {max_records!r}")
+        return timeout, max_records
+
+    def _deserialize(self, records: dict[TopicPartition, list[Any]]) -> dict[TopicPartition, list[Any]]:
+        """Apply the deserializers. A record that fails is not skipped (Kafka's rule): the records
+        before it are returned, and the next poll() raises SerializationError with the partition's
+        position at the failed record, which the application may seek() past."""
+        kd, vd = self.config.key_deserializer, self.config.value_deserializer
+        out: dict[TopicPartition, list[Any]] = {}
+        pending = list(records.items())
+        for i, (tp, rs) in enumerate(pending):
+            done = []
+            for r in rs:
+                what = "key"
+                try:
+                    key = r.key if kd is None or r.key is None else kd(r.key)
+                    what = "value"
+                    value = r.value if vd is None or r.value is None else vd(r.value)
+                except Exception as e:
+                    # Rewind what this poll will not return: tp to the failed record, the
+                    # partitions not reached yet to their first record.
+                    self.seek(tp, r.offset)
+                    for other, others in pending[i + 1:]:
+                        self.seek(other, others[0].offset)
+                    if done:
+                        out[tp] = done
+                    if out:
+                        return out
+                    raise SerializationError(
+                        f"{what}_deserializer failed on {tp} offset {r.offset}: {e!r}; the position stays "
+                        f"there: seek(TopicPartition({tp.topic!r}, {tp.partition}), {r.offset + 1}) skips the record"
+                    ) from e
+                done.append(r._replace(key=key, value=value))
+            out[tp] = done
+        return out
+
+    def _subscribe_pattern(
+        self, topics: Any, pattern: str | re.Pattern[str] | None, listener: ConsumerRebalanceListener | None
+    ) -> None:
+        if pattern is None or topics is not None:
+            raise InvalidArgumentError("subscribe() takes topics or pattern=, exactly one of them")
+        try:
+            compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
+        except re.error as e:
+            raise InvalidArgumentError(f"subscribe(): pattern {pattern!r} is not a regular expression: {e}") from None
+        if not isinstance(compiled, re.Pattern):
+            raise InvalidArgumentError(f"subscribe(): pattern must be a str or re.Pattern, got {type(pattern).__name__}")
+        self._cluster.refresh(None)
+        self._pattern = compiled
+        self._pattern_listener = listener
+        self._next_pattern_listing = time.monotonic() + self.config.metadata_max_age_ms / 1000
+        self._apply_pattern()
+
+    def _apply_pattern(self) -> None:
+        assert self._pattern is not None
+        matched = [t for t in self._cluster.topic_names() if self._pattern.fullmatch(t)]
+        if set(matched) == set(self._memberships):
+            return
+        self._log.info("pattern subscription changed", pattern=self._pattern.pattern, topics=matched)
+        if matched:
+            self._subscribe_topics(matched, self._pattern_listener)
+        else:
+            deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+            for topic in list(self._memberships):
+                self._leave_topic(topic, call_listener=True, deadline=deadline)
+
+    def _follow_pattern(self) -> None:
+        """List the topics every metadata_max_age_ms without blocking poll(): the listing is a
+        future, applied by the poll() iteration that finds it answered."""
+        listing = self._pattern_listing
+        if listing is None:
+            if time.monotonic() >= self._next_pattern_listing:
+                self._pattern_listing = listing = self._cluster.start_listing()
+                listing.add_done_callback(lambda _f: self._wakeup.set())
+            return
+        if not listing.done():
+            return
+        self._pattern_listing = None
+        self._next_pattern_listing = time.monotonic() + self.config.metadata_max_age_ms / 1000
+        if listing.exception() is not None:
+            self._log.debug("topic listing failed", error=str(listing.exception()))
+            return
+        self._apply_pattern()
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Read these partitions without a group: no rebalances, nobody else is given them.
+        Each starts at the group's committed offset if there is one, else at the log start
+        (auto_offset_reset='latest': the log end); seek() moves it. An empty list unassigns.
+        Commits need group membership (subscribe()), so they are refused for these partitions."""
+        self._check_open()
+        if self._memberships or self._pattern is not None:
+            raise IllegalStateError("assign() after subscribe(): call unsubscribe() first")
+        wanted = set(_tps((partitions,)))
+        for tp in wanted:
+            count = self._cluster.partitions_for(tp.topic)
+            if not 0 <= tp.partition < count:
+                raise InvalidArgumentError(f"assign(): {tp} does not exist; topic {tp.topic!r} has partitions 0..{count - 1}")
+        for tp in self._manual - wanted:
+            self._subs.remove(tp)
+            self._fetcher.drop(tp)
+        start = START_BY_TIMESTAMP if self.config.start_latest else START_AT_LOG_START
+        for tp in wanted - self._manual:
+            self._subs.add(tp, start)
+        self._manual = wanted
+
+    def beginning_offsets(
+        self, partitions: Iterable[TopicPartition], timeout: float | None = None
+    ) -> dict[TopicPartition, int]:
+        """The first offset still in each partition's log (its log start), asked of the brokers
+        in parallel within `timeout` seconds (default request_timeout_ms). Any partitions."""
+        return self._list_offsets({tp: EARLIEST for tp in _tps((partitions,))}, timeout)
+
+    def end_offsets(self, partitions: Iterable[TopicPartition], timeout: float | None = None) -> dict[TopicPartition, int]:
+        """The offset the next record produced to each partition will get (its log end)."""
+        return self._list_offsets({tp: LATEST for tp in _tps((partitions,))}, timeout)
+
+    def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int], timeout: float | None = None
+    ) -> dict[TopicPartition, int | None]:
+        """Per partition, the first offset whose record was appended at or after the time
+        (epoch ms); None when no record is that recent (kafka-python's None)."""
+        queries = {}
+        for tp, ts in timestamps.items():
+            if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
+                raise InvalidArgumentError(f"offsets_for_times(): timestamp of {tp} must be epoch ms (int >= 0), got {ts!r}")
+            queries[_tp(tp)] = ts
+        found = self._list_offsets(queries, timeout)
+        ends = self._list_offsets(dict.fromkeys(queries, LATEST), timeout)
+        return {tp: (None if found[tp] >= ends[tp] else found[tp]) for tp in queries}
+
+    def _list_offsets(self, queries: dict[TopicPartition, int], timeout: float | None) -> dict[TopicPartition, int]:
+        self._check_open()
+        return self._offsets.list_offsets(queries, timeout_s=timeout)
+
+    def metrics(self) -> dict[str, int]:
+        """A few counters and gauges of this consumer, for monitoring and tests."""
+        return {
+            **self._counters,
+            "assigned_partitions": len(self._subs.assigned()),
+            "paused_partitions": len(self._subs.paused()),
+            "subscribed_topics": len(self._subs.topics),
+            "joined_groups": sum(1 for m in self._memberships.values() if m.joined),
+            "manually_assigned_partitions": len(self._manual),
+            "commits_in_flight": len(self._commits_in_flight),
+        }
 
 
 def _wait(future: Any, timeout_s: float) -> bool:

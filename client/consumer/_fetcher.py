@@ -42,8 +42,8 @@ from collections.abc import Iterator
 from itertools import islice
 
 import grpc
-import structlog
 
+from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster, fetch_results
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._records import TopicPartition
@@ -54,7 +54,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto.wire import FetchPartitionView
 from dmq.proto import records as codec
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _OFFSET_INDEX = ConsumerRecord._fields.index("offset")
 _MAX_FETCH_THREADS = 32

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 
 import grpc
-import structlog
 
+from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.errors import (
@@ -39,7 +39,7 @@ from dmq.client.errors import (
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _MODES = {
     None: pb.SUBSCRIPTION_MODE_UNSPECIFIED,

@@ -29,15 +29,15 @@ import threading
 from collections.abc import Callable
 
 import grpc
-import structlog
 
+from dmq.client._log import get_logger
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._group import Membership
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 STOP_TIMEOUT_S = 1.0
 MAX_WATCH_BACKOFF_S = 1.0

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import grpc
-import structlog
 
+from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._group import Membership
@@ -46,7 +46,7 @@ from dmq.client.errors import (
 )
 from dmq.proto import dmq_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 V = TypeVar("V")
 MAX_RETRY_BACKOFF_S = 1.0

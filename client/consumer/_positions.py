@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import grpc
-import structlog
 
+from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._offsets import OffsetClient
@@ -32,7 +32,7 @@ from dmq.client.consumer._records import TopicPartition
 from dmq.client.consumer._subscription import EARLIEST, START_BY_TIMESTAMP, PartitionState, SubscriptionState
 from dmq.client.errors import DMQError, from_rpc_error
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MAX_BACKOFF_S = 1.0
 _COMMITTED = "committed"

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import grpc
-import structlog
 
+from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster, single_fetch_result
 from dmq.client.errors import (
     BrokerUnavailableError,
@@ -28,7 +28,7 @@ from dmq.client.errors import (
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.wire import FetchPartitionView
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 TopicPartition = tuple[str, int]
 

@@ -8,6 +8,7 @@ the kind of query: batch vs streaming, read vs write) fails with a message namin
 Source options::
 
     bootstrap              coordinator address host:port                      required
+                           (also bootstrap_servers, kafka.bootstrap.servers)
     subscribe              topic[,topic...]                                   one of subscribe /
     assign                 {"topic": [0, 1], ...}                             assign
     startingOffsets        earliest | latest | {"topic": {"0": 23, "1": -2}}  batch: earliest (default);
@@ -126,11 +127,21 @@ class SinkOptions:
     batch_size: int | None = None
 
 
+# The client library's name of the address setting, and Spark's Kafka source's, are accepted for
+# `bootstrap` (one address setting name everywhere, as users bring it from elsewhere).
+_BOOTSTRAP_ALIASES = {"bootstrap_servers": "bootstrap", "bootstrap.servers": "bootstrap",
+                      "kafka.bootstrap.servers": "bootstrap"}
+
+
 def _normalise(options: Mapping[str, Any], allowed: tuple[str, ...], what: str) -> dict[str, str]:
     allowed_lower = {a.lower() for a in allowed}
     out: dict[str, str] = {}
     for key, value in options.items():
         k = str(key).lower()
+        if k in _BOOTSTRAP_ALIASES and "bootstrap" in allowed_lower:
+            if value is not None and "bootstrap" in out:
+                raise OptionError(f"option {key!r} repeats 'bootstrap': give the coordinator address once")
+            k = _BOOTSTRAP_ALIASES[k]
         if k in _SPARK_OWNED:
             continue
         if k not in allowed_lower:
@@ -142,6 +153,8 @@ def _normalise(options: Mapping[str, Any], allowed: tuple[str, ...], what: str) 
             )
         if value is None:
             continue
+        if k == "bootstrap" and "bootstrap" in out:
+            raise OptionError(f"option {key!r} repeats 'bootstrap': give the coordinator address once")
         out[_CANONICAL[k]] = str(value).strip()
     return out
 
@@ -180,6 +193,9 @@ def _json(name: str, raw: str, example: str) -> Any:
 def _parse_bootstrap(raw: str | None) -> str:
     if not raw:
         raise OptionError("option 'bootstrap' is required: the coordinator address, e.g. 'localhost:9092'")
+    if "," in raw:
+        # The workers each connect on their own: one address, so every task uses the same coordinator.
+        raise OptionError(f"option 'bootstrap' takes one address, the coordinator's host:port, got {raw!r}")
     host, sep, port = raw.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise OptionError(f"option 'bootstrap' must be host:port, got {raw!r}")

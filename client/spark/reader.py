@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import structlog
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
+from dmq.client._log import get_logger
 from dmq.client.errors import DMQError, from_partition_error
 from dmq.client.spark._client import PartitionFetcher, SourceClient, TopicPartition
 from dmq.client.spark._worker import prepare_worker
@@ -52,7 +52,7 @@ except ImportError:  # pragma: no cover - older Spark: latestOffset() takes no a
         pass
 
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["OffsetRange", "DataLossError", "DMQBatchReader", "DMQStreamReader", "read_range", "split_ranges"]
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import structlog
 from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import (
     ArrayType,
@@ -35,6 +34,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from dmq.client._log import get_logger
 from dmq.client.errors import DMQError
 from dmq.client.producer import Producer
 from dmq.client.spark._worker import prepare_worker
@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - Spark 4.0 has no Arrow stream writer
     from pyspark.sql.datasource import DataSourceArrowWriter
     from pyspark.sql.datasource import DataSourceStreamWriter as DataSourceStreamArrowWriter  # type: ignore[assignment]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["DMQWriter", "DMQStreamWriter", "WriteResult", "check_sink_schema", "write_task"]
 

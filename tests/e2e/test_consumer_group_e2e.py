@@ -79,7 +79,7 @@ def committed(server: ClusterThread, group: str = "app") -> dict[int, int | None
     with DMQConsumer(metadata_service_url=server.bootstrap, group_id=group) as c:
         found = c.committed([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
     assert isinstance(found, dict)
-    return {tp.partition: o for tp, o in found.items()}
+    return {tp.partition: (None if o is None else o.offset) for tp, o in found.items()}
 
 
 def balanced(consumers: list[ConsumerProc]) -> bool:

@@ -21,6 +21,7 @@ from dmq.client.consumer import (
     ConsumerRebalanceListener,
     ConsumerRecords,
     DMQConsumer,
+    OffsetAndMetadata,
     TopicPartition,
 )
 from dmq.client.errors import (
@@ -125,9 +126,9 @@ def test_subscribe_poll_commit_and_committed(server: ClusterThread, consumers: A
     assert c.position(tp0) == 100
     assert c.committed(tp0) is None
     c.commit_sync()
-    assert c.committed(c.assignment()) == {TopicPartition(TOPIC, p): 100 for p in range(6)}
+    assert c.committed(c.assignment()) == {TopicPartition(TOPIC, p): OffsetAndMetadata(100) for p in range(6)}
     c.commit_sync({tp0: 40})
-    assert c.committed(tp0) == 40
+    assert c.committed(tp0) == OffsetAndMetadata(40)
     assert "orders" in repr(c)
 
 
@@ -314,7 +315,7 @@ def test_commit_async_future_and_callback(server: ClusterThread, consumers: Any)
     assert calls == []  # callbacks run on the application's thread, in a later call
     c.poll(0)
     assert len(calls) == 1 and calls[0][1] is None
-    assert c.committed(TopicPartition(TOPIC, 4)) == 2
+    assert c.committed(TopicPartition(TOPIC, 4)) == OffsetAndMetadata(2)
 
 
 def test_auto_commit_commits_what_earlier_polls_returned(server: ClusterThread, consumers: Any) -> None:
@@ -325,9 +326,9 @@ def test_auto_commit_commits_what_earlier_polls_returned(server: ClusterThread, 
     time.sleep(0.15)
     c.poll(0)
     deadline = time.monotonic() + TIMEOUT_S
-    while c.committed(TopicPartition(TOPIC, 0)) != 5 and time.monotonic() < deadline:
+    while c.committed(TopicPartition(TOPIC, 0)) != OffsetAndMetadata(5) and time.monotonic() < deadline:
         c.poll(0.1)
-    assert c.committed(c.assignment()) == {TopicPartition(TOPIC, p): 5 for p in range(6)}
+    assert c.committed(c.assignment()) == {TopicPartition(TOPIC, p): OffsetAndMetadata(5) for p in range(6)}
 
 
 def test_restarted_group_resumes_from_the_committed_offsets(server: ClusterThread, consumers: Any) -> None:
@@ -423,6 +424,6 @@ def test_a_broker_that_moves_is_found_again_through_metadata(cluster_factory: Ca
         got += _drain(c, 120 - len(got))
         c.commit_sync()
         assert sorted(got) == sorted((p, o) for p in range(6) for o in range(20))
-        assert c.committed(c.assignment()) == {TopicPartition(TOPIC, p): 20 for p in range(6)}
+        assert c.committed(c.assignment()) == {TopicPartition(TOPIC, p): OffsetAndMetadata(20) for p in range(6)}
     finally:
         c.close()

@@ -100,12 +100,20 @@ def test_options_are_case_insensitive_and_typed():
         ({**BOOT, "subscribe": "a", "minPartitions": "many"}, False, "must be an integer"),
         ({**BOOT, "subscribe": "a", "includeHeaders": "yes"}, False, "'true' or 'false'"),
         ({**BOOT, "subscribe": "a", "topic": "x"}, False, "'topic' is not a source option"),
-        ({**BOOT, "subscribe": "a", "kafka.bootstrap.servers": "x"}, False, "unknown option"),
+        ({**BOOT, "subscribe": "a", "kafka.bootstrap.servers": "x"}, False, "repeats 'bootstrap'"),
+        ({"bootstrap": "h:1,h:2", "subscribe": "a"}, False, "takes one address"),
+        ({**BOOT, "subscribe": "a", "kafka.group.id": "x"}, False, "unknown option"),
     ],
 )
 def test_bad_source_options(options, streaming, message):
     with pytest.raises(OptionError, match=message):
         parse_source_options(options, streaming=streaming)
+
+
+def test_the_address_option_takes_the_client_and_kafka_names():
+    for name in ("bootstrap_servers", "kafka.bootstrap.servers", "bootstrap.servers", "BOOTSTRAP_SERVERS"):
+        assert parse_source_options({name: "h:1", "subscribe": "a"}, streaming=False).bootstrap == "h:1"
+        assert parse_sink_options({name: "h:1", "topic": "t"}).bootstrap == "h:1"
 
 
 def test_sink_options():

@@ -43,11 +43,19 @@ def test_wheel_contains_and_imports_every_module(tmp_path: pathlib.Path) -> None
         check=True,
         timeout=300,
     )
-    wheels = list(out.glob("dmq-*.whl"))
-    assert len(wheels) == 1, wheels
+    # The distribution is dmq-queue ("dmq" on PyPI is another project); the import package is dmq.
+    wheels = list(out.glob("dmq_queue-*.whl"))
+    assert len(wheels) == 1, list(out.iterdir())
     with zipfile.ZipFile(wheels[0]) as zf:
         files = set(zf.namelist())
+        metadata = next(zf.read(n).decode() for n in files if n.endswith(".dist-info/METADATA"))
         zf.extractall(tmp_path / "site")
+    assert "\nName: dmq-queue\n" in metadata
+    assert "\nProvides-Extra: spark\n" in metadata
+    # PEP 561: every package of the namespace is marked typed, and the stubs of the generated code ship.
+    for folder in FOLDERS:
+        assert f"dmq/{folder}/py.typed" in files, f"dmq/{folder}/py.typed missing from the wheel"
+    assert "dmq/proto/dmq_pb2.pyi" in files
     for module in _source_modules():
         path = module.replace(".", "/")
         assert f"{path}.py" in files or f"{path}/__init__.py" in files, f"{module} missing from the wheel"
