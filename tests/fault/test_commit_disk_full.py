@@ -17,6 +17,8 @@ import pytest
 
 from _storage_server import Server, create_topic, dmq_executable, fetch_all, produce
 
+from dmq.client import OffsetAndMetadata
+
 pytestmark = pytest.mark.timeout(90)
 
 TOPIC = "commits"
@@ -88,7 +90,7 @@ def test_commit_on_a_full_disk_is_disk_full_and_works_again_once_space_is_freed(
             assert info.value.code == "RESOURCE_EXHAUSTED"
             assert "disk full on broker" in str(info.value)
             # the failed commit changed nothing
-            assert consumer.committed(tp) == 4
+            assert consumer.committed(tp) == OffsetAndMetadata(4)
             # the coordinator's writes on the same disk: a one-line reason from the CLI, exit 1
             cli = subprocess.run([*dmq_executable(), "--bootstrap", srv.bootstrap, "topics", "create", "other"],
                                  capture_output=True, text=True, timeout=60)
@@ -98,7 +100,7 @@ def test_commit_on_a_full_disk_is_disk_full_and_works_again_once_space_is_freed(
             # space freed: the same commit succeeds and reads back
             filler.unlink()
             consumer.commit_sync({tp: 10}, timeout=10)
-            assert consumer.committed(tp) == 10
+            assert consumer.committed(tp) == OffsetAndMetadata(10)
         cli = subprocess.run([*dmq_executable(), "--bootstrap", srv.bootstrap, "topics", "create", "other"],
                              capture_output=True, text=True, timeout=60)
         assert cli.returncode == 0, cli.stdout + cli.stderr
@@ -112,6 +114,6 @@ def test_commit_on_a_full_disk_is_disk_full_and_works_again_once_space_is_freed(
         got, last = fetch_all(srv, TOPIC)
         assert [v for _, v in got] == values and last.error == 0
         with consumer_for(srv.bootstrap) as consumer:
-            assert consumer.committed(tp) == 10
+            assert consumer.committed(tp) == OffsetAndMetadata(10)
     finally:
         srv.stop()

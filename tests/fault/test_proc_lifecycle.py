@@ -195,7 +195,7 @@ def test_broker_stops_on_signal_while_its_coordinator_is_unreachable(tmp_path, s
     broker = Server(["broker", "--coordinator", nowhere, "--broker-id", "0", "--data-dir", str(tmp_path / "b")],
                     tmp_path / "b.log")
     servers.append(broker)
-    broker.wait_for_text("coordinator not reachable")
+    broker.wait_for_text("coordinator cannot register this broker yet")
     rc, took_s = broker.signal_and_wait(sig)
     assert rc == 0, broker.text()[-2000:]
     assert "broker stopped" in broker.text(), broker.text()[-2000:]
@@ -259,7 +259,7 @@ def test_server_stops_cleanly_when_its_log_pipe_is_closed(tmp_path, servers):
 
 
 def test_broker_with_a_closed_log_pipe_keeps_running_and_stops_on_sigterm(tmp_path, servers):
-    """Its log lines ("coordinator not reachable") go to a closed pipe from the first retry on."""
+    """Its log lines ("coordinator cannot register this broker yet") go to a closed pipe from the first retry on."""
     nowhere = f"127.0.0.1:{free_port()}"
     broker = Server(["broker", "--coordinator", nowhere, "--broker-id", "0", "--data-dir", str(tmp_path / "b")],
                     None, pipe=True)
