@@ -18,8 +18,9 @@ policy, data in a temporary directory) and, against it:
 
 It prints the server's peak RSS (VmHWM), its RSS at the end of the load and 3 s after, the small
 producer's p50 / p99 / max latency, and what the flood and the unread fetches got (stored vs
-refused with RESOURCE_EXHAUSTED). Targets (issue 13): peak RSS <= 1 GB, probe p99 <= 50 ms.
-Figures vary run to run on a shared machine.
+refused with RESOURCE_EXHAUSTED) and the load average. Targets (issue 13): peak RSS <= 1 GB,
+probe p99 <= 50 ms. Figures vary run to run on a shared machine: compare builds back to back
+(--dmq names another checkout's command).
 """
 
 from __future__ import annotations
@@ -171,6 +172,7 @@ def main() -> None:
     if nofile < args.idle + 200:
         raise SystemExit(f"the open-files limit is {nofile}: too low for {args.idle} idle connections")
     dmq = args.dmq
+    load_before = os.getloadavg()
     port = _free_port()
     address = f"127.0.0.1:{port}"
     children: list[subprocess.Popen[str]] = []
@@ -253,6 +255,10 @@ def main() -> None:
             print(f"flood:                         {flood_result}")
             print(f"unread fetches (after SIGCONT): {fetch_result}")
             print(f"server alive:                  {server.poll() is None}")
+            # The probe's latency depends on the CPU this process, the server and the flood get:
+            # report the machine's load with the figures.
+            print(f"load average before / after:   {' '.join(f'{x:.2f}' for x in load_before)} / "
+                  f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             channel.close()
         finally:
             for s in sockets:

@@ -183,6 +183,7 @@ class BrokerNode:
                                 error=repr(self._opening.exception()))
         finally:
             try:
+                await asyncio.to_thread(self.service.appender.close)  # appends in threads end first
                 await asyncio.to_thread(self.logs.close)
             finally:
                 try:

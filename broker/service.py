@@ -24,12 +24,14 @@ import errno
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, NoReturn
 
 import grpc
 import structlog
 
 from dmq.broker.log import (
+    AppendInfo,
     CorruptLogError,
     LogClosedError,
     LogError,
@@ -59,6 +61,9 @@ MAX_FETCH_PARTITIONS = 10_000
 MAX_COMMIT_PARTITIONS = 10_000
 MAX_OFFSET_METADATA_CHARS = 4096
 DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
+# Batches above this are appended in a worker thread (see _Appender); smaller ones on the loop.
+APPEND_INLINE_MAX_BYTES = 256 * 1024
+APPEND_THREADS = 2
 
 
 class _Abort(Exception):
@@ -220,10 +225,80 @@ class AppendNotifier:
                         del self._waiters[key]
 
 
+class _Appender:
+    """Appends large batches in worker threads, keeping each partition's appends in arrival order.
+
+    Why: a 1 MB append on the event loop (CRC, write() into the page cache, which the kernel's
+    dirty-page throttling may stall) blocked every other call for ~1-3 ms, and a flood of them
+    put that in front of every small request (bench/load_bench.py: a small producer's p99). In a
+    thread those wait on the disk, not the loop. A thread hop costs more than appending a small
+    batch, so small batches stay on the loop, unless the partition has appends queued: then they
+    queue behind them (FIFO per partition; asyncio.Lock serves waiters in order). At most
+    APPEND_THREADS run at once, and the memory budget's turns bound how many large ones wait.
+    PartitionLog.append is thread-safe; durability (wait_durable after the append) is unchanged.
+    """
+
+    def __init__(self, threads: int = APPEND_THREADS, inline_max_bytes: int = APPEND_INLINE_MAX_BYTES) -> None:
+        self.inline_max_bytes = inline_max_bytes
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="dmq-append")
+        self._locks: dict[int, asyncio.Lock] = {}
+        self._queued: dict[int, int] = {}  # per log: appends waiting or running in a thread
+
+    def close(self) -> None:
+        """Wait for the appends in progress (blocking: call it from a thread)."""
+        self._pool.shutdown(wait=True)
+
+    async def append(self, plog: PartitionLog, batch: bytes) -> AppendInfo:
+        key = id(plog)
+        if len(batch) <= self.inline_max_bytes and not self._queued.get(key):
+            return plog.append(batch)
+        self._queued[key] = self._queued.get(key, 0) + 1
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        try:
+            await lock.acquire()
+        except BaseException:
+            self._done(key)
+            raise
+        if len(batch) <= self.inline_max_bytes:
+            try:
+                return plog.append(batch)
+            finally:
+                lock.release()
+                self._done(key)
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(self._pool, plog.append, batch)
+        except BaseException as e:
+            lock.release()
+            self._done(key)
+            if isinstance(e, RuntimeError):  # the pool is shut down: the broker is stopping
+                raise LogClosedError(f"{plog.topic}[{plog.partition}]: the broker is stopping") from e
+            raise
+
+        def finished(_: asyncio.Future[AppendInfo]) -> None:
+            # Held until the thread is done, also when the caller was cancelled meanwhile, so
+            # the next append of this partition never overtakes it.
+            lock.release()
+            self._done(key)
+
+        fut.add_done_callback(finished)
+        return await asyncio.shield(fut)
+
+    def _done(self, key: int) -> None:
+        left = self._queued[key] - 1
+        if left:
+            self._queued[key] = left
+        else:
+            del self._queued[key]
+            lock = self._locks.get(key)
+            if lock is not None and not lock.locked():
+                del self._locks[key]
+
+
 class BrokerService(pb_grpc.BrokerServicer):
     def __init__(self, node: BrokerNode, budget: ByteBudget | None = None) -> None:
         self._node = node
         self.notifier = AppendNotifier()
+        self.appender = _Appender()
         # Fetch answers and produce requests in flight, together (see memory_budget.py).
         self.budget = budget or ByteBudget()
 
@@ -277,24 +352,26 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Produce(self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
         _check_topic(request.topic)
         _check_partition(request.partition)
-        if not request.batch:
+        # Read once: every access to a bytes field of a parsed message copies it (1 MB each).
+        batch = request.batch
+        if not batch:
             _fail(grpc.StatusCode.INVALID_ARGUMENT, "batch must not be empty")
         plog = await self._log_for(request.topic, request.partition)
         limit = plog.config.max_batch_bytes
-        if len(request.batch) > limit:
+        if len(batch) > limit:
             _fail(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"batch is {len(request.batch)} bytes; the limit (max_batch_bytes) is {limit}",
+                f"batch is {len(batch)} bytes; the limit (max_batch_bytes) is {limit}",
             )
         # The batch is in memory already; holding its size until it is appended makes a flood
         # of produces wait (or be refused) instead of piling up in the broker.
         what = f"produce to {request.topic}[{request.partition}]"
-        lease = await self._reserve(len(request.batch), context, what)
+        lease = await self._reserve(len(batch), context, what)
         try:
-            # The turn covers the work on the event loop (checks, copy, write), not the wait for
-            # the fsync: large acks=all batches still share group commits.
-            async with self._turn(len(request.batch), context, what):
-                info = plog.append(request.batch)
+            # The turn covers the append (checks, write; in a thread when large), not the wait
+            # for the fsync: large acks=all batches still share group commits.
+            async with self._turn(len(batch), context, what):
+                info = await self.appender.append(plog, batch)
             if request.acks == pb.ACKS_ALL and plog.config.flush_policy == "fsync":
                 # PartitionLog.append_durable() in two steps, the turn released in between
                 await plog.wait_durable(info.last_offset + 1)

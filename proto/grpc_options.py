@@ -13,6 +13,20 @@ Connections (servers):
   - a connection with no call for `idle_ms` is closed (`grpc.max_connection_idle_ms`, a GOAWAY the
     client's channel handles by reconnecting on its next call);
   - per client address: see dmq.proto.connections (gRPC core has no such setting).
+
+Calls per connection (fairness): at most `max_calls_per_connection` calls of one connection are
+open at the server at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); the client's channel holds
+the rest until one ends. Why: grpc.aio takes new calls off gRPC core's queue one at a time, and
+that queue is shared by every connection and served in arrival order. A client keeping 32 large
+produces in flight kept ~25 of them in that queue, and a small producer on another connection
+waited behind all of them (bench/load_bench.py, profiled: 95-115 ms of a 120 ms median spent
+before its handler was even started, its handler took ~9 ms). The server's rate of taking calls
+did not grow with the flood's concurrency (~200 calls/s with 4 in flight or 32), so extra
+in-flight calls of one client only add queueing for everyone else. With the cap, a flood queues
+in its own channel and the shared queue holds at most `max_calls_per_connection` of its calls.
+Measured on the load bench (2 shared vCPUs, load ~8): small-producer p50 121 ms uncapped, 56 ms
+with 16, 36 ms with 8, 20 ms with 4; the flood's throughput unchanged. 8 leaves room for a client's
+usual concurrency (one fetch per broker, a few partitions' produces, commits) without queueing.
 """
 
 from __future__ import annotations
@@ -27,6 +41,9 @@ MAX_FETCH_RESPONSE_BYTES = 60 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_CONNECTION_IDLE_MS = 5 * 60 * 1000  # Kafka's connections.max.idle.ms is 9 min; clients reconnect cheaply
 MIN_CONNECTIONS = 16  # even under a tiny descriptor limit a server must take a few clients
+# Calls one connection may have open at the server at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
+# See the module docstring (fairness) for why and for the figures behind the value.
+DEFAULT_MAX_CALLS_PER_CONNECTION = 8
 
 
 def open_files_limit() -> int:
@@ -54,16 +71,26 @@ def raise_open_files_limit() -> int:
 
 
 def server_options(
-    *, max_connections: int = DEFAULT_MAX_CONNECTIONS, idle_ms: int = DEFAULT_CONNECTION_IDLE_MS
+    *,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    idle_ms: int = DEFAULT_CONNECTION_IDLE_MS,
+    max_calls_per_connection: int = DEFAULT_MAX_CALLS_PER_CONNECTION,
 ) -> list[tuple[str, int]]:
     if idle_ms <= 0:
         raise ValueError(f"idle_ms must be > 0, got {idle_ms}")
+    if max_calls_per_connection < 1:
+        raise ValueError(f"max_calls_per_connection must be >= 1, got {max_calls_per_connection}")
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0),
         ("grpc.max_allowed_incoming_connections", connection_limit(max_connections)),
         ("grpc.max_connection_idle_ms", idle_ms),
+        ("grpc.max_concurrent_streams", max_calls_per_connection),
+        # Over the limit a client's calls wait in its own channel. With gRPC's default
+        # "overload protection" the server would instead refuse them (RST_STREAM REFUSED_STREAM,
+        # UNAVAILABLE to the caller) whenever the client opens more than the limit at once.
+        ("grpc.http.overload_protection", 0),
     ]
 
 
