@@ -25,8 +25,10 @@ did not grow with the flood's concurrency (~200 calls/s with 4 in flight or 32),
 in-flight calls of one client only add queueing for everyone else. With the cap, a flood queues
 in its own channel and the shared queue holds at most `max_calls_per_connection` of its calls.
 Measured on the load bench (2 shared vCPUs, load ~8): small-producer p50 121 ms uncapped, 56 ms
-with 16, 36 ms with 8, 20 ms with 4; the flood's throughput unchanged. 8 leaves room for a client's
-usual concurrency (one fetch per broker, a few partitions' produces, commits) without queueing.
+with 16, 36 ms with 8, 20 ms with 4; the flood's throughput unchanged. The default is 100 all the
+same: a cap must stay above the calls a well-behaved client keeps open for good (one watch stream
+per subscribed topic, long-poll fetches), or that client's short calls (heartbeats) wait behind
+its own streams.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_CONNECTION_IDLE_MS = 5 * 60 * 1000  # Kafka's connections.max.idle.ms is 9 min; clients reconnect cheaply
 MIN_CONNECTIONS = 16  # even under a tiny descriptor limit a server must take a few clients
 # Calls one connection may have open at the server at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
-# See the module docstring (fairness) for why and for the figures behind the value.
-DEFAULT_MAX_CALLS_PER_CONNECTION = 8
+# See the module docstring (fairness) for why. Not 8, which gave the load bench its best median:
+# a consumer holds one long-lived WatchGroup stream per subscribed topic on its coordinator
+# channel, so at 8 a consumer of 12 topics had its heartbeats queued behind its own watches and
+# was evicted over and over (tests/integration/test_calls_per_connection.py).
+DEFAULT_MAX_CALLS_PER_CONNECTION = 100
 
 
 def open_files_limit() -> int:

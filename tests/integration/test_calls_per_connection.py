@@ -9,13 +9,15 @@ server; the rest wait in the client's own channel (not refused), and other conne
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 
+from dmq.client import AdminClient, ConsumerConfig, DMQConsumer, Producer
 from dmq.proto.grpc_options import channel_options, server_options
 
 CALLS = 24
-CAP = 8  # DEFAULT_MAX_CALLS_PER_CONNECTION, written out: the test states the promise
+CAP = 8  # a small cap, set explicitly, to see the mechanism; the default is larger (below)
 
 
 class _Held:
@@ -49,7 +51,7 @@ class _Held:
 def test_one_connection_gets_a_bounded_share_and_its_excess_calls_wait_not_fail() -> None:
     async def run() -> None:
         held = _Held()
-        server = grpc.aio.server(options=server_options())
+        server = grpc.aio.server(options=server_options(max_calls_per_connection=CAP))
         server.add_generic_rpc_handlers((held.handlers(),))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
@@ -77,3 +79,30 @@ def test_one_connection_gets_a_bounded_share_and_its_excess_calls_wait_not_fail(
             await server.stop(None)
 
     asyncio.run(run())
+
+
+def test_a_consumer_of_many_topics_keeps_every_membership(cluster) -> None:  # type: ignore[no-untyped-def]
+    """The default cap stays above what a well-behaved client holds open for good: one watch
+    stream per subscribed topic on its coordinator channel. At a cap of 8, a consumer of 12
+    topics had its heartbeats queued behind its own watches, was evicted from 4+ groups again
+    and again, and read records twice."""
+    topics = [f"many{i}" for i in range(12)]
+    with AdminClient(cluster.bootstrap) as admin:
+        for t in topics:
+            admin.create_topic(t, partitions=1)
+    with Producer(cluster.bootstrap) as producer:
+        for t in topics:
+            producer.send(t, t.encode())
+        producer.flush(10)
+    consumer = DMQConsumer(ConsumerConfig(metadata_service_url=cluster.bootstrap, group_id="many",
+                                          session_timeout_ms=3000, heartbeat_interval_ms=500))
+    try:
+        consumer.subscribe(topics)
+        got: list[bytes] = []
+        deadline = time.monotonic() + 12  # four session timeouts: an evicted member shows
+        while time.monotonic() < deadline:
+            got += [r.value for r in consumer.poll(0.2)]
+        assert sorted(got) == sorted(t.encode() for t in topics)
+        assert len(consumer.assignment()) == len(topics)
+    finally:
+        consumer.close(timeout=5)
