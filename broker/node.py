@@ -38,7 +38,6 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import channel_options
-from dmq.proto.malloc_tuning import keep_large_buffers
 
 log = structlog.get_logger(__name__)
 
@@ -124,9 +123,6 @@ class BrokerNode:
         # overwrite this one's batches.
         self.dir_lock.acquire()
         started = time.monotonic()
-        # Fetch answers and produce requests are multi-megabyte buffers: reuse heap memory for
-        # them instead of page-faulting fresh mmap()s in (see malloc_tuning.py for the figures).
-        large_buffers = keep_large_buffers()
         # Shielded: a cancelled start() must not leave recovery running in a thread (or an
         # aiosqlite thread half-open) while stop() closes the same files; stop() waits for it.
         self._opening = asyncio.ensure_future(self._open_local())
@@ -144,7 +140,6 @@ class BrokerNode:
             address=self.address,
             partitions=len(self.logs.partitions()),
             recovery_s=round(time.monotonic() - started, 3),
-            malloc_large_buffers=large_buffers,
         )
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"broker-{self.broker_id}-heartbeat"))
         self._tasks.append(asyncio.create_task(self._retention_loop(), name=f"broker-{self.broker_id}-retention"))
