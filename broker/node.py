@@ -38,10 +38,10 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.wire import add_broker_servicer
 
 log = structlog.get_logger(__name__)
 
-BROKER_SERVICE = "dmq.v1.Broker"  # the gRPC service name Fetch is re-registered under
 
 LEADER_CACHE_MS = 2_000
 COORDINATOR_RPC_TIMEOUT_S = 5.0
@@ -108,13 +108,8 @@ class BrokerNode:
         return f"{self.advertised_host}:{self.advertised_port}"
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        handlers = _generated_handlers(self.service)
-        # Fetch answers bytes it framed itself (dmq.proto.wire): no response serializer.
-        handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(
-            self.service.Fetch, request_deserializer=pb.FetchRequest.FromString
-        )
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(BROKER_SERVICE, handlers),))
-        server.add_registered_method_handlers(BROKER_SERVICE, handlers)
+        # Fetch answers bytes it framed itself: registered raw (dmq.proto.wire).
+        add_broker_servicer(self.service, server)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -304,25 +299,3 @@ class BrokerNode:
             if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED):
                 code = grpc.StatusCode.UNAVAILABLE
             _fail(code, e.details() or "ownership check failed")
-
-
-
-class _HandlerCapture:
-    """Stands in for a server to collect the generated method handlers of a servicer."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
-
-    def add_generic_rpc_handlers(self, handlers: object) -> None:
-        pass
-
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        self.handlers = dict(handlers)
-
-
-def _generated_handlers(servicer: BrokerService) -> dict[str, grpc.RpcMethodHandler]:
-    capture = _HandlerCapture()
-    pb_grpc.add_BrokerServicer_to_server(servicer, capture)
-    if "Fetch" not in capture.handlers:
-        raise RuntimeError("the generated Broker stubs register no Fetch handler: regenerate them (make proto)")
-    return capture.handlers

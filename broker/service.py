@@ -47,6 +47,7 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits, names, records
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 from dmq.proto.names import FieldError
+from dmq.proto.offset_markers import EARLIEST, LATEST
 from dmq.proto.wire import frame_fetch_response
 
 if TYPE_CHECKING:
@@ -458,9 +459,9 @@ class BrokerService(pb_grpc.BrokerServicer):
                 continue
             answer.log_start_offset = plog.log_start_offset
             answer.log_end_offset = plog.log_end_offset
-            if q.timestamp_ms == -2:
+            if q.timestamp_ms == EARLIEST:
                 answer.offset = plog.log_start_offset
-            elif q.timestamp_ms == -1:
+            elif q.timestamp_ms == LATEST:
                 answer.offset = plog.log_end_offset
             else:
                 found = plog.offset_for_time(q.timestamp_ms)

@@ -67,7 +67,7 @@ from dmq.client.errors import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, records
-from dmq.proto.wire import uvarint
+from dmq.proto.wire import frame_produce_request
 
 log = get_logger(__name__)
 
@@ -426,20 +426,3 @@ def _sequence_error(err: FailedPreconditionError) -> DMQError:
 def new_producer_id() -> int:
     """A random non-negative 63-bit id: collisions between producers are negligible."""
     return secrets.randbits(63)
-
-
-def frame_produce_request(topic: str, partition: int, acks: int, batch: bytes) -> bytes:
-    """A serialised dmq.v1.ProduceRequest, framed by hand with the batch last.
-
-    Building a ProduceRequest message and serialising it copies the batch twice; this copies it
-    once. Field numbers from dmq.proto: 1 topic (string), 2 partition (int32), 3 batch (bytes),
-    4 acks (enum); proto3 omits zero values and accepts fields in any order.
-    """
-    t = topic.encode()
-    head = b"\x0a" + uvarint(len(t)) + t
-    if partition:
-        head += b"\x10" + uvarint(partition)
-    if acks:
-        head += b"\x20" + uvarint(acks)
-    head += b"\x1a" + uvarint(len(batch))
-    return b"".join((head, batch))

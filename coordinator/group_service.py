@@ -87,6 +87,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
 from dmq.proto.names import FieldError, cap_message, check_app_id, check_id
+from dmq.proto.offset_markers import LATEST
 
 if TYPE_CHECKING:
     from dmq.coordinator.node import CoordinatorNode
@@ -556,7 +557,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
 
         async def ask(address: str, parts: list[int]) -> list[pb.OffsetAnswer]:
             request = pb.ListOffsetsRequest(
-                queries=[pb.OffsetQuery(topic=topic, partition=p, timestamp_ms=-1) for p in parts]
+                queries=[pb.OffsetQuery(topic=topic, partition=p, timestamp_ms=LATEST) for p in parts]
             )
             try:
                 stub = self.node.broker_pool.stub(address)

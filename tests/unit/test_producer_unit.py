@@ -810,7 +810,7 @@ def test_topic_metadata_prefers_partitions_with_a_live_leader() -> None:
     [("t", 0, pb.ACKS_ALL, b"x"), ("topic-\u00e9", 300, pb.ACKS_LEADER, b"y" * 200), ("a" * 249, 2**31 - 1, pb.ACKS_NONE, b"z" * 70_000)],
 )
 def test_hand_framed_produce_request_parses_as_the_message(topic: str, partition: int, acks: int, batch: bytes) -> None:
-    from dmq.client._sender import frame_produce_request
+    from dmq.proto.wire import frame_produce_request
 
     framed = frame_produce_request(topic, partition, acks, batch)
     assert pb.ProduceRequest.FromString(framed) == pb.ProduceRequest(
