@@ -32,12 +32,13 @@ import structlog
 
 from dmq.broker.log import LogConfig, LogManager
 from dmq.broker.offsets import OffsetStore
-from dmq.broker.service import BrokerService, _fail
+from dmq.broker.service import BrokerService
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.server_errors import fail
 from dmq.proto.wire import add_broker_servicer
 
 log = structlog.get_logger(__name__)
@@ -298,4 +299,5 @@ class BrokerNode:
             code = e.code()
             if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED):
                 code = grpc.StatusCode.UNAVAILABLE
-            _fail(code, e.details() or "ownership check failed")
+            # The coordinator's reason (not-owner, stale-generation) goes on to the committing client.
+            fail(code, e.details() or "ownership check failed", error_details.reason_of(e.trailing_metadata()))

@@ -54,11 +54,9 @@ from dmq.client.errors import (
     ClientClosedError,
     DMQError,
     DMQTimeoutError,
-    FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     OutOfOrderSequenceError,
-    ProducerFencedError,
     RecordTooLargeError,
     TopicNotFoundError,
     UnknownPartitionError,
@@ -281,8 +279,6 @@ class Sender:
         except grpc.RpcError as e:
             overrides = _PRODUCE_ERRORS if _reason(e) is None else _PRODUCE_ERRORS_WITH_REASON
             err = from_rpc_error(e, context=f"Produce to {b.topic}[{b.partition}] at {address}", overrides=overrides)
-            if isinstance(err, FailedPreconditionError):
-                err = _sequence_error(err)
             if isinstance(err, RecordTooLargeError):
                 # Built within the topic's limit as the metadata gave it: the broker's is lower.
                 # Later batches are built with fresh metadata; this one cannot be split any more.
@@ -412,15 +408,6 @@ def _reason(e: grpc.RpcError) -> str | None:
         return error_details.reason_of(trailing()) if callable(trailing) else None
     except Exception:  # noqa: BLE001 - a call that failed before any metadata (connect failure)
         return None
-
-
-def _sequence_error(err: FailedPreconditionError) -> DMQError:
-    """The broker answers both idempotence failures with FAILED_PRECONDITION; its message tells
-    them apart ("... is fenced ..." vs sequence errors)."""
-    cls = ProducerFencedError if "fenced" in (err.details or "") else OutOfOrderSequenceError
-    out = cls(err.message, code=err.code, details=err.details)
-    out.__cause__ = err.__cause__
-    return out
 
 
 def new_producer_id() -> int:

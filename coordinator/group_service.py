@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
@@ -86,8 +85,10 @@ from dmq.coordinator.validation import ValidationError, validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
-from dmq.proto.names import FieldError, cap_message, check_app_id, check_id
+from dmq.proto.names import FieldError, check_app_id, check_id
 from dmq.proto.offset_markers import LATEST
+from dmq.proto.server_errors import RpcAbort, rpc_handler
+from dmq.proto.server_errors import fail as _fail
 
 if TYPE_CHECKING:
     from dmq.coordinator.node import CoordinatorNode
@@ -122,25 +123,15 @@ def build(node: CoordinatorNode) -> GroupService:
 # -- errors -----------------------------------------------------------------------------------
 
 
-class ServiceError(Exception):
-    """A request refused by this layer (the machine's own errors are GroupError)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, reason: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.reason = reason  # a dmq.proto.error_details reason, sent as trailing metadata
-
-
-def _fail(code: grpc.StatusCode, message: str) -> NoReturn:
-    raise ServiceError(code, message)
+# A request refused by this layer is an RpcAbort (dmq.proto.server_errors); the machine's own
+# errors are GroupError, translated by _translate below.
 
 
 def _not_recorded(what: str, e: Exception) -> NoReturn:
     """A failed write of the group store: a full disk is RESOURCE_EXHAUSTED with the disk-full reason
     (the client backs off until space is freed); anything else UNAVAILABLE. Both retriable: nothing changed."""
     if isinstance(e, StoreFullError):
-        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"could not {what}: {e}", error_details.DISK_FULL)
+        raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"could not {what}: {e}", error_details.DISK_FULL)
     _fail(grpc.StatusCode.UNAVAILABLE, f"could not {what}: {e}: retry")
 
 
@@ -164,32 +155,19 @@ def _check_range(field: str, value: int, low: int, high: int) -> None:
 Handler = Callable[..., Awaitable[Any]]
 
 
-def _rpc(method: Handler) -> Handler:
-    """Refusals become their status; anything unexpected becomes INTERNAL (logged). A handler
-    never lets an exception escape into grpc, so no request takes the server down."""
-    name = method.__name__
+def _translate(service: GroupService, e: Exception) -> RpcAbort | None:
+    """The group machine's errors carry their status code's name and, where a client must tell
+    them apart, their reason (dmq.proto.error_details)."""
+    if not isinstance(e, GroupError):
+        return None
+    if e.code == "INTERNAL":  # IllegalStateTransitionError: a bug in the machine
+        log.exception("group machine failed", error=str(e))
+    return RpcAbort(grpc.StatusCode[e.code], str(e), e.reason)
 
-    @functools.wraps(method)
-    async def wrapper(self: GroupService, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            self._check_serving()
-            return await method(self, request, context)
-        except ServiceError as e:
-            metadata = ((error_details.REASON_KEY, e.reason),) if e.reason else ()
-            await context.abort(e.code, cap_message(e.message), trailing_metadata=metadata)
-        except GroupError as e:
-            if e.code == "INTERNAL":  # IllegalStateTransitionError: a bug in the machine
-                log.exception("group machine failed", rpc=name, group=getattr(request, "group_id", None))
-            await context.abort(grpc.StatusCode[e.code], cap_message(str(e)))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the last line of defence of a server
-            if isinstance(e, grpc.aio.AbortError):
-                raise
-            log.exception("group handler failed", rpc=name, group=getattr(request, "group_id", None))
-            await context.abort(grpc.StatusCode.INTERNAL, cap_message(f"internal error in {name}: {type(e).__name__}: {e}"))
 
-    return wrapper
+# Refusals become their status; anything unexpected becomes INTERNAL (logged). A handler never
+# lets an exception escape into grpc, so no request takes the server down.
+_rpc = rpc_handler(log=log, translate=_translate, before=lambda service: service._check_serving())
 
 
 # -- wake-ups ---------------------------------------------------------------------------------
@@ -965,7 +943,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         that does not answer leaves its partitions out (logged)."""
         try:
             by_address = self._leaders(topic, range(partition_count), need_alive=False)
-        except ServiceError:
+        except RpcAbort:
             return {}
         # ListOffsets timestamps: -1 latest, -2 earliest, >= 0 the first offset at or after it.
         start_ts = sub.from_ms if sub.mode is SubscriptionMode.TIMESTAMP and sub.from_ms is not None else -2
@@ -1099,4 +1077,4 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self._publish(result.events)
 
 
-__all__ = ["GroupService", "ServiceError", "build", "record_to_row", "row_to_record", "subscription_to_proto"]
+__all__ = ["GroupService", "build", "record_to_row", "row_to_record", "subscription_to_proto"]
