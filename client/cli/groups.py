@@ -355,7 +355,7 @@ def delete(ctx: click.Context, group: str, if_exists: bool, output: str) -> None
         sess.groups("DeleteGroup", pb.DeleteGroupRequest(group_id=group))
         deleted = True
     except CLIError as e:
-        if not (if_exists and "not found" in e.message.lower()):
+        if not (if_exists and e.code == "NOT_FOUND"):
             raise
         deleted = False
     if output == "json":
