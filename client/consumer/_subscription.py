@@ -88,9 +88,6 @@ class SubscriptionState:
             return list(self._assigned)
         return [tp for tp in self._assigned if tp.topic == topic]
 
-    def is_assigned(self, tp: TopicPartition) -> bool:
-        return tp in self._assigned
-
     def state(self, tp: TopicPartition) -> PartitionState:
         """The state of an assigned partition; KeyError when it is not assigned."""
         return self._assigned[tp]
