@@ -532,7 +532,8 @@ def _keep_large_buffers() -> None:
     # A broker's Fetch answers and Produce requests are multi-megabyte buffers: reuse heap memory
     # for them instead of page-faulting fresh mmap()s in (see dmq.proto.malloc_tuning for the
     # figures). Process-wide, so only the processes that host a broker set it.
-    log.info("allocator keeps large buffers in the heap", malloc_large_buffers=keep_large_buffers())
+    # Debug only: a start that fails (a busy port) must print its one line and nothing else.
+    log.debug("allocator tuned", malloc_large_buffers=keep_large_buffers())
 
 
 async def _stop_quietly(*steps: Coroutine[object, object, object]) -> None:
