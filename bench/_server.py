@@ -20,7 +20,7 @@ EMBEDDED_SCRIPT = textwrap.dedent(
     import asyncio, logging, pathlib, sys
     import structlog
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    from dmq.coordinator.embedded import ClusterOptions, run_embedded
+    from dmq.client.cli.runner import ClusterOptions, run_embedded
 
     def ready(cluster):
         print("READY", cluster.bootstrap, flush=True)

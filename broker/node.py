@@ -32,17 +32,17 @@ import structlog
 
 from dmq.broker.log import LogConfig, LogManager
 from dmq.broker.offsets import OffsetStore
-from dmq.broker.service import BrokerService, _fail
+from dmq.broker.service import BrokerService
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import channel_options
-from dmq.proto.malloc_tuning import keep_large_buffers
+from dmq.proto.server_errors import fail
+from dmq.proto.wire import add_broker_servicer
 
 log = structlog.get_logger(__name__)
 
-BROKER_SERVICE = "dmq.v1.Broker"  # the gRPC service name Fetch is re-registered under
 
 LEADER_CACHE_MS = 2_000
 COORDINATOR_RPC_TIMEOUT_S = 5.0
@@ -109,13 +109,8 @@ class BrokerNode:
         return f"{self.advertised_host}:{self.advertised_port}"
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        handlers = _generated_handlers(self.service)
-        # Fetch answers bytes it framed itself (dmq.proto.wire): no response serializer.
-        handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(
-            self.service.Fetch, request_deserializer=pb.FetchRequest.FromString
-        )
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(BROKER_SERVICE, handlers),))
-        server.add_registered_method_handlers(BROKER_SERVICE, handlers)
+        # Fetch answers bytes it framed itself: registered raw (dmq.proto.wire).
+        add_broker_servicer(self.service, server)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -124,9 +119,6 @@ class BrokerNode:
         # overwrite this one's batches.
         self.dir_lock.acquire()
         started = time.monotonic()
-        # Fetch answers and produce requests are multi-megabyte buffers: reuse heap memory for
-        # them instead of page-faulting fresh mmap()s in (see malloc_tuning.py for the figures).
-        large_buffers = keep_large_buffers()
         # Shielded: a cancelled start() must not leave recovery running in a thread (or an
         # aiosqlite thread half-open) while stop() closes the same files; stop() waits for it.
         self._opening = asyncio.ensure_future(self._open_local())
@@ -144,7 +136,6 @@ class BrokerNode:
             address=self.address,
             partitions=len(self.logs.partitions()),
             recovery_s=round(time.monotonic() - started, 3),
-            malloc_large_buffers=large_buffers,
         )
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"broker-{self.broker_id}-heartbeat"))
         self._tasks.append(asyncio.create_task(self._retention_loop(), name=f"broker-{self.broker_id}-retention"))
@@ -309,26 +300,5 @@ class BrokerNode:
             code = e.code()
             if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED):
                 code = grpc.StatusCode.UNAVAILABLE
-            _fail(code, e.details() or "ownership check failed")
-
-
-
-class _HandlerCapture:
-    """Stands in for a server to collect the generated method handlers of a servicer."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
-
-    def add_generic_rpc_handlers(self, handlers: object) -> None:
-        pass
-
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        self.handlers = dict(handlers)
-
-
-def _generated_handlers(servicer: BrokerService) -> dict[str, grpc.RpcMethodHandler]:
-    capture = _HandlerCapture()
-    pb_grpc.add_BrokerServicer_to_server(servicer, capture)
-    if "Fetch" not in capture.handlers:
-        raise RuntimeError("the generated Broker stubs register no Fetch handler: regenerate them (make proto)")
-    return capture.handlers
+            # The coordinator's reason (not-owner, stale-generation) goes on to the committing client.
+            fail(code, e.details() or "ownership check failed", error_details.reason_of(e.trailing_metadata()))

@@ -23,9 +23,9 @@ import contextlib
 import errno
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -49,6 +49,9 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits, names, records
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 from dmq.proto.names import FieldError
+from dmq.proto.offset_markers import EARLIEST, LATEST
+from dmq.proto.server_errors import RpcAbort, rpc_handler
+from dmq.proto.server_errors import fail as _fail
 from dmq.proto.wire import frame_fetch_response
 
 if TYPE_CHECKING:
@@ -64,21 +67,6 @@ DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 # Batches above this are appended in a worker thread (see _Appender); smaller ones on the loop.
 APPEND_INLINE_MAX_BYTES = 256 * 1024
 APPEND_THREADS = 2
-
-
-class _Abort(Exception):
-    """A request refused with a status; raised by validators, turned into context.abort once.
-    `reason` (dmq.proto.error_details) goes out as trailing metadata."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, reason: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.reason = reason
-
-
-def _fail(code: grpc.StatusCode, message: str) -> NoReturn:
-    raise _Abort(code, message)
 
 
 def _checked(check: Callable[..., None], value: object, field: str) -> None:
@@ -99,33 +87,28 @@ def _is_disk_full(e: BaseException) -> bool:
     return False
 
 
-def _storage_status(e: BaseException, broker_id: int) -> _Abort | None:
+def _storage_status(e: BaseException, broker_id: int) -> RpcAbort | None:
     """The status for a storage failure (see the module docstring), None if `e` is not one."""
     if _is_disk_full(e):
-        return _Abort(
+        return RpcAbort(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             f"disk full on broker {broker_id}: {e}; retry once space is freed",
             error_details.DISK_FULL,
         )
     if isinstance(e, CorruptLogError):
-        return _Abort(grpc.StatusCode.DATA_LOSS, f"broker {broker_id}: {e}", error_details.CORRUPT_DATA)
+        return RpcAbort(grpc.StatusCode.DATA_LOSS, f"broker {broker_id}: {e}", error_details.CORRUPT_DATA)
     if isinstance(e, LogClosedError):
-        return _Abort(grpc.StatusCode.UNAVAILABLE, f"broker {broker_id} is shutting down: {e}; retry")
+        return RpcAbort(grpc.StatusCode.UNAVAILABLE, f"broker {broker_id} is shutting down: {e}; retry")
     if isinstance(e, StorageUnavailableError | OSError):
         what = str(e)
         if isinstance(e, OSError) and e.errno:
             what = f"{errno.errorcode.get(e.errno, e.errno)} ({e.strerror})"
-        return _Abort(
+        return RpcAbort(
             grpc.StatusCode.UNAVAILABLE,
             f"broker {broker_id}: storage temporarily unavailable: {what}",
             error_details.STORAGE_UNAVAILABLE,
         )
     return None
-
-
-async def _abort(context: grpc.aio.ServicerContext, e: _Abort) -> None:
-    metadata = ((error_details.REASON_KEY, e.reason),) if e.reason else ()
-    await context.abort(e.code, e.message, trailing_metadata=metadata)
 
 
 def _check_topic_partitions(topic: str, partitions: Sequence[int]) -> None:
@@ -161,33 +144,16 @@ def _check_topic_config(config: pb.TopicConfig) -> None:
         _fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
 
-Handler = Callable[..., Awaitable[object]]
+def _translate(service: BrokerService, e: Exception) -> RpcAbort | None:
+    """A storage failure's status (see the module docstring); None for anything else (a bug)."""
+    status = _storage_status(e, service._node.broker_id)
+    if status is not None:
+        log.warning("storage error", code=status.code.name, error=str(e))
+    return status
 
 
-def _guarded(method: Handler) -> Handler:
-    """Turn validation failures into statuses and unexpected errors into INTERNAL, never a crash."""
-
-    async def wrapper(self: BrokerService, request: object, context: grpc.aio.ServicerContext) -> object:
-        try:
-            return await method(self, request, context)
-        except _Abort as e:
-            await _abort(context, e)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
-        except Exception as e:  # noqa: BLE001 - the last line of defence of a server
-            status = _storage_status(e, self._node.broker_id)
-            if status is not None:
-                log.warning("storage error", rpc=method.__name__, code=status.code.name, error=str(e))
-                await _abort(context, status)
-            log.exception("broker handler failed", rpc=method.__name__)
-            # shortened: an exception's text may quote request data of any size
-            detail = names.shorten(str(e), 300)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(e).__name__}: {detail}")
-        raise AssertionError("unreachable")
-
-    wrapper.__name__ = method.__name__
-    wrapper.__doc__ = method.__doc__
-    return wrapper
+# Validation failures become their status, storage failures theirs, anything else INTERNAL.
+_guarded = rpc_handler(log=log, translate=_translate)
 
 
 class AppendNotifier:
@@ -309,14 +275,14 @@ class BrokerService(pb_grpc.BrokerServicer):
             async with self.budget.turn(size, context.time_remaining(), what):
                 yield
         except BudgetExhaustedError as e:
-            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), error_details.BUSY) from None
+            raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), error_details.BUSY) from None
 
     async def _reserve(self, size: int, context: grpc.aio.ServicerContext, what: str) -> Lease:
         """Hold `size` bytes of the budget, waiting until the call's deadline; RESOURCE_EXHAUSTED after."""
         try:
             return await self.budget.acquire(size, context.time_remaining(), what)
         except BudgetExhaustedError as e:
-            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), error_details.BUSY) from None
+            raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), error_details.BUSY) from None
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -379,8 +345,10 @@ class BrokerService(pb_grpc.BrokerServicer):
             _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"batch: {e}")
         except records.RecordsError as e:
             _fail(grpc.StatusCode.INVALID_ARGUMENT, f"batch: {e}")
-        except (OutOfOrderSequenceError, ProducerFencedError) as e:
-            _fail(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except ProducerFencedError as e:
+            _fail(grpc.StatusCode.FAILED_PRECONDITION, str(e), error_details.PRODUCER_FENCED)
+        except OutOfOrderSequenceError as e:
+            _fail(grpc.StatusCode.FAILED_PRECONDITION, str(e), error_details.OUT_OF_ORDER_SEQUENCE)
         except UnknownPartitionError as e:
             _fail(grpc.StatusCode.NOT_FOUND, str(e))
         finally:
@@ -535,9 +503,9 @@ class BrokerService(pb_grpc.BrokerServicer):
                 continue
             answer.log_start_offset = plog.log_start_offset
             answer.log_end_offset = plog.log_end_offset
-            if q.timestamp_ms == -2:
+            if q.timestamp_ms == EARLIEST:
                 answer.offset = plog.log_start_offset
-            elif q.timestamp_ms == -1:
+            elif q.timestamp_ms == LATEST:
                 answer.offset = plog.log_end_offset
             else:
                 found = plog.offset_for_time(q.timestamp_ms)

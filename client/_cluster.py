@@ -48,6 +48,7 @@ from dmq.client.errors import (
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
+from dmq.proto import wire
 from dmq.proto.wire import FetchPartitionView, WireError, parse_fetch_response
 
 log = get_logger(__name__)
@@ -182,13 +183,13 @@ class Cluster:
 
     def raw_produce(self, address: str) -> grpc.UnaryUnaryMultiCallable:
         """Broker.Produce taking an already serialised ProduceRequest (bytes), so the producer can
-        frame the request around its batch with one copy (see _sender.frame_produce_request)."""
-        return self._unary(address, "/dmq.v1.Broker/Produce", None, pb.ProduceResponse.FromString)
+        frame the request around its batch with one copy (see dmq.proto.wire.frame_produce_request)."""
+        return self._unary(address, wire.PRODUCE_METHOD, None, pb.ProduceResponse.FromString)
 
     def raw_fetch(self, address: str) -> grpc.UnaryUnaryMultiCallable:
         """Broker.Fetch answering the serialised FetchResponse (bytes): read it with
         fetch_results(), which keeps the records as views into it rather than copies."""
-        return self._unary(address, "/dmq.v1.Broker/Fetch", pb.FetchRequest.SerializeToString, None)
+        return self._unary(address, wire.FETCH_METHOD, pb.FetchRequest.SerializeToString, None)
 
     def metadata_stub(self) -> pb_grpc.MetadataStub:
         return self._stub(self.bootstrap, pb_grpc.MetadataStub)

@@ -54,11 +54,9 @@ from dmq.client.errors import (
     ClientClosedError,
     DMQError,
     DMQTimeoutError,
-    FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     OutOfOrderSequenceError,
-    ProducerFencedError,
     RecordTooLargeError,
     TopicNotFoundError,
     UnknownPartitionError,
@@ -67,7 +65,7 @@ from dmq.client.errors import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, records
-from dmq.proto.wire import uvarint
+from dmq.proto.wire import frame_produce_request
 
 log = get_logger(__name__)
 
@@ -281,8 +279,6 @@ class Sender:
         except grpc.RpcError as e:
             overrides = _PRODUCE_ERRORS if _reason(e) is None else _PRODUCE_ERRORS_WITH_REASON
             err = from_rpc_error(e, context=f"Produce to {b.topic}[{b.partition}] at {address}", overrides=overrides)
-            if isinstance(err, FailedPreconditionError):
-                err = _sequence_error(err)
             if isinstance(err, RecordTooLargeError):
                 # Built within the topic's limit as the metadata gave it: the broker's is lower.
                 # Later batches are built with fresh metadata; this one cannot be split any more.
@@ -414,32 +410,6 @@ def _reason(e: grpc.RpcError) -> str | None:
         return None
 
 
-def _sequence_error(err: FailedPreconditionError) -> DMQError:
-    """The broker answers both idempotence failures with FAILED_PRECONDITION; its message tells
-    them apart ("... is fenced ..." vs sequence errors)."""
-    cls = ProducerFencedError if "fenced" in (err.details or "") else OutOfOrderSequenceError
-    out = cls(err.message, code=err.code, details=err.details)
-    out.__cause__ = err.__cause__
-    return out
-
-
 def new_producer_id() -> int:
     """A random non-negative 63-bit id: collisions between producers are negligible."""
     return secrets.randbits(63)
-
-
-def frame_produce_request(topic: str, partition: int, acks: int, batch: bytes) -> bytes:
-    """A serialised dmq.v1.ProduceRequest, framed by hand with the batch last.
-
-    Building a ProduceRequest message and serialising it copies the batch twice; this copies it
-    once. Field numbers from dmq.proto: 1 topic (string), 2 partition (int32), 3 batch (bytes),
-    4 acks (enum); proto3 omits zero values and accepts fields in any order.
-    """
-    t = topic.encode()
-    head = b"\x0a" + uvarint(len(t)) + t
-    if partition:
-        head += b"\x10" + uvarint(partition)
-    if acks:
-        head += b"\x20" + uvarint(acks)
-    head += b"\x1a" + uvarint(len(batch))
-    return b"".join((head, batch))

@@ -26,8 +26,6 @@ BOOTSTRAP_NAMES = ("bootstrap_servers", "bootstrap", "metadata_service_url")
 # How long start-up waits for each of several bootstrap addresses to accept a connection.
 PROBE_TIMEOUT_S = 2.0
 
-Addresses = str | Iterable[str]
-
 
 def split_addresses(value: Any, setting: str) -> list[str]:
     """Validated "host:port" strings from a comma-separated string or a list of strings."""

@@ -33,6 +33,7 @@ from dmq.coordinator.validation import (
     validate_topic_name,
 )
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto.offset_markers import EARLIEST, LATEST
 
 log = get_logger(__name__)
 
@@ -48,8 +49,6 @@ __all__ = [
 ]
 
 # ListOffsets timestamps with a special meaning (dmq.proto OffsetQuery).
-EARLIEST = -2
-LATEST = -1
 
 _CONFIG_FIELDS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes")
 

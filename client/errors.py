@@ -294,6 +294,9 @@ REASON_ERRORS: dict[str, type[DMQError]] = {
     error_details.STORAGE_UNAVAILABLE: StorageUnavailableError,
     error_details.CORRUPT_DATA: CorruptRecordError,
     error_details.BUSY: BrokerBusyError,
+    error_details.PRODUCER_FENCED: ProducerFencedError,
+    error_details.OUT_OF_ORDER_SEQUENCE: OutOfOrderSequenceError,
+    error_details.NOT_OWNER: CommitFailedError,
 }
 
 # Hints appended to the server's message when it alone does not say what to do.

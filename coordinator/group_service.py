@@ -11,10 +11,13 @@ Who does what::
     ticker task     fires the machine's timers (session / poll expiry, the debounced rebalance):
                     sleeps until next_deadline_ms(), at most MAX_TICK_INTERVAL_MS, and is woken at
                     once when a handler schedules a rebalance (the debounce may be shorter).
-    wake-ups        one-shot asyncio.Events per (group, member), see `_Signals`. Events of the
-                    machine are mapped to the members they concern (`_affected`), so a rebalance of
-                    a 1,000-member group wakes each waiter a bounded number of times, not once per
-                    other member's request.
+    wake-ups        one-shot asyncio.Events per (group, member) and the watch streams:
+                    coordinator/group_wakeups.py.
+    admin / brokers ListGroups, DescribeGroup, DeleteGroup's translations and the broker calls:
+                    coordinator/group_admin.py (GroupBrokers).
+
+Collaborators (the cluster metadata, the SQLite store, the broker pool, the advertised address,
+the wall clock) are passed in by `build(node)`, not reached through the node.
 
 Lock: every call into the registry or a Group happens under `_lock` with no await inside, so a
 decision and the state it was made on are one atomic step; persisting, broker calls and stream
@@ -33,22 +36,15 @@ poll()), so the coordinator removes a member whose application is stuck past
 max_poll_interval_ms even while its heartbeat thread runs; the client's own watchdog leaves the
 group too (as Kafka's client does). A heartbeat without a poll age counts as poll activity.
 
-Watch streams (WatchGroup): each stream sends GroupEvent(generation, assignment_changed) when what
-it would tell the member changes: a new generation, assignment_changed turning true, or still true
-after the member fetched its assignment (so nothing it must act on is swallowed). Its queue is a
-coalescing slot of size one: every GroupEvent is a full snapshot, so when the client reads slowly
-the newest state replaces older ones and nothing grows. The stream ends with NOT_FOUND when the
-member is gone, and normally when the service stops.
+Watch streams (WatchGroup): see coordinator/group_wakeups.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
@@ -80,13 +76,17 @@ from dmq.coordinator.group import (
     SubscriptionMode,
     group_id_for,
 )
-from dmq.coordinator.metadata import complete_even_if_cancelled
-from dmq.coordinator.store import GroupRecord, StoreFullError
+from dmq.coordinator.group_admin import GroupBrokers, describe_to_proto, subscription_to_proto, summaries_to_proto
+from dmq.coordinator.group_wakeups import ALL_MEMBERS, Signals, WatchStreams, affected, wait_or_timeout
+from dmq.coordinator.metadata import MetadataManager, complete_even_if_cancelled
+from dmq.coordinator.store import CoordinatorStore, GroupRecord, StoreFullError
 from dmq.coordinator.validation import ValidationError, validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
-from dmq.proto.names import FieldError, cap_message, check_app_id, check_id
+from dmq.proto.names import FieldError, check_app_id, check_id
+from dmq.proto.server_errors import RpcAbort, rpc_handler
+from dmq.proto.server_errors import fail as _fail
 
 if TYPE_CHECKING:
     from dmq.coordinator.node import CoordinatorNode
@@ -99,9 +99,6 @@ MAX_POLL_AGE_MS = 365 * 24 * 3600 * 1000  # a year: anything longer is a client 
 MAX_WAIT_MS = 60_000  # GetAssignment long-poll; the same bound as the broker's Fetch
 MAX_CHECK_PARTITIONS = 10_000  # = the most partitions a topic can have
 MAX_TICK_INTERVAL_MS = 100  # the ticker re-reads the deadlines at least this often
-WATCH_IDLE_MS = 30_000  # a watch stream re-evaluates at least this often (a safety net)
-MAX_WATCHES_PER_MEMBER = 4  # a client holds one; a few more cover reconnect overlap
-MAX_WATCHES = 100_000  # over all groups, bounds the coordinator's stream tasks
 CREATE_WAIT_S = 30.0  # waiting for another request that is creating the same group
 STOP_TIMEOUT_S = 3.0
 
@@ -110,36 +107,34 @@ _MODE_FROM_PROTO = {
     pb.SUBSCRIPTION_MODE_NEW: SubscriptionMode.NEW,
     pb.SUBSCRIPTION_MODE_TIMESTAMP: SubscriptionMode.TIMESTAMP,
 }
-_MODE_TO_PROTO = {mode: code for code, mode in _MODE_FROM_PROTO.items()}
 
 
 def build(node: CoordinatorNode) -> GroupService:
-    """The node's plug-in point (see coordinator/node.py)."""
-    return GroupService(node)
+    """The node's plug-in point (see coordinator/node.py): the service gets its collaborators."""
+    return GroupService(
+        metadata=node.metadata,
+        store=node.store,
+        brokers=GroupBrokers(node.metadata, node.broker_pool),
+        advertised_address=node.advertised_address,
+        wall_clock_ms=node.clock_ms,
+        default_subscription_mode=node.default_subscription_mode,
+        default_subscription_from_ms=node.default_subscription_from_ms,
+        rebalance_debounce_ms=node.rebalance_debounce_ms,
+    )
 
 
 # -- errors -----------------------------------------------------------------------------------
 
 
-class ServiceError(Exception):
-    """A request refused by this layer (the machine's own errors are GroupError)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, reason: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.reason = reason  # a dmq.proto.error_details reason, sent as trailing metadata
-
-
-def _fail(code: grpc.StatusCode, message: str) -> NoReturn:
-    raise ServiceError(code, message)
+# A request refused by this layer is an RpcAbort (dmq.proto.server_errors); the machine's own
+# errors are GroupError, translated by _translate below.
 
 
 def _not_recorded(what: str, e: Exception) -> NoReturn:
     """A failed write of the group store: a full disk is RESOURCE_EXHAUSTED with the disk-full reason
     (the client backs off until space is freed); anything else UNAVAILABLE. Both retriable: nothing changed."""
     if isinstance(e, StoreFullError):
-        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"could not {what}: {e}", error_details.DISK_FULL)
+        raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"could not {what}: {e}", error_details.DISK_FULL)
     _fail(grpc.StatusCode.UNAVAILABLE, f"could not {what}: {e}: retry")
 
 
@@ -163,120 +158,22 @@ def _check_range(field: str, value: int, low: int, high: int) -> None:
 Handler = Callable[..., Awaitable[Any]]
 
 
-def _rpc(method: Handler) -> Handler:
-    """Refusals become their status; anything unexpected becomes INTERNAL (logged). A handler
-    never lets an exception escape into grpc, so no request takes the server down."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    async def wrapper(self: GroupService, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            self._check_serving()
-            return await method(self, request, context)
-        except ServiceError as e:
-            metadata = ((error_details.REASON_KEY, e.reason),) if e.reason else ()
-            await context.abort(e.code, cap_message(e.message), trailing_metadata=metadata)
-        except GroupError as e:
-            if e.code == "INTERNAL":  # IllegalStateTransitionError: a bug in the machine
-                log.exception("group machine failed", rpc=name, group=getattr(request, "group_id", None))
-            await context.abort(grpc.StatusCode[e.code], cap_message(str(e)))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the last line of defence of a server
-            if isinstance(e, grpc.aio.AbortError):
-                raise
-            log.exception("group handler failed", rpc=name, group=getattr(request, "group_id", None))
-            await context.abort(grpc.StatusCode.INTERNAL, cap_message(f"internal error in {name}: {type(e).__name__}: {e}"))
-
-    return wrapper
+def _translate(service: GroupService, e: Exception) -> RpcAbort | None:
+    """The group machine's errors carry their status code's name and, where a client must tell
+    them apart, their reason (dmq.proto.error_details)."""
+    if not isinstance(e, GroupError):
+        return None
+    if e.code == "INTERNAL":  # IllegalStateTransitionError: a bug in the machine
+        log.exception("group machine failed", error=str(e))
+    return RpcAbort(grpc.StatusCode[e.code], str(e), e.reason)
 
 
-# -- wake-ups ---------------------------------------------------------------------------------
-
-
-async def _wait(event: asyncio.Event, timeout_s: float) -> None:
-    """Until the event is set or the timeout passes (asyncio.timeout: no extra task per wait,
-    unlike wait_for, which matters with a thousand watch streams)."""
-    if event.is_set():
-        return
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout_s):
-            await event.wait()
-
-
-ALL_MEMBERS = "*"
-
-
-class _Signals:
-    """One-shot broadcast events keyed by (group, member): `get` hands out the current event of a
-    key, `fire` sets it and forgets it, so the next `get` starts a fresh one. A waiter takes its
-    event *before* it evaluates the state and waits *after*, so a change in between is never
-    missed. Only keys with a waiter are held."""
-
-    __slots__ = ("_events",)
-
-    def __init__(self) -> None:
-        self._events: dict[str, dict[str, asyncio.Event]] = {}
-
-    def get(self, group_id: str, member_id: str) -> asyncio.Event:
-        members = self._events.setdefault(group_id, {})
-        event = members.get(member_id)
-        if event is None:
-            event = members[member_id] = asyncio.Event()
-        return event
-
-    def fire(self, group_id: str, member_ids: Collection[str]) -> None:
-        members = self._events.get(group_id)
-        if not members:
-            return
-        if ALL_MEMBERS in member_ids:
-            self._events.pop(group_id)
-            for event in members.values():
-                event.set()
-            return
-        for member_id in member_ids:
-            waiting = members.pop(member_id, None)
-            if waiting is not None:
-                waiting.set()
-        if not members:
-            del self._events[group_id]
-
-    def fire_all(self) -> None:
-        groups, self._events = self._events, {}
-        for members in groups.values():
-            for event in members.values():
-                event.set()
-
-    def __len__(self) -> int:
-        return sum(len(m) for m in self._events.values())
-
-
-def _affected(group: Group | None, event: Event) -> set[str]:
-    """The members whose answer (GetAssignment's rebalance_in_progress / what a watch stream
-    would send) may change because of ``event``. Cases:
-    1. a new generation or a state change: everyone (generation, rebalance_in_progress);
-    2. partitions freed (released by their owner, or their owner is gone): their target owners,
-       who can now acquire them, and the member itself;
-    3. a join, an acquisition: the member itself;
-    4. a scheduled rebalance, a partition count change: nobody until the generation starts."""
-    if isinstance(event, (GenerationStarted, StateChanged)):
-        return {ALL_MEMBERS}
-    if isinstance(event, (PartitionsReleased, MemberRemoved)):
-        freed = event.partitions if isinstance(event, PartitionsReleased) else event.released
-        members = {event.member_id}
-        if group is not None:
-            members.update(m for p in freed if (m := group.target_owner.get(p)) is not None)
-        return members
-    if isinstance(event, (MemberJoined, PartitionsAcquired)):
-        return {event.member_id}
-    return set()
+# Refusals become their status; anything unexpected becomes INTERNAL (logged). A handler never
+# lets an exception escape into grpc, so no request takes the server down.
+_rpc = rpc_handler(log=log, translate=_translate, before=lambda service: service._check_serving())
 
 
 # -- conversions ------------------------------------------------------------------------------
-
-
-def subscription_to_proto(sub: Subscription) -> pb.Subscription:
-    return pb.Subscription(mode=_MODE_TO_PROTO[sub.mode], from_ms=sub.from_ms or 0, created_ms=sub.created_ms)
 
 
 def record_to_row(record: GroupCreated) -> GroupRecord:
@@ -319,13 +216,6 @@ def _peer_host(context: grpc.aio.ServicerContext) -> str:
     return host.strip("[]")[:255]
 
 
-@dataclass(slots=True)
-class _Watch:
-    """Book-keeping of one (group, member)'s open watch streams."""
-
-    count: int = 0
-
-
 # -- the service ------------------------------------------------------------------------------
 
 
@@ -334,19 +224,30 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
 
     def __init__(
         self,
-        node: CoordinatorNode,
         *,
+        metadata: MetadataManager,
+        store: CoordinatorStore,
+        brokers: GroupBrokers,
+        advertised_address: str,
+        wall_clock_ms: Callable[[], int],
+        default_subscription_mode: str = "all",
+        default_subscription_from_ms: int | None = None,
+        rebalance_debounce_ms: int = 500,
         clock: Clock | None = None,
         config: GroupConfig | None = None,
         max_tick_interval_ms: int = MAX_TICK_INTERVAL_MS,
     ) -> None:
-        self.node = node
+        self._metadata = metadata
+        self._store = store
+        self._brokers = brokers
+        self._advertised_address = advertised_address
+        self._wall_clock_ms = wall_clock_ms  # stored only (a group's created_ms)
         self.clock: Clock = clock if clock is not None else MonotonicClock()
-        self.default_mode = SubscriptionMode(node.default_subscription_mode)
+        self.default_mode = SubscriptionMode(default_subscription_mode)
         # The time a default `timestamp` subscription starts from (CoordinatorNode refuses that
         # mode without one); None for the other modes.
-        self.default_from_ms: int | None = node.default_subscription_from_ms
-        debounce_ms = node.rebalance_debounce_ms
+        self.default_from_ms: int | None = default_subscription_from_ms
+        debounce_ms = rebalance_debounce_ms
         self.config = config or GroupConfig(
             rebalance_debounce_ms=debounce_ms,
             rebalance_max_delay_ms=max(5_000, 10 * debounce_ms),
@@ -355,10 +256,9 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self.registry = GroupRegistry(self.config)
         self.max_tick_interval_ms = max_tick_interval_ms
         self._lock = asyncio.Lock()
-        self._signals = _Signals()
+        self._signals = Signals()
         self._ack_seq: dict[tuple[str, str], int] = {}  # GetAssignment calls per member
-        self._watches: dict[tuple[str, str], _Watch] = {}
-        self._watch_total = 0
+        self._watches = WatchStreams(self.registry, self._signals, self._ack_seq, lambda: self._stopping)
         self._creating: dict[str, asyncio.Future[None]] = {}
         self._deleting: set[str] = set()
         self._ticker: asyncio.Task[None] | None = None
@@ -369,7 +269,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
     def __repr__(self) -> str:
         return (
             f"<GroupService serving={self._serving} groups={len(self.registry)} "
-            f"watches={self._watch_total} waiters={len(self._signals)}>"
+            f"watches={len(self._watches)} waiters={len(self._signals)}>"
         )
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -383,8 +283,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         if self._serving:
             raise RuntimeError("group service already started")
         await self._load()
-        self.node.metadata.on_topic_deleted(self._on_topic_deleted)
-        self.node.metadata.on_partitions_added(self._on_partitions_added)
+        self._metadata.on_topic_deleted(self._on_topic_deleted)
+        self._metadata.on_partitions_added(self._on_partitions_added)
         self._ticker_wake = asyncio.Event()
         self._stopping = False
         self._ticker = asyncio.create_task(self._tick_loop(), name="group-coordinator-ticker")
@@ -413,14 +313,14 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             )
 
     async def _load(self) -> None:
-        rows = await self.node.store.load_groups()
+        rows = await self._store.load_groups()
         for row in rows:
-            topic = self.node.metadata.topic(row.topic)
+            topic = self._metadata.topic(row.topic)
             if topic is None:
                 # The topic was deleted while the group was being recorded, or the coordinator
                 # stopped before the topic-deleted listener removed it: the group goes too.
                 log.warning("dropping group of a deleted topic", group=row.group_id, topic=row.topic)
-                await self.node.store.delete_group(row.group_id)
+                await self._store.delete_group(row.group_id)
                 continue
             try:
                 self.registry.replay(row_to_record(row, topic.partition_count))
@@ -449,7 +349,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             sleep_ms = self.max_tick_interval_ms if deadline_ms is None else deadline_ms - now_ms
             sleep_ms = min(max(sleep_ms, 0), self.max_tick_interval_ms)
             if sleep_ms > 0:
-                await _wait(wake, sleep_ms / 1000)
+                await wait_or_timeout(wake, sleep_ms / 1000)
             else:
                 await asyncio.sleep(0)  # let requests in between back-to-back deadlines
 
@@ -479,7 +379,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 self._ack_seq.pop((event.group_id, event.member_id), None)
             elif isinstance(event, RebalanceScheduled) and self._ticker_wake is not None:
                 self._ticker_wake.set()
-            members = _affected(group, event)
+            members = affected(group, event)
             if members:
                 self._signals.fire(event.group_id, members)
         for group_id, member_id in wake:
@@ -518,70 +418,9 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
     async def _persist(self, records: Iterable[Record]) -> None:
         for record in records:
             if isinstance(record, GroupCreated):
-                await self.node.store.save_group(record_to_row(record))
+                await self._store.save_group(record_to_row(record))
             else:
-                await self.node.store.delete_group(record.group_id)
-
-    # -- broker calls ----------------------------------------------------------------------------
-
-    @property
-    def _broker_timeout_s(self) -> float:
-        return float(self.node.metadata.broker_call_timeout_ms) / 1000
-
-    def _leaders(self, topic: str, partitions: Iterable[int], *, need_alive: bool) -> dict[str, list[int]]:
-        """partitions grouped by their leader's "host:port"; UNAVAILABLE when one has none (or,
-        with need_alive, when its broker is down)."""
-        record = self.node.metadata.topic(topic)
-        if record is None:
-            _fail(grpc.StatusCode.NOT_FOUND, f"topic {topic!r} not found")
-        by_address: dict[str, list[int]] = {}
-        for p in partitions:
-            broker_id = record.leader(p)
-            address = None if broker_id is None else self.node.metadata.broker_address(broker_id)
-            if (
-                broker_id is None
-                or address is None
-                or (need_alive and not self.node.metadata.is_broker_alive(broker_id))
-            ):
-                _fail(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"the broker of {topic}[{p}] (broker {broker_id}) is not available: start it, then retry",
-                )
-            by_address.setdefault(address, []).append(p)
-        return by_address
-
-    async def _latest_offsets(self, topic: str, partition_count: int) -> dict[int, int]:
-        """Each partition's log end offset, for the snapshot of a `new` subscription."""
-        by_address = self._leaders(topic, range(partition_count), need_alive=True)
-
-        async def ask(address: str, parts: list[int]) -> list[pb.OffsetAnswer]:
-            request = pb.ListOffsetsRequest(
-                queries=[pb.OffsetQuery(topic=topic, partition=p, timestamp_ms=-1) for p in parts]
-            )
-            try:
-                stub = self.node.broker_pool.stub(address)
-                response = await stub.ListOffsets(request, timeout=self._broker_timeout_s)
-            except grpc.aio.AioRpcError as e:
-                _fail(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"cannot read the log end offsets of {topic} from {address} ({e.code().name}: {e.details()}): "
-                    f"retry",
-                )
-            return list(response.answers)
-
-        answers = await asyncio.gather(*(ask(a, ps) for a, ps in by_address.items()))
-        offsets: dict[int, int] = {}
-        for answer in (a for batch in answers for a in batch):
-            if answer.error != pb.NONE:
-                _fail(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"cannot read the log end offset of {topic}[{answer.partition}]: {answer.error_message}: retry",
-                )
-            offsets[answer.partition] = answer.offset
-        missing = sorted(set(range(partition_count)) - set(offsets))
-        if missing:
-            _fail(grpc.StatusCode.UNAVAILABLE, f"no log end offset for {topic} partitions {missing}: retry")
-        return offsets
+                await self._store.delete_group(record.group_id)
 
     # -- RPCs: membership ------------------------------------------------------------------------
 
@@ -615,7 +454,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         if group_id in self._deleting:
             _fail(grpc.StatusCode.UNAVAILABLE, f"group {group_id!r} is being deleted: retry")
 
-        record = self.node.metadata.topic(topic)
+        record = self._metadata.topic(topic)
         if record is None:
             _fail(grpc.StatusCode.NOT_FOUND, f"topic {topic!r} not found: create it first (dmq topics create)")
         result = None
@@ -652,7 +491,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                      start_offsets=dict(sub.snapshot_offsets) or None)
         return pb.FindOrCreateGroupResponse(
             group_id=found.group_id,
-            coordinator_address=self.node.advertised_address,
+            coordinator_address=self._advertised_address,
             subscription=subscription_to_proto(found.subscription),
             created=found.created,
         )
@@ -681,7 +520,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             subscription_mode=mode,
             subscription_from_ms=from_ms if mode is SubscriptionMode.TIMESTAMP else None,
             snapshot_offsets=snapshot,
-            created_ms=self.node.clock_ms(),
+            created_ms=self._wall_clock_ms(),
         )
         return self.registry.find_or_create(pure, self.clock.now_ms())
 
@@ -695,7 +534,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         try:
             snapshot = None
             if mode is SubscriptionMode.NEW:
-                snapshot = await self._latest_offsets(request.topic, partition_count)
+                snapshot = await self._brokers.latest_offsets(request.topic, partition_count)
             return await complete_even_if_cancelled(self._create_durably(request, mode, from_ms, partition_count, snapshot))
         finally:
             del self._creating[group_id]
@@ -720,7 +559,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                         self.registry.replay(GroupDeleted(record.group_id))
             log.exception("could not record the new group", group=result.response.group_id, topic=request.topic)
             _not_recorded(f"record group {result.response.group_id!r}", e)
-        if result.records and self.node.metadata.topic(request.topic) is None:
+        if result.records and self._metadata.topic(request.topic) is None:
             # The topic was deleted while the group was being recorded (its listener found no
             # group to delete then): take the group away again.
             async with self._lock:
@@ -774,7 +613,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             if not response.rebalance_in_progress or left_s <= 0 or self._stopping:
                 break
             wake = self._signals.get(group_id, member_id)
-            await _wait(wake, left_s)
+            await wait_or_timeout(wake, left_s)
         return pb.GetAssignmentResponse(
             generation=response.generation,
             partitions=response.partitions,
@@ -811,42 +650,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         group_id, member_id = request.group_id, request.member_id
         _check_id("group_id", group_id)
         _check_id("member_id", member_id)
-        key = (group_id, member_id)
         self.registry.get(group_id).member(member_id)  # NOT_FOUND before anything is held
-        watch = self._watches.get(key)
-        if watch is not None and watch.count >= MAX_WATCHES_PER_MEMBER:
-            _fail(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"member {member_id!r} already has {watch.count} watch streams open: close one first",
-            )
-        if self._watch_total >= MAX_WATCHES:
-            _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"the coordinator holds {MAX_WATCHES} watch streams: retry later")
-        watch = self._watches.setdefault(key, _Watch())
-        watch.count += 1
-        self._watch_total += 1
-        try:
-            await self._watch(group_id, member_id, context)
-        finally:
-            watch.count -= 1
-            self._watch_total -= 1
-            if watch.count == 0 and self._watches.get(key) is watch:
-                del self._watches[key]
-
-    async def _watch(self, group_id: str, member_id: str, context: grpc.aio.ServicerContext) -> None:
-        key = (group_id, member_id)
-        sent: tuple[int, bool] | None = None
-        sent_ack = -1
-        while not self._stopping:
-            wake = self._signals.get(group_id, member_id)  # taken before evaluating: see _Signals
-            group = self.registry.get(group_id)
-            group.member(member_id)  # NOT_FOUND ends the stream: the member is gone
-            generation = group.generation
-            changed = group.assignment_changed(member_id)
-            ack = self._ack_seq.get(key, 0)
-            if sent is None or generation != sent[0] or (changed and (not sent[1] or ack != sent_ack)):
-                await context.write(pb.GroupEvent(generation=generation, assignment_changed=changed))
-            sent, sent_ack = (generation, changed), ack
-            await _wait(wake, WATCH_IDLE_MS / 1000)
+        await self._watches.serve(group_id, member_id, context)
 
     @_rpc
     async def LeaveGroup(  # noqa: N802
@@ -901,16 +706,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self, request: pb.ListGroupsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListGroupsResponse:
         async with self._lock:
-            summaries = [
-                pb.GroupSummary(
-                    group_id=g.group_id,
-                    topic=g.topic,
-                    state=g.state.value,
-                    generation=g.generation,
-                    member_count=len(g.members),
-                )
-                for g in self.registry.groups()
-            ]
+            summaries = summaries_to_proto(self.registry.groups())
         return pb.ListGroupsResponse(groups=summaries)
 
     @_rpc
@@ -920,93 +716,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         _check_id("group_id", request.group_id)
         async with self._lock:
             d = self.registry.get(request.group_id).describe()
-        offsets = await self._partition_offsets(d.group_id, d.topic, d.partition_count, d.subscription)
-        partitions = []
-        total_lag = 0
-        for p, owner in d.owners:
-            committed, log_end, start = offsets.get(p, (-1, -1, -1))
-            if log_end < 0:  # its broker did not answer: unknown, left out of the total
-                lag = -1
-            else:
-                # Lag counts what the group has still to read: from the committed offset, or
-                # where the subscription would start it when nothing is committed yet.
-                position = committed if committed >= 0 else start
-                lag = max(0, log_end - max(position, 0))
-                total_lag += lag
-            partitions.append(
-                pb.PartitionLag(
-                    partition=p, committed_offset=committed, log_end_offset=log_end, lag=lag,
-                    owner_member_id=owner or "",
-                )
-            )
-        return pb.DescribeGroupResponse(
-            group_id=d.group_id,
-            topic=d.topic,
-            state=d.state.value,
-            generation=d.generation,
-            subscription=subscription_to_proto(d.subscription),
-            members=[
-                pb.MemberDescription(
-                    member_id=m.member_id, client_id=m.client_id, host=m.host,
-                    partitions=m.partitions, target_partitions=m.target_partitions,
-                )
-                for m in d.members
-            ],
-            partitions=partitions,
-            total_lag=total_lag,
-        )
-
-    async def _partition_offsets(
-        self, group_id: str, topic: str, partition_count: int, sub: Subscription
-    ) -> dict[int, tuple[int, int, int]]:
-        """partition -> (committed offset, log end offset, start position of the subscription),
-        one FetchCommittedOffsets and one ListOffsets per leading broker, concurrently. A broker
-        that does not answer leaves its partitions out (logged)."""
-        try:
-            by_address = self._leaders(topic, range(partition_count), need_alive=False)
-        except ServiceError:
-            return {}
-        # ListOffsets timestamps: -1 latest, -2 earliest, >= 0 the first offset at or after it.
-        start_ts = sub.from_ms if sub.mode is SubscriptionMode.TIMESTAMP and sub.from_ms is not None else -2
-
-        async def ask(address: str, parts: list[int]) -> dict[int, tuple[int, int, int]]:
-            stub = self.node.broker_pool.stub(address)
-            timeout = self._broker_timeout_s
-            committed_call = stub.FetchCommittedOffsets(
-                pb.FetchCommittedOffsetsRequest(
-                    group_id=group_id, partitions=[pb.TopicPartition(topic=topic, partition=p) for p in parts]
-                ),
-                timeout=timeout,
-            )
-            queries = [
-                pb.OffsetQuery(topic=topic, partition=p, timestamp_ms=ts) for p in parts for ts in (-1, start_ts)
-            ]
-            offsets_call = stub.ListOffsets(pb.ListOffsetsRequest(queries=queries), timeout=timeout)
-            try:
-                committed_resp, offsets_resp = await asyncio.gather(committed_call, offsets_call)
-            except grpc.aio.AioRpcError as e:
-                log.warning("describe: broker did not answer", group=group_id, topic=topic, address=address,
-                            partitions=parts, code=e.code().name, error=e.details())
-                return {}
-            committed = {o.partition: o.offset for o in committed_resp.offsets if o.topic == topic}
-            answers = list(offsets_resp.answers)
-            out = {}
-            for i, p in enumerate(parts):
-                latest, start = answers[2 * i], answers[2 * i + 1]
-                if latest.error != pb.NONE or start.error != pb.NONE:
-                    continue
-                if sub.mode is SubscriptionMode.NEW:
-                    start_offset = max(sub.start_position(p), start.log_start_offset)
-                else:
-                    start_offset = start.offset
-                out[p] = (committed.get(p, -1), latest.offset, start_offset)
-            return out
-
-        results = await asyncio.gather(*(ask(a, ps) for a, ps in by_address.items()))
-        merged: dict[int, tuple[int, int, int]] = {}
-        for r in results:
-            merged.update(r)
-        return merged
+        offsets = await self._brokers.partition_offsets(d.group_id, d.topic, d.partition_count, d.subscription)
+        return describe_to_proto(d, offsets)
 
     @_rpc
     async def DeleteGroup(  # noqa: N802
@@ -1025,39 +736,12 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             topic = group.topic
             self._deleting.add(group_id)
         try:
-            await self._delete_offsets(group_id, topic)
+            await self._brokers.delete_offsets(group_id, topic)
             await complete_even_if_cancelled(self._delete_durably(group_id))
         finally:
             self._deleting.discard(group_id)
         log.info("group deleted", group=group_id, topic=topic)
         return pb.DeleteGroupResponse()
-
-    async def _delete_offsets(self, group_id: str, topic: str) -> None:
-        metadata = self.node.metadata
-        record = metadata.topic(topic)
-        if record is not None:
-            down = sorted({b for b in record.placement.values() if not metadata.is_broker_alive(b)})
-            if down:
-                # Their offsets would outlive the group and come back when it is created again.
-                _fail(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"brokers {down} holding offsets of {topic!r} are down: start them, then delete the group",
-                )
-        addresses = [a for b in metadata.live_broker_ids() if (a := metadata.broker_address(b)) is not None]
-
-        async def delete(address: str) -> None:
-            try:
-                await self.node.broker_pool.stub(address).DeleteGroupOffsets(
-                    pb.DeleteGroupOffsetsRequest(group_id=group_id), timeout=self._broker_timeout_s
-                )
-            except grpc.aio.AioRpcError as e:
-                _fail(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"could not delete the offsets of {group_id!r} on {address} ({e.code().name}: {e.details()}): "
-                    f"the group is kept, retry",
-                )
-
-        await asyncio.gather(*(delete(a) for a in addresses))
 
     async def _delete_durably(self, group_id: str) -> None:
         async with self._lock:
@@ -1098,4 +782,4 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self._publish(result.events)
 
 
-__all__ = ["GroupService", "ServiceError", "build", "record_to_row", "row_to_record", "subscription_to_proto"]
+__all__ = ["GroupService", "build", "record_to_row", "row_to_record", "subscription_to_proto"]

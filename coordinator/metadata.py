@@ -67,7 +67,8 @@ from dmq.coordinator.validation import (
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
-from dmq.proto.names import cap_message, shorten
+from dmq.proto.names import shorten
+from dmq.proto.server_errors import RpcAbort, rpc_handler
 
 log = structlog.get_logger(__name__)
 
@@ -746,24 +747,14 @@ def broker_infos(metadata: MetadataManager) -> list[pb.BrokerInfo]:
 # -- gRPC -----------------------------------------------------------------------------------------
 
 
-def _handler(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Turn MetadataError into its status, anything unexpected into INTERNAL (logged)."""
-    name = method.__name__
+def _translate(servicer: MetadataServicer, e: Exception) -> RpcAbort | None:
+    if isinstance(e, MetadataError):
+        return RpcAbort(e.code, str(e), e.reason)
+    return None
 
-    @functools.wraps(method)
-    async def wrapper(self: MetadataServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await method(self, request, context)
-        except grpc.aio.AbortError:
-            raise
-        except MetadataError as e:
-            metadata = ((error_details.REASON_KEY, e.reason),) if e.reason else ()
-            await context.abort(e.code, cap_message(str(e)), trailing_metadata=metadata)
-        except Exception as e:  # noqa: BLE001 - a bug must not take the server down or hang the client
-            log.exception("metadata handler failed", rpc=name)
-            await context.abort(grpc.StatusCode.INTERNAL, cap_message(f"internal error in {name}: {type(e).__name__}: {e}"))
 
-    return wrapper
+# MetadataError becomes its status, anything unexpected INTERNAL (logged) (dmq.proto.server_errors).
+_handler = rpc_handler(log=log, translate=_translate)
 
 
 class MetadataServicer(pb_grpc.MetadataServicer):

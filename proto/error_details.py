@@ -8,7 +8,17 @@ it (never the message text) to pick their error class.
 
 from __future__ import annotations
 
-__all__ = ["REASON_KEY", "DISK_FULL", "STORAGE_UNAVAILABLE", "CORRUPT_DATA", "BUSY", "reason_of"]
+__all__ = [
+    "REASON_KEY",
+    "DISK_FULL",
+    "STORAGE_UNAVAILABLE",
+    "CORRUPT_DATA",
+    "BUSY",
+    "PRODUCER_FENCED",
+    "OUT_OF_ORDER_SEQUENCE",
+    "NOT_OWNER",
+    "reason_of",
+]
 
 REASON_KEY = "dmq-error-reason"
 
@@ -16,6 +26,12 @@ DISK_FULL = "disk-full"  # RESOURCE_EXHAUSTED: the broker's disk is full; retry 
 STORAGE_UNAVAILABLE = "storage-unavailable"  # UNAVAILABLE: a transient I/O error (EMFILE, EIO); retry
 CORRUPT_DATA = "corrupt-data"  # DATA_LOSS: damaged log data; not retriable
 BUSY = "server-busy"  # RESOURCE_EXHAUSTED: the broker's in-flight byte budget is taken; retry after a while
+# FAILED_PRECONDITION, both from an idempotent produce; a client must tell them apart:
+PRODUCER_FENCED = "producer-fenced"  # a newer epoch of the producer id wrote: this producer is done
+OUT_OF_ORDER_SEQUENCE = "out-of-order-sequence"  # a gap in the producer's sequence numbers
+# FAILED_PRECONDITION from a commit: the member does not own the partition under the generation it
+# names (a stale generation, or the partition moved); the consumer re-fetches its assignment.
+NOT_OWNER = "not-owner"
 
 
 def reason_of(trailing_metadata: object) -> str | None:

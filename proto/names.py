@@ -102,6 +102,22 @@ def check_group_id(group_id: object, *, field: str = "group_id") -> None:
     check_id(group_id, field, "group id", GROUP_ID_MAX_BYTES)
 
 
+GROUP_ID_PREFIX = "G_"
+
+
+def group_id_for(topic: str, app_id: str) -> str:
+    """The coordinator's group id for an application's group on one topic: G_<topic>_<app_id>."""
+    return f"{GROUP_ID_PREFIX}{topic}_{app_id}"
+
+
+def app_id_in(group_id: str, topic: str) -> str | None:
+    """The app_id of `group_id` when it is the group id of an application on `topic`, else None."""
+    prefix = f"{GROUP_ID_PREFIX}{topic}_"
+    if group_id.startswith(prefix) and len(group_id) > len(prefix):
+        return group_id[len(prefix):]
+    return None
+
+
 def check_member_id(member_id: object, *, field: str = "member_id", allow_empty: bool = True) -> None:
     check_id(member_id, field, "member id", MEMBER_ID_MAX_BYTES, allow_empty=allow_empty)
 

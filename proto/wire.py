@@ -13,10 +13,30 @@ returns point into the received bytes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import grpc
 
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
 
-__all__ = ["uvarint", "frame_fetch_response", "parse_fetch_response", "FetchPartitionView", "WireError"]
+__all__ = [
+    "uvarint",
+    "frame_produce_request",
+    "frame_fetch_response",
+    "parse_fetch_response",
+    "add_broker_servicer",
+    "BROKER_SERVICE",
+    "PRODUCE_METHOD",
+    "FETCH_METHOD",
+    "FetchPartitionView",
+    "WireError",
+]
+
+BROKER_SERVICE = pb.DESCRIPTOR.services_by_name["Broker"].full_name
+# The methods whose one side is framed by hand: clients call them with raw (de)serializers.
+PRODUCE_METHOD = f"/{BROKER_SERVICE}/Produce"
+FETCH_METHOD = f"/{BROKER_SERVICE}/Fetch"
 
 # (field number << 3) | wire type 2 (length-delimited)
 _FETCH_RESPONSE_PARTITIONS = b"\x0a"  # FetchResponse.partitions = 1
@@ -33,6 +53,23 @@ def uvarint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def frame_produce_request(topic: str, partition: int, acks: int, batch: bytes) -> bytes:
+    """A serialised dmq.v1.ProduceRequest, framed by hand with the batch last.
+
+    Building a ProduceRequest message and serialising it copies the batch twice; this copies it
+    once. Field numbers from dmq.proto: 1 topic (string), 2 partition (int32), 3 batch (bytes),
+    4 acks (enum); proto3 omits zero values and accepts fields in any order.
+    """
+    t = topic.encode()
+    head = b"\x0a" + uvarint(len(t)) + t
+    if partition:
+        head += b"\x10" + uvarint(partition)
+    if acks:
+        head += b"\x20" + uvarint(acks)
+    head += b"\x1a" + uvarint(len(batch))
+    return b"".join((head, batch))
 
 
 def frame_fetch_response(partitions: Sequence[tuple[pb.FetchPartitionResult, bytes]]) -> bytes:
@@ -182,3 +219,31 @@ def parse_fetch_response(buf: bytes | memoryview) -> list[FetchPartitionView]:
         else:
             pos = _skip(mv, pos, wire_type, end)
     return out
+
+
+class _HandlerCapture:
+    """Stands in for a server to collect the generated method handlers of a servicer."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.handlers = dict(handlers)
+
+
+def add_broker_servicer(servicer: Any, server: Any) -> None:
+    """Register a Broker servicer as the generated code would, except Fetch: its handler answers
+    bytes framed by `frame_fetch_response`, so it is registered with no response serializer."""
+    capture = _HandlerCapture()
+    pb_grpc.add_BrokerServicer_to_server(servicer, capture)
+    handlers = capture.handlers
+    if "Fetch" not in handlers:
+        raise RuntimeError("the generated Broker stubs register no Fetch handler: regenerate them (make proto)")
+    handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(
+        servicer.Fetch, request_deserializer=pb.FetchRequest.FromString
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(BROKER_SERVICE, handlers),))
+    server.add_registered_method_handlers(BROKER_SERVICE, handlers)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from dmq.coordinator.embedded import ClusterOptions, ClusterThread
+from dmq.client.cli.runner import ClusterOptions, ClusterThread
 
 
 @pytest.fixture

@@ -134,11 +134,6 @@ class OffsetIndex:
             return 0, 0
         return self.rel_offsets[i], self.positions[i]
 
-    def floor_position(self, position: int) -> int:
-        """The greatest indexed batch boundary <= position (0 when none)."""
-        i = bisect_right(self.positions, position) - 1
-        return self.positions[i] if i >= 0 else 0
-
     def floor_by_position(self, position: int) -> tuple[int, int]:
         """(relative offset, position) of the greatest entry at or below position, or (0, 0)."""
         i = bisect_right(self.positions, position) - 1

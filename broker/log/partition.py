@@ -395,10 +395,6 @@ class PartitionLog:
         return self._closed
 
     @property
-    def producer_count(self) -> int:
-        return len(self._producers)
-
-    @property
     def visible_end_offset(self) -> int:
         """Readers see offsets below this: the log end, except that a batch of an acks=all
         produce (and everything after it) stays hidden until it is durable."""

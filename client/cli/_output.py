@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -146,7 +145,3 @@ def human_duration_ms(ms: int | None) -> str:
 
 def one_line(text: str) -> str:
     return " ".join(str(text).split())
-
-
-def terminal_width() -> int:
-    return shutil.get_terminal_size((100, 24)).columns

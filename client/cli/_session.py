@@ -42,8 +42,9 @@ class CLIError(click.ClickException):
 
     exit_code = 1
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(one_line(message))
+        self.code = code  # the server's status code name, when a server refused (never read the message)
 
 
 def coordinator_unreachable(address: str) -> CLIError:
@@ -138,7 +139,9 @@ class Session:
                                    max(0.0, deadline - time.monotonic())))
                     attempt += 1
                     continue
-                raise translate(code, details, address, role=role, timeout_s=self.timeout_s) from None
+                error = translate(code, details, address, role=role, timeout_s=self.timeout_s)
+                error.code = getattr(code, "name", None)
+                raise error from None
 
 
 def translate(code: Any, details: str, address: str, *, role: str, timeout_s: float) -> CLIError:

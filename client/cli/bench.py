@@ -30,6 +30,7 @@ from dmq.client.cli._cluster_info import check_topic_name, describe_topic, list_
 from dmq.client.cli._errors import bootstrap, session
 from dmq.client.cli._output import err_console, print_json, show, table
 from dmq.client.cli._session import CLIError
+from dmq.proto.offset_markers import LATEST
 
 MB = 1024 * 1024
 # Latency samples kept per run: enough for a stable p99.9, bounded memory for huge runs.
@@ -263,7 +264,7 @@ def bench_consume(ctx: click.Context, topic: str, messages: int | None, app: str
     sess = session(ctx)
     info = describe_topic(sess, topic)
     parts = [p.partition for p in info.partitions]
-    ends = list_offsets(sess, info, parts, -1)
+    ends = list_offsets(sess, info, parts, LATEST)
     available = sum(a.log_end_offset - a.log_start_offset for a in ends.values())
     target = messages if messages is not None else available
     if target == 0:

@@ -32,9 +32,8 @@ from dmq.client.cli._errors import session
 from dmq.client.cli._output import human_time_ms, note, output_option, print_json, show, table
 from dmq.client.cli._parse import parse_datetime_ms, parse_partitions
 from dmq.client.cli._session import CLIError, Session
+from dmq.proto.offset_markers import LATEST
 
-EARLIEST = -2
-LATEST = -1
 
 
 @click.group("groups")
@@ -356,7 +355,7 @@ def delete(ctx: click.Context, group: str, if_exists: bool, output: str) -> None
         sess.groups("DeleteGroup", pb.DeleteGroupRequest(group_id=group))
         deleted = True
     except CLIError as e:
-        if not (if_exists and "not found" in e.message.lower()):
+        if not (if_exists and e.code == "NOT_FOUND"):
             raise
         deleted = False
     if output == "json":

@@ -22,8 +22,8 @@ import click
 
 from dmq.client.cli._errors import bootstrap, timeout_s
 from dmq.client.cli._output import output_option, print_json, show, table
+from dmq.proto.wire import BROKER_SERVICE
 
-BROKER_SERVICE = "dmq.v1.Broker"
 # A health check is one small answer: a server that has not given it in a few seconds is not
 # healthy, whatever --timeout allows for slow admin calls.
 CHECK_TIMEOUT_CAP_S = 5.0

@@ -31,6 +31,7 @@ from dmq.client.cli._errors import bootstrap, explain, session
 from dmq.client.cli._output import err_console, human_bytes, note, print_json
 from dmq.client.cli._parse import jsonable_text, parse_headers
 from dmq.client.cli._session import CLIError
+from dmq.proto.offset_markers import EARLIEST, LATEST
 
 ACKS = {"all": "all", "1": 1, "leader": 1, "0": 0, "none": 0}
 # How often a group consumer commits what it has printed while it keeps running.
@@ -498,9 +499,9 @@ def _consume_offsets(sess: Any, info: Any, partition: int | None, start: int | N
 
     parts = [partition] if partition is not None else [p.partition for p in info.partitions]
     if start is None:
-        start = -2 if from_beginning else -1
+        start = EARLIEST if from_beginning else LATEST
     if start >= 0:
-        bounds = list_offsets(sess, info, parts, -1)
+        bounds = list_offsets(sess, info, parts, LATEST)
         for p in parts:
             lo, hi = bounds[p].log_start_offset, bounds[p].log_end_offset
             if not lo <= start <= hi:
@@ -526,9 +527,9 @@ def _consume_group(ctx: click.Context, topic: str, app: str, from_beginning: boo
                    idle_s: float | None, emit: Callable[[list[Any]], list[Any]], done: Callable[[], bool]) -> None:
     from dmq.client.consumer import DMQConsumer, TopicPartition
 
-    prefix = f"G_{topic}_"
-    if app.startswith(prefix) and len(app) > len(prefix):
-        app = app[len(prefix):]  # the full group id was given
+    from dmq.proto.names import app_id_in
+
+    app = app_id_in(app, topic) or app  # the full group id was given
     consumer = DMQConsumer(
         metadata_service_url=bootstrap(ctx),
         group_id=app,

@@ -124,7 +124,7 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
         _run_process_cluster(host, port, data_dir, brokers, default_subscription_mode, log_level, storage, from_ms,
                              broker_session_timeout_ms=broker_session_timeout_ms)
         return
-    from dmq.coordinator.embedded import ClusterOptions, run_embedded
+    from dmq.client.cli.runner import ClusterOptions, run_embedded
 
     options = ClusterOptions(
         data_dir=data_dir,
@@ -172,7 +172,7 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
     (killed, crashed, or failed to start: a locked data directory, a busy port) the others are
     stopped and the command exits 1 naming it, so scripts and supervisors see the failure.
     """
-    from dmq.coordinator.embedded import PortUnavailable, bind_probe
+    from dmq.client.cli.runner import PortUnavailable, bind_probe
     from dmq.proto.dirlock import DataDirLock, DataDirLocked
 
     # One line now rather than a child failing a moment later (each child still takes its own
@@ -277,7 +277,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups."""
     from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
     configure_logging(log_level)
-    from dmq.coordinator.embedded import run_coordinator_only
+    from dmq.client.cli.runner import run_coordinator_only
 
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -308,7 +308,7 @@ def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir:
     configure_logging(log_level)
     import grpc
 
-    from dmq.coordinator.embedded import run_broker_only
+    from dmq.client.cli.runner import run_broker_only
 
     try:
         asyncio.run(run_broker_only(

@@ -153,7 +153,7 @@ def create(ctx: click.Context, name: str, partitions: int, config: tuple[str, ..
                                                                     config=pb.TopicConfig(**settings)))
         created = True
     except CLIError as e:
-        if not (if_not_exists and "already exists" in e.message):
+        if not (if_not_exists and e.code == "ALREADY_EXISTS"):
             raise
         info = describe_topic(sess, name)
         created = False
@@ -261,7 +261,7 @@ def delete(ctx: click.Context, name: str, if_exists: bool, output: str) -> None:
         sess.metadata("DeleteTopic", pb.DeleteTopicRequest(name=name))
         deleted = True
     except CLIError as e:
-        if not (if_exists and "not found" in e.message):
+        if not (if_exists and e.code == "NOT_FOUND"):
             raise
         deleted = False
     if output == "json":

@@ -38,6 +38,7 @@ from dmq.client.errors import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto.names import group_id_for  # noqa: F401 - re-exported for the consumers
 
 log = get_logger(__name__)
 
@@ -47,11 +48,6 @@ _MODES = {
     "new": pb.SUBSCRIPTION_MODE_NEW,
     "timestamp": pb.SUBSCRIPTION_MODE_TIMESTAMP,
 }
-
-
-def group_id_for(topic: str, app_id: str) -> str:
-    """The coordinator's group id for an application's group on one topic (DESIGN.md)."""
-    return f"G_{topic}_{app_id}"
 
 
 class Membership:

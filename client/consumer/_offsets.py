@@ -45,6 +45,7 @@ from dmq.client.errors import (
     from_rpc_error,
 )
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto import error_details
 
 log = get_logger(__name__)
 
@@ -185,7 +186,10 @@ class OffsetClient:
     def _commit_error(self, e: grpc.RpcError, address: str, membership: Membership, where: str) -> DMQError:
         c = self._config
         code = e.code() if callable(getattr(e, "code", None)) else None
-        if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+        reason = _reason(e)
+        # Not owner (the reason), or a member the coordinator no longer knows (NOT_FOUND): the
+        # group moved on without this consumer. Any other refusal says what it is itself.
+        if code is not None and (reason == error_details.NOT_OWNER or code == grpc.StatusCode.NOT_FOUND):
             return CommitFailedError(
                 f"commit of {where} for group {membership.group_id} was refused: {e.details()}. "
                 f"This consumer no longer owns these partitions: the group rebalanced without it, "
@@ -414,3 +418,12 @@ def _timed_out(err: DMQError, config: ConsumerConfig) -> DMQError:
         f"{err} (retried until the deadline; request_timeout_ms is {config.request_timeout_ms})",
         code=err.code, details=err.details,
     )
+
+
+def _reason(e: grpc.RpcError) -> str | None:
+    """The refusal's dmq.proto.error_details reason, if the call got that far."""
+    trailing = getattr(e, "trailing_metadata", None)
+    try:
+        return error_details.reason_of(trailing()) if callable(trailing) else None
+    except Exception:  # noqa: BLE001 - a call that failed before any metadata (connect failure)
+        return None

@@ -27,12 +27,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from dmq.client.consumer._records import TopicPartition
+from dmq.proto.offset_markers import EARLIEST, LATEST, START_AT_LOG_START, START_BY_TIMESTAMP  # noqa: F401 - re-exported
 
-# dmq.v1.StartPosition.offset sentinels and ListOffsets timestamps.
-START_AT_LOG_START = -2
-START_BY_TIMESTAMP = -3
-EARLIEST = -2
-LATEST = -1
+# dmq.v1.StartPosition.offset sentinels and ListOffsets timestamps: EARLIEST, LATEST,
+# START_AT_LOG_START, START_BY_TIMESTAMP (dmq.proto.offset_markers), re-exported for the consumers.
 
 
 class PartitionState:
@@ -89,9 +87,6 @@ class SubscriptionState:
         if topic is None:
             return list(self._assigned)
         return [tp for tp in self._assigned if tp.topic == topic]
-
-    def is_assigned(self, tp: TopicPartition) -> bool:
-        return tp in self._assigned
 
     def state(self, tp: TopicPartition) -> PartitionState:
         """The state of an assigned partition; KeyError when it is not assigned."""

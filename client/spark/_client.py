@@ -32,8 +32,6 @@ log = get_logger(__name__)
 
 TopicPartition = tuple[str, int]
 
-EARLIEST_TS = -2
-LATEST_TS = -1
 MAX_ATTEMPTS = 5
 RETRY_BACKOFF_S = 0.2
 

@@ -15,6 +15,9 @@ modules, classes, functions - that lives as long as the process; an object froze
 and later dropped is still freed by reference counting; only a reference cycle among frozen
 objects would outlive its use, and the collection just before the freeze leaves none behind.
 
+It also makes the process-wide choices a process owner makes (logging, the allocator), since in
+a Spark worker nobody else does.
+
 Nothing happens outside a Spark worker (a driver, a test, an application): the heap there is the
 application's business.
 """
@@ -22,7 +25,12 @@ application's business.
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import sys
+
+from dmq.client._log import ROOT_LOGGER
+from dmq.proto.malloc_tuning import keep_large_buffers
 
 __all__ = ["LOG_LEVEL_ENV", "prepare_worker"]
 
@@ -38,21 +46,28 @@ def _in_spark_worker() -> bool:
 
 
 def _configure_logging() -> None:
-    """Spark's Python workers print whatever structlog emits, and unconfigured structlog emits
-    debug lines: unless the process configured logging itself, keep workers at warnings
-    (or DMQ_SPARK_LOG_LEVEL, e.g. via spark.executorEnv.DMQ_SPARK_LOG_LEVEL=debug)."""
-    import structlog
-
-    if structlog.is_configured():
+    """The source and sink log through the standard `logging` module under ``dmq`` (silent by
+    default, like the rest of the client library). A Spark worker is a process DMQ's code runs in
+    but nobody configures, so its set-up is this process owner's job: unless the process (or the
+    job, through its own handlers) configured logging already, show the ``dmq`` lines of warning
+    and above on stderr, which Spark keeps in the executor's log; DMQ_SPARK_LOG_LEVEL (e.g. via
+    spark.executorEnv.DMQ_SPARK_LOG_LEVEL=debug) asks for more or less."""
+    library = logging.getLogger(ROOT_LOGGER)
+    configured = logging.getLogger().handlers or any(
+        not isinstance(h, logging.NullHandler) for h in library.handlers
+    )
+    if configured:
         return
-    from dmq.client.cli.logging_setup import configure_logging
-
-    configure_logging(os.environ.get(LOG_LEVEL_ENV, "warning"))
+    level = os.environ.get(LOG_LEVEL_ENV, "warning").upper()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    library.addHandler(handler)
+    library.setLevel(level if level in logging.getLevelNamesMapping() else logging.WARNING)
 
 
 def prepare_worker() -> bool:
-    """Logging, then (once per process) freeze the import-time heap; returns whether this call
-    froze it. A no-op outside Spark workers."""
+    """Logging, then (once per process) the allocator and a freeze of the import-time heap;
+    returns whether this call froze it. A no-op outside Spark workers."""
     global _frozen
     if not _in_spark_worker():
         return False
@@ -60,6 +75,9 @@ def prepare_worker() -> bool:
     if _frozen:
         return False
     _frozen = True
+    # A worker reading a topic holds multi-megabyte Fetch buffers: keep them in the heap instead
+    # of page-faulting fresh mmap()s in (see dmq.proto.malloc_tuning).
+    keep_large_buffers()
     gc.collect()  # nothing unreachable goes into the permanent generation
     gc.freeze()
     return True

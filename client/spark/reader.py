@@ -35,7 +35,6 @@ from dmq.client.spark.arrow import ArrowBuilder
 from dmq.client.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError, SourceOptions
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
-from dmq.proto.malloc_tuning import keep_large_buffers
 
 try:  # Spark >= 4.2: admission control (read limits) and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -247,10 +246,9 @@ class FetchSizer:
 
 def read_range(settings: ReadSettings, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the rows in `r`, one per Fetch answer, from the partition's leader."""
+    # In Spark's Python worker (a process Spark dedicates to such work), the process-wide set-up:
+    # logging, the allocator's large buffers, the frozen import-time heap.
     prepare_worker()
-    # This runs in Spark's Python worker, a process Spark dedicates to such work: keep the
-    # multi-megabyte Fetch buffers in the heap (see dmq.proto.malloc_tuning).
-    keep_large_buffers()
     fetcher = PartitionFetcher(
         settings.bootstrap, r.topic, r.partition, leader_hint=r.leader or None, poll_timeout_ms=settings.poll_timeout_ms
     )

@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
+from dmq.proto.offset_markers import START_AT_LOG_START, START_BY_TIMESTAMP  # noqa: F401 - re-exported
+
 from .state import GroupState
 
-# Start positions for a partition with no committed offset (dmq.v1.StartPosition.offset).
-START_AT_LOG_START = -2
-START_BY_TIMESTAMP = -3
+# Start positions for a partition with no committed offset (dmq.v1.StartPosition.offset):
+# START_AT_LOG_START, START_BY_TIMESTAMP (dmq.proto.offset_markers).
 
 
 class SubscriptionMode(enum.Enum):

@@ -12,11 +12,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
+from dmq.proto import error_details
+
 
 class GroupError(Exception):
     """Root of the group machine's errors."""
 
     code: ClassVar[str] = "UNKNOWN"
+    #: The dmq.proto.error_details reason sent with the status, where the code alone does not
+    #: tell a client what happened.
+    reason: ClassVar[str | None] = None
     #: True when the same request may succeed after the client refreshes its view
     #: (re-join, fetch the assignment) and retries.
     retriable: ClassVar[bool] = False
@@ -54,6 +59,7 @@ class NotOwnerError(GroupError):
     """A commit for partitions the member does not own under the generation it names."""
 
     code = "FAILED_PRECONDITION"
+    reason = error_details.NOT_OWNER
     retriable = True
 
     def __init__(self, group_id: str, member_id: str, reasons: Mapping[int, str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dmq.proto import names
+from dmq.proto.names import group_id_for
 
 from .effects import (
     Event,
@@ -35,12 +36,6 @@ from .messages import (
     PartitionCountResponse,
     TickResponse,
 )
-
-MAX_NAME_CHARS = names.TOPIC_NAME_MAX_BYTES
-
-
-def group_id_for(topic: str, app_id: str) -> str:
-    return f"G_{topic}_{app_id}"
 
 
 class GroupRegistry:

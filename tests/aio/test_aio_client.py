@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dmq.client._sender import frame_produce_request
+from dmq.proto.wire import frame_produce_request
 from dmq.client.aio import AsyncAdminClient, AsyncConsumer, AsyncProducer
 from dmq.client.consumer import TopicPartition
 from dmq.client.errors import (

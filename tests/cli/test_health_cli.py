@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dmq.coordinator.embedded import ClusterOptions, ClusterThread
+from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from tests.cli.conftest import dmq_executable, free_port, run_dmq
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -20,7 +20,7 @@ from _procs import ConsumerProc, ProducerProc
 
 from dmq.client import AdminClient
 from dmq.client.consumer import DMQConsumer, TopicPartition
-from dmq.coordinator.embedded import ClusterThread
+from dmq.client.cli.runner import ClusterThread
 
 pytestmark = pytest.mark.slow
 

@@ -34,7 +34,7 @@ SERVER = textwrap.dedent(
     import structlog
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    from dmq.coordinator.embedded import ClusterOptions, run_embedded
+    from dmq.client.cli.runner import ClusterOptions, run_embedded
     def ready(cluster):
         print("READY", cluster.bootstrap, flush=True)
     asyncio.run(run_embedded(ClusterOptions(data_dir=pathlib.Path(sys.argv[1])), ready))

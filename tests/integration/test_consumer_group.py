@@ -31,7 +31,7 @@ from dmq.client.errors import (
     InvalidArgumentError,
     TopicNotFoundError,
 )
-from dmq.coordinator.embedded import ClusterThread
+from dmq.client.cli.runner import ClusterThread
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from dmq.client import AdminClient, DMQConsumer, OffsetAndMetadata, Producer, TopicPartition
-from dmq.coordinator.embedded import ClusterThread
+from dmq.client.cli.runner import ClusterThread
 
 TIMEOUT_S = 15.0
 FAST = {"heartbeat_interval_ms": 200, "session_timeout_ms": 3000, "retry_backoff_ms": 50}

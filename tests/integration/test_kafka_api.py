@@ -23,7 +23,7 @@ from dmq.client import (
     str_serializer,
 )
 from dmq.client.errors import IllegalStateError, InvalidArgumentError, InvalidConfigError, SerializationError, UnknownSettingError
-from dmq.coordinator.embedded import ClusterThread
+from dmq.client.cli.runner import ClusterThread
 
 TIMEOUT_S = 15.0
 FAST = {"heartbeat_interval_ms": 200, "session_timeout_ms": 3000, "retry_backoff_ms": 50}

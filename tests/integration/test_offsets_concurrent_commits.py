@@ -11,7 +11,7 @@ import asyncio
 
 import grpc
 
-from dmq.coordinator.embedded import ClusterOptions, ClusterThread
+from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from dmq.client import AdminClient
-from dmq.coordinator.embedded import ClusterThread
+from dmq.client.cli.runner import ClusterThread
 
 SCRIPT = textwrap.dedent(
     """

@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 
-from dmq.coordinator.embedded import ClusterThread
+from dmq.client.cli.runner import ClusterThread
 
 README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 README_ADDRESS = "127.0.0.1:9091"

@@ -9,7 +9,7 @@ from google.protobuf import descriptor as d
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dmq.coordinator.embedded import ClusterThread
+from dmq.client.cli.runner import ClusterThread
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
 from dmq.proto.grpc_options import channel_options
@@ -83,7 +83,7 @@ METHODS = [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from dmq.coordinator.embedded import ClusterOptions
+    from dmq.client.cli.runner import ClusterOptions
 
     with ClusterThread(ClusterOptions(data_dir=tmp_path_factory.mktemp("fuzz"))) as cluster:
         channel = grpc.insecure_channel(cluster.bootstrap, options=channel_options())

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 import pytest
 
-from dmq.coordinator.embedded import ClusterThread
+from dmq.client.cli.runner import ClusterThread
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records

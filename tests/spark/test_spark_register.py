@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 
 from dmq.client import AdminClient, Producer
-from dmq.coordinator.embedded import ClusterThread
+from dmq.client.cli.runner import ClusterThread
 
 pytestmark = pytest.mark.spark
 
@@ -118,7 +118,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory, cluster_factory_module: C
 
 @pytest.fixture(scope="module")
 def cluster_factory_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterThread]:
-    from dmq.coordinator.embedded import ClusterOptions
+    from dmq.client.cli.runner import ClusterOptions
 
     thread = ClusterThread(ClusterOptions(data_dir=tmp_path_factory.mktemp("cluster")))
     thread.start()

@@ -367,3 +367,49 @@ def test_prepare_worker_freezes_the_import_time_heap_once_and_only_in_spark_work
         assert got["cycle_freed"]  # garbage was collected before the freeze, not kept forever
     else:
         assert got == {"first": False, "second": False, "frozen": 0, "cycle_freed": False}
+
+
+LOGGING_CHILD = """
+import json, logging
+from dmq.client._log import get_logger
+from dmq.client.spark._worker import prepare_worker
+
+prepare_worker()
+get_logger("dmq.client.spark.reader").warning("fetch retried", topic="t")
+get_logger("dmq.client.spark.reader").info("fetched", topic="t")
+library = logging.getLogger("dmq")
+print(json.dumps({"level": library.level, "handlers": [type(h).__name__ for h in library.handlers]}))
+"""
+
+
+@pytest.mark.parametrize(("in_worker", "level_env"), [(True, None), (True, "debug"), (False, None)])
+def test_prepare_worker_shows_the_library_log_in_spark_workers_only(in_worker, level_env):
+    import json
+    import logging
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON_WORKER_FACTORY_SECRET", "DMQ_SPARK_LOG_LEVEL")}
+    if in_worker:
+        env["PYTHON_WORKER_FACTORY_SECRET"] = "set-by-spark"
+    if level_env:
+        env["DMQ_SPARK_LOG_LEVEL"] = level_env
+    out = subprocess.run(
+        [sys.executable, "-c", LOGGING_CHILD], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    got = json.loads(out.stdout)
+    # The worker set-up never reaches for the CLI's structlog set-up (a library may not import the CLI).
+    assert "structlog" not in out.stderr
+    if not in_worker:  # an application's process: the library stays silent, its logging untouched
+        assert got == {"level": logging.NOTSET, "handlers": ["NullHandler"]}
+        assert out.stderr == ""
+        return
+    assert "StreamHandler" in got["handlers"]
+    assert "WARNING dmq.client.spark.reader: fetch retried topic='t'" in out.stderr
+    if level_env == "debug":
+        assert got["level"] == logging.DEBUG
+        assert "fetched topic='t'" in out.stderr
+    else:
+        assert got["level"] == logging.WARNING
+        assert "fetched topic='t'" not in out.stderr

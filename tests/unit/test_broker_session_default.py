@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from dmq.coordinator.embedded import ClusterOptions
+from dmq.client.cli.runner import ClusterOptions
 from dmq.coordinator.node import CoordinatorNode
 
 

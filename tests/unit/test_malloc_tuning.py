@@ -49,3 +49,35 @@ def test_large_buffers_stop_page_faulting_once_tuned():
 def test_idempotent():
     first = keep_large_buffers()
     assert keep_large_buffers() is first
+
+
+# The allocator is process-wide: a broker hosted in someone else's process (a test's LocalCluster,
+# an application's) leaves it alone; the `dmq server` runner, a process owner, sets it.
+OWNER_CHILD = """
+import asyncio, json, os, pathlib, signal, sys
+from dmq.proto import malloc_tuning
+from dmq.client.cli.runner import ClusterOptions, ClusterThread, run_embedded
+
+data = pathlib.Path(sys.argv[1])
+with ClusterThread(ClusterOptions(data_dir=data / "library")):
+    hosted = malloc_tuning._applied
+seen = {}
+
+def ready(cluster):
+    seen["runner"] = malloc_tuning._applied
+    os.kill(os.getpid(), signal.SIGTERM)  # the runner stops cleanly on its signal
+
+asyncio.run(run_embedded(ClusterOptions(data_dir=data / "owner"), ready))
+print(json.dumps({"hosted": hosted, "runner": seen["runner"]}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_only_the_server_runner_tunes_the_allocator(tmp_path):
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", OWNER_CHILD, str(tmp_path)], capture_output=True, text=True, timeout=60, check=True
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"hosted": None, "runner": True}, out.stderr[-2000:]

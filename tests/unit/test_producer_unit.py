@@ -34,6 +34,7 @@ from dmq.client.errors import (
 from dmq.client.producer import Producer
 from dmq.client.records import RecordMetadata
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto import error_details
 from dmq.proto import records
 
 WAIT_S = 10.0
@@ -43,10 +44,14 @@ WAIT_S = 10.0
 
 
 class FakeRpcError(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode, details: str = "") -> None:
+    def __init__(self, code: grpc.StatusCode, details: str = "", reason: str | None = None) -> None:
         super().__init__(details)
         self._code = code
         self._details = details
+        self._trailing = ((error_details.REASON_KEY, reason),) if reason else ()
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._trailing
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -426,7 +431,11 @@ def test_permanent_failure_bumps_the_epoch_and_restarts_the_sequence() -> None:
 def test_out_of_order_sequence_bumps_the_epoch_and_retries() -> None:
     broker = FakeBroker()
     broker.script = [
-        FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "producer 1 epoch 0: expected sequence 5, got 0")
+        FakeRpcError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "producer 1 epoch 0: expected sequence 5, got 0",
+            error_details.OUT_OF_ORDER_SEQUENCE,
+        )
     ]
     with make_producer(broker) as p:
         assert p.send("t", b"a").get(WAIT_S).offset == 0
@@ -436,12 +445,47 @@ def test_out_of_order_sequence_bumps_the_epoch_and_retries() -> None:
 
 def test_fenced_producer_fails_the_batch() -> None:
     broker = FakeBroker()
-    broker.script = [FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "producer 1 epoch 0 is fenced")]
+    broker.script = [
+        FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "producer 1 epoch 0 is fenced", error_details.PRODUCER_FENCED)
+    ]
     with make_producer(broker) as p:
         h = p.send("t", b"a")
         p.flush(WAIT_S)
         with pytest.raises(errors.ProducerFencedError):
             h.get(0)
+
+
+@pytest.mark.parametrize(
+    ("reason", "text"),
+    [
+        (error_details.OUT_OF_ORDER_SEQUENCE, "producer 1 is fenced off from sequence 5"),  # the word alone
+        (error_details.PRODUCER_FENCED, "producer 1 epoch 0: superseded"),  # no "fenced" in the text
+    ],
+)
+def test_fencing_and_sequence_gaps_are_told_apart_by_the_reason_never_the_text(reason: str, text: str) -> None:
+    broker = FakeBroker()
+    broker.script = [FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, text, reason)]
+    with make_producer(broker) as p:
+        h = p.send("t", b"a")
+        if reason == error_details.PRODUCER_FENCED:
+            p.flush(WAIT_S)
+            with pytest.raises(errors.ProducerFencedError):
+                h.get(0)
+            assert len(broker.calls) == 1
+        else:  # a sequence gap: a new epoch and a retry, which the fake broker accepts
+            assert h.get(WAIT_S).offset == 0
+            assert [c.header.producer_epoch for c in broker.calls] == [0, 1]
+
+
+def test_a_reasonless_failed_precondition_is_neither_fenced_nor_a_sequence_gap() -> None:
+    broker = FakeBroker()
+    broker.script = [FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "producer 1 epoch 0 is fenced")]
+    with make_producer(broker) as p:
+        h = p.send("t", b"a")
+        p.flush(WAIT_S)
+        with pytest.raises(errors.FailedPreconditionError) as raised:
+            h.get(0)
+    assert not isinstance(raised.value, errors.ProducerFencedError | errors.OutOfOrderSequenceError)
 
 
 def test_retriable_errors_stop_at_delivery_timeout() -> None:
@@ -810,7 +854,7 @@ def test_topic_metadata_prefers_partitions_with_a_live_leader() -> None:
     [("t", 0, pb.ACKS_ALL, b"x"), ("topic-\u00e9", 300, pb.ACKS_LEADER, b"y" * 200), ("a" * 249, 2**31 - 1, pb.ACKS_NONE, b"z" * 70_000)],
 )
 def test_hand_framed_produce_request_parses_as_the_message(topic: str, partition: int, acks: int, batch: bytes) -> None:
-    from dmq.client._sender import frame_produce_request
+    from dmq.proto.wire import frame_produce_request
 
     framed = frame_produce_request(topic, partition, acks, batch)
     assert pb.ProduceRequest.FromString(framed) == pb.ProduceRequest(

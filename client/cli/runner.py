@@ -1,5 +1,14 @@
 """Running the parts: the embedded server, a coordinator alone, a broker alone, and test clusters.
 
+This is the process owner's side of the servers, so it lives with the CLI (the one place allowed
+to import both `dmq.broker` and `dmq.coordinator`); the nodes themselves never touch process-wide
+state. What a server process sets for itself is set here, by the `dmq server` / `dmq coordinator`
+/ `dmq broker` runners only, never by LocalCluster / ClusterThread (which run inside a test's or
+a bench's process):
+  - the allocator keeps large buffers (dmq.proto.malloc_tuning), in processes that host a broker;
+  - the import-time heap is frozen out of the cyclic GC once the servers have started;
+  - logging is configured by the commands in dmq.client.cli.servers before they get here.
+
 `LocalCluster` puts a coordinator and N brokers in one asyncio loop. With one broker and
 `shared_port=True` (the `dmq server` default) both sit on one gRPC server and one port; otherwise
 each has its own server and port. `ClusterThread` runs a LocalCluster on a private event loop in a
@@ -44,6 +53,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto.connections import PerAddressConnectionLimit
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import server_options
+from dmq.proto.malloc_tuning import keep_large_buffers
 
 log = structlog.get_logger(__name__)
 
@@ -482,6 +492,7 @@ async def run_broker_only(
     on_ready: Callable[[str], None],
     log_config: LogConfig | None = None,
 ) -> None:
+    _keep_large_buffers()
     server = _new_server()
     bound = bind(server, host, port)
     node = BrokerNode(
@@ -517,6 +528,14 @@ async def run_broker_only(
     await serve_until_signalled(start, stop, lambda: on_ready(f"{host}:{bound}"))
 
 
+def _keep_large_buffers() -> None:
+    # A broker's Fetch answers and Produce requests are multi-megabyte buffers: reuse heap memory
+    # for them instead of page-faulting fresh mmap()s in (see dmq.proto.malloc_tuning for the
+    # figures). Process-wide, so only the processes that host a broker set it.
+    # Debug only: a start that fails (a busy port) must print its one line and nothing else.
+    log.debug("allocator tuned", malloc_large_buffers=keep_large_buffers())
+
+
 async def _stop_quietly(*steps: Coroutine[object, object, object]) -> None:
     """Run every cleanup step in order; a failing one is logged, the start failure is what counts."""
     for step in steps:
@@ -527,5 +546,6 @@ async def _stop_quietly(*steps: Coroutine[object, object, object]) -> None:
 
 
 async def run_embedded(options: ClusterOptions, on_ready: Callable[[LocalCluster], None]) -> None:
+    _keep_large_buffers()
     cluster = LocalCluster(options)
     await serve_until_signalled(cluster.start, cluster.stop, lambda: on_ready(cluster))

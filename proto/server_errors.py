@@ -1,0 +1,92 @@
+"""The one way a DMQ server turns an error into a gRPC status, shared by every service.
+
+A handler (or anything it calls) refuses a request by raising `RpcAbort(code, message, reason)`;
+`rpc_handler` turns it into `context.abort` with the message capped (dmq.proto.names.cap_message)
+and the reason (dmq.proto.error_details) as trailing metadata, which is what clients read to pick
+their error class, never the message text. A service maps its own domain errors (storage, the
+group machine's) with a `translate` function; anything else is a bug, logged and answered as
+INTERNAL, so no request takes a server down or leaves a client hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, Protocol
+
+import grpc
+
+from dmq.proto import error_details
+from dmq.proto.names import cap_message
+
+__all__ = ["RpcAbort", "fail", "rpc_handler"]
+
+# How much of an unexpected exception's text an INTERNAL status echoes: it may quote request data.
+INTERNAL_DETAIL_MAX_CHARS = 300
+
+
+class RpcAbort(Exception):
+    """A request refused with a status; `reason` (dmq.proto.error_details) goes out as trailing
+    metadata when the code alone does not tell a client what to do."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"RpcAbort({self.code.name}, {self.message!r}, reason={self.reason!r})"
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((error_details.REASON_KEY, self.reason),) if self.reason else ()
+
+
+def fail(code: grpc.StatusCode, message: str, reason: str | None = None) -> NoReturn:
+    raise RpcAbort(code, message, reason)
+
+
+class _Logger(Protocol):
+    def exception(self, event: str, **fields: Any) -> Any: ...
+
+
+Handler = Callable[..., Awaitable[Any]]
+# (servicer, exception) -> its status, or None for "not one of this service's errors: a bug"
+Translate = Callable[[Any, Exception], "RpcAbort | None"]
+
+
+def rpc_handler(
+    *, log: _Logger, translate: Translate | None = None, before: Callable[[Any], None] | None = None
+) -> Callable[[Handler], Handler]:
+    """Decorate a servicer's unary handlers: RpcAbort and translated errors become their status,
+    anything else INTERNAL (logged with the rpc's name and, when the request has one, its group).
+    `before(servicer)` runs first and may raise RpcAbort (e.g. "not serving yet")."""
+
+    def decorate(method: Handler) -> Handler:
+        name = method.__name__
+
+        @functools.wraps(method)
+        async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                if before is not None:
+                    before(self)
+                return await method(self, request, context)
+            except (asyncio.CancelledError, grpc.aio.AbortError):
+                raise
+            except RpcAbort as e:
+                status = e
+            except Exception as e:  # noqa: BLE001 - the last line of defence of a server
+                status = translate(self, e) if translate is not None else None
+                if status is None:
+                    log.exception("handler failed", rpc=name, group=getattr(request, "group_id", None) or None)
+                    detail = str(e)
+                    if len(detail) > INTERNAL_DETAIL_MAX_CHARS:
+                        detail = detail[:INTERNAL_DETAIL_MAX_CHARS] + "... (cut)"
+                    status = RpcAbort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {detail}")
+            await context.abort(status.code, cap_message(status.message), trailing_metadata=status.trailing_metadata())
+            raise AssertionError("unreachable: context.abort raises")
+
+        return wrapper
+
+    return decorate
