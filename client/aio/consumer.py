@@ -304,7 +304,7 @@ class AsyncConsumer:
                     self._pending.popleft()
                 else:
                     chunk[2] = i + 1
-                return records[i]  # type: ignore[no-any-return]
+                return records[i]
             batch = await self.getmany(timeout_ms=self.config.fetch_max_wait_ms)
             self._pending.extend([tp, records, 0] for tp, records in batch.items())
 
@@ -321,7 +321,7 @@ class AsyncConsumer:
                 pending.popleft()
             else:
                 chunk[2] = i + 1
-            return records[i]  # type: ignore[no-any-return]
+            return records[i]
         if self._closed:
             raise StopAsyncIteration
         try:

@@ -84,7 +84,7 @@ class AsyncRecordFuture(RecordFuture):
             yield from waiter.__await__()
         return self.get(0)
 
-    def result(self, timeout: float | None = None) -> RecordMetadata:  # type: ignore[override]
+    def result(self, timeout: float | None = None) -> RecordMetadata:
         if not self._batch.future.done():
             raise asyncio.InvalidStateError("the record is not acknowledged yet: await it")
         return self.get(0)
@@ -247,7 +247,7 @@ class AsyncProducer:
         self._acc = Accumulator(self._batch_size, self._delivery_timeout_ms, wakeup,  # type: ignore[arg-type]
                                 BufferPool(self._buffer_memory))
         self._state = self._acc.thread_state(_LOOP_THREAD)
-        self._sender = AsyncSender(self._acc, self._cluster, **self._settings)  # type: ignore[arg-type]
+        self._sender = AsyncSender(self._acc, self._cluster, **self._settings)
         self._sender.start()
         try:
             await self._cluster.wait_refresh(None, self._max_block_s)

@@ -242,7 +242,7 @@ class DMQConsumer:
                         # Still unanswered at the deadline: poll() finishes it.
                         self._start(m, kind, future)
                         break
-                    finish(m, future)  # type: ignore[arg-type]
+                    finish(m, future)
                 else:
                     self._heartbeat.track(m)
             except DMQError as e:
@@ -554,7 +554,7 @@ class DMQConsumer:
             return LATEST if self.config.start_latest else EARLIEST
         return m.subscription.from_ms
 
-    def _assigned_state(self, tp: TopicPartition, what: str):  # type: ignore[no-untyped-def]
+    def _assigned_state(self, tp: TopicPartition, what: str):
         tp = _tp(tp)
         state = self._subs.get(tp)
         if state is None:

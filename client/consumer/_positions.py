@@ -100,7 +100,7 @@ class PositionFinder:
         for address, tps in resets.items():
             queries = {tp: self._subs.state(tp).reset for tp in tps}
             self._start(_RESET, address, tps,
-                        lambda a=address, q=queries: self._offsets.start_list_offsets(a, q))  # type: ignore[arg-type]
+                        lambda a=address, q=queries: self._offsets.start_list_offsets(a, q))
         return fatal
 
     def _start(self, kind: str, address: str, tps: list[TopicPartition], send: Callable[[], grpc.Future]) -> None:
