@@ -905,7 +905,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 pb.GroupSummary(
                     group_id=g.group_id,
                     topic=g.topic,
-                    state=g.state.value,
+                    state=g.state.value,  # type: ignore[arg-type]  # protoc's .pyi omits the int an enum field takes
                     generation=g.generation,
                     member_count=len(g.members),
                 )
@@ -942,7 +942,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         return pb.DescribeGroupResponse(
             group_id=d.group_id,
             topic=d.topic,
-            state=d.state.value,
+            state=d.state.value,  # type: ignore[arg-type]  # protoc's .pyi omits the int an enum field takes
             generation=d.generation,
             subscription=subscription_to_proto(d.subscription),
             members=[

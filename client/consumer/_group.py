@@ -32,6 +32,7 @@ from dmq.client.errors import (
     CoordinatorUnavailableError,
     DMQError,
     GroupNotFoundError,
+    InvalidConfigError,
     TopicNotFoundError,
     UnknownMemberError,
     from_rpc_error,
@@ -49,8 +50,10 @@ _MODES = {
 }
 
 
-def group_id_for(topic: str, app_id: str) -> str:
+def group_id_for(topic: str, app_id: str | None) -> str:
     """The coordinator's group id for an application's group on one topic (DESIGN.md)."""
+    if not app_id:  # ConsumerConfig requires group_id; this keeps an unset one from naming "G_<topic>_None"
+        raise InvalidConfigError("group_id must be a non-empty string")
     return f"G_{topic}_{app_id}"
 
 
