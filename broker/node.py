@@ -25,8 +25,8 @@ import asyncio
 import contextlib
 import pathlib
 import time
-from typing import Any
 from dataclasses import replace
+from typing import Any
 
 import grpc
 import structlog

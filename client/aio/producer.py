@@ -40,6 +40,7 @@ from dmq.client._sender import Sender, new_producer_id
 from dmq.client.aio._cluster import AsyncCluster, Wakeup, bootstrap_address
 from dmq.client.errors import (
     ClientClosedError,
+    DMQError,
     DMQTimeoutError,
     IllegalStateError,
     InvalidConfigError,
@@ -80,7 +81,11 @@ class AsyncRecordFuture(RecordFuture):
         if not self._batch.future.done():
             waiter = asyncio.get_running_loop().create_future()
             # The callback runs on the sender task, on this loop: no thread hop.
-            self.add_callback(lambda _m, _e: waiter.done() or waiter.set_result(None))
+            def wake(_m: RecordMetadata | None, _e: DMQError | None) -> None:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+            self.add_callback(wake)
             yield from waiter.__await__()
         return self.get(0)
 

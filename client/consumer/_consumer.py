@@ -432,9 +432,9 @@ class DMQConsumer:
                 calls, errors = self._offsets.commit_calls(offsets, {m.topic: m}, timeout_s=0)
             except DMQError as e:
                 calls, errors = [], dict.fromkeys(offsets, e)
-            for tp, e in errors.items():
+            for tp, err in errors.items():
                 self._log.warning("commit before the hand-off not sent", group=m.group_id, partition=tp.partition,
-                                  error=str(e))
+                                  error=str(err))
             op.released |= set(errors)
             wakeup = self._wakeup
             for call in calls:
@@ -859,7 +859,7 @@ class DMQConsumer:
         out: dict[TopicPartition, list[Any]] = {}
         pending = list(records.items())
         for i, (tp, rs) in enumerate(pending):
-            done = []
+            done: list[Any] = []
             for r in rs:
                 what = "key"
                 try:
