@@ -22,7 +22,7 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -50,7 +50,14 @@ class _Connection:
     last_call_s: float = 0.0
 
 
-class PerAddressConnectionLimit(grpc.aio.ServerInterceptor[Any, Any]):
+if TYPE_CHECKING:
+    # grpc-stubs types the interceptor by request and response; grpcio's class takes no parameters.
+    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:
+    _ServerInterceptor = grpc.aio.ServerInterceptor
+
+
+class PerAddressConnectionLimit(_ServerInterceptor):
     def __init__(
         self,
         max_per_address: int = DEFAULT_MAX_PER_ADDRESS,
