@@ -26,6 +26,7 @@ import contextlib
 import pathlib
 import time
 from dataclasses import replace
+from typing import Any
 
 import grpc
 import structlog
@@ -50,7 +51,7 @@ COORDINATOR_RPC_TIMEOUT_S = 5.0
 
 def log_config_for(base: LogConfig, config: pb.TopicConfig) -> LogConfig:
     """The broker's defaults overridden by the topic's explicit settings."""
-    changes: dict[str, int] = {}
+    changes: dict[str, Any] = {}  # LogConfig fields by name, for replace()
     if config.HasField("retention_ms"):
         changes["retention_ms"] = config.retention_ms
     if config.HasField("retention_bytes"):
@@ -165,7 +166,7 @@ class BrokerNode:
             self._tasks.clear()
             if self._channel is not None:
                 channel, self._channel = self._channel, None
-                await channel.close()
+                await channel.close(None)  # grace None (the default, spelled out): cancels what is in flight
             if self._opening is not None:
                 # Let an interrupted start finish opening, then close what it opened.
                 await asyncio.wait([self._opening])

@@ -286,7 +286,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     # -- helpers -------------------------------------------------------------------------------
 
-    async def _not_here(self, topic: str, partition: int) -> tuple[int, str]:
+    async def _not_here(self, topic: str, partition: int) -> tuple[pb.ErrorCode, str]:
         """The per-partition error for a partition this broker does not hold, naming its leader."""
         leader = await self._node.leader_hint(topic, partition)
         if leader is None:
@@ -468,7 +468,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                     answer = frame_fetch_response(results)
                     # Held until gRPC is done with the answer (sent, or the call ended), not just
                     # until this handler returns: an unread answer still occupies memory.
-                    context.add_done_callback(lambda _ctx, lease=lease: lease.release())
+                    # grpc-stubs 1.53 declares DoneCallback a class, not a Protocol: no function matches it
+                    context.add_done_callback(lambda _ctx, lease=lease: lease.release())  # type: ignore[arg-type]
                     return answer
             except BaseException:
                 lease.release()

@@ -330,7 +330,7 @@ _FUTURE_STATE = frozenset({"_condition", "_state", "_result", "_exception", "_wa
 _materialize_lock = threading.Lock()
 
 
-class RecordFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+class RecordFuture(concurrent.futures.Future):
     """The handle send() returns: the record's batch and its index in it.
 
     ``get(timeout)`` (also ``result``) waits for the batch and returns the RecordMetadata, or

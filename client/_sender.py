@@ -230,12 +230,13 @@ class Sender:
             # sequences wrap from 2**31-1 to 0, as the broker expects
             q.next_sequence = (seq + n) % (INT32_MAX + 1)
 
-    def _encode_or_fail(self, q: PartitionQueue, b: ProducerBatch, pop: bool = False) -> bool:
-        """Encode `b`; on a codec error fail it (popping it off the ready queue if asked)."""
+    def _encode_or_fail(self, q: PartitionQueue, b: ProducerBatch, pop: bool = False) -> bytes | None:
+        """Encode `b` and return its payload; on a codec error fail it (popping it off the ready
+        queue if asked) and return None."""
         where = f"{b.topic}[{b.partition}]"
         try:
             self._encode(q, b)
-            return True
+            return b.payload
         except records.RecordTooLargeError as e:
             err: DMQError = RecordTooLargeError(f"{where}: {e}: raise max_record_bytes or send smaller records")
         except records.RecordsError as e:
@@ -243,15 +244,16 @@ class Sender:
         if pop:
             q.ready.remove(b)
         self._fail(q, b, err)
-        return False
+        return None
 
     def _dispatch(self, q: PartitionQueue, b: ProducerBatch, now: float) -> None:
         where = f"{b.topic}[{b.partition}]"
-        if b.payload is None and not self._encode_or_fail(q, b):
+        payload = b.payload if b.payload is not None else self._encode_or_fail(q, b)
+        if payload is None:
             return
         try:
             address = self._cluster.leader_for(b.topic, b.partition)
-            request = frame_produce_request(b.topic, b.partition, self._acks, b.payload)
+            request = frame_produce_request(b.topic, b.partition, self._acks, payload)
             call = self._cluster.raw_produce(address).future(request, timeout=self._request_timeout_s)
         except DMQError as e:  # no leader known (metadata refresh failed)
             b.attempts += 1

@@ -48,7 +48,7 @@ def consumer_records(
     if skip >= n:
         return iter(())
     stop = n if max_records is None else min(n, skip + max(0, max_records))
-    rows = zip(
+    rows: Iterator[tuple[object, ...]] = zip(
         repeat(topic),
         repeat(partition),
         range(h.base_offset, h.base_offset + n),
@@ -59,4 +59,4 @@ def consumer_records(
     )
     if skip or stop < n:
         rows = islice(rows, skip, stop)
-    return map(tuple.__new__, repeat(ConsumerRecord), rows)  # type: ignore[arg-type]
+    return map(tuple.__new__, repeat(ConsumerRecord), rows)

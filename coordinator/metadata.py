@@ -822,15 +822,16 @@ class MetadataServicer(pb_grpc.MetadataServicer):
             names = list(dict.fromkeys(request.topics))  # dedupe, keep order
             for i, name in enumerate(request.topics):
                 _validated(functools.partial(validate_topic_name, field=f"topics[{i}]"), name)
-            missing = [n for n in names if self.metadata.topic(n) is None]
+            found = [(n, self.metadata.topic(n)) for n in names]
+            missing = [n for n, r in found if r is None]
             if missing:
                 raise TopicNotFound(missing)
-            records = [self.metadata.topic(n) for n in names]
+            records = [r for _, r in found if r is not None]
         else:
             records = self.metadata.topics()
         return pb.GetMetadataResponse(
             brokers=broker_infos(self.metadata),
-            topics=[topic_info(self.metadata, r) for r in records if r is not None],
+            topics=[topic_info(self.metadata, r) for r in records],
         )
 
     def _existing_topic(self, name: str) -> TopicRecord:

@@ -22,7 +22,7 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -50,7 +50,14 @@ class _Connection:
     last_call_s: float = 0.0
 
 
-class PerAddressConnectionLimit(grpc.aio.ServerInterceptor):
+if TYPE_CHECKING:
+    # grpc-stubs types the interceptor by request and response; grpcio's class takes no parameters.
+    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:
+    _ServerInterceptor = grpc.aio.ServerInterceptor
+
+
+class PerAddressConnectionLimit(_ServerInterceptor):
     def __init__(
         self,
         max_per_address: int = DEFAULT_MAX_PER_ADDRESS,
@@ -125,9 +132,9 @@ class PerAddressConnectionLimit(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
@@ -143,11 +150,13 @@ class PerAddressConnectionLimit(grpc.aio.ServerInterceptor):
             return grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
             )
-        return grpc.stream_stream_rpc_method_handler(
-            self._wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
-        )
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                self._wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+            )
+        return handler  # no behaviour at all: grpc answers UNIMPLEMENTED as it would without us
 
-    async def _admit(self, context: grpc.aio.ServicerContext) -> _Connection | None:
+    async def _admit(self, context: grpc.aio.ServicerContext[Any, Any]) -> _Connection | None:
         entered = self.enter(context.peer() or "")
         if isinstance(entered, str):
             # the busy reason: a client waits and retries (never reads it as "batch too large")
@@ -158,7 +167,7 @@ class PerAddressConnectionLimit(grpc.aio.ServerInterceptor):
         return entered
 
     def _wrap_unary(self, behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             conn = await self._admit(context)
             try:
                 result = behavior(request, context)
@@ -170,7 +179,7 @@ class PerAddressConnectionLimit(grpc.aio.ServerInterceptor):
         return wrapped
 
     def _wrap_stream(self, behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
-        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             conn = await self._admit(context)
             try:
                 result = behavior(request, context)

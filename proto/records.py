@@ -76,9 +76,9 @@ import time
 try:
     # ISA-L computes zlib's CRC-32 with carry-less multiplies at ~30 GB/s, ten times zlib 1.2's
     # ~3 GB/s: without it, checking the CRC of a produced batch costs more than writing it.
-    from isal.isal_zlib import crc32
+    from isal.isal_zlib import crc32 as crc32  # `as`: re-exported, the log checks CRCs with it
 except ImportError:  # pragma: no cover - the dependency is declared; this keeps the codec usable
-    from zlib import crc32
+    from zlib import crc32 as crc32
 from array import array
 from dataclasses import dataclass
 from itertools import accumulate, compress, islice, pairwise, repeat, starmap
@@ -390,10 +390,14 @@ def _zstd_compressor(level: int) -> Any:
 
 def _compress(codec: Codec, body: bytes, level: int | None) -> bytes:
     try:
+        # the codec modules are untyped (Any): the annotation states what they return
+        out: bytes
         if codec == Codec.ZSTD:
-            return _zstd_compressor(_ZSTD_DEFAULT_LEVEL if level is None else level).compress(body)
+            out = _zstd_compressor(_ZSTD_DEFAULT_LEVEL if level is None else level).compress(body)
+            return out
         if codec == Codec.LZ4:
-            return _lz4frame().compress(body, store_size=True, compression_level=level or 0)
+            out = _lz4frame().compress(body, store_size=True, compression_level=level or 0)
+            return out
     except RecordsError:
         raise
     except Exception as e:  # e.g. a compression level the library refuses
@@ -404,6 +408,7 @@ def _compress(codec: Codec, body: bytes, level: int | None) -> bytes:
 def _decompress(codec: int, data: memoryview, body_length: int, pos: int) -> bytes:
     """Inflate `data`, producing at most body_length bytes whatever the data claims."""
     where = f"batch at position {pos}"
+    out: bytes  # the codec modules are untyped (Any): the annotation states what they return
     if codec == Codec.ZSTD:
         zstandard = _zstd()
         try:

@@ -55,7 +55,7 @@ def _load_syncfs() -> Callable[[int], int] | None:
         return None
     fn.argtypes = [ctypes.c_int]
     fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 _syncfs = _load_syncfs()

@@ -298,7 +298,7 @@ class PartitionLog:
         self.partition = partition
         self._clock = clock_ms or wall_clock_ms
         # fdatasync: the data and the file size, without the inode's timestamps.
-        self._fsync = fsync or getattr(os, "fdatasync", os.fsync)
+        self._fsync: Callable[[int], None] = fsync if fsync is not None else getattr(os, "fdatasync", os.fsync)
         self._owns_cache = file_cache is None
         self._cache = file_cache or FileCache(64)
         self._owns_executor = executor is None

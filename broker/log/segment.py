@@ -348,7 +348,7 @@ class Segment:
 
     def walk(
         self, start: int, end: int, chunk_bytes: int = WALK_CHUNK_BYTES
-    ) -> Iterator[tuple[int, tuple]]:  # type: ignore[type-arg]
+    ) -> Iterator[tuple[int, tuple]]:
         """Yield (position, raw header tuple) of the batches in [start, end), reading chunk_bytes
         at a time (a header beyond the chunk costs one more small read). Stops before known
         damage; an impossible header raises SegmentCorruptError."""
@@ -636,7 +636,7 @@ class Segment:
         self.ensure_indexes()
         return self.time_index.first_time_ms
 
-    def iter_headers(self, from_offset: int) -> Iterator[tuple[int, tuple]]:  # type: ignore[type-arg]
+    def iter_headers(self, from_offset: int) -> Iterator[tuple[int, tuple]]:
         """Raw headers of the batches whose last offset >= from_offset (stopping at damage)."""
         start = self.locate(from_offset) if from_offset > self.base_offset else 0
         for p, h in self.walk(start, self.size):

@@ -181,6 +181,10 @@ class AsyncCluster(Cluster):
     """A Cluster on grpc.aio whose synchronous look-ups never wait (see the module comment).
     Create it inside a running event loop; the owner awaits aclose()."""
 
+    # Cluster's map of channels, holding grpc.aio channels here: narrowed for this class (the
+    # ignore: mypy allows no narrower type for an inherited mutable attribute).
+    _channels: dict[str, grpc.aio.Channel]  # type: ignore[assignment]
+
     def __init__(self, bootstrap: str, **settings: Any) -> None:
         super().__init__(bootstrap, **settings)
         self.running: set[CallFuture] = set()  # calls started here and not finished yet

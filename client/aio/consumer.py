@@ -191,7 +191,7 @@ class AsyncConsumer:
         if self._started:
             return
         c = self.config
-        self._cluster = AsyncCluster(c.metadata_service_url, request_timeout_ms=c.request_timeout_ms)
+        self._cluster = AsyncCluster(c.address, request_timeout_ms=c.request_timeout_ms)
         self._wakeup = Wakeup()
         self._subs = SubscriptionState()
         self._fetcher = Fetcher(self._cluster, self._subs, c, self._wakeup, name=self.consumer_id)  # type: ignore[arg-type]
@@ -304,7 +304,7 @@ class AsyncConsumer:
                     self._pending.popleft()
                 else:
                     chunk[2] = i + 1
-                return records[i]  # type: ignore[no-any-return]
+                return records[i]
             batch = await self.getmany(timeout_ms=self.config.fetch_max_wait_ms)
             self._pending.extend([tp, records, 0] for tp, records in batch.items())
 
@@ -321,7 +321,7 @@ class AsyncConsumer:
                 pending.popleft()
             else:
                 chunk[2] = i + 1
-            return records[i]  # type: ignore[no-any-return]
+            return records[i]
         if self._closed:
             raise StopAsyncIteration
         try:

@@ -40,6 +40,7 @@ from dmq.client._sender import Sender, new_producer_id
 from dmq.client.aio._cluster import AsyncCluster, Wakeup, bootstrap_address
 from dmq.client.errors import (
     ClientClosedError,
+    DMQError,
     DMQTimeoutError,
     IllegalStateError,
     InvalidConfigError,
@@ -80,11 +81,15 @@ class AsyncRecordFuture(RecordFuture):
         if not self._batch.future.done():
             waiter = asyncio.get_running_loop().create_future()
             # The callback runs on the sender task, on this loop: no thread hop.
-            self.add_callback(lambda _m, _e: waiter.done() or waiter.set_result(None))
+            def wake(_m: RecordMetadata | None, _e: DMQError | None) -> None:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+            self.add_callback(wake)
             yield from waiter.__await__()
         return self.get(0)
 
-    def result(self, timeout: float | None = None) -> RecordMetadata:  # type: ignore[override]
+    def result(self, timeout: float | None = None) -> RecordMetadata:
         if not self._batch.future.done():
             raise asyncio.InvalidStateError("the record is not acknowledged yet: await it")
         return self.get(0)
@@ -247,7 +252,7 @@ class AsyncProducer:
         self._acc = Accumulator(self._batch_size, self._delivery_timeout_ms, wakeup,  # type: ignore[arg-type]
                                 BufferPool(self._buffer_memory))
         self._state = self._acc.thread_state(_LOOP_THREAD)
-        self._sender = AsyncSender(self._acc, self._cluster, **self._settings)  # type: ignore[arg-type]
+        self._sender = AsyncSender(self._acc, self._cluster, **self._settings)
         self._sender.start()
         try:
             await self._cluster.wait_refresh(None, self._max_block_s)

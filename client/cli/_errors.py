@@ -75,8 +75,8 @@ def run_translating_errors(ctx: click.Context, invoke: Callable[[], Any]) -> Any
         if _is_rpc_error(e):
             from dmq.client.cli._session import translate
 
-            details = e.details() if hasattr(e, "details") else str(e)  # type: ignore[attr-defined]
-            code = e.code() if hasattr(e, "code") else None  # type: ignore[attr-defined]
+            details = e.details() if hasattr(e, "details") else str(e)
+            code = e.code() if hasattr(e, "code") else None
             if is_connect_failure(details or ""):
                 raise coordinator_unreachable(bootstrap(ctx)) from None
             raise translate(code, details or "", bootstrap(ctx), role="server", timeout_s=timeout_s(ctx)) from None

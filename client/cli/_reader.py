@@ -87,10 +87,10 @@ class TopicReader:
         for (address, broker_id), parts in sorted(self._leaders(self.resets).items()):
             if ("list", address) in self._inflight or self._retry_at.get(address, 0.0) > now:
                 continue
-            request = pb.ListOffsetsRequest(queries=[
+            list_request = pb.ListOffsetsRequest(queries=[
                 pb.OffsetQuery(topic=self.topic, partition=p, timestamp_ms=self.resets[p]) for p in parts])
             self._send("list", address, broker_id, self.sess.broker_stub(address).ListOffsets.future(
-                request, timeout=self.sess.timeout_s))
+                list_request, timeout=self.sess.timeout_s))
         for (address, broker_id), parts in sorted(self._leaders().items()):
             if ("fetch", address) in self._inflight or self._retry_at.get(address, 0.0) > now:
                 continue
@@ -186,7 +186,7 @@ class TopicReader:
                 if not r.records:
                     continue
                 position = self.positions[r.partition]
-                got = []
+                got: list[Any] = []
                 for batch in records.decode_batches(r.records):
                     got.extend(consumer_records(self.topic, r.partition, batch, position))
                 if got:

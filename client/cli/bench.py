@@ -33,6 +33,7 @@ from dmq.client.cli._session import CLIError
 from dmq.proto.offset_markers import LATEST
 
 MB = 1024 * 1024
+_ACKS: dict[str, str | int] = {"all": "all", "1": 1, "0": 0}  # the --acks choices as the Producer takes them
 # Latency samples kept per run: enough for a stable p99.9, bounded memory for huge runs.
 MAX_LATENCY_SAMPLES = 200_000
 
@@ -177,7 +178,7 @@ def bench_produce(ctx: click.Context, topic: str, num_records: int, record_size:
                 latencies_ms.append((perf() - sent_at) * 1000)
         return cb
 
-    producer = Producer(bootstrap(ctx), acks={"all": "all", "1": 1, "0": 0}[acks],
+    producer = Producer(bootstrap(ctx), acks=_ACKS[acks],
                         compression=None if compression == "none" else compression, batch_size=batch_size,
                         linger_ms=linger_ms, client_id="dmq-bench-produce",
                         # --record-size goes up to the producer's largest max_record_bytes
@@ -208,15 +209,15 @@ def bench_produce(ctx: click.Context, topic: str, num_records: int, record_size:
         first = f"; first error: {errors[0]}" if errors else ""
         raise CLIError(f"{max(failed, len(errors))} of {num_records} records were not stored{first}")
     total_bytes = num_records * record_size
+    lat = percentiles(latencies_ms)
     summary = {
         "records": num_records, "record_size": record_size, "bytes": total_bytes, "errors": len(errors),
         "elapsed_s": round(elapsed, 3), "msgs_per_s": round(num_records / elapsed, 1),
-        "mb_per_s": round(total_bytes / MB / elapsed, 3), "latency_ms": percentiles(latencies_ms),
+        "mb_per_s": round(total_bytes / MB / elapsed, 3), "latency_ms": lat,
     }
     if output == "json":
         print_json(summary)
         return
-    lat = summary["latency_ms"]
     show(_summary_table([
         ("records", f"{num_records:,} x {record_size} B"),
         ("elapsed", f"{elapsed:.2f} s"),
@@ -323,15 +324,15 @@ def bench_consume(ctx: click.Context, topic: str, messages: int | None, app: str
     elapsed = perf() - started
     if count == 0:
         raise CLIError(f"no records read from {topic!r} within {idle_timeout_ms} ms")
+    lat = percentiles(latencies_ms)
     summary = {
         "records": count, "bytes": nbytes, "elapsed_s": round(elapsed, 3),
         "msgs_per_s": round(count / elapsed, 1), "mb_per_s": round(nbytes / MB / elapsed, 3),
-        "fetches": len(latencies_ms), "fetch_latency_ms": percentiles(latencies_ms),
+        "fetches": len(latencies_ms), "fetch_latency_ms": lat,
     }
     if output == "json":
         print_json(summary)
         return
-    lat = summary["fetch_latency_ms"]
     show(_summary_table([
         ("records", f"{count:,} ({nbytes / MB:.2f} MB)"),
         ("elapsed", f"{elapsed:.2f} s"),

@@ -33,7 +33,7 @@ from dmq.client.cli._parse import jsonable_text, parse_headers
 from dmq.client.cli._session import CLIError
 from dmq.proto.offset_markers import EARLIEST, LATEST
 
-ACKS = {"all": "all", "1": 1, "leader": 1, "0": 0, "none": 0}
+ACKS: dict[str, str | int] = {"all": "all", "1": 1, "leader": 1, "0": 0, "none": 0}
 # How often a group consumer commits what it has printed while it keeps running.
 COMMIT_INTERVAL_S = 1.0
 # Bounds of the group consumer's final commit and close, so a dead broker or coordinator does

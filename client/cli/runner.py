@@ -38,7 +38,7 @@ import pathlib
 import socket
 import signal
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 
 import grpc
@@ -164,7 +164,7 @@ class ServerHealth:
     """The standard gRPC health service on one server, driven by the runner that owns it."""
 
     def __init__(self, server: grpc.aio.Server) -> None:
-        self.servicer = health.aio.HealthServicer()
+        self.servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]  # grpc-stubs 1.53 lacks grpc_health's aio module
         health_pb2_grpc.add_HealthServicer_to_server(self.servicer, server)
         self._services: set[str] = set()  # hosted here, by full name
         self._serving: set[str] = set()
@@ -376,7 +376,7 @@ class ClusterThread:
 
 
 async def serve_until_signalled(
-    start: Callable[[], object], stop: Callable[[], object], on_ready: Callable[[], None] | None = None
+    start: Callable[[], Awaitable[object]], stop: Callable[[], Awaitable[object]], on_ready: Callable[[], None] | None = None
 ) -> None:
     """Start, wait for SIGINT/SIGTERM, stop cleanly (so the logs write their clean-shutdown marker).
 
@@ -409,7 +409,7 @@ async def serve_until_signalled(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handler)
-    starting = asyncio.ensure_future(start())  # type: ignore[arg-type]
+    starting = asyncio.ensure_future(start())
     signalled = asyncio.ensure_future(stopping.wait())
     try:
         await asyncio.wait([starting, signalled], return_when=asyncio.FIRST_COMPLETED)
@@ -432,7 +432,7 @@ async def serve_until_signalled(
             on_ready()
         await stopping.wait()
     finally:
-        await stop()  # type: ignore[misc]
+        await stop()
 
 
 def _arm_stop_watchdog(deadline_s: float) -> None:

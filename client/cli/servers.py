@@ -17,7 +17,7 @@ LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"])
 SUBSCRIPTION_MODES = click.Choice(["all", "new", "timestamp"])
 
 
-def _log_config(flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int):  # type: ignore[no-untyped-def]
+def _log_config(flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int):
     from dmq.broker.log import LogConfig
 
     return LogConfig(
@@ -29,7 +29,7 @@ def _log_config(flush: str, flush_interval_ms: int, segment_bytes: int, retentio
     )
 
 
-def _storage_options(f):  # type: ignore[no-untyped-def]
+def _storage_options(f):
     f = click.option(
         "--flush",
         type=click.Choice(["fsync", "interval"]),
@@ -59,14 +59,14 @@ def _check_flush_interval(flush: str) -> None:
 
 # The default is coordinator.metadata.DEFAULT_BROKER_SESSION_TIMEOUT_MS (a test checks), kept
 # literal so that the CLI does not import the coordinator to show its help.
-def _broker_session_option(f):  # type: ignore[no-untyped-def]
+def _broker_session_option(f):
     return click.option(
         "--broker-session-timeout-ms", type=click.IntRange(100), default=6_000, show_default=True,
         help="A broker that has not heartbeated for this long is declared dead (clients stop waiting on it).",
     )(f)
 
 
-def _subscription_from_option(f):  # type: ignore[no-untyped-def]
+def _subscription_from_option(f):
     return click.option(
         "--default-subscription-from", "default_subscription_from", default=None, metavar="TIME", show_default="none",
         help="With --default-subscription-mode timestamp (and only then): the time a new group starts from, "
@@ -136,7 +136,7 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
         coordinator_kwargs={"default_subscription_from_ms": from_ms},
     )
 
-    def ready(cluster) -> None:  # type: ignore[no-untyped-def]
+    def ready(cluster) -> None:
         click.echo(
             f"DMQ is running: coordinator and broker on {cluster.bootstrap}, data in {data_dir.resolve()}\n"
             f"  connect with bootstrap=\"{cluster.bootstrap}\", e.g.  dmq --bootstrap {cluster.bootstrap} topics list\n"
@@ -319,5 +319,5 @@ def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir:
     except OSError as e:
         raise click.ClickException(str(e)) from None
     except grpc.RpcError as e:  # the coordinator answered the registration with a refusal
-        details = e.details() if hasattr(e, "details") else str(e)  # type: ignore[attr-defined]
+        details = e.details() if hasattr(e, "details") else str(e)
         raise click.ClickException(f"the coordinator at {coordinator} refused broker {broker_id}: {details}") from None

@@ -87,6 +87,8 @@ class ConsumerConfig:
     metadata_max_age_ms: int = 300_000
     """How often a pattern subscription (subscribe(pattern=...)) lists the topics again."""
     _from_ms: int | None = field(default=None, init=False, repr=False, compare=False)
+    address: str = field(default="", init=False, repr=False, compare=False)
+    """The bootstrap address __post_init__ settled on: a str, where the settings it came from are optional."""
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -94,6 +96,7 @@ class ConsumerConfig:
             raise InvalidConfigError("invalid ConsumerConfig: " + "; ".join(problems))
         address = bootstrap_address({n: getattr(self, n) for n in BOOTSTRAP_NAMES}, "ConsumerConfig")
         self.metadata_service_url = self.bootstrap_servers = address
+        self.address = address
         self.bootstrap = None
         if self.auto_offset_reset is not None and self.subscription_mode is None:
             self.subscription_mode = AUTO_OFFSET_RESETS[self.auto_offset_reset]

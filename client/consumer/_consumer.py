@@ -139,7 +139,7 @@ class DMQConsumer:
         self.config = config
         self.consumer_id = f"{config.client_id}-{uuid.uuid4().hex[:12]}"
         self._log = log.bind(consumer=self.consumer_id)
-        self._cluster = Cluster(config.metadata_service_url, request_timeout_ms=config.request_timeout_ms)
+        self._cluster = Cluster(config.address, request_timeout_ms=config.request_timeout_ms)
         self._wakeup = threading.Event()
         self._subs = SubscriptionState()
         self._fetcher = Fetcher(self._cluster, self._subs, config, self._wakeup, name=self.consumer_id)
@@ -242,7 +242,7 @@ class DMQConsumer:
                         # Still unanswered at the deadline: poll() finishes it.
                         self._start(m, kind, future)
                         break
-                    finish(m, future)  # type: ignore[arg-type]
+                    finish(m, future)
                 else:
                     self._heartbeat.track(m)
             except DMQError as e:
@@ -432,9 +432,9 @@ class DMQConsumer:
                 calls, errors = self._offsets.commit_calls(offsets, {m.topic: m}, timeout_s=0)
             except DMQError as e:
                 calls, errors = [], dict.fromkeys(offsets, e)
-            for tp, e in errors.items():
+            for tp, err in errors.items():
                 self._log.warning("commit before the hand-off not sent", group=m.group_id, partition=tp.partition,
-                                  error=str(e))
+                                  error=str(err))
             op.released |= set(errors)
             wakeup = self._wakeup
             for call in calls:
@@ -554,7 +554,7 @@ class DMQConsumer:
             return LATEST if self.config.start_latest else EARLIEST
         return m.subscription.from_ms
 
-    def _assigned_state(self, tp: TopicPartition, what: str):  # type: ignore[no-untyped-def]
+    def _assigned_state(self, tp: TopicPartition, what: str):
         tp = _tp(tp)
         state = self._subs.get(tp)
         if state is None:
@@ -859,7 +859,7 @@ class DMQConsumer:
         out: dict[TopicPartition, list[Any]] = {}
         pending = list(records.items())
         for i, (tp, rs) in enumerate(pending):
-            done = []
+            done: list[Any] = []
             for r in rs:
                 what = "key"
                 try:

@@ -40,6 +40,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from itertools import islice
+from typing import Final
 
 import grpc
 
@@ -56,7 +57,11 @@ from dmq.proto import records as codec
 
 log = get_logger(__name__)
 
-_OFFSET_INDEX = ConsumerRecord._fields.index("offset")
+# A literal, so the type checker knows record[_OFFSET_INDEX] is the int offset (indexing is the
+# hot path's cheaper read); the check keeps it in step with ConsumerRecord's fields.
+_OFFSET_INDEX: Final = 2
+if ConsumerRecord._fields[_OFFSET_INDEX] != "offset":  # pragma: no cover - a ConsumerRecord change
+    raise RuntimeError("_OFFSET_INDEX no longer points at ConsumerRecord.offset")
 _MAX_FETCH_THREADS = 32
 _MAX_BACKOFF_S = 1.0
 
@@ -69,7 +74,7 @@ class _PartitionBuffer:
     def __init__(self, tp: TopicPartition, epoch: int, fetch_offset: int) -> None:
         self.tp = tp
         self.epoch = epoch
-        self.chunks: deque[bytes] = deque()  # raw answers, not decoded yet
+        self.chunks: deque[bytes | memoryview] = deque()  # raw answers, not decoded yet
         self.batches: deque[codec.RecordBatch] = deque()  # decoded headers, records not built
         # records of the batch being drained, built in C as they are taken
         self.current: Iterator[ConsumerRecord] | None = None

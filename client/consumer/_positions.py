@@ -17,6 +17,7 @@ meantime are dropped (the PartitionState object and its epoch are compared).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -74,7 +75,7 @@ class PositionFinder:
         now = time.monotonic()
         busy = {tp for lk in self._inflight.values() for tp in lk.asked}
         committed: dict[tuple[str, str], list[TopicPartition]] = {}
-        resets: dict[str, list[TopicPartition]] = {}
+        resets: dict[str, dict[TopicPartition, int]] = {}  # leader -> the reset timestamp to look up per partition
         for tp, state in self._subs.items():
             if state.position is not None or tp in busy:
                 continue
@@ -91,16 +92,15 @@ class PositionFinder:
                 if tp.topic in group_ids and (_COMMITTED, address) not in self._inflight:
                     committed.setdefault((tp.topic, address), []).append(tp)
             elif (_RESET, address) not in self._inflight:
-                resets.setdefault(address, []).append(tp)
+                resets.setdefault(address, {})[tp] = state.reset
         for (topic, address), tps in committed.items():
             if (_COMMITTED, address) in self._inflight:
                 continue  # one per broker: the other topic's partitions go next time
             self._start(_COMMITTED, address, tps,
-                        lambda a=address, t=topic, ps=tps: self._offsets.start_fetch_committed(a, group_ids[t], ps))
-        for address, tps in resets.items():
-            queries = {tp: self._subs.state(tp).reset for tp in tps}
-            self._start(_RESET, address, tps,
-                        lambda a=address, q=queries: self._offsets.start_list_offsets(a, q))  # type: ignore[arg-type]
+                        functools.partial(self._offsets.start_fetch_committed, address, group_ids[topic], tps))
+        for address, queries in resets.items():
+            self._start(_RESET, address, list(queries),
+                        functools.partial(self._offsets.start_list_offsets, address, queries))
         return fatal
 
     def _start(self, kind: str, address: str, tps: list[TopicPartition], send: Callable[[], grpc.Future]) -> None:

@@ -126,8 +126,10 @@ def _workers_are_this_interpreter(sc: Any) -> bool:
     """A local session whose workers run this very interpreter (local_session()'s) imports what
     this process imports: no probe job needed. Paths are compared unresolved: a virtualenv's
     python is a symlink to a base interpreter that lacks the virtualenv's packages."""
-    python = getattr(sc, "pythonExec", None)
-    return bool(python) and str(sc.master).startswith("local") and os.path.abspath(python) == os.path.abspath(sys.executable)
+    python: str | None = getattr(sc, "pythonExec", None)
+    if not python:
+        return False
+    return str(sc.master).startswith("local") and os.path.abspath(python) == os.path.abspath(sys.executable)
 
 
 def _check_workers(sc: Any) -> None:

@@ -107,7 +107,7 @@ def current_partitions(
     """
     if opts.assign is not None:
         counts = client.partition_counts(opts.assign)
-        tps = []
+        tps: list[TopicPartition] = []
         for topic, parts in sorted(opts.assign.items()):
             missing = [p for p in parts if p >= counts[topic]]
             if missing:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -92,6 +93,7 @@ class Proc:
         if self.popen.poll() is None:
             self.popen.kill()
         self.popen.wait(10)
+        self._release()
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """Close politely, kill if it does not exit in time."""
@@ -101,8 +103,18 @@ class Proc:
                 self.popen.wait(timeout_s)
             except (OSError, subprocess.TimeoutExpired):
                 self.kill()
+        self._release()
+
+    def _release(self) -> None:
+        """Join the readers (the child is gone: they reach EOF), then close our ends of the pipes."""
         for t in self._readers:
             t.join(5)
+        readers_done = not any(t.is_alive() for t in self._readers)
+        for pipe in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
+            # a pipe a reader still iterates stays open: closing it under the reader would fail it
+            if pipe is not None and (pipe is self.popen.stdin or readers_done):
+                with contextlib.suppress(OSError):  # stdin's flush on close: the child is gone
+                    pipe.close()
 
 
 class ConsumerProc(Proc):

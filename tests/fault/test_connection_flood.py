@@ -57,6 +57,7 @@ def server(tmp_path: pathlib.Path):
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)
+    proc.stdout.close()  # our end of the pipe (else a ResourceWarning)
 
 
 @pytest.fixture

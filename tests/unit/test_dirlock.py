@@ -54,3 +54,4 @@ def test_lock_held_by_another_process_names_it_and_dies_with_it(tmp_path):
         if holder.poll() is None:
             holder.kill()
             holder.wait(10)
+        holder.stdout.close()  # the pipe's file is ours to close (else a ResourceWarning)

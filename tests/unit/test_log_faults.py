@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import pathlib
 import threading
 
 import pytest
@@ -290,11 +291,11 @@ def test_inconsistent_offset_index_is_detected_and_rebuilt_from_the_log(tmp_path
     plog.close()
     assert len(positions) >= 3
     # plausible (increasing, inside the file) but wrong: every entry points 7 bytes too far
-    data = bytearray(open(index_path, "rb").read())
+    data = bytearray(pathlib.Path(index_path).read_bytes())
     for i in range(len(positions)):
         pos = int.from_bytes(data[8 * i + 4 : 8 * i + 8], "little")
         data[8 * i + 4 : 8 * i + 8] = (pos + 7).to_bytes(4, "little")
-    open(index_path, "wb").write(bytes(data))
+    pathlib.Path(index_path).write_bytes(bytes(data))
     with structlog.testing.capture_logs() as logs:
         again = PartitionLog(tmp_path / "t-3", "t", 3, CONFIG)
         for i in range(len(stored)):
