@@ -191,7 +191,7 @@ def summaries_to_proto(groups: Iterable[Group]) -> list[pb.GroupSummary]:
         pb.GroupSummary(
             group_id=g.group_id,
             topic=g.topic,
-            state=g.state.value,
+            state=g.state.value,  # type: ignore[arg-type]  # protoc's .pyi omits the int an enum field takes
             generation=g.generation,
             member_count=len(g.members),
         )
@@ -223,7 +223,7 @@ def describe_to_proto(d: GroupDescription, offsets: Mapping[int, tuple[int, int,
     return pb.DescribeGroupResponse(
         group_id=d.group_id,
         topic=d.topic,
-        state=d.state.value,
+        state=d.state.value,  # type: ignore[arg-type]  # protoc's .pyi omits the int an enum field takes
         generation=d.generation,
         subscription=subscription_to_proto(d.subscription),
         members=[

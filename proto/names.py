@@ -105,8 +105,10 @@ def check_group_id(group_id: object, *, field: str = "group_id") -> None:
 GROUP_ID_PREFIX = "G_"
 
 
-def group_id_for(topic: str, app_id: str) -> str:
+def group_id_for(topic: str, app_id: str | None) -> str:
     """The coordinator's group id for an application's group on one topic: G_<topic>_<app_id>."""
+    if not app_id:  # never "G_<topic>_None": a consumer without a group_id has no group
+        raise FieldError("group_id", "must be a non-empty string to join a group")
     return f"{GROUP_ID_PREFIX}{topic}_{app_id}"
 
 

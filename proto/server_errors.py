@@ -67,7 +67,7 @@ def rpc_handler(
         name = method.__name__
 
         @functools.wraps(method)
-        async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             try:
                 if before is not None:
                     before(self)
@@ -75,10 +75,12 @@ def rpc_handler(
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
             except RpcAbort as e:
-                status = e
+                status: RpcAbort = e
             except Exception as e:  # noqa: BLE001 - the last line of defence of a server
-                status = translate(self, e) if translate is not None else None
-                if status is None:
+                translated = translate(self, e) if translate is not None else None
+                if translated is not None:
+                    status = translated
+                else:
                     log.exception("handler failed", rpc=name, group=getattr(request, "group_id", None) or None)
                     detail = str(e)
                     if len(detail) > INTERNAL_DETAIL_MAX_CHARS:

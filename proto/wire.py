@@ -225,12 +225,12 @@ class _HandlerCapture:
     """Stands in for a server to collect the generated method handlers of a servicer."""
 
     def __init__(self) -> None:
-        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self.handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
 
     def add_generic_rpc_handlers(self, handlers: object) -> None:
         pass
 
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]) -> None:
         self.handlers = dict(handlers)
 
 
@@ -238,7 +238,7 @@ def add_broker_servicer(servicer: Any, server: Any) -> None:
     """Register a Broker servicer as the generated code would, except Fetch: its handler answers
     bytes framed by `frame_fetch_response`, so it is registered with no response serializer."""
     capture = _HandlerCapture()
-    pb_grpc.add_BrokerServicer_to_server(servicer, capture)
+    pb_grpc.add_BrokerServicer_to_server(servicer, capture)  # type: ignore[no-untyped-call]  # generated code, unannotated
     handlers = capture.handlers
     if "Fetch" not in handlers:
         raise RuntimeError("the generated Broker stubs register no Fetch handler: regenerate them (make proto)")

@@ -8,9 +8,10 @@ from ``GroupRegistry.get(group_id)``, persists ``result.records``, acts on ``res
 
 from .assignor import PartitionAssignor, RangeAssignor, range_assign
 from .clock import Clock, FakeClock, MonotonicClock
+from dmq.proto.names import group_id_for
+from dmq.proto.offset_markers import START_AT_LOG_START, START_BY_TIMESTAMP
+
 from .effects import (
-    START_AT_LOG_START,
-    START_BY_TIMESTAMP,
     Event,
     GenerationStarted,
     GroupCreated,
@@ -73,7 +74,7 @@ from .messages import (
     PollResponse,
     TickResponse,
 )
-from .registry import GroupRegistry, group_id_for
+from .registry import GroupRegistry
 from .state import VALID_PREVIOUS_STATES, GroupState, can_transition, transition_to
 from .timer import Timer
 
