@@ -55,7 +55,7 @@ def test_a_batch_too_large_says_what_to_do_and_refreshes_the_metadata() -> None:
 def test_a_known_reason_is_retried_and_never_told_to_lower_batch_size(reason: str) -> None:
     broker = FakeBroker()
     broker.script = [exhausted(reason)] * 1000
-    with make_producer(broker, retry_backoff_ms=5, retry_backoff_max_ms=5, delivery_timeout_ms=100,
+    with make_producer(broker, retry_backoff_ms=5, retry_backoff_max_ms=5, delivery_timeout_ms=2000,
                        request_timeout_ms=50) as p:
         with pytest.raises(errors.DMQTimeoutError) as info:
             p.send("t", b"a").get(WAIT_S)
