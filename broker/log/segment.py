@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from dmq.broker.log import writeback
 from dmq.broker.log.errors import LogError
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import OffsetIndex, TimeIndex
@@ -144,6 +145,8 @@ class Segment:
         "damaged",
         "tail_dirty",
         "_located_expected",
+        "writeback_bytes",
+        "_writeback_from",
     )
 
     def __init__(
@@ -167,6 +170,10 @@ class Segment:
         # An append failed and cutting its partial bytes off failed too: cut before the next one.
         self.tail_dirty = False
         self._located_expected = base_offset  # set by locate(): the base offset at its answer
+        # Write-back pacing (writeback.py): bytes from _writeback_from on were appended but their
+        # write-back not started yet; started once writeback_bytes have piled up (0: never).
+        self.writeback_bytes = writeback.WRITEBACK_BYTES
+        self._writeback_from = size
 
     def __repr__(self) -> str:
         return (
@@ -313,6 +320,16 @@ class Segment:
         self.size += nbytes
         self._bytes_since_index += nbytes
         self.next_offset = last_offset + 1
+        if self.writeback_bytes and self.size - self._writeback_from >= self.writeback_bytes:
+            self._start_writeback(fd)
+
+    def _start_writeback(self, fd: int) -> None:
+        """Start the write-back of what was appended since the last start (never past the end)."""
+        start, self._writeback_from = self._writeback_from, self.size
+        try:
+            writeback.start(fd, start, self.size - start)
+        except OSError as e:  # advice only: the data stays dirty and the next fsync writes it
+            log.debug("write-back start failed", segment=self.log_path, error=str(e))
 
     def truncate_to(self, position: int, next_offset: int) -> None:
         """Drop everything from `position` (a batch boundary, holding `next_offset`) on: the
@@ -320,6 +337,7 @@ class Segment:
         self.size = position
         self.next_offset = next_offset
         self.verified_bytes = min(self.verified_bytes, position)
+        self._writeback_from = min(self._writeback_from, position)
         for p in [p for p in self.damaged if p >= position]:
             del self.damaged[p]
         rel = next_offset - self.base_offset
@@ -714,6 +732,7 @@ class Segment:
             os.ftruncate(fd, valid)
         self.size = valid
         self.verified_bytes = valid
+        self._writeback_from = valid
         self.next_offset = expected
         self._bytes_since_index = since_index
         self.index = new_index
