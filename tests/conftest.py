@@ -7,7 +7,10 @@ to them over gRPC without sharing a loop.
 
 from __future__ import annotations
 
+import errno
+import os
 import pathlib
+import subprocess
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -42,3 +45,48 @@ def cluster(cluster_factory: Callable[..., ClusterThread]) -> ClusterThread:
 def cluster3(cluster_factory: Callable[..., ClusterThread]) -> ClusterThread:
     """A coordinator and three brokers, each on its own port."""
     return cluster_factory(brokers=3, shared_port=False)
+
+
+@pytest.fixture
+def tmpfs(tmp_path: pathlib.Path) -> Iterator[Callable[[str], pathlib.Path]]:
+    """Mount small tmpfs file systems (`tmpfs("6m")`) for disk-full tests; unmounted after the
+    test. Skips with the reason where this machine cannot mount one (not root, no permission)."""
+    mounts: list[pathlib.Path] = []
+
+    def mount(size: str) -> pathlib.Path:
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root: disk-full test skipped")
+        path = tmp_path / f"tmpfs-{len(mounts)}"
+        path.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}): disk-full test skipped")
+        mounts.append(path)
+        return path
+
+    yield mount
+    for path in mounts:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def fill_filesystem(path: pathlib.Path, leave_bytes: int = 0) -> None:
+    """Write the file `path` until its file system has at most `leave_bytes` free (0: ENOSPC)."""
+    st = os.statvfs(path.parent)
+    size = max(0, st.f_bavail * st.f_frsize - leave_bytes) if leave_bytes else None
+    chunk = bytes(64 * 1024)
+    with open(path, "wb") as f:
+        try:
+            while size is None or size > 0:
+                written = f.write(chunk if size is None else chunk[: min(size, len(chunk))])
+                f.flush()
+                if size is not None:
+                    size -= written
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+
+
+@pytest.fixture
+def fill_disk() -> Callable[..., None]:
+    """fill_filesystem, for tests in any folder."""
+    return fill_filesystem

@@ -6,12 +6,8 @@ committed offset reads back, also after a restart."""
 
 from __future__ import annotations
 
-import errno
-import os
-import pathlib
 import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -25,30 +21,8 @@ TOPIC = "commits"
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}): ENOSPC test skipped")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-
-
-def fill(path: pathlib.Path) -> None:
-    """A file taking every free byte of its filesystem."""
-    with open(path, "wb") as f:
-        chunk = bytes(64 * 1024)
-        try:
-            while True:
-                f.write(chunk)
-                f.flush()
-        except OSError as e:
-            assert e.errno == errno.ENOSPC
+def small_tmpfs(tmpfs):  # type: ignore[no-untyped-def]
+    return tmpfs("6m")
 
 
 def consumer_for(bootstrap: str):  # type: ignore[no-untyped-def]
@@ -66,7 +40,7 @@ def poll_until(consumer, count: int) -> list[bytes]:  # type: ignore[no-untyped-
     return got
 
 
-def test_commit_on_a_full_disk_is_disk_full_and_works_again_once_space_is_freed(small_tmpfs, tmp_path):
+def test_commit_on_a_full_disk_is_disk_full_and_works_again_once_space_is_freed(small_tmpfs, tmp_path, fill_disk):
     from dmq.client import TopicPartition
     from dmq.client import errors as client_errors
 
@@ -84,7 +58,7 @@ def test_commit_on_a_full_disk_is_disk_full_and_works_again_once_space_is_freed(
             assert poll_until(consumer, 10) == values  # the member owns the partition
             assert consumer.assignment() == {tp}
             consumer.commit_sync({tp: 4})
-            fill(filler)
+            fill_disk(filler)
             with pytest.raises(client_errors.DiskFullError) as info:
                 consumer.commit_sync({tp: 10}, timeout=3)
             assert info.value.code == "RESOURCE_EXHAUSTED"

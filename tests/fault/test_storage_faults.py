@@ -6,7 +6,6 @@ SIGKILL cut valid batches behind a damaged one."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import pathlib
@@ -103,35 +102,11 @@ def test_out_of_descriptors_is_retriable_and_the_partition_serves_again_without_
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path: pathlib.Path):  # type: ignore[no-untyped-def]
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}): ENOSPC test skipped")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+def small_tmpfs(tmpfs):  # type: ignore[no-untyped-def]
+    return tmpfs("6m")
 
 
-def fill(path: pathlib.Path, leave_bytes: int) -> None:
-    """Write a file filling the filesystem up to `leave_bytes` free."""
-    st = os.statvfs(path.parent)
-    size = max(0, st.f_bavail * st.f_frsize - leave_bytes)
-    with open(path, "wb") as f:
-        chunk = bytes(1 << 20)
-        while size > 0:
-            try:
-                size -= f.write(chunk[: min(size, len(chunk))])
-            except OSError as e:
-                assert e.errno == errno.ENOSPC
-                break
-
-
-def test_full_disk_is_resource_exhausted_retried_by_the_producer_and_loses_nothing(small_tmpfs, tmp_path):
+def test_full_disk_is_resource_exhausted_retried_by_the_producer_and_loses_nothing(small_tmpfs, tmp_path, fill_disk):
     from dmq.client import Producer
 
     srv = Server(small_tmpfs / "data", tmp_path / "server.log")
@@ -140,7 +115,7 @@ def test_full_disk_is_resource_exhausted_retried_by_the_producer_and_loses_nothi
         srv.wait_ready()
         create_topic(srv, "full")
         acked: list[bytes] = []
-        fill(filler, 256 * 1024)
+        fill_disk(filler, 256 * 1024)
         full = None
         for i in range(200):
             value = b"v%04d" % i + os.urandom(16 * 1024)

@@ -11,13 +11,10 @@ brokers are the recording FakeBrokers of test_metadata.py, one of them refusing 
 from __future__ import annotations
 
 import asyncio
-import errno
-import os
 import pathlib
 import socket
-import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
@@ -157,30 +154,8 @@ async def test_a_refusal_the_store_cannot_undo_says_how_it_completes(
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}): disk-full test skipped")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-
-
-def fill(path: pathlib.Path) -> None:
-    """A file taking every free byte of its filesystem."""
-    with open(path, "wb") as f:
-        chunk = bytes(64 * 1024)
-        try:
-            while True:
-                f.write(chunk)
-                f.flush()
-        except OSError as e:
-            assert e.errno == errno.ENOSPC
+def small_tmpfs(tmpfs):  # type: ignore[no-untyped-def]
+    return tmpfs("2m")
 
 
 async def cli(bootstrap: str, *args: str) -> tuple[int, str]:
@@ -192,7 +167,9 @@ async def cli(bootstrap: str, *args: str) -> tuple[int, str]:
     return proc.returncode or 0, out.decode(errors="replace")
 
 
-async def test_coordinator_disk_full_is_resource_exhausted_and_retriable(small_tmpfs: pathlib.Path) -> None:
+async def test_coordinator_disk_full_is_resource_exhausted_and_retriable(
+    small_tmpfs: pathlib.Path, fill_disk: Callable[..., None]
+) -> None:
     h = Harness(small_tmpfs / "coordinator")
     await h.start_coordinator()
     filler = small_tmpfs / "filler"
@@ -200,7 +177,7 @@ async def test_coordinator_disk_full_is_resource_exhausted_and_retriable(small_t
         await h.add_broker(1)
         await h.create("kept", 1)
         groups = pb_grpc.GroupCoordinatorStub(h.channel)
-        fill(filler)
+        fill_disk(filler)
         for call in (
             h.create("t", 2),
             h.stub.AddPartitions(pb.AddPartitionsRequest(name="kept", partitions=2), timeout=5),
@@ -239,9 +216,8 @@ async def test_coordinator_disk_full_is_resource_exhausted_and_retriable(small_t
         await h.close()
 
 
-
 async def test_a_broker_registering_while_the_coordinators_disk_is_full_waits_and_then_registers(
-    small_tmpfs: pathlib.Path,
+    small_tmpfs: pathlib.Path, fill_disk: Callable[..., None],
 ) -> None:
     """A broker's first registration is a write: with the coordinator's disk full it is refused,
     and the broker keeps retrying (before, the refusal ended `dmq broker`, and `--brokers N` with it)."""
@@ -253,7 +229,7 @@ async def test_a_broker_registering_while_the_coordinators_disk_is_full_waits_an
     broker = BrokerNode(small_tmpfs.parent / "broker-5", broker_id=5, coordinator_address=h.node.advertised_address,
                         advertised_host="127.0.0.1", advertised_port=free_port())
     try:
-        fill(filler)
+        fill_disk(filler)
         start = asyncio.create_task(broker.start())
         await asyncio.sleep(1.5)
         assert not start.done(), start.exception() if start.done() else None
