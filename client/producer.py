@@ -103,6 +103,51 @@ Serializer = Callable[[Any], bytes]
 _BYTES_ONLY = {bytes}
 
 
+def check_settings(
+    *, acks: Any, compression: Any, enable_idempotence: Any, linger_ms: Any, batch_size: Any, buffer_memory: Any,
+    max_block_ms: Any, retries: Any, retry_backoff_ms: Any, retry_backoff_max_ms: Any, request_timeout_ms: Any,
+    delivery_timeout_ms: Any, max_record_bytes: Any,
+) -> bool:
+    """The producer settings' rules, shared by Producer and AsyncProducer: InvalidConfigError
+    naming the setting; returns whether the producer is idempotent (None: unless acks=0)."""
+    if acks not in _ACKS:
+        raise InvalidConfigError(f"acks must be 'all', 1 or 0, got {acks!r}")
+    codec_name = compression.lower() if isinstance(compression, str) else compression
+    if codec_name not in _CODECS:
+        raise InvalidConfigError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
+    _positive("batch_size", batch_size, MAX_BATCH_SIZE, "the brokers' default max batch bytes is "
+              f"{records.DEFAULT_MAX_BATCH_BYTES}; a topic's max_message_bytes caps its batches further")
+    _positive("buffer_memory", buffer_memory)
+    _positive("max_record_bytes", max_record_bytes, records.DEFAULT_MAX_BATCH_BYTES // 2)
+    _positive("request_timeout_ms", request_timeout_ms)
+    _positive("delivery_timeout_ms", delivery_timeout_ms)
+    for name, value in (("linger_ms", linger_ms), ("max_block_ms", max_block_ms), ("retries", retries),
+                        ("retry_backoff_ms", retry_backoff_ms), ("retry_backoff_max_ms", retry_backoff_max_ms)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidConfigError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if linger_ms < 0 or max_block_ms < 0 or retries < 0 or retry_backoff_ms < 0:
+        raise InvalidConfigError("linger_ms, max_block_ms, retries and retry_backoff_ms must be >= 0")
+    if delivery_timeout_ms < linger_ms + request_timeout_ms:
+        # Kafka's rule: a batch may linger, then wait a whole request for its answer; a
+        # shorter delivery timeout fails records that were never given a chance (a batch
+        # lingering past it expired the moment it was sealed).
+        raise InvalidConfigError(
+            f"delivery_timeout_ms ({delivery_timeout_ms}) must be at least linger_ms + request_timeout_ms "
+            f"({linger_ms} + {request_timeout_ms}): raise delivery_timeout_ms or lower the others"
+        )
+    if enable_idempotence is None:
+        enable_idempotence = _ACKS[acks] != pb.ACKS_NONE
+    elif enable_idempotence and _ACKS[acks] == pb.ACKS_NONE:
+        raise InvalidConfigError(
+            "enable_idempotence needs acks 'all' or 1: with acks=0 no answer is read, so a lost batch "
+            "cannot be retried in sequence and the broker would refuse every later one"
+        )
+    if buffer_memory < batch_size:
+        raise InvalidConfigError(f"buffer_memory ({buffer_memory}) must be at least batch_size ({batch_size})")
+
+    return bool(enable_idempotence)
+
+
 class Producer:
     """Sends records to DMQ topics. Thread-safe. Close it (or use `with`) to deliver what is
     buffered and stop its sender thread."""
@@ -147,40 +192,14 @@ class Producer:
             raise InvalidConfigError(f"partitioner must be a callable (key, partition count) -> partition, got {partitioner!r}")
         if client_id is not None and (not isinstance(client_id, str) or not client_id):
             raise InvalidConfigError(f"client_id must be a non-empty string, got {client_id!r}")
-        if acks not in _ACKS:
-            raise InvalidConfigError(f"acks must be 'all', 1 or 0, got {acks!r}")
+        enable_idempotence = check_settings(
+            acks=acks, compression=compression, enable_idempotence=enable_idempotence, linger_ms=linger_ms,
+            batch_size=batch_size, buffer_memory=buffer_memory, max_block_ms=max_block_ms, retries=retries,
+            retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
+            request_timeout_ms=request_timeout_ms, delivery_timeout_ms=delivery_timeout_ms,
+            max_record_bytes=max_record_bytes,
+        )
         codec_name = compression.lower() if isinstance(compression, str) else compression
-        if codec_name not in _CODECS:
-            raise InvalidConfigError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
-        _positive("batch_size", batch_size, MAX_BATCH_SIZE, "the brokers' default max batch bytes is "
-                  f"{records.DEFAULT_MAX_BATCH_BYTES}; a topic's max_message_bytes caps its batches further")
-        _positive("buffer_memory", buffer_memory)
-        _positive("max_record_bytes", max_record_bytes, records.DEFAULT_MAX_BATCH_BYTES // 2)
-        _positive("request_timeout_ms", request_timeout_ms)
-        _positive("delivery_timeout_ms", delivery_timeout_ms)
-        for name, value in (("linger_ms", linger_ms), ("max_block_ms", max_block_ms), ("retries", retries),
-                            ("retry_backoff_ms", retry_backoff_ms), ("retry_backoff_max_ms", retry_backoff_max_ms)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise InvalidConfigError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-        if linger_ms < 0 or max_block_ms < 0 or retries < 0 or retry_backoff_ms < 0:
-            raise InvalidConfigError("linger_ms, max_block_ms, retries and retry_backoff_ms must be >= 0")
-        if delivery_timeout_ms < linger_ms + request_timeout_ms:
-            # Kafka's rule: a batch may linger, then wait a whole request for its answer; a
-            # shorter delivery timeout fails records that were never given a chance (a batch
-            # lingering past it expired the moment it was sealed).
-            raise InvalidConfigError(
-                f"delivery_timeout_ms ({delivery_timeout_ms}) must be at least linger_ms + request_timeout_ms "
-                f"({linger_ms} + {request_timeout_ms}): raise delivery_timeout_ms or lower the others"
-            )
-        if enable_idempotence is None:
-            enable_idempotence = _ACKS[acks] != pb.ACKS_NONE
-        elif enable_idempotence and _ACKS[acks] == pb.ACKS_NONE:
-            raise InvalidConfigError(
-                "enable_idempotence needs acks 'all' or 1: with acks=0 no answer is read, so a lost batch "
-                "cannot be retried in sequence and the broker would refuse every later one"
-            )
-        if buffer_memory < batch_size:
-            raise InvalidConfigError(f"buffer_memory ({buffer_memory}) must be at least batch_size ({batch_size})")
 
         self.client_id = client_id or f"producer-{id(self):x}"
         self._own_cluster = cluster is None

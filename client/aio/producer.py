@@ -43,7 +43,6 @@ from dmq.client.errors import (
     DMQError,
     DMQTimeoutError,
     IllegalStateError,
-    InvalidConfigError,
     RecordTooLargeError,
     UnknownPartitionError,
 )
@@ -52,15 +51,13 @@ from dmq.client.producer import (
     _CODECS,
     DEFAULT_BATCH_SIZE,
     DEFAULT_BUFFER_MEMORY,
-    MAX_BATCH_SIZE,
     Headers,
     _as_bytes,
     _headers_size,
     _normalise_headers,
-    _positive,
+    check_settings,
 )
 from dmq.client.records import RecordMetadata
-from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
 
 log = logging.getLogger(__name__)
@@ -175,15 +172,16 @@ class AsyncProducer:
         client_id: str | None = None,
     ) -> None:
         self._bootstrap = bootstrap_address(bootstrap_servers)
-        try:
-            self._validate(acks, compression, enable_idempotence, linger_ms, batch_size, buffer_memory, max_block_ms,
-                           retries, retry_backoff_ms, request_timeout_ms, delivery_timeout_ms, max_record_bytes)
-        except (ValueError, TypeError) as e:
-            raise InvalidConfigError(str(e)) from e
+        idempotent = check_settings(
+            acks=acks, compression=compression, enable_idempotence=enable_idempotence, linger_ms=linger_ms,
+            batch_size=batch_size, buffer_memory=buffer_memory, max_block_ms=max_block_ms, retries=retries,
+            retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
+            request_timeout_ms=request_timeout_ms, delivery_timeout_ms=delivery_timeout_ms,
+            max_record_bytes=max_record_bytes,
+        )
         codec_name = compression.lower() if isinstance(compression, str) else compression
         self.acks = acks
         self.client_id = client_id or f"aio-producer-{id(self):x}"
-        idempotent = _ACKS[acks] != pb.ACKS_NONE if enable_idempotence is None else enable_idempotence
         self.producer_id = new_producer_id() if idempotent else -1
         self._settings = dict(
             acks=_ACKS[acks], codec=_CODECS[codec_name], linger_ms=linger_ms, request_timeout_ms=request_timeout_ms,
@@ -206,32 +204,6 @@ class AsyncProducer:
         self._sender: AsyncSender | None = None
         self._state: Any = None  # the Accumulator's ThreadState of the loop (send()'s fast path)
         self._closed = False
-
-    @staticmethod
-    def _validate(acks: Any, compression: Any, enable_idempotence: Any, linger_ms: Any, batch_size: Any,
-                  buffer_memory: Any, max_block_ms: Any, retries: Any, retry_backoff_ms: Any,
-                  request_timeout_ms: Any, delivery_timeout_ms: Any, max_record_bytes: Any) -> None:
-        """The sync Producer's rules; every message names its setting."""
-        if acks not in _ACKS:
-            raise ValueError(f"acks must be 'all', 1 or 0, got {acks!r}")
-        if (compression.lower() if isinstance(compression, str) else compression) not in _CODECS:
-            raise ValueError(f"compression must be None, 'zstd' or 'lz4', got {compression!r}")
-        _positive("batch_size", batch_size, MAX_BATCH_SIZE)
-        _positive("buffer_memory", buffer_memory)
-        _positive("max_record_bytes", max_record_bytes, records.DEFAULT_MAX_BATCH_BYTES // 2)
-        _positive("request_timeout_ms", request_timeout_ms)
-        _positive("delivery_timeout_ms", delivery_timeout_ms)
-        for name, value in (("linger_ms", linger_ms), ("max_block_ms", max_block_ms), ("retries", retries),
-                            ("retry_backoff_ms", retry_backoff_ms)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-        if delivery_timeout_ms < linger_ms + request_timeout_ms:
-            raise ValueError(f"delivery_timeout_ms ({delivery_timeout_ms}) must be at least linger_ms + "
-                             f"request_timeout_ms ({linger_ms} + {request_timeout_ms})")
-        if enable_idempotence and _ACKS[acks] == pb.ACKS_NONE:
-            raise ValueError("enable_idempotence needs acks 'all' or 1")
-        if buffer_memory < batch_size:
-            raise ValueError(f"buffer_memory ({buffer_memory}) must be at least batch_size ({batch_size})")
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "started" if self._sender is not None else "not started"
