@@ -50,6 +50,7 @@ from typing import Any
 
 import grpc
 
+from dmq.client._settings import reject_unknown
 from dmq.client.aio._cluster import AsyncCluster, TaskPool, Wakeup, bootstrap_address, settle
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._consumer import DMQConsumer, _tp, _tps
@@ -129,10 +130,8 @@ def consumer_config(bootstrap_servers: Any, group_id: Any, config: ConsumerConfi
         if settings or bootstrap_servers is not None or group_id is not None:
             raise InvalidConfigError("give either config=ConsumerConfig(...) or settings, not both")
         return config
-    unknown = sorted(set(settings) - _CONFIG_NAMES)
-    if unknown:
-        raise InvalidConfigError(f"unknown consumer setting(s): {', '.join(unknown)} "
-                                 f"(known: bootstrap_servers, {', '.join(sorted(_CONFIG_NAMES))})")
+    reject_unknown("AsyncConsumer", {k: v for k, v in settings.items() if k not in _CONFIG_NAMES},
+                   _CONFIG_NAMES | {"bootstrap_servers"})
     values = dict(settings)
     if bootstrap_servers is not None:
         if "metadata_service_url" in values:
@@ -397,7 +396,9 @@ class AsyncConsumer:
 
     def _subscription_from_ms(self, topic: str) -> int:
         m = self._memberships.get(topic)
-        return m.subscription.from_ms if m is not None else EARLIEST
+        if m is not None:
+            return m.subscription.from_ms
+        return LATEST if self.config.start_latest else EARLIEST
 
     # -- group coordination ----------------------------------------------------------------------
 

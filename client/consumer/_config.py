@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from dmq.client._cluster import parse_address as _parse_address
 from dmq.client._settings import BOOTSTRAP_NAMES, bootstrap_address, reject_unknown
 from dmq.client.errors import InvalidConfigError
 from dmq.proto import limits
@@ -30,17 +29,6 @@ MAX_FETCH_WAIT_MS = 60_000
 _DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 
 Deserializer = Callable[[bytes], Any]
-
-
-def parse_address(url: str) -> str:
-    """``host:port``, also from ``dmq://host:port`` (a URL-looking value is a common slip)."""
-    address = url.strip()
-    if "://" in address:
-        address = address.split("://", 1)[1].rstrip("/")
-    try:
-        return _parse_address(address)
-    except ValueError as e:
-        raise InvalidConfigError(f"metadata_service_url: {e}") from e
 
 
 @dataclass

@@ -330,12 +330,6 @@ class Fetcher:
 
     # -- handing records to the application ------------------------------------------------------
 
-    def next_retry_s(self) -> float | None:
-        """Seconds until the earliest broker backoff ends, None when no broker backs off."""
-        now = time.monotonic()
-        ahead = [at for at in self._backoff_until.values() if at > now]
-        return min(ahead) - now if ahead else None
-
     def collect(
         self, max_records: int, hold: frozenset[TopicPartition] | set[TopicPartition] = frozenset()
     ) -> dict[TopicPartition, list[ConsumerRecord]]:

@@ -176,12 +176,6 @@ class PositionFinder:
             for topic in {tp.topic for tp in lk.asked}:
                 self._cluster.invalidate(topic)
 
-    def next_retry_s(self) -> float | None:
-        """Seconds until the earliest backoff ends (poll() wakes up then), None when none."""
-        now = time.monotonic()
-        ahead = [at for at, _ in self._backoff.values() if at > now]
-        return min(ahead) - now if ahead else None
-
     def close(self) -> None:
         self._closed = True
         for lk in self._inflight.values():

@@ -18,6 +18,7 @@ from dmq.client.errors import (
     InvalidConfigError,
     TopicAlreadyExistsError,
     TopicNotFoundError,
+    UnknownSettingError,
 )
 from dmq.proto import dmq_pb2 as pb
 
@@ -207,6 +208,12 @@ async def test_unknown_topic(server):
 def test_bad_settings_name_the_setting(make, setting):
     with pytest.raises(InvalidConfigError, match=setting):
         make()
+
+
+async def test_an_unknown_consumer_setting_is_named_with_close_names():
+    """As the sync clients: UnknownSettingError listing the close names (it was a plain error)."""
+    with pytest.raises(UnknownSettingError, match="auto_offset_reset"):
+        AsyncConsumer("t", bootstrap_servers="127.0.0.1:1", group_id="g", auto_offset_rest="earliest")
 
 
 async def test_no_thread_per_client_or_call(server, monkeypatch):
