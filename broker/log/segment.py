@@ -13,8 +13,9 @@ by a recovery scan, or by the CRC check of an earlier read); see scan.py for the
 Corruption (damage below the end of the file, found by recovery or by a read):
   - recovery (`scan`) truncates only a torn tail; a damaged batch followed by valid ones is kept
     on disk, recorded in `damaged` and never served;
-  - bytes not yet known good (`verified_bytes` is the prefix known good: appended by this process
-    or scanned) are CRC-checked by `read()` before they are returned: a bad batch raises
+  - bytes not yet known good (`verified_from`..`verified_bytes` is the one range known good:
+    appended by this process, scanned, or already checked by a read) are CRC-checked by `read()`
+    before they are returned, once: a read that meets the range grows it; a bad batch raises
     `SegmentCorruptError` (the caller then runs `find_damage()` to locate it exactly);
   - an offset index entry that does not point at a batch with its offset makes `locate()`
     rebuild the index from the file (`IndexRebuilt` is logged).
@@ -35,6 +36,7 @@ from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import OffsetIndex, TimeIndex
 from dmq.broker.log.scan import Batch, Damaged, Tail, scan_batches
 from dmq.proto.records import (
+    CRC_START,
     DEFAULT_MAX_BATCH_BYTES,
     HEADER,
     HEADER_SIZE,
@@ -51,7 +53,6 @@ log = structlog.get_logger(__name__)
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"
-CRC_START = 17  # the CRC covers [17, end of batch)
 
 # Header walks read this much at a time: enough for the batches between two index entries at the
 # default interval, small enough that walking past one huge batch costs little.
@@ -141,6 +142,7 @@ class Segment:
         "index_interval_bytes",
         "_cache",
         "_bytes_since_index",
+        "verified_from",
         "verified_bytes",
         "damaged",
         "tail_dirty",
@@ -163,8 +165,11 @@ class Segment:
         self.index_interval_bytes = index_interval_bytes
         self._cache = cache
         self._bytes_since_index = 0
-        # Prefix of the file known to hold valid batches (written by this process or scanned);
-        # bytes beyond it are CRC-checked when first read.
+        # The range [verified_from, verified_bytes) of the file known to hold valid batches
+        # (written by this process, scanned, or checked by a read that met the range); bytes
+        # outside it are CRC-checked when read. One range, not a set: a consumer reading on from
+        # a commit after a restart meets the range of what was appended since and joins it.
+        self.verified_from = 0
         self.verified_bytes = 0
         self.damaged: dict[int, Damaged] = {}  # by position: known damage, never served
         # An append failed and cutting its partial bytes off failed too: cut before the next one.
@@ -315,6 +320,8 @@ class Segment:
                 self.time_index.write_last(self._cache.fd(self.time_index.path, create=True))
             except OSError as e:  # the entry stays pending; flush/close retry it
                 log.warning("time index write failed", segment=self.log_path, error=str(e))
+        if self.verified_from == self.verified_bytes:  # nothing known yet: the range starts here
+            self.verified_from = self.verified_bytes = self.size
         if self.verified_bytes == self.size:
             self.verified_bytes += nbytes  # validated by the caller (header, CRC) before the write
         self.size += nbytes
@@ -337,6 +344,7 @@ class Segment:
         self.size = position
         self.next_offset = next_offset
         self.verified_bytes = min(self.verified_bytes, position)
+        self.verified_from = min(self.verified_from, self.verified_bytes)
         self._writeback_from = min(self._writeback_from, position)
         for p in [p for p in self.damaged if p >= position]:
             del self.damaged[p]
@@ -511,13 +519,15 @@ class Segment:
         data = os.pread(self._cache.fd(self.log_path), end - start, start)
         if len(data) != end - start:
             raise LogError(f"{self.log_path}: short read at {start} ({len(data)} of {end - start} bytes)")
-        if end > self.verified_bytes:
+        if start < self.verified_from or end > self.verified_bytes:
             data = self._checked(data, start, offset, located_expected)
         return data
 
     def _checked(self, data: bytes, start: int, offset: int, expected: int) -> bytes:
         """CRC-check the batches of `data` (read at `start`, where a batch with base offset
         `expected` starts) beyond the verified prefix."""
+        if self.verified_from == self.verified_bytes:  # nothing known yet: the range starts here
+            self.verified_from = self.verified_bytes = start
         view = memoryview(data)
         p = 0
         while p < len(data):
@@ -533,7 +543,9 @@ class Segment:
                 else:
                     if p + h.total_size > len(data):
                         why, h = "batch longer than the bytes read", None
-                    elif start + p >= self.verified_bytes and crc32(view[p + CRC_START : p + h.total_size]) != h.crc:
+                    elif not (self.verified_from <= start + p < self.verified_bytes) and (
+                        crc32(view[p + CRC_START : p + h.total_size]) != h.crc
+                    ):
                         why, h = "crc mismatch", None
             if h is None:
                 if p:
@@ -544,8 +556,10 @@ class Segment:
                 )
             p += h.total_size
             expected = h.last_offset + 1
-            if start <= self.verified_bytes and start + p > self.verified_bytes:
-                self.verified_bytes = start + p
+            # [start, start + p) is now known good; joined to the range where the two meet
+            if start <= self.verified_bytes and start + p >= self.verified_from:
+                self.verified_from = min(self.verified_from, start)
+                self.verified_bytes = max(self.verified_bytes, start + p)
         return data
 
     def find_damage(
@@ -731,6 +745,7 @@ class Segment:
         if truncated:
             os.ftruncate(fd, valid)
         self.size = valid
+        self.verified_from = 0
         self.verified_bytes = valid
         self._writeback_from = valid
         self.next_offset = expected

@@ -284,6 +284,26 @@ def test_damage_after_a_clean_shutdown_is_found_on_first_read_and_never_served(t
     again.close()
 
 
+def test_after_a_clean_restart_each_batch_is_crc_checked_once_not_on_every_read(tmp_path, monkeypatch):
+    """The lazy check remembers what it checked: a consumer reading on from its commit (not
+    from the segment's start) after a restart paid a CRC of every batch on every fetch, since
+    only a read from position 0 grew the known-good prefix."""
+    plog, stored = build(tmp_path, 10)
+    plog.close()
+    again = PartitionLog(tmp_path / "t-3", "t", 3, CONFIG)
+    checked: list[int] = []
+    real = segment_mod.crc32
+    monkeypatch.setattr(segment_mod, "crc32", lambda data: checked.append(len(data)) or real(data))
+    assert again.read(10, 1 << 20) == b"".join(stored[5:])
+    assert len(checked) == 5  # batches 5..9, checked on first read
+    again.append(batch(10))
+    checked.clear()
+    assert again.read(10, 1 << 20) == b"".join(stored[5:]) + again.read(20, 1 << 20)
+    assert again.read(14, 1 << 20)[: len(stored[7])] == stored[7]
+    assert checked == []  # known good now, and so is what was appended since the restart
+    again.close()
+
+
 def test_inconsistent_offset_index_is_detected_and_rebuilt_from_the_log(tmp_path):
     plog, stored = build(tmp_path, 30)
     seg = plog._segments[0]
