@@ -148,6 +148,7 @@ class ProducerBatch:
         "base_sequence",
         "epoch",
         "attempts",
+        "last_error",
         "deadline",
         "acked",
         "callbacks",
@@ -176,6 +177,7 @@ class ProducerBatch:
         self.base_sequence = -1
         self.epoch = -1
         self.attempts = 0
+        self.last_error: str | None = None  # of the latest failed attempt, for the expiry message
         self.deadline = 0.0  # monotonic time after which it fails (delivery_timeout_ms)
         self.acked = False
         # Records' callbacks as [index, fn, index, fn, ...]; None once they have run (see

@@ -334,6 +334,7 @@ class Sender:
         backoff *= self._rng.uniform(0.8, 1.2)
         if retriable and b.attempts <= self._retries and now + backoff < b.deadline:
             log.warning("produce failed; retrying", error=str(err), backoff_ms=round(backoff * 1000), **where)
+            b.last_error = str(err)
             q.retry_at = now + backoff
             q.ready.appendleft(b)
             return
@@ -345,6 +346,12 @@ class Sender:
         self._fail(q, b, err)
 
     def _expire(self, q: PartitionQueue, b: ProducerBatch) -> None:
+        if b.last_error is not None:  # expired while backing off: say what the broker answered
+            self._fail(q, b, DMQTimeoutError(
+                f"{b.topic}[{b.partition}]: {b.count} records not acknowledged within delivery_timeout_ms "
+                f"after {b.attempts} attempts; last error: {b.last_error}"
+            ))
+            return
         self._fail(
             q,
             b,
