@@ -524,8 +524,9 @@ class Segment:
         return data
 
     def _checked(self, data: bytes, start: int, offset: int, expected: int) -> bytes:
-        """CRC-check the batches of `data` (read at `start`, where a batch with base offset
-        `expected` starts) beyond the verified prefix."""
+        """Check the batches of `data` (read at `start`, where a batch with base offset
+        `expected` starts): each continues the offsets of the one before, and its CRC matches
+        unless it lies in the range already known good."""
         if self.verified_from == self.verified_bytes:  # nothing known yet: the range starts here
             self.verified_from = self.verified_bytes = start
         view = memoryview(data)
@@ -543,6 +544,10 @@ class Segment:
                 else:
                     if p + h.total_size > len(data):
                         why, h = "batch longer than the bytes read", None
+                    elif h.base_offset != expected:
+                        # the CRC skips the base offset (patched in place on append), so a
+                        # damaged one is caught only by continuity with the batch before it
+                        why, h = f"base offset {h.base_offset} where {expected} was expected", None
                     elif not (self.verified_from <= start + p < self.verified_bytes) and (
                         crc32(view[p + CRC_START : p + h.total_size]) != h.crc
                     ):
