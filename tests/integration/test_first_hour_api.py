@@ -65,6 +65,8 @@ def test_kafka_style_settings_produce_and_consume_json(server: ClusterThread) ->
         pytest.param(lambda b: DMQConsumer(metadata_service_url=b, group_id="g", auto_offset_reset="latest"),
                      id="DMQConsumer-auto_offset_reset"),
         pytest.param(lambda b: DMQConsumer(bootstrap_servers=b, group_id="g"), id="DMQConsumer-bootstrap_servers"),
+        pytest.param(lambda b: Producer(bootstrap_servers=b), id="Producer-bootstrap_servers"),
+        pytest.param(lambda b: Producer(bootstrap_servers=[b]), id="Producer-bootstrap_servers-list"),
         pytest.param(lambda b: AdminClient(bootstrap_servers=b), id="AdminClient-bootstrap_servers"),
     ],
 )
