@@ -108,7 +108,7 @@ def fsync_path(path: str, fsync_fn: Callable[[int], None], cache: FileCache | No
 class OffsetIndex:
     """relative offset -> position, sparse (see module docstring)."""
 
-    __slots__ = ("path", "cache", "rel_offsets", "positions", "persisted")
+    __slots__ = ("path", "cache", "rel_offsets", "positions", "persisted", "file_stale")
 
     def __init__(self, path: str, cache: FileCache | None = None) -> None:
         self.path = path
@@ -116,6 +116,7 @@ class OffsetIndex:
         self.rel_offsets = array("I")
         self.positions = array("I")
         self.persisted = 0  # entries already in the file
+        self.file_stale = False  # an entry was inserted before the file's end: rewrite it whole
 
     def __len__(self) -> int:
         return len(self.rel_offsets)
@@ -126,6 +127,18 @@ class OffsetIndex:
     def append(self, rel_offset: int, position: int) -> None:
         self.rel_offsets.append(rel_offset)
         self.positions.append(position)
+
+    def insert(self, rel_offset: int, position: int) -> None:
+        """Add an entry in its place (an entry right after damage, found after the fact). The
+        file is appended to, so one inserted before its end makes the next write_pending rewrite
+        it whole. No-op if there is an entry at that position."""
+        i = bisect_left(self.positions, position)
+        if i < len(self.positions) and self.positions[i] == position:
+            return
+        self.rel_offsets.insert(i, rel_offset)
+        self.positions.insert(i, position)
+        if i < self.persisted:
+            self.file_stale = True
 
     def floor(self, rel_offset: int) -> tuple[int, int]:
         """(relative offset, position) of the last entry <= rel_offset, or (0, 0)."""
@@ -175,6 +188,9 @@ class OffsetIndex:
         return True
 
     def write_pending(self) -> None:
+        if self.file_stale:
+            self.rewrite()
+            return
         n = len(self.rel_offsets)
         if self.persisted >= n:
             return
@@ -195,6 +211,7 @@ class OffsetIndex:
             flat.byteswap()
         _write_file_tail(self.path, flat.tobytes(), self.cache, truncate=True)
         self.persisted = len(self.rel_offsets)
+        self.file_stale = False
 
 
 class TimeIndex:

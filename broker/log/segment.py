@@ -598,12 +598,7 @@ class Segment:
             self.damaged[d.position] = d
             # an index entry right after the damage lets lookups of later offsets skip it
             if d.end < self.size and d.last_offset >= d.first_offset - 1:
-                rel = d.last_offset + 1 - self.base_offset
-                i = bisect_left(self.index.positions, d.end)
-                if i >= len(self.index.positions) or self.index.positions[i] != d.end:
-                    self.index.rel_offsets.insert(i, rel)
-                    self.index.positions.insert(i, d.end)
-                    self.index.persisted = min(self.index.persisted, i)
+                self.index.insert(d.last_offset + 1 - self.base_offset, d.end)
         return found
 
     def verify(
