@@ -66,6 +66,7 @@ __all__ = [
     "OffsetReset",
     "RESET_TARGETS",
     "plan_reset",
+    "check_topic_name",
     "EARLIEST",
     "LATEST",
 ]
@@ -291,6 +292,7 @@ class GroupDescription:
 class OffsetReset:
     """One partition of reset_offsets(): where the group was, where it goes (clamped to the log)."""
 
+    topic: str
     partition: int
     current_offset: int | None
     new_offset: int
@@ -331,7 +333,8 @@ def _check(fn: Callable[..., None], *args: Any) -> None:
         raise InvalidArgumentError(str(e)) from e
 
 
-def _check_topic_name(name: str) -> None:
+def check_topic_name(name: str) -> None:
+    """InvalidArgumentError unless `name` follows the coordinator's topic name rules."""
     try:
         validate_topic_name(name)
     except ValidationError as e:
@@ -344,6 +347,7 @@ def _check_group_id(group_id: str) -> None:
 
 
 def plan_reset(
+    topic: str,
     to: str,
     value: int | None,
     partitions: Iterable[int],
@@ -377,7 +381,7 @@ def plan_reset(
         else:
             raise InvalidArgumentError(f"to must be one of {', '.join(RESET_TARGETS)}, got {to!r}")
         new = min(max(wanted, start), end)
-        plan.append(OffsetReset(p, current, new, start, end, clamped=new != wanted))
+        plan.append(OffsetReset(topic, p, current, new, start, end, clamped=new != wanted))
     return plan
 
 
@@ -461,7 +465,7 @@ class AdminClient:
 
         ``config`` keys: retention_ms, retention_bytes, segment_bytes, segment_ms, max_message_bytes.
         """
-        _check_topic_name(name)
+        check_topic_name(name)
         _check(validate_partition_count, partitions)
         request = pb.CreateTopicRequest(name=name, partitions=partitions, config=topic_config(config))
         info = self._metadata_call("CreateTopic", request, f"create topic {name!r}")
@@ -470,7 +474,7 @@ class AdminClient:
         return TopicDescription.from_response(info)
 
     def delete_topic(self, name: str) -> None:
-        _check_topic_name(name)
+        check_topic_name(name)
         self._metadata_call("DeleteTopic", pb.DeleteTopicRequest(name=name), f"delete topic {name!r}")
         self._cluster.invalidate(name)
         log.info("topic deleted", topic=name)
@@ -480,13 +484,13 @@ class AdminClient:
         return sorted((TopicDescription.from_response(t) for t in response.topics), key=lambda t: t.name)
 
     def describe_topic(self, name: str) -> TopicDescription:
-        _check_topic_name(name)
+        check_topic_name(name)
         info = self._metadata_call("DescribeTopic", pb.DescribeTopicRequest(name=name), f"describe topic {name!r}")
         return TopicDescription.from_response(info)
 
     def add_partitions(self, name: str, total: int) -> TopicDescription:
         """Grow `name` to `total` partitions (the new total, not the number to add)."""
-        _check_topic_name(name)
+        check_topic_name(name)
         _check(validate_partition_count, total)
         request = pb.AddPartitionsRequest(name=name, partitions=total)
         info = self._metadata_call("AddPartitions", request, f"add partitions to {name!r}")
@@ -632,7 +636,7 @@ class AdminClient:
     def group_id_for(self, topic: str, app_id: str) -> str:
         """The group of application `app_id` on `topic` (G_<topic>_<app_id>), created when missing
         (with the coordinator's default subscription mode)."""
-        _check_topic_name(topic)
+        check_topic_name(topic)
         response = self._group_call(
             "FindOrCreateGroup", pb.FindOrCreateGroupRequest(topic=topic, app_id=app_id),
             f"find group of {app_id!r} on {topic!r}",
@@ -710,7 +714,7 @@ class AdminClient:
             assert value is not None
             found = self.list_partition_offsets({(group.topic, p): value for p in selected})
             by_time = {p: found[(group.topic, p)].offset for p in selected}
-        plan = plan_reset(to, value, selected, group.committed(), bounds, by_time)
+        plan = plan_reset(group.topic, to, value, selected, group.committed(), bounds, by_time)
         if not dry_run:
             self.commit_group_offsets(group_id, {(group.topic, r.partition): r.new_offset for r in plan})
             log.info("group offsets reset", group=group_id, to=to, partitions=len(plan))

@@ -100,7 +100,7 @@ def check_cluster(coordinator: str, timeout: float) -> list[Component]:
 def _rpc_failure(e: Any, timeout: float) -> str:
     import grpc
 
-    from dmq.client.cli._session import is_connect_failure
+    from dmq.client.errors import is_connect_failure
 
     code = e.code() if hasattr(e, "code") else None
     details = (e.details() if hasattr(e, "details") else "") or ""

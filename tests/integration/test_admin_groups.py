@@ -105,7 +105,7 @@ def test_reset_offsets_to_each_target_and_dry_runs_change_nothing(cluster: Clust
     _wait_for(lambda: not admin.describe_group(GROUP).members, "the member to leave")
 
     dry = admin.reset_offsets(GROUP, to="earliest", dry_run=True)
-    assert dry == [OffsetReset(0, 2, 0, 0, 5, False), OffsetReset(1, 4, 0, 0, 5, False)]
+    assert dry == [OffsetReset(TOPIC, 0, 2, 0, 0, 5, False), OffsetReset(TOPIC, 1, 4, 0, 0, 5, False)]
     assert [r.lag_after for r in dry] == [5, 5]
     assert _committed(admin) == [2, 4]  # a dry run commits nothing
 
