@@ -48,6 +48,7 @@ from dmq.coordinator.validation import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.offset_markers import EARLIEST, LATEST
+from dmq.proto.wire import BROKER_SERVICE
 
 log = get_logger(__name__)
 
@@ -64,6 +65,7 @@ __all__ = [
     "GroupDescription",
     "PartitionLag",
     "OffsetReset",
+    "ServerHealth",
     "RESET_TARGETS",
     "plan_reset",
     "check_topic_name",
@@ -305,8 +307,23 @@ class OffsetReset:
         return self.log_end_offset - self.new_offset
 
 
+@dataclass(frozen=True, slots=True)
+class ServerHealth:
+    """One server's answer to check_health()."""
+
+    component: str  # "coordinator" | "broker"
+    broker_id: int | None  # None for the coordinator
+    address: str
+    up: bool
+    detail: str  # SERVING, or why it counts as down
+
+    @property
+    def name(self) -> str:
+        return "coordinator" if self.broker_id is None else f"broker {self.broker_id}"
+
+
 def _state(code: int) -> str:
-    return pb.GroupStateCode.Name(code).removeprefix("GROUP_STATE_")  # type: ignore[arg-type]
+    return pb.GroupStateCode.Name(code).removeprefix("GROUP_STATE_")
 
 
 def _by_partition(p: PartitionDescription) -> int:
@@ -720,6 +737,50 @@ class AdminClient:
             log.info("group offsets reset", group=group_id, to=to, partitions=len(plan))
         return plan
 
+    # -- health ------------------------------------------------------------------------------------
+
+    def check_health(self, timeout_s: float = 5.0) -> list[ServerHealth]:
+        """Ask the coordinator, then every broker it has registered (all at once), through the
+        standard gRPC health service (grpc.health.v1). A broker counts as up only when it answers
+        SERVING *and* the coordinator sees its heartbeats: one without the other is a broker
+        clients cannot use. Never raises for a server that is down: it is reported."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        cluster = self._cluster
+
+        def ask(address: str, service: str) -> Any:
+            stub = health_pb2_grpc.HealthStub(cluster.channel(address))
+            return stub.Check.future(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+
+        def verdict(future: Any) -> tuple[bool, str]:
+            try:
+                answer = future.result()
+            except grpc.RpcError as e:
+                return False, _health_failure(e, timeout_s)
+            name = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+            return answer.status == health_pb2.HealthCheckResponse.SERVING, name
+
+        coordinator = cluster.bootstrap
+        up, detail = verdict(ask(coordinator, ""))
+        if not up:
+            return [ServerHealth("coordinator", None, coordinator, False, detail)]
+        try:
+            listed = cluster.metadata_stub().ListBrokers(pb.ListBrokersRequest(), timeout=timeout_s)
+        except grpc.RpcError as e:
+            return [ServerHealth("coordinator", None, coordinator, False,
+                                 f"cannot list brokers: {_health_failure(e, timeout_s)}")]
+        out = [ServerHealth("coordinator", None, coordinator, True, detail)]
+        brokers = sorted((BrokerDescription.from_response(b) for b in listed.brokers), key=lambda b: b.broker_id)
+        futures = [ask(b.address, BROKER_SERVICE) for b in brokers]  # all in flight at once
+        for b, future in zip(brokers, futures):
+            up, detail = verdict(future)
+            if up and not b.alive:
+                up, detail = False, "SERVING, but the coordinator has had no heartbeat from it (session expired)"
+            elif not up and b.alive:
+                detail += "; the coordinator still counts it alive until its session expires"
+            out.append(ServerHealth("broker", b.broker_id, b.address, up, detail))
+        return out
+
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -731,6 +792,18 @@ class AdminClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _health_failure(e: grpc.RpcError, timeout_s: float) -> str:
+    code = e.code() if callable(getattr(e, "code", None)) else None
+    details = (e.details() if callable(getattr(e, "details", None)) else "") or ""
+    if code == grpc.StatusCode.UNAVAILABLE and is_connect_failure(details):
+        return "unreachable (nothing answers at this address)"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"no answer within {timeout_s:g}s"
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return "no health service (an older dmq?)"
+    return f"{code.name if code is not None else 'error'}: {details}"
 
 
 def _timestamp(timestamp: int | str) -> int:

@@ -120,7 +120,9 @@ def run_translating_errors(ctx: click.Context, invoke: Callable[[], Any]) -> Any
     except Exception as e:
         if _is_client_error(e):
             raise client_error(e, bootstrap(ctx), timeout_s(ctx)) from None
-        if _is_rpc_error(e):
+        import grpc
+
+        if isinstance(e, grpc.RpcError):
             from dmq.client.errors import from_rpc_error
 
             raise client_error(from_rpc_error(e), bootstrap(ctx), timeout_s(ctx)) from None
@@ -133,9 +135,3 @@ def _is_client_error(e: BaseException) -> bool:
     except ImportError:
         return False
     return isinstance(e, DMQError)
-
-
-def _is_rpc_error(e: BaseException) -> bool:
-    import grpc
-
-    return isinstance(e, grpc.RpcError)

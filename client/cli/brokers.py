@@ -11,6 +11,7 @@ JSON schema: {"brokers": [{"broker_id", "address", "host", "port", "alive", "las
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import click
 
@@ -28,7 +29,7 @@ def brokers() -> None:
 @click.pass_context
 def list_(ctx: click.Context, output: str) -> None:
     """Every registered broker: id, address, liveness (heartbeats), partitions it leads."""
-    docs = [
+    docs: list[dict[str, Any]] = [
         {
             "broker_id": b.broker_id,
             "address": b.address,

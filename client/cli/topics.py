@@ -72,7 +72,7 @@ def describe_logs(client: AdminClient, topics: Iterable[TopicDescription]) -> tu
 
 
 def topic_document(info: TopicDescription, views: dict[tuple[str, int], LogDescription] | None = None) -> dict[str, Any]:
-    partitions = []
+    partitions: list[dict[str, Any]] = []
     for p in info.partitions:
         v = (views or {}).get((info.name, p.partition))
         known = v is not None and v.error is None

@@ -124,3 +124,36 @@ def test_connect_failure_detection() -> None:
                               "Failed to connect to remote host: Connection refused")
     assert not is_connect_failure("no live brokers: start one with `dmq broker`")
     assert not is_connect_failure("coordinator is starting: retry")
+
+
+def test_a_client_error_becomes_one_line_chosen_by_its_class() -> None:
+    from dmq.client import errors
+    from dmq.client.cli._errors import explain
+
+    coord = "127.0.0.1:9091"
+    refused = "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:9: Connection refused"
+    assert explain(errors.CoordinatorUnavailableError(f"list brokers (coordinator at {coord}): {refused}",
+                                                      code="UNAVAILABLE", details=refused), coord) == (
+        f"cannot reach the coordinator at {coord} — is `dmq server` running? "
+        "(point elsewhere with --bootstrap HOST:PORT or DMQ_BOOTSTRAP)")
+    assert explain(errors.BrokerUnavailableError(f"ListOffsets (broker at {coord}): {refused}",
+                                                 code="UNAVAILABLE", details=refused), coord) == (
+        f"cannot reach the broker at {coord} — is it running? (see `dmq brokers list`)")
+
+    def server(cls: type[errors.DMQError], code: str, details: str, where: str = f"(coordinator at {coord})") -> str:
+        return explain(cls(f"doing it {where}: {details}", code=code, details=details), coord, 15.0)
+
+    assert server(errors.TopicNotFoundError, "NOT_FOUND", "topic 'x' not found") == \
+        "topic 'x' not found (see `dmq topics list`)"
+    assert server(errors.GroupNotFoundError, "NOT_FOUND", "group 'G_x_y' not found") == \
+        "group 'G_x_y' not found (see `dmq groups list`)"
+    assert server(errors.TopicAlreadyExistsError, "ALREADY_EXISTS", "topic 'x' already exists") == \
+        "topic 'x' already exists (add --if-not-exists to accept an existing one)"
+    assert server(errors.DMQTimeoutError, "DEADLINE_EXCEEDED", "Deadline Exceeded", "(broker at 10.0.0.5:9092)") == (
+        "no answer from the broker at 10.0.0.5:9092 within 15s — is it running and reachable? "
+        "(raise --timeout for slow clusters)")
+    assert server(errors.UnknownServerError, "INTERNAL", "boom") == f"the coordinator at {coord} failed: boom (see its log)"
+    assert server(errors.GroupNotEmptyError, "FAILED_PRECONDITION", "group 'g' has 1 active member(s)") == \
+        "group 'g' has 1 active member(s)"
+    # Raised by the library itself (no server code): its own message, which says what to do.
+    assert explain(errors.InvalidArgumentError("invalid topic name: too long"), coord) == "invalid topic name: too long"
