@@ -1,8 +1,9 @@
 """AdminClient's group operations over real servers: list, describe with lag, delete, reset offsets
-(every target, dry runs, refusals), operator commits, and ListOffsets for many partitions."""
+(every target, dry runs, refusals), operator commits, ListOffsets for many partitions, health."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -203,3 +204,15 @@ def test_operator_commits_and_offsets_of_many_partitions_over_three_brokers(clus
         admin.commit_group_offsets(group, {("spread", part): part for part in range(6)}, metadata="etl run 7")
         d = admin.describe_group(group)
         assert [p.committed_offset for p in d.partitions] == list(range(6)) and d.total_lag == 0
+
+
+def test_check_health_reports_every_server_and_never_raises(cluster: ClusterThread) -> None:
+    with AdminClient(cluster.bootstrap) as admin:
+        assert [(h.name, h.address, h.up, h.detail) for h in admin.check_health()] == [
+            ("coordinator", cluster.bootstrap, True, "SERVING"), ("broker 0", cluster.bootstrap, True, "SERVING")]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = f"127.0.0.1:{s.getsockname()[1]}"
+    with AdminClient(nobody) as admin:
+        [down] = admin.check_health(timeout_s=2.0)
+    assert (down.component, down.up, down.detail) == ("coordinator", False, "unreachable (nothing answers at this address)")
