@@ -63,10 +63,10 @@ def describe_logs(client: AdminClient, topics: Iterable[TopicDescription]) -> tu
     """The logs of `topics` by (topic, partition), and a warning per broker that could not be
     asked: a broker that is down does not fail the command, its partitions show '-'."""
     warnings: list[str] = []
-    names = [t.name for t in topics]
-    if not names:
+    topics = list(topics)
+    if not topics:
         return {}, warnings
-    logs = client.describe_logs(names, on_broker_error=lambda _address, e: warnings.append(
+    logs = client.describe_logs(topics, on_broker_error=lambda _address, e: warnings.append(
         explain(e, client.cluster.bootstrap)))
     return {(d.topic, d.partition): d for d in logs}, warnings
 
@@ -287,9 +287,10 @@ def verify(ctx: click.Context, name: str, output: str) -> None:
     byte of the topic: raise --timeout for large topics."""
     client = admin(ctx)
     failures: dict[str, str] = {}
-    logs = client.describe_logs(name, verify=True, on_broker_error=lambda address, e: failures.__setitem__(
+    info = client.describe_topic(name)
+    logs = client.describe_logs([info], verify=True, on_broker_error=lambda address, e: failures.__setitem__(
         address, explain(e, client.cluster.bootstrap)))
-    leaders = {p.partition: p.leader_id for p in client.describe_topic(name).partitions}
+    leaders = {p.partition: p.leader_id for p in info.partitions}
     results: dict[int, dict[str, Any]] = {}
     for d in logs:
         error = None
