@@ -1,30 +1,57 @@
-"""AdminClient: topics, brokers, offsets and log sizes.
+"""AdminClient: topics, brokers, offsets, log sizes and consumer groups.
 
 Layers (as in nats.py): gRPC messages -> this thin synchronous client -> small frozen
 dataclasses built with ``from_response()``. Requests are checked with the coordinator's own rules
 (`dmq.coordinator.validation`) before they are sent, so a bad name fails fast with the same
 message the server would give; every gRPC error is translated into a `dmq.client.errors` class.
+
+This is the one place that talks admin to the servers: the `dmq` CLI and the Spark source use
+it rather than stubs of their own. Calls to the coordinator are retried while it answers
+UNAVAILABLE itself ("starting", "no live brokers": right after `dmq server` starts) until
+request_timeout_ms; nothing listening at the address fails at once, since waiting would only
+delay the message. Multi-partition calls to brokers (ListOffsets, DescribeLogs, CommitOffsets)
+are grouped by leader: one call per broker, sent together.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
 from dmq.client._log import get_logger
 from dmq.client._settings import bootstrap_address, check_positive, reject_unknown
 from dmq.client._cluster import Cluster
+from dmq.client._groups import (
+    RESET_TARGETS,
+    GroupDescription,
+    GroupMember,
+    GroupSubscription,
+    GroupSummary,
+    OffsetReset,
+    PartitionLag,
+    ResetTarget,
+    check_group_id,
+    check_reset,
+    plan_reset,
+)
 from dmq.client.errors import (
+    CommitFailedError,
     CoordinatorUnavailableError,
+    DMQError,
+    GroupNotEmptyError,
+    GroupNotFoundError,
     InvalidArgumentError,
     TopicAlreadyExistsError,
     TopicNotFoundError,
+    UnknownPartitionError,
     from_partition_error,
     from_rpc_error,
+    is_connect_failure,
 )
 from dmq.coordinator.validation import (
     TopicSettings,
@@ -34,6 +61,7 @@ from dmq.coordinator.validation import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.offset_markers import EARLIEST, LATEST
+from dmq.proto.wire import BROKER_SERVICE
 
 log = get_logger(__name__)
 
@@ -44,11 +72,24 @@ __all__ = [
     "BrokerDescription",
     "OffsetInfo",
     "LogDescription",
+    "GroupSummary",
+    "GroupMember",
+    "GroupSubscription",
+    "GroupDescription",
+    "PartitionLag",
+    "OffsetReset",
+    "ServerHealth",
+    "RESET_TARGETS",
+    "plan_reset",
+    "check_topic_name",
     "EARLIEST",
     "LATEST",
 ]
 
-# ListOffsets timestamps with a special meaning (dmq.proto OffsetQuery).
+TopicPartition = tuple[str, int]
+
+# Pauses between attempts while a server answers UNAVAILABLE or a leader moves (seconds).
+_RETRY_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.0)
 
 _CONFIG_FIELDS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes")
 
@@ -57,8 +98,12 @@ _METADATA_ERRORS = {
     grpc.StatusCode.ALREADY_EXISTS: TopicAlreadyExistsError,
     grpc.StatusCode.UNAVAILABLE: CoordinatorUnavailableError,
 }
-
-T = TypeVar("T")
+_GROUP_ERRORS = {
+    grpc.StatusCode.NOT_FOUND: GroupNotFoundError,
+    grpc.StatusCode.UNAVAILABLE: CoordinatorUnavailableError,
+}
+# DeleteGroup and an operator's commit refuse a group with members with FAILED_PRECONDITION.
+_NOT_EMPTY_ERRORS = {**_GROUP_ERRORS, grpc.StatusCode.FAILED_PRECONDITION: GroupNotEmptyError}
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +168,9 @@ class OffsetInfo:
 
 @dataclass(frozen=True, slots=True)
 class LogDescription:
+    """One partition log as its leader sees it. When ``error`` is set (the broker's error code in
+    lower case, "no leader", or "broker unreachable") the figures are -1: unknown."""
+
     topic: str
     partition: int
     broker_address: str
@@ -130,9 +178,19 @@ class LogDescription:
     log_end_offset: int
     size_bytes: int
     segment_count: int
+    error: str | None = None
+    status: str | None = None  # "ok" | "corrupt": appends refused, the damage never served
+    status_detail: str | None = None
+    # Only from describe_logs(verify=True): batches whose CRC was read, damage found, indexes rebuilt.
+    batches_checked: int | None = None
+    problems: tuple[str, ...] = ()
+    indexes_rebuilt: tuple[str, ...] = ()
 
     @classmethod
-    def from_response(cls, info: pb.LogInfo, broker_address: str) -> LogDescription:
+    def from_response(cls, info: pb.LogInfo, broker_address: str, *, verify: bool = False) -> LogDescription:
+        if info.error != pb.NONE:
+            return cls.unknown(info.topic, info.partition, broker_address, pb.ErrorCode.Name(info.error).lower(),
+                               status_detail=info.status_detail or None)
         return cls(
             info.topic,
             info.partition,
@@ -141,7 +199,32 @@ class LogDescription:
             info.log_end_offset,
             info.size_bytes,
             info.segment_count,
+            status=info.status or None,
+            status_detail=info.status_detail or None,
+            batches_checked=info.batches_checked if verify else None,
+            problems=tuple(info.problems),
+            indexes_rebuilt=tuple(info.indexes_rebuilt),
         )
+
+    @classmethod
+    def unknown(cls, topic: str, partition: int, broker_address: str, error: str, *,
+                status_detail: str | None = None) -> LogDescription:
+        return cls(topic, partition, broker_address, -1, -1, -1, -1, error=error, status_detail=status_detail)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerHealth:
+    """One server's answer to check_health()."""
+
+    component: str  # "coordinator" | "broker"
+    broker_id: int | None  # None for the coordinator
+    address: str
+    up: bool
+    detail: str  # SERVING, or why it counts as down
+
+    @property
+    def name(self) -> str:
+        return "coordinator" if self.broker_id is None else f"broker {self.broker_id}"
 
 
 def _by_partition(p: PartitionDescription) -> int:
@@ -166,6 +249,14 @@ def _check(fn: Callable[..., None], *args: Any) -> None:
         fn(*args)
     except ValidationError as e:
         raise InvalidArgumentError(str(e)) from e
+
+
+def check_topic_name(name: str) -> None:
+    """InvalidArgumentError unless `name` follows the coordinator's topic name rules."""
+    try:
+        validate_topic_name(name)
+    except ValidationError as e:
+        raise InvalidArgumentError(f"invalid topic name: {str(e).removeprefix('name: ')}") from e
 
 
 class AdminClient:
@@ -198,13 +289,30 @@ class AdminClient:
         return self._cluster
 
     def _metadata_call(self, method: str, request: Any, what: str) -> Any:
-        stub = self._cluster.metadata_stub()
-        try:
-            return getattr(stub, method)(request, timeout=self._cluster.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(
-                e, context=f"{what} (coordinator {self._cluster.bootstrap})", overrides=_METADATA_ERRORS
-            ) from e
+        return self._coordinator_call(self._cluster.metadata_stub(), method, request, what, _METADATA_ERRORS)
+
+    def _group_call(self, method: str, request: Any, what: str,
+                    overrides: Mapping[grpc.StatusCode, type[DMQError]] = _GROUP_ERRORS) -> Any:
+        return self._coordinator_call(self._cluster.group_stub(), method, request, what, overrides)
+
+    def _coordinator_call(
+        self, stub: Any, method: str, request: Any, what: str, overrides: Mapping[grpc.StatusCode, type[DMQError]]
+    ) -> Any:
+        """One request to the coordinator, asked again while it answers UNAVAILABLE itself, until
+        request_timeout_ms; a refused connection fails at once (see the module docstring)."""
+        deadline = time.monotonic() + self._cluster.timeout_s
+        for attempt in range(1_000):  # bounded by the deadline long before this
+            try:
+                return getattr(stub, method)(request, timeout=max(0.05, deadline - time.monotonic()))
+            except grpc.RpcError as e:
+                err = from_rpc_error(e, context=f"{what} (coordinator at {self._cluster.bootstrap})", overrides=overrides)
+                pause = _RETRY_BACKOFF_S[min(attempt, len(_RETRY_BACKOFF_S) - 1)]
+                if (e.code() != grpc.StatusCode.UNAVAILABLE or is_connect_failure(err.details)
+                        or time.monotonic() + pause >= deadline):
+                    raise err from e
+                log.debug("coordinator unavailable, retrying", what=what, error=str(err))
+                time.sleep(pause)
+        raise AssertionError("unreachable")
 
     # -- topics -------------------------------------------------------------------------------------
 
@@ -215,7 +323,7 @@ class AdminClient:
 
         ``config`` keys: retention_ms, retention_bytes, segment_bytes, segment_ms, max_message_bytes.
         """
-        _check(validate_topic_name, name)
+        check_topic_name(name)
         _check(validate_partition_count, partitions)
         request = pb.CreateTopicRequest(name=name, partitions=partitions, config=topic_config(config))
         info = self._metadata_call("CreateTopic", request, f"create topic {name!r}")
@@ -224,7 +332,7 @@ class AdminClient:
         return TopicDescription.from_response(info)
 
     def delete_topic(self, name: str) -> None:
-        _check(validate_topic_name, name)
+        check_topic_name(name)
         self._metadata_call("DeleteTopic", pb.DeleteTopicRequest(name=name), f"delete topic {name!r}")
         self._cluster.invalidate(name)
         log.info("topic deleted", topic=name)
@@ -234,13 +342,13 @@ class AdminClient:
         return sorted((TopicDescription.from_response(t) for t in response.topics), key=lambda t: t.name)
 
     def describe_topic(self, name: str) -> TopicDescription:
-        _check(validate_topic_name, name)
+        check_topic_name(name)
         info = self._metadata_call("DescribeTopic", pb.DescribeTopicRequest(name=name), f"describe topic {name!r}")
         return TopicDescription.from_response(info)
 
     def add_partitions(self, name: str, total: int) -> TopicDescription:
         """Grow `name` to `total` partitions (the new total, not the number to add)."""
-        _check(validate_topic_name, name)
+        check_topic_name(name)
         _check(validate_partition_count, total)
         request = pb.AddPartitionsRequest(name=name, partitions=total)
         info = self._metadata_call("AddPartitions", request, f"add partitions to {name!r}")
@@ -257,62 +365,262 @@ class AdminClient:
     def list_offsets(self, topic: str, partition: int, timestamp: int | str = LATEST) -> OffsetInfo:
         """The offset for `timestamp`: "earliest" (-2), "latest" (-1), or ms since the epoch (the
         first offset whose broker append time is >= it; the log end when there is none)."""
-        ts = _timestamp(timestamp)
-        query = pb.OffsetQuery(topic=topic, partition=partition, timestamp_ms=ts)
-        answer = self._on_leader(
-            topic,
-            partition,
-            lambda stub: stub.ListOffsets(pb.ListOffsetsRequest(queries=[query]), timeout=self._cluster.timeout_s),
-            "ListOffsets",
-        ).answers[0]
-        if answer.error != pb.NONE:
-            raise from_partition_error(answer.error, answer.error_message, topic, partition)
-        return OffsetInfo.from_response(answer)
+        return self.list_partition_offsets({(topic, partition): timestamp})[(topic, partition)]
 
-    def describe_logs(self, topic: str | None = None) -> list[LogDescription]:
-        """Size and offsets of each partition log: of `topic`, or of every partition on every broker."""
+    def list_partition_offsets(self, queries: Mapping[TopicPartition, int | str]) -> dict[TopicPartition, OffsetInfo]:
+        """ListOffsets for many partitions at once: (topic, partition) -> timestamp as for
+        list_offsets(). One call per leading broker, sent together; partitions whose leader moved
+        or whose broker is unavailable are asked again (fresh metadata) until request_timeout_ms."""
+        pending = {(str(t), int(p)): _timestamp(ts) for (t, p), ts in queries.items()}
+        out: dict[TopicPartition, OffsetInfo] = {}
         cluster = self._cluster
-        targets: dict[str, list[pb.TopicPartition]] = {}
+        deadline = time.monotonic() + cluster.timeout_s
+        for attempt in range(1_000):  # bounded by the deadline long before this
+            errors: dict[TopicPartition, DMQError] = {}
+            by_leader: dict[str, list[pb.OffsetQuery]] = {}
+            for (topic, partition), ts in sorted(pending.items()):
+                try:
+                    address = cluster.leader_for(topic, partition)
+                except DMQError as e:
+                    errors[(topic, partition)] = e
+                    continue
+                by_leader.setdefault(address, []).append(pb.OffsetQuery(topic=topic, partition=partition, timestamp_ms=ts))
+            calls = [
+                (address, qs, cluster.broker_stub(address).ListOffsets.future(
+                    pb.ListOffsetsRequest(queries=qs), timeout=max(0.05, deadline - time.monotonic())))
+                for address, qs in by_leader.items()
+            ]
+            for address, qs, call in calls:
+                try:
+                    response = call.result()
+                except grpc.RpcError as e:
+                    err = from_rpc_error(e, context=f"ListOffsets (broker at {address})")
+                    errors.update({(q.topic, q.partition): err for q in qs})
+                    continue
+                for a in response.answers:
+                    key = (a.topic, a.partition)
+                    if a.error == pb.NONE:
+                        out[key] = OffsetInfo.from_response(a)
+                    else:
+                        errors[key] = from_partition_error(a.error, a.error_message, a.topic, a.partition)
+            if not errors:
+                return out
+            # A partition the broker does not know yet may just have been added: one more look.
+            again = {k: e for k, e in errors.items() if e.retriable or (e.invalid_metadata and attempt == 0)}
+            pause = _RETRY_BACKOFF_S[min(attempt, len(_RETRY_BACKOFF_S) - 1)]
+            if len(again) < len(errors) or time.monotonic() + pause >= deadline:
+                raise next((e for e in errors.values() if e not in again.values()), next(iter(errors.values())))
+            for topic in {t for t, _ in again}:
+                cluster.invalidate(topic)
+            log.debug("ListOffsets retrying", partitions=len(again), error=str(next(iter(again.values()))))
+            time.sleep(pause)
+            pending = {k: pending[k] for k in again}
+        raise AssertionError("unreachable")
+
+    def describe_logs(
+        self,
+        topic: str | Iterable[str | TopicDescription] | None = None,
+        *,
+        verify: bool = False,
+        on_broker_error: Callable[[str, DMQError], None] | None = None,
+    ) -> list[LogDescription]:
+        """Size and offsets of each partition log of `topic` (a name, or several names or
+        descriptions already at hand; None = every topic), one DescribeLogs per leading broker.
+
+        ``verify`` makes each broker read every batch of the logs (CRCs, index agreement;
+        inconsistent indexes are rebuilt): slow on large topics. A broker that fails raises,
+        unless ``on_broker_error(address, error)`` is given: then its partitions come back with
+        ``error="broker unreachable"`` and the others are still reported.
+        """
+        cluster = self._cluster
         if topic is None:
-            for broker in cluster.brokers(refresh=True):
-                if broker.alive:
-                    targets[broker.address] = []
+            topics = self.list_topics()
         else:
-            cluster.invalidate(topic)
-            meta = cluster.topic_metadata(topic)
-            for p in meta.partitions:
-                targets.setdefault(p.leader_address, []).append(pb.TopicPartition(topic=topic, partition=p.partition))
+            given = [topic] if isinstance(topic, str) else list(topic)
+            topics = [t if isinstance(t, TopicDescription) else self.describe_topic(t) for t in given]
         out: list[LogDescription] = []
-        for address, partitions in sorted(targets.items()):
-            if not address:
-                continue
+        targets: dict[str, list[pb.TopicPartition]] = {}
+        for t in topics:
+            for p in t.partitions:
+                if p.leader_address:
+                    targets.setdefault(p.leader_address, []).append(pb.TopicPartition(topic=t.name, partition=p.partition))
+                else:
+                    out.append(LogDescription.unknown(t.name, p.partition, "", "no leader"))
+        calls = [
+            (address, parts, cluster.broker_stub(address).DescribeLogs.future(
+                pb.DescribeLogsRequest(partitions=parts, verify=verify), timeout=cluster.timeout_s))
+            for address, parts in sorted(targets.items())
+        ]
+        for address, parts, call in calls:
             try:
-                response = cluster.broker_stub(address).DescribeLogs(
-                    pb.DescribeLogsRequest(partitions=partitions), timeout=cluster.timeout_s
-                )
+                response = call.result()
             except grpc.RpcError as e:
-                raise from_rpc_error(e, context=f"DescribeLogs on broker {address}") from e
-            out.extend(LogDescription.from_response(info, address) for info in response.logs if info.error == pb.NONE)
+                err = from_rpc_error(e, context=f"DescribeLogs (broker at {address})")
+                if on_broker_error is None:
+                    raise err from e
+                on_broker_error(address, err)
+                out.extend(LogDescription.unknown(tp.topic, tp.partition, address, "broker unreachable") for tp in parts)
+                continue
+            asked = {(tp.topic, tp.partition) for tp in parts}
+            out.extend(
+                LogDescription.from_response(info, address, verify=verify)
+                for info in response.logs if (info.topic, info.partition) in asked
+            )
         return sorted(out, key=lambda d: (d.topic, d.partition))
 
-    def _on_leader(self, topic: str, partition: int, call: Callable[[Any], T], what: str) -> T:
-        """Call the partition's leader; on a stale leader, refresh metadata and try once more."""
-        for attempt in (1, 2):
-            address = self._cluster.leader_for(topic, partition)
+    # -- consumer groups ---------------------------------------------------------------------------
+
+    def list_groups(self) -> list[GroupSummary]:
+        response = self._group_call("ListGroups", pb.ListGroupsRequest(), "list groups")
+        return sorted((GroupSummary.from_response(g) for g in response.groups), key=lambda g: g.group_id)
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        """Members, assignment, and per partition the committed offset, log end and lag."""
+        check_group_id(group_id)
+        response = self._group_call(
+            "DescribeGroup", pb.DescribeGroupRequest(group_id=group_id), f"describe group {group_id!r}"
+        )
+        return GroupDescription.from_response(response)
+
+    def delete_group(self, group_id: str) -> None:
+        """Delete an empty group with its committed offsets and subscription; GroupNotEmptyError
+        while it has members, GroupNotFoundError when there is no such group."""
+        check_group_id(group_id)
+        self._group_call(
+            "DeleteGroup", pb.DeleteGroupRequest(group_id=group_id), f"delete group {group_id!r}", _NOT_EMPTY_ERRORS
+        )
+        log.info("group deleted", group=group_id)
+
+    def group_id_for(self, topic: str, app_id: str) -> str:
+        """The group of application `app_id` on `topic` (G_<topic>_<app_id>), created when missing
+        (with the coordinator's default subscription mode)."""
+        check_topic_name(topic)
+        response = self._group_call(
+            "FindOrCreateGroup", pb.FindOrCreateGroupRequest(topic=topic, app_id=app_id),
+            f"find group of {app_id!r} on {topic!r}",
+        )
+        return str(response.group_id)
+
+    def commit_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, int], *, metadata: str = ""
+    ) -> None:
+        """Commit next offsets for `group_id` as an operator (no member, generation -1), one
+        CommitOffsets per leading broker. The coordinator accepts it only while the group has no
+        members (GroupNotEmptyError otherwise), so a running consumer never has its position
+        changed under it."""
+        check_group_id(group_id)
+        by_leader: dict[str, list[pb.PartitionOffset]] = {}
+        for (topic, partition), offset in sorted(offsets.items()):
+            by_leader.setdefault(self._cluster.leader_for(topic, partition), []).append(
+                pb.PartitionOffset(topic=topic, partition=partition, offset=offset, metadata=metadata)
+            )
+        calls = [
+            (address, self._cluster.broker_stub(address).CommitOffsets.future(
+                pb.CommitOffsetsRequest(group_id=group_id, member_id="", generation=-1, offsets=entries),
+                timeout=self._cluster.timeout_s))
+            for address, entries in by_leader.items()
+        ]
+        for address, call in calls:
             try:
-                result = call(self._cluster.broker_stub(address))
+                call.result()
             except grpc.RpcError as e:
-                err = from_rpc_error(e, context=f"{what} for {topic}[{partition}] on broker {address}")
-                if err.invalid_metadata and attempt == 1:
-                    self._cluster.invalidate(topic)
-                    continue
+                err = from_rpc_error(e, context=f"commit offsets of group {group_id!r} (broker at {address})",
+                                     overrides=_NOT_EMPTY_ERRORS)
+                if isinstance(err, CommitFailedError):  # refused as "not owner": someone joined meanwhile
+                    err = GroupNotEmptyError(str(err), code=err.code, details=err.details)
                 raise err from e
-            answers = getattr(result, "answers", None)
-            if attempt == 1 and answers and answers[0].error == pb.NOT_LEADER:
-                self._cluster.invalidate(topic)
-                continue
-            return result
-        raise AssertionError("unreachable")
+
+    def reset_offsets(
+        self,
+        group_id: str,
+        topic: str | None = None,
+        *,
+        to: ResetTarget | str,
+        value: int | None = None,
+        partitions: Iterable[int] | None = None,
+        dry_run: bool = False,
+    ) -> list[OffsetReset]:
+        """Move the committed offsets of an empty group, or with ``dry_run`` only say where they
+        would go. Returns the plan, one OffsetReset per partition.
+
+        ``to``: "earliest" / "latest" (each partition's log start / end), "offset" (``value``),
+        "timestamp" (the first offset appended at or after ``value`` ms since the epoch) or
+        "shift" (each committed offset moved by ``value``; from the log start when none). New
+        offsets are clamped to [log start, log end]. ``topic`` defaults to the group's (a group
+        is one topic); ``partitions`` to all of them. Refused with GroupNotEmptyError while the
+        group has members: stop its consumers first, so none overwrites the new offsets.
+        """
+        check_reset(to, value)
+        group = self.describe_group(group_id)
+        if topic is not None and topic != group.topic:
+            raise InvalidArgumentError(f"group {group_id} reads topic {group.topic!r}, not {topic!r}")
+        if group.members:
+            clients = ", ".join(sorted({m.client_id or m.member_id for m in group.members}))
+            raise GroupNotEmptyError(
+                f"group {group_id} has {len(group.members)} active member(s) ({clients}); offsets can only be reset "
+                "while it is empty: stop its consumers (or wait for their session timeout) and retry"
+            )
+        count = self.describe_topic(group.topic).partition_count
+        selected = sorted(set(partitions)) if partitions is not None else list(range(count))
+        unknown = [p for p in selected if not 0 <= p < count]
+        if unknown:
+            raise UnknownPartitionError(f"topic {group.topic!r} has partitions 0..{count - 1}; no partition {unknown[0]}")
+        ends = self.list_partition_offsets({(group.topic, p): LATEST for p in selected})
+        bounds = {p: (ends[(group.topic, p)].log_start_offset, ends[(group.topic, p)].log_end_offset) for p in selected}
+        by_time = None
+        if to == "timestamp":
+            assert value is not None
+            found = self.list_partition_offsets({(group.topic, p): value for p in selected})
+            by_time = {p: found[(group.topic, p)].offset for p in selected}
+        plan = plan_reset(group.topic, to, value, selected, group.committed(), bounds, by_time)
+        if not dry_run:
+            self.commit_group_offsets(group_id, {(group.topic, r.partition): r.new_offset for r in plan})
+            log.info("group offsets reset", group=group_id, to=to, partitions=len(plan))
+        return plan
+
+    # -- health ------------------------------------------------------------------------------------
+
+    def check_health(self, timeout_s: float = 5.0) -> list[ServerHealth]:
+        """Ask the coordinator, then every broker it has registered (all at once), through the
+        standard gRPC health service (grpc.health.v1). A broker counts as up only when it answers
+        SERVING *and* the coordinator sees its heartbeats: one without the other is a broker
+        clients cannot use. Never raises for a server that is down: it is reported."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        cluster = self._cluster
+
+        def ask(address: str, service: str) -> Any:
+            stub = health_pb2_grpc.HealthStub(cluster.channel(address))
+            return stub.Check.future(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+
+        def verdict(future: Any) -> tuple[bool, str]:
+            try:
+                answer = future.result()
+            except grpc.RpcError as e:
+                return False, _health_failure(e, timeout_s)
+            name = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+            return answer.status == health_pb2.HealthCheckResponse.SERVING, name
+
+        coordinator = cluster.bootstrap
+        up, detail = verdict(ask(coordinator, ""))
+        if not up:
+            return [ServerHealth("coordinator", None, coordinator, False, detail)]
+        try:
+            listed = cluster.metadata_stub().ListBrokers(pb.ListBrokersRequest(), timeout=timeout_s)
+        except grpc.RpcError as e:
+            return [ServerHealth("coordinator", None, coordinator, False,
+                                 f"cannot list brokers: {_health_failure(e, timeout_s)}")]
+        out = [ServerHealth("coordinator", None, coordinator, True, detail)]
+        brokers = sorted((BrokerDescription.from_response(b) for b in listed.brokers), key=lambda b: b.broker_id)
+        futures = [ask(b.address, BROKER_SERVICE) for b in brokers]  # all in flight at once
+        for b, future in zip(brokers, futures):
+            up, detail = verdict(future)
+            if up and not b.alive:
+                up, detail = False, "SERVING, but the coordinator has had no heartbeat from it (session expired)"
+            elif not up and b.alive:
+                detail += "; the coordinator still counts it alive until its session expires"
+            out.append(ServerHealth("broker", b.broker_id, b.address, up, detail))
+        return out
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -325,6 +633,18 @@ class AdminClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _health_failure(e: grpc.RpcError, timeout_s: float) -> str:
+    code = e.code() if callable(getattr(e, "code", None)) else None
+    details = (e.details() if callable(getattr(e, "details", None)) else "") or ""
+    if code == grpc.StatusCode.UNAVAILABLE and is_connect_failure(details):
+        return "unreachable (nothing answers at this address)"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"no answer within {timeout_s:g}s"
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return "no health service (an older dmq?)"
+    return f"{code.name if code is not None else 'error'}: {details}"
 
 
 def _timestamp(timestamp: int | str) -> int:

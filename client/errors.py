@@ -63,6 +63,7 @@ __all__ = [
     "REASON_ERRORS",
     "from_rpc_error",
     "from_partition_error",
+    "is_connect_failure",
 ]
 
 
@@ -391,3 +392,27 @@ class UnknownSettingError(InvalidConfigError, TypeError):
 
 class SerializationError(DMQError):
     """A key or value (de)serializer raised; the message names the setting and the record."""
+
+
+# Phrases in gRPC's own details when no connection could be made, as opposed to a server that
+# answered UNAVAILABLE itself ("coordinator is starting"). gRPC gives no other sign of the
+# difference, and it matters: a server that answered is worth asking again, nothing listening
+# at the address is not.
+_CONNECT_FAILURES = (
+    "failed to connect",
+    "connection refused",
+    "dns resolution failed",
+    "name resolution",
+    "connection reset",
+    "socket closed",
+    "connect failed",
+    "unavailable: ipv4",
+    "no route to host",
+    "network is unreachable",
+)
+
+
+def is_connect_failure(details: str | None) -> bool:
+    """Whether gRPC's details (or a DMQError's message) say no connection could be made."""
+    low = (details or "").lower()
+    return any(p in low for p in _CONNECT_FAILURES)

@@ -2,20 +2,28 @@
 
 Whatever a command raises ends here: click's own usage errors keep exit code 2; CLIError and the
 client library's DMQError family print `Error: <what happened and what to do>` and exit 1; Ctrl-C
-exits 130 without a traceback. A stray grpc.RpcError (a bug: everything should be translated
-earlier) is still reported as one line rather than a traceback.
+exits 130 without a traceback. The wording is chosen by the error's class (never by searching the
+server's message), plus the address the library names in its context ("(coordinator at H:P)",
+"(broker at H:P)"). A stray grpc.RpcError (a bug: the library translates everything) is still
+reported as one line rather than a traceback.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from dmq.client.cli._output import one_line
-from dmq.client.cli._session import CLIError, Session, coordinator_unreachable, is_connect_failure
+from dmq.client.cli._session import CLIError, Session, coordinator_unreachable
+from dmq.client.errors import is_connect_failure
+
+if TYPE_CHECKING:
+    from dmq.client.admin import AdminClient
+
+_WHERE = re.compile(r"\((coordinator|broker) at (\S+:\d+)\)")
 
 
 def session(ctx: click.Context) -> Session:
@@ -29,6 +37,11 @@ def session(ctx: click.Context) -> Session:
     return s
 
 
+def admin(ctx: click.Context) -> AdminClient:
+    """The invocation's AdminClient (closed when the command ends)."""
+    return session(ctx).admin
+
+
 def bootstrap(ctx: click.Context) -> str:
     root = ctx.find_root()
     return str((root.obj or {}).get("bootstrap", "127.0.0.1:9091"))
@@ -39,24 +52,59 @@ def timeout_s(ctx: click.Context) -> float:
     return float((root.obj or {}).get("timeout_s", 15.0))
 
 
-def explain(e: BaseException, bootstrap_address: str) -> str:
+def explain(e: BaseException, bootstrap_address: str, timeout: float | None = None) -> str:
     """A client-library error as one actionable sentence. gRPC's connection details ("failed to
-    connect to all addresses; last error: UNKNOWN: ipv4:...") become which server is unreachable."""
+    connect to all addresses; last error: UNKNOWN: ipv4:...") become which server is unreachable;
+    a server's refusal is its own message, with the command that helps where there is one."""
+    from dmq.client import errors
+
     text = one_line(str(e)) or type(e).__name__
-    if not is_connect_failure(text):
+    if is_connect_failure(text):
+        return _unreachable(text, bootstrap_address)
+    if not isinstance(e, errors.DMQError) or e.code is None:
+        return text  # raised by the library itself: its message already says what to do
+    details = one_line(e.details or "")
+    where = _WHERE.search(text)
+    role, address = (where.group(1), where.group(2)) if where else ("coordinator", bootstrap_address)
+    if e.code == "DEADLINE_EXCEEDED":
+        within = f" within {timeout:g}s" if timeout is not None else ""
+        return (f"no answer from the {role} at {address}{within} — is it running and reachable? "
+                "(raise --timeout for slow clusters)")
+    if not details:
         return text
+    if isinstance(e, errors.UnsupportedError):
+        return f"the {role} at {address} does not serve this request ({details}); is it a DMQ server of this version?"
+    if e.code == "INTERNAL":
+        return f"the {role} at {address} failed: {details} (see its log)"
+    if isinstance(e, errors.TopicNotFoundError):
+        return f"{details} (see `dmq topics list`)"
+    if isinstance(e, errors.GroupNotFoundError):
+        return f"{details} (see `dmq groups list`)"
+    if isinstance(e, errors.AlreadyExistsError):
+        return f"{details} (add --if-not-exists to accept an existing one)"
+    if e.code == "UNAVAILABLE" and not isinstance(e, errors.StorageUnavailableError):
+        return f"the {role} at {address} is unavailable: {details}"
+    # An admin call's refusal is the server's own sentence; other errors (a producer's, say)
+    # keep the library's message, which says what was being done.
+    return details if where else text
+
+
+def _unreachable(text: str, bootstrap_address: str) -> str:
+    where = _WHERE.search(text)
+    if where is not None and where.group(1) == "coordinator":
+        return coordinator_unreachable(where.group(2)).message
     addresses = re.findall(r"\bat (\S+:\d+)", text)
-    address = addresses[-1] if addresses else None
-    if address is None or address == bootstrap_address and "broker" not in text.lower():
+    address = where.group(2) if where is not None else addresses[-1] if addresses else None
+    if where is None and (address is None or address == bootstrap_address and "broker" not in text.lower()):
         return coordinator_unreachable(bootstrap_address).message
     what = re.match(r"^(?:[^:]*: )?(\w+ to \S+|\w+ \S+\[\d+\])", text)
     doing = f" ({what.group(1)})" if what else ""
     return f"cannot reach the broker at {address}{doing} — is it running? (see `dmq brokers list`)"
 
 
-def client_error(e: BaseException, address: str) -> CLIError:
+def client_error(e: BaseException, address: str, timeout: float | None = None) -> CLIError:
     """A dmq.client error (or anything else from the client library) as a CLIError."""
-    return CLIError(explain(e, address))
+    return CLIError(explain(e, address, timeout), code=getattr(e, "code", None))
 
 
 def run_translating_errors(ctx: click.Context, invoke: Callable[[], Any]) -> Any:
@@ -71,15 +119,13 @@ def run_translating_errors(ctx: click.Context, invoke: Callable[[], Any]) -> Any
         raise
     except Exception as e:
         if _is_client_error(e):
-            raise client_error(e, bootstrap(ctx)) from None
-        if _is_rpc_error(e):
-            from dmq.client.cli._session import translate
+            raise client_error(e, bootstrap(ctx), timeout_s(ctx)) from None
+        import grpc
 
-            details = e.details() if hasattr(e, "details") else str(e)
-            code = e.code() if hasattr(e, "code") else None
-            if is_connect_failure(details or ""):
-                raise coordinator_unreachable(bootstrap(ctx)) from None
-            raise translate(code, details or "", bootstrap(ctx), role="server", timeout_s=timeout_s(ctx)) from None
+        if isinstance(e, grpc.RpcError):
+            from dmq.client.errors import from_rpc_error
+
+            raise client_error(from_rpc_error(e), bootstrap(ctx), timeout_s(ctx)) from None
         raise
 
 
@@ -89,9 +135,3 @@ def _is_client_error(e: BaseException) -> bool:
     except ImportError:
         return False
     return isinstance(e, DMQError)
-
-
-def _is_rpc_error(e: BaseException) -> bool:
-    import grpc
-
-    return isinstance(e, grpc.RpcError)

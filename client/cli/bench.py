@@ -26,8 +26,7 @@ from typing import Any
 
 import click
 
-from dmq.client.cli._cluster_info import check_topic_name, describe_topic, list_offsets
-from dmq.client.cli._errors import bootstrap, session
+from dmq.client.cli._errors import admin, bootstrap, session
 from dmq.client.cli._output import err_console, print_json, show, table
 from dmq.client.cli._session import CLIError
 from dmq.proto.offset_markers import LATEST
@@ -148,16 +147,13 @@ def bench_produce(ctx: click.Context, topic: str, num_records: int, record_size:
       dmq bench produce --topic perf --num-records 1000000 --record-size 100 --throughput -1
     """
     from dmq.client.cli.messages import quiet_client_logs
-    from dmq.proto import dmq_pb2 as pb
+    from dmq.client.errors import TopicNotFoundError
 
-    check_topic_name(topic)
-    sess = session(ctx)
+    client = admin(ctx)
     try:
-        describe_topic(sess, topic)
-    except CLIError as e:
-        if "not found" not in e.message:
-            raise
-        sess.metadata("CreateTopic", pb.CreateTopicRequest(name=topic, partitions=partitions))
+        client.describe_topic(topic)
+    except TopicNotFoundError:
+        client.create_topic(topic, partitions)
         click.echo(f"created topic {topic} with {partitions} partitions", err=True)
     quiet_client_logs()
     from dmq.client.producer import Producer
@@ -261,11 +257,10 @@ def bench_consume(ctx: click.Context, topic: str, messages: int | None, app: str
     """
     from dmq.client.cli.messages import quiet_client_logs
 
-    check_topic_name(topic)
     sess = session(ctx)
-    info = describe_topic(sess, topic)
-    parts = [p.partition for p in info.partitions]
-    ends = list_offsets(sess, info, parts, LATEST)
+    info = sess.admin.describe_topic(topic)
+    answers = sess.admin.list_partition_offsets({(topic, p.partition): LATEST for p in info.partitions})
+    ends = {a.partition: a for a in answers.values()}
     available = sum(a.log_end_offset - a.log_start_offset for a in ends.values())
     target = messages if messages is not None else available
     if target == 0:

@@ -11,10 +11,11 @@ JSON schema: {"brokers": [{"broker_id", "address", "host", "port", "alive", "las
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import click
 
-from dmq.client.cli._errors import session
+from dmq.client.cli._errors import admin
 from dmq.client.cli._output import human_ago_ms, note, output_option, print_json, show, table
 
 
@@ -28,20 +29,17 @@ def brokers() -> None:
 @click.pass_context
 def list_(ctx: click.Context, output: str) -> None:
     """Every registered broker: id, address, liveness (heartbeats), partitions it leads."""
-    from dmq.proto import dmq_pb2 as pb
-
-    answer = session(ctx).metadata("ListBrokers", pb.ListBrokersRequest())
-    docs = [
+    docs: list[dict[str, Any]] = [
         {
             "broker_id": b.broker_id,
-            "address": f"{b.host}:{b.port}",
+            "address": b.address,
             "host": b.host,
             "port": b.port,
             "alive": b.alive,
             "last_heartbeat_ms": b.last_heartbeat_ms,
             "partitions_led": b.partitions_led,
         }
-        for b in sorted(answer.brokers, key=lambda b: b.broker_id)
+        for b in admin(ctx).list_brokers()
     ]
     down = [d for d in docs if not d["alive"]]
     if output == "json":

@@ -22,18 +22,18 @@ States: EMPTY (no members; offsets kept), PREPARING_REBALANCE, REBALANCING, STAB
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Any
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from dmq.client.cli._cluster_info import describe_topic, list_offsets
-from dmq.client.cli._errors import session
+from dmq.client.cli._errors import admin
 from dmq.client.cli._output import human_time_ms, note, output_option, print_json, show, table
 from dmq.client.cli._parse import parse_datetime_ms, parse_partitions
-from dmq.client.cli._session import CLIError, Session
-from dmq.proto.offset_markers import LATEST
+from dmq.client.errors import DMQError, GroupNotFoundError
 
+if TYPE_CHECKING:
+    from dmq.client.admin import GroupDescription, OffsetReset
 
 
 @click.group("groups")
@@ -45,59 +45,40 @@ def groups() -> None:
     """
 
 
-def _state(code: int) -> str:
-    from dmq.proto import dmq_pb2 as pb
-
-    return pb.GroupStateCode.Name(code).removeprefix("GROUP_STATE_")
-
-
-def _mode(code: int) -> str:
-    from dmq.proto import dmq_pb2 as pb
-
-    name = pb.SubscriptionMode.Name(code).removeprefix("SUBSCRIPTION_MODE_").lower()
-    return "default" if name == "unspecified" else name
-
-
-def _describe(sess: Session, group_id: str) -> Any:
-    from dmq.proto import dmq_pb2 as pb
-
+def _check_group(group_id: str) -> None:
     if not group_id:
         raise click.BadParameter("must not be empty", param_hint="GROUP")
-    return sess.groups("DescribeGroup", pb.DescribeGroupRequest(group_id=group_id))
 
 
-def group_document(d: Any) -> dict[str, Any]:
+def group_document(d: GroupDescription) -> dict[str, Any]:
     clients = {m.member_id: m.client_id for m in d.members}
     return {
         "group_id": d.group_id,
         "topic": d.topic,
-        "state": _state(d.state),
+        "state": d.state,
         "generation": d.generation,
-        "subscription": {
-            "mode": _mode(d.subscription.mode),
-            "from_ms": d.subscription.from_ms or None,
-            "created_ms": d.subscription.created_ms or None,
-        },
+        "subscription": asdict(d.subscription),
         "members": [
             {
                 "member_id": m.member_id,
                 "client_id": m.client_id,
                 "host": m.host,
-                "partitions": sorted(m.partitions),
-                "target_partitions": sorted(m.target_partitions),
+                "partitions": list(m.partitions),
+                "target_partitions": list(m.target_partitions),
             }
-            for m in sorted(d.members, key=lambda m: m.member_id)
+            for m in d.members
         ],
         "partitions": [
             {
                 "partition": p.partition,
-                "committed_offset": p.committed_offset if p.committed_offset >= 0 else None,
-                "log_end_offset": p.log_end_offset,
-                "lag": p.lag,
-                "owner_member_id": p.owner_member_id or None,
+                "committed_offset": p.committed_offset,
+                # -1: the partition's broker did not answer (the schema predates null here)
+                "log_end_offset": -1 if p.log_end_offset is None else p.log_end_offset,
+                "lag": -1 if p.lag is None else p.lag,
+                "owner_member_id": p.owner_member_id,
                 "owner_client_id": clients.get(p.owner_member_id) if p.owner_member_id else None,
             }
-            for p in sorted(d.partitions, key=lambda p: p.partition)
+            for p in d.partitions
         ],
         "total_lag": d.total_lag,
     }
@@ -114,22 +95,17 @@ def _lag_style(lag: int) -> str:
 @click.pass_context
 def list_(ctx: click.Context, topic: str | None, no_lag: bool, output: str) -> None:
     """Every consumer group with its state, members and total lag."""
-    from dmq.proto import dmq_pb2 as pb
-
-    sess = session(ctx)
-    summaries = sorted(sess.groups("ListGroups", pb.ListGroupsRequest()).groups, key=lambda g: g.group_id)
-    if topic is not None:
-        summaries = [g for g in summaries if g.topic == topic]
+    client = admin(ctx)
+    summaries = [g for g in client.list_groups() if topic is None or g.topic == topic]
     docs = []
     for g in summaries:
         lag = None
         if not no_lag:
             try:
-                lag = _describe(sess, g.group_id).total_lag
-            except CLIError:
+                lag = client.describe_group(g.group_id).total_lag
+            except DMQError:
                 lag = None  # deleted meanwhile, or its brokers are down: show '-'
-        docs.append({"group_id": g.group_id, "topic": g.topic, "state": _state(g.state),
-                     "generation": g.generation, "member_count": g.member_count, "total_lag": lag})
+        docs.append(asdict(g) | {"total_lag": lag})
     if output == "json":
         print_json({"groups": docs})
         return
@@ -149,7 +125,8 @@ def list_(ctx: click.Context, topic: str | None, no_lag: bool, output: str) -> N
 @click.pass_context
 def describe(ctx: click.Context, group: str, output: str) -> None:
     """State, subscription, members and per-partition lag of GROUP."""
-    doc = group_document(_describe(session(ctx), group))
+    _check_group(group)
+    doc = group_document(admin(ctx).describe_group(group))
     if output == "json":
         print_json(doc)
         return
@@ -181,49 +158,10 @@ def describe(ctx: click.Context, group: str, output: str) -> None:
 # -- reset-offsets --------------------------------------------------------------------------------
 
 
-def plan_reset(
-    strategy: str,
-    value: int | None,
-    partitions: list[int],
-    committed: dict[int, int | None],
-    bounds: dict[int, tuple[int, int]],
-    by_time: dict[int, int] | None = None,
-) -> list[dict[str, Any]]:
-    """The new offset for each partition, clamped to [log start, log end]. Pure, for tests.
-
-    A partition with nothing committed shifts from its log start (where a group in the default
-    `all` mode would begin).
-    """
-    plan = []
-    for p in partitions:
-        start, end = bounds[p]
-        current = committed.get(p)
-        if strategy == "earliest":
-            wanted = start
-        elif strategy == "latest":
-            wanted = end
-        elif strategy == "offset":
-            assert value is not None
-            wanted = value
-        elif strategy == "shift":
-            assert value is not None
-            wanted = (current if current is not None else start) + value
-        elif strategy == "datetime":
-            assert by_time is not None
-            wanted = by_time[p]
-        else:
-            raise ValueError(strategy)
-        new = min(max(wanted, start), end)
-        plan.append({
-            "partition": p,
-            "current_offset": current,
-            "new_offset": new,
-            "log_start_offset": start,
-            "log_end_offset": end,
-            "lag_after": end - new,
-            "clamped": new != wanted,
-        })
-    return plan
+def reset_document(r: OffsetReset) -> dict[str, Any]:
+    doc = asdict(r) | {"lag_after": r.lag_after}
+    del doc["topic"]  # the document names it once, at the top
+    return doc
 
 
 @groups.command("reset-offsets")
@@ -267,71 +205,34 @@ def reset_offsets(ctx: click.Context, group: str, to_earliest: bool, to_latest: 
             + (f" (got {', '.join(chosen)})" if chosen else "")
         )
     value: int | None = None
-    datetime_ms: int | None = None
-    strategy = "earliest" if to_earliest else "latest"
+    to = "earliest" if to_earliest else "latest"
     if to_datetime is not None:
-        strategy, datetime_ms = "datetime", parse_datetime_ms(to_datetime)
+        to, value = "timestamp", parse_datetime_ms(to_datetime)
     elif to_offset is not None:
-        strategy, value = "offset", to_offset
+        to, value = "offset", to_offset
     elif shift_by is not None:
-        strategy, value = "shift", shift_by
+        to, value = "shift", shift_by
     selected = parse_partitions(partitions)
-
-    from dmq.proto import dmq_pb2 as pb
-
-    sess = session(ctx)
-    desc = _describe(sess, group)
-    if desc.members:
-        clients = ", ".join(sorted({m.client_id or m.member_id for m in desc.members}))
-        raise CLIError(
-            f"group {group} has {len(desc.members)} active member(s) ({clients}); offsets can only be reset "
-            "while it is empty: stop its consumers (or wait for their session timeout) and retry"
-        )
-    info = describe_topic(sess, desc.topic)
-    every = [p.partition for p in info.partitions]
-    if selected is None:
-        selected = every
-    unknown = sorted(set(selected) - set(every))
-    if unknown:
-        raise CLIError(f"topic {desc.topic!r} has partitions 0..{len(every) - 1}; no partition {unknown[0]}")
-    committed = {p.partition: (p.committed_offset if p.committed_offset >= 0 else None) for p in desc.partitions}
-    ends = list_offsets(sess, info, selected, LATEST)
-    bounds = {p: (a.log_start_offset, a.log_end_offset) for p, a in ends.items()}
-    by_time = None
-    if datetime_ms is not None:
-        by_time = {p: a.offset for p, a in list_offsets(sess, info, selected, datetime_ms).items()}
-    plan = plan_reset(strategy, value, selected, committed, bounds, by_time)
-
-    if execute:
-        leaders = {p.partition: (p.leader_address, p.leader_id) for p in info.partitions}
-        by_broker: dict[tuple[str, int], list[Any]] = defaultdict(list)
-        for row in plan:
-            by_broker[leaders[row["partition"]]].append(
-                pb.PartitionOffset(topic=desc.topic, partition=row["partition"], offset=row["new_offset"])
-            )
-        for (address, broker_id), offsets in sorted(by_broker.items()):
-            # An operator's commit: no member, generation -1; the coordinator accepts it only while
-            # the group is empty, which closes the race with a consumer joining after our check.
-            sess.broker(address, "CommitOffsets",
-                        pb.CommitOffsetsRequest(group_id=group, member_id="", generation=-1, offsets=offsets),
-                        broker_id=broker_id)
+    _check_group(group)
+    plan = admin(ctx).reset_offsets(group, to=to, value=value, partitions=selected, dry_run=not execute)
+    topic = plan[0].topic if plan else ""
 
     strategy_doc = {"earliest": "to-earliest", "latest": "to-latest", "offset": f"to-offset {value}",
-                    "shift": f"shift-by {value}", "datetime": f"to-datetime {to_datetime}"}[strategy]
+                    "shift": f"shift-by {value}", "timestamp": f"to-datetime {to_datetime}"}[to]
     if output == "json":
-        print_json({"group_id": group, "topic": desc.topic, "executed": execute, "strategy": strategy_doc,
-                    "partitions": plan})
+        print_json({"group_id": group, "topic": topic, "executed": execute, "strategy": strategy_doc,
+                    "partitions": [reset_document(r) for r in plan]})
         return
 
     def num(v: int | None) -> str:
         return "-" if v is None else str(v)
 
-    rows = [[str(r["partition"]), num(r["current_offset"]), f"[bold]{r['new_offset']}[/]" + (" *" if r["clamped"] else ""),
-             str(r["log_start_offset"]), str(r["log_end_offset"]), str(r["lag_after"])] for r in plan]
+    rows = [[str(r.partition), num(r.current_offset), f"[bold]{r.new_offset}[/]" + (" *" if r.clamped else ""),
+             str(r.log_start_offset), str(r.log_end_offset), str(r.lag_after)] for r in plan]
     show(table(["PARTITION", "CURRENT", "NEW", "LOG START", "LOG END", "LAG AFTER"], rows,
-               title=f"Group {group}, topic {desc.topic}: reset {strategy_doc}",
+               title=f"Group {group}, topic {topic}: reset {strategy_doc}",
                right=("PARTITION", "CURRENT", "NEW", "LOG START", "LOG END", "LAG AFTER")))
-    if any(r["clamped"] for r in plan):
+    if any(r.clamped for r in plan):
         show("* clamped to the partition's log start..end")
     if execute:
         show(f"[green]Done:[/] committed new offsets for {len(plan)} partition(s). Consumers of {group} start there.")
@@ -346,16 +247,12 @@ def reset_offsets(ctx: click.Context, group: str, to_earliest: bool, to_latest: 
 @click.pass_context
 def delete(ctx: click.Context, group: str, if_exists: bool, output: str) -> None:
     """Delete GROUP with its committed offsets and subscription (it must have no members)."""
-    from dmq.proto import dmq_pb2 as pb
-
-    if not group:
-        raise click.BadParameter("must not be empty", param_hint="GROUP")
-    sess = session(ctx)
+    _check_group(group)
     try:
-        sess.groups("DeleteGroup", pb.DeleteGroupRequest(group_id=group))
+        admin(ctx).delete_group(group)
         deleted = True
-    except CLIError as e:
-        if not (if_exists and e.code == "NOT_FOUND"):
+    except GroupNotFoundError:
+        if not if_exists:
             raise
         deleted = False
     if output == "json":

@@ -15,102 +15,19 @@ JSON schema: {"healthy": bool, "components": [{"component": "coordinator"|"broke
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from dmq.client.cli._errors import bootstrap, timeout_s
+from dmq.client.cli._errors import admin, timeout_s
 from dmq.client.cli._output import output_option, print_json, show, table
-from dmq.proto.wire import BROKER_SERVICE
 
 # A health check is one small answer: a server that has not given it in a few seconds is not
 # healthy, whatever --timeout allows for slow admin calls.
 CHECK_TIMEOUT_CAP_S = 5.0
 
-
-@dataclass
-class Component:
-    component: str
-    broker_id: int | None
-    address: str
-    status: str  # "up" | "down"
-    detail: str
-
-    @property
-    def name(self) -> str:
-        return "coordinator" if self.broker_id is None else f"broker {self.broker_id}"
-
-
-def check_cluster(coordinator: str, timeout: float) -> list[Component]:
-    """Probe the coordinator and every registered broker; never raises for a server that is down."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from dmq.proto import dmq_pb2 as pb
-    from dmq.proto import dmq_pb2_grpc as pb_grpc
-    from dmq.proto.grpc_options import channel_options
-
-    timeout = min(timeout, CHECK_TIMEOUT_CAP_S)
-    channels: dict[str, grpc.Channel] = {}
-
-    def channel(address: str) -> grpc.Channel:
-        if address not in channels:
-            channels[address] = grpc.insecure_channel(address, options=channel_options())
-        return channels[address]
-
-    def health_future(address: str, service: str) -> Any:
-        stub = health_pb2_grpc.HealthStub(channel(address))
-        return stub.Check.future(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
-
-    def verdict(future: Any) -> tuple[bool, str]:
-        try:
-            answer = future.result()
-        except grpc.RpcError as e:
-            return False, _rpc_failure(e, timeout)
-        name = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
-        return answer.status == health_pb2.HealthCheckResponse.SERVING, name
-
-    try:
-        up, detail = verdict(health_future(coordinator, ""))
-        components = [Component("coordinator", None, coordinator, "up" if up else "down", detail)]
-        if not up:
-            return components
-        try:
-            listed = pb_grpc.MetadataStub(channel(coordinator)).ListBrokers(pb.ListBrokersRequest(), timeout=timeout)
-        except grpc.RpcError as e:
-            components[0] = Component("coordinator", None, coordinator, "down",
-                                      f"cannot list brokers: {_rpc_failure(e, timeout)}")
-            return components
-        brokers = sorted(listed.brokers, key=lambda b: b.broker_id)
-        futures = [health_future(f"{b.host}:{b.port}", BROKER_SERVICE) for b in brokers]  # all in flight at once
-        for b, future in zip(brokers, futures):
-            up, detail = verdict(future)
-            if up and not b.alive:
-                up, detail = False, "SERVING, but the coordinator has had no heartbeat from it (session expired)"
-            elif not up and b.alive:
-                detail += "; the coordinator still counts it alive until its session expires"
-            components.append(Component("broker", b.broker_id, f"{b.host}:{b.port}", "up" if up else "down", detail))
-        return components
-    finally:
-        for ch in channels.values():
-            ch.close()
-
-
-def _rpc_failure(e: Any, timeout: float) -> str:
-    import grpc
-
-    from dmq.client.cli._session import is_connect_failure
-
-    code = e.code() if hasattr(e, "code") else None
-    details = (e.details() if hasattr(e, "details") else "") or ""
-    if code == grpc.StatusCode.UNAVAILABLE and is_connect_failure(details):
-        return "unreachable (nothing answers at this address)"
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return f"no answer within {timeout:g}s"
-    if code == grpc.StatusCode.UNIMPLEMENTED:
-        return "no health service (an older dmq?)"
-    return f"{code.name if code is not None else 'error'}: {details}"
+if TYPE_CHECKING:
+    from dmq.client.admin import ServerHealth
 
 
 @click.command("health")
@@ -118,13 +35,13 @@ def _rpc_failure(e: Any, timeout: float) -> str:
 @click.pass_context
 def health(ctx: click.Context, output: str) -> None:
     """Check the coordinator and every registered broker; exit 1 if any is down."""
-    components = check_cluster(bootstrap(ctx), timeout_s(ctx))
-    down = [c for c in components if c.status != "up"]
+    components = admin(ctx).check_health(min(timeout_s(ctx), CHECK_TIMEOUT_CAP_S))
+    down = [c for c in components if not c.up]
     if output == "json":
-        print_json({"healthy": not down, "components": [asdict(c) for c in components]})
+        print_json({"healthy": not down, "components": [_document(c) for c in components]})
     else:
         rows = [
-            [c.name, c.address, "[green]up[/]" if c.status == "up" else "[red]down[/]", c.detail]
+            [c.name, c.address, "[green]up[/]" if c.up else "[red]down[/]", c.detail]
             for c in components
         ]
         show(table(["COMPONENT", "ADDRESS", "STATUS", "DETAIL"], rows))
@@ -135,3 +52,8 @@ def health(ctx: click.Context, output: str) -> None:
             f"unhealthy: no broker has registered with the coordinator at {components[0].address} "
             "(`dmq broker --coordinator HOST:PORT` adds one)"
         )
+
+
+def _document(c: ServerHealth) -> dict[str, Any]:
+    return {"component": c.component, "broker_id": c.broker_id, "address": c.address,
+            "status": "up" if c.up else "down", "detail": c.detail}

@@ -18,12 +18,12 @@ JSON schemas (`-o json`; fields may be added, never renamed or removed):
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from dmq.client.cli._cluster_info import check_topic_name, config_dict, describe_logs, describe_topic
-from dmq.client.cli._errors import session
+from dmq.client.cli._errors import admin, explain
 from dmq.client.cli._output import (
     human_bytes,
     human_duration_ms,
@@ -36,6 +36,10 @@ from dmq.client.cli._output import (
 )
 from dmq.client.cli._parse import CONFIG_KEYS, parse_topic_config
 from dmq.client.cli._session import CLIError
+from dmq.client.errors import TopicAlreadyExistsError, TopicNotFoundError
+
+if TYPE_CHECKING:
+    from dmq.client.admin import AdminClient, LogDescription, TopicDescription
 
 CONFIG_HELP = (
     "Topic setting KEY=VALUE, repeatable. Keys: " + ", ".join(CONFIG_KEYS) +
@@ -54,12 +58,26 @@ def _sum(values: list[int | None]) -> int | None:
     return None if any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
-def topic_document(info: Any, views: dict[tuple[str, int], Any] | None = None) -> dict[str, Any]:
-    partitions = []
+def describe_logs(client: AdminClient, topics: Iterable[TopicDescription]) -> tuple[
+        dict[tuple[str, int], LogDescription], list[str]]:
+    """The logs of `topics` by (topic, partition), and a warning per broker that could not be
+    asked: a broker that is down does not fail the command, its partitions show '-'."""
+    warnings: list[str] = []
+    topics = list(topics)
+    if not topics:
+        return {}, warnings
+    logs = client.describe_logs(topics, on_broker_error=lambda _address, e: warnings.append(
+        explain(e, client.cluster.bootstrap)))
+    return {(d.topic, d.partition): d for d in logs}, warnings
+
+
+def topic_document(info: TopicDescription, views: dict[tuple[str, int], LogDescription] | None = None) -> dict[str, Any]:
+    partitions: list[dict[str, Any]] = []
     for p in info.partitions:
         v = (views or {}).get((info.name, p.partition))
-        start = v.log_start_offset if v else None
-        end = v.log_end_offset if v else None
+        known = v is not None and v.error is None
+        start = v.log_start_offset if v is not None and known else None
+        end = v.log_end_offset if v is not None and known else None
         partitions.append({
             "partition": p.partition,
             "leader_id": p.leader_id,
@@ -68,11 +86,11 @@ def topic_document(info: Any, views: dict[tuple[str, int], Any] | None = None) -
             "log_start_offset": start,
             "log_end_offset": end,
             "messages": (end - start) if start is not None and end is not None else None,
-            "size_bytes": v.size_bytes if v else None,
-            "segment_count": v.segment_count if v else None,
-            "error": v.error if v else None,
-            "status": v.status if v else None,
-            "status_detail": v.status_detail if v else None,
+            "size_bytes": v.size_bytes if v is not None and known else None,
+            "segment_count": v.segment_count if v is not None and known else None,
+            "error": v.error if v is not None and v.error != "no leader" else None,
+            "status": v.status if v is not None else None,
+            "status_detail": v.status_detail if v is not None else None,
         })
     return {
         "name": info.name,
@@ -80,7 +98,7 @@ def topic_document(info: Any, views: dict[tuple[str, int], Any] | None = None) -
         "created_ms": info.created_ms,
         "messages": _sum([p["messages"] for p in partitions]) if views is not None else None,
         "size_bytes": _sum([p["size_bytes"] for p in partitions]) if views is not None else None,
-        "config": config_dict(info.config),
+        "config": {k: info.config.get(k) for k in CONFIG_KEYS},
         "partitions": partitions,
     }
 
@@ -143,19 +161,15 @@ def create(ctx: click.Context, name: str, partitions: int, config: tuple[str, ..
     Example:
       dmq topics create orders --partitions 3 --config retention_ms=7d
     """
-    from dmq.proto import dmq_pb2 as pb
-
     settings = parse_topic_config(config)
-    check_topic_name(name)
-    sess = session(ctx)
+    client = admin(ctx)
     try:
-        info = sess.metadata("CreateTopic", pb.CreateTopicRequest(name=name, partitions=partitions,
-                                                                    config=pb.TopicConfig(**settings)))
+        info = client.create_topic(name, partitions, config=settings)
         created = True
-    except CLIError as e:
-        if not (if_not_exists and e.code == "ALREADY_EXISTS"):
+    except TopicAlreadyExistsError:
+        if not if_not_exists:
             raise
-        info = describe_topic(sess, name)
+        info = client.describe_topic(name)
         created = False
     doc = topic_document(info)
     if output == "json":
@@ -174,11 +188,9 @@ def create(ctx: click.Context, name: str, partitions: int, config: tuple[str, ..
 @click.pass_context
 def list_(ctx: click.Context, no_logs: bool, output: str) -> None:
     """List topics with their partition count, message count and size."""
-    from dmq.proto import dmq_pb2 as pb
-
-    sess = session(ctx)
-    infos = sorted(sess.metadata("ListTopics", pb.ListTopicsRequest()).topics, key=lambda t: t.name)
-    views, warnings = (None, []) if no_logs else describe_logs(sess, infos)
+    client = admin(ctx)
+    infos = client.list_topics()
+    views, warnings = (None, []) if no_logs else describe_logs(client, infos)
     docs = [topic_document(t, views) for t in infos]
     if output == "json":
         print_json({"topics": [{k: v for k, v in d.items() if k != "partitions"} for d in docs]})
@@ -204,9 +216,9 @@ def list_(ctx: click.Context, no_logs: bool, output: str) -> None:
 @click.pass_context
 def describe(ctx: click.Context, name: str, output: str) -> None:
     """Partitions (leader broker, log start/end offsets, size on disk) and settings of topic NAME."""
-    sess = session(ctx)
-    info = describe_topic(sess, name)
-    views, warnings = describe_logs(sess, [info])
+    client = admin(ctx)
+    info = client.describe_topic(name)
+    views, warnings = describe_logs(client, [info])
     doc = topic_document(info, views)
     if output == "json":
         print_json(doc)
@@ -228,10 +240,8 @@ def alter(ctx: click.Context, name: str, partitions: int, output: str) -> None:
     Keys are spread by hash over the partitions, so adding partitions changes where new records
     with a given key land.
     """
-    from dmq.proto import dmq_pb2 as pb
-
-    sess = session(ctx)
-    current = describe_topic(sess, name)
+    client = admin(ctx)
+    current = client.describe_topic(name)
     if partitions < current.partition_count:
         raise CLIError(
             f"topic {name!r} has {current.partition_count} partitions and partitions can only be added: "
@@ -239,7 +249,7 @@ def alter(ctx: click.Context, name: str, partitions: int, output: str) -> None:
         )
     if partitions == current.partition_count:
         raise CLIError(f"topic {name!r} already has {partitions} partitions; ask for more to add some")
-    info = sess.metadata("AddPartitions", pb.AddPartitionsRequest(name=name, partitions=partitions))
+    info = client.add_partitions(name, partitions)
     if output == "json":
         print_json(topic_document(info))
         return
@@ -253,15 +263,11 @@ def alter(ctx: click.Context, name: str, partitions: int, output: str) -> None:
 @click.pass_context
 def delete(ctx: click.Context, name: str, if_exists: bool, output: str) -> None:
     """Delete topic NAME and all its data (no undo)."""
-    from dmq.proto import dmq_pb2 as pb
-
-    check_topic_name(name)
-    sess = session(ctx)
     try:
-        sess.metadata("DeleteTopic", pb.DeleteTopicRequest(name=name))
+        admin(ctx).delete_topic(name)
         deleted = True
-    except CLIError as e:
-        if not (if_exists and e.code == "NOT_FOUND"):
+    except TopicNotFoundError:
+        if not if_exists:
             raise
         deleted = False
     if output == "json":
@@ -279,42 +285,22 @@ def verify(ctx: click.Context, name: str, output: str) -> None:
     that the indexes agree with the logs (an inconsistent index is rebuilt). Reports per
     partition; exits non-zero if any partition is damaged or cannot be checked. It reads every
     byte of the topic: raise --timeout for large topics."""
-    from collections import defaultdict
-
-    from dmq.proto import dmq_pb2 as pb
-
-    sess = session(ctx)
-    info = describe_topic(sess, name)
+    client = admin(ctx)
+    failures: dict[str, str] = {}
+    info = client.describe_topic(name)
+    logs = client.describe_logs([info], verify=True, on_broker_error=lambda address, e: failures.__setitem__(
+        address, explain(e, client.cluster.bootstrap)))
+    leaders = {p.partition: p.leader_id for p in info.partitions}
     results: dict[int, dict[str, Any]] = {}
-    by_broker: dict[tuple[str, int], list[int]] = defaultdict(list)
-    for p in info.partitions:
-        results[p.partition] = {"partition": p.partition, "leader_id": p.leader_id, "ok": False,
-                                "batches_checked": None, "problems": [], "indexes_rebuilt": [], "error": None}
-        if p.leader_address:
-            by_broker[(p.leader_address, p.leader_id)].append(p.partition)
-        else:
-            results[p.partition]["error"] = "no leader"
-    for (address, broker_id), parts in sorted(by_broker.items()):
-        request = pb.DescribeLogsRequest(
-            partitions=[pb.TopicPartition(topic=name, partition=n) for n in parts], verify=True
-        )
-        try:
-            answer = sess.broker(address, "DescribeLogs", request, broker_id=broker_id)
-        except CLIError as e:
-            for n in parts:
-                results[n]["error"] = e.message
-            continue
-        for log_info in answer.logs:
-            r = results.get(log_info.partition)
-            if r is None or log_info.topic != name:
-                continue
-            if log_info.error != pb.NONE:
-                r["error"] = log_info.status_detail or pb.ErrorCode.Name(log_info.error).lower()
-                continue
-            r["batches_checked"] = log_info.batches_checked
-            r["problems"] = list(log_info.problems)
-            r["indexes_rebuilt"] = list(log_info.indexes_rebuilt)
-            r["ok"] = not log_info.problems
+    for d in logs:
+        error = None
+        if d.error is not None:
+            error = failures.get(d.broker_address) or d.status_detail or d.error
+        results[d.partition] = {
+            "partition": d.partition, "leader_id": leaders.get(d.partition, -1), "ok": error is None and not d.problems,
+            "batches_checked": d.batches_checked, "problems": list(d.problems),
+            "indexes_rebuilt": list(d.indexes_rebuilt), "error": error,
+        }
     rows = [results[n] for n in sorted(results)]
     all_ok = all(r["ok"] for r in rows)
     if output == "json":

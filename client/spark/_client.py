@@ -1,27 +1,26 @@
-"""The few RPCs the Spark source needs, on top of the client's `Cluster` (channels + metadata).
+"""The Spark source's conversations with the cluster, on top of the client library.
 
-Used on the driver (planning: partitions, offsets by position or time, group commits) and in
-executors (`PartitionFetcher`: fetch one offset range from the partition's leader). Every method
-translates gRPC errors into `dmq.client.errors` classes; per-partition error codes of ListOffsets
-and Fetch become the same classes through `from_partition_error`.
+Used on the driver (planning: partitions, offsets by position or time, group commits) through
+`SourceClient`, a thin user of `AdminClient` (ListOffsets grouped by leader, operator commits)
+and its `Cluster` (metadata); and in executors (`PartitionFetcher`: fetch one offset range from
+the partition's leader). Errors are `dmq.client.errors` classes; per-partition error codes of
+Fetch become the same classes through `from_partition_error`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import grpc
 
 from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster, single_fetch_result
+from dmq.client.admin import AdminClient, OffsetInfo
 from dmq.client.errors import (
-    BrokerUnavailableError,
     DMQError,
     DMQTimeoutError,
     TopicNotFoundError,
-    UnknownPartitionError,
     from_partition_error,
     from_rpc_error,
 )
@@ -32,26 +31,24 @@ log = get_logger(__name__)
 
 TopicPartition = tuple[str, int]
 
-MAX_ATTEMPTS = 5
 RETRY_BACKOFF_S = 0.2
 
-
-@dataclass(frozen=True, slots=True)
-class OffsetInfo:
-    offset: int
-    log_start_offset: int
-    log_end_offset: int
+__all__ = ["SourceClient", "PartitionFetcher", "OffsetInfo", "TopicPartition"]
 
 
 class SourceClient:
     """Driver-side helper; not picklable (holds channels): create it where it is used, close it."""
 
     def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000) -> None:
-        self.cluster = Cluster(bootstrap, request_timeout_ms=request_timeout_ms)
+        self.admin = AdminClient(bootstrap, request_timeout_ms=request_timeout_ms)
+        self.cluster = self.admin.cluster
         self._group_ids: dict[tuple[str, str], str] = {}
 
+    def __repr__(self) -> str:
+        return f"<SourceClient bootstrap={self.cluster.bootstrap!r}>"
+
     def close(self) -> None:
-        self.cluster.close()
+        self.admin.close()
 
     def __enter__(self) -> SourceClient:
         return self
@@ -91,49 +88,10 @@ class SourceClient:
     # -- offsets -------------------------------------------------------------------------------------
 
     def list_offsets(self, queries: dict[TopicPartition, int]) -> dict[TopicPartition, OffsetInfo]:
-        """Answer ListOffsets for each (topic, partition) -> timestamp_ms (-2 earliest, -1 latest,
-        >= 0 first offset appended at or after that time, log end when none), asking each leader."""
-        pending = dict(queries)
-        out: dict[TopicPartition, OffsetInfo] = {}
-        last_error: DMQError | None = None
-        for attempt in range(MAX_ATTEMPTS):
-            if not pending:
-                return out
-            if attempt:
-                time.sleep(RETRY_BACKOFF_S * attempt)
-            by_leader: dict[str, list[pb.OffsetQuery]] = {}
-            for (topic, partition), ts in sorted(pending.items()):
-                address = self.cluster.leader_for(topic, partition)
-                by_leader.setdefault(address, []).append(
-                    pb.OffsetQuery(topic=topic, partition=partition, timestamp_ms=ts)
-                )
-            for address, qs in by_leader.items():
-                try:
-                    response = self.cluster.broker_stub(address).ListOffsets(
-                        pb.ListOffsetsRequest(queries=qs), timeout=self.cluster.timeout_s
-                    )
-                except grpc.RpcError as e:
-                    err = from_rpc_error(e, context=f"ListOffsets at {address}")
-                    if not err.retriable:
-                        raise err from e
-                    last_error = err
-                    for q in qs:
-                        self.cluster.invalidate(q.topic)
-                    continue
-                for a in response.answers:
-                    key = (a.topic, a.partition)
-                    if a.error == pb.NONE:
-                        out[key] = OffsetInfo(a.offset, a.log_start_offset, a.log_end_offset)
-                        pending.pop(key, None)
-                        continue
-                    err = from_partition_error(a.error, a.error_message, a.topic, a.partition)
-                    if not err.invalid_metadata or (isinstance(err, UnknownPartitionError) and attempt >= 1):
-                        raise err
-                    last_error = err
-                    self.cluster.invalidate(a.topic)
-        if pending:
-            raise last_error or BrokerUnavailableError(f"ListOffsets did not answer for {sorted(pending)}")
-        return out
+        """ListOffsets for each (topic, partition) -> timestamp_ms (-2 earliest, -1 latest, >= 0
+        first offset appended at or after that time, log end when none): AdminClient's, one call
+        per leading broker, retried while leaders move."""
+        return self.admin.list_partition_offsets(queries)
 
     # -- consumer groups -----------------------------------------------------------------------------
 
@@ -142,33 +100,17 @@ class SourceClient:
         key = (topic, app_id)
         gid = self._group_ids.get(key)
         if gid is None:
-            try:
-                response = self.cluster.group_stub().FindOrCreateGroup(
-                    pb.FindOrCreateGroupRequest(topic=topic, app_id=app_id), timeout=self.cluster.timeout_s
-                )
-            except grpc.RpcError as e:
-                raise from_rpc_error(e, context=f"FindOrCreateGroup({topic!r}, {app_id!r})") from e
-            gid = self._group_ids[key] = response.group_id
+            gid = self._group_ids[key] = self.admin.group_id_for(topic, app_id)
         return gid
 
     def commit_as_operator(self, app_id: str, offsets: dict[TopicPartition, int]) -> None:
         """Commit next-offsets to each topic's group as an operator (member "", generation -1):
         accepted while the group has no members, i.e. no DMQConsumer shares the app id."""
-        by_target: dict[tuple[str, str], list[pb.PartitionOffset]] = {}
-        for (topic, partition), offset in sorted(offsets.items()):
-            group_id = self.group_id_for(topic, app_id)
-            address = self.cluster.leader_for(topic, partition)
-            by_target.setdefault((group_id, address), []).append(
-                pb.PartitionOffset(topic=topic, partition=partition, offset=offset, metadata="spark")
-            )
-        for (group_id, address), entries in by_target.items():
-            try:
-                self.cluster.broker_stub(address).CommitOffsets(
-                    pb.CommitOffsetsRequest(group_id=group_id, member_id="", generation=-1, offsets=entries),
-                    timeout=self.cluster.timeout_s,
-                )
-            except grpc.RpcError as e:
-                raise from_rpc_error(e, context=f"CommitOffsets for group {group_id!r} at {address}") from e
+        by_topic: dict[str, dict[TopicPartition, int]] = {}
+        for (topic, partition), offset in offsets.items():
+            by_topic.setdefault(topic, {})[(topic, partition)] = offset
+        for topic, entries in sorted(by_topic.items()):
+            self.admin.commit_group_offsets(self.group_id_for(topic, app_id), entries, metadata="spark")
 
 
 class PartitionFetcher:

@@ -17,9 +17,9 @@ from dmq.client.cli._parse import (
     parse_size_bytes,
     parse_topic_config,
 )
-from dmq.client.cli._session import is_connect_failure
+from dmq.client.admin import plan_reset
 from dmq.client.cli.bench import percentiles
-from dmq.client.cli.groups import plan_reset
+from dmq.client.errors import is_connect_failure
 
 
 @pytest.mark.parametrize(("text", "ms"), [("604800000", 604_800_000), ("7d", 604_800_000), ("12h", 43_200_000),
@@ -78,19 +78,19 @@ def test_plan_reset_strategies_and_clamping() -> None:
     committed = {0: 5, 1: None, 2: 90}
     bounds = {0: (2, 10), 1: (0, 4), 2: (50, 100)}
     parts = [0, 1, 2]
-    earliest = plan_reset("earliest", None, parts, committed, bounds)
-    assert [r["new_offset"] for r in earliest] == [2, 0, 50]
-    assert [r["current_offset"] for r in earliest] == [5, None, 90]
-    assert [r["lag_after"] for r in earliest] == [8, 4, 50]
-    assert [r["new_offset"] for r in plan_reset("latest", None, parts, committed, bounds)] == [10, 4, 100]
-    by_offset = plan_reset("offset", 7, parts, committed, bounds)
-    assert [(r["new_offset"], r["clamped"]) for r in by_offset] == [(7, False), (4, True), (50, True)]
-    shifted = plan_reset("shift", -3, parts, committed, bounds)
+    earliest = plan_reset("t", "earliest", None, parts, committed, bounds)
+    assert [r.new_offset for r in earliest] == [2, 0, 50]
+    assert [r.current_offset for r in earliest] == [5, None, 90]
+    assert [r.lag_after for r in earliest] == [8, 4, 50]
+    assert [r.new_offset for r in plan_reset("t", "latest", None, parts, committed, bounds)] == [10, 4, 100]
+    by_offset = plan_reset("t", "offset", 7, parts, committed, bounds)
+    assert [(r.new_offset, r.clamped) for r in by_offset] == [(7, False), (4, True), (50, True)]
+    shifted = plan_reset("t", "shift", -3, parts, committed, bounds)
     # nothing committed on 1: shifts from its log start, clamped there
-    assert [(r["new_offset"], r["clamped"]) for r in shifted] == [(2, False), (0, True), (87, False)]
-    assert [r["new_offset"] for r in plan_reset("shift", 20, parts, committed, bounds)] == [10, 4, 100]
-    by_time = plan_reset("datetime", None, [0, 2], committed, bounds, by_time={0: 6, 2: 100})
-    assert [r["new_offset"] for r in by_time] == [6, 100]
+    assert [(r.new_offset, r.clamped) for r in shifted] == [(2, False), (0, True), (87, False)]
+    assert [r.new_offset for r in plan_reset("t", "shift", 20, parts, committed, bounds)] == [10, 4, 100]
+    by_time = plan_reset("t", "timestamp", 1, [0, 2], committed, bounds, by_time={0: 6, 2: 100})
+    assert [r.new_offset for r in by_time] == [6, 100]
 
 
 @settings(deadline=None, max_examples=200)
@@ -98,9 +98,10 @@ def test_plan_reset_strategies_and_clamping() -> None:
        st.sampled_from(["earliest", "latest", "offset", "shift"]), st.integers(-3000, 3000))
 def test_plan_reset_always_lands_inside_the_log(a: int, b: int, committed: int | None, strategy: str, value: int) -> None:
     start, end = min(a, b), max(a, b)
-    [row] = plan_reset(strategy, abs(value) if strategy == "offset" else value, [0], {0: committed}, {0: (start, end)})
-    assert start <= row["new_offset"] <= end
-    assert row["lag_after"] == end - row["new_offset"] >= 0
+    [row] = plan_reset("t", strategy, abs(value) if strategy == "offset" else value, [0], {0: committed},
+                       {0: (start, end)})
+    assert start <= row.new_offset <= end
+    assert row.lag_after == end - row.new_offset >= 0
 
 
 def test_percentiles() -> None:
@@ -123,3 +124,36 @@ def test_connect_failure_detection() -> None:
                               "Failed to connect to remote host: Connection refused")
     assert not is_connect_failure("no live brokers: start one with `dmq broker`")
     assert not is_connect_failure("coordinator is starting: retry")
+
+
+def test_a_client_error_becomes_one_line_chosen_by_its_class() -> None:
+    from dmq.client import errors
+    from dmq.client.cli._errors import explain
+
+    coord = "127.0.0.1:9091"
+    refused = "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:9: Connection refused"
+    assert explain(errors.CoordinatorUnavailableError(f"list brokers (coordinator at {coord}): {refused}",
+                                                      code="UNAVAILABLE", details=refused), coord) == (
+        f"cannot reach the coordinator at {coord} — is `dmq server` running? "
+        "(point elsewhere with --bootstrap HOST:PORT or DMQ_BOOTSTRAP)")
+    assert explain(errors.BrokerUnavailableError(f"ListOffsets (broker at {coord}): {refused}",
+                                                 code="UNAVAILABLE", details=refused), coord) == (
+        f"cannot reach the broker at {coord} — is it running? (see `dmq brokers list`)")
+
+    def server(cls: type[errors.DMQError], code: str, details: str, where: str = f"(coordinator at {coord})") -> str:
+        return explain(cls(f"doing it {where}: {details}", code=code, details=details), coord, 15.0)
+
+    assert server(errors.TopicNotFoundError, "NOT_FOUND", "topic 'x' not found") == \
+        "topic 'x' not found (see `dmq topics list`)"
+    assert server(errors.GroupNotFoundError, "NOT_FOUND", "group 'G_x_y' not found") == \
+        "group 'G_x_y' not found (see `dmq groups list`)"
+    assert server(errors.TopicAlreadyExistsError, "ALREADY_EXISTS", "topic 'x' already exists") == \
+        "topic 'x' already exists (add --if-not-exists to accept an existing one)"
+    assert server(errors.DMQTimeoutError, "DEADLINE_EXCEEDED", "Deadline Exceeded", "(broker at 10.0.0.5:9092)") == (
+        "no answer from the broker at 10.0.0.5:9092 within 15s — is it running and reachable? "
+        "(raise --timeout for slow clusters)")
+    assert server(errors.UnknownServerError, "INTERNAL", "boom") == f"the coordinator at {coord} failed: boom (see its log)"
+    assert server(errors.GroupNotEmptyError, "FAILED_PRECONDITION", "group 'g' has 1 active member(s)") == \
+        "group 'g' has 1 active member(s)"
+    # Raised by the library itself (no server code): its own message, which says what to do.
+    assert explain(errors.InvalidArgumentError("invalid topic name: too long"), coord) == "invalid topic name: too long"

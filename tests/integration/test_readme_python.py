@@ -44,3 +44,4 @@ def test_readme_python_examples_run(cluster: ClusterThread) -> None:
     assert re.fullmatch(r"OffsetAndMetadata\(offset=\d+, metadata=''\)", lines[3]), lines
     assert re.fullmatch(r"\{TopicPartition\(topic='payments', partition=0\): \d+\}", lines[4]), lines
     assert lines[5] == "3 new records"
+    assert lines[6:8] == ["0 members", "[0, 0, 0]"], lines
