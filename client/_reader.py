@@ -398,6 +398,8 @@ class PartitionReader:
             try:
                 address = self._leader(key)
             except DMQError as e:
+                if not e.retriable:
+                    raise  # no such topic or partition: asking again cannot help
                 return e
             if address in self._inflight:
                 raise IllegalStateError(f"result() reads one partition at a time; {address} has another Fetch in flight")
