@@ -171,8 +171,8 @@ class PartitionReader:
         """`leader_wait_s`: how long a leader look-up may wait for the coordinator (None: the
         request timeout; 0: never, a missing entry is fetched in the background); with
         `allow_stale` a known leader is used while its refresh fails. `leader_hints`: leaders
-        already known (a planner's), used until they fail. `wakeup` is set whenever a Fetch
-        completes (default: the reader's own event, for wait()). `pool`: where the blocking
+        already known (a planner's), used until they fail. `wakeup`, if given, is set whenever
+        a Fetch completes. `pool`: where the blocking
         calls run (default: the reader's own threads; INLINE: the caller's); close() shuts it
         down."""
         self._cluster = cluster
@@ -184,8 +184,7 @@ class PartitionReader:
         self._leader_wait_s = leader_wait_s
         self._allow_stale = allow_stale
         self._hints = dict(leader_hints or {})
-        self._own_event = wakeup is None
-        self._event = wakeup if wakeup is not None else threading.Event()
+        self._wakeup = wakeup
         self._timeout_s = max_wait_ms / 1000 + cluster.timeout_s
         self._pool = pool or concurrent.futures.ThreadPoolExecutor(
             max_workers=MAX_FETCH_THREADS, thread_name_prefix=f"{name}-fetch"
@@ -272,8 +271,9 @@ class PartitionReader:
         self._inflight[address] = _InFlight(future, parts)
         for key in parts:
             self._inflight_keys[key] = address
-        event = self._event
-        future.add_done_callback(lambda _f: event.set())
+        wakeup = self._wakeup
+        if wakeup is not None:
+            future.add_done_callback(lambda _f: wakeup.set())
 
     # -- receiving -------------------------------------------------------------------------------
 
@@ -289,15 +289,9 @@ class PartitionReader:
                     out.append(answer)
         return out
 
-    def wait(self, timeout_s: float) -> bool:
-        """Block until some Fetch in flight is done, at most timeout_s; True when one is."""
-        if not self._inflight:
-            return False
-        if self._own_event:
-            self._event.clear()  # cleared before looking: a completion from here on sets it again
-        if any(f.future.done() for f in self._inflight.values()):
-            return True
-        self._event.wait(timeout_s)
+    @property
+    def ready(self) -> bool:
+        """Some Fetch in flight is done: answers() has something."""
         return any(f.future.done() for f in self._inflight.values())
 
     def _finish(self, address: str, inflight: _InFlight) -> FetchAnswer | None:

@@ -495,7 +495,8 @@ def _stop_on_sigterm() -> None:
 
 def _consume_offsets(sess: Any, info: Any, partition: int | None, start: int | None, from_beginning: bool,
                      idle_s: float | None, emit: Callable[[list[Any]], list[Any]], done: Callable[[], bool]) -> None:
-    from dmq.client.cli._reader import TopicReader
+    from dmq.client._cluster import Cluster
+    from dmq.client._tail import TopicTail
 
     parts = [partition] if partition is not None else [p.partition for p in info.partitions]
     if start is None:
@@ -507,20 +508,22 @@ def _consume_offsets(sess: Any, info: Any, partition: int | None, start: int | N
             if not lo <= start <= hi:
                 raise CLIError(f"offset {start} is outside {info.name}[{p}]'s log {lo}..{hi} "
                                "(use --offset earliest or latest, or an offset in that range)")
-        positions, resets = {p: start for p in parts}, {}
-    else:
-        # Looked up by the reader from each partition's broker: a broker that is down delays
-        # only its own partitions.
-        positions, resets = {}, {p: start for p in parts}
-    reader = TopicReader(sess, info.name, positions, resets=resets, warn=lambda m: note(f"[yellow]warning:[/] {m}"))
-    last_data = time.monotonic()
-    while not done():
-        records = reader.poll()
-        if records:
-            emit(records)
-            last_data = time.monotonic()
-        elif idle_s is not None and time.monotonic() - last_data >= idle_s:
-            return
+    # EARLIEST / LATEST are looked up by the tail partition by partition: a broker that is down
+    # delays only its own partitions.
+    cluster = Cluster(sess.bootstrap, request_timeout_ms=int(sess.timeout_s * 1000))
+    tail = TopicTail(cluster, info.name, dict.fromkeys(parts, start), warn=lambda m: note(f"[yellow]warning:[/] {m}"))
+    try:
+        last_data = time.monotonic()
+        while not done():
+            records = tail.poll()
+            if records:
+                emit(records)
+                last_data = time.monotonic()
+            elif idle_s is not None and time.monotonic() - last_data >= idle_s:
+                return
+    finally:
+        tail.close()
+        cluster.close()
 
 
 def _consume_group(ctx: click.Context, topic: str, app: str, from_beginning: bool, max_messages: int | None,
