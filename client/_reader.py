@@ -172,9 +172,8 @@ class PartitionReader:
         request timeout; 0: never, a missing entry is fetched in the background); with
         `allow_stale` a known leader is used while its refresh fails. `leader_hints`: leaders
         already known (a planner's), used until they fail. `wakeup`, if given, is set whenever
-        a Fetch completes. `pool`: where the blocking
-        calls run (default: the reader's own threads; INLINE: the caller's); close() shuts it
-        down."""
+        a Fetch completes. `pool`: where the blocking calls run (default: the reader's own
+        threads; INLINE: the caller's); close() shuts it down."""
         self._cluster = cluster
         self.max_wait_ms = max_wait_ms
         self.min_bytes = min_bytes
@@ -360,8 +359,11 @@ class PartitionReader:
         with other work), else of one sent now. A retriable failure of the Fetch or of the leader
         look-up, or a partition code in `retry_codes`, sends it again after a backoff (doubling
         from retry_backoff_ms up to MAX_BACKOFF_S), until `attempts` tries were made or
-        `deadline` (time.monotonic()) has passed; then the last error is raised. Other errors
-        are raised at once; other partition codes are returned (the caller's policy)."""
+        `deadline` (time.monotonic()) has passed (neither given: one try); then the last error
+        is raised. Other errors are raised at once; other partition codes are returned (the
+        caller's policy)."""
+        if attempts is None and deadline is None:
+            attempts = 1
         key = (want.topic, want.partition)
         attempt = 0
         while True:
