@@ -405,10 +405,3 @@ def fetch_results(answer: bytes, context: str) -> list[FetchPartitionView]:
     except WireError as e:
         raise CorruptRecordError(f"{context}: malformed Fetch answer ({e})") from e
 
-
-def single_fetch_result(answer: bytes, context: str) -> FetchPartitionView:
-    """The one partition a single-partition Fetch asked for."""
-    results = fetch_results(answer, context)
-    if len(results) != 1:
-        raise CorruptRecordError(f"{context}: the Fetch answer holds {len(results)} partitions, expected 1")
-    return results[0]

@@ -11,30 +11,25 @@ next Fetch in flight while the caller works on the current one. A fetch returns 
 the first may start before the requested offset: consume() skips those records, and
 consume_batches() callers use ``batch.iter_from(offset)`` (or `consumer_records`).
 
-The leader is found through the Cluster's metadata; NOT_LEADER / UNAVAILABLE refresh it and retry
-(up to FETCH_ATTEMPTS times). OFFSET_OUT_OF_RANGE raises OffsetOutOfRangeError carrying the log's
-start and end.
+Fetches go through the client's PartitionReader (dmq.client._reader): the leader is found
+through the Cluster's metadata; a failed Fetch, NOT_LEADER or UNKNOWN_TOPIC_OR_PARTITION refresh
+it and retry (up to FETCH_ATTEMPTS tries). OFFSET_OUT_OF_RANGE raises OffsetOutOfRangeError
+carrying the log's start and end. consume() makes its one call on the caller's thread; each
+consume_batches() iteration has its own reader, so concurrent reads share nothing but channels.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import grpc
-
+from dmq.client._cluster import Cluster
 from dmq.client._log import get_logger
+from dmq.client._reader import INLINE, FetchWant, PartitionReader, partition_error
 from dmq.client._settings import bootstrap_address, check_flag, check_positive, reject_unknown
-from dmq.client._cluster import Cluster, single_fetch_result
-from dmq.client.errors import (
-    CorruptRecordError,
-    DMQError,
-    InvalidArgumentError,
-    from_partition_error,
-    from_rpc_error,
-)
+from dmq.client.errors import CorruptRecordError, InvalidArgumentError
 from dmq.client.records import ConsumerRecord, consumer_records
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
@@ -49,8 +44,7 @@ __all__ = ["SimpleConsumer"]
 DEFAULT_MAX_WAIT_MS = 500
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 FETCH_ATTEMPTS = 4
-RETRY_BACKOFF_S = 0.05
-_RETRY_CODES = (pb.NOT_LEADER, pb.UNKNOWN_TOPIC_OR_PARTITION)
+RETRY_BACKOFF_MS = 50  # doubling per retry
 
 
 class SimpleConsumer:
@@ -104,7 +98,12 @@ class SimpleConsumer:
         """Records from `offset` on (at most max_records); [] when none arrive within max_wait_ms."""
         if max_records <= 0:
             raise InvalidArgumentError(f"max_records must be >= 1, got {max_records}")
-        result = self._fetch(topic, partition, offset, max_wait_ms, max_bytes)
+        want = FetchWant(topic, partition, offset)
+        reader = self._reader(want, max_wait_ms, max_bytes, INLINE)
+        try:
+            result = _checked(reader.result(want, attempts=FETCH_ATTEMPTS))
+        finally:
+            reader.close()
         out: list[ConsumerRecord] = []
         for batch in self._decode(result, topic, partition, offset):
             out.extend(consumer_records(topic, partition, batch, offset, max_records - len(out)))
@@ -130,24 +129,22 @@ class SimpleConsumer:
         """
         if end_offset is not None and end_offset <= offset:
             return
-        next_offset = offset
-        call = self._fetch_async(topic, partition, next_offset, max_wait_ms, max_bytes)
+        first = FetchWant(topic, partition, offset)
+        reader = self._reader(first, max_wait_ms, max_bytes, None)
+        want: FetchWant | None = first
         try:
-            while True:
-                result = self._complete(call, topic, partition, next_offset, max_wait_ms, max_bytes)
-                call = None
-                batches = self._decode(result, topic, partition, next_offset)
-                if batches:
-                    next_offset = batches[-1].last_offset + 1
+            reader.send([first])
+            while want is not None:
+                result = _checked(reader.result(want, attempts=FETCH_ATTEMPTS))
+                batches = self._decode(result, topic, partition, want.offset)
+                next_offset = batches[-1].last_offset + 1 if batches else want.offset
+                want = None
                 if end_offset is None or next_offset < end_offset:
-                    call = self._fetch_async(topic, partition, next_offset, max_wait_ms, max_bytes)
-                for batch in batches:
-                    yield batch
-                if call is None:
-                    return
+                    want = FetchWant(topic, partition, next_offset)
+                    reader.send([want])  # in flight while the caller works on these batches
+                yield from batches
         finally:
-            if call is not None:
-                call[0].cancel()
+            reader.close()  # a Fetch still in flight is dropped
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start, log end) of the partition: the first offset kept and the next to be written."""
@@ -158,88 +155,27 @@ class SimpleConsumer:
 
     # -- fetch plumbing ----------------------------------------------------------------------------
 
-    def _request(self, topic: str, partition: int, offset: int, max_wait_ms: int | None, max_bytes: int | None) -> pb.FetchRequest:
+    def _reader(
+        self,
+        want: FetchWant,
+        max_wait_ms: int | None,
+        max_bytes: int | None,
+        pool: concurrent.futures.Executor | None,
+    ) -> PartitionReader:
         wait = self.max_wait_ms if max_wait_ms is None else max_wait_ms
         limit = self.max_bytes if max_bytes is None else max_bytes
         _check_limits(wait, limit)
-        if offset < 0:
-            raise InvalidArgumentError(f"offset must be >= 0, got {offset}")
-        return pb.FetchRequest(
-            partitions=[pb.FetchPartition(topic=topic, partition=partition, offset=offset, max_bytes=limit)],
+        if want.offset < 0:
+            raise InvalidArgumentError(f"offset must be >= 0, got {want.offset}")
+        return PartitionReader(
+            self._cluster,
             max_wait_ms=wait,
-            min_bytes=1,
             max_bytes=limit,
+            partition_max_bytes=limit,
+            retry_backoff_ms=RETRY_BACKOFF_MS,
+            pool=pool,
+            name="dmq-simple-consumer",
         )
-
-    def _fetch_async(
-        self, topic: str, partition: int, offset: int, max_wait_ms: int | None, max_bytes: int | None
-    ) -> tuple[Any, str] | None:
-        """Start a Fetch; None when the leader is unknown right now (the caller fetches again)."""
-        request = self._request(topic, partition, offset, max_wait_ms, max_bytes)
-        try:
-            address = self._cluster.leader_for(topic, partition)
-        except DMQError:
-            return None
-        timeout = request.max_wait_ms / 1000 + self._cluster.timeout_s
-        return self._cluster.raw_fetch(address).future(request, timeout=timeout), address
-
-    def _complete(
-        self,
-        call: tuple[Any, str] | None,
-        topic: str,
-        partition: int,
-        offset: int,
-        max_wait_ms: int | None,
-        max_bytes: int | None,
-    ) -> FetchPartitionView:
-        """The result of a started fetch; on any retriable trouble, fall back to _fetch()."""
-        if call is not None:
-            future, address = call
-            try:
-                response = future.result()
-            except grpc.RpcError as e:
-                err = from_rpc_error(e, context=f"Fetch {topic}[{partition}] from broker {address}")
-                if not err.invalid_metadata and not err.retriable:
-                    raise err from e
-                self._cluster.invalidate(topic)
-            else:
-                r = single_fetch_result(response, f"Fetch {topic}[{partition}] from broker {address}")
-                if r.error not in _RETRY_CODES:
-                    return _checked(r, topic, partition)
-                self._cluster.invalidate(topic)
-        return self._fetch(topic, partition, offset, max_wait_ms, max_bytes)
-
-    def _fetch(
-        self, topic: str, partition: int, offset: int, max_wait_ms: int | None, max_bytes: int | None
-    ) -> FetchPartitionView:
-        request = self._request(topic, partition, offset, max_wait_ms, max_bytes)
-        timeout = request.max_wait_ms / 1000 + self._cluster.timeout_s
-        last: DMQError | None = None
-        for attempt in range(1, FETCH_ATTEMPTS + 1):
-            if attempt > 1:
-                time.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 2))  # bounded: FETCH_ATTEMPTS tries
-            try:
-                address = self._cluster.leader_for(topic, partition)
-                response = self._cluster.raw_fetch(address)(request, timeout=timeout)
-            except grpc.RpcError as e:
-                last = from_rpc_error(e, context=f"Fetch {topic}[{partition}] from broker {address}")
-                if not (last.retriable or last.invalid_metadata):
-                    raise last from e
-                self._cluster.invalidate(topic)
-                continue
-            except DMQError as e:  # metadata: topic gone, coordinator down
-                if not e.retriable:
-                    raise
-                last = e
-                continue
-            r = single_fetch_result(response, f"Fetch {topic}[{partition}] from broker {address}")
-            if r.error in _RETRY_CODES and attempt < FETCH_ATTEMPTS:
-                self._cluster.invalidate(topic)
-                last = from_partition_error(r.error, r.error_message, topic, partition)
-                continue
-            return _checked(r, topic, partition)
-        assert last is not None
-        raise last
 
     def _decode(self, result: FetchPartitionView, topic: str, partition: int, offset: int) -> list[RecordBatch]:
         if not result.records:
@@ -266,16 +202,9 @@ class SimpleConsumer:
         self.close()
 
 
-def _checked(r: FetchPartitionView, topic: str, partition: int) -> FetchPartitionView:
+def _checked(r: FetchPartitionView) -> FetchPartitionView:
     if r.error != pb.NONE:
-        raise from_partition_error(
-            r.error,
-            r.error_message,
-            topic,
-            partition,
-            log_start_offset=r.log_start_offset,
-            log_end_offset=r.high_watermark,
-        )
+        raise partition_error(r)
     return r
 
 

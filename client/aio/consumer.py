@@ -193,10 +193,9 @@ class AsyncConsumer:
         self._cluster = AsyncCluster(c.address, request_timeout_ms=c.request_timeout_ms)
         self._wakeup = Wakeup()
         self._subs = SubscriptionState()
-        self._fetcher = Fetcher(self._cluster, self._subs, c, self._wakeup, name=self.consumer_id)  # type: ignore[arg-type]
         # Fetches become tasks on this loop instead of calls on the Fetcher's thread pool.
-        self._fetcher._pool.shutdown(wait=False)
-        self._fetcher._pool = TaskPool()  # type: ignore[assignment]
+        self._fetcher = Fetcher(self._cluster, self._subs, c, self._wakeup, name=self.consumer_id,  # type: ignore[arg-type]
+                                pool=TaskPool())  # type: ignore[arg-type]
         self._groups = GroupClient(self._cluster, c, self.consumer_id)
         self._offsets = OffsetClient(self._cluster, c)
         self._positions = PositionFinder(self._cluster, self._offsets, self._subs, c, self._wakeup)  # type: ignore[arg-type]

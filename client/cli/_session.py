@@ -9,7 +9,7 @@ need futures of their own (the `dmq consume` reader's parallel long-polls).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -62,10 +62,6 @@ class Session:
 
             self._admin = AdminClient(self.bootstrap, request_timeout_ms=max(1, int(self.timeout_s * 1000)))
         return self._admin
-
-    def broker_stub(self, address: str) -> Any:
-        """A raw stub, for callers that need futures (parallel long-polls); they translate errors."""
-        return self.admin.cluster.broker_stub(address)
 
     def close(self) -> None:
         if self._admin is not None:

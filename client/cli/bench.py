@@ -274,23 +274,29 @@ def bench_consume(ctx: click.Context, topic: str, messages: int | None, app: str
     started = perf()
     with Reporter("read", target, report_interval_ms / 1000, progress) as reporter:
         if app is None:
-            from dmq.client.cli._reader import TopicReader
+            from dmq.client._cluster import Cluster
+            from dmq.client._tail import TopicTail
 
-            reader = TopicReader(sess, topic, {p: a.log_start_offset for p, a in ends.items()},
-                                 partition_max_bytes=fetch_max_bytes, max_wait_ms=100)
-            last_data = perf()
-            while count < target:
-                t0 = perf()
-                records = reader.poll()
-                latencies_ms.append((perf() - t0) * 1000)
-                if records:
-                    last_data = perf()
-                    records = records[: target - count]
-                    count += len(records)
-                    nbytes += sum(len(r.value) + (len(r.key) if r.key else 0) for r in records)
-                    reporter.update(count, nbytes)
-                elif perf() - last_data > idle_s:
-                    break
+            cluster = Cluster(sess.bootstrap, request_timeout_ms=int(sess.timeout_s * 1000))
+            reader = TopicTail(cluster, topic, {p: a.log_start_offset for p, a in ends.items()},
+                               partition_max_bytes=fetch_max_bytes, max_wait_ms=100)
+            try:
+                last_data = perf()
+                while count < target:
+                    t0 = perf()
+                    records = reader.poll()
+                    latencies_ms.append((perf() - t0) * 1000)
+                    if records:
+                        last_data = perf()
+                        records = records[: target - count]
+                        count += len(records)
+                        nbytes += sum(len(r.value) + (len(r.key) if r.key else 0) for r in records)
+                        reporter.update(count, nbytes)
+                    elif perf() - last_data > idle_s:
+                        break
+            finally:
+                reader.close()
+                cluster.close()
         else:
             from dmq.client.consumer import DMQConsumer
 

@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import click
 
-from dmq.client.cli._cluster_info import check_topic_name, describe_topic, list_offsets
+from dmq.client.admin import check_topic_name
 from dmq.client.cli._errors import bootstrap, explain, session
 from dmq.client.cli._output import err_console, human_bytes, note, print_json
 from dmq.client.cli._parse import jsonable_text, parse_headers
@@ -246,7 +246,7 @@ def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None
     sep = key_separator.encode() if key_separator is not None else None
     check_topic_name(topic)
     sess = session(ctx)
-    info = describe_topic(sess, topic)  # clear errors (unknown topic, server down) before reading input
+    info = sess.admin.describe_topic(topic)  # clear errors (unknown topic, server down) before reading input
     if partition is not None and partition >= info.partition_count:
         raise CLIError(f"topic {topic!r} has partitions 0..{info.partition_count - 1}; no partition {partition}")
 
@@ -448,7 +448,7 @@ def consume(ctx: click.Context, topic: str, app: str | None, partition: int | No
     start = _parse_start_offset(offset_text) if offset_text is not None else None
     check_topic_name(topic)
     sess = session(ctx)
-    info = describe_topic(sess, topic)
+    info = sess.admin.describe_topic(topic)
     if partition is not None and partition >= info.partition_count:
         raise CLIError(f"topic {topic!r} has partitions 0..{info.partition_count - 1}; no partition {partition}")
     render = _record_printer(fmt, print_key, print_offset, separator)
@@ -495,32 +495,32 @@ def _stop_on_sigterm() -> None:
 
 def _consume_offsets(sess: Any, info: Any, partition: int | None, start: int | None, from_beginning: bool,
                      idle_s: float | None, emit: Callable[[list[Any]], list[Any]], done: Callable[[], bool]) -> None:
-    from dmq.client.cli._reader import TopicReader
+    from dmq.client._tail import TopicTail
 
     parts = [partition] if partition is not None else [p.partition for p in info.partitions]
     if start is None:
         start = EARLIEST if from_beginning else LATEST
     if start >= 0:
-        bounds = list_offsets(sess, info, parts, LATEST)
+        bounds = sess.admin.list_partition_offsets({(info.name, p): LATEST for p in parts})
         for p in parts:
-            lo, hi = bounds[p].log_start_offset, bounds[p].log_end_offset
+            lo, hi = bounds[(info.name, p)].log_start_offset, bounds[(info.name, p)].log_end_offset
             if not lo <= start <= hi:
                 raise CLIError(f"offset {start} is outside {info.name}[{p}]'s log {lo}..{hi} "
                                "(use --offset earliest or latest, or an offset in that range)")
-        positions, resets = {p: start for p in parts}, {}
-    else:
-        # Looked up by the reader from each partition's broker: a broker that is down delays
-        # only its own partitions.
-        positions, resets = {}, {p: start for p in parts}
-    reader = TopicReader(sess, info.name, positions, resets=resets, warn=lambda m: note(f"[yellow]warning:[/] {m}"))
-    last_data = time.monotonic()
-    while not done():
-        records = reader.poll()
-        if records:
-            emit(records)
-            last_data = time.monotonic()
-        elif idle_s is not None and time.monotonic() - last_data >= idle_s:
-            return
+    # EARLIEST / LATEST are looked up by the tail partition by partition: a broker that is down
+    # delays only its own partitions.
+    tail = TopicTail(sess.admin.cluster, info.name, dict.fromkeys(parts, start), warn=lambda m: note(f"[yellow]warning:[/] {m}"))
+    try:
+        last_data = time.monotonic()
+        while not done():
+            records = tail.poll()
+            if records:
+                emit(records)
+                last_data = time.monotonic()
+            elif idle_s is not None and time.monotonic() - last_data >= idle_s:
+                return
+    finally:
+        tail.close()  # the cluster is the session's: closed with it
 
 
 def _consume_group(ctx: click.Context, topic: str, app: str, from_beginning: bool, max_messages: int | None,

@@ -10,22 +10,18 @@ small pool of I/O threads whose only other act is setting the consumer's wake-up
                     needed, builds the ConsumerRecords of one batch at a time (in C, from the
                     batch's columns), slices them, and advances the positions
 
-Per-broker fetch sessions: each broker has at most one Fetch in flight, with its own deadline
-(fetch_max_wait_ms + request_timeout_ms), and harvest() takes whichever answers are done, so
-records of healthy brokers flow while another broker is dead or stopped. A failed broker is
-retried after its own backoff (retry_backoff_ms, doubling up to 1 s). Leaders come from the
-metadata cache without waiting for the coordinator (a missing entry is fetched in the
-background), so neither a dead broker nor a coordinator outage holds up the others.
+The fetching itself is the client's PartitionReader (dmq.client._reader): one Fetch in flight per
+broker with its own deadline, answers taken as they come, so records of healthy brokers flow while
+another broker is dead or stopped; per-broker retry backoff; leaders from the metadata cache
+without waiting for the coordinator (a missing entry is fetched in the background), so neither a
+dead broker nor a coordinator outage holds up the others; blocking calls on a pool of threads
+rather than grpc's `.future()` (why: see that module). What is the consumer's own is here: which
+partitions to fetch from which offset, the buffers, and what an answer means for a position.
 
 poll() calls send_fetches() again just before returning records, so the next answer travels
 while the application works. Per partition at most one answer waits undecoded, one is being
 drained and one is in flight, which bounds memory to about three times
 max_partition_fetch_bytes per partition.
-
-Why blocking calls on a pool rather than grpc's `.future()`: a sync channel runs a "spin" thread
-only while it has calls in flight, and starts a new one for a call made when it has none, which
-is every fetch of a consumer that keeps up (~0.8 ms per poll on this machine, on the path from
-an answer to poll() returning). A pooled thread is started once.
 
 Stale data never reaches the application: each buffer and each requested partition carries the
 partition's epoch (SubscriptionState), and anything fetched under an older epoch (seek, pause,
@@ -36,20 +32,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-import time
 from collections import deque
 from collections.abc import Iterator
 from itertools import islice
 from typing import Final
 
-import grpc
-
+from dmq.client._cluster import Cluster
 from dmq.client._log import get_logger
-from dmq.client._cluster import Cluster, fetch_results
+from dmq.client._reader import FetchAnswer, FetchWant, PartitionReader
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._records import TopicPartition
 from dmq.client.consumer._subscription import PartitionState, SubscriptionState
-from dmq.client.errors import CorruptRecordError, DMQError, from_partition_error, from_rpc_error
+from dmq.client.errors import CorruptRecordError, DMQError, from_partition_error
 from dmq.client.records import ConsumerRecord, consumer_records
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.wire import FetchPartitionView
@@ -62,8 +56,6 @@ log = get_logger(__name__)
 _OFFSET_INDEX: Final = 2
 if ConsumerRecord._fields[_OFFSET_INDEX] != "offset":  # pragma: no cover - a ConsumerRecord change
     raise RuntimeError("_OFFSET_INDEX no longer points at ConsumerRecord.offset")
-_MAX_FETCH_THREADS = 32
-_MAX_BACKOFF_S = 1.0
 
 
 class _PartitionBuffer:
@@ -119,17 +111,6 @@ class _PartitionBuffer:
         return out
 
 
-class _InFlight:
-    __slots__ = ("future", "requested", "sent_at")
-
-    def __init__(
-        self, future: concurrent.futures.Future[bytes], requested: dict[TopicPartition, tuple[int, int]]
-    ) -> None:
-        self.future = future
-        self.requested = requested  # tp -> (epoch, fetch offset)
-        self.sent_at = time.monotonic()
-
-
 class Fetcher:
     def __init__(
         self,
@@ -138,26 +119,34 @@ class Fetcher:
         config: ConsumerConfig,
         wakeup: threading.Event,
         name: str = "dmq-consumer",
+        pool: concurrent.futures.Executor | None = None,
     ) -> None:
-        self._cluster = cluster
+        """`pool` runs the Fetch calls (default: the reader's own threads; the asyncio consumer
+        makes them tasks on its loop)."""
         self._subs = subscriptions
         self._config = config
-        self._wakeup = wakeup
-        self._inflight: dict[str, _InFlight] = {}
-        self._inflight_tps: set[TopicPartition] = set()
         self._buffers: dict[TopicPartition, _PartitionBuffer] = {}
-        self._backoff_until: dict[str, float] = {}
-        self._backoff_s: dict[str, float] = {}  # the last backoff per broker, doubled per failure
         self._rotation = 0
-        self._timeout_s = (config.fetch_max_wait_ms + config.request_timeout_ms) / 1000
-        # At most one fetch per broker is in flight, so the pool never holds more than the
-        # number of brokers led partitions are on; threads start on first use and are reused.
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_MAX_FETCH_THREADS, thread_name_prefix=f"{name}-fetch")
+        # Leaders are looked up without waiting (timeout 0): a missing entry is fetched in the
+        # background, and a known one is used while the coordinator cannot be reached.
+        self._reader = PartitionReader(
+            cluster,
+            max_wait_ms=config.fetch_max_wait_ms,
+            min_bytes=config.fetch_min_bytes,
+            max_bytes=config.fetch_max_bytes,
+            partition_max_bytes=config.max_partition_fetch_bytes,
+            retry_backoff_ms=config.retry_backoff_ms,
+            leader_wait_s=0,
+            allow_stale=True,
+            wakeup=wakeup,
+            pool=pool,
+            name=name,
+        )
         self._closed = False
 
     def __repr__(self) -> str:
         return (
-            f"<Fetcher in_flight={sorted(self._inflight)} buffered="
+            f"<Fetcher {self._reader!r} buffered="
             f"{sorted(str(tp) for tp, b in self._buffers.items() if not b.empty())}>"
         )
 
@@ -168,10 +157,10 @@ class Fetcher:
         if self._closed:
             return 0
         self.harvest()
-        now = time.monotonic()
-        plan: dict[str, list[tuple[TopicPartition, int, int]]] = {}
+        reader = self._reader
+        wants = []
         for tp, state in self._subs.fetchable():
-            if tp in self._inflight_tps:
+            if reader.in_flight(tp):
                 continue
             buf = self._buffers.get(tp)
             if buf is not None and buf.epoch != state.epoch:
@@ -181,91 +170,28 @@ class Fetcher:
                 continue  # one undecoded answer waiting is enough read-ahead
             assert state.position is not None
             offset = state.position if buf is None else buf.next_fetch_offset
-            try:
-                # timeout 0: a missing entry is fetched in the background, never waited for.
-                address = self._cluster.leader_for(tp.topic, tp.partition, timeout_s=0, allow_stale=True)
-            except DMQError as e:
-                log.debug("no leader to fetch from", topic=tp.topic, partition=tp.partition, error=str(e))
-                continue
-            if address in self._inflight or self._backoff_until.get(address, 0.0) > now:
-                continue
-            plan.setdefault(address, []).append((tp, state.epoch, offset))
-        for address, parts in plan.items():
-            self._send(address, parts)
-        return len(plan)
-
-    def _send(self, address: str, parts: list[tuple[TopicPartition, int, int]]) -> None:
-        c = self._config
-        request = pb.FetchRequest(
-            partitions=[
-                pb.FetchPartition(topic=tp.topic, partition=tp.partition, offset=offset, max_bytes=c.max_partition_fetch_bytes)
-                for tp, _, offset in parts
-            ],
-            max_wait_ms=c.fetch_max_wait_ms,
-            min_bytes=c.fetch_min_bytes,
-            max_bytes=c.fetch_max_bytes,
-        )
-        try:
-            call = self._cluster.raw_fetch(address)
-            future = self._pool.submit(call, request, timeout=self._timeout_s)
-        except (DMQError, RuntimeError) as e:  # closed client or pool
-            log.debug("fetch not sent", broker=address, error=str(e))
-            return
-        wakeup = self._wakeup
-        future.add_done_callback(lambda _f: wakeup.set())
-        self._inflight[address] = _InFlight(future, {tp: (epoch, offset) for tp, epoch, offset in parts})
-        self._inflight_tps.update(tp for tp, _, _ in parts)
+            wants.append(FetchWant(tp.topic, tp.partition, offset, 0, state.epoch))
+        if not wants:
+            return 0
+        before = reader.sent
+        reader.send(wants)
+        return reader.sent - before
 
     # -- receiving -------------------------------------------------------------------------------
 
     def harvest(self) -> None:
         """Move the answers of finished fetches into the partition buffers."""
-        if not self._inflight:
-            return
-        for address, inflight in list(self._inflight.items()):
-            if not inflight.future.done():
-                continue
-            del self._inflight[address]
-            self._inflight_tps.difference_update(inflight.requested)
-            try:
-                response = inflight.future.result()
-            except grpc.RpcError as e:
-                self._fetch_failed(address, inflight, e)
-                continue
-            except concurrent.futures.CancelledError:
-                continue
-            except ValueError as e:  # the channel was closed under the call
-                log.debug("fetch abandoned", broker=address, error=str(e))
-                continue
-            self._backoff_until.pop(address, None)
-            self._backoff_s.pop(address, None)
-            try:
-                results = fetch_results(response, f"Fetch from broker {address}")
-            except CorruptRecordError as e:
-                self._fetch_failed(address, inflight, e)
-                continue
-            for result in results:
-                self._take_result(result, inflight.requested)
+        for answer in self._reader.answers():
+            for result in answer.results:
+                self._take_result(result, answer)
 
-    def _fetch_failed(self, address: str, inflight: _InFlight, e: grpc.RpcError | DMQError) -> None:
-        if self._closed:
-            return
-        err = e if isinstance(e, DMQError) else from_rpc_error(e, context=f"Fetch from broker {address}")
-        log.warning("fetch failed, will retry", broker=address, error=str(err), retriable=err.retriable)
-        delay_s = min(_MAX_BACKOFF_S, max(self._config.retry_backoff_ms / 1000, 2 * self._backoff_s.get(address, 0.0)))
-        self._backoff_s[address] = delay_s
-        self._backoff_until[address] = time.monotonic() + delay_s
-        # The broker may be gone or no longer lead these partitions: look the leaders up again.
-        for topic in {tp.topic for tp in inflight.requested}:
-            self._cluster.invalidate(topic)
-
-    def _take_result(self, result: FetchPartitionView, requested: dict[TopicPartition, tuple[int, int]]) -> None:
+    def _take_result(self, result: FetchPartitionView, answer: FetchAnswer) -> None:
         tp = TopicPartition(result.topic, result.partition)
-        asked = requested.get(tp)
+        asked = answer.wants.get(tp)
         state = self._subs.get(tp)
-        if asked is None or state is None or state.epoch != asked[0] or state.paused:
+        if asked is None or state is None or state.epoch != asked.tag or state.paused:
             return  # revoked, sought, reset or paused since: this data is stale
-        epoch, offset = asked
+        epoch, offset = asked.tag, asked.offset
         if result.error:
             self._partition_error(tp, state, result, offset)
             return
@@ -321,12 +247,11 @@ class Fetcher:
                 buf = self._buffers[tp] = _PartitionBuffer(tp, state.epoch, offset)
             buf.error = from_partition_error(code, result.error_message, tp.topic, tp.partition)
             return
+        # NOT_LEADER / UNKNOWN_TOPIC_OR_PARTITION: the reader looks the leader up again.
         log.warning(
             "fetch error for partition, will retry",
             topic=tp.topic, partition=tp.partition, error=pb.ErrorCode.Name(code), message=result.error_message,
         )
-        if code in (pb.NOT_LEADER, pb.UNKNOWN_TOPIC_OR_PARTITION):
-            self._cluster.invalidate(tp.topic)
 
     # -- handing records to the application ------------------------------------------------------
 
@@ -382,7 +307,5 @@ class Fetcher:
     def close(self) -> None:
         """Drop everything; calls still running end when the owner closes the channels."""
         self._closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._inflight.clear()
-        self._inflight_tps.clear()
+        self._reader.close()
         self._buffers.clear()

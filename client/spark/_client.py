@@ -3,8 +3,8 @@
 Used on the driver (planning: partitions, offsets by position or time, group commits) through
 `SourceClient`, a thin user of `AdminClient` (ListOffsets grouped by leader, operator commits)
 and its `Cluster` (metadata); and in executors (`PartitionFetcher`: fetch one offset range from
-the partition's leader). Errors are `dmq.client.errors` classes; per-partition error codes of
-Fetch become the same classes through `from_partition_error`.
+the partition's leader, through the client's PartitionReader). Errors are `dmq.client.errors`
+classes; per-partition error codes of Fetch become the same classes through `from_partition_error`.
 """
 
 from __future__ import annotations
@@ -12,17 +12,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-import grpc
 
 from dmq.client._log import get_logger
-from dmq.client._cluster import Cluster, single_fetch_result
+from dmq.client._cluster import Cluster
+from dmq.client._reader import FetchWant, PartitionReader
 from dmq.client.admin import AdminClient, OffsetInfo
 from dmq.client.errors import (
     DMQError,
     DMQTimeoutError,
     TopicNotFoundError,
-    from_partition_error,
-    from_rpc_error,
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.wire import FetchPartitionView
@@ -116,7 +114,8 @@ class SourceClient:
 class PartitionFetcher:
     """Executor side: fetches one partition from its leader, one request in flight ahead.
 
-    Owns one channel (through its Cluster) for the duration of a read() call.
+    Owns one channel (through its Cluster) for the duration of a read() call. The planner's leader
+    is used until it fails; then the leader is looked up afresh.
     """
 
     def __init__(
@@ -125,64 +124,39 @@ class PartitionFetcher:
         self.cluster = Cluster(bootstrap)
         self.topic = topic
         self.partition = partition
-        self._leader = leader_hint
         self._deadline_s = poll_timeout_ms / 1000
-
-    def close(self) -> None:
-        self.cluster.close()
-
-    def _address(self) -> str:
-        if not self._leader:
-            self._leader = self.cluster.leader_for(self.topic, self.partition)
-        return self._leader
-
-    def request(self, offset: int, max_bytes: int) -> grpc.Future:
-        """Start a Fetch of `offset` (no long-poll: the data was there at planning time). The
-        answer stays serialised: result() parses it with the records as views, not copies."""
-        req = pb.FetchRequest(
-            partitions=[pb.FetchPartition(topic=self.topic, partition=self.partition, offset=offset, max_bytes=max_bytes)],
+        # No long-poll: the data was there at planning time.
+        self._reader = PartitionReader(
+            self.cluster,
             max_wait_ms=0,
             min_bytes=0,
-            max_bytes=max_bytes,
+            retry_backoff_ms=int(RETRY_BACKOFF_S * 1000),
+            leader_hints={(topic, partition): leader_hint} if leader_hint else None,
+            name="dmq-spark-read",
         )
-        return self.cluster.raw_fetch(self._address()).future(req, timeout=self.cluster.timeout_s)
 
-    def result(self, future: grpc.Future, offset: int, max_bytes: int) -> FetchPartitionView:
-        """The answer of `future`, re-sent to a fresh leader while the broker is unavailable
-        (bounded by pollTimeoutMs). Per-partition errors other than NOT_LEADER are returned."""
-        started = time.monotonic()
-        attempt = 0
-        current: grpc.Future | None = future
-        while True:
-            last: DMQError
-            if current is None:
-                try:
-                    current = self.request(offset, max_bytes)
-                except DMQError as e:  # the metadata lookup for the leader failed
-                    if not e.retriable:
-                        raise
-                    last = e
-            if current is not None:
-                try:
-                    response = current.result()
-                except grpc.RpcError as e:
-                    err = from_rpc_error(e, context=f"Fetch {self.topic}[{self.partition}] at {self._leader}")
-                    if not err.retriable:
-                        raise err from e
-                    last = err
-                else:
-                    result = single_fetch_result(response, f"Fetch {self.topic}[{self.partition}] at {self._leader}")
-                    if result.error != pb.NOT_LEADER:
-                        return result
-                    last = from_partition_error(result.error, result.error_message, self.topic, self.partition)
-            if time.monotonic() - started > self._deadline_s:
-                raise DMQTimeoutError(
-                    f"{last}; gave up after pollTimeoutMs={int(self._deadline_s * 1000)} ms "
-                    f"(raise the option if the broker is just slow to come back)"
-                ) from last
-            attempt += 1
-            log.warning("fetch failed, retrying", topic=self.topic, partition=self.partition, error=str(last))
-            time.sleep(min(RETRY_BACKOFF_S * attempt, 2.0))
-            self.cluster.invalidate(self.topic)
-            self._leader = None
-            current = None
+    def close(self) -> None:
+        """Drops the Fetch in flight, if any (a LIMIT or a failed task stopped the read)."""
+        self._reader.close()
+        self.cluster.close()
+
+    def request(self, offset: int, max_bytes: int) -> FetchWant:
+        """Start a Fetch of `offset`; result() takes its answer. The answer stays serialised:
+        the records are views into it, not copies."""
+        want = FetchWant(self.topic, self.partition, offset, max_bytes)
+        self._reader.send([want])
+        return want
+
+    def result(self, want: FetchWant, offset: int, max_bytes: int) -> FetchPartitionView:
+        """The answer of the request for `offset`, sent again to a fresh leader while the broker is
+        unavailable (bounded by pollTimeoutMs). Per-partition errors other than NOT_LEADER are
+        returned."""
+        try:
+            return self._reader.result(want, deadline=time.monotonic() + self._deadline_s, retry_codes=(pb.NOT_LEADER,))
+        except DMQError as e:
+            if not e.retriable:
+                raise
+            raise DMQTimeoutError(
+                f"{e}; gave up after pollTimeoutMs={int(self._deadline_s * 1000)} ms "
+                f"(raise the option if the broker is just slow to come back)"
+            ) from e

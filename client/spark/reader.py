@@ -255,20 +255,19 @@ def read_range(settings: ReadSettings, r: OffsetRange) -> Iterator[pa.RecordBatc
     builder = ArrowBuilder(r.topic, r.partition, settings.include_headers)
     sizer = FetchSizer(settings.fetch_max_bytes)
     name = f"{r.topic}[{r.partition}]"
-    future: Any = None  # the Fetch in flight, if any, and the max_bytes it asked for
+    asked: Any = None  # the Fetch in flight, if any, and the max_bytes it asked for
     asked_bytes = 0
 
     def ask(offset: int) -> None:
-        nonlocal future, asked_bytes
+        nonlocal asked, asked_bytes
         asked_bytes = sizer.next_bytes(r.until - offset)
-        future = fetcher.request(offset, asked_bytes)
+        asked = fetcher.request(offset, asked_bytes)
 
     try:
         offset = r.start
         ask(offset)
         while offset < r.until:
-            result = fetcher.result(future, offset, asked_bytes)
-            future = None
+            result = fetcher.result(asked, offset, asked_bytes)
             if result.error == pb.OFFSET_OUT_OF_RANGE:
                 if offset < result.log_start_offset:
                     _loss(
@@ -326,9 +325,7 @@ def read_range(settings: ReadSettings, r: OffsetRange) -> Iterator[pa.RecordBatc
                 yield rb
             offset = next_offset
     finally:
-        if future is not None:  # the consumer stopped early (a LIMIT, a failed task)
-            future.cancel()
-        fetcher.close()
+        fetcher.close()  # drops a Fetch in flight when the consumer stopped early (a LIMIT, a failed task)
 
 
 # ---------------------------------------------------------------------------------------------

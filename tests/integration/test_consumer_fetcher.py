@@ -102,7 +102,8 @@ def test_next_fetch_travels_while_records_are_buffered_and_undecoded(setup: tupl
     assert [r.offset for r in got] == list(range(10))
     f.send_fetches()
     # the next answer is requested from where the buffered data ends, not from the position
-    assert f._inflight and next(iter(f._inflight.values())).requested[tp][1] == buf.next_fetch_offset
+    inflight = f._reader._inflight
+    assert inflight and next(iter(inflight.values())).wants[tp].offset == buf.next_fetch_offset
     f.close()
 
 
@@ -171,8 +172,8 @@ def test_a_broker_that_goes_away_is_retried_after_a_metadata_refresh(cluster_fac
     more = drain(f, wakeup, 5, timeout_s=5)
     assert [(r.partition, r.offset) for r in more] == [(alive_partition, o) for o in range(10, 15)]
     deadline = time.monotonic() + 5
-    while gone not in f._backoff_until and time.monotonic() < deadline:
+    while not f._reader.retry_at(gone) and time.monotonic() < deadline:
         drain(f, wakeup, 1, timeout_s=0.2)
-    assert gone in f._backoff_until
+    assert f._reader.retry_at(gone)
     f.close()
     c.close()
