@@ -20,8 +20,8 @@ Reused from the sync consumer, unchanged: ConsumerConfig (settings and their che
 SubscriptionState, the Fetcher (pipelined per-broker fetches and lazy decoding; its calls become
 tasks through TaskPool), PositionFinder (committed offset, group start position or reset),
 GroupClient and OffsetClient (request building, answer parsing, error mapping through
-CallFuture), the heartbeat/watch/max-poll-interval coroutines of HeartbeatThread (run as tasks on
-this loop by _Heartbeats), and the record types.
+CallFuture), the application of the key / value deserializers, the heartbeat/watch/max-poll-interval
+coroutines of HeartbeatThread (run as tasks on this loop by _Heartbeats), and the record types.
 
 Differences from DMQConsumer: the group work a poll finds to do (find, re-join, hand-off) runs as
 one task of its own (each call in it bounded by request_timeout_ms, the hand-off commits by
@@ -91,9 +91,10 @@ HANDOVER_COMMIT_WAIT_S = 1.0  # as DMQConsumer: a stopped broker must not hold t
 MAX_GROUP_BACKOFF_S = 1.0
 HEARTBEAT_STOP_TIMEOUT_S = 1.0
 _CONFIG_NAMES = frozenset(f.name for f in fields(ConsumerConfig) if f.init)
-# DMQConsumer._check_can_commit and ._assigned_state are called with an AsyncConsumer as `self`:
-# they only read `config`, `_subs` and `_memberships`, which this class keeps under the same
-# names and meanings, so the rules (and messages) of who may commit and what is assigned are one.
+# DMQConsumer._check_can_commit, ._assigned_state and ._deserialize are called with an AsyncConsumer
+# as `self`: they only read `config`, `_subs` and `_memberships` and call seek(), which this class
+# keeps under the same names and meanings, so the rules (and messages) of who may commit, what is
+# assigned and what a failing deserializer does are one.
 
 
 class _Heartbeats(HeartbeatThread):
@@ -216,6 +217,7 @@ class AsyncConsumer:
         self._next_auto_commit = 0.0
         self._last_poll = time.monotonic()
         self._in_poll = False
+        self._deserializing = self.config.key_deserializer is not None or self.config.value_deserializer is not None
         self._lock: asyncio.Lock | None = None
         self._coordinating: asyncio.Future[None] | None = None  # group work in flight (see _coordination)
         self._started = False
@@ -457,6 +459,8 @@ class AsyncConsumer:
             records = fetcher.collect(limit, hold)
             fetcher.send_fetches()
             if records:
+                if self._deserializing:  # only records new from the fetcher: buffered ones already are
+                    records = DMQConsumer._deserialize(self, records)  # type: ignore[arg-type]
                 return records
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -11,8 +11,10 @@ from operator import length_hint
 
 import pytest
 
-from dmq.client.aio import AsyncConsumer
+from dmq.client.aio import AsyncConsumer, AsyncProducer
 from dmq.client.consumer import TopicPartition
+from dmq.client.errors import SerializationError
+from dmq.client.serializers import json_deserializer, str_deserializer
 from tests.aio.conftest import FAST, create, produce
 
 pytestmark = pytest.mark.timeout(60)
@@ -159,3 +161,24 @@ async def test_async_for_through_a_rebalance_loses_and_repeats_nothing(server):
     both = seen1 + seen2
     assert seen2, "the second member got nothing"
     assert len(both) == len(set(both)) == n, f"{len(both) - len(set(both))} duplicates, {n - len(set(both))} never returned"
+
+
+async def test_deserializers_apply_to_getmany_and_async_for(server):
+    """As DMQConsumer: key / value deserializers are applied (they were ignored); a value that
+    fails is not skipped: the records before it are returned, then SerializationError names the
+    offset, and seek() past it goes on."""
+    await create(server.bootstrap, "json", 1)
+    async with AsyncProducer(server.bootstrap, linger_ms=1) as producer:
+        for i, value in enumerate([b'{"n": 0}', b'{"n": 1}', b"not json", b'{"n": 3}']):
+            await producer.send("json", value, key=b"k%d" % i)
+    tp = TopicPartition("json", 0)
+    kw = dict(FAST, bootstrap_servers=server.bootstrap, group_id="app", key_deserializer=str_deserializer,
+              value_deserializer=json_deserializer)
+    async with AsyncConsumer("json", **kw) as consumer:
+        got = await consumer.getmany(timeout_ms=5_000)
+        assert [(r.key, r.value) for r in got[tp]] == [("k0", {"n": 0}), ("k1", {"n": 1})]
+        with pytest.raises(SerializationError, match="offset 2"):
+            await consumer.getmany(timeout_ms=5_000)
+        consumer.seek(tp, 3)
+        record = await asyncio.wait_for(anext(aiter(consumer)), WAIT_S)
+        assert (record.offset, record.key, record.value) == (3, "k3", {"n": 3})
