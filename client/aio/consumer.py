@@ -364,9 +364,10 @@ class AsyncConsumer:
     async def _iterate(self) -> AsyncIterator[ConsumerRecord]:
         """``async for``'s records, until the consumer is stopped. A buffered chunk is drained by
         a plain for loop between awaits: a record costs one step of this generator, not a
-        coroutine and the buffer bookkeeping of its own (a third of the time per record, with
-        the application doing little with it). Every stop of the hand-out ends the chunk's
-        iterator (see _Chunk), and the loop then asks _ready_chunk() again."""
+        coroutine with buffer bookkeeping of its own (that made ``async for`` 63-69% of
+        getmany()'s records per CPU-second, this 71-85%: bench/RESULTS.md). Every stop of the
+        hand-out ends the chunk's iterator (see _Chunk), and the loop then asks _ready_chunk()
+        again."""
         while True:
             chunk = self._ready_chunk()
             if chunk is None:
