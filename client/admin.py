@@ -33,6 +33,7 @@ from dmq.coordinator.validation import (
     validate_topic_name,
 )
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto import limits
 from dmq.proto.offset_markers import EARLIEST, LATEST
 
 log = get_logger(__name__)
@@ -50,7 +51,7 @@ __all__ = [
 
 # ListOffsets timestamps with a special meaning (dmq.proto OffsetQuery).
 
-_CONFIG_FIELDS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes")
+_CONFIG_FIELDS = tuple(limits.TOPIC_CONFIG_RANGES)
 
 _METADATA_ERRORS = {
     grpc.StatusCode.NOT_FOUND: TopicNotFoundError,

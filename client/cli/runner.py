@@ -300,6 +300,8 @@ class LocalCluster:
         # unclean, an unclosed SQLite file keeps its (non-daemon) thread and the process alive.
         try:
             await _stop_group_service(self.coordinator)
+            for broker in self.brokers:
+                broker.queues.end_pops()  # queue pops long-poll too
         finally:
             try:
                 for server in self._servers:
