@@ -18,6 +18,7 @@ import grpc
 from dmq.client._log import get_logger
 from dmq.client._settings import bootstrap_address, check_positive, reject_unknown
 from dmq.client._cluster import Cluster
+from dmq.client.queue_admin import QueueAdminMixin
 from dmq.client.errors import (
     CoordinatorUnavailableError,
     InvalidArgumentError,
@@ -169,7 +170,7 @@ def _check(fn: Callable[..., None], *args: Any) -> None:
         raise InvalidArgumentError(str(e)) from e
 
 
-class AdminClient:
+class AdminClient(QueueAdminMixin):  # describe_queue / list_queues live in dmq.client.queue_admin
     """Topic and cluster administration. Synchronous, thread-safe; close() (or `with`) when done."""
 
     def __init__(
