@@ -110,14 +110,22 @@ class QueueRpcs:
         response = pb.QueuePopResponse()
         if request.ack_lease_id:
             response.acked_offset = await queues.ack(request.ack_lease_id, None)
-        popped = await queues.pop(
-            request.topic,
-            request.group,
-            request.max_records,
-            request.lease_ms or queues.default_lease_ms(request.topic),
-            request.timeout_ms / 1000,
-            request.max_bytes or DEFAULT_POP_MAX_BYTES,
-        )
+        try:
+            popped = await queues.pop(
+                request.topic,
+                request.group,
+                request.max_records,
+                request.lease_ms or queues.default_lease_ms(request.topic),
+                request.timeout_ms / 1000,
+                request.max_bytes or DEFAULT_POP_MAX_BYTES,
+            )
+        except RpcAbort as e:
+            if not request.ack_lease_id:
+                raise
+            # The ack is done and durable: answer it (no lease) rather than an error that would
+            # make the worker believe its records were not acknowledged.
+            log.info("pop after an ack refused", topic=request.topic, code=e.code.name, error=e.message)
+            return response
         if popped is None:
             return response
         lease = popped.lease
