@@ -65,6 +65,8 @@ EXPIRY_TICK_S = 0.1
 TIME_RULE_RECHECK_S = 0.05
 # Records dead-lettered as expired in one step (one batch, one fsync).
 MAX_EXPIRED_PER_STEP = 500
+# Added to a pop's estimated read size: covers the batch that holds the first record.
+READ_SLACK_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,15 +105,18 @@ def slice_records(data: bytes, start: int, stop: int) -> bytes:
         if h.base_offset >= start and h.last_offset < stop:
             out.append(view[pos : pos + h.total_size])
             continue
+        # Column-wise (C-level list slices): a producer's batch may hold thousands of records
+        # and a pop of one of them must not build a Record for each.
         batch = records.decode(view, pos)
-        kept = [r for r in batch.iter_from(start) if r.offset < stop]
+        lo = max(start - h.base_offset, 0)
+        hi = min(stop, h.last_offset + 1) - h.base_offset
         out.append(
             records.encode(
-                [r.value for r in kept],
-                keys=[r.key for r in kept],
-                headers=[r.headers for r in kept] if h.has_headers else None,
-                timestamps=[r.timestamp for r in kept],
-                base_offset=kept[0].offset,
+                batch.values()[lo:hi],
+                keys=batch.keys()[lo:hi],
+                headers=batch.headers()[lo:hi] if h.has_headers else None,
+                timestamps=batch.timestamps()[lo:hi],
+                base_offset=h.base_offset + lo,
                 max_record_bytes=records.DEFAULT_MAX_BATCH_BYTES,
             )
         )
@@ -296,8 +301,8 @@ class QueueManager:
                 if expired_end > acked:
                     await self._expire_records(topic, partition, group, plog, acked, expired_end)
                     continue  # choose again: the partition may have nothing left
-            data = plog.read(acked, max_bytes, max_offset=end)
             stop = min(end, acked + max_records)
+            data = self._read(plog, acked, stop, end, max_bytes)
             last = acked
             for _pos, h in records.iter_headers(data):
                 last = h.last_offset + 1
@@ -310,6 +315,30 @@ class QueueManager:
                 topic, partition, group, acked, stop, lease_ms, time.monotonic(), int(time.time() * 1000)
             )
             return Popped(lease, slice_records(data, acked, stop), count)
+
+    @staticmethod
+    def _read(plog: PartitionLog, start: int, stop: int, end: int, max_bytes: int) -> bytes:
+        """Whole batches from the one holding `start`, enough for [start, stop) when max_bytes
+        allows. The read is sized by the log's average record size: reading max_bytes each time
+        copied and walked megabytes to hand out a few records."""
+        records_in_log = max(plog.log_end_offset - plog.log_start_offset, 1)
+        per_record = plog.size_bytes / records_in_log
+        want = min(max_bytes, int(per_record * (stop - start) * 1.25) + READ_SLACK_BYTES)
+        data = plog.read(start, want, max_offset=end)
+        parts = [data]
+        got = len(data)
+        while got < max_bytes:
+            last = start
+            for _pos, h in records.iter_headers(parts[-1]):
+                last = h.last_offset + 1
+            if last >= stop or last >= end or not parts[-1]:
+                break
+            more = plog.read(last, min(max_bytes - got, want), max_offset=end)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def _expire_records(
         self, topic: str, partition: int, group: str, plog: PartitionLog, acked: int, expired_end: int
