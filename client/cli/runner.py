@@ -522,6 +522,7 @@ async def run_broker_only(
 
     async def stop() -> None:
         await server_health.shutting_down()
+        node.queues.end_pops()  # waiting queue pops answer now, not after the grace period
         try:
             await server.stop(SHUTDOWN_GRACE_S)
         finally:
