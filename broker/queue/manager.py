@@ -51,7 +51,7 @@ from dmq.broker.queue.leases import Lease, LeaseTable
 from dmq.broker.queue.progress import MAX_ERROR_CHARS, OffsetProgressStore, Progress, ProgressStore
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, limits, records
-from dmq.proto.server_errors import fail
+from dmq.proto.server_errors import RpcAbort, fail
 
 if TYPE_CHECKING:
     from dmq.broker.node import BrokerNode
@@ -412,6 +412,10 @@ class QueueManager:
             self._check_in(lease, up_to_offset, "up_to_offset", allow_before=True)
         new = lease.end_offset if up_to_offset is None else up_to_offset + 1
         lease.busy = True
+        return await self._ack_durably(lease, new)
+
+    async def _ack_durably(self, lease: Lease, new: int) -> int:
+        """Make the ack of a busy lease durable, then release it (kept, idle, when that failed)."""
         try:
             if new > lease.start_offset:
                 await self.progress.save(lease.topic, lease.partition, lease.group, Progress(new))
@@ -419,6 +423,33 @@ class QueueManager:
             lease.busy = False
         self._finish(lease)
         return new
+
+    async def ack_and_pop(
+        self, lease_id: str, topic: str, group: str, max_records: int, lease_ms: int, timeout_s: float, max_bytes: int
+    ) -> tuple[int, Popped | None]:
+        """An ack riding on a pop. The ack's fsync and the pop's choice and read overlap: the
+        acknowledged partition stays held (busy) until the ack is durable, so the pop takes
+        another one, or waits for the release like any pop. The answer waits for both; when the
+        ack fails, a lease the pop took meanwhile is released uncounted and the error returned."""
+        lease = self._live(lease_id)  # checked first: a refused ack pops nothing
+        lease.busy = True
+        # A task: the ack completes even when this call is cancelled (its client went away).
+        ack = asyncio.ensure_future(self._ack_durably(lease, lease.end_offset))
+        try:
+            popped = await self.pop(topic, group, max_records, lease_ms, timeout_s, max_bytes)
+        except Exception as e:  # noqa: BLE001 - answered below: the ack's outcome is what counts
+            acked = await asyncio.shield(ack)
+            # The ack is done and durable: answer it (no lease) rather than an error that would
+            # make the worker believe its records were not acknowledged.
+            log.info("pop after an ack failed", topic=topic, error=e.message if isinstance(e, RpcAbort) else repr(e))
+            return acked, None
+        try:
+            acked = await asyncio.shield(ack)
+        except BaseException:
+            if popped is not None:
+                self._finish(popped.lease)
+            raise
+        return acked, popped
 
     async def nack(self, lease_id: str, error: str, failed_offset: int | None) -> tuple[int, int, bool]:
         lease = self._live(lease_id)

@@ -108,24 +108,15 @@ class QueueRpcs:
             _check_lease_id(request.ack_lease_id, "ack_lease_id")
         queues = self._queues()
         response = pb.QueuePopResponse()
+        lease_ms = request.lease_ms or queues.default_lease_ms(request.topic)
+        timeout_s = request.timeout_ms / 1000
+        max_bytes = request.max_bytes or DEFAULT_POP_MAX_BYTES
         if request.ack_lease_id:
-            response.acked_offset = await queues.ack(request.ack_lease_id, None)
-        try:
-            popped = await queues.pop(
-                request.topic,
-                request.group,
-                request.max_records,
-                request.lease_ms or queues.default_lease_ms(request.topic),
-                request.timeout_ms / 1000,
-                request.max_bytes or DEFAULT_POP_MAX_BYTES,
+            response.acked_offset, popped = await queues.ack_and_pop(
+                request.ack_lease_id, request.topic, request.group, request.max_records, lease_ms, timeout_s, max_bytes
             )
-        except RpcAbort as e:
-            if not request.ack_lease_id:
-                raise
-            # The ack is done and durable: answer it (no lease) rather than an error that would
-            # make the worker believe its records were not acknowledged.
-            log.info("pop after an ack refused", topic=request.topic, code=e.code.name, error=e.message)
-            return response
+        else:
+            popped = await queues.pop(request.topic, request.group, request.max_records, lease_ms, timeout_s, max_bytes)
         if popped is None:
             return response
         lease = popped.lease
