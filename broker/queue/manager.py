@@ -21,6 +21,10 @@ the expiry out. The leader's timer releases an expired lease within EXPIRY_TICK_
 and counts a failed delivery of its first record. At `max_delivery_attempts` failures the record
 is dead-lettered and the group moves past it.
 
+Leases live in the leader's memory only: a broker restart ends them without counting a failed
+delivery (the records come back to the next pop); acknowledged offsets, delivery counts and last
+errors are durable (ProgressStore), so nothing acknowledged comes back and no count is lost.
+
 Max queue size: a produce that would take the records not acknowledged by the topic's queue
 groups (over the partitions this broker leads) above this broker's pro rata share of
 `max_queue_size` is refused whole, before anything is appended.
