@@ -386,8 +386,9 @@ class QueueManager:
     # -- finishing ---------------------------------------------------------------------------------
 
     def _live(self, lease_id: str) -> Lease:
-        lease = self.leases.get(lease_id, time.monotonic())
-        if lease is None:
+        now = time.monotonic()
+        lease = self.leases.get(lease_id, now)
+        if lease is None or (lease.busy and lease.expiry <= now):  # past expiry: the timer's now
             _lease_expired(lease_id)
         if lease.busy:
             fail(
