@@ -10,16 +10,13 @@ from dmq.client import AdminClient, Producer, QueueConsumer, SimpleConsumer
 from dmq.client.cli.runner import ClusterThread
 from dmq.client.errors import QueueFullError
 
-WAIT_S = 10.0
+from tests.integration._queue_helpers import WAIT_S, produce
+
 
 
 def _produce(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:
-    with Producer(bootstrap, linger_ms=0) as p:
-        futures = [p.send(topic, b"%d-%d" % (part, i), partition=part)
-                   for part in range(partitions) for i in range(per_partition)]
-        p.flush(WAIT_S)
-        for f in futures:
-            f.get(WAIT_S)
+    for part in range(partitions):
+        produce(bootstrap, topic, [b"%d-%d" % (part, i) for i in range(per_partition)], part)
 
 
 def test_the_client_pops_from_every_leader_and_dead_letters_cross_brokers(cluster3: ClusterThread) -> None:

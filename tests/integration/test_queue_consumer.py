@@ -7,20 +7,18 @@ from __future__ import annotations
 import threading
 import time
 
-from dmq.client import AdminClient, Producer, QueueConsumer
+from dmq.client import AdminClient, QueueConsumer
 from dmq.client.cli.runner import ClusterThread
 from dmq.client.queue import QueueLease
 from dmq.client.records import ConsumerRecord
 
-WAIT_S = 10.0
+from tests.integration._queue_helpers import WAIT_S, create_topic, produce
+
 
 
 def _setup(bootstrap: str, topic: str, values: list[bytes]) -> None:
-    with AdminClient(bootstrap) as admin:
-        admin.create_topic(topic, 1)
-    with Producer(bootstrap, linger_ms=0) as p:
-        for v in values:
-            p.send(topic, v, partition=0)
+    create_topic(bootstrap, topic)
+    produce(bootstrap, topic, values)
 
 
 def test_a_slow_handler_keeps_its_lease_by_renewal(cluster: ClusterThread) -> None:

@@ -14,35 +14,17 @@ from collections.abc import Callable
 
 import pytest
 
-from dmq.client import AdminClient, Producer, QueueConsumer, SimpleConsumer
+from dmq.client import QueueConsumer
 from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.client.errors import InvalidArgumentError, LeaseExpiredError, TopicNotFoundError
 
-WAIT_S = 10.0
+from tests.integration._queue_helpers import WAIT_S, create_topic, produce, stored
 
-
-def _topic(bootstrap: str, name: str, partitions: int = 1, **config: int) -> None:
-    with AdminClient(bootstrap) as admin:
-        admin.create_topic(name, partitions, config=config or None)
-
-
-def _produce(bootstrap: str, topic: str, values: list[bytes], partition: int | None = 0, **headers: bytes) -> None:
-    with Producer(bootstrap, linger_ms=0) as p:
-        futures = [p.send(topic, v, partition=partition, headers=list(headers.items()) or None) for v in values]
-        p.flush(WAIT_S)
-        for f in futures:
-            f.get(WAIT_S)
-
-
-def _stored(bootstrap: str, topic: str, partition: int = 0) -> list:  # type: ignore[type-arg]
-    with SimpleConsumer(bootstrap, max_wait_ms=0) as c:
-        end = c.offsets(topic, partition)[1]
-        return c.consume(topic, partition, 0, max_records=end) if end else []
 
 
 def test_pop_leases_records_in_order_and_ack_moves_the_group_on(cluster: ClusterThread) -> None:
-    _topic(cluster.bootstrap, "jobs")
-    _produce(cluster.bootstrap, "jobs", [b"v%d" % i for i in range(10)])
+    create_topic(cluster.bootstrap, "jobs")
+    produce(cluster.bootstrap, "jobs", [b"v%d" % i for i in range(10)])
     with QueueConsumer(cluster.bootstrap, "jobs", "workers", max_records=4) as q:
         lease = q.pop(timeout=WAIT_S)
         assert lease is not None
@@ -67,9 +49,9 @@ def test_pop_leases_records_in_order_and_ack_moves_the_group_on(cluster: Cluster
 
 def test_one_live_lease_per_partition_and_group_under_16_concurrent_poppers(cluster: ClusterThread) -> None:
     partitions, per_partition = 4, 60
-    _topic(cluster.bootstrap, "work", partitions)
+    create_topic(cluster.bootstrap, "work", partitions)
     for p in range(partitions):
-        _produce(cluster.bootstrap, "work", [b"%d-%d" % (p, i) for i in range(per_partition)], partition=p)
+        produce(cluster.bootstrap, "work", [b"%d-%d" % (p, i) for i in range(per_partition)], partition=p)
     held: list[tuple[int, float, float, int, int]] = []  # partition, popped at, ack sent at, start, end
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -108,8 +90,8 @@ def test_one_live_lease_per_partition_and_group_under_16_concurrent_poppers(clus
 
 
 def test_two_groups_progress_independently(cluster: ClusterThread) -> None:
-    _topic(cluster.bootstrap, "shared")
-    _produce(cluster.bootstrap, "shared", [b"a", b"b", b"c"])
+    create_topic(cluster.bootstrap, "shared")
+    produce(cluster.bootstrap, "shared", [b"a", b"b", b"c"])
     with QueueConsumer(cluster.bootstrap, "shared", "billing") as billing, \
             QueueConsumer(cluster.bootstrap, "shared", "email") as email:
         held = billing.pop(timeout=WAIT_S)
@@ -125,8 +107,8 @@ def test_two_groups_progress_independently(cluster: ClusterThread) -> None:
 
 
 def test_nack_brings_the_records_back_and_acknowledges_those_before_the_failed_one(cluster: ClusterThread) -> None:
-    _topic(cluster.bootstrap, "retry")
-    _produce(cluster.bootstrap, "retry", [b"r%d" % i for i in range(5)])
+    create_topic(cluster.bootstrap, "retry")
+    produce(cluster.bootstrap, "retry", [b"r%d" % i for i in range(5)])
     with QueueConsumer(cluster.bootstrap, "retry", "g") as q:
         lease = q.pop(timeout=WAIT_S)
         assert lease is not None
@@ -143,8 +125,8 @@ def test_nack_brings_the_records_back_and_acknowledges_those_before_the_failed_o
 
 
 def test_max_delivery_attempts_dead_letters_the_head_with_headers(cluster: ClusterThread) -> None:
-    _topic(cluster.bootstrap, "orders", max_delivery_attempts=2)
-    _produce(cluster.bootstrap, "orders", [b"poison", b"fine"], trace=b"t-1")
+    create_topic(cluster.bootstrap, "orders", max_delivery_attempts=2)
+    produce(cluster.bootstrap, "orders", [b"poison", b"fine"], trace=b"t-1")
     with QueueConsumer(cluster.bootstrap, "orders", "g") as q:
         first = q.pop(timeout=WAIT_S)
         assert first is not None
@@ -156,7 +138,7 @@ def test_max_delivery_attempts_dead_letters_the_head_with_headers(cluster: Clust
         rest = q.pop(timeout=WAIT_S)
         assert rest is not None and [r.value for r in rest.records] == [b"fine"] and rest.delivery_count == 0
         q.ack(rest)
-    [dead] = _stored(cluster.bootstrap, "orders.dlq")
+    [dead] = stored(cluster.bootstrap, "orders.dlq")
     headers = dict(dead.headers)
     assert dead.value == b"poison"
     assert headers["trace"] == b"t-1"  # the record's own headers are kept
@@ -167,8 +149,8 @@ def test_max_delivery_attempts_dead_letters_the_head_with_headers(cluster: Clust
 
 
 def test_reject_dead_letters_one_record_at_once_and_keeps_the_lease(cluster: ClusterThread) -> None:
-    _topic(cluster.bootstrap, "payments")
-    _produce(cluster.bootstrap, "payments", [b"p0", b"p1", b"p2"])
+    create_topic(cluster.bootstrap, "payments")
+    produce(cluster.bootstrap, "payments", [b"p0", b"p1", b"p2"])
     with QueueConsumer(cluster.bootstrap, "payments", "g") as q:
         lease = q.pop(timeout=WAIT_S)
         assert lease is not None
@@ -176,7 +158,7 @@ def test_reject_dead_letters_one_record_at_once_and_keeps_the_lease(cluster: Clu
         assert (info.topic, info.partition, info.offset) == ("payments.dlq", 0, 0)
         assert q.ack(lease) == 3  # p0 was acknowledged by the reject, p2 by this ack
         assert q.pop(timeout=0.2) is None
-    [dead] = _stored(cluster.bootstrap, "payments.dlq")
+    [dead] = stored(cluster.bootstrap, "payments.dlq")
     assert dead.value == b"p1"
     headers = dict(dead.headers)
     assert headers["dmq.dlq.reason"] == b"rejected" and headers["dmq.dlq.error"] == b"schema invalid"
@@ -184,8 +166,8 @@ def test_reject_dead_letters_one_record_at_once_and_keeps_the_lease(cluster: Clu
 
 
 def test_renew_keeps_a_lease_past_its_first_expiry(cluster: ClusterThread) -> None:
-    _topic(cluster.bootstrap, "slow")
-    _produce(cluster.bootstrap, "slow", [b"x"])
+    create_topic(cluster.bootstrap, "slow")
+    produce(cluster.bootstrap, "slow", [b"x"])
     with QueueConsumer(cluster.bootstrap, "slow", "g", lease_ms=400) as q:
         lease = q.pop(timeout=WAIT_S)
         assert lease is not None
@@ -196,8 +178,8 @@ def test_renew_keeps_a_lease_past_its_first_expiry(cluster: ClusterThread) -> No
 
 
 def test_expired_lease_is_released_within_a_second_and_a_late_ack_changes_nothing(cluster: ClusterThread) -> None:
-    _topic(cluster.bootstrap, "expiring")
-    _produce(cluster.bootstrap, "expiring", [b"e0", b"e1"])
+    create_topic(cluster.bootstrap, "expiring")
+    produce(cluster.bootstrap, "expiring", [b"e0", b"e1"])
     with QueueConsumer(cluster.bootstrap, "expiring", "g", lease_ms=200) as dead_worker, \
             QueueConsumer(cluster.bootstrap, "expiring", "g") as other:
         lease = dead_worker.pop(timeout=WAIT_S)
@@ -217,8 +199,8 @@ def test_delivery_counts_and_dead_letters_survive_a_broker_restart(
 ) -> None:
     data = tmp_path / "restart"
     with ClusterThread(ClusterOptions(data_dir=data)) as first:
-        _topic(first.bootstrap, "durable", max_delivery_attempts=3)
-        _produce(first.bootstrap, "durable", [b"d0", b"d1", b"d2"])
+        create_topic(first.bootstrap, "durable", max_delivery_attempts=3)
+        produce(first.bootstrap, "durable", [b"d0", b"d1", b"d2"])
         with QueueConsumer(first.bootstrap, "durable", "g", max_records=1) as q:
             lease = q.pop(timeout=WAIT_S)
             assert lease is not None
@@ -237,11 +219,11 @@ def test_delivery_counts_and_dead_letters_survive_a_broker_restart(
         assert q.nack(lease, "third failure").dead_lettered
         lease = q.pop(timeout=WAIT_S)
         assert lease is not None and lease.start_offset == 2 and lease.delivery_count == 0
-    assert [r.value for r in _stored(second.bootstrap, "durable.dlq")] == [b"d0", b"d1"]
+    assert [r.value for r in stored(second.bootstrap, "durable.dlq")] == [b"d0", b"d1"]
 
 
 def test_bad_requests_get_clear_errors(cluster: ClusterThread) -> None:
-    _topic(cluster.bootstrap, "valid")
+    create_topic(cluster.bootstrap, "valid")
     with QueueConsumer(cluster.bootstrap, "valid", "g") as q:
         with pytest.raises(InvalidArgumentError, match="timeout must be within"):
             q.pop(timeout=-1)

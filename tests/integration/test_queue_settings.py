@@ -11,19 +11,8 @@ from dmq.client import AdminClient, Producer, QueueConsumer, SimpleConsumer
 from dmq.client.cli.runner import ClusterThread
 from dmq.client.errors import InvalidArgumentError, QueueFullError
 
-WAIT_S = 10.0
+from tests.integration._queue_helpers import WAIT_S, create_topic, send
 
-
-def _topic(bootstrap: str, name: str, partitions: int = 1, **config: int) -> None:
-    with AdminClient(bootstrap) as admin:
-        admin.create_topic(name, partitions, config=config)
-
-
-def _send(p: Producer, topic: str, values: list[bytes], partition: int = 0) -> None:
-    futures = [p.send(topic, v, partition=partition) for v in values]
-    p.flush(WAIT_S)
-    for f in futures:
-        f.get(WAIT_S)
 
 
 def _log_end(bootstrap: str, topic: str, partition: int = 0) -> int:
@@ -32,9 +21,9 @@ def _log_end(bootstrap: str, topic: str, partition: int = 0) -> int:
 
 
 def test_delay_ms_hides_records_until_they_are_that_old(cluster: ClusterThread) -> None:
-    _topic(cluster.bootstrap, "delayed", delay_ms=600)
+    create_topic(cluster.bootstrap, "delayed", delay_ms=600)
     with Producer(cluster.bootstrap, linger_ms=0) as p, QueueConsumer(cluster.bootstrap, "delayed", "g") as q:
-        _send(p, "delayed", [b"later"])
+        send(p, "delayed", [b"later"])
         sent = time.monotonic()
         assert q.pop(timeout=0.2) is None
         lease = q.pop(timeout=WAIT_S)
@@ -43,21 +32,21 @@ def test_delay_ms_hides_records_until_they_are_that_old(cluster: ClusterThread) 
 
 
 def test_window_buffer_ms_hands_out_a_burst_whole(cluster: ClusterThread) -> None:
-    _topic(cluster.bootstrap, "bursty", window_buffer_ms=500)
+    create_topic(cluster.bootstrap, "bursty", window_buffer_ms=500)
     with Producer(cluster.bootstrap, linger_ms=0) as p, QueueConsumer(cluster.bootstrap, "bursty", "g") as q:
-        _send(p, "bursty", [b"b0"])
+        send(p, "bursty", [b"b0"])
         assert q.pop(timeout=0.1) is None  # the partition got a record in the last 500 ms
-        _send(p, "bursty", [b"b1", b"b2"])
+        send(p, "bursty", [b"b1", b"b2"])
         lease = q.pop(timeout=WAIT_S)
         assert lease is not None and [r.value for r in lease.records] == [b"b0", b"b1", b"b2"]
 
 
 def test_max_wait_ms_dead_letters_records_too_old_to_pop(cluster: ClusterThread) -> None:
-    _topic(cluster.bootstrap, "stale", max_wait_ms=300)
+    create_topic(cluster.bootstrap, "stale", max_wait_ms=300)
     with Producer(cluster.bootstrap, linger_ms=0) as p, QueueConsumer(cluster.bootstrap, "stale", "g") as q:
-        _send(p, "stale", [b"old0", b"old1"])
+        send(p, "stale", [b"old0", b"old1"])
         time.sleep(0.5)
-        _send(p, "stale", [b"fresh"])
+        send(p, "stale", [b"fresh"])
         lease = q.pop(timeout=WAIT_S)
         assert lease is not None and [r.value for r in lease.records] == [b"fresh"]
         assert lease.start_offset == 2
@@ -69,18 +58,18 @@ def test_max_wait_ms_dead_letters_records_too_old_to_pop(cluster: ClusterThread)
 
 
 def test_lease_ms_setting_is_the_default_lease(cluster: ClusterThread) -> None:
-    _topic(cluster.bootstrap, "leasy", lease_ms=1500)
+    create_topic(cluster.bootstrap, "leasy", lease_ms=1500)
     with Producer(cluster.bootstrap, linger_ms=0) as p, QueueConsumer(cluster.bootstrap, "leasy", "g") as q:
-        _send(p, "leasy", [b"x"])
+        send(p, "leasy", [b"x"])
         lease = q.pop(timeout=WAIT_S)
         assert lease is not None
         assert 1000 < lease.expiry_ms - time.time() * 1000 <= 1500
 
 
 def test_max_queue_size_refuses_a_batch_whole_with_queue_full_error(cluster: ClusterThread) -> None:
-    _topic(cluster.bootstrap, "bounded", max_queue_size=5)
+    create_topic(cluster.bootstrap, "bounded", max_queue_size=5)
     with Producer(cluster.bootstrap, linger_ms=0) as p:
-        _send(p, "bounded", [b"q%d" % i for i in range(4)])
+        send(p, "bounded", [b"q%d" % i for i in range(4)])
         future = p.send_many("bounded", [b"over-a", b"over-b"], partition=0)
         p.flush(WAIT_S)
         with pytest.raises(QueueFullError, match="max_queue_size 5") as info:
@@ -91,16 +80,16 @@ def test_max_queue_size_refuses_a_batch_whole_with_queue_full_error(cluster: Clu
             lease = q.pop(timeout=WAIT_S)
             assert lease is not None
             q.ack(lease)  # the group acknowledged 3: depth 1
-        _send(p, "bounded", [b"fits-1", b"fits-2", b"fits-3", b"fits-4"])
+        send(p, "bounded", [b"fits-1", b"fits-2", b"fits-3", b"fits-4"])
         assert _log_end(cluster.bootstrap, "bounded") == 8
 
 
 def test_max_queue_size_is_shared_pro_rata_by_the_partitions_of_a_leader(cluster: ClusterThread) -> None:
     # one broker leads both partitions: the whole limit applies to their sum
-    _topic(cluster.bootstrap, "split", 2, max_queue_size=4)
+    create_topic(cluster.bootstrap, "split", 2, max_queue_size=4)
     with Producer(cluster.bootstrap, linger_ms=0) as p:
-        _send(p, "split", [b"a", b"b"], partition=0)
-        _send(p, "split", [b"c", b"d"], partition=1)
+        send(p, "split", [b"a", b"b"], partition=0)
+        send(p, "split", [b"c", b"d"], partition=1)
         with pytest.raises(QueueFullError) as info:
             p.send("split", b"e", partition=1).get(WAIT_S)
         assert info.value.depth == 4 and info.value.remaining == 0
