@@ -93,6 +93,15 @@ class DeadLetterInfo:
     offset: int
 
 
+def call_broker(cluster: Cluster, address: str, method: str, request: Any, what: str, timeout_s: float | None = None) -> Any:
+    """One Broker RPC; a gRPC error becomes its DMQError, saying what was done where."""
+    stub = cluster.broker_stub(address)
+    try:
+        return getattr(stub, method)(request, timeout=timeout_s or cluster.timeout_s)
+    except grpc.RpcError as e:
+        raise from_rpc_error(e, context=f"{what} at {address}") from None
+
+
 class _Renewer:
     """Renews the lease of the handler that is running, from its own thread."""
 
@@ -218,11 +227,7 @@ class QueueConsumer:
     def _call(self, address: str, method: str, request: Any, what: str, timeout_s: float | None = None) -> Any:
         if self._closed:
             raise ClientClosedError("the QueueConsumer is closed; create a new one")
-        stub = self._cluster.broker_stub(address)
-        try:
-            return getattr(stub, method)(request, timeout=timeout_s or self._cluster.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e, context=f"{what} at {address}") from None
+        return call_broker(self._cluster, address, method, request, what, timeout_s)
 
     def _leaders(self) -> list[str]:
         md = self._cluster.topic_metadata(self.topic)

@@ -13,10 +13,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import grpc
-
 from dmq.client._cluster import Cluster
-from dmq.client.errors import TopicNotFoundError, from_rpc_error
+from dmq.client.errors import TopicNotFoundError
+from dmq.client.queue import call_broker
 from dmq.proto import dmq_pb2 as pb
 
 __all__ = ["QueueAdminMixin", "QueueDescription", "QueueGroupState", "QueueLeaseInfo", "EXPIRING_SOON_S"]
@@ -96,10 +95,7 @@ class QueueAdminMixin:
     _cluster: Cluster
 
     def _queue_call(self, address: str, method: str, request: Any, what: str) -> Any:
-        try:
-            return getattr(self._cluster.broker_stub(address), method)(request, timeout=self._cluster.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e, context=f"{what} at {address}") from None
+        return call_broker(self._cluster, address, method, request, what)
 
     def describe_queue(self, topic: str, group: str | None = None) -> QueueDescription:
         """The queue state of `topic` (one group's, or every group's), from its leaders."""
