@@ -33,6 +33,7 @@ import structlog
 
 from dmq.broker.log import LogConfig, LogManager
 from dmq.broker.offsets import OffsetStore
+from dmq.broker.queue.manager import QueueManager
 from dmq.broker.service import BrokerService
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -87,6 +88,7 @@ class BrokerNode:
         self.retention_check_interval_ms = retention_check_interval_ms
         self.logs = LogManager(self.data_dir / "logs", self.log_config, max_open_files=max_open_files)
         self.offsets = OffsetStore(self.data_dir / "offsets.sqlite")
+        self.queues = QueueManager(self)  # queue mode: leases, acks, dead letters (broker/queue)
         self.dir_lock = DataDirLock(self.data_dir)
         self._opening: asyncio.Future[None] | None = None
         self.service = BrokerService(self)
@@ -138,6 +140,7 @@ class BrokerNode:
             partitions=len(self.logs.partitions()),
             recovery_s=round(time.monotonic() - started, 3),
         )
+        self.queues.start()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"broker-{self.broker_id}-heartbeat"))
         self._tasks.append(asyncio.create_task(self._retention_loop(), name=f"broker-{self.broker_id}-retention"))
         if self.log_config.flush_policy == "interval":
@@ -159,6 +162,7 @@ class BrokerNode:
         self.ready = False
         self._stopping.set()
         try:
+            await self.queues.stop()
             for task in self._tasks:
                 task.cancel()
             if self._tasks:
@@ -252,6 +256,7 @@ class BrokerNode:
         config = log_config_for(self.log_config, request.config)
         for partition in request.partitions:
             self.logs.create(request.topic, partition, config)
+        self.queues.configure(request)
         self._leader_cache.pop(request.topic, None)
         log.info("partitions created", topic=request.topic, partitions=list(request.partitions))
 
@@ -260,6 +265,7 @@ class BrokerNode:
             if t == topic and (partitions is None or p in partitions):
                 self.logs.delete(t, p)
         await self.offsets.delete_topic(topic, partitions)
+        self.queues.forget(topic, partitions)
         self._leader_cache.pop(topic, None)
         log.info("partitions deleted", topic=topic, partitions=sorted(partitions) if partitions else "all")
 
@@ -284,6 +290,23 @@ class BrokerNode:
             if len(self._leader_cache) > 10_000:  # bound the cache under hostile topic names
                 self._leader_cache.clear()
         return cached[1].get(partition)
+
+    async def ensure_topic(self, name: str, *, partitions: int) -> pb.TopicInfo:
+        """The topic's metadata, creating it first when it does not exist (queue mode's dead-letter
+        topics). Raises grpc.aio.AioRpcError when the coordinator refuses or cannot be reached."""
+        assert self._metadata is not None
+        try:
+            info: pb.TopicInfo = await self._metadata.CreateTopic(
+                pb.CreateTopicRequest(name=name, partitions=partitions), timeout=COORDINATOR_RPC_TIMEOUT_S
+            )
+            return info
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.ALREADY_EXISTS:
+                raise
+        described: pb.TopicInfo = await self._metadata.DescribeTopic(
+            pb.DescribeTopicRequest(name=name), timeout=COORDINATOR_RPC_TIMEOUT_S
+        )
+        return described
 
     async def check_ownership(
         self, group_id: str, member_id: str, generation: int, topic: str, partitions: list[int]

@@ -187,6 +187,10 @@ class OffsetStore:
     def get(self, group_id: str, topic: str, partition: int) -> CommittedOffset | None:
         return self._offsets.get((group_id, topic, partition))
 
+    def items(self) -> list[tuple[tuple[str, str, int], CommittedOffset]]:
+        """Every (group, topic, partition) entry: for views kept beside this one (queue mode's)."""
+        return list(self._offsets.items())
+
     def for_group(self, group_id: str) -> dict[tuple[str, int], CommittedOffset]:
         return {(t, p): c for (g, t, p), c in self._offsets.items() if g == group_id}
 

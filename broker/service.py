@@ -44,6 +44,7 @@ from dmq.broker.log import (
 )
 from dmq.broker.log.errors import DISK_FULL_ERRNOS
 from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
+from dmq.broker.queue.service import QueueRpcs
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits, names, records
@@ -260,7 +261,7 @@ class _Appender:
                 del self._locks[key]
 
 
-class BrokerService(pb_grpc.BrokerServicer):
+class BrokerService(QueueRpcs, pb_grpc.BrokerServicer):
     def __init__(self, node: BrokerNode, budget: ByteBudget | None = None) -> None:
         self._node = node
         self.notifier = AppendNotifier()
@@ -283,6 +284,9 @@ class BrokerService(pb_grpc.BrokerServicer):
             return await self.budget.acquire(size, context.time_remaining(), what)
         except BudgetExhaustedError as e:
             raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), error_details.BUSY) from None
+
+    def storage_error(self, e: Exception) -> RpcAbort | None:
+        return _translate(self, e)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -337,7 +341,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             # The turn covers the append (checks, write; in a thread when large), not the wait
             # for the fsync: large acks=all batches still share group commits.
             async with self._turn(len(batch), context, what):
-                info = await self.appender.append(plog, batch)
+                with self._node.queues.admission(request.topic, batch):  # max_queue_size: refused whole
+                    info = await self.appender.append(plog, batch)
             if request.acks == pb.ACKS_ALL and plog.config.flush_policy == "fsync":
                 # PartitionLog.append_durable() in two steps, the turn released in between
                 await plog.wait_durable(info.last_offset + 1)
@@ -355,6 +360,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             lease.release()
         if not info.duplicate:
             self.notifier.notify(request.topic, request.partition)
+            self._node.queues.on_append(request.topic, request.partition)
         return pb.ProduceResponse(
             base_offset=info.base_offset,
             log_append_time_ms=info.append_time_ms,

@@ -25,6 +25,8 @@ _EXPORTS = {
     "ConsumerRecord": "dmq.client.records",
     "RecordMetadata": "dmq.client.records",
     "SimpleConsumer": "dmq.client.simple_consumer",
+    "QueueConsumer": "dmq.client.queue",
+    "QueueLease": "dmq.client.queue",
     "DMQConsumer": "dmq.client.consumer",
     "ConsumerConfig": "dmq.client.consumer",
     "ConsumerRecords": "dmq.client.consumer",
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
     from dmq.client.producer import Producer, RecordFuture, SendManyFuture
     from dmq.client.records import ConsumerRecord, RecordMetadata
     from dmq.client.serializers import json_deserializer, json_serializer, str_deserializer, str_serializer
+    from dmq.client.queue import QueueConsumer, QueueLease
     from dmq.client.simple_consumer import SimpleConsumer
 
 

@@ -39,6 +39,7 @@ from dmq.client._groups import (
     check_reset,
     plan_reset,
 )
+from dmq.client.queue_admin import QueueAdminMixin
 from dmq.client.errors import (
     CommitFailedError,
     CoordinatorUnavailableError,
@@ -60,6 +61,7 @@ from dmq.coordinator.validation import (
     validate_topic_name,
 )
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto import limits
 from dmq.proto.offset_markers import EARLIEST, LATEST
 from dmq.proto.wire import BROKER_SERVICE
 
@@ -91,7 +93,7 @@ TopicPartition = tuple[str, int]
 # Pauses between attempts while a server answers UNAVAILABLE or a leader moves (seconds).
 _RETRY_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.0)
 
-_CONFIG_FIELDS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes")
+_CONFIG_FIELDS = tuple(limits.TOPIC_CONFIG_RANGES)
 
 _METADATA_ERRORS = {
     grpc.StatusCode.NOT_FOUND: TopicNotFoundError,
@@ -259,7 +261,7 @@ def check_topic_name(name: str) -> None:
         raise InvalidArgumentError(f"invalid topic name: {str(e).removeprefix('name: ')}") from e
 
 
-class AdminClient:
+class AdminClient(QueueAdminMixin):  # describe_queue / list_queues live in dmq.client.queue_admin
     """Topic and cluster administration. Synchronous, thread-safe; close() (or `with`) when done."""
 
     def __init__(

@@ -36,6 +36,8 @@ __all__ = [
     "TopicAlreadyExistsError",
     "FailedPreconditionError",
     "CommitFailedError",
+    "LeaseExpiredError",
+    "QueueFullError",
     "GroupNotEmptyError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",
@@ -139,6 +141,11 @@ class CommitFailedError(FailedPreconditionError):
     """
 
 
+class LeaseExpiredError(FailedPreconditionError):
+    """The queue lease expired or was taken over before this ack / nack / renew; nothing changed and
+    its records go to the next pop. Renew sooner (lease_ms, or process() renews while it runs)."""
+
+
 class GroupNotEmptyError(FailedPreconditionError):
     """The group still has members: stop its consumers before deleting it or resetting offsets."""
 
@@ -179,6 +186,37 @@ class ResourceExhaustedError(DMQError):
 class RecordTooLargeError(ResourceExhaustedError):
     """A record or batch exceeds a size limit: lower batch_size, split the value, or raise the
     topic's max_message_bytes."""
+
+
+class QueueFullError(ResourceExhaustedError):
+    """The topic's queue holds max_queue_size records its queue groups have not acknowledged;
+    nothing of the batch was stored. ``depth``, ``limit`` and ``remaining`` (capacity left) are
+    per leader: each enforces its pro rata share of max_queue_size over the partitions it leads."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        code: str | None = None,
+        details: str | None = None,
+        depth: int | None = None,
+        limit: int | None = None,
+    ) -> None:
+        super().__init__(message, code=code, details=details)
+        self.depth = depth
+        self.limit = limit
+
+    @property
+    def remaining(self) -> int | None:
+        if self.depth is None or self.limit is None:
+            return None
+        return max(self.limit - self.depth, 0)
+
+    def _read_trailing(self, trailing_metadata: object) -> None:
+        for name, key in (("depth", error_details.QUEUE_DEPTH_KEY), ("limit", error_details.QUEUE_LIMIT_KEY)):
+            value = error_details.value_of(trailing_metadata, key)
+            if value is not None and value.isdigit():
+                setattr(self, name, int(value))
 
 
 class DiskFullError(ResourceExhaustedError):
@@ -298,6 +336,8 @@ REASON_ERRORS: dict[str, type[DMQError]] = {
     error_details.PRODUCER_FENCED: ProducerFencedError,
     error_details.OUT_OF_ORDER_SEQUENCE: OutOfOrderSequenceError,
     error_details.NOT_OWNER: CommitFailedError,
+    error_details.LEASE_EXPIRED: LeaseExpiredError,
+    error_details.QUEUE_FULL: QueueFullError,
 }
 
 # Hints appended to the server's message when it alone does not say what to do.
@@ -326,9 +366,11 @@ def from_rpc_error(
         code = grpc.StatusCode.UNKNOWN
     trailing_fn = getattr(error, "trailing_metadata", None)
     reason = None
+    trailing: object = None
     if callable(trailing_fn):
         try:
-            reason = error_details.reason_of(trailing_fn())
+            trailing = trailing_fn()
+            reason = error_details.reason_of(trailing)
         except Exception:  # noqa: BLE001 - a call without metadata (e.g. failed to connect)
             reason = None
     cls = REASON_ERRORS.get(reason) if reason else None
@@ -346,6 +388,8 @@ def from_rpc_error(
     if code is grpc.StatusCode.UNAVAILABLE and not details:
         parts.append("(is the server running and reachable?)")
     err = cls(" ".join(parts), code=code.name, details=details)
+    if isinstance(err, QueueFullError):
+        err._read_trailing(trailing)
     err.__cause__ = error if isinstance(error, BaseException) else None
     return err
 

@@ -66,7 +66,7 @@ from dmq.coordinator.validation import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from dmq.proto import error_details
+from dmq.proto import error_details, limits
 from dmq.proto.names import shorten
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 
@@ -401,7 +401,10 @@ class MetadataManager:
             if partitions:
                 requests.append(
                     pb.CreatePartitionsRequest(
-                        topic=topic.name, partitions=partitions, config=topic_config_to_proto(topic.config)
+                        topic=topic.name,
+                        partitions=partitions,
+                        config=topic_config_to_proto(topic.config),
+                        topic_partition_count=topic.partition_count,
                     )
                 )
         return requests
@@ -622,7 +625,9 @@ class MetadataManager:
         config = topic_config_to_proto(record.config)
 
         async def call(broker_id: int, parts: list[int]) -> BrokerRefusal | None:
-            request = pb.CreatePartitionsRequest(topic=record.name, partitions=parts, config=config)
+            request = pb.CreatePartitionsRequest(
+                topic=record.name, partitions=parts, config=config, topic_partition_count=record.partition_count
+            )
             return await self._call_broker(broker_id, "CreatePartitions", request, topic=record.name, partitions=parts)
 
         refusals = await asyncio.gather(*(call(b, parts) for b, parts in sorted(by_broker.items())))
@@ -693,7 +698,7 @@ def _validate_broker(broker_id: int, host: str, port: int) -> None:
 
 # -- proto conversions ----------------------------------------------------------------------------
 
-_CONFIG_FIELDS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes")
+_CONFIG_FIELDS = tuple(limits.TOPIC_CONFIG_RANGES)
 
 
 def topic_config_to_proto(settings: TopicSettings) -> pb.TopicConfig:

@@ -63,6 +63,13 @@ class TopicSettings:
     segment_bytes: int | None = None
     segment_ms: int | None = None
     max_message_bytes: int | None = None
+    # queue mode (dmq.proto.limits, DESIGN.md "Queue mode")
+    delay_ms: int | None = None
+    max_wait_ms: int | None = None
+    window_buffer_ms: int | None = None
+    lease_ms: int | None = None
+    max_delivery_attempts: int | None = None
+    max_queue_size: int | None = None
 
     def validate(self, *, field_prefix: str = "config.") -> None:
         limits.check_topic_config(asdict(self), field_prefix=field_prefix)

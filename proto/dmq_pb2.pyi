@@ -64,18 +64,30 @@ class TopicPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class TopicConfig(_message.Message):
-    __slots__ = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes")
+    __slots__ = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "delay_ms", "max_wait_ms", "window_buffer_ms", "lease_ms", "max_delivery_attempts", "max_queue_size")
     RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_BUFFER_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELIVERY_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
     retention_ms: int
     retention_bytes: int
     segment_bytes: int
     segment_ms: int
     max_message_bytes: int
-    def __init__(self, retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
+    delay_ms: int
+    max_wait_ms: int
+    window_buffer_ms: int
+    lease_ms: int
+    max_delivery_attempts: int
+    max_queue_size: int
+    def __init__(self, retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., delay_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., window_buffer_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., max_delivery_attempts: _Optional[int] = ..., max_queue_size: _Optional[int] = ...) -> None: ...
 
 class PartitionInfo(_message.Message):
     __slots__ = ("partition", "leader_id", "leader_address", "leader_alive")
@@ -274,14 +286,16 @@ class FetchCommittedOffsetsResponse(_message.Message):
     def __init__(self, offsets: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ...) -> None: ...
 
 class CreatePartitionsRequest(_message.Message):
-    __slots__ = ("topic", "partitions", "config")
+    __slots__ = ("topic", "partitions", "config", "topic_partition_count")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partitions: _containers.RepeatedScalarFieldContainer[int]
     config: TopicConfig
-    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ...) -> None: ...
+    topic_partition_count: int
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ..., topic_partition_count: _Optional[int] = ...) -> None: ...
 
 class CreatePartitionsResponse(_message.Message):
     __slots__ = ()
@@ -690,3 +704,181 @@ class CheckOwnershipRequest(_message.Message):
 class CheckOwnershipResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class QueuePopRequest(_message.Message):
+    __slots__ = ("topic", "group", "max_records", "lease_ms", "timeout_ms", "max_bytes", "ack_lease_id")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ACK_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    max_records: int
+    lease_ms: int
+    timeout_ms: int
+    max_bytes: int
+    ack_lease_id: str
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., max_records: _Optional[int] = ..., lease_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., ack_lease_id: _Optional[str] = ...) -> None: ...
+
+class QueuePopResponse(_message.Message):
+    __slots__ = ("lease_id", "partition", "start_offset", "end_offset", "expiry_ms", "delivery_count", "records", "acked_offset")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EXPIRY_MS_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    expiry_ms: int
+    delivery_count: int
+    records: bytes
+    acked_offset: int
+    def __init__(self, lease_id: _Optional[str] = ..., partition: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., expiry_ms: _Optional[int] = ..., delivery_count: _Optional[int] = ..., records: _Optional[bytes] = ..., acked_offset: _Optional[int] = ...) -> None: ...
+
+class QueueAckRequest(_message.Message):
+    __slots__ = ("lease_id", "up_to_offset")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    UP_TO_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    up_to_offset: int
+    def __init__(self, lease_id: _Optional[str] = ..., up_to_offset: _Optional[int] = ...) -> None: ...
+
+class QueueAckResponse(_message.Message):
+    __slots__ = ("acked_offset",)
+    ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    acked_offset: int
+    def __init__(self, acked_offset: _Optional[int] = ...) -> None: ...
+
+class QueueNackRequest(_message.Message):
+    __slots__ = ("lease_id", "error", "failed_offset")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    FAILED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    error: str
+    failed_offset: int
+    def __init__(self, lease_id: _Optional[str] = ..., error: _Optional[str] = ..., failed_offset: _Optional[int] = ...) -> None: ...
+
+class QueueNackResponse(_message.Message):
+    __slots__ = ("acked_offset", "delivery_count", "dead_lettered")
+    ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    acked_offset: int
+    delivery_count: int
+    dead_lettered: bool
+    def __init__(self, acked_offset: _Optional[int] = ..., delivery_count: _Optional[int] = ..., dead_lettered: _Optional[bool] = ...) -> None: ...
+
+class QueueRejectRequest(_message.Message):
+    __slots__ = ("lease_id", "offset", "error")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    offset: int
+    error: str
+    def __init__(self, lease_id: _Optional[str] = ..., offset: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class QueueRejectResponse(_message.Message):
+    __slots__ = ("acked_offset", "dlq_topic", "dlq_partition", "dlq_offset")
+    ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DLQ_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    DLQ_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    DLQ_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    acked_offset: int
+    dlq_topic: str
+    dlq_partition: int
+    dlq_offset: int
+    def __init__(self, acked_offset: _Optional[int] = ..., dlq_topic: _Optional[str] = ..., dlq_partition: _Optional[int] = ..., dlq_offset: _Optional[int] = ...) -> None: ...
+
+class QueueRenewRequest(_message.Message):
+    __slots__ = ("lease_id", "lease_ms")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    lease_ms: int
+    def __init__(self, lease_id: _Optional[str] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class QueueRenewResponse(_message.Message):
+    __slots__ = ("expiry_ms",)
+    EXPIRY_MS_FIELD_NUMBER: _ClassVar[int]
+    expiry_ms: int
+    def __init__(self, expiry_ms: _Optional[int] = ...) -> None: ...
+
+class QueueDescribeRequest(_message.Message):
+    __slots__ = ("topic", "group")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+
+class QueueGroupPartition(_message.Message):
+    __slots__ = ("topic", "partition", "group", "acked_offset", "pending", "delivery_count", "last_error", "lease_id", "lease_records", "lease_expiry_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRY_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    group: str
+    acked_offset: int
+    pending: int
+    delivery_count: int
+    last_error: str
+    lease_id: str
+    lease_records: int
+    lease_expiry_ms: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., group: _Optional[str] = ..., acked_offset: _Optional[int] = ..., pending: _Optional[int] = ..., delivery_count: _Optional[int] = ..., last_error: _Optional[str] = ..., lease_id: _Optional[str] = ..., lease_records: _Optional[int] = ..., lease_expiry_ms: _Optional[int] = ...) -> None: ...
+
+class QueuePartitionDepth(_message.Message):
+    __slots__ = ("topic", "partition", "log_start_offset", "log_end_offset", "depth")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    log_start_offset: int
+    log_end_offset: int
+    depth: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., depth: _Optional[int] = ...) -> None: ...
+
+class QueueTopicLimit(_message.Message):
+    __slots__ = ("topic", "max_queue_size", "share", "depth")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    max_queue_size: int
+    share: int
+    depth: int
+    def __init__(self, topic: _Optional[str] = ..., max_queue_size: _Optional[int] = ..., share: _Optional[int] = ..., depth: _Optional[int] = ...) -> None: ...
+
+class QueueDescribeResponse(_message.Message):
+    __slots__ = ("groups", "partitions", "limits", "broker_id")
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[QueueGroupPartition]
+    partitions: _containers.RepeatedCompositeFieldContainer[QueuePartitionDepth]
+    limits: _containers.RepeatedCompositeFieldContainer[QueueTopicLimit]
+    broker_id: int
+    def __init__(self, groups: _Optional[_Iterable[_Union[QueueGroupPartition, _Mapping]]] = ..., partitions: _Optional[_Iterable[_Union[QueuePartitionDepth, _Mapping]]] = ..., limits: _Optional[_Iterable[_Union[QueueTopicLimit, _Mapping]]] = ..., broker_id: _Optional[int] = ...) -> None: ...

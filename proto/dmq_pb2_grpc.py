@@ -79,6 +79,36 @@ class BrokerStub:
                 request_serializer=dmq_dot_proto_dot_dmq__pb2.DeleteGroupOffsetsRequest.SerializeToString,
                 response_deserializer=dmq_dot_proto_dot_dmq__pb2.DeleteGroupOffsetsResponse.FromString,
                 _registered_method=True)
+        self.QueuePop = channel.unary_unary(
+                '/dmq.v1.Broker/QueuePop',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.QueuePopRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.QueuePopResponse.FromString,
+                _registered_method=True)
+        self.QueueAck = channel.unary_unary(
+                '/dmq.v1.Broker/QueueAck',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.QueueAckRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.QueueAckResponse.FromString,
+                _registered_method=True)
+        self.QueueNack = channel.unary_unary(
+                '/dmq.v1.Broker/QueueNack',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.QueueNackRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.QueueNackResponse.FromString,
+                _registered_method=True)
+        self.QueueReject = channel.unary_unary(
+                '/dmq.v1.Broker/QueueReject',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.QueueRejectRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.QueueRejectResponse.FromString,
+                _registered_method=True)
+        self.QueueRenew = channel.unary_unary(
+                '/dmq.v1.Broker/QueueRenew',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.QueueRenewRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.QueueRenewResponse.FromString,
+                _registered_method=True)
+        self.QueueDescribe = channel.unary_unary(
+                '/dmq.v1.Broker/QueueDescribe',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.QueueDescribeRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.QueueDescribeResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -139,6 +169,43 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QueuePop(self, request, context):
+        """Queue mode, served by each partition's leader (DESIGN.md "Queue mode").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueueAck(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueueNack(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueueReject(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueueRenew(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueueDescribe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +253,36 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DeleteGroupOffsets,
                     request_deserializer=dmq_dot_proto_dot_dmq__pb2.DeleteGroupOffsetsRequest.FromString,
                     response_serializer=dmq_dot_proto_dot_dmq__pb2.DeleteGroupOffsetsResponse.SerializeToString,
+            ),
+            'QueuePop': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueuePop,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.QueuePopRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.QueuePopResponse.SerializeToString,
+            ),
+            'QueueAck': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueueAck,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.QueueAckRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.QueueAckResponse.SerializeToString,
+            ),
+            'QueueNack': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueueNack,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.QueueNackRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.QueueNackResponse.SerializeToString,
+            ),
+            'QueueReject': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueueReject,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.QueueRejectRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.QueueRejectResponse.SerializeToString,
+            ),
+            'QueueRenew': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueueRenew,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.QueueRenewRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.QueueRenewResponse.SerializeToString,
+            ),
+            'QueueDescribe': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueueDescribe,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.QueueDescribeRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.QueueDescribeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -431,6 +528,168 @@ class Broker:
             '/dmq.v1.Broker/DeleteGroupOffsets',
             dmq_dot_proto_dot_dmq__pb2.DeleteGroupOffsetsRequest.SerializeToString,
             dmq_dot_proto_dot_dmq__pb2.DeleteGroupOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueuePop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/QueuePop',
+            dmq_dot_proto_dot_dmq__pb2.QueuePopRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.QueuePopResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueueAck(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/QueueAck',
+            dmq_dot_proto_dot_dmq__pb2.QueueAckRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.QueueAckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueueNack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/QueueNack',
+            dmq_dot_proto_dot_dmq__pb2.QueueNackRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.QueueNackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueueReject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/QueueReject',
+            dmq_dot_proto_dot_dmq__pb2.QueueRejectRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.QueueRejectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueueRenew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/QueueRenew',
+            dmq_dot_proto_dot_dmq__pb2.QueueRenewRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.QueueRenewResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueueDescribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/QueueDescribe',
+            dmq_dot_proto_dot_dmq__pb2.QueueDescribeRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.QueueDescribeResponse.FromString,
             options,
             channel_credentials,
             insecure,

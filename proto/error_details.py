@@ -17,7 +17,12 @@ __all__ = [
     "PRODUCER_FENCED",
     "OUT_OF_ORDER_SEQUENCE",
     "NOT_OWNER",
+    "LEASE_EXPIRED",
+    "QUEUE_FULL",
+    "QUEUE_DEPTH_KEY",
+    "QUEUE_LIMIT_KEY",
     "reason_of",
+    "value_of",
 ]
 
 REASON_KEY = "dmq-error-reason"
@@ -32,13 +37,26 @@ OUT_OF_ORDER_SEQUENCE = "out-of-order-sequence"  # a gap in the producer's seque
 # FAILED_PRECONDITION from a commit: the member does not own the partition under the generation it
 # names (a stale generation, or the partition moved); the consumer re-fetches its assignment.
 NOT_OWNER = "not-owner"
+# FAILED_PRECONDITION from a queue ack / nack / reject / renew: the lease expired or was taken
+# over; nothing changed (the records come back to whoever pops next).
+LEASE_EXPIRED = "lease-expired"
+# RESOURCE_EXHAUSTED from a produce: the topic's queue holds max_queue_size records not yet
+# acknowledged; nothing of the batch was stored. The numbers travel under the two keys below.
+QUEUE_FULL = "queue-full"
+QUEUE_DEPTH_KEY = "dmq-queue-depth"  # records not acknowledged (over the leader's partitions)
+QUEUE_LIMIT_KEY = "dmq-queue-limit"  # the leader's pro rata share of max_queue_size
 
 
 def reason_of(trailing_metadata: object) -> str | None:
     """The reason in a call's trailing metadata (a sequence of (key, value) pairs), if any."""
+    return value_of(trailing_metadata, REASON_KEY)
+
+
+def value_of(trailing_metadata: object, wanted: str) -> str | None:
+    """The value of one key of a call's trailing metadata, if present."""
     try:
         for key, value in trailing_metadata or ():  # type: ignore[attr-defined]
-            if key == REASON_KEY:
+            if key == wanted:
                 return value if isinstance(value, str) else bytes(value).decode("ascii", "replace")
     except (TypeError, ValueError):
         return None

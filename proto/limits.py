@@ -9,6 +9,12 @@ accepts is always one a broker can store.
                      broker's log refuses smaller segments)
   segment_ms         1..MAX_DURATION_MS
   max_message_bytes  MAX_MESSAGE_BYTES_MIN..MAX_MESSAGE_BYTES_MAX (a batch must fit a fetch response)
+  queue mode (DESIGN.md "Queue mode"):
+  delay_ms, window_buffer_ms   0..MAX_DURATION_MS
+  max_wait_ms                  1..MAX_DURATION_MS
+  lease_ms                     LEASE_MS_MIN..LEASE_MS_MAX (also the bounds of a pop's own lease_ms)
+  max_delivery_attempts        1..MAX_DELIVERY_ATTEMPTS_MAX
+  max_queue_size               0 (unlimited)..2^63-1
 """
 
 from __future__ import annotations
@@ -41,6 +47,14 @@ SESSION_TIMEOUT_MS_MAX = 300_000
 MAX_POLL_INTERVAL_MS_MIN = 1_000
 MAX_POLL_INTERVAL_MS_MAX = 3_600_000
 
+# Queue mode: a lease shorter than the expiry timer's resolution would expire before its records
+# arrive; an hour is longer than any sensible unit of work without a renewal.
+LEASE_MS_MIN = 100
+LEASE_MS_MAX = 3_600_000
+DEFAULT_LEASE_MS = 30_000
+MAX_DELIVERY_ATTEMPTS_MAX = 1_000
+DEFAULT_MAX_DELIVERY_ATTEMPTS = 5
+
 # name -> (low, high, -1 allowed as "no limit")
 TOPIC_CONFIG_RANGES: dict[str, tuple[int, int, bool]] = {
     "retention_ms": (0, MAX_DURATION_MS, True),
@@ -48,6 +62,12 @@ TOPIC_CONFIG_RANGES: dict[str, tuple[int, int, bool]] = {
     "segment_bytes": (SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX, False),
     "segment_ms": (1, MAX_DURATION_MS, False),
     "max_message_bytes": (MAX_MESSAGE_BYTES_MIN, MAX_MESSAGE_BYTES_MAX, False),
+    "delay_ms": (0, MAX_DURATION_MS, False),
+    "max_wait_ms": (1, MAX_DURATION_MS, False),
+    "window_buffer_ms": (0, MAX_DURATION_MS, False),
+    "lease_ms": (LEASE_MS_MIN, LEASE_MS_MAX, False),
+    "max_delivery_attempts": (1, MAX_DELIVERY_ATTEMPTS_MAX, False),
+    "max_queue_size": (0, INT64_MAX, False),
 }
 
 

@@ -30,21 +30,30 @@ class RpcAbort(Exception):
     """A request refused with a status; `reason` (dmq.proto.error_details) goes out as trailing
     metadata when the code alone does not tell a client what to do."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, reason: str | None = None) -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        reason: str | None = None,
+        extra: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.reason = reason
+        self.extra = extra  # more trailing metadata a client reads with the reason (e.g. queue depth)
 
     def __repr__(self) -> str:
         return f"RpcAbort({self.code.name}, {self.message!r}, reason={self.reason!r})"
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
-        return ((error_details.REASON_KEY, self.reason),) if self.reason else ()
+        return (((error_details.REASON_KEY, self.reason),) if self.reason else ()) + self.extra
 
 
-def fail(code: grpc.StatusCode, message: str, reason: str | None = None) -> NoReturn:
-    raise RpcAbort(code, message, reason)
+def fail(
+    code: grpc.StatusCode, message: str, reason: str | None = None, extra: tuple[tuple[str, str], ...] = ()
+) -> NoReturn:
+    raise RpcAbort(code, message, reason, extra)
 
 
 class _Logger(Protocol):

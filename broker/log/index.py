@@ -254,6 +254,11 @@ class TimeIndex:
             os.write(fd, TIME_ENTRY.pack(self.times[-1], self.rel_offsets[-1]))
             self.persisted += 1
 
+    def time_of(self, rel_offset: int) -> int | None:
+        """Append time of the batch holding rel_offset (the entry at or before it), or None."""
+        j = bisect_right(self.rel_offsets, rel_offset) - 1
+        return self.times[j] if j >= 0 else None
+
     def first_at_or_after(self, time_ms: int) -> int | None:
         """Relative offset of the first batch appended at or after time_ms, or None."""
         i = bisect_left(self.times, time_ms)

@@ -600,12 +600,12 @@ class PartitionLog:
         i = max(bisect_right(self._bases, start) - 1, 0)
         for seg in self._segments[i:]:
             seg.ensure_indexes()
-            times, rels = seg.time_index.times, seg.time_index.rel_offsets
             for _pos, h in seg.iter_headers(max(start, seg.base_offset)):
                 if h[8] < 0:
                     continue
-                j = bisect_right(rels, h[0] - seg.base_offset) - 1
-                t = times[j] if j >= 0 else self._last_append_ms
+                t = seg.time_index.time_of(h[0] - seg.base_offset)
+                if t is None:
+                    t = self._last_append_ms
                 self._producers.update(h[8], h[9], h[10], h[5], h[0], h[0] + h[5] - 1, t)
                 replayed += 1
         return replayed
@@ -1179,6 +1179,21 @@ class PartitionLog:
                 if found is not None:
                     return max(found, self.log_start_offset)
             return None
+
+    @property
+    def last_append_ms(self) -> int:
+        """Wall-clock ms of the newest append (restored at open), 0 when there was none."""
+        return self._last_append_ms
+
+    def append_time_of(self, offset: int) -> int | None:
+        """Append time (ms) of the batch holding `offset` from the time index, None when the
+        offset is not in the log. Queue mode's delay_ms / max_wait_ms read it."""
+        with self._lock:
+            if not self.log_start_offset <= offset < self.log_end_offset:
+                return None
+            seg = self._segments[bisect_right(self._bases, offset) - 1]
+            seg.ensure_indexes()
+            return seg.time_index.time_of(offset - seg.base_offset)
 
     def verify(self) -> VerifyReport:
         """Check every segment: the CRC and layout of every batch, contiguous offsets, and that

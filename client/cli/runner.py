@@ -300,6 +300,8 @@ class LocalCluster:
         # unclean, an unclosed SQLite file keeps its (non-daemon) thread and the process alive.
         try:
             await _stop_group_service(self.coordinator)
+            for broker in self.brokers:
+                broker.queues.end_pops()  # queue pops long-poll too
         finally:
             try:
                 for server in self._servers:
@@ -520,6 +522,7 @@ async def run_broker_only(
 
     async def stop() -> None:
         await server_health.shutting_down()
+        node.queues.end_pops()  # waiting queue pops answer now, not after the grace period
         try:
             await server.stop(SHUTDOWN_GRACE_S)
         finally:

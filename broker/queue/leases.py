@@ -1,0 +1,137 @@
+"""The lease table of one broker: which (topic, partition, group) is leased, until when.
+
+A lease names no worker: it is the pair (partition, group) with an id and an expiry, and at most
+one is live per pair. This module is pure bookkeeping (no I/O, no clock of its own: callers pass
+`now`), so the rules are tested without servers:
+
+  - `grant` refuses a second live lease on a pair;
+  - `get` returns a live lease by id; an id that expired (even before the timer swept it) or was
+    replaced is not live, so a late ack / nack / renew never acts on records someone else holds;
+  - a lease being finished (an ack waiting for its fsync, a dead letter being written) is `busy`:
+    the timer does not expire it meanwhile, and a second finish of it is refused;
+  - `expired(now)` lists the live, idle leases past their expiry for the timer to release.
+
+Ids are random (128 bits), so one cannot be guessed or reused across broker restarts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import secrets
+from dataclasses import dataclass
+
+__all__ = ["Lease", "LeaseTable"]
+
+
+@dataclass(slots=True)
+class Lease:
+    lease_id: str
+    topic: str
+    partition: int
+    group: str
+    start_offset: int  # the group's acknowledged offset when granted; moves with reject
+    end_offset: int  # one past the last record handed out
+    lease_ms: int
+    expiry: float  # monotonic seconds
+    expiry_ms: int  # the same instant on the wall clock, for clients and operators
+    busy: bool = False
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return (self.topic, self.partition, self.group)
+
+    @property
+    def record_count(self) -> int:
+        return self.end_offset - self.start_offset
+
+
+class LeaseTable:
+    def __init__(self) -> None:
+        self._by_id: dict[str, Lease] = {}
+        self._by_key: dict[tuple[str, int, str], Lease] = {}
+        # (expiry, id) of every lease ever granted or renewed; stale entries are skipped when
+        # popped, and the heap is rebuilt when they outnumber the live leases (bounded memory).
+        self._expiries: list[tuple[float, str]] = []
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __repr__(self) -> str:
+        return f"<LeaseTable live={len(self._by_id)}>"
+
+    def held(self, topic: str, partition: int, group: str) -> Lease | None:
+        return self._by_key.get((topic, partition, group))
+
+    def grant(
+        self,
+        topic: str,
+        partition: int,
+        group: str,
+        start_offset: int,
+        end_offset: int,
+        lease_ms: int,
+        now: float,
+        now_ms: int,
+    ) -> Lease:
+        key = (topic, partition, group)
+        if key in self._by_key:
+            raise ValueError(f"{topic}[{partition}] is already leased to group {group!r}")
+        lease = Lease(
+            secrets.token_hex(16), topic, partition, group, start_offset, end_offset,
+            lease_ms, now + lease_ms / 1000, now_ms + lease_ms,
+        )
+        self._by_id[lease.lease_id] = lease
+        self._by_key[key] = lease
+        self._push(lease)
+        return lease
+
+    def get(self, lease_id: str, now: float) -> Lease | None:
+        """The lease if live: known and (busy, or not past its expiry)."""
+        lease = self._by_id.get(lease_id)
+        if lease is None or (not lease.busy and lease.expiry <= now):
+            return None
+        return lease
+
+    def renew(self, lease: Lease, lease_ms: int, now: float, now_ms: int) -> None:
+        lease.lease_ms = lease_ms
+        lease.expiry = now + lease_ms / 1000
+        lease.expiry_ms = now_ms + lease_ms
+        self._push(lease)
+
+    def release(self, lease: Lease) -> None:
+        if self._by_id.get(lease.lease_id) is lease:
+            del self._by_id[lease.lease_id]
+            del self._by_key[lease.key]
+
+    def expired(self, now: float) -> list[Lease]:
+        """Live, idle leases whose expiry has passed (still in the table: the caller releases them)."""
+        out: list[Lease] = []
+        busy: list[tuple[float, str]] = []
+        while self._expiries and self._expiries[0][0] <= now:
+            expiry, lease_id = heapq.heappop(self._expiries)
+            lease = self._by_id.get(lease_id)
+            if lease is None or lease.expiry != expiry:
+                continue  # released, or renewed (a later entry stands for it)
+            if lease.busy:
+                busy.append((expiry, lease_id))  # looked at again once the finish is over
+            else:
+                out.append(lease)
+        for entry in busy:
+            heapq.heappush(self._expiries, entry)
+        return out
+
+    def next_expiry(self) -> float | None:
+        return self._expiries[0][0] if self._expiries else None
+
+    def leases(self) -> list[Lease]:
+        return list(self._by_id.values())
+
+    def drop_topic(self, topic: str, partitions: set[int] | None) -> None:
+        for lease in [x for x in self._by_id.values() if x.topic == topic and (partitions is None or x.partition in partitions)]:
+            self.release(lease)
+
+    def _push(self, lease: Lease) -> None:
+        heapq.heappush(self._expiries, (lease.expiry, lease.lease_id))
+        if len(self._expiries) > 4 * len(self._by_id) + 64:
+            self._expiries = [(x.expiry, x.lease_id) for x in self._by_id.values()]
+            heapq.heapify(self._expiries)

@@ -1,0 +1,170 @@
+"""The queue RPCs of the Broker service: validate, call the QueueManager, build the answer.
+
+`QueueRpcs` is mixed into `dmq.broker.service.BrokerService`; every field is checked here before
+the manager sees it, so a bad request gets INVALID_ARGUMENT naming the field and the limit. The
+manager refuses with RpcAbort itself (a lease that is not live, a full queue); storage failures are
+mapped by the broker's one mapping (BrokerService.storage_error).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+
+from dmq.broker.queue.progress import MAX_ERROR_CHARS, QUEUE_GROUP_PREFIX
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import limits, names
+from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
+from dmq.proto.names import FieldError
+from dmq.proto.server_errors import RpcAbort, rpc_handler
+from dmq.proto.server_errors import fail
+
+if TYPE_CHECKING:
+    from dmq.broker.node import BrokerNode
+    from dmq.broker.queue.manager import QueueManager
+
+log = structlog.get_logger(__name__)
+
+MAX_POP_RECORDS = 100_000
+MAX_POP_WAIT_MS = 60_000
+DEFAULT_POP_MAX_BYTES = 4 * 1024 * 1024
+LEASE_ID_MAX_CHARS = 64
+# A worker's error text is kept (progress, dead-letter header) up to MAX_ERROR_CHARS; far longer
+# input is refused rather than silently cut.
+MAX_ERROR_INPUT_CHARS = 16 * MAX_ERROR_CHARS
+
+
+def _translate(servicer: Any, e: Exception) -> RpcAbort | None:
+    result: RpcAbort | None = servicer.storage_error(e)
+    return result
+
+
+_guarded = rpc_handler(log=log, translate=_translate)
+
+
+def _check(check: Any, value: object, field: str) -> None:
+    try:
+        check(value, field=field)
+    except FieldError as e:
+        fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+
+def _check_group(group: str) -> None:
+    try:
+        names.check_id(group, "group", "queue group", names.GROUP_ID_MAX_BYTES - len(QUEUE_GROUP_PREFIX))
+    except FieldError as e:
+        fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+
+def _check_range(value: int, low: int, high: int, field: str, *, zero_ok: bool = False) -> None:
+    if zero_ok and value == 0:
+        return
+    if not low <= value <= high:
+        extra = " (or 0 for the default)" if zero_ok else ""
+        fail(grpc.StatusCode.INVALID_ARGUMENT, f"{field} must be within {low}..{high}{extra}, got {value}")
+
+
+def _check_lease_id(lease_id: str, field: str = "lease_id") -> None:
+    if not lease_id or len(lease_id) > LEASE_ID_MAX_CHARS:
+        fail(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{field} must be a lease id from QueuePop (1..{LEASE_ID_MAX_CHARS} characters), got {len(lease_id)} characters",
+        )
+
+
+def _check_error(error: str) -> None:
+    if len(error) > MAX_ERROR_INPUT_CHARS:
+        fail(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"error is {len(error)} characters; the limit is {MAX_ERROR_INPUT_CHARS} (the first {MAX_ERROR_CHARS} are kept)",
+        )
+
+
+class QueueRpcs:
+    """QueuePop / QueueAck / QueueNack / QueueReject / QueueRenew / QueueDescribe."""
+
+    _node: BrokerNode
+
+    def storage_error(self, e: Exception) -> RpcAbort | None:  # BrokerService maps storage errors
+        raise NotImplementedError
+
+    def _queues(self) -> QueueManager:
+        node = self._node
+        if not node.ready:
+            fail(grpc.StatusCode.UNAVAILABLE, f"broker {node.broker_id} is starting; retry")
+        return node.queues
+
+    @_guarded
+    async def QueuePop(self, request: pb.QueuePopRequest, context: grpc.aio.ServicerContext) -> pb.QueuePopResponse:
+        _check(names.check_topic_name, request.topic, "topic")
+        _check_group(request.group)
+        _check_range(request.max_records, 1, MAX_POP_RECORDS, "max_records")
+        _check_range(request.lease_ms, limits.LEASE_MS_MIN, limits.LEASE_MS_MAX, "lease_ms", zero_ok=True)
+        _check_range(request.timeout_ms, 0, MAX_POP_WAIT_MS, "timeout_ms")
+        _check_range(request.max_bytes, 1, MAX_FETCH_RESPONSE_BYTES, "max_bytes", zero_ok=True)
+        if request.ack_lease_id:
+            _check_lease_id(request.ack_lease_id, "ack_lease_id")
+        queues = self._queues()
+        response = pb.QueuePopResponse()
+        lease_ms = request.lease_ms or queues.default_lease_ms(request.topic)
+        timeout_s = request.timeout_ms / 1000
+        max_bytes = request.max_bytes or DEFAULT_POP_MAX_BYTES
+        if request.ack_lease_id:
+            response.acked_offset, popped = await queues.ack_and_pop(
+                request.ack_lease_id, request.topic, request.group, request.max_records, lease_ms, timeout_s, max_bytes
+            )
+        else:
+            popped = await queues.pop(request.topic, request.group, request.max_records, lease_ms, timeout_s, max_bytes)
+        if popped is None:
+            return response
+        lease = popped.lease
+        response.lease_id = lease.lease_id
+        response.partition = lease.partition
+        response.start_offset = lease.start_offset
+        response.end_offset = lease.end_offset
+        response.expiry_ms = lease.expiry_ms
+        response.delivery_count = popped.delivery_count
+        response.records = popped.records
+        return response
+
+    @_guarded
+    async def QueueAck(self, request: pb.QueueAckRequest, context: grpc.aio.ServicerContext) -> pb.QueueAckResponse:
+        _check_lease_id(request.lease_id)
+        up_to = request.up_to_offset if request.HasField("up_to_offset") else None
+        acked = await self._queues().ack(request.lease_id, up_to)
+        return pb.QueueAckResponse(acked_offset=acked)
+
+    @_guarded
+    async def QueueNack(self, request: pb.QueueNackRequest, context: grpc.aio.ServicerContext) -> pb.QueueNackResponse:
+        _check_lease_id(request.lease_id)
+        _check_error(request.error)
+        failed = request.failed_offset if request.HasField("failed_offset") else None
+        acked, count, dead = await self._queues().nack(request.lease_id, request.error, failed)
+        return pb.QueueNackResponse(acked_offset=acked, delivery_count=count, dead_lettered=dead)
+
+    @_guarded
+    async def QueueReject(self, request: pb.QueueRejectRequest, context: grpc.aio.ServicerContext) -> pb.QueueRejectResponse:
+        _check_lease_id(request.lease_id)
+        _check_error(request.error)
+        acked, written = await self._queues().reject(request.lease_id, request.offset, request.error)
+        return pb.QueueRejectResponse(
+            acked_offset=acked, dlq_topic=written.topic, dlq_partition=written.partition, dlq_offset=written.base_offset
+        )
+
+    @_guarded
+    async def QueueRenew(self, request: pb.QueueRenewRequest, context: grpc.aio.ServicerContext) -> pb.QueueRenewResponse:
+        _check_lease_id(request.lease_id)
+        _check_range(request.lease_ms, limits.LEASE_MS_MIN, limits.LEASE_MS_MAX, "lease_ms", zero_ok=True)
+        return pb.QueueRenewResponse(expiry_ms=self._queues().renew(request.lease_id, request.lease_ms))
+
+    @_guarded
+    async def QueueDescribe(
+        self, request: pb.QueueDescribeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.QueueDescribeResponse:
+        if request.topic:
+            _check(names.check_topic_name, request.topic, "topic")
+        if request.group:
+            _check_group(request.group)
+        return self._queues().describe(request.topic, request.group)
