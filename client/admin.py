@@ -50,7 +50,7 @@ __all__ = [
 
 # ListOffsets timestamps with a special meaning (dmq.proto OffsetQuery).
 
-_CONFIG_FIELDS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes")
+_CONFIG_FIELDS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "dedup_window_ms")
 
 _METADATA_ERRORS = {
     grpc.StatusCode.NOT_FOUND: TopicNotFoundError,

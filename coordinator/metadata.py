@@ -693,7 +693,7 @@ def _validate_broker(broker_id: int, host: str, port: int) -> None:
 
 # -- proto conversions ----------------------------------------------------------------------------
 
-_CONFIG_FIELDS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes")
+_CONFIG_FIELDS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "dedup_window_ms")
 
 
 def topic_config_to_proto(settings: TopicSettings) -> pb.TopicConfig:

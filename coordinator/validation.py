@@ -63,6 +63,7 @@ class TopicSettings:
     segment_bytes: int | None = None
     segment_ms: int | None = None
     max_message_bytes: int | None = None
+    dedup_window_ms: int | None = None
 
     def validate(self, *, field_prefix: str = "config.") -> None:
         limits.check_topic_config(asdict(self), field_prefix=field_prefix)

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-CONFIG_KEYS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes")
+CONFIG_KEYS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "dedup_window_ms")
 
 _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _SIZE_UNITS = {
