@@ -18,6 +18,7 @@ import grpc
 from dmq.client._log import get_logger
 from dmq.client._settings import bootstrap_address, check_positive, reject_unknown
 from dmq.client._cluster import Cluster
+from dmq.client._trace import TraceMixin
 from dmq.client.errors import (
     CoordinatorUnavailableError,
     InvalidArgumentError,
@@ -168,7 +169,7 @@ def _check(fn: Callable[..., None], *args: Any) -> None:
         raise InvalidArgumentError(str(e)) from e
 
 
-class AdminClient:
+class AdminClient(TraceMixin):  # find_trace(): see dmq.client._trace
     """Topic and cluster administration. Synchronous, thread-safe; close() (or `with`) when done."""
 
     def __init__(
@@ -213,7 +214,8 @@ class AdminClient:
     ) -> TopicDescription:
         """Create a topic; raises TopicAlreadyExistsError if it exists.
 
-        ``config`` keys: retention_ms, retention_bytes, segment_bytes, segment_ms, max_message_bytes.
+        ``config`` keys: retention_ms, retention_bytes, segment_bytes, segment_ms, max_message_bytes,
+        dedup_window_ms.
         """
         _check(validate_topic_name, name)
         _check(validate_partition_count, partitions)
