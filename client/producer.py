@@ -291,8 +291,7 @@ class Producer:
         if self._serializing:
             key, value = self._serialize(topic, key, value)
         if transaction_id is not None or trace_id is not None or self._trace_ids:
-            headers, txn_key = _with_ids(headers, transaction_id, trace_id, self._trace_ids)
-            return self._send_slow(topic, value, key, headers, partition, timestamp_ms, callback, txn_key)
+            return self._send_slow(topic, value, key, headers, partition, timestamp_ms, callback, transaction_id, trace_id)
         # Fast path: a plain value for this thread's sticky batch. No lock: this thread is the
         # batch's only appender (see _accumulator); a seal racing the append is caught by the
         # `sealed` check after it.
@@ -336,7 +335,8 @@ class Producer:
         partition: int | None,
         timestamp_ms: int | None,
         callback: Callback | None,
-        txn_key: bytes | None = None,
+        transaction_id: str | None = None,
+        trace_id: str | None = None,
     ) -> RecordFuture:
         acc = self._acc
         self._check_open()
@@ -344,6 +344,9 @@ class Producer:
         if key is not None:
             key = _as_bytes(key, "key")
         hdrs = _normalise_headers(headers)
+        txn_key = None
+        if transaction_id is not None or trace_id is not None or self._trace_ids:
+            hdrs, txn_key = _with_ids(hdrs, transaction_id, trace_id, self._trace_ids)
         if timestamp_ms is not None and (isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0):
             raise TypeError(f"timestamp_ms must be a non-negative int (ms since the epoch), got {timestamp_ms!r}")
         record_bytes = len(value) + (len(key) if key is not None else 0) + _headers_size(hdrs)
@@ -794,11 +797,12 @@ def _normalise_headers(headers: Headers | None) -> list[tuple[str, bytes | None]
 
 
 def _with_ids(
-    headers: Headers | None, transaction_id: str | None, trace_id: str | None, generate_trace: bool
+    headers: list[tuple[str, bytes | None]] | None, transaction_id: str | None, trace_id: str | None,
+    generate_trace: bool,
 ) -> tuple[list[tuple[str, bytes | None]], bytes | None]:
-    """The headers with the reserved id headers added, and the transaction id's bytes (its
-    partitioning key). Without trace_id, generate_trace (trace_ids=True) makes a UUID4 one."""
-    out = _normalise_headers(headers) or []
+    """The (normalised) headers with the reserved id headers added, and the transaction id's bytes
+    (its partitioning key). Without trace_id, generate_trace (trace_ids=True) makes a UUID4 one."""
+    out = headers or []
     txn_key = None
     if transaction_id is not None:
         txn_key = records.check_record_id(transaction_id, "transaction_id").encode()

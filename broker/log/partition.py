@@ -842,8 +842,10 @@ class PartitionLog:
             view = view.cast("B")
         if len(view) != size:
             raise InvalidBatchError(f"append takes exactly one batch: got {len(view)} bytes, the batch is {size}")
-        if h.attributes & (ATTR_HAS_TXN_IDS | ATTR_HAS_TRACE_IDS):
-            # Records with transaction or trace ids: decoded (record_ids.py); no other batch is.
+        attributes = h.attributes
+        if attributes & ATTR_HAS_TRACE_IDS or (attributes & ATTR_HAS_TXN_IDS and self.config.dedup_window_ms):
+            # Records with trace ids, or transaction ids to de-duplicate: decoded (record_ids.py);
+            # no other batch is.
             return self._record_ids.append(self, batch, view, h, hold=hold)
         with self._lock:
             self._check_writable()
