@@ -792,5 +792,8 @@ class Segment:
         self.time_index = new_time
         self.index.rewrite()
         self.time_index.rewrite()
+        # Entries (and coverage marks) beyond the recovered end describe records that are gone:
+        # offsets appended next would otherwise count as indexed (trace_index.py).
+        self.trace_index.truncate(expected - self.base_offset)
         self.indexes_loaded = True
         return ScanResult(valid, expected, batches, truncated, reason if truncated else None, damaged)

@@ -118,8 +118,8 @@ class TraceIndex:
     def mark(self, end_rel: int) -> None:
         """Write a coverage mark at end_rel (with any pending entries); an I/O error keeps them
         pending for the next write (the log data does not depend on this file)."""
-        if not self.loaded:
-            return  # never loaded: the file is checked against the log when it is
+        if not self.loaded or (end_rel == 0 and not self.pending):
+            return  # never loaded: the file is checked against the log when it is; empty: no file
         self.pending += TRACE_ENTRY.pack(_MARK, end_rel)
         try:
             os.write(self._cache.fd(self.path, create=True), self.pending)
@@ -146,6 +146,7 @@ class TraceIndex:
         if not os.path.exists(self.path):
             self.pending.clear()
             return
+        had_pending = bool(self.pending)
         data = self._read() + self.pending
         self.pending.clear()
         if len(data) % TRACE_ENTRY.size:
@@ -156,4 +157,5 @@ class TraceIndex:
         for h, rel in TRACE_ENTRY.iter_unpack(data):
             if rel < end_rel or (h == _MARK and rel == end_rel):
                 kept += TRACE_ENTRY.pack(h, rel)
-        self._rewrite(bytes(kept))
+        if len(kept) != len(data) or had_pending:
+            self._rewrite(bytes(kept))

@@ -164,7 +164,7 @@ def test_help_explains_every_flag_with_its_default(dmq_bare: Any) -> None:
 TOPIC_KEYS = {"name", "partition_count", "created_ms", "messages", "size_bytes", "config"}
 PARTITION_KEYS = {"partition", "leader_id", "leader_address", "leader_alive", "log_start_offset", "log_end_offset",
                   "messages", "size_bytes", "segment_count", "error", "status", "status_detail"}
-CONFIG_KEYS = {"retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes"}
+CONFIG_KEYS = {"retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "dedup_window_ms"}
 BROKER_KEYS = {"broker_id", "address", "host", "port", "alive", "last_heartbeat_ms", "partitions_led"}
 
 

@@ -222,3 +222,19 @@ def test_traced_records_appended_after_a_crash_are_found_with_those_before(tmp_p
     b = again.append(batch(traces=["x"])).base_offset
     assert find(again, "x") == [a, b]
     again.close()
+
+
+def test_records_lost_with_the_log_tail_leave_no_coverage_behind(tmp_path) -> None:
+    plog = open_log(tmp_path)
+    plog.append(batch(traces=["x"]))
+    lost = plog.append(batch(traces=["y"]))
+    plog.abandon()
+    log_file = tmp_path / "t-0" / f"{0:020d}.log"
+    with open(log_file, "r+b") as f:  # a power loss: the last batch never reached the disk
+        f.truncate(os.path.getsize(log_file) - 5)
+    again = open_log(tmp_path)
+    assert again.log_end_offset == lost.base_offset
+    z = again.append(batch(traces=["z"])).base_offset  # the lost batch's offset, now another record
+    assert z == lost.base_offset
+    assert find(again, "z") == [z] and find(again, "y") == [] and find(again, "x") == [0]
+    again.close()
