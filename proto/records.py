@@ -514,22 +514,40 @@ def _put_uvarint(out: bytearray, n: int) -> None:
     out.append(n)
 
 
+# The uvarints below 128 (every header count, and the lengths of most keys and values), as bytes.
+_SMALL_UVARINTS = [bytes((i,)) for i in range(128)]
+# Encoded keys (uvarint length + UTF-8), by key: a producer uses few distinct header names.
+_KEY_CACHE: dict[str, bytes] = {}
+_KEY_CACHE_MAX = 1024
+
+
+def _uvarint_bytes(n: int) -> bytes:
+    if n < 128:
+        return _SMALL_UVARINTS[n]
+    out = bytearray()
+    _put_uvarint(out, n)
+    return bytes(out)
+
+
 def _encode_record_headers(hs: Iterable[tuple[str, bytes | None]]) -> bytes:
     items = list(hs)
     if not items:
         return b""
-    out = bytearray()
-    _put_uvarint(out, len(items))
+    parts = [_uvarint_bytes(len(items))]
     for k, v in items:
-        kb = k.encode("utf-8")
-        _put_uvarint(out, len(kb))
-        out += kb
+        kb = _KEY_CACHE.get(k)
+        if kb is None:
+            raw = k.encode("utf-8")
+            kb = _uvarint_bytes(len(raw)) + raw
+            if len(_KEY_CACHE) < _KEY_CACHE_MAX:
+                _KEY_CACHE[k] = kb
+        parts.append(kb)
         if v is None:
-            out.append(0)
+            parts.append(b"\x00")
         else:
-            _put_uvarint(out, len(v) + 1)
-            out += v
-    return bytes(out)
+            parts.append(_uvarint_bytes(len(v) + 1))
+            parts.append(v)
+    return b"".join(parts)
 
 
 def _get_uvarint(data: bytes, i: int, end: int) -> tuple[int, int]:

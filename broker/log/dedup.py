@@ -21,7 +21,7 @@ for the newest ``max_entries`` ids and says so.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "TransactionIds"]
 
@@ -31,31 +31,33 @@ DEFAULT_MAX_ENTRIES = 200_000  # ~40 MB of ids of 20-40 characters, in one parti
 class TransactionIds:
     """See the module docstring. Callers hold the partition's lock."""
 
-    __slots__ = ("window_ms", "max_entries", "_ids", "evicted")
+    __slots__ = ("window_ms", "max_entries", "entries", "evicted")
 
     def __init__(self, window_ms: int, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         if window_ms <= 0 or max_entries <= 0:
             raise ValueError(f"window_ms ({window_ms}) and max_entries ({max_entries}) must be > 0")
         self.window_ms = window_ms
         self.max_entries = max_entries
-        self._ids: dict[str, tuple[int, int]] = {}
+        # id -> (offset, append_time_ms), oldest first; read directly by the append path (a
+        # lookup per record, where a method call would cost as much as the lookup)
+        self.entries: dict[str, tuple[int, int]] = {}
         self.evicted = 0  # ids forgotten before their window ended (the cap)
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self.entries)
 
     def __repr__(self) -> str:
         return (
-            f"TransactionIds(entries={len(self._ids)}, window_ms={self.window_ms}, "
+            f"TransactionIds(entries={len(self.entries)}, window_ms={self.window_ms}, "
             f"max_entries={self.max_entries}, evicted={self.evicted})"
         )
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._ids)
+        return iter(self.entries)
 
     def expire(self, now_ms: int) -> None:
         """Forget the ids stored before now_ms - window_ms."""
-        ids = self._ids
+        ids = self.entries
         oldest = now_ms - self.window_ms
         while ids:
             first = next(iter(ids))
@@ -65,22 +67,31 @@ class TransactionIds:
 
     def get(self, txn_id: str) -> int | None:
         """The offset the id was stored at within the window, or None."""
-        entry = self._ids.get(txn_id)
+        entry = self.entries.get(txn_id)
         return None if entry is None else entry[0]
 
     def add(self, txn_id: str, offset: int, append_time_ms: int) -> int | None:
         """Remember a stored id; returns the append time of an id evicted for room (None: none)."""
-        ids = self._ids
-        ids.pop(txn_id, None)  # stored again after its window: it moves to the end
+        return self.add_all(((txn_id, offset),), append_time_ms)
+
+    def add_all(self, stored: Iterable[tuple[str | None, int]], append_time_ms: int) -> int | None:
+        """Remember the ids of records stored at append_time_ms ((id or None, offset) each);
+        returns the append time of the newest id evicted for room (None: none was)."""
+        ids = self.entries
+        cap = self.max_entries
         evicted_time = None
-        if len(ids) >= self.max_entries:
-            first = next(iter(ids))
-            evicted_time = ids.pop(first)[1]
-            self.evicted += 1
-        ids[txn_id] = (offset, append_time_ms)
+        for txn_id, offset in stored:
+            if txn_id is None:
+                continue
+            if txn_id in ids:
+                del ids[txn_id]  # stored again after its window: it moves to the end
+            elif len(ids) >= cap:
+                evicted_time = ids.pop(next(iter(ids)))[1]
+                self.evicted += 1
+            ids[txn_id] = (offset, append_time_ms)
         return evicted_time
 
     def truncate(self, offset: int) -> None:
         """The log was cut back to `offset`: forget the ids stored at or beyond it."""
-        for txn_id in [t for t, (o, _) in self._ids.items() if o >= offset]:
-            del self._ids[txn_id]
+        for txn_id in [t for t, (o, _) in self.entries.items() if o >= offset]:
+            del self.entries[txn_id]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from dmq.broker.log.dedup import TransactionIds
@@ -105,44 +105,48 @@ class RecordIds:
                 offsets = self._retry_offsets(txns, dup) if txns is not None else None
                 info = AppendInfo(dup.base_offset, dup.last_offset, dup.append_time_ms, True, offsets)
                 return info, plog._rollback_epoch
-            # per record: None = to store, >= 0 = original offset, -(j + 1) = same id as record j
-            originals: list[int | None] = [None] * n
+            # record index -> its original's offset (>= 0), or -(j + 1): the same id as record j
+            duplicates: dict[int, int] = {}
+            ids = None
             if txns is not None:
                 ids = self._txn_ids(plog)
+                known = ids.entries
                 first_at: dict[str, int] = {}
                 for i, t in enumerate(txns):
                     if t is None:
                         continue
-                    o = ids.get(t)
-                    if o is not None:
-                        originals[i] = o
+                    entry = known.get(t)
+                    if entry is not None:
+                        duplicates[i] = entry[0]
                     elif t in first_at:
-                        originals[i] = -(first_at[t] + 1)
+                        duplicates[i] = -(first_at[t] + 1)
                     else:
                         first_at[t] = i
-            kept = [i for i, o in enumerate(originals) if o is None]
-            if len(kept) == n:
+            if not duplicates:  # the common case: the batch is written as it came
                 info = plog._write_locked(batch, view, h, hold)
-            elif not kept:
-                info = self._all_duplicates(plog, h)
-            else:
+                stored = range(info.base_offset, info.base_offset + n)
+                if ids is not None and txns is not None:
+                    self._remember(plog, ids, zip(txns, stored), info.append_time_ms)
+                if traces is not None:
+                    self._index_traces(plog, zip(traces, stored))
+                return info, plog._rollback_epoch
+            kept = [i for i in range(n) if i not in duplicates]
+            if kept:
                 info = self._write_kept(plog, decoded, h, kept, hold)
-            stored_at = {i: info.base_offset + rank for rank, i in enumerate(kept)}
-            offsets = []
-            for i, o in enumerate(originals):
-                if o is None:
-                    offsets.append(stored_at[i])
-                elif o >= 0:
-                    offsets.append(o)
-                else:
-                    offsets.append(stored_at[-o - 1])
-            if txns is not None:
-                self._remember(plog, txns, kept, stored_at, info.append_time_ms)
+            else:
+                info = self._all_duplicates(plog, h)
+            offsets = [0] * n
+            for rank, i in enumerate(kept):
+                offsets[i] = info.base_offset + rank
+            for i, o in duplicates.items():  # in record order: a batch's first copy precedes the others
+                offsets[i] = o if o >= 0 else offsets[-o - 1]
+            if ids is not None and txns is not None:
+                self._remember(plog, ids, ((txns[i], offsets[i]) for i in kept), info.append_time_ms)
             if traces is not None and kept:
-                self._index_traces(plog, traces, kept, stored_at)
-            if kept and len(kept) < n:
+                self._index_traces(plog, ((traces[i], offsets[i]) for i in kept))
+            if kept:
                 info = AppendInfo(info.base_offset, info.last_offset, info.append_time_ms, False, offsets)
-            elif not kept:  # durable once the originals are: wait_durable(last_offset + 1)
+            else:  # durable once the originals are: wait_durable(last_offset + 1)
                 info = AppendInfo(min(offsets), max(offsets), info.append_time_ms, True, offsets)
             return info, plog._rollback_epoch
 
@@ -199,39 +203,31 @@ class RecordIds:
         return _offsets_if_shifted(offsets, dup.base_offset)
 
     def _remember(
-        self, plog: PartitionLog, txns: Sequence[str | None], kept: list[int], stored_at: dict[int, int], now: int
+        self, plog: PartitionLog, ids: TransactionIds, stored: Iterable[tuple[str | None, int]], now: int
     ) -> None:
-        ids = self._txn_ids(plog)
-        for i in kept:
-            t = txns[i]
-            if t is not None:
-                evicted_time = ids.add(t, stored_at[i], now)
-                if evicted_time is not None and ids.evicted >= self.warned_evictions * 2:
-                    # logged at 1, 2, 4, 8 ... evictions: visible, never a flood
-                    self.warned_evictions = max(1, ids.evicted)
-                    plog._log.warning(
-                        "transaction-id cap reached: oldest ids forgotten before their window ended",
-                        max_entries=ids.max_entries,
-                        effective_window_ms=now - evicted_time,
-                        dedup_window_ms=ids.window_ms,
-                        evicted=ids.evicted,
-                    )
+        """Add the stored records' ids ((id or None, offset) each) to the map."""
+        evicted_time = ids.add_all(stored, now)
+        if evicted_time is not None and ids.evicted >= self.warned_evictions * 2:
+            # logged at 1, 2, 4, 8 ... evictions: visible, never a flood
+            self.warned_evictions = max(1, ids.evicted)
+            plog._log.warning(
+                "transaction-id cap reached: oldest ids forgotten before their window ended",
+                max_entries=ids.max_entries,
+                effective_window_ms=now - evicted_time,
+                dedup_window_ms=ids.window_ms,
+                evicted=ids.evicted,
+            )
 
-    def _index_traces(
-        self, plog: PartitionLog, traces: Sequence[str | None], kept: list[int], stored_at: dict[int, int]
-    ) -> None:
+    @staticmethod
+    def _index_traces(plog: PartitionLog, stored: Iterable[tuple[str | None, int]]) -> None:
+        """Add the stored records' trace ids ((id or None, offset) each) to the active segment's index."""
         seg = plog._segments[-1]  # the batch just written is in the active segment
         index = seg.trace_index
-        end_rel = seg.next_offset - seg.base_offset
         if not index.loaded:
             seg.trace_ready()  # catches up from the log, this batch included
             return
-        entries = []
-        for i in kept:
-            t = traces[i]
-            if t is not None:
-                entries.append((trace_hash(t), stored_at[i] - seg.base_offset))
-        index.add(entries, end_rel)
+        base = seg.base_offset
+        index.add(((trace_hash(t), o - base) for t, o in stored if t is not None), seg.next_offset - base)
 
     # -- the transaction-id map ------------------------------------------------------------------
 
