@@ -3,7 +3,8 @@
 Handlers validate every field before touching a log, so a hostile request gets a status and a
 message naming the field and the limit, and never reaches storage. Record batches are checked at
 the header level (size, magic, CRC) and stored as they came, their base offset patched: the broker
-never decodes individual records.
+decodes the records of no batch except those flagged as carrying transaction or trace ids
+(dmq.proto.records attribute bits 5 / 6; see dmq.broker.log.record_ids).
 
 Storage errors (one mapping, `_storage_status`, for every RPC): a full disk (ENOSPC / EDQUOT, or
 SQLite's "database or disk is full") -> RESOURCE_EXHAUSTED "disk full on broker N"; any other
