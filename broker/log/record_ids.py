@@ -34,6 +34,7 @@ candidate records that do carry the trace id.
 from __future__ import annotations
 
 import os
+import threading
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -72,11 +73,14 @@ def _offsets_if_shifted(offsets: list[int], base: int) -> list[int] | None:
 class RecordIds:
     """One partition's transaction-id map (built on first use) and its id-carrying appends."""
 
-    __slots__ = ("txn", "warned_evictions")
+    __slots__ = ("txn", "warned_evictions", "_lookup_lock")
 
     def __init__(self) -> None:
         self.txn: TransactionIds | None = None
         self.warned_evictions = 0
+        # One trace lookup at a time per partition: the first one loads (and may rebuild) the
+        # sealed segments' trace indexes outside the partition lock, so appends go on meanwhile.
+        self._lookup_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"RecordIds(txn={self.txn!r})"
@@ -276,15 +280,25 @@ class RecordIds:
 
     # -- trace lookups ---------------------------------------------------------------------------
 
-    @staticmethod
-    def find_trace(plog: PartitionLog, trace_id: str, max_records: int) -> tuple[list[tuple[int, bytes]], bool]:
+    def find_trace(self, plog: PartitionLog, trace_id: str, max_records: int) -> tuple[list[tuple[int, bytes]], bool]:
         """([(offset, the batch holding it)], truncated) of the records carrying trace_id, ascending,
-        at most max_records. Batches not yet visible to readers are left out."""
-        with plog._lock:
-            candidates = []
-            for seg in list(plog._segments):
-                index = seg.trace_ready()
-                candidates += [seg.base_offset + r for r in index.lookup(trace_id)]
+        at most max_records. Batches not yet visible to readers are left out.
+
+        The active segment's index is read under the partition lock (appends write it); sealed
+        segments never change, so theirs are loaded (a first lookup may index a segment from its
+        log) outside it: appends to the partition are not held up meanwhile."""
+        candidates = []
+        with self._lookup_lock:
+            with plog._lock:
+                segs = list(plog._segments)
+                active = segs[-1]
+                candidates += [active.base_offset + r for r in active.trace_ready().lookup(trace_id)]
+            for seg in segs[:-1]:
+                try:
+                    rels = seg.trace_ready().lookup(trace_id)
+                except (OSError, LogError):  # deleted by retention meanwhile, or unreadable
+                    continue
+                candidates += [seg.base_offset + r for r in rels]
         out: list[tuple[int, bytes]] = []
         batches: dict[int, tuple[bytes, list[str | None]]] = {}  # by base offset
         for offset in sorted(candidates):

@@ -78,12 +78,14 @@ class TraceIndex:
             return
         data = self._read()
         covered, keep = self._check(data, end_rel)
+        # read the log first: if it fails (the segment was deleted meanwhile), nothing is written
+        missed = [(trace_hash(t), rel) for t, rel in catch_up(covered)] if covered < end_rel else []
         if keep != len(data):
             self._rewrite(data[:keep])
         self.loaded = True
         self.pending.clear()
         if covered < end_rel:
-            self.add(((trace_hash(t), rel) for t, rel in catch_up(covered)), end_rel)
+            self.add(missed, end_rel)
 
     @staticmethod
     def _check(data: bytes, end_rel: int) -> tuple[int, int]:
