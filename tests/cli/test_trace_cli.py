@@ -68,3 +68,40 @@ def test_topics_create_takes_the_dedup_window(cluster) -> None:  # type: ignore[
     assert dmq.json("topics", "describe", "win")["config"]["dedup_window_ms"] == 5000
     bad = dmq("topics", "create", "win2", "--config", "dedup_window_ms=2d")
     assert bad.returncode == 1 and "dedup_window_ms" in bad.stderr and "86400000" in bad.stderr
+
+
+def test_find_trace_stops_at_max_records_and_says_so(cluster) -> None:  # type: ignore[no-untyped-def]
+    with AdminClient(cluster.bootstrap) as admin:
+        admin.create_topic("many", 1)
+        with Producer(cluster.bootstrap) as p:
+            offsets = [p.send("many", b"x", trace_id="T").get(10).offset for _ in range(5)]
+        found = admin.find_trace("T", max_records=3)
+        assert [r.offset for r in found] == offsets[:3] and found.truncated
+        everything = admin.find_trace("T")
+        assert [r.offset for r in everything] == offsets and not everything.truncated
+
+
+def test_traces_are_found_after_a_restart_and_after_their_index_files_are_deleted(cluster_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from dmq.client.cli.runner import ClusterOptions, ClusterThread
+
+    data_dir = tmp_path / "restart"
+    with ClusterThread(ClusterOptions(data_dir=data_dir)) as first:
+        with AdminClient(first.bootstrap) as admin:
+            admin.create_topic("a", 2, config={"segment_bytes": 1024})  # several segments
+        with Producer(first.bootstrap) as p:
+            want = []
+            for i in range(30):
+                p.send("a", b"n" * 50, key=str(i).encode())
+                if i % 7 == 0:
+                    m = p.send("a", b"t", trace_id="R", key=str(i).encode()).get(10)
+                    want.append((m.partition, m.offset))
+    files = list(data_dir.rglob("*.traceindex"))
+    assert len(files) > 2
+    with ClusterThread(ClusterOptions(data_dir=data_dir)) as second, AdminClient(second.bootstrap) as admin:
+        assert sorted((r.partition, r.offset) for r in admin.find_trace("R")) == sorted(want)
+    for f in files:
+        f.unlink()
+    third = cluster_factory(data_dir=data_dir)
+    with AdminClient(third.bootstrap) as admin:
+        assert sorted((r.partition, r.offset) for r in admin.find_trace("R")) == sorted(want)
+    assert len(list(data_dir.rglob("*.traceindex"))) >= len(files)  # rebuilt from the logs
