@@ -792,8 +792,15 @@ def _normalise_headers(headers: Headers | None) -> list[tuple[str, bytes | None]
             raise TypeError(f"headers must be (str, bytes | None) pairs, got {item!r}") from None
         if not isinstance(k, str):
             raise TypeError(f"header key must be str, got {type(k).__name__}")
-        out.append((k, None if v is None else _as_bytes(v, f"header {k!r} value")))
+        v = None if v is None else _as_bytes(v, f"header {k!r} value")
+        if k in _RESERVED_HEADERS:
+            # the broker refuses a whole batch with a bad id: refuse the one record here instead
+            records.check_record_id(b"" if v is None else v, f"header {k!r}")
+        out.append((k, v))
     return out or None
+
+
+_RESERVED_HEADERS = frozenset((records.TXN_HEADER, records.TRACE_HEADER))
 
 
 def _with_ids(

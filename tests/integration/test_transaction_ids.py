@@ -148,3 +148,14 @@ def test_too_long_ids_are_refused_naming_the_field_at_the_client_and_at_the_brok
             broker.FindTrace(pb.FindTraceRequest(trace_id="t", max_records=10_001), timeout=WAIT_S)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_records must be within 0..10000" in e.value.details()
     assert len(stored_txns(cluster.bootstrap, "ids")) == 1  # nothing of the refused batch
+
+
+def test_a_bad_id_given_as_a_reserved_header_is_refused_before_it_joins_a_batch(cluster) -> None:  # type: ignore[no-untyped-def]
+    with AdminClient(cluster.bootstrap) as admin:
+        admin.create_topic("hdr", 1)
+    with Producer(cluster.bootstrap, linger_ms=50) as p:
+        good = p.send("hdr", b"ok", headers={"dmq.txn": b"H-1"})
+        with pytest.raises(ValueError, match="header 'dmq.trace' is 300 characters; it must be 1 to 255"):
+            p.send("hdr", b"bad", headers={"dmq.trace": b"t" * 300})
+        assert good.get(WAIT_S).offset == 0  # its batch was not poisoned
+        assert p.send("hdr", b"again", headers={"dmq.txn": b"H-1"}).get(WAIT_S).offset == 0  # de-duplicated
