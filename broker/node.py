@@ -63,6 +63,8 @@ def log_config_for(base: LogConfig, config: pb.TopicConfig) -> LogConfig:
         changes["segment_ms"] = config.segment_ms
     if config.HasField("max_message_bytes"):
         changes["max_batch_bytes"] = config.max_message_bytes
+    if config.HasField("dedup_window_ms"):
+        changes["dedup_window_ms"] = config.dedup_window_ms
     return replace(base, **changes) if changes else base
 
 

@@ -3,7 +3,8 @@
 Handlers validate every field before touching a log, so a hostile request gets a status and a
 message naming the field and the limit, and never reaches storage. Record batches are checked at
 the header level (size, magic, CRC) and stored as they came, their base offset patched: the broker
-never decodes individual records.
+decodes the records of no batch except those flagged as carrying transaction or trace ids
+(dmq.proto.records attribute bits 5 / 6; see dmq.broker.log.record_ids).
 
 Storage errors (one mapping, `_storage_status`, for every RPC): a full disk (ENOSPC / EDQUOT, or
 SQLite's "database or disk is full") -> RESOURCE_EXHAUSTED "disk full on broker N"; any other
@@ -68,6 +69,10 @@ DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 # Batches above this are appended in a worker thread (see _Appender); smaller ones on the loop.
 APPEND_INLINE_MAX_BYTES = 256 * 1024
 APPEND_THREADS = 2
+# FindTrace: records per answer (default, most), and the batch bytes that hold them
+TRACE_RECORDS_DEFAULT = 1_000
+TRACE_RECORDS_MAX = 10_000
+TRACE_ANSWER_MAX_BYTES = 32 * 1024 * 1024
 
 
 def _checked(check: Callable[..., None], value: object, field: str) -> None:
@@ -366,6 +371,7 @@ class BrokerService(QueueRpcs, pb_grpc.BrokerServicer):
             log_append_time_ms=info.append_time_ms,
             log_start_offset=plog.log_start_offset,
             duplicate=info.duplicate,
+            record_offsets=info.record_offsets or (),
         )
 
     # -- fetch -----------------------------------------------------------------------------------
@@ -627,6 +633,46 @@ class BrokerService(QueueRpcs, pb_grpc.BrokerServicer):
                     info.status_detail = str(plog.corruption)
             out.append(info)
         return pb.DescribeLogsResponse(logs=out)
+
+    @_guarded
+    async def FindTrace(self, request: pb.FindTraceRequest, context: grpc.aio.ServicerContext) -> pb.FindTraceResponse:
+        try:
+            trace_id = records.check_record_id(request.trace_id, "trace_id")
+        except records.InvalidRecordIdError as e:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if not 0 <= request.max_records <= TRACE_RECORDS_MAX:
+            _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"max_records must be within 0..{TRACE_RECORDS_MAX} (0 = {TRACE_RECORDS_DEFAULT}), got {request.max_records}",
+            )
+        if not self._node.ready:
+            _fail(grpc.StatusCode.UNAVAILABLE, f"broker {self._node.broker_id} is starting; retry")
+        # Reads index files and batches: in a thread, so other requests go on meanwhile.
+        return await asyncio.to_thread(self._find_trace, trace_id, request.max_records or TRACE_RECORDS_DEFAULT)
+
+    def _find_trace(self, trace_id: str, max_records: int) -> pb.FindTraceResponse:
+        logs = self._node.logs
+        answer = pb.FindTraceResponse()
+        left, size = max_records, 0
+        for topic, partition in sorted(logs.partitions()):
+            try:
+                plog = logs.get(topic, partition)
+                found, more = plog.find_trace(trace_id, left)
+            except (UnknownPartitionError, LogClosedError):
+                continue  # deleted meanwhile, or the broker is stopping
+            if found:
+                raws = {id(raw): raw for _, raw in found}
+                answer.partitions.append(
+                    pb.TracePartition(
+                        topic=topic, partition=partition, offsets=[o for o, _ in found], records=b"".join(raws.values())
+                    )
+                )
+                left -= len(found)
+                size += sum(map(len, raws.values()))
+            if more or left == 0 or size > TRACE_ANSWER_MAX_BYTES:
+                answer.truncated = more or left == 0 or size > TRACE_ANSWER_MAX_BYTES
+                break
+        return answer
 
     # -- internal: called by the coordinator -------------------------------------------------------
 

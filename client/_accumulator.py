@@ -153,6 +153,7 @@ class ProducerBatch:
         "acked",
         "callbacks",
         "accumulator",
+        "record_offsets",
         "__weakref__",
     )
 
@@ -184,6 +185,9 @@ class ProducerBatch:
         # RecordFuture.add_callback for why they are not the future's done-callbacks).
         self.callbacks: list[Any] | None = []
         self.accumulator: Accumulator | None = None  # counts the records of a failed batch
+        # Every record's offset when the broker answered some as duplicate transaction ids
+        # (stored earlier, at other offsets); None: record i is at the base offset + i.
+        self.record_offsets: list[int] | None = None
 
     def __repr__(self) -> str:
         state = "done" if self.future.done() else "sealed" if self.sealed else "open"
@@ -273,6 +277,9 @@ class ProducerBatch:
         return self.created_ms if ts is None else ts[index]
 
     def metadata(self, index: int, base_offset: int) -> RecordMetadata:
+        offsets = self.record_offsets
+        if offsets is not None:
+            return RecordMetadata(self.topic, self.partition, offsets[index], self.timestamp_of(index))
         offset = -1 if base_offset < 0 else base_offset + index
         return RecordMetadata(self.topic, self.partition, offset, self.timestamp_of(index))
 

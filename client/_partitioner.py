@@ -9,7 +9,11 @@ because it runs in C in the standard library (about 50 ns for a short key agains
 murmur2 in pure Python). The mapping is part of the wire contract: changing it moves keys to other
 partitions and breaks per-key ordering across the change, so tests pin known values.
 
-Records without a key use sticky partitioning: a producer thread keeps appending to one partition
+Records without a key but with a transaction id are placed by the same function of the id's UTF-8
+bytes: a transaction sent again (a producer restart, a retry by the application) lands on the
+partition that stored it, whose leader de-duplicates it (broker/log/dedup.py).
+
+Records without a key or transaction id use sticky partitioning: a producer thread keeps appending to one partition
 until that batch is sealed (full or shipped), then moves to the next partition in a round robin
 shared by all threads, so batches are big and load still spreads evenly.
 """

@@ -295,7 +295,10 @@ class Sender:
         except grpc.FutureCancelledError:
             self._fail(q, b, ClientClosedError(f"{b.topic}[{b.partition}]: Produce cancelled: the producer is closing"))
         else:
-            if response.duplicate:
+            if response.record_offsets:
+                # some records were duplicate transaction ids: each has its own (original) offset
+                b.record_offsets = list(response.record_offsets)
+            elif response.duplicate:
                 log.info(
                     "batch acknowledged as a duplicate of an earlier attempt",
                     topic=b.topic,

@@ -40,6 +40,7 @@ from dmq.client._groups import (
     plan_reset,
 )
 from dmq.client.queue_admin import QueueAdminMixin
+from dmq.client._trace import TraceMixin
 from dmq.client.errors import (
     CommitFailedError,
     CoordinatorUnavailableError,
@@ -261,8 +262,11 @@ def check_topic_name(name: str) -> None:
         raise InvalidArgumentError(f"invalid topic name: {str(e).removeprefix('name: ')}") from e
 
 
-class AdminClient(QueueAdminMixin):  # describe_queue / list_queues live in dmq.client.queue_admin
-    """Topic and cluster administration. Synchronous, thread-safe; close() (or `with`) when done."""
+class AdminClient(QueueAdminMixin, TraceMixin):
+    """Topic and cluster administration. Synchronous, thread-safe; close() (or `with`) when done.
+
+    Queue operations (describe_queue, list_queues) come from dmq.client.queue_admin, find_trace
+    from dmq.client._trace."""
 
     def __init__(
         self,
@@ -323,7 +327,8 @@ class AdminClient(QueueAdminMixin):  # describe_queue / list_queues live in dmq.
     ) -> TopicDescription:
         """Create a topic; raises TopicAlreadyExistsError if it exists.
 
-        ``config`` keys: retention_ms, retention_bytes, segment_bytes, segment_ms, max_message_bytes.
+        ``config`` keys: retention_ms, retention_bytes, segment_bytes, segment_ms, max_message_bytes,
+        dedup_window_ms.
         """
         check_topic_name(name)
         _check(validate_partition_count, partitions)

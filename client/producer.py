@@ -6,8 +6,15 @@
     # leaving the block flushes and closes
 
 Where a record goes: ``partition=`` if given; else, with a key, ``zlib.crc32(key) % partitions``
-(see `dmq.client._partitioner`); else the thread's sticky partition, which moves on each time its
-batch is sealed.
+(see `dmq.client._partitioner`); else, with a ``transaction_id``, the same function of the id's
+UTF-8 bytes (so a resent transaction meets its first copy on one partition, where the broker
+de-duplicates it); else the thread's sticky partition, which moves on each time its batch is sealed.
+
+Transaction and trace ids: ``send(..., transaction_id=..., trace_id=...)`` puts them in the
+reserved headers ``dmq.txn`` / ``dmq.trace`` (dmq.proto.records). A record whose transaction id
+the partition stored within the topic's ``dedup_window_ms`` is not stored again: its
+RecordMetadata.offset is the original's. ``trace_ids=True`` gives every record sent without a
+trace_id a new UUID4 one (AdminClient.find_trace / ``dmq trace`` follow it across topics).
 
 Batching: a partition's batch ships when it is full or ``linger_ms`` old
 and nothing is in flight for that partition; while a Produce is in flight the next batch keeps
@@ -41,6 +48,7 @@ import concurrent.futures
 import inspect
 import threading
 import time
+import uuid
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import accumulate, repeat
@@ -175,6 +183,7 @@ class Producer:
         key_serializer: Serializer | None = None,
         value_serializer: Serializer | None = None,
         bootstrap: str | Sequence[str] | None = None,
+        trace_ids: bool = False,
         **unknown: Any,
     ) -> None:
         """``bootstrap_servers``: the coordinator's "host:port" (a string, "h:p,h:p" or a list;
@@ -208,6 +217,9 @@ class Producer:
         self._key_serializer = key_serializer
         self._value_serializer = value_serializer
         self._serializing = key_serializer is not None or value_serializer is not None
+        if not isinstance(trace_ids, bool):
+            raise InvalidConfigError(f"trace_ids must be True or False, got {trace_ids!r}")
+        self._trace_ids = trace_ids  # a UUID4 trace id for every record sent without one
         self._cluster = cluster or Cluster(
             address, request_timeout_ms=min(request_timeout_ms, max(max_block_ms, METADATA_TIMEOUT_MIN_MS))
         )
@@ -263,8 +275,13 @@ class Producer:
         partition: int | None = None,
         timestamp_ms: int | None = None,
         callback: Callback | None = None,
+        transaction_id: str | None = None,
+        trace_id: str | None = None,
     ) -> RecordFuture:
         """Queue one record; returns a handle whose get() gives its RecordMetadata.
+
+        ``transaction_id`` / ``trace_id``: strings of 1 to 255 characters (else ValueError naming
+        the argument), see the module docstring.
 
         Blocks only when buffer_memory is full (up to max_block_ms, then DMQTimeoutError) or on
         the first send to a topic (its metadata). `callback(metadata, error)` runs once the
@@ -273,6 +290,8 @@ class Producer:
         """
         if self._serializing:
             key, value = self._serialize(topic, key, value)
+        if transaction_id is not None or trace_id is not None or self._trace_ids:
+            return self._send_slow(topic, value, key, headers, partition, timestamp_ms, callback, transaction_id, trace_id)
         # Fast path: a plain value for this thread's sticky batch. No lock: this thread is the
         # batch's only appender (see _accumulator); a seal racing the append is caught by the
         # `sealed` check after it.
@@ -316,6 +335,8 @@ class Producer:
         partition: int | None,
         timestamp_ms: int | None,
         callback: Callback | None,
+        transaction_id: str | None = None,
+        trace_id: str | None = None,
     ) -> RecordFuture:
         acc = self._acc
         self._check_open()
@@ -323,6 +344,9 @@ class Producer:
         if key is not None:
             key = _as_bytes(key, "key")
         hdrs = _normalise_headers(headers)
+        txn_key = None
+        if transaction_id is not None or trace_id is not None or self._trace_ids:
+            hdrs, txn_key = _with_ids(hdrs, transaction_id, trace_id, self._trace_ids)
         if timestamp_ms is not None and (isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0):
             raise TypeError(f"timestamp_ms must be a non-negative int (ms since the epoch), got {timestamp_ms!r}")
         record_bytes = len(value) + (len(key) if key is not None else 0) + _headers_size(hdrs)
@@ -340,6 +364,8 @@ class Producer:
             meta = self._check_partition(topic, partition, meta)
         elif key is not None:
             partition = self._partitioner(key, meta.partition_count)
+        elif txn_key is not None:
+            partition = self._partitioner(txn_key, meta.partition_count)
         sticky = partition is None
         st = acc.thread_state(get_ident())
         credit = 0  # reserved buffer memory not yet given to a batch
@@ -766,8 +792,33 @@ def _normalise_headers(headers: Headers | None) -> list[tuple[str, bytes | None]
             raise TypeError(f"headers must be (str, bytes | None) pairs, got {item!r}") from None
         if not isinstance(k, str):
             raise TypeError(f"header key must be str, got {type(k).__name__}")
-        out.append((k, None if v is None else _as_bytes(v, f"header {k!r} value")))
+        v = None if v is None else _as_bytes(v, f"header {k!r} value")
+        if k in _RESERVED_HEADERS:
+            # the broker refuses a whole batch with a bad id: refuse the one record here instead
+            records.check_record_id(b"" if v is None else v, f"header {k!r}")
+        out.append((k, v))
     return out or None
+
+
+_RESERVED_HEADERS = frozenset((records.TXN_HEADER, records.TRACE_HEADER))
+
+
+def _with_ids(
+    headers: list[tuple[str, bytes | None]] | None, transaction_id: str | None, trace_id: str | None,
+    generate_trace: bool,
+) -> tuple[list[tuple[str, bytes | None]], bytes | None]:
+    """The (normalised) headers with the reserved id headers added, and the transaction id's bytes
+    (its partitioning key). Without trace_id, generate_trace (trace_ids=True) makes a UUID4 one."""
+    out = headers or []
+    txn_key = None
+    if transaction_id is not None:
+        txn_key = records.check_record_id(transaction_id, "transaction_id").encode()
+        out.append((records.TXN_HEADER, txn_key))
+    if trace_id is not None:
+        out.append((records.TRACE_HEADER, records.check_record_id(trace_id, "trace_id").encode()))
+    elif generate_trace:
+        out.append((records.TRACE_HEADER, str(uuid.uuid4()).encode()))
+    return out, txn_key
 
 
 def _headers_size(headers: list[tuple[str, bytes | None]] | None) -> int:

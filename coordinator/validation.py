@@ -63,6 +63,7 @@ class TopicSettings:
     segment_bytes: int | None = None
     segment_ms: int | None = None
     max_message_bytes: int | None = None
+    dedup_window_ms: int | None = None
     # queue mode (dmq.proto.limits, DESIGN.md "Queue mode")
     delay_ms: int | None = None
     max_wait_ms: int | None = None

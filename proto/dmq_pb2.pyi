@@ -64,12 +64,13 @@ class TopicPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class TopicConfig(_message.Message):
-    __slots__ = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "delay_ms", "max_wait_ms", "window_buffer_ms", "lease_ms", "max_delivery_attempts", "max_queue_size")
+    __slots__ = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "dedup_window_ms", "delay_ms", "max_wait_ms", "window_buffer_ms", "lease_ms", "max_delivery_attempts", "max_queue_size")
     RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_BUFFER_MS_FIELD_NUMBER: _ClassVar[int]
@@ -81,13 +82,14 @@ class TopicConfig(_message.Message):
     segment_bytes: int
     segment_ms: int
     max_message_bytes: int
+    dedup_window_ms: int
     delay_ms: int
     max_wait_ms: int
     window_buffer_ms: int
     lease_ms: int
     max_delivery_attempts: int
     max_queue_size: int
-    def __init__(self, retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., delay_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., window_buffer_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., max_delivery_attempts: _Optional[int] = ..., max_queue_size: _Optional[int] = ...) -> None: ...
+    def __init__(self, retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., dedup_window_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., window_buffer_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., max_delivery_attempts: _Optional[int] = ..., max_queue_size: _Optional[int] = ...) -> None: ...
 
 class PartitionInfo(_message.Message):
     __slots__ = ("partition", "leader_id", "leader_address", "leader_alive")
@@ -144,16 +146,18 @@ class ProduceRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., batch: _Optional[bytes] = ..., acks: _Optional[_Union[Acks, str]] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
-    __slots__ = ("base_offset", "log_append_time_ms", "log_start_offset", "duplicate")
+    __slots__ = ("base_offset", "log_append_time_ms", "log_start_offset", "duplicate", "record_offsets")
     BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LOG_APPEND_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    RECORD_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     base_offset: int
     log_append_time_ms: int
     log_start_offset: int
     duplicate: bool
-    def __init__(self, base_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    record_offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, base_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., duplicate: _Optional[bool] = ..., record_offsets: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FetchPartition(_message.Message):
     __slots__ = ("topic", "partition", "offset", "max_bytes")
@@ -364,6 +368,34 @@ class DescribeLogsResponse(_message.Message):
     LOGS_FIELD_NUMBER: _ClassVar[int]
     logs: _containers.RepeatedCompositeFieldContainer[LogInfo]
     def __init__(self, logs: _Optional[_Iterable[_Union[LogInfo, _Mapping]]] = ...) -> None: ...
+
+class FindTraceRequest(_message.Message):
+    __slots__ = ("trace_id", "max_records")
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    trace_id: str
+    max_records: int
+    def __init__(self, trace_id: _Optional[str] = ..., max_records: _Optional[int] = ...) -> None: ...
+
+class TracePartition(_message.Message):
+    __slots__ = ("topic", "partition", "offsets", "records")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    records: bytes
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ..., records: _Optional[bytes] = ...) -> None: ...
+
+class FindTraceResponse(_message.Message):
+    __slots__ = ("partitions", "truncated")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[TracePartition]
+    truncated: bool
+    def __init__(self, partitions: _Optional[_Iterable[_Union[TracePartition, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
     __slots__ = ("broker_id", "host", "port")

@@ -109,6 +109,11 @@ class BrokerStub:
                 request_serializer=dmq_dot_proto_dot_dmq__pb2.QueueDescribeRequest.SerializeToString,
                 response_deserializer=dmq_dot_proto_dot_dmq__pb2.QueueDescribeResponse.FromString,
                 _registered_method=True)
+        self.FindTrace = channel.unary_unary(
+                '/dmq.v1.Broker/FindTrace',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.FindTraceRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.FindTraceResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -206,6 +211,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FindTrace(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -283,6 +294,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.QueueDescribe,
                     request_deserializer=dmq_dot_proto_dot_dmq__pb2.QueueDescribeRequest.FromString,
                     response_serializer=dmq_dot_proto_dot_dmq__pb2.QueueDescribeResponse.SerializeToString,
+            ),
+            'FindTrace': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindTrace,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.FindTraceRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.FindTraceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -690,6 +706,33 @@ class Broker:
             '/dmq.v1.Broker/QueueDescribe',
             dmq_dot_proto_dot_dmq__pb2.QueueDescribeRequest.SerializeToString,
             dmq_dot_proto_dot_dmq__pb2.QueueDescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindTrace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/FindTrace',
+            dmq_dot_proto_dot_dmq__pb2.FindTraceRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.FindTraceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,6 +9,7 @@ accepts is always one a broker can store.
                      broker's log refuses smaller segments)
   segment_ms         1..MAX_DURATION_MS
   max_message_bytes  MAX_MESSAGE_BYTES_MIN..MAX_MESSAGE_BYTES_MAX (a batch must fit a fetch response)
+  dedup_window_ms    0 (off)..DEDUP_WINDOW_MS_MAX; default DEDUP_WINDOW_MS_DEFAULT (transaction ids)
   queue mode (DESIGN.md "Queue mode"):
   delay_ms, window_buffer_ms   0..MAX_DURATION_MS
   max_wait_ms                  1..MAX_DURATION_MS
@@ -40,6 +41,11 @@ MAX_MESSAGE_BYTES_MIN = 64
 # batch may be larger than the largest fetch response.
 MAX_MESSAGE_BYTES_MAX = 60 * 1024 * 1024
 
+# Transaction-id de-duplication (broker/log/dedup.py): the leader keeps the ids of this window in
+# memory, so it is bounded (a day) besides the per-partition cap on entries.
+DEDUP_WINDOW_MS_DEFAULT = 120_000
+DEDUP_WINDOW_MS_MAX = 24 * 3600 * 1000
+
 # A group member's timeouts, as the group coordinator accepts them in JoinGroup
 # (coordinator.group.GroupConfig); the consumer checks its config against the same numbers.
 SESSION_TIMEOUT_MS_MIN = 1_000
@@ -62,6 +68,7 @@ TOPIC_CONFIG_RANGES: dict[str, tuple[int, int, bool]] = {
     "segment_bytes": (SEGMENT_BYTES_MIN, SEGMENT_BYTES_MAX, False),
     "segment_ms": (1, MAX_DURATION_MS, False),
     "max_message_bytes": (MAX_MESSAGE_BYTES_MIN, MAX_MESSAGE_BYTES_MAX, False),
+    "dedup_window_ms": (0, DEDUP_WINDOW_MS_MAX, False),
     "delay_ms": (0, MAX_DURATION_MS, False),
     "max_wait_ms": (1, MAX_DURATION_MS, False),
     "window_buffer_ms": (0, MAX_DURATION_MS, False),

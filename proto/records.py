@@ -14,7 +14,11 @@ Header (``HEADER = struct.Struct("<qiBIhiqqqhii")``)::
                                       bit 3    timestamp type (0 create time, 1 log append time:
                                                every record's timestamp is then max_timestamp)
                                       bit 4    has headers (the header_offsets array is present)
-                                      bits 5-15 reserved, must be 0
+                                      bit 5    some record carries a transaction id (header
+                                               TXN_HEADER): the leader de-duplicates them
+                                      bit 6    some record carries a trace id (header
+                                               TRACE_HEADER): the leader indexes them
+                                      bits 7-15 reserved, must be 0
     19  4    record_count     int32   >= 1; records have offsets base_offset .. base_offset+count-1
                                       (the last one must fit int64)
     23  8    first_timestamp  int64   ms since the epoch, timestamp of the first record
@@ -55,6 +59,11 @@ unsigned LEB128 (7 bits per byte, low group first, high bit = more follows, at m
       bytes    key                  UTF-8
       uvarint  value_length_plus_1  0 = value None, else len(value) + 1
       bytes    value
+
+Reserved headers: names starting with ``dmq.`` belong to DMQ. ``dmq.txn`` (TXN_HEADER) is a
+record's transaction id and ``dmq.trace`` (TRACE_HEADER) its trace id, each a UTF-8 string of 1 to
+RECORD_ID_MAX_CHARS characters. encode() sets attribute bits 5 / 6 when a record has them, so the
+broker decodes the records of exactly those batches (and no other: bits clear, it never does).
 
 Limits: a batch (total size and uncompressed body_length) is at most ``max_batch_bytes``
 (default 16 MiB, never above 2**31 - 1 so every offset fits int32); on encode a record's
@@ -100,6 +109,14 @@ __all__ = [
     "CorruptBatchError",
     "BatchTooLargeError",
     "RecordTooLargeError",
+    "InvalidRecordIdError",
+    "TXN_HEADER",
+    "TRACE_HEADER",
+    "RECORD_ID_MAX_CHARS",
+    "ATTR_HAS_TXN_IDS",
+    "ATTR_HAS_TRACE_IDS",
+    "check_record_id",
+    "record_ids",
     "BatchHeader",
     "Record",
     "RecordBatch",
@@ -144,7 +161,17 @@ class Codec(enum.IntEnum):
 ATTR_CODEC_MASK = 0x07
 ATTR_LOG_APPEND_TIME = 0x08
 ATTR_HAS_HEADERS = 0x10
-_ATTR_KNOWN = ATTR_CODEC_MASK | ATTR_LOG_APPEND_TIME | ATTR_HAS_HEADERS
+ATTR_HAS_TXN_IDS = 0x20
+ATTR_HAS_TRACE_IDS = 0x40
+_ATTR_KNOWN = ATTR_CODEC_MASK | ATTR_LOG_APPEND_TIME | ATTR_HAS_HEADERS | ATTR_HAS_TXN_IDS | ATTR_HAS_TRACE_IDS
+
+TXN_HEADER = "dmq.txn"
+TRACE_HEADER = "dmq.trace"
+RECORD_ID_MAX_CHARS = 255
+# encode(): header name -> the attribute bit it sets
+_RESERVED_BITS = {TXN_HEADER: ATTR_HAS_TXN_IDS, TRACE_HEADER: ATTR_HAS_TRACE_IDS}
+# each name as it is encoded in a header entry: its uvarint length (< 128), then the UTF-8 bytes
+_RESERVED_KEYS = {name: bytes((len(name),)) + name.encode() for name in _RESERVED_BITS}
 
 _LITTLE = sys.byteorder == "little"
 assert array("i").itemsize == 4, "array('i') must be 32-bit for the body arrays"
@@ -168,6 +195,29 @@ class BatchTooLargeError(RecordsError):
 
 class RecordTooLargeError(RecordsError):
     """A record's key + value + headers exceeds max_record_bytes."""
+
+
+class InvalidRecordIdError(RecordsError):
+    """A transaction id or trace id that is empty, too long or not UTF-8."""
+
+
+def check_record_id(value: object, field: str) -> str:
+    """A transaction / trace id as it travels (str or its UTF-8 bytes) -> the str; raises
+    InvalidRecordIdError naming `field` and the limit (client and broker run the same rule)."""
+    if type(value) is str and 0 < len(value) <= RECORD_ID_MAX_CHARS:
+        return value  # the common case, first: the producer checks every id it sends
+    if isinstance(value, bytes | bytearray | memoryview):
+        try:
+            value = bytes(value).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidRecordIdError(f"{field} is not UTF-8: {e}") from None
+    if not isinstance(value, str):
+        raise InvalidRecordIdError(f"{field} must be a str, got {type(value).__name__}")
+    if not 1 <= len(value) <= RECORD_ID_MAX_CHARS:
+        raise InvalidRecordIdError(
+            f"{field} is {len(value)} characters; it must be 1 to {RECORD_ID_MAX_CHARS} characters"
+        )
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +321,7 @@ def read_header(buf: Any, pos: int = 0, *, max_batch_bytes: int = DEFAULT_MAX_BA
         )
     if h.attributes & ~_ATTR_KNOWN:
         raise CorruptBatchError(
-            f"batch at position {pos}: attributes 0x{h.attributes & 0xFFFF:04x} set reserved bits 5-15"
+            f"batch at position {pos}: attributes 0x{h.attributes & 0xFFFF:04x} set reserved bits 7-15"
         )
     codec = h.attributes & ATTR_CODEC_MASK
     if codec > Codec.LZ4:
@@ -464,22 +514,40 @@ def _put_uvarint(out: bytearray, n: int) -> None:
     out.append(n)
 
 
+# The uvarints below 128 (every header count, and the lengths of most keys and values), as bytes.
+_SMALL_UVARINTS = [bytes((i,)) for i in range(128)]
+# Encoded keys (uvarint length + UTF-8), by key: a producer uses few distinct header names.
+_KEY_CACHE: dict[str, bytes] = {}
+_KEY_CACHE_MAX = 1024
+
+
+def _uvarint_bytes(n: int) -> bytes:
+    if n < 128:
+        return _SMALL_UVARINTS[n]
+    out = bytearray()
+    _put_uvarint(out, n)
+    return bytes(out)
+
+
 def _encode_record_headers(hs: Iterable[tuple[str, bytes | None]]) -> bytes:
     items = list(hs)
     if not items:
         return b""
-    out = bytearray()
-    _put_uvarint(out, len(items))
+    parts = [_uvarint_bytes(len(items))]
     for k, v in items:
-        kb = k.encode("utf-8")
-        _put_uvarint(out, len(kb))
-        out += kb
+        kb = _KEY_CACHE.get(k)
+        if kb is None:
+            raw = k.encode("utf-8")
+            kb = _uvarint_bytes(len(raw)) + raw
+            if len(_KEY_CACHE) < _KEY_CACHE_MAX:
+                _KEY_CACHE[k] = kb
+        parts.append(kb)
         if v is None:
-            out.append(0)
+            parts.append(b"\x00")
         else:
-            _put_uvarint(out, len(v) + 1)
-            out += v
-    return bytes(out)
+            parts.append(_uvarint_bytes(len(v) + 1))
+            parts.append(v)
+    return b"".join(parts)
 
 
 def _get_uvarint(data: bytes, i: int, end: int) -> tuple[int, int]:
@@ -655,13 +723,20 @@ def encode(
     key_offsets = bytes(4 * (n + 1)) if key_lengths is None else _offsets(key_lengths)
     parts = [deltas, key_offsets, _offsets(value_lengths)]
     attributes = int(codec)
+    header_blob = b""
     if header_lengths is not None:
         attributes |= ATTR_HAS_HEADERS
         parts.append(_offsets(header_lengths))
+        header_blob = b"".join(header_parts)
+        # A C substring search, not a loop over the records: a value that happens to hold the
+        # encoded name only makes the broker decode this batch and find no id (harmless).
+        for name, bit in _RESERVED_BITS.items():
+            if _RESERVED_KEYS[name] in header_blob:
+                attributes |= bit
     parts.append(validity)
     parts += key_parts
     parts += values
-    parts += header_parts
+    parts.append(header_blob)
     try:
         body = b"".join(parts)
     except TypeError as e:
@@ -936,6 +1011,68 @@ def _arrow_offsets(pa: Any, offs: memoryview) -> Any:
         # aligned int32 offsets, and copying them costs 4 bytes per record (values stay zero-copy)
         buf = pa.py_buffer(bytes(offs))
     return buf
+
+
+def record_ids(batch: RecordBatch, name: str, field: str) -> list[str | None]:
+    """Per record of `batch`, the value of its reserved header `name` (TXN_HEADER or TRACE_HEADER)
+    checked by check_record_id, or None. Raises InvalidRecordIdError naming the record and `field`,
+    CorruptBatchError for a malformed header entry.
+
+    The broker runs this on every batch flagged with ids, so it walks each header entry's key
+    lengths and compares key bytes, without building the header tuples (decode's headers() would
+    cost several times more per record)."""
+    n = batch.header.record_count
+    if batch.header_offsets is None:
+        return [None] * n
+    blob = bytes(batch.header_blob)
+    offs = batch._offsets("header_offsets")
+    key = name.encode()
+    klen_wanted = len(key)
+    out: list[str | None] = []
+    r = 0
+    try:
+        for r in range(n):
+            i, end = offs[r], offs[r + 1]
+            if i == end:
+                out.append(None)
+                continue
+            found = -1  # position of the value's first byte
+            flen = 0
+            count = blob[i]
+            i += 1
+            if count >= 0x80:  # varints of one byte (< 128) are all a DMQ client writes for ids
+                count, i = _get_uvarint(blob, i - 1, end)
+            for _ in range(count):
+                klen = blob[i]
+                i += 1
+                if klen >= 0x80:
+                    klen, i = _get_uvarint(blob, i - 1, end)
+                k_at = i
+                i += klen
+                vlen = blob[i]
+                i += 1
+                if vlen >= 0x80:
+                    vlen, i = _get_uvarint(blob, i - 1, end)
+                if klen == klen_wanted and blob[k_at : k_at + klen] == key:
+                    found, flen = i, max(vlen - 1, 0)
+                if vlen:
+                    i += vlen - 1
+            if i != end:
+                raise CorruptBatchError(f"record {r}: its headers take {i - offs[r]} bytes, its entry {end - offs[r]}")
+            if found < 0:
+                out.append(None)
+                continue
+            value = blob[found : found + flen]
+            try:
+                text = value.decode("utf-8")
+            except UnicodeDecodeError:
+                text = ""
+            if not 0 < len(text) <= RECORD_ID_MAX_CHARS:
+                check_record_id(value, f"record {r}: {field}")  # raises, naming the rule broken
+            out.append(text)
+    except IndexError:
+        raise CorruptBatchError(f"record {r}: headers run past the end of the batch") from None
+    return out
 
 
 def decode(

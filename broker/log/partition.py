@@ -3,6 +3,7 @@
 Directory `<data_dir>/<topic>-<partition>/`:
 
     <base:020d>.log / .index / .timeindex   segments (see segment.py, index.py)
+    <base:020d>.traceindex                  trace id -> offsets of the segment (trace_index.py)
     <offset:020d>.snapshot                  idempotent-producer state as of `offset` (producer_state.py)
     checkpoint                              "dmq-log-checkpoint 1 <log_start_offset> <recovery_offset>
                                              <last_append_ms> <crc32>" (last_append_ms keeps append
@@ -88,13 +89,23 @@ from dmq.broker.log.errors import (
     OffsetOutOfRangeError,
     StorageUnavailableError,
 )
+from dmq.broker.log.dedup import DEFAULT_MAX_ENTRIES
 from dmq.broker.log.fsync_placement import FsyncPlacement
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import fsync_path
+from dmq.broker.log.record_ids import RecordIds
 from dmq.broker.log.producer_state import SNAPSHOT_SUFFIX, ProducerStateManager, list_snapshots, snapshot_path
 from dmq.broker.log.scan import Damaged
 from dmq.broker.log.segment import LOG_SUFFIX, MAX_RELATIVE_OFFSET, Segment, SegmentCorruptError
-from dmq.proto.records import DEFAULT_MAX_BATCH_BYTES, patch_base_offset, validate_batch
+from dmq.proto.limits import DEDUP_WINDOW_MS_DEFAULT, DEDUP_WINDOW_MS_MAX
+from dmq.proto.records import (
+    ATTR_HAS_TRACE_IDS,
+    ATTR_HAS_TXN_IDS,
+    DEFAULT_MAX_BATCH_BYTES,
+    BatchHeader,
+    patch_base_offset,
+    validate_batch,
+)
 
 __all__ = ["AppendInfo", "LogConfig", "PartitionLog", "RecoveryInfo"]
 
@@ -152,6 +163,8 @@ class LogConfig:
     flush_policy: str = "fsync"  # "fsync": acks=all waits for a (group-commit) fsync; "interval"
     flush_interval_ms: int = 1000
     producer_id_expiration_ms: int = DAY_MS  # idle producers' de-duplication state is dropped
+    dedup_window_ms: int = DEDUP_WINDOW_MS_DEFAULT  # transaction ids (dedup.py); 0 = off
+    dedup_max_entries: int = DEFAULT_MAX_ENTRIES  # transaction ids kept per partition (dedup.py)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -173,6 +186,10 @@ class LogConfig:
             bad("flush_policy", f"must be one of {FLUSH_POLICIES}")
         if self.flush_interval_ms <= 0:
             bad("flush_interval_ms", "must be > 0")
+        if not 0 <= self.dedup_window_ms <= DEDUP_WINDOW_MS_MAX:
+            bad("dedup_window_ms", f"must be within 0..{DEDUP_WINDOW_MS_MAX}")
+        if self.dedup_max_entries < 1:
+            bad("dedup_max_entries", "must be >= 1")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -188,7 +205,9 @@ class AppendInfo:
     base_offset: int
     last_offset: int
     append_time_ms: int
-    duplicate: bool = False
+    duplicate: bool = False  # nothing of the batch was written
+    # Set when some records were duplicate transaction ids: every record's offset, in order.
+    record_offsets: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -323,6 +342,7 @@ class PartitionLog:
         self._pending_paths: list[str] = []  # files written at roll, fsynced by the next flush
         self._last_append_ms = 0
         self._producers = ProducerStateManager()
+        self._record_ids = RecordIds()  # transaction ids and trace ids (record_ids.py)
         self._marker_present = False
         self._dir_gen = 0  # bumped on every directory change (create, unlink, rename)
         self._parent_dirty = False  # the partition directory was created and not yet fsynced in its parent
@@ -764,7 +784,7 @@ class PartitionLog:
             dead = segs.pop()
             self._bases.pop()
             snap = snapshot_path(self.directory, dead.base_offset)
-            gone = (dead.index.path, dead.time_index.path, snap)
+            gone = (dead.index.path, dead.time_index.path, dead.trace_index.path, snap)
             self._pending_paths = [p for p in self._pending_paths if p not in gone]
             dead.close()
             doomed += [dead.log_path, *gone]
@@ -772,6 +792,7 @@ class PartitionLog:
         self._unflushed = [s for s in self._unflushed if s is not active and s in segs]
         self.log_end_offset = offset
         self._producers.truncate(offset)
+        self._record_ids.truncate(offset)
         self._dir_gen += 1
         self._rollback_unfinished = doomed
         self._rollback_pending = True
@@ -821,6 +842,11 @@ class PartitionLog:
             view = view.cast("B")
         if len(view) != size:
             raise InvalidBatchError(f"append takes exactly one batch: got {len(view)} bytes, the batch is {size}")
+        attributes = h.attributes
+        if attributes & ATTR_HAS_TRACE_IDS or (attributes & ATTR_HAS_TXN_IDS and self.config.dedup_window_ms):
+            # Records with trace ids, or transaction ids to de-duplicate: decoded (record_ids.py);
+            # no other batch is.
+            return self._record_ids.append(self, batch, view, h, hold=hold)
         with self._lock:
             self._check_writable()
             dup = self._producers.check(
@@ -828,38 +854,45 @@ class PartitionLog:
             )
             if dup is not None:
                 return AppendInfo(dup.base_offset, dup.last_offset, dup.append_time_ms, True), self._rollback_epoch
-            now = max(self._clock(), self._last_append_ms)
-            base = self.log_end_offset
-            last = base + h.record_count - 1
-            seg = self._segments[-1]
-            try:
-                self._before_change()
-                if seg.size and (
-                    seg.size + size > self.config.segment_bytes
-                    or now - (seg.first_time_ms or now) >= self.config.segment_ms
-                    or last - seg.base_offset > MAX_RELATIVE_OFFSET
-                ):
-                    seg = self._roll(base)
-                if isinstance(batch, bytearray):
-                    patch_base_offset(batch, 0, base)
-                    parts = [view]
-                else:
-                    # Immutable input: write a patched 8-byte prefix and the rest, no copy.
-                    parts = [memoryview(_INT64.pack(base)), view[8:]]
-                seg.append(parts, size, base, last, now)
-            except OSError as e:
-                # Nothing of this batch is in the log (segment.append cuts a partial write off).
-                raise StorageUnavailableError.from_os_error(self._where, f"write to {seg.log_path}", e) from e
-            self.log_end_offset = last + 1
-            self.size_bytes += size
-            self._last_append_ms = now
-            if h.producer_id >= 0:
-                self._producers.update(
-                    h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, base, last, now
-                )
-            if hold:
-                self._held.append(base)
-            return AppendInfo(base, last, now, False), self._rollback_epoch
+            return self._write_locked(batch, view, h, hold), self._rollback_epoch
+
+    def _write_locked(
+        self, batch: bytes | bytearray | memoryview, view: memoryview, h: BatchHeader, hold: bool
+    ) -> AppendInfo:
+        """Write a checked batch at the log end (under the lock, after the producer check)."""
+        size = h.total_size
+        now = max(self._clock(), self._last_append_ms)
+        base = self.log_end_offset
+        last = base + h.record_count - 1
+        seg = self._segments[-1]
+        try:
+            self._before_change()
+            if seg.size and (
+                seg.size + size > self.config.segment_bytes
+                or now - (seg.first_time_ms or now) >= self.config.segment_ms
+                or last - seg.base_offset > MAX_RELATIVE_OFFSET
+            ):
+                seg = self._roll(base)
+            if isinstance(batch, bytearray):
+                patch_base_offset(batch, 0, base)
+                parts = [view]
+            else:
+                # Immutable input: write a patched 8-byte prefix and the rest, no copy.
+                parts = [memoryview(_INT64.pack(base)), view[8:]]
+            seg.append(parts, size, base, last, now)
+        except OSError as e:
+            # Nothing of this batch is in the log (segment.append cuts a partial write off).
+            raise StorageUnavailableError.from_os_error(self._where, f"write to {seg.log_path}", e) from e
+        self.log_end_offset = last + 1
+        self.size_bytes += size
+        self._last_append_ms = now
+        if h.producer_id >= 0:
+            self._producers.update(
+                h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, base, last, now
+            )
+        if hold:
+            self._held.append(base)
+        return AppendInfo(base, last, now, False)
 
     async def append_durable(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
         """append() then wait for an fsync covering the batch (group commit), unless the
@@ -1194,6 +1227,10 @@ class PartitionLog:
             seg = self._segments[bisect_right(self._bases, offset) - 1]
             seg.ensure_indexes()
             return seg.time_index.time_of(offset - seg.base_offset)
+    def find_trace(self, trace_id: str, max_records: int) -> tuple[list[tuple[int, bytes]], bool]:
+        """([(offset, batch holding it)], truncated): the visible records carrying trace_id,
+        through the segments' trace indexes (see record_ids.py). Blocking: call it in a thread."""
+        return self._record_ids.find_trace(self, trace_id, max_records)
 
     def verify(self) -> VerifyReport:
         """Check every segment: the CRC and layout of every batch, contiguous offsets, and that

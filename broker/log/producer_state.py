@@ -6,7 +6,9 @@ append_time_ms). A produce of an idempotent batch (producer_id >= 0) is checked 
 
   1. epoch <  current epoch      -> ProducerFencedError (a newer instance owns the producer id)
   2. epoch >  current epoch      -> accepted only if base_sequence == 0 (a new epoch restarts at 0)
-  3. same epoch, (first_seq, last_seq) equal to one of the cached batches
+  3. same epoch, (first_seq, last_seq) equal to one of the cached batches, or last_seq equal
+     and the cached first_seq within first_seq..last_seq (the broker stored that batch without
+     its duplicate transaction ids, see record_ids.py)
                                  -> duplicate: answered with that batch's original offsets,
                                     nothing written
   4. same epoch, first_seq == last cached last_seq + 1 (wrapping at 2**31-1 to 0) -> accepted
@@ -114,7 +116,7 @@ class ProducerStateManager:
             return None
         last_seq = last_sequence(base_sequence, record_count)
         for b in entry.batches:
-            if b.first_seq == base_sequence and b.last_seq == last_seq:
+            if b.last_seq == last_seq and (b.first_seq - base_sequence) % (INT32_MAX + 1) < record_count:
                 return b
         current = entry.last_seq
         if current is None or base_sequence == _next_sequence(current):

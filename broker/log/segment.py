@@ -1,4 +1,4 @@
-"""One segment of a partition log: `<base_offset:020d>.log` plus its offset and time indexes.
+"""One segment of a partition log: `<base_offset:020d>.log` plus its offset, time and trace indexes.
 
 The .log file is record batches back to back, exactly as produced (base offset patched), nothing
 else. The segment tracks its own `size` (bytes of complete, accepted batches) and `next_offset`;
@@ -35,15 +35,20 @@ from dmq.broker.log.errors import LogError
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import OffsetIndex, TimeIndex
 from dmq.broker.log.scan import Batch, Damaged, Tail, scan_batches
+from dmq.broker.log.trace_index import TRACE_SUFFIX, TraceIndex
 from dmq.proto.records import (
+    ATTR_HAS_TRACE_IDS,
     CRC_START,
     DEFAULT_MAX_BATCH_BYTES,
     HEADER,
     HEADER_SIZE,
     BatchHeader,
+    TRACE_HEADER,
     RecordsError,
     crc32,
+    decode,
     read_header,
+    record_ids,
 )
 
 __all__ = ["Segment", "ScanResult", "SegmentCorruptError", "LOG_SUFFIX", "segment_name"]
@@ -136,6 +141,7 @@ class Segment:
         "log_path",
         "index",
         "time_index",
+        "trace_index",
         "size",
         "next_offset",
         "indexes_loaded",
@@ -152,13 +158,15 @@ class Segment:
     )
 
     def __init__(
-        self, directory: str, base_offset: int, cache: FileCache, index_interval_bytes: int, *, size: int = 0
+        self, directory: str, base_offset: int, cache: FileCache, index_interval_bytes: int, *, size: int = 0,
+        fresh: bool = False,
     ) -> None:
         name = os.path.join(directory, segment_name(base_offset))
         self.base_offset = base_offset
         self.log_path = name + LOG_SUFFIX
         self.index = OffsetIndex(name + INDEX_SUFFIX, cache)
         self.time_index = TimeIndex(name + TIMEINDEX_SUFFIX, cache)
+        self.trace_index = TraceIndex(name + TRACE_SUFFIX, cache, fresh=fresh)
         self.size = size
         self.next_offset = base_offset  # only exact for the active segment and after a scan
         self.indexes_loaded = size == 0
@@ -191,8 +199,12 @@ class Segment:
 
     @classmethod
     def create(cls, directory: str, base_offset: int, cache: FileCache, index_interval_bytes: int) -> Segment:
-        seg = cls(directory, base_offset, cache, index_interval_bytes)
+        seg = cls(directory, base_offset, cache, index_interval_bytes, fresh=True)
         cache.create(seg.log_path)
+        try:  # a trace index left by a segment a rollback removed would be appended to
+            os.unlink(seg.trace_index.path)
+        except FileNotFoundError:
+            pass
         return seg
 
     def fd(self) -> int:
@@ -205,19 +217,44 @@ class Segment:
         self._cache.close(self.log_path)
         self._cache.close(self.time_index.path)
         self._cache.close(self.index.path)
+        self._cache.close(self.trace_index.path)
 
     def delete_files(self) -> None:
         self.close()
-        for path in (self.log_path, self.index.path, self.time_index.path):
+        for path in (self.log_path, self.index.path, self.time_index.path, self.trace_index.path):
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
 
     def write_indexes(self) -> None:
-        """Append index entries not yet in the files (no fsync)."""
+        """Append index entries not yet in the files (no fsync); mark the trace index complete."""
         self.index.write_pending()
         self.time_index.write_pending()
+        self.trace_index.mark(self.next_offset - self.base_offset)
+
+    # -- trace index ---------------------------------------------------------------------------
+
+    def trace_ready(self) -> TraceIndex:
+        """The trace index, checked and complete up to the segment's end (see trace_index.py)."""
+        self.trace_index.ensure_loaded(self.next_offset - self.base_offset, self._traced_records)
+        return self.trace_index
+
+    def _traced_records(self, from_rel: int) -> Iterator[tuple[str, int]]:
+        """(trace id, relative offset) of the records from from_rel on: batch headers walked, only
+        the batches flagged with trace ids read and decoded."""
+        fd = self._cache.fd(self.log_path)
+        for pos, h in self.iter_headers(self.base_offset + from_rel):
+            if not h[4] & ATTR_HAS_TRACE_IDS:
+                continue
+            try:
+                ids = record_ids(decode(os.pread(fd, 12 + h[1], pos)), TRACE_HEADER, "trace_id")
+            except RecordsError as e:  # damage: the read path reports it; nothing to index
+                log.warning("trace index: batch not indexed", segment=self.log_path, position=pos, error=str(e))
+                continue
+            for i, t in enumerate(ids):
+                if t is not None:
+                    yield t, h[0] + i - self.base_offset
 
     def ensure_indexes(self) -> None:
         """Load the index files of a segment opened without them; rebuild them if implausible."""
@@ -364,6 +401,7 @@ class Segment:
         if self.time_index.persisted > len(self.time_index):
             os.ftruncate(self._cache.fd(self.time_index.path, create=True), len(self.time_index) * 12)
             self.time_index.persisted = len(self.time_index)
+        self.trace_index.truncate(rel)
 
     def set_active_state(self, next_offset: int) -> None:
         """After a clean open: where appends continue."""
@@ -754,5 +792,8 @@ class Segment:
         self.time_index = new_time
         self.index.rewrite()
         self.time_index.rewrite()
+        # Entries (and coverage marks) beyond the recovered end describe records that are gone:
+        # offsets appended next would otherwise count as indexed (trace_index.py).
+        self.trace_index.truncate(expected - self.base_offset)
         self.indexes_loaded = True
         return ScanResult(valid, expected, batches, truncated, reason if truncated else None, damaged)

@@ -364,8 +364,9 @@ class _records_progress:
 # -- consume --------------------------------------------------------------------------------------
 
 
-def _record_json(r: Any) -> str:
-    return json.dumps({
+def record_doc(r: Any) -> dict[str, Any]:
+    """A record as JSON data (the schema in the module docstring; `dmq trace` prints the same)."""
+    return {
         "topic": r.topic,
         "partition": r.partition,
         "offset": r.offset,
@@ -373,7 +374,11 @@ def _record_json(r: Any) -> str:
         "key": jsonable_text(r.key),
         "value": jsonable_text(r.value),
         "headers": [{"name": k, "value": jsonable_text(v)} for k, v in (r.headers or ())],
-    }, ensure_ascii=False)
+    }
+
+
+def _record_json(r: Any) -> str:
+    return json.dumps(record_doc(r), ensure_ascii=False)
 
 
 def _record_printer(fmt: str, print_key: bool, print_offset: bool, separator: str) -> Callable[[Any], str]:

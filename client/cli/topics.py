@@ -3,7 +3,8 @@
 JSON schemas (`-o json`; fields may be added, never renamed or removed):
   list      {"topics": [{"name", "partition_count", "created_ms", "messages", "size_bytes",
                          "config": {retention_ms, retention_bytes, segment_bytes, segment_ms,
-                                    max_message_bytes  (null = the broker's default)}}]}
+                                    max_message_bytes, dedup_window_ms
+                                    (null = the broker's default)}}]}
   describe  {"name", "partition_count", "created_ms", "messages", "size_bytes", "config": {...},
              "partitions": [{"partition", "leader_id", "leader_address", "leader_alive",
                              "log_start_offset", "log_end_offset", "messages", "size_bytes",

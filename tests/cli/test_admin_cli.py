@@ -165,7 +165,8 @@ TOPIC_KEYS = {"name", "partition_count", "created_ms", "messages", "size_bytes",
 PARTITION_KEYS = {"partition", "leader_id", "leader_address", "leader_alive", "log_start_offset", "log_end_offset",
                   "messages", "size_bytes", "segment_count", "error", "status", "status_detail"}
 CONFIG_KEYS = {"retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes",
-               "delay_ms", "max_wait_ms", "window_buffer_ms", "lease_ms", "max_delivery_attempts", "max_queue_size"}
+               "dedup_window_ms", "delay_ms", "max_wait_ms", "window_buffer_ms", "lease_ms", "max_delivery_attempts",
+               "max_queue_size"}
 BROKER_KEYS = {"broker_id", "address", "host", "port", "alive", "last_heartbeat_ms", "partitions_led"}
 
 

@@ -318,7 +318,7 @@ def test_truncated_body(fn):
         ({"record_count": -5}, CorruptBatchError, "record_count -5"),
         ({"record_count": 10**6}, CorruptBatchError, "body_length .* too small for record_count"),
         ({"batch_length": 44}, CorruptBatchError, "batch_length 44 below the minimum 45"),
-        ({"attributes": 0x20}, CorruptBatchError, "reserved bits"),
+        ({"attributes": 0x80}, CorruptBatchError, "reserved bits"),
         ({"attributes": 0x13}, CorruptBatchError, "unknown codec 3"),
         ({"body_length": 10}, CorruptBatchError, "body_length 10"),
         ({"base_offset": 2**63 - 3}, CorruptBatchError, "overflows int64"),
