@@ -37,7 +37,7 @@ def test_readme_python_examples_run(cluster: ClusterThread) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     lines = done.stdout.splitlines()
-    assert len(lines) == 6, lines  # every print of the README's examples, and nothing else
+    assert len(lines) == 8, lines  # every print of the README's examples, and nothing else
     assert re.fullmatch(r"RecordMetadata\(topic='payments', partition=\d, offset=\d+.*\)", lines[0]), lines
     assert lines[1] == "total 450"
     assert lines[2] == "3 acknowledged"
