@@ -17,6 +17,7 @@ reaches a user; the original is chained as ``__cause__``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 import grpc
@@ -39,6 +40,8 @@ __all__ = [
     "GroupNotEmptyError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",
+    "AppendConditionError",
+    "ClaimNotHeldError",
     "OffsetOutOfRangeError",
     "ResourceExhaustedError",
     "RecordTooLargeError",
@@ -148,6 +151,22 @@ class OutOfOrderSequenceError(FailedPreconditionError):
 
 class ProducerFencedError(FailedPreconditionError):
     """A newer epoch of this producer id has written to the partition; this one is fenced."""
+
+
+class AppendConditionError(FailedPreconditionError):
+    """An event-store append was refused: an event after the condition's position matches its
+    query (someone decided on newer facts). ``position`` names the first such event; nothing
+    was stored. Read again from there and decide anew."""
+
+    def __init__(self, message: str = "", *, code: str | None = None, details: str | None = None,
+                 position: int | None = None) -> None:
+        super().__init__(message, code=code, details=details)
+        self.position = position
+
+
+class ClaimNotHeldError(FailedPreconditionError):
+    """The worker no longer holds the event-group claim (it expired without renewal, was released
+    or the group was reset): claim again."""
 
 
 class OffsetOutOfRangeError(DMQError):
@@ -297,6 +316,8 @@ REASON_ERRORS: dict[str, type[DMQError]] = {
     error_details.PRODUCER_FENCED: ProducerFencedError,
     error_details.OUT_OF_ORDER_SEQUENCE: OutOfOrderSequenceError,
     error_details.NOT_OWNER: CommitFailedError,
+    error_details.APPEND_CONDITION_FAILED: AppendConditionError,
+    error_details.CLAIM_NOT_HELD: ClaimNotHeldError,
 }
 
 # Hints appended to the server's message when it alone does not say what to do.
@@ -345,6 +366,9 @@ def from_rpc_error(
     if code is grpc.StatusCode.UNAVAILABLE and not details:
         parts.append("(is the server running and reachable?)")
     err = cls(" ".join(parts), code=code.name, details=details)
+    if isinstance(err, AppendConditionError) and callable(trailing_fn):
+        with contextlib.suppress(Exception):  # a malformed position leaves it None
+            err.position = int(error_details.metadata_value(trailing_fn(), error_details.CONFLICT_POSITION_KEY) or "")
     err.__cause__ = error if isinstance(error, BaseException) else None
     return err
 

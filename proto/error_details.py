@@ -18,6 +18,10 @@ __all__ = [
     "OUT_OF_ORDER_SEQUENCE",
     "NOT_OWNER",
     "reason_of",
+    "APPEND_CONDITION_FAILED",
+    "CONFLICT_POSITION_KEY",
+    "CLAIM_NOT_HELD",
+    "metadata_value",
 ]
 
 REASON_KEY = "dmq-error-reason"
@@ -39,6 +43,25 @@ def reason_of(trailing_metadata: object) -> str | None:
     try:
         for key, value in trailing_metadata or ():  # type: ignore[attr-defined]
             if key == REASON_KEY:
+                return value if isinstance(value, str) else bytes(value).decode("ascii", "replace")
+    except (TypeError, ValueError):
+        return None
+    return None
+
+# FAILED_PRECONDITION from EventAppend: an event after the condition's position matches its
+# query; nothing was stored. CONFLICT_POSITION_KEY names the first such position.
+APPEND_CONDITION_FAILED = "append-condition-failed"
+CONFLICT_POSITION_KEY = "dmq-conflict-position"
+# FAILED_PRECONDITION from an event group's ack / release / renew: the worker does not hold the
+# claim (it expired, was released, or the group was reset); the worker claims again.
+CLAIM_NOT_HELD = "claim-not-held"
+
+
+def metadata_value(trailing_metadata: object, key: str) -> str | None:
+    """The value of `key` in a call's trailing metadata, if any."""
+    try:
+        for k, value in trailing_metadata or ():  # type: ignore[attr-defined]
+            if k == key:
                 return value if isinstance(value, str) else bytes(value).decode("ascii", "replace")
     except (TypeError, ValueError):
         return None

@@ -78,6 +78,7 @@ def topic_document(info: Any, views: dict[tuple[str, int], Any] | None = None) -
         "name": info.name,
         "partition_count": info.partition_count,
         "created_ms": info.created_ms,
+        "kind": info.config.kind if info.config.HasField("kind") else "log",
         "messages": _sum([p["messages"] for p in partitions]) if views is not None else None,
         "size_bytes": _sum([p["size_bytes"] for p in partitions]) if views is not None else None,
         "config": config_dict(info.config),
@@ -133,15 +134,20 @@ def _render_topic(doc: dict[str, Any], *, with_logs: bool) -> None:
 @click.option("-p", "--partitions", type=click.IntRange(1, 10_000), default=1, show_default=True,
               help="Number of partitions (1..10000); more partitions, more parallel consumers.")
 @click.option("-c", "--config", "config", multiple=True, metavar="KEY=VALUE", help=CONFIG_HELP)
+@click.option("--kind", type=click.Choice(["log", "event-store"]), default="log", show_default=True,
+              help="log: a partitioned log; event-store: one partition of typed, tagged events "
+                   "(`dmq events append / read`), kept forever.")
 @click.option("--if-not-exists", is_flag=True, help="Succeed quietly when the topic already exists.")
 @output_option
 @click.pass_context
-def create(ctx: click.Context, name: str, partitions: int, config: tuple[str, ...], if_not_exists: bool, output: str) -> None:
+def create(ctx: click.Context, name: str, partitions: int, config: tuple[str, ...], kind: str, if_not_exists: bool,
+           output: str) -> None:
     """Create topic NAME with --partitions partitions.
 
     \b
     Example:
       dmq topics create orders --partitions 3 --config retention_ms=7d
+      dmq topics create courses --kind event-store
     """
     from dmq.proto import dmq_pb2 as pb
 
@@ -150,7 +156,7 @@ def create(ctx: click.Context, name: str, partitions: int, config: tuple[str, ..
     sess = session(ctx)
     try:
         info = sess.metadata("CreateTopic", pb.CreateTopicRequest(name=name, partitions=partitions,
-                                                                    config=pb.TopicConfig(**settings)))
+                                                                    config=pb.TopicConfig(**settings, kind=kind)))
         created = True
     except CLIError as e:
         if not (if_not_exists and e.code == "ALREADY_EXISTS"):
