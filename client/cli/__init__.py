@@ -24,6 +24,7 @@ _LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "produce": ("dmq.client.cli.messages", "produce", "Send lines from stdin or a file as messages."),
     "consume": ("dmq.client.cli.messages", "consume", "Print messages from a topic (with a group or from offsets)."),
     "bench": ("dmq.client.cli.bench", "bench", "Measure produce and consume throughput and latency."),
+    "events": ("dmq.client.cli.events", "events", "Event-store topics: append / read events (JSON lines), event groups."),
 }
 
 
