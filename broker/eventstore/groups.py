@@ -9,10 +9,12 @@ at the events appended since the last one.
 
 claim_next, in three steps:
   1. discover new partitions (above);
-  2. pick the unclaimed partition whose earliest pending event is oldest: scan the handled types'
-     events in position order from the smallest acknowledged position among unclaimed partitions;
-     the first event that belongs (query.belongs) to an unclaimed partition still behind it
-     decides (ties: the smallest key). No earlier event can, so this is exact;
+  2. pick the unclaimed partition whose earliest pending event is oldest (ties: the smallest key).
+     Each partition's earliest pending position is kept in memory (`_Pending`), valid up to the
+     group's `scanned` end: events appended since are run once through the partitions they belong
+     to (only a partition with nothing pending can change), an ack recomputes its one partition
+     with one index query, a new partition is computed once when discovered. So a claim costs one
+     pass over the partitions in memory, not a scan of the log;
   3. fetch that partition's events: those of the handled types after its acknowledged position
      that carry one of its attribute tags (the index), filtered by the conditional AND, each once.
 The guard (an append condition over all handled types after the last returned position) is built
@@ -79,6 +81,17 @@ class PartitionView:
     pending: int
 
 
+@dataclass(slots=True)
+class _Pending:
+    """Per group, the earliest pending event of each partition: `first[key]` is the position of
+    the first handled event after its acknowledged position that belongs to it, among the events
+    up to `scanned` (None: none so far), computed for `types`."""
+
+    scanned: int = 0
+    types: tuple[str, ...] = ()
+    first: dict[str, int | None] | None = None
+
+
 class GroupManager:
     def __init__(self, index: EventIndex, progress: ProgressStore) -> None:
         self._index = index
@@ -87,6 +100,7 @@ class GroupManager:
         self._claims: dict[tuple[str, str], Claim] = {}
         # group -> (attribute name, value) -> keys of the partitions with that value
         self._by_attr: dict[str, dict[tuple[str, str], set[str]]] = {}
+        self._pending: dict[str, _Pending] = {}
 
     def __repr__(self) -> str:
         return f"<GroupManager groups={len(self._groups)} claims={len(self._claims)}>"
@@ -128,6 +142,7 @@ class GroupManager:
         g.partitions.clear()
         g.discovered_end = 0
         self._by_attr.pop(group, None)
+        self._pending.pop(group, None)
         for k in [k for k in self._claims if k[0] == group]:
             del self._claims[k]
         log.info("event group reset", group=group)
@@ -166,6 +181,11 @@ class GroupManager:
         if position != acked:
             self._progress.put_ack(group, key, position)
             g.partitions[key] = (values, position)
+            pending = self._pending.get(group)
+            if pending is not None and pending.first is not None:
+                first = pending.first.get(key)
+                if first is not None and first <= position:
+                    pending.first[key] = self._first_pending(g, key, pending.scanned)
         del self._claims[(group, key)]
 
     def release(self, group: str, key: str, worker_id: str, now_ms: int) -> None:
@@ -197,12 +217,15 @@ class GroupManager:
             return None
         self._settle(g, tuple(partition_by), tuple(handled_types))
         self._discover(g, until)
-        unclaimed = [k for k in g.partitions if self._live_claim(group, k, now_ms) is None]
-        if not unclaimed:
+        first = self._advance(g, until)
+        best: tuple[int, str] | None = None
+        for key, position in first.items():
+            if position is not None and (best is None or (position, key) < best):
+                if self._live_claim(group, key, now_ms) is None:
+                    best = (position, key)
+        if best is None:
             return None
-        key = self._earliest_pending(g, set(unclaimed), until)
-        if key is None:
-            return None
+        key = best[1]
         values, acked = g.partitions[key]
         events = self._fetch(values, g.handled_types, acked, until, limit)
         self._claims[(group, key)] = Claim(worker_id, now_ms, now_ms + timeout_ms, timeout_ms)
@@ -275,19 +298,35 @@ class GroupManager:
                 return set()
         return keys or set()
 
-    def _earliest_pending(self, g: GroupRecord, unclaimed: set[str], until: int) -> str | None:
-        if not g.handled_types:
-            return None
-        cursor = min(g.partitions[k][1] for k in unclaimed)
-        while True:
+    def _first_pending(self, g: GroupRecord, key: str, until: int) -> int | None:
+        values, acked = g.partitions[key]
+        found = self._fetch(values, g.handled_types, acked, until, 1)
+        return found[0][0] if found else None
+
+    def _advance(self, g: GroupRecord, until: int) -> dict[str, int | None]:
+        """The earliest pending position of every partition, as of `until` (see _Pending)."""
+        pending = self._pending.setdefault(g.name, _Pending())
+        if pending.first is None or pending.types != g.handled_types:
+            # first use (or other handled types): one query per partition
+            pending.types = g.handled_types
+            pending.first = {key: self._first_pending(g, key, until) for key in g.partitions}
+            pending.scanned = until
+            return pending.first
+        first = pending.first
+        for key in g.partitions.keys() - first.keys():  # discovered since: computed once
+            first[key] = self._first_pending(g, key, pending.scanned)
+        cursor = pending.scanned
+        while cursor < until and any(v is None for v in first.values()):
             rows = self._index.of_types(g.handled_types, cursor, until, SCAN_PAGE)
             for position, tags in rows:
-                ready = [k for k in self._candidates(g, split_tags(tags)) if k in unclaimed and g.partitions[k][1] < position]
-                if ready:
-                    return min(ready)
+                for key in self._candidates(g, split_tags(tags)):
+                    if first[key] is None and g.partitions[key][1] < position:
+                        first[key] = position
             if len(rows) < SCAN_PAGE:
-                return None
+                break
             cursor = rows[-1][0]
+        pending.scanned = until
+        return first
 
     def _fetch(
         self, values: dict[str, str], types: Sequence[str], acked: int, until: int, limit: int | None
