@@ -46,6 +46,9 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
+# One log read of a query's matches takes up to this many bytes of consecutive batches.
+LOAD_READ_BYTES = 1024 * 1024
+
 
 @dataclass(frozen=True, slots=True)
 class NewEvent:
@@ -237,20 +240,33 @@ class EventStore:
         return events, until
 
     def load(self, located: Sequence[tuple[int, int]]) -> list[StoredEvent]:
-        """The events at these (position, batch offset) pairs, read from the log: one read per
-        batch that holds a match, none for any other (thread-safe: PartitionLog.read is)."""
+        """The events at these (position, batch offset) pairs, in order, read from the log.
+
+        Only batches holding a match are decoded. Batches that follow each other in the log are
+        read together (one read of up to LOAD_READ_BYTES, cut at the first batch that holds no
+        match), so a sparse query over small batches costs one read per run of such batches, not
+        one per event. Thread-safe (PartitionLog.read is)."""
         plog = self.plog
+        max_batch = plog.config.max_batch_bytes
         out: list[StoredEvent] = []
-        batch: records.RecordBatch | None = None
-        for position, base in located:
-            if batch is None or batch.base_offset != base:
-                data = plog.read(base, 1)
-                batch = records.decode(data, max_batch_bytes=plog.config.max_batch_bytes)
-                if batch.base_offset != base:
-                    raise EventStoreError(f"the event index points at a batch at offset {base} that the log lacks")
-            record = batch.record_at(position - 1)
-            event_type, tags, metadata = parse_event_headers(record.headers)
-            out.append(StoredEvent(position, event_type, tags, record.value, metadata, record.timestamp))
+        i, n = 0, len(located)
+        while i < n:
+            data = memoryview(plog.read(located[i][1], LOAD_READ_BYTES))
+            pos = 0
+            while i < n and pos < len(data):
+                header = records.read_header(data, pos, max_batch_bytes=max_batch)
+                if header.base_offset != located[i][1]:
+                    break  # the next batch holds no match: read again at the next one that does
+                batch = records.decode(data, pos, max_batch_bytes=max_batch)
+                while i < n and located[i][1] == header.base_offset:
+                    position = located[i][0]
+                    record = batch.record_at(position - 1)
+                    event_type, tags, metadata = parse_event_headers(record.headers)
+                    out.append(StoredEvent(position, event_type, tags, record.value, metadata, record.timestamp))
+                    i += 1
+                pos += header.total_size
+            if pos == 0:
+                raise EventStoreError(f"the event index points at a batch at offset {located[i][1]} that the log lacks")
         return out
 
     # -- groups -----------------------------------------------------------------------------------

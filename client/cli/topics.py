@@ -1,10 +1,10 @@
 """`dmq topics create | list | describe | alter | delete | verify`.
 
 JSON schemas (`-o json`; fields may be added, never renamed or removed):
-  list      {"topics": [{"name", "partition_count", "created_ms", "messages", "size_bytes",
+  list      {"topics": [{"name", "partition_count", "created_ms", "kind" ("log" | "event-store"), "messages", "size_bytes",
                          "config": {retention_ms, retention_bytes, segment_bytes, segment_ms,
                                     max_message_bytes  (null = the broker's default)}}]}
-  describe  {"name", "partition_count", "created_ms", "messages", "size_bytes", "config": {...},
+  describe  {"name", "partition_count", "created_ms", "kind", "messages", "size_bytes", "config": {...},
              "partitions": [{"partition", "leader_id", "leader_address", "leader_alive",
                              "log_start_offset", "log_end_offset", "messages", "size_bytes",
                              "segment_count", "error", "status", "status_detail"}]}
