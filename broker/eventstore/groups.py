@@ -273,7 +273,8 @@ class GroupManager:
                     "fewer attribute combinations"
                 )
             found[key] = values
-        self._progress.put_partitions(g.name, found, until)
+        if found:  # `discovered_end` alone need not be durable: rediscovering finds the same partitions
+            self._progress.put_partitions(g.name, found, until)
         for key, values in found.items():
             g.partitions[key] = (values, 0)
             for item in values.items():
