@@ -22,6 +22,7 @@ One EventIndex is one connection, used by one thread only (store.py runs a write
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from collections.abc import Iterator, Sequence
@@ -129,26 +130,38 @@ class EventIndex:
         log.warning("event index cut back to the log end", path=self.path, was=self.end, end=end_offset)
         self.end = end_offset
 
-    def add(self, rows: Sequence[tuple[int, str, Sequence[str], int]], end_offset: int) -> None:
-        """Index events (position, type, tags, batch offset) and move `end` to end_offset, in one
-        transaction."""
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Everything staged inside is committed together (or, on an error, none of it)."""
         db = self._db
         db.execute("BEGIN")
         try:
-            db.executemany(
-                "INSERT OR REPLACE INTO events(position, type, tags, batch) VALUES (?, ?, ?, ?)",
-                [(p, t, "\n".join(tags), b) for p, t, tags, b in rows],
-            )
-            db.executemany(
-                "INSERT OR IGNORE INTO tags(tag, position) VALUES (?, ?)",
-                [(tag, p) for p, _, tags, _ in rows for tag in tags],
-            )
-            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('end', ?)", (end_offset,))
+            yield
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('end', ?)", (self.end,))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
+            self.end = self._read_end()
             raise
+
+    def stage(self, rows: Sequence[tuple[int, str, Sequence[str], int]], end_offset: int) -> None:
+        """Index events (position, type, tags, batch offset) and move `end` to end_offset, inside
+        a transaction(); queries on this connection see them at once."""
+        db = self._db
+        db.executemany(
+            "INSERT OR REPLACE INTO events(position, type, tags, batch) VALUES (?, ?, ?, ?)",
+            [(p, t, "\n".join(tags), b) for p, t, tags, b in rows],
+        )
+        db.executemany(
+            "INSERT OR IGNORE INTO tags(tag, position) VALUES (?, ?)",
+            [(tag, p) for p, _, tags, _ in rows for tag in tags],
+        )
         self.end = end_offset
+
+    def add(self, rows: Sequence[tuple[int, str, Sequence[str], int]], end_offset: int) -> None:
+        """stage() in a transaction of its own."""
+        with self.transaction():
+            self.stage(rows, end_offset)
 
     # -- queries -----------------------------------------------------------------------------------
 

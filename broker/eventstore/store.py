@@ -6,7 +6,10 @@ Threads (both owned here, stopped by close()):
     what makes a conditional append atomic: the condition is checked against an index that
     already holds every earlier append, and nothing else appends to the partition (Produce to an
     event-store topic is refused), so check and append happen under one append lock - this
-    thread - with nothing between them.
+    thread - with nothing between them. Appends that arrive while the writer is busy are handed
+    to it together, as one job: each is still checked, appended and indexed in turn (the index
+    rows of the earlier ones are staged in the same SQLite transaction, so later checks see
+    them), and the transaction is committed once for all of them.
   - the reader: serves reads on its own SQLite connection (WAL lets it read while the writer
     writes), so a large read never holds up appends.
 
@@ -36,7 +39,7 @@ from dmq.broker.eventstore.groups import Claimed, GroupManager
 from dmq.broker.eventstore.index import INDEX_FILE, EventIndex
 from dmq.broker.eventstore.progress import SqliteProgressStore
 from dmq.broker.eventstore.query import QueryItem
-from dmq.broker.log import LogClosedError, PartitionLog, StorageUnavailableError
+from dmq.broker.log import LogClosedError, LogError, PartitionLog, StorageUnavailableError
 from dmq.proto import records
 from dmq.proto.event_headers import event_headers, parse_event_headers
 
@@ -69,6 +72,14 @@ class StoredEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class _Job:
+    events: Sequence[NewEvent]
+    condition: Condition | None
+    batch: bytes
+    done: asyncio.Future[tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
 class Condition:
     query: tuple[QueryItem, ...]
     after: int
@@ -92,6 +103,8 @@ class EventStore:
         self._opened: asyncio.Future[None] | None = None
         self._closed = False
         self._appended: asyncio.Future[None] | None = None  # resolved by the next append (subscribers)
+        self._queue: list[_Job] = []  # appends waiting for the writer
+        self._draining = False  # a writer job is appending; it hands the queue on when done
 
     def __repr__(self) -> str:
         end = self._index.end if self._index is not None else None
@@ -195,7 +208,12 @@ class EventStore:
             max_batch_bytes=max_batch,
             max_record_bytes=max_batch,
         )
-        info_end, append_ms = await self.on_writer(lambda: self._append(events, condition, batch))
+        await self.ensure_open()
+        done: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Job(events, condition, batch, done))
+        if not self._draining:
+            self._drain()
+        info_end, append_ms = await asyncio.shield(done)
         if self.plog.config.flush_policy == "fsync":
             try:
                 await self.plog.wait_durable(info_end)
@@ -206,15 +224,65 @@ class EventStore:
         self._notify()
         return info_end, append_ms
 
+    def _drain(self) -> None:
+        """Hand every queued append to the writer as one job (one index transaction for all)."""
+        jobs, self._queue = self._queue, []
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(self._writer, self._append_all, jobs)
+        except RuntimeError:  # the writer is shut down: the store is closing
+            self._draining = False
+            for job in jobs:
+                job.done.set_exception(LogClosedError(f"the event store {self.topic} is closing"))
+            return
+        self._draining = True
+
+        def finished(f: asyncio.Future[list[tuple[int, int] | Exception]]) -> None:
+            error = f.exception() if not f.cancelled() else LogClosedError(f"the event store {self.topic} is closing")
+            results: list[tuple[int, int] | BaseException] = [error] * len(jobs) if error else list(f.result())
+            for job, result in zip(jobs, results):
+                if job.done.done():
+                    continue
+                if isinstance(result, BaseException):
+                    job.done.set_exception(result)
+                else:
+                    job.done.set_result(result)
+            if self._queue:
+                self._drain()
+            else:
+                self._draining = False
+
+        fut.add_done_callback(finished)
+
     def _follow_log(self) -> None:
         assert self._index is not None
         if self._index.end != self.plog.log_end_offset:
             self._index.catch_up(self.plog)
 
-    def _append(self, events: Sequence[NewEvent], condition: Condition | None, batch: bytes) -> tuple[int, int]:
+    def _append_all(self, jobs: list[_Job]) -> list[tuple[int, int] | Exception]:
+        """In the writer: each job's condition checked against the index, which already holds the
+        jobs before it (staged in the same transaction), then its batch appended and indexed."""
         index = self._index
         assert index is not None
         self._follow_log()
+        out: list[tuple[int, int] | Exception] = []
+        try:
+            with index.transaction():
+                for job in jobs:
+                    try:
+                        out.append(self._append_one(index, job.events, job.condition, job.batch))
+                    except (EventStoreError, LogError, records.RecordsError) as e:
+                        out.append(e)
+        except sqlite3.Error as e:
+            # The events are in the log (the truth) even though their index rows are not: index
+            # them again from the log now, or before the next append if that fails too.
+            log.warning("event index commit failed; re-indexing from the log", topic=self.topic, error=str(e))
+            with contextlib.suppress(sqlite3.Error):
+                index.catch_up(self.plog)
+        return out
+
+    def _append_one(
+        self, index: EventIndex, events: Sequence[NewEvent], condition: Condition | None, batch: bytes
+    ) -> tuple[int, int]:
         if condition is not None:
             conflict = index.first_match(condition.query, condition.after, index.end)
             if conflict is not None:
@@ -224,8 +292,8 @@ class EventStore:
                     conflict,
                 )
         info = self.plog.append(batch)
-        rows = [(info.base_offset + 1 + i, e.type, e.tags, info.base_offset) for i, e in enumerate(events)]
-        index.add(rows, info.last_offset + 1)
+        index.stage([(info.base_offset + 1 + i, e.type, e.tags, info.base_offset) for i, e in enumerate(events)],
+                    info.last_offset + 1)
         return info.last_offset + 1, info.append_time_ms
 
     # -- read -------------------------------------------------------------------------------------

@@ -15,7 +15,10 @@ from dmq.proto.event_headers import event_headers, parse_event_headers, partitio
 
 def append(store: EventStore, events: list[NewEvent]) -> int:
     batch = records.encode([e.payload for e in events], headers=[event_headers(e.type, e.tags) for e in events])
-    return store._append(events, None, batch)[0]
+    index = store._index
+    assert index is not None
+    with index.transaction():
+        return store._append_one(index, events, None, batch)[0]
 
 
 def open_store(tmp_path: pathlib.Path) -> tuple[PartitionLog, EventStore]:
