@@ -1,6 +1,6 @@
 """One event store: an event-store topic's partition log, its index and its consumer groups.
 
-Threads (both owned here, stopped by close()):
+The writer thread (owned here, stopped by close()):
   - the writer: one thread that runs every append (condition check, log append, index update),
     every index catch-up and every consumer-group operation, one at a time. Being one thread is
     what makes a conditional append atomic: the condition is checked against an index that
@@ -10,8 +10,9 @@ Threads (both owned here, stopped by close()):
     to it together, as one job: each is still checked, appended and indexed in turn (the index
     rows of the earlier ones are staged in the same SQLite transaction, so later checks see
     them), and the transaction is committed once for all of them.
-  - the reader: serves reads on its own SQLite connection (WAL lets it read while the writer
-    writes), so a large read never holds up appends.
+Reads run in the writer too: its connection alone sees the index rows staged but not yet
+committed (index.py groups commits), and an index query is short next to the log reads that
+follow it. The price: a large read delays the appends queued behind it.
 
 An append is acknowledged once its events are in the log and the index, and (flush policy
 "fsync") the log is fsynced past them. Readers see events up to the readable end: the durable
@@ -71,6 +72,15 @@ class StoredEvent:
     append_time_ms: int
 
 
+class _IndexWriteFailed(Exception):
+    """The batch is in the log (`result`), its index rows could not be written (`cause`)."""
+
+    def __init__(self, result: tuple[int, int], cause: sqlite3.Error) -> None:
+        super().__init__(str(cause))
+        self.result = result
+        self.cause = cause
+
+
 @dataclass(frozen=True, slots=True)
 class _Job:
     events: Sequence[NewEvent]
@@ -95,9 +105,7 @@ class EventStore:
         self.topic = plog.topic
         self._clock = clock_ms
         self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"dmq-events-{plog.topic}-w")
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix=f"dmq-events-{plog.topic}-r")
         self._index: EventIndex | None = None
-        self._read_index: EventIndex | None = None
         self._groups: GroupManager | None = None
         self._progress: SqliteProgressStore | None = None
         self._opened: asyncio.Future[None] | None = None
@@ -149,7 +157,6 @@ class EventStore:
         index.catch_up(self.plog)
         self._progress = SqliteProgressStore(directory)
         self._groups = GroupManager(index, self._progress)
-        self._read_index = EventIndex(directory, readonly=True)
 
     async def close(self) -> None:
         """Wait for the work in flight, then close the connections (in their threads)."""
@@ -161,18 +168,17 @@ class EventStore:
         if self._opened is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._opened)
-        if self._read_index is not None:
-            await loop.run_in_executor(self._reader, self._read_index.close)
         if self._index is not None:
             await loop.run_in_executor(self._writer, self._close_writer)
         await asyncio.to_thread(self._writer.shutdown, True)
-        await asyncio.to_thread(self._reader.shutdown, True)
 
     def _close_writer(self) -> None:
         assert self._index is not None
-        self._index.close()
-        if self._progress is not None:
-            self._progress.close()
+        try:
+            self._index.close()
+        finally:
+            if self._progress is not None:
+                self._progress.close()
 
     async def _in(self, executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
         await self.ensure_open()
@@ -239,9 +245,10 @@ class EventStore:
         def finished(f: asyncio.Future[list[tuple[int, int] | Exception]]) -> None:
             error = f.exception() if not f.cancelled() else LogClosedError(f"the event store {self.topic} is closing")
             results: list[tuple[int, int] | BaseException] = [error] * len(jobs) if error else list(f.result())
-            for job, result in zip(jobs, results):
+            for i, job in enumerate(jobs):
                 if job.done.done():
                     continue
+                result = results[i] if i < len(results) else LogClosedError(f"the event store {self.topic} is closing")
                 if isinstance(result, BaseException):
                     job.done.set_exception(result)
                 else:
@@ -260,24 +267,33 @@ class EventStore:
 
     def _append_all(self, jobs: list[_Job]) -> list[tuple[int, int] | Exception]:
         """In the writer: each job's condition checked against the index, which already holds the
-        jobs before it (staged in the same transaction), then its batch appended and indexed."""
+        jobs before it (staged in the same transaction), then its batch appended and indexed.
+
+        When the index fails (SQLite), the jobs not yet done get a retriable error: checking them
+        against an index that lacks events would be wrong. The events already appended are in
+        the log (the truth) and are reported stored; they are indexed again from the log."""
+        if self._closed:
+            raise LogClosedError(f"the event store {self.topic} is closing")
         index = self._index
         assert index is not None
-        self._follow_log()
         out: list[tuple[int, int] | Exception] = []
         try:
+            self._follow_log()
             with index.transaction():
                 for job in jobs:
                     try:
                         out.append(self._append_one(index, job.events, job.condition, job.batch))
                     except (EventStoreError, LogError, records.RecordsError) as e:
                         out.append(e)
+                    except _IndexWriteFailed as e:
+                        out.append(e.result)
+                        raise e.cause from None
         except sqlite3.Error as e:
-            # The events are in the log (the truth) even though their index rows are not: index
-            # them again from the log now, or before the next append if that fails too.
-            log.warning("event index commit failed; re-indexing from the log", topic=self.topic, error=str(e))
+            log.warning("event index write failed; re-indexing from the log", topic=self.topic, error=str(e))
             with contextlib.suppress(sqlite3.Error):
                 index.catch_up(self.plog)
+            out += [StorageUnavailableError(f"{self.topic}: the event index is unavailable ({e}); nothing of this "
+                                            "append was stored; retry") for _ in jobs[len(out):]]
         return out
 
     def _append_one(
@@ -292,9 +308,13 @@ class EventStore:
                     conflict,
                 )
         info = self.plog.append(batch)
-        index.stage([(info.base_offset + 1 + i, e.type, e.tags, info.base_offset) for i, e in enumerate(events)],
-                    info.last_offset + 1)
-        return info.last_offset + 1, info.append_time_ms
+        result = (info.last_offset + 1, info.append_time_ms)
+        try:
+            index.stage([(info.base_offset + 1 + i, e.type, e.tags, info.base_offset) for i, e in enumerate(events)],
+                        info.last_offset + 1)
+        except sqlite3.Error as e:
+            raise _IndexWriteFailed(result, e) from e
+        return result
 
     # -- read -------------------------------------------------------------------------------------
 
@@ -302,10 +322,12 @@ class EventStore:
         """Matching events in (after, readable end], at most `limit`, and the head position."""
         await self.ensure_open()
         until = self.readable_end()
-        read_index = self._read_index
-        assert read_index is not None
-        events = await self._in(self._reader, lambda: self.load(read_index.matching(query, after, until, limit)))
+        events = await self.on_writer(lambda: self.load(self._writer_index().matching(query, after, until, limit)))
         return events, until
+
+    def _writer_index(self) -> EventIndex:
+        assert self._index is not None
+        return self._index
 
     def load(self, located: Sequence[tuple[int, int]]) -> list[StoredEvent]:
         """The events at these (position, batch offset) pairs, in order, read from the log.
