@@ -187,6 +187,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--reads", type=int, default=5)
     ap.add_argument("--cycles", type=int, default=3_000, help="partitions claimed and acked in (e)")
+    ap.add_argument("--only-claims", action="store_true", help="run (e) only")
     args = ap.parse_args()
     print(f"event store bench: n={args.n:,} cond-n={args.cond_n:,} clients={args.clients} cycles={args.cycles:,} "
           f"load average {os.getloadavg()[0]:.1f}")
@@ -194,6 +195,12 @@ def main() -> None:
         server = embedded_server(pathlib.Path(tmp) / "data")
         try:
             b = server.bootstrap
+            if args.only_claims:
+                create_topic(b, "tasks")
+                cycles, seconds = claim_cycles(b, "tasks", args.cycles)
+                print(f"(e) claim_next + ack (ack riding on the next claim), 1 worker, {cycles:,} partitions: "
+                      f"{cycles / seconds:,.0f} cycles/s")
+                return
             create_topic(b, "store")
             s = fill(b, "store", args.n, seed=1)
             print(f"(b) unconditional append x{BATCH}, store 0 -> {args.n:,}: {args.n / s:,.0f} events/s ({s:.1f} s)")

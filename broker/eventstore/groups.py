@@ -13,8 +13,8 @@ claim_next, in three steps:
      Each partition's earliest pending position is kept in memory (`_Pending`), valid up to the
      group's `scanned` end: events appended since are run once through the partitions they belong
      to (only a partition with nothing pending can change), an ack recomputes its one partition
-     with one index query, a new partition is computed once when discovered. So a claim costs one
-     pass over the partitions in memory, not a scan of the log;
+     with one index query, a new partition is computed once when discovered; a heap orders them.
+     So a claim costs O(log partitions), not a scan of the log;
   3. fetch that partition's events: those of the handled types after its acknowledged position
      that carry one of its attribute tags (the index), filtered by the conditional AND, each once.
 The guard (an append condition over all handled types after the last returned position) is built
@@ -28,8 +28,9 @@ outcome as a timer, with no task to own. A renewing worker's claim never expires
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -90,6 +91,15 @@ class _Pending:
     scanned: int = 0
     types: tuple[str, ...] = ()
     first: dict[str, int | None] | None = None
+    # (position, key) of every partition with something pending, smallest first; an entry whose
+    # position is no longer first[key] is stale and skipped (removing it would cost O(n))
+    heap: list[tuple[int, str]] = field(default_factory=list)
+
+    def set(self, key: str, position: int | None) -> None:
+        assert self.first is not None
+        self.first[key] = position
+        if position is not None:
+            heapq.heappush(self.heap, (position, key))
 
 
 class GroupManager:
@@ -185,7 +195,7 @@ class GroupManager:
             if pending is not None and pending.first is not None:
                 first = pending.first.get(key)
                 if first is not None and first <= position:
-                    pending.first[key] = self._first_pending(g, key, pending.scanned)
+                    pending.set(key, self._first_pending(g, key, pending.scanned))
         del self._claims[(group, key)]
 
     def release(self, group: str, key: str, worker_id: str, now_ms: int) -> None:
@@ -217,15 +227,10 @@ class GroupManager:
             return None
         self._settle(g, tuple(partition_by), tuple(handled_types))
         self._discover(g, until)
-        first = self._advance(g, until)
-        best: tuple[int, str] | None = None
-        for key, position in first.items():
-            if position is not None and (best is None or (position, key) < best):
-                if self._live_claim(group, key, now_ms) is None:
-                    best = (position, key)
-        if best is None:
+        pending = self._advance(g, until)
+        key = self._pop_unclaimed(pending, group, now_ms)
+        if key is None:
             return None
-        key = best[1]
         values, acked = g.partitions[key]
         events = self._fetch(values, g.handled_types, acked, until, limit)
         self._claims[(group, key)] = Claim(worker_id, now_ms, now_ms + timeout_ms, timeout_ms)
@@ -304,30 +309,51 @@ class GroupManager:
         found = self._fetch(values, g.handled_types, acked, until, 1)
         return found[0][0] if found else None
 
-    def _advance(self, g: GroupRecord, until: int) -> dict[str, int | None]:
-        """The earliest pending position of every partition, as of `until` (see _Pending)."""
+    def _pop_unclaimed(self, pending: _Pending, group: str, now_ms: int) -> str | None:
+        """The unclaimed partition with the smallest (earliest pending position, key)."""
+        assert pending.first is not None
+        heap, first = pending.heap, pending.first
+        claimed: list[tuple[int, str]] = []
+        found = None
+        while heap:
+            position, key = heap[0]
+            if first.get(key) != position:
+                heapq.heappop(heap)  # stale
+            elif self._live_claim(group, key, now_ms) is not None:
+                claimed.append(heapq.heappop(heap))  # put back below: pending once released
+            else:
+                found = key
+                break
+        for entry in claimed:
+            heapq.heappush(heap, entry)
+        return found
+
+    def _advance(self, g: GroupRecord, until: int) -> _Pending:
+        """Every partition's earliest pending position as of `until` (see _Pending)."""
         pending = self._pending.setdefault(g.name, _Pending())
         if pending.first is None or pending.types != g.handled_types:
             # first use (or other handled types): one query per partition
             pending.types = g.handled_types
             pending.first = {key: self._first_pending(g, key, until) for key in g.partitions}
+            pending.heap = [(p, k) for k, p in pending.first.items() if p is not None]
+            heapq.heapify(pending.heap)
             pending.scanned = until
-            return pending.first
+            return pending
         first = pending.first
         for key in g.partitions.keys() - first.keys():  # discovered since: computed once
-            first[key] = self._first_pending(g, key, pending.scanned)
+            pending.set(key, self._first_pending(g, key, pending.scanned))
         cursor = pending.scanned
-        while cursor < until and any(v is None for v in first.values()):
+        while cursor < until and None in first.values():
             rows = self._index.of_types(g.handled_types, cursor, until, SCAN_PAGE)
             for position, tags in rows:
                 for key in self._candidates(g, split_tags(tags)):
                     if first[key] is None and g.partitions[key][1] < position:
-                        first[key] = position
+                        pending.set(key, position)
             if len(rows) < SCAN_PAGE:
                 break
             cursor = rows[-1][0]
         pending.scanned = until
-        return first
+        return pending
 
     def _fetch(
         self, values: dict[str, str], types: Sequence[str], acked: int, until: int, limit: int | None
