@@ -180,6 +180,13 @@ def claim_cycles(bootstrap: str, topic: str, partitions: int) -> tuple[int, floa
     return cycles, seconds
 
 
+def run_claims(bootstrap: str, partitions: int) -> None:
+    create_topic(bootstrap, "tasks")
+    cycles, seconds = claim_cycles(bootstrap, "tasks", partitions)
+    print(f"(e) claim_next + ack (ack riding on the next claim), 1 worker, {cycles:,} partitions: "
+          f"{cycles / seconds:,.0f} cycles/s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=1_000_000, help="events in the store (fill)")
@@ -196,10 +203,7 @@ def main() -> None:
         try:
             b = server.bootstrap
             if args.only_claims:
-                create_topic(b, "tasks")
-                cycles, seconds = claim_cycles(b, "tasks", args.cycles)
-                print(f"(e) claim_next + ack (ack riding on the next claim), 1 worker, {cycles:,} partitions: "
-                      f"{cycles / seconds:,.0f} cycles/s")
+                run_claims(b, args.cycles)
                 return
             create_topic(b, "store")
             s = fill(b, "store", args.n, seed=1)
@@ -213,10 +217,7 @@ def main() -> None:
                 r = run_cond(b, "store", clients, args.cond_n)
                 print(f"(a) conditional append, 1 event, {clients} client process(es): {r['rate']:,.0f} appends/s "
                       f"(p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, conflicts {r['conflicts']})")
-            create_topic(b, "tasks")
-            cycles, seconds = claim_cycles(b, "tasks", args.cycles)
-            print(f"(e) claim_next + ack (ack riding on the next claim), 1 worker, {cycles:,} partitions: "
-                  f"{cycles / seconds:,.0f} cycles/s")
+            run_claims(b, args.cycles)
             print(f"server CPU {server.cpu_s():.1f} s; load average {os.getloadavg()[0]:.1f}")
         finally:
             server.stop()
