@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dmq.client import AdminClient
 from dmq.client.cli.runner import ClusterOptions, ClusterThread
@@ -194,3 +196,46 @@ def test_an_event_larger_than_the_batch_limit_is_refused(cluster: ClusterThread)
         with pytest.raises(ResourceExhaustedError):
             s.append(Event("a", [], os.urandom(4096)))
         assert s.append(Event("a", [], b"ok")) == 1
+
+
+_text = st.sampled_from(["", "a", "k:1", "x" * 600, "a\nb", "é:ü", "course_name:Algebra"])
+_queries = st.builds(lambda items: pb.EventQuery(items=items), st.lists(
+    st.builds(lambda types, tags: pb.EventQueryItem(types=types, tags=tags), st.lists(_text, max_size=3),
+              st.lists(_text, max_size=3)), max_size=3))
+_ints = st.one_of(st.integers(-3, 12), st.integers(-(2**31), 2**31 - 1))
+_requests = st.one_of(
+    st.builds(lambda events, q, after, cond: ("EventAppend", pb.EventAppendRequest(
+        topic="es", events=events, **({"condition": pb.AppendCondition(fail_if_events_match=q, after=after)} if cond else {}))),
+        st.lists(st.builds(lambda t, tags, p: pb.Event(type=t, tags=tags, payload=p), _text, st.lists(_text, max_size=3),
+                           st.binary(max_size=16)), max_size=3), _queries, _ints, st.booleans()),
+    st.builds(lambda q, after, limit: ("EventRead", pb.EventReadRequest(topic="es", query=q, after=after, limit=limit)),
+              _queries, _ints, _ints),
+    st.builds(lambda g, by, types, w, t, limit: ("EventClaimNext", pb.EventClaimRequest(
+        topic="es", group=g, partition_by=by, handled_types=types, worker_id=w, claim_timeout_ms=t, limit=limit)),
+        _text, st.lists(_text, max_size=3), st.lists(_text, max_size=3), _text, _ints, _ints),
+    st.builds(lambda g, key, w, pos, m: (m, pb.EventClaimRef(topic="es", group=g, partition_key=key, worker_id=w, position=pos)),
+              _text, _text, _text, _ints, st.sampled_from(["EventAck", "EventRelease", "EventRenewClaim"])),
+    st.builds(lambda g, a: ("EventGroupControl", pb.EventGroupControlRequest(topic="es", group=g, action=a)),
+              _text, st.integers(0, 7)),
+    st.builds(lambda g: ("EventGroupDescribe", pb.EventGroupDescribeRequest(topic="es", group=g)), _text),
+)
+
+
+def test_fuzzed_event_rpcs_on_a_real_store_never_answer_internal(cluster: ClusterThread, store: EventStore) -> None:
+    store.append(Event("course.created", ["course_name:Algebra"]))
+    with grpc.insecure_channel(cluster.bootstrap) as ch:
+        stub = pb_grpc.BrokerStub(ch)
+        stub.EventGroupControl(pb.EventGroupControlRequest(topic="es", group="a", action=pb.EVENT_GROUP_REGISTER))
+
+        @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+        @given(call=_requests)
+        def check(call: tuple[str, object]) -> None:
+            method, request = call
+            try:
+                getattr(stub, method)(request, timeout=10)
+            except grpc.RpcError as e:
+                assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                                    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED), (
+                    method, request, e.code(), e.details())
+
+        check()
