@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 import structlog
 
+from dmq.broker.eventstore.registry import EventStores
 from dmq.broker.log import LogConfig, LogManager
 from dmq.broker.offsets import OffsetStore
 from dmq.broker.queue.manager import QueueManager
@@ -39,6 +40,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
 from dmq.proto.dirlock import DataDirLock
+from dmq.proto.event_headers import KIND_EVENT_STORE
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.server_errors import fail
 from dmq.proto.wire import add_broker_servicer
@@ -91,6 +93,7 @@ class BrokerNode:
         self.logs = LogManager(self.data_dir / "logs", self.log_config, max_open_files=max_open_files)
         self.offsets = OffsetStore(self.data_dir / "offsets.sqlite")
         self.queues = QueueManager(self)  # queue mode: leases, acks, dead letters (broker/queue)
+        self.event_stores = EventStores(self.logs)
         self.dir_lock = DataDirLock(self.data_dir)
         self._opening: asyncio.Future[None] | None = None
         self.service = BrokerService(self)
@@ -182,6 +185,7 @@ class BrokerNode:
         finally:
             try:
                 await asyncio.to_thread(self.service.appender.close)  # appends in threads end first
+                await self.event_stores.close()  # their threads use the logs
                 await asyncio.to_thread(self.logs.close)
             finally:
                 try:
@@ -259,10 +263,13 @@ class BrokerNode:
         for partition in request.partitions:
             self.logs.create(request.topic, partition, config)
         self.queues.configure(request)
+        if request.config.kind == KIND_EVENT_STORE:
+            self.event_stores.mark(request.topic)
         self._leader_cache.pop(request.topic, None)
         log.info("partitions created", topic=request.topic, partitions=list(request.partitions))
 
     async def delete_partitions(self, topic: str, partitions: set[int] | None) -> None:
+        await self.event_stores.drop(topic)
         for t, p in self.logs.partitions():
             if t == topic and (partitions is None or p in partitions):
                 self.logs.delete(t, p)

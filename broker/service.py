@@ -43,6 +43,7 @@ from dmq.broker.log import (
     StorageUnavailableError,
     UnknownPartitionError,
 )
+from dmq.broker.eventstore.service import EventStoreRpcs
 from dmq.broker.log.errors import DISK_FULL_ERRNOS
 from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
 from dmq.broker.queue.service import QueueRpcs
@@ -160,6 +161,8 @@ def _translate(service: BrokerService, e: Exception) -> RpcAbort | None:
 
 # Validation failures become their status, storage failures theirs, anything else INTERNAL.
 _guarded = rpc_handler(log=log, translate=_translate)
+# The event-store RPCs (dmq.broker.eventstore.service) map storage failures the same way.
+translate_storage = _translate
 
 
 class AppendNotifier:
@@ -266,7 +269,7 @@ class _Appender:
                 del self._locks[key]
 
 
-class BrokerService(QueueRpcs, pb_grpc.BrokerServicer):
+class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
     def __init__(self, node: BrokerNode, budget: ByteBudget | None = None) -> None:
         self._node = node
         self.notifier = AppendNotifier()
@@ -332,6 +335,10 @@ class BrokerService(QueueRpcs, pb_grpc.BrokerServicer):
         if not batch:
             _fail(grpc.StatusCode.INVALID_ARGUMENT, "batch must not be empty")
         plog = await self._log_for(request.topic, request.partition)
+        if self._node.event_stores.is_event_store(request.topic):
+            # Events enter through EventAppend only: it checks conditions and indexes them.
+            _fail(grpc.StatusCode.FAILED_PRECONDITION,
+                  f"topic {request.topic!r} is an event store: append events with EventAppend (`dmq events append`)")
         limit = plog.config.max_batch_bytes
         if len(batch) > limit:
             _fail(

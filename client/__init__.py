@@ -1,4 +1,4 @@
-"""DMQ client library: Producer, DMQConsumer, SimpleConsumer, AdminClient.
+"""DMQ client library: Producer, DMQConsumer, SimpleConsumer, AdminClient, EventStore.
 
 The public surface is re-exported here; the modules starting with "_" are internals. Names are
 imported on first use (PEP 562), so `import dmq.client` — and every `dmq` CLI command, whose
@@ -19,6 +19,11 @@ _EXPORTS = {
     "PartitionDescription": "dmq.client.admin",
     "TopicDescription": "dmq.client.admin",
     "DMQError": "dmq.client.errors",
+    "EventStore": "dmq.client.event_store",
+    "EventType": "dmq.client.event_store",
+    "Event": "dmq.client.event_store",
+    "QueryItem": "dmq.client.event_store",
+    "AppendCondition": "dmq.client.event_store",
     "Producer": "dmq.client.producer",
     "RecordFuture": "dmq.client.producer",
     "SendManyFuture": "dmq.client.producer",
@@ -60,6 +65,7 @@ if TYPE_CHECKING:
         TopicPartition,
     )
     from dmq.client.errors import DMQError
+    from dmq.client.event_store import AppendCondition, Event, EventStore, EventType, QueryItem
     from dmq.client.producer import Producer, RecordFuture, SendManyFuture
     from dmq.client.records import ConsumerRecord, RecordMetadata
     from dmq.client.serializers import json_deserializer, json_serializer, str_deserializer, str_serializer

@@ -128,12 +128,14 @@ class TopicDescription:
     partitions: tuple[PartitionDescription, ...]
     config: dict[str, int] = field(default_factory=dict)  # only the settings that are set
     created_ms: int = 0
+    kind: str = "log"  # or "event-store" (dmq.proto.event_headers)
 
     @classmethod
     def from_response(cls, info: pb.TopicInfo) -> TopicDescription:
         config = {name: getattr(info.config, name) for name in _CONFIG_FIELDS if info.config.HasField(name)}
         parts = tuple(sorted((PartitionDescription.from_response(p) for p in info.partitions), key=_by_partition))
-        return cls(info.name, info.partition_count, parts, config, info.created_ms)
+        kind = info.config.kind if info.config.HasField("kind") else "log"
+        return cls(info.name, info.partition_count, parts, config, info.created_ms, kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,16 +325,19 @@ class AdminClient(QueueAdminMixin, TraceMixin):
     # -- topics -------------------------------------------------------------------------------------
 
     def create_topic(
-        self, name: str, partitions: int = 1, config: Mapping[str, int] | None = None
+        self, name: str, partitions: int = 1, config: Mapping[str, int] | None = None, *, kind: str = "log"
     ) -> TopicDescription:
         """Create a topic; raises TopicAlreadyExistsError if it exists.
 
-        ``config`` keys: retention_ms, retention_bytes, segment_bytes, segment_ms, max_message_bytes,
-        dedup_window_ms.
+        ``config`` keys: the names of dmq.proto.limits.TOPIC_CONFIG_RANGES (retention_ms,
+        retention_bytes, segment_bytes, segment_ms, max_message_bytes, dedup_window_ms and the queue
+        settings). ``kind``: "log" or "event-store" (one partition of typed, tagged events).
         """
         check_topic_name(name)
         _check(validate_partition_count, partitions)
         request = pb.CreateTopicRequest(name=name, partitions=partitions, config=topic_config(config))
+        if kind != "log":
+            request.config.kind = kind  # the coordinator checks it (one partition, no retention)
         info = self._metadata_call("CreateTopic", request, f"create topic {name!r}")
         self._cluster.invalidate(name)
         log.info("topic created", topic=name, partitions=partitions)

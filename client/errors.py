@@ -17,6 +17,7 @@ reaches a user; the original is chained as ``__cause__``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 import grpc
@@ -41,6 +42,8 @@ __all__ = [
     "GroupNotEmptyError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",
+    "AppendConditionError",
+    "ClaimNotHeldError",
     "OffsetOutOfRangeError",
     "ResourceExhaustedError",
     "RecordTooLargeError",
@@ -156,6 +159,22 @@ class OutOfOrderSequenceError(FailedPreconditionError):
 
 class ProducerFencedError(FailedPreconditionError):
     """A newer epoch of this producer id has written to the partition; this one is fenced."""
+
+
+class AppendConditionError(FailedPreconditionError):
+    """An event-store append was refused: an event after the condition's position matches its
+    query (someone decided on newer facts). ``position`` names the first such event; nothing
+    was stored. Read again from there and decide anew."""
+
+    def __init__(self, message: str = "", *, code: str | None = None, details: str | None = None,
+                 position: int | None = None) -> None:
+        super().__init__(message, code=code, details=details)
+        self.position = position
+
+
+class ClaimNotHeldError(FailedPreconditionError):
+    """The worker no longer holds the event-group claim (it expired without renewal, was released
+    or the group was reset): claim again."""
 
 
 class OffsetOutOfRangeError(DMQError):
@@ -338,6 +357,8 @@ REASON_ERRORS: dict[str, type[DMQError]] = {
     error_details.NOT_OWNER: CommitFailedError,
     error_details.LEASE_EXPIRED: LeaseExpiredError,
     error_details.QUEUE_FULL: QueueFullError,
+    error_details.APPEND_CONDITION_FAILED: AppendConditionError,
+    error_details.CLAIM_NOT_HELD: ClaimNotHeldError,
 }
 
 # Hints appended to the server's message when it alone does not say what to do.
@@ -390,6 +411,9 @@ def from_rpc_error(
     err = cls(" ".join(parts), code=code.name, details=details)
     if isinstance(err, QueueFullError):
         err._read_trailing(trailing)
+    elif isinstance(err, AppendConditionError):
+        with contextlib.suppress(ValueError):  # a missing or malformed position leaves it None
+            err.position = int(error_details.value_of(trailing, error_details.CONFLICT_POSITION_KEY) or "")
     err.__cause__ = error if isinstance(error, BaseException) else None
     return err
 

@@ -49,7 +49,7 @@ import sqlite3
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -449,6 +449,7 @@ class MetadataManager:
         _validated(validate_topic_name, name)
         _validated(validate_partition_count, partitions)
         _validated(config.validate)
+        _validated(config.check_event_store, partitions)
         async with self._admin_lock:
             if name in self._topics:
                 raise TopicAlreadyExists(name)
@@ -461,7 +462,7 @@ class MetadataManager:
                 name=name,
                 partition_count=partitions,
                 placement=placement,
-                config=config.with_defaults(self.default_topic_config),
+                config=_settings_for(config, self.default_topic_config),
                 created_ms=self.clock_ms(),
             )
             await complete_even_if_cancelled(self._apply_create(record))
@@ -544,6 +545,7 @@ class MetadataManager:
             if current is None:
                 raise TopicNotFound([name])
             _validated(validate_partition_increase, current.partition_count, total)
+            _validated(current.config.check_event_store, total)
             live = self.live_broker_ids()
             if not live:
                 raise NoLiveBrokers()
@@ -698,7 +700,15 @@ def _validate_broker(broker_id: int, host: str, port: int) -> None:
 
 # -- proto conversions ----------------------------------------------------------------------------
 
-_CONFIG_FIELDS = tuple(limits.TOPIC_CONFIG_RANGES)
+_CONFIG_FIELDS = (*limits.TOPIC_CONFIG_RANGES, "kind")
+
+
+def _settings_for(config: TopicSettings, defaults: TopicSettings | None) -> TopicSettings:
+    """A new topic's recorded settings: the server's defaults fill the unset ones, except that an
+    event store never takes a retention default (it keeps every event)."""
+    if config.is_event_store:
+        config = replace(config, retention_ms=-1, retention_bytes=-1)
+    return config.with_defaults(defaults)
 
 
 def topic_config_to_proto(settings: TopicSettings) -> pb.TopicConfig:

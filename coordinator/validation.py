@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from dmq.proto import limits, names
+from dmq.proto import event_headers, limits, names
 from dmq.proto.limits import (  # noqa: F401 - re-exported: the limits as this module always named them
     INT32_MAX,
     INT64_MAX,
@@ -71,9 +71,31 @@ class TopicSettings:
     lease_ms: int | None = None
     max_delivery_attempts: int | None = None
     max_queue_size: int | None = None
+    # "log" or "event-store" (dmq.proto.event_headers); None = "log"
+    kind: str | None = None
 
     def validate(self, *, field_prefix: str = "config.") -> None:
-        limits.check_topic_config(asdict(self), field_prefix=field_prefix)
+        numbers = asdict(self)
+        kind = numbers.pop("kind")
+        limits.check_topic_config(numbers, field_prefix=field_prefix)
+        if kind is not None:
+            event_headers.check_topic_kind(kind, field=f"{field_prefix}kind")
+
+    @property
+    def is_event_store(self) -> bool:
+        return self.kind == event_headers.KIND_EVENT_STORE
+
+    def check_event_store(self, partitions: int, *, field: str = "partitions") -> None:
+        """An event store is one partition (one global order) kept forever (positions have no
+        gaps): any other partition count or a retention limit is refused."""
+        if not self.is_event_store:
+            return
+        if partitions != 1:
+            raise ValidationError(field, f"an event-store topic has exactly 1 partition (one global order), got {partitions}")
+        for name in ("retention_ms", "retention_bytes"):
+            value = getattr(self, name)
+            if value is not None and value != -1:
+                raise ValidationError(f"config.{name}", f"an event-store topic keeps every event: must be -1, got {value}")
 
     def with_defaults(self, defaults: TopicSettings | None) -> TopicSettings:
         """These settings, with each unset field taken from `defaults`."""
@@ -85,7 +107,7 @@ class TopicSettings:
         }
         return TopicSettings(**merged)
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
         """Only the fields that are set."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 

@@ -23,6 +23,14 @@ class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACKS_NONE: _ClassVar[Acks]
     ACKS_LEADER: _ClassVar[Acks]
 
+class EventGroupAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_GROUP_STATUS: _ClassVar[EventGroupAction]
+    EVENT_GROUP_REGISTER: _ClassVar[EventGroupAction]
+    EVENT_GROUP_STOP: _ClassVar[EventGroupAction]
+    EVENT_GROUP_START: _ClassVar[EventGroupAction]
+    EVENT_GROUP_RESET: _ClassVar[EventGroupAction]
+
 class SubscriptionMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SUBSCRIPTION_MODE_UNSPECIFIED: _ClassVar[SubscriptionMode]
@@ -46,6 +54,11 @@ CORRUPT_DATA: ErrorCode
 ACKS_ALL: Acks
 ACKS_NONE: Acks
 ACKS_LEADER: Acks
+EVENT_GROUP_STATUS: EventGroupAction
+EVENT_GROUP_REGISTER: EventGroupAction
+EVENT_GROUP_STOP: EventGroupAction
+EVENT_GROUP_START: EventGroupAction
+EVENT_GROUP_RESET: EventGroupAction
 SUBSCRIPTION_MODE_UNSPECIFIED: SubscriptionMode
 SUBSCRIPTION_MODE_ALL: SubscriptionMode
 SUBSCRIPTION_MODE_NEW: SubscriptionMode
@@ -64,7 +77,7 @@ class TopicPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class TopicConfig(_message.Message):
-    __slots__ = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "dedup_window_ms", "delay_ms", "max_wait_ms", "window_buffer_ms", "lease_ms", "max_delivery_attempts", "max_queue_size")
+    __slots__ = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "dedup_window_ms", "delay_ms", "max_wait_ms", "window_buffer_ms", "lease_ms", "max_delivery_attempts", "max_queue_size", "kind")
     RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +90,7 @@ class TopicConfig(_message.Message):
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_DELIVERY_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     retention_ms: int
     retention_bytes: int
     segment_bytes: int
@@ -89,7 +103,8 @@ class TopicConfig(_message.Message):
     lease_ms: int
     max_delivery_attempts: int
     max_queue_size: int
-    def __init__(self, retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., dedup_window_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., window_buffer_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., max_delivery_attempts: _Optional[int] = ..., max_queue_size: _Optional[int] = ...) -> None: ...
+    kind: str
+    def __init__(self, retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., dedup_window_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., window_buffer_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., max_delivery_attempts: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class PartitionInfo(_message.Message):
     __slots__ = ("partition", "leader_id", "leader_address", "leader_alive")
@@ -396,6 +411,220 @@ class FindTraceResponse(_message.Message):
     partitions: _containers.RepeatedCompositeFieldContainer[TracePartition]
     truncated: bool
     def __init__(self, partitions: _Optional[_Iterable[_Union[TracePartition, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("type", "tags", "payload", "metadata")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    payload: bytes
+    metadata: bytes
+    def __init__(self, type: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., payload: _Optional[bytes] = ..., metadata: _Optional[bytes] = ...) -> None: ...
+
+class SequencedEvent(_message.Message):
+    __slots__ = ("position", "event", "append_time_ms")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    APPEND_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    event: Event
+    append_time_ms: int
+    def __init__(self, position: _Optional[int] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., append_time_ms: _Optional[int] = ...) -> None: ...
+
+class EventQueryItem(_message.Message):
+    __slots__ = ("types", "tags")
+    TYPES_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    types: _containers.RepeatedScalarFieldContainer[str]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, types: _Optional[_Iterable[str]] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EventQuery(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[EventQueryItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[EventQueryItem, _Mapping]]] = ...) -> None: ...
+
+class AppendCondition(_message.Message):
+    __slots__ = ("fail_if_events_match", "after")
+    FAIL_IF_EVENTS_MATCH_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    fail_if_events_match: EventQuery
+    after: int
+    def __init__(self, fail_if_events_match: _Optional[_Union[EventQuery, _Mapping]] = ..., after: _Optional[int] = ...) -> None: ...
+
+class EventAppendRequest(_message.Message):
+    __slots__ = ("topic", "events", "condition")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    CONDITION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    condition: AppendCondition
+    def __init__(self, topic: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., condition: _Optional[_Union[AppendCondition, _Mapping]] = ...) -> None: ...
+
+class EventAppendResponse(_message.Message):
+    __slots__ = ("last_position", "append_time_ms")
+    LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    APPEND_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    last_position: int
+    append_time_ms: int
+    def __init__(self, last_position: _Optional[int] = ..., append_time_ms: _Optional[int] = ...) -> None: ...
+
+class EventReadRequest(_message.Message):
+    __slots__ = ("topic", "query", "after", "limit")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    query: EventQuery
+    after: int
+    limit: int
+    def __init__(self, topic: _Optional[str] = ..., query: _Optional[_Union[EventQuery, _Mapping]] = ..., after: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class EventReadResponse(_message.Message):
+    __slots__ = ("events", "head")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[SequencedEvent]
+    head: int
+    def __init__(self, events: _Optional[_Iterable[_Union[SequencedEvent, _Mapping]]] = ..., head: _Optional[int] = ...) -> None: ...
+
+class EventSubscribeRequest(_message.Message):
+    __slots__ = ("topic", "query", "after")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    query: EventQuery
+    after: int
+    def __init__(self, topic: _Optional[str] = ..., query: _Optional[_Union[EventQuery, _Mapping]] = ..., after: _Optional[int] = ...) -> None: ...
+
+class EventGroupControlRequest(_message.Message):
+    __slots__ = ("topic", "group", "action")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    action: EventGroupAction
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., action: _Optional[_Union[EventGroupAction, str]] = ...) -> None: ...
+
+class EventGroupStatus(_message.Message):
+    __slots__ = ("group", "known", "active")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    known: bool
+    active: bool
+    def __init__(self, group: _Optional[str] = ..., known: _Optional[bool] = ..., active: _Optional[bool] = ...) -> None: ...
+
+class Attribute(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class EventClaimRef(_message.Message):
+    __slots__ = ("topic", "group", "partition_key", "worker_id", "position")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    partition_key: str
+    worker_id: str
+    position: int
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., partition_key: _Optional[str] = ..., worker_id: _Optional[str] = ..., position: _Optional[int] = ...) -> None: ...
+
+class EventClaimRequest(_message.Message):
+    __slots__ = ("topic", "group", "partition_by", "handled_types", "worker_id", "claim_timeout_ms", "limit", "ack")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_BY_FIELD_NUMBER: _ClassVar[int]
+    HANDLED_TYPES_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    partition_by: _containers.RepeatedScalarFieldContainer[str]
+    handled_types: _containers.RepeatedScalarFieldContainer[str]
+    worker_id: str
+    claim_timeout_ms: int
+    limit: int
+    ack: EventClaimRef
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., handled_types: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ..., claim_timeout_ms: _Optional[int] = ..., limit: _Optional[int] = ..., ack: _Optional[_Union[EventClaimRef, _Mapping]] = ...) -> None: ...
+
+class EventClaimResponse(_message.Message):
+    __slots__ = ("claimed", "partition_key", "values", "events", "last_position", "head")
+    CLAIMED_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    claimed: bool
+    partition_key: str
+    values: _containers.RepeatedCompositeFieldContainer[Attribute]
+    events: _containers.RepeatedCompositeFieldContainer[SequencedEvent]
+    last_position: int
+    head: int
+    def __init__(self, claimed: _Optional[bool] = ..., partition_key: _Optional[str] = ..., values: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[SequencedEvent, _Mapping]]] = ..., last_position: _Optional[int] = ..., head: _Optional[int] = ...) -> None: ...
+
+class EventClaimAnswer(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EventGroupDescribeRequest(_message.Message):
+    __slots__ = ("topic", "group")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+
+class EventPartitionState(_message.Message):
+    __slots__ = ("partition_key", "values", "acked_position", "claimed_by", "claimed_since_ms", "pending")
+    PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    ACKED_POSITION_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_BY_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    partition_key: str
+    values: _containers.RepeatedCompositeFieldContainer[Attribute]
+    acked_position: int
+    claimed_by: str
+    claimed_since_ms: int
+    pending: int
+    def __init__(self, partition_key: _Optional[str] = ..., values: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ..., acked_position: _Optional[int] = ..., claimed_by: _Optional[str] = ..., claimed_since_ms: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
+
+class EventGroupDescription(_message.Message):
+    __slots__ = ("group", "active", "partition_by", "handled_types", "partitions", "head")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_BY_FIELD_NUMBER: _ClassVar[int]
+    HANDLED_TYPES_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    active: bool
+    partition_by: _containers.RepeatedScalarFieldContainer[str]
+    handled_types: _containers.RepeatedScalarFieldContainer[str]
+    partitions: _containers.RepeatedCompositeFieldContainer[EventPartitionState]
+    head: int
+    def __init__(self, group: _Optional[str] = ..., active: _Optional[bool] = ..., partition_by: _Optional[_Iterable[str]] = ..., handled_types: _Optional[_Iterable[str]] = ..., partitions: _Optional[_Iterable[_Union[EventPartitionState, _Mapping]]] = ..., head: _Optional[int] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
     __slots__ = ("broker_id", "host", "port")

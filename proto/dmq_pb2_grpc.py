@@ -114,6 +114,51 @@ class BrokerStub:
                 request_serializer=dmq_dot_proto_dot_dmq__pb2.FindTraceRequest.SerializeToString,
                 response_deserializer=dmq_dot_proto_dot_dmq__pb2.FindTraceResponse.FromString,
                 _registered_method=True)
+        self.EventAppend = channel.unary_unary(
+                '/dmq.v1.Broker/EventAppend',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.EventAppendRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.EventAppendResponse.FromString,
+                _registered_method=True)
+        self.EventRead = channel.unary_unary(
+                '/dmq.v1.Broker/EventRead',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.EventReadRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.EventReadResponse.FromString,
+                _registered_method=True)
+        self.EventSubscribe = channel.unary_stream(
+                '/dmq.v1.Broker/EventSubscribe',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.EventSubscribeRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.EventReadResponse.FromString,
+                _registered_method=True)
+        self.EventGroupControl = channel.unary_unary(
+                '/dmq.v1.Broker/EventGroupControl',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.EventGroupControlRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.EventGroupStatus.FromString,
+                _registered_method=True)
+        self.EventClaimNext = channel.unary_unary(
+                '/dmq.v1.Broker/EventClaimNext',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.EventClaimRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.EventClaimResponse.FromString,
+                _registered_method=True)
+        self.EventAck = channel.unary_unary(
+                '/dmq.v1.Broker/EventAck',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.EventClaimRef.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.EventClaimAnswer.FromString,
+                _registered_method=True)
+        self.EventRelease = channel.unary_unary(
+                '/dmq.v1.Broker/EventRelease',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.EventClaimRef.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.EventClaimAnswer.FromString,
+                _registered_method=True)
+        self.EventRenewClaim = channel.unary_unary(
+                '/dmq.v1.Broker/EventRenewClaim',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.EventClaimRef.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.EventClaimAnswer.FromString,
+                _registered_method=True)
+        self.EventGroupDescribe = channel.unary_unary(
+                '/dmq.v1.Broker/EventGroupDescribe',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.EventGroupDescribeRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.EventGroupDescription.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -217,6 +262,61 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EventAppend(self, request, context):
+        """Event-store topics (kind "event-store"), served by the leader of their one partition.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EventRead(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EventSubscribe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EventGroupControl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EventClaimNext(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EventAck(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EventRelease(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EventRenewClaim(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EventGroupDescribe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -299,6 +399,51 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.FindTrace,
                     request_deserializer=dmq_dot_proto_dot_dmq__pb2.FindTraceRequest.FromString,
                     response_serializer=dmq_dot_proto_dot_dmq__pb2.FindTraceResponse.SerializeToString,
+            ),
+            'EventAppend': grpc.unary_unary_rpc_method_handler(
+                    servicer.EventAppend,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.EventAppendRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.EventAppendResponse.SerializeToString,
+            ),
+            'EventRead': grpc.unary_unary_rpc_method_handler(
+                    servicer.EventRead,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.EventReadRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.EventReadResponse.SerializeToString,
+            ),
+            'EventSubscribe': grpc.unary_stream_rpc_method_handler(
+                    servicer.EventSubscribe,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.EventSubscribeRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.EventReadResponse.SerializeToString,
+            ),
+            'EventGroupControl': grpc.unary_unary_rpc_method_handler(
+                    servicer.EventGroupControl,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.EventGroupControlRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.EventGroupStatus.SerializeToString,
+            ),
+            'EventClaimNext': grpc.unary_unary_rpc_method_handler(
+                    servicer.EventClaimNext,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.EventClaimRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.EventClaimResponse.SerializeToString,
+            ),
+            'EventAck': grpc.unary_unary_rpc_method_handler(
+                    servicer.EventAck,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.EventClaimRef.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.EventClaimAnswer.SerializeToString,
+            ),
+            'EventRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.EventRelease,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.EventClaimRef.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.EventClaimAnswer.SerializeToString,
+            ),
+            'EventRenewClaim': grpc.unary_unary_rpc_method_handler(
+                    servicer.EventRenewClaim,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.EventClaimRef.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.EventClaimAnswer.SerializeToString,
+            ),
+            'EventGroupDescribe': grpc.unary_unary_rpc_method_handler(
+                    servicer.EventGroupDescribe,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.EventGroupDescribeRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.EventGroupDescription.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -733,6 +878,249 @@ class Broker:
             '/dmq.v1.Broker/FindTrace',
             dmq_dot_proto_dot_dmq__pb2.FindTraceRequest.SerializeToString,
             dmq_dot_proto_dot_dmq__pb2.FindTraceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EventAppend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/EventAppend',
+            dmq_dot_proto_dot_dmq__pb2.EventAppendRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.EventAppendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EventRead(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/EventRead',
+            dmq_dot_proto_dot_dmq__pb2.EventReadRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.EventReadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EventSubscribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dmq.v1.Broker/EventSubscribe',
+            dmq_dot_proto_dot_dmq__pb2.EventSubscribeRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.EventReadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EventGroupControl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/EventGroupControl',
+            dmq_dot_proto_dot_dmq__pb2.EventGroupControlRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.EventGroupStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EventClaimNext(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/EventClaimNext',
+            dmq_dot_proto_dot_dmq__pb2.EventClaimRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.EventClaimResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EventAck(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/EventAck',
+            dmq_dot_proto_dot_dmq__pb2.EventClaimRef.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.EventClaimAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EventRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/EventRelease',
+            dmq_dot_proto_dot_dmq__pb2.EventClaimRef.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.EventClaimAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EventRenewClaim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/EventRenewClaim',
+            dmq_dot_proto_dot_dmq__pb2.EventClaimRef.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.EventClaimAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EventGroupDescribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/EventGroupDescribe',
+            dmq_dot_proto_dot_dmq__pb2.EventGroupDescribeRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.EventGroupDescription.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,6 +23,9 @@ __all__ = [
     "QUEUE_LIMIT_KEY",
     "reason_of",
     "value_of",
+    "APPEND_CONDITION_FAILED",
+    "CONFLICT_POSITION_KEY",
+    "CLAIM_NOT_HELD",
 ]
 
 REASON_KEY = "dmq-error-reason"
@@ -61,3 +64,13 @@ def value_of(trailing_metadata: object, wanted: str) -> str | None:
     except (TypeError, ValueError):
         return None
     return None
+
+# FAILED_PRECONDITION from EventAppend: an event after the condition's position matches its
+# query; nothing was stored. CONFLICT_POSITION_KEY names the first such position.
+APPEND_CONDITION_FAILED = "append-condition-failed"
+CONFLICT_POSITION_KEY = "dmq-conflict-position"
+# FAILED_PRECONDITION from an event group's ack / release / renew: the worker does not hold the
+# claim (it expired, was released, or the group was reset); the worker claims again.
+CLAIM_NOT_HELD = "claim-not-held"
+
+

@@ -965,6 +965,36 @@ class RecordBatch:
         # tuple.__new__ builds each NamedTuple in C; Record(...) would run a Python __new__
         return map(tuple.__new__, repeat(Record), rows)
 
+    def record_at(self, offset: int) -> Record:
+        """The one record at `offset`, built without building the others (readers that pick a few
+        records out of large batches: the event store's index reads)."""
+        h = self.header
+        i = offset - h.base_offset
+        if not 0 <= i < h.record_count:
+            raise IndexError(f"offset {offset} is not in {self!r}")
+        vo = self.value_offsets
+        a, b = vo[i], vo[i + 1]
+        if not 0 <= a <= b <= len(self.value_blob):
+            raise CorruptBatchError(f"{self._where}: value_offsets[{i}..{i + 1}] = {a}..{b} are out of order")
+        key: bytes | None = None
+        if self.key_validity[i >> 3] >> (i & 7) & 1:
+            ka, kb = self.key_offsets[i], self.key_offsets[i + 1]
+            if not 0 <= ka <= kb <= len(self.key_blob):
+                raise CorruptBatchError(f"{self._where}: key_offsets[{i}..{i + 1}] = {ka}..{kb} are out of order")
+            key = bytes(self.key_blob[ka:kb])
+        headers: tuple[tuple[str, bytes | None], ...] = ()
+        ho = self.header_offsets
+        if ho is not None:
+            ha, hb = ho[i], ho[i + 1]
+            if not 0 <= ha <= hb <= len(self.header_blob):
+                raise CorruptBatchError(f"{self._where}: header_offsets[{i}..{i + 1}] = {ha}..{hb} are out of order")
+            headers = _decode_record_headers(bytes(self.header_blob[ha:hb]), 0, hb - ha)
+        if h.log_append_time:
+            ts = h.max_timestamp
+        else:
+            ts = h.first_timestamp + self.timestamp_deltas[i]
+        return Record(offset, ts, key, bytes(self.value_blob[a:b]), headers)
+
     def iter_from(self, offset: int) -> Iterator[Record]:
         """Records with offset >= `offset` (a fetch returns the whole batch holding `offset`)."""
         return islice(iter(self), max(0, offset - self.header.base_offset), None)

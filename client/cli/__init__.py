@@ -26,6 +26,7 @@ _LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "consume": ("dmq.client.cli.messages", "consume", "Print messages from a topic (with a group or from offsets)."),
     "bench": ("dmq.client.cli.bench", "bench", "Measure produce and consume throughput and latency."),
     "trace": ("dmq.client.cli.trace", "trace", "List every record with a trace id, across all topics, in time order."),
+    "events": ("dmq.client.cli.events", "events", "Event-store topics: append / read events (JSON lines), event groups."),
 }
 
 

@@ -121,10 +121,17 @@ def list_(ctx: click.Context, topic: str | None, no_lag: bool, output: str) -> N
 
 @groups.command("describe")
 @click.argument("group")
+@click.option("--event-store", "event_store", metavar="TOPIC",
+              help="GROUP is an event-store consumer group on TOPIC (see `dmq events group describe`).")
 @output_option
 @click.pass_context
-def describe(ctx: click.Context, group: str, output: str) -> None:
+def describe(ctx: click.Context, group: str, event_store: str | None, output: str) -> None:
     """State, subscription, members and per-partition lag of GROUP."""
+    if event_store is not None:
+        from dmq.client.cli.events import describe_event_group
+
+        describe_event_group(ctx, event_store, group, output)
+        return
     _check_group(group)
     doc = group_document(admin(ctx).describe_group(group))
     if output == "json":

@@ -1,11 +1,11 @@
 """`dmq topics create | list | describe | alter | delete | verify`.
 
 JSON schemas (`-o json`; fields may be added, never renamed or removed):
-  list      {"topics": [{"name", "partition_count", "created_ms", "messages", "size_bytes",
+  list      {"topics": [{"name", "partition_count", "created_ms", "kind" ("log" | "event-store"), "messages", "size_bytes",
                          "config": {retention_ms, retention_bytes, segment_bytes, segment_ms,
                                     max_message_bytes, dedup_window_ms
                                     (null = the broker's default)}}]}
-  describe  {"name", "partition_count", "created_ms", "messages", "size_bytes", "config": {...},
+  describe  {"name", "partition_count", "created_ms", "kind", "messages", "size_bytes", "config": {...},
              "partitions": [{"partition", "leader_id", "leader_address", "leader_alive",
                              "log_start_offset", "log_end_offset", "messages", "size_bytes",
                              "segment_count", "error", "status", "status_detail"}]}
@@ -97,6 +97,7 @@ def topic_document(info: TopicDescription, views: dict[tuple[str, int], LogDescr
         "name": info.name,
         "partition_count": info.partition_count,
         "created_ms": info.created_ms,
+        "kind": info.kind,
         "messages": _sum([p["messages"] for p in partitions]) if views is not None else None,
         "size_bytes": _sum([p["size_bytes"] for p in partitions]) if views is not None else None,
         "config": {k: info.config.get(k) for k in CONFIG_KEYS},
@@ -152,20 +153,25 @@ def _render_topic(doc: dict[str, Any], *, with_logs: bool) -> None:
 @click.option("-p", "--partitions", type=click.IntRange(1, 10_000), default=1, show_default=True,
               help="Number of partitions (1..10000); more partitions, more parallel consumers.")
 @click.option("-c", "--config", "config", multiple=True, metavar="KEY=VALUE", help=CONFIG_HELP)
+@click.option("--kind", type=click.Choice(["log", "event-store"]), default="log", show_default=True,
+              help="log: a partitioned log; event-store: one partition of typed, tagged events "
+                   "(`dmq events append / read`), kept forever.")
 @click.option("--if-not-exists", is_flag=True, help="Succeed quietly when the topic already exists.")
 @output_option
 @click.pass_context
-def create(ctx: click.Context, name: str, partitions: int, config: tuple[str, ...], if_not_exists: bool, output: str) -> None:
+def create(ctx: click.Context, name: str, partitions: int, config: tuple[str, ...], kind: str, if_not_exists: bool,
+           output: str) -> None:
     """Create topic NAME with --partitions partitions.
 
     \b
     Example:
       dmq topics create orders --partitions 3 --config retention_ms=7d
+      dmq topics create courses --kind event-store
     """
     settings = parse_topic_config(config)
     client = admin(ctx)
     try:
-        info = client.create_topic(name, partitions, config=settings)
+        info = client.create_topic(name, partitions, config=settings, kind=kind)
         created = True
     except TopicAlreadyExistsError:
         if not if_not_exists:

@@ -161,7 +161,7 @@ def test_help_explains_every_flag_with_its_default(dmq_bare: Any) -> None:
         assert result.returncode == 0 and "[default:" in result.stdout
 
 
-TOPIC_KEYS = {"name", "partition_count", "created_ms", "messages", "size_bytes", "config"}
+TOPIC_KEYS = {"name", "partition_count", "created_ms", "kind", "messages", "size_bytes", "config"}
 PARTITION_KEYS = {"partition", "leader_id", "leader_address", "leader_alive", "log_start_offset", "log_end_offset",
                   "messages", "size_bytes", "segment_count", "error", "status", "status_detail"}
 CONFIG_KEYS = {"retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes",

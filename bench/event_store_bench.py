@@ -1,0 +1,227 @@
+"""Event-store mode (issue 17): appends, conditional appends, tag reads and claim/ack cycles.
+
+    .venv/bin/python bench/event_store_bench.py [--n 1000000] [--cond-n 4000] [--clients 16] [--cycles 3000]
+
+The same workload as the PostgreSQL DCB peer (/work/shared/peers/bench_dcb.py), against the
+embedded server (coordinator + one broker, flush policy fsync: every append acknowledged after
+its fsync, group commit) in a SUBPROCESS with data in a temporary directory, clients in this
+process (and, for the concurrent conditional appends, in --clients processes):
+
+  (b) unconditional appends of 100 events each (100-byte payloads, tags `course:<id>` and
+      `student:<id>`), 1 client; this fills the store to --n events, 1% tagged `course:hot`;
+  (c) the tag query `course:hot` (N/100 matches): one read() (the client pages through the
+      broker's 10,000-event answers), --reads times, median; and the same paged 1,000 at a time;
+  (a) conditional appends of 1 event each on that store from 1 client and from --clients client
+      processes: fail if an event tagged with the new event's course or student exists after the
+      last position this client has seen; each client first checks that a stale position fails;
+  (e) claim_next + ack cycles of one worker over --cycles partitions of one pending event each
+      (attribute `task`), the ack riding on the next claim_next (one round trip per cycle).
+
+Figures vary run to run on a shared machine: compare within one run (and with the peer run in
+the same sitting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import pathlib
+import random
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _server import embedded_server  # noqa: E402  (the bench helpers, shared)
+
+PAYLOAD = 100
+BATCH = 100
+HOT_TAG = "course:hot"
+HOT_EVERY = 100
+PAGE = 1000
+WARMUP = 10
+
+
+def create_topic(bootstrap: str, topic: str) -> None:
+    from dmq.client import AdminClient
+
+    with AdminClient(bootstrap) as admin:
+        admin.create_topic(topic, 1, config={"kind": "event-store"})
+
+
+def fill(bootstrap: str, topic: str, n: int, seed: int) -> float:
+    """(b): appends of BATCH events until the store holds n; seconds."""
+    from dmq.client.event_store import Event, EventStore
+
+    rng = random.Random(seed)
+    payloads = [os.urandom(PAYLOAD) for _ in range(1024)]
+    batches = []
+    j = 0
+    for _ in range(n // BATCH):
+        batch = []
+        for _ in range(BATCH):
+            course = HOT_TAG if j % HOT_EVERY == 0 else f"course:{rng.randrange(1, 1000)}"
+            batch.append(Event("StudentJoinedCourse", (course, f"student:{rng.randrange(100_000)}"), payloads[j & 1023]))
+            j += 1
+        batches.append(batch)
+    with EventStore(bootstrap, topic) as store:
+        t0 = time.perf_counter()
+        head = 0
+        for batch in batches:
+            head = store.append(batch)
+        seconds = time.perf_counter() - t0
+    assert head == n, (head, n)
+    return seconds
+
+
+def tag_reads(bootstrap: str, topic: str, reads: int, expected: int) -> tuple[list[float], list[float]]:
+    from dmq.client.event_store import EventStore, QueryItem
+
+    query = [QueryItem(tags=(HOT_TAG,))]
+    whole, paged = [], []
+    with EventStore(bootstrap, topic) as store:
+        for _ in range(reads):
+            t0 = time.perf_counter()
+            result = store.read(query)
+            size = sum(len(e.payload) for e in result)
+            whole.append(time.perf_counter() - t0)
+            assert len(result) == expected and size == expected * PAYLOAD, (len(result), expected)
+        for _ in range(reads):
+            t0 = time.perf_counter()
+            after, count = 0, 0
+            for _ in range(expected // PAGE + 2):
+                page = store.read(query, after=after, limit=PAGE).events
+                count += len(page)
+                if page:
+                    after = page[-1].position
+                if len(page) < PAGE:
+                    break
+            paged.append(time.perf_counter() - t0)
+            assert count == expected, (count, expected)
+    return whole, paged
+
+
+def cond_client(bootstrap: str, topic: str, k: int, n: int, barrier: Any, out_q: Any) -> None:
+    """(a): WARMUP + n conditional single-event appends of client k."""
+    from dmq.client.errors import AppendConditionError
+    from dmq.client.event_store import AppendCondition, Event, EventStore, QueryItem
+
+    payloads = [os.urandom(PAYLOAD) for _ in range(64)]
+    with EventStore(bootstrap, topic) as store:
+        after = store.read([QueryItem(tags=(f"course:w{k}-0",))], limit=1).head
+
+        def append(i: int, after: int) -> int:
+            course, student = f"course:w{k}-{i % 10}", f"student:w{k}-{i}"
+            cond = AppendCondition([QueryItem(tags=(course,)), QueryItem(tags=(student,))], after)
+            return store.append(Event("StudentJoinedCourse", (course, student), payloads[i & 63]), cond)
+
+        for i in range(WARMUP):
+            after = append(i, after)
+        try:  # the condition does bite
+            append(0, 0)
+            raise AssertionError("append condition did not fail")
+        except AppendConditionError:
+            pass
+        barrier.wait(timeout=120)
+        lat, conflicts = [], 0
+        t0 = time.perf_counter()
+        for i in range(WARMUP, WARMUP + n):
+            t = time.perf_counter()
+            try:
+                after = append(i, after)
+            except AppendConditionError:
+                conflicts += 1
+            lat.append(time.perf_counter() - t)
+        t1 = time.perf_counter()
+    out_q.put({"start": t0, "end": t1, "n": n, "conflicts": conflicts, "lat": lat})
+
+
+def run_cond(bootstrap: str, topic: str, clients: int, total: int) -> dict[str, Any]:
+    per = max(1, total // clients)
+    ctx = mp.get_context("spawn")
+    barrier, out_q = ctx.Barrier(clients + 1), ctx.Queue()
+    workers = [ctx.Process(target=cond_client, args=(bootstrap, topic, k, per, barrier, out_q)) for k in range(clients)]
+    for w in workers:
+        w.start()
+    try:
+        barrier.wait(timeout=300)
+        res = [out_q.get(timeout=900) for _ in range(clients)]
+    finally:
+        for w in workers:
+            w.join(timeout=60)
+    wall = max(r["end"] for r in res) - min(r["start"] for r in res)
+    lat = sorted(x for r in res for x in r["lat"])
+    return {"clients": clients, "n": per * clients, "rate": per * clients / wall,
+            "conflicts": sum(r["conflicts"] for r in res),
+            "p50_ms": lat[len(lat) // 2] * 1e3, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3}
+
+
+def claim_cycles(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]:
+    """(e): one worker claims, handles and acks every partition; (cycles, seconds)."""
+    from dmq.client.event_store import EventStore, EventType
+
+    task = EventType("task.created", ["task"])
+    with EventStore(bootstrap, topic) as store:
+        for start in range(0, partitions, 1000):
+            store.append([task.new(b"x" * PAYLOAD, task=str(i)) for i in range(start, min(start + 1000, partitions))])
+        store.register_group("workers")
+        claim = store.claim_next("workers", ["task"], [task], "w1")  # first claim: partitions discovered
+        cycles = 0
+        t0 = time.perf_counter()
+        while claim is not None:
+            cycles += 1
+            claim = store.claim_next("workers", ["task"], [task], "w1", ack=(claim, claim.last_position))
+        seconds = time.perf_counter() - t0
+        assert cycles == partitions, (cycles, partitions)
+        assert all(p.pending == 0 for p in store.describe_group("workers").partitions)
+    return cycles, seconds
+
+
+def run_claims(bootstrap: str, partitions: int) -> None:
+    create_topic(bootstrap, "tasks")
+    cycles, seconds = claim_cycles(bootstrap, "tasks", partitions)
+    print(f"(e) claim_next + ack (ack riding on the next claim), 1 worker, {cycles:,} partitions: "
+          f"{cycles / seconds:,.0f} cycles/s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=1_000_000, help="events in the store (fill)")
+    ap.add_argument("--cond-n", type=int, default=4_000, help="conditional appends per measurement")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--reads", type=int, default=5)
+    ap.add_argument("--cycles", type=int, default=3_000, help="partitions claimed and acked in (e)")
+    ap.add_argument("--only-claims", action="store_true", help="run (e) only")
+    args = ap.parse_args()
+    print(f"event store bench: n={args.n:,} cond-n={args.cond_n:,} clients={args.clients} cycles={args.cycles:,} "
+          f"load average {os.getloadavg()[0]:.1f}")
+    with tempfile.TemporaryDirectory(prefix="dmq-events-bench-") as tmp:
+        server = embedded_server(pathlib.Path(tmp) / "data")
+        try:
+            b = server.bootstrap
+            if args.only_claims:
+                run_claims(b, args.cycles)
+                return
+            create_topic(b, "store")
+            s = fill(b, "store", args.n, seed=1)
+            print(f"(b) unconditional append x{BATCH}, store 0 -> {args.n:,}: {args.n / s:,.0f} events/s ({s:.1f} s)")
+            expected = args.n // HOT_EVERY
+            whole, paged = tag_reads(b, "store", args.reads, expected)
+            print(f"(c) tag query {HOT_TAG}: {expected:,} of {args.n:,} events, one read: "
+                  f"{expected / statistics.median(whole):,.0f} events/s (median of {args.reads}: "
+                  f"{statistics.median(whole) * 1e3:.0f} ms); pages of {PAGE}: {expected / statistics.median(paged):,.0f} events/s")
+            for clients in (1, args.clients):
+                r = run_cond(b, "store", clients, args.cond_n)
+                print(f"(a) conditional append, 1 event, {clients} client process(es): {r['rate']:,.0f} appends/s "
+                      f"(p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, conflicts {r['conflicts']})")
+            run_claims(b, args.cycles)
+            print(f"server CPU {server.cpu_s():.1f} s; load average {os.getloadavg()[0]:.1f}")
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""The types-and-tags index of an event store: SQLite beside the partition log.
+
+File `<partition dir>/events.index.sqlite`:
+
+  meta(key, value)           'end': the log end offset indexed so far (positions <= end are in)
+  events(position PK, type, tags, batch)
+                             tags joined by "\\n" (a tag has no control characters); batch = the
+                             offset of the record batch holding the event, so a read fetches
+                             exactly the batches that hold matches and nothing else
+  events_by_type(type, position)
+  tags(tag, position) PK     one row per (tag, event); a prefix range over 'name:' finds the
+                             events carrying an attribute
+
+The log is the truth. The index is written before an append is acknowledged (same writer thread
+and connection, see store.py, so every later query sees it) and committed in groups, without
+fsync (WAL, synchronous=NORMAL; see COMMIT_ROWS): after a crash it may lag the log or, when the
+log lost a torn or rolled-back tail, run ahead of it. `catch_up()` deletes what lies beyond the log
+end and indexes the log from `end` to the log end, so an open index always equals the log. A file
+SQLite cannot read is deleted and rebuilt from the log.
+
+One EventIndex is one connection, used by one thread only (the store's writer): it alone sees
+the staged, not yet committed rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import structlog
+
+from dmq.broker.eventstore.query import QueryItem
+from dmq.broker.log import PartitionLog
+from dmq.proto import records
+from dmq.proto.event_headers import parse_event_headers
+
+__all__ = ["EventIndex", "INDEX_FILE", "IndexedEvent"]
+
+log = structlog.get_logger(__name__)
+
+INDEX_FILE = "events.index.sqlite"
+# How much of the log one catch-up read takes.
+CATCH_UP_READ_BYTES = 8 * 1024 * 1024
+# The index commits after this many staged rows (events + tags) or this long after the last commit,
+# not per append: an append of 100 random tags dirties ~100 pages of the (tag, position) tree, and
+# committing each wrote them all to the WAL again (5 ms a commit at 1M events, under load).
+# Uncommitted rows are as safe as committed ones: the log holds the events and catch_up() indexes
+# whatever a crash took from the index.
+COMMIT_ROWS = 200_000
+COMMIT_INTERVAL_S = 1.0
+INDEX_CACHE_KIB = 64 * 1024
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS events(position INTEGER PRIMARY KEY, type TEXT NOT NULL, tags TEXT NOT NULL,
+                                  batch INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS events_by_type ON events(type, position);
+CREATE TABLE IF NOT EXISTS tags(tag TEXT NOT NULL, position INTEGER NOT NULL, PRIMARY KEY(tag, position)) WITHOUT ROWID;
+"""
+# (position, type, tags, batch offset)
+IndexedEvent = tuple[int, str, str, int]
+
+
+def split_tags(joined: str) -> list[str]:
+    return joined.split("\n") if joined else []
+
+
+def _prefix_range(name: str) -> tuple[str, str]:
+    """Tags 'name:...' are exactly those in [name + ':', name + ';') (';' follows ':' in ASCII)."""
+    return name + ":", name + ";"
+
+
+class EventIndex:
+    def __init__(self, directory: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = os.path.join(directory, INDEX_FILE)
+        self._clock = clock
+        self._db = self._connect()
+        self.end = self._read_end()
+        self._in_transaction = False
+        self._staged_rows = 0
+        self._committed_at = clock()
+
+    def __repr__(self) -> str:
+        return f"<EventIndex {self.path} end={self.end} uncommitted_rows={self._staged_rows}>"
+
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level None: transactions are begun and committed explicitly.
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        # The tag rows of new events land all over the (tag, position) tree: with SQLite's
+        # default 2 MB page cache most inserts read pages back from the OS.
+        db.execute(f"PRAGMA cache_size=-{INDEX_CACHE_KIB}")
+        db.executescript(_SCHEMA)
+        return db
+
+    def _read_end(self) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key='end'").fetchone()
+        return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        try:
+            self.commit()
+        finally:
+            self._db.close()
+
+    # -- writing (the writer's connection) ----------------------------------------------------
+
+    def catch_up(self, plog: PartitionLog) -> int:
+        """Make the index equal the log (see the module docstring); the events indexed."""
+        if self.end > plog.log_end_offset:
+            self.truncate_to(plog.log_end_offset)
+        indexed = 0
+        offset = max(self.end, plog.log_start_offset)
+        while offset < plog.log_end_offset:
+            data = plog.read(offset, CATCH_UP_READ_BYTES, max_offset=plog.log_end_offset)
+            if not data:
+                break
+            rows: list[tuple[int, str, list[str], int]] = []
+            for batch in records.decode_batches(data, max_batch_bytes=plog.config.max_batch_bytes):
+                for record in batch.iter_from(offset):
+                    try:
+                        event_type, tags, _ = parse_event_headers(record.headers)
+                    except ValueError:
+                        event_type, tags = "", []  # not an event: indexed as nothing, never matched by type
+                    rows.append((record.offset + 1, event_type, tags, batch.base_offset))
+                offset = batch.last_offset + 1
+            self.add(rows, offset)
+            indexed += len(rows)
+        self.commit()
+        if indexed:
+            log.info("event index caught up with the log", path=self.path, events=indexed, end=self.end)
+        return indexed
+
+    def truncate_to(self, end_offset: int) -> None:
+        """Forget events at positions above `end_offset` (the log lost them)."""
+        was = self.end
+        with self.transaction():
+            self._db.execute("DELETE FROM tags WHERE position > ?", (end_offset,))
+            self._db.execute("DELETE FROM events WHERE position > ?", (end_offset,))
+            self.end = end_offset
+        self.commit()
+        log.warning("event index cut back to the log end", path=self.path, was=was, end=end_offset)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Stage changes; on an error everything not yet committed is rolled back (`end` goes back
+        to the last commit: catch_up() indexes those events again from the log). Commits are
+        grouped (see commit_due)."""
+        if not self._in_transaction:
+            self._db.execute("BEGIN")
+            self._in_transaction = True
+        try:
+            yield
+        except BaseException:
+            self._rollback()
+            raise
+        if self._staged_rows >= COMMIT_ROWS or self._clock() - self._committed_at >= COMMIT_INTERVAL_S:
+            self.commit()
+
+    def _rollback(self) -> None:
+        if self._in_transaction:
+            self._in_transaction = False
+            self._staged_rows = 0
+            self._db.execute("ROLLBACK")
+            self.end = self._read_end()
+
+    def commit(self) -> None:
+        """Commit what is staged (and `end` with it)."""
+        if not self._in_transaction:
+            return
+        try:
+            self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('end', ?)", (self.end,))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        self._in_transaction = False
+        self._staged_rows = 0
+        self._committed_at = self._clock()
+
+    def stage(self, rows: Sequence[tuple[int, str, Sequence[str], int]], end_offset: int) -> None:
+        """Index events (position, type, tags, batch offset) and move `end` to end_offset, inside
+        a transaction(); queries on this connection see them at once."""
+        db = self._db
+        db.executemany(
+            "INSERT OR REPLACE INTO events(position, type, tags, batch) VALUES (?, ?, ?, ?)",
+            [(p, t, "\n".join(tags), b) for p, t, tags, b in rows],
+        )
+        db.executemany(
+            "INSERT OR IGNORE INTO tags(tag, position) VALUES (?, ?)",
+            [(tag, p) for p, _, tags, _ in rows for tag in tags],
+        )
+        self._staged_rows += len(rows) + sum(len(tags) for _, _, tags, _ in rows)
+        self.end = end_offset
+
+    def add(self, rows: Sequence[tuple[int, str, Sequence[str], int]], end_offset: int) -> None:
+        """stage() in a transaction of its own."""
+        with self.transaction():
+            self.stage(rows, end_offset)
+
+    # -- queries -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _item_sql(item: QueryItem, after: int, until: int, params: list[object]) -> str:
+        """SELECT position, batch of the events matching one item in (after, until]."""
+        if not item.tags:
+            sql = "SELECT position, batch FROM events WHERE position > ? AND position <= ?"
+            params += [after, until]
+            if item.types:
+                sql += f" AND type IN ({','.join('?' * len(item.types))})"
+                params += item.types
+            return sql
+        # The first tag drives (its rows are in position order); the others and the type are
+        # checked per candidate by primary-key lookups.
+        first, *rest = item.tags
+        sql = "SELECT t0.position, e.batch FROM tags t0 JOIN events e ON e.position = t0.position"
+        for i, _ in enumerate(rest, 1):
+            sql += f" JOIN tags t{i} ON t{i}.tag = ? AND t{i}.position = t0.position"
+        params += rest
+        sql += " WHERE t0.tag = ? AND t0.position > ? AND t0.position <= ?"
+        params += [first, after, until]
+        if item.types:
+            sql += f" AND e.type IN ({','.join('?' * len(item.types))})"
+            params += item.types
+        return sql
+
+    def _query_sql(self, query: Sequence[QueryItem], after: int, until: int) -> tuple[str, list[object]]:
+        params: list[object] = []
+        items = list(query) or [QueryItem()]
+        if len(items) == 1:
+            sql = self._item_sql(items[0], after, until, params)
+        else:
+            sql = " UNION ".join(self._item_sql(item, after, until, params) for item in items)
+        return f"SELECT position, batch FROM ({sql}) ORDER BY position LIMIT ?", params
+
+    def matching(self, query: Sequence[QueryItem], after: int, until: int, limit: int) -> list[tuple[int, int]]:
+        """(position, batch offset) of the first `limit` events in (after, until] that match."""
+        sql, params = self._query_sql(query, after, until)
+        return self._db.execute(sql, [*params, limit]).fetchall()
+
+    def first_match(self, query: Sequence[QueryItem], after: int, until: int) -> int | None:
+        rows = self.matching(query, after, until, 1)
+        return rows[0][0] if rows else None
+
+    # -- consumer groups -------------------------------------------------------------------------
+
+    def with_attribute(self, name: str, after: int, until: int) -> Iterator[tuple[int, str]]:
+        """(position, tags) of the events in (after, until] carrying attribute `name`, in
+        position order (the caller checks the other attributes on `tags`)."""
+        low, high = _prefix_range(name)
+        return iter(self._db.execute(
+            "SELECT DISTINCT t.position, e.tags FROM tags t JOIN events e ON e.position = t.position"
+            " WHERE t.tag >= ? AND t.tag < ? AND t.position > ? AND t.position <= ? ORDER BY t.position",
+            (low, high, after, until),
+        ))
+
+    def of_types(self, types: Sequence[str], after: int, until: int, limit: int) -> list[tuple[int, str]]:
+        """(position, tags) of the next `limit` events of `types` in (after, until]."""
+        sql = (f"SELECT position, tags FROM events WHERE type IN ({','.join('?' * len(types))})"
+               " AND position > ? AND position <= ? ORDER BY position LIMIT ?")
+        return self._db.execute(sql, [*types, after, until, limit]).fetchall()
+
+    def with_any_tag(
+        self, tags: Sequence[str], types: Sequence[str], after: int, until: int
+    ) -> Iterator[tuple[int, str, int]]:
+        """(position, tags, batch) of the events of `types` in (after, until] carrying at least
+        one of `tags`, each once, in position order (the candidates of a partition's fetch)."""
+        sql = (f"SELECT DISTINCT e.position, e.tags, e.batch FROM tags t JOIN events e ON e.position = t.position"
+               f" WHERE t.tag IN ({','.join('?' * len(tags))}) AND t.position > ? AND t.position <= ?"
+               f" AND e.type IN ({','.join('?' * len(types))}) ORDER BY e.position")
+        return iter(self._db.execute(sql, [*tags, after, until, *types]))
+

@@ -1,0 +1,363 @@
+"""The event-store RPCs of the Broker service: validation and translation, nothing else.
+
+`EventStoreRpcs` is mixed into BrokerService (broker/service.py), so the RPCs share its node and
+its error handling; the work happens in store.py / groups.py. Every field is checked here against
+dmq.proto.event_headers' rules before a store is touched, and the store's refusals map to:
+
+  InvalidEventRequest / FieldError    INVALID_ARGUMENT (the message names the field and the limit)
+  ConditionFailedError                FAILED_PRECONDITION, reason "append-condition-failed", the
+                                      first conflicting position in "dmq-conflict-position"
+  GroupNotFoundError                  NOT_FOUND
+  ClaimNotHeldError / GroupConflict   FAILED_PRECONDITION
+  EventStoreFullError                 RESOURCE_EXHAUSTED
+  not an event store                  FAILED_PRECONDITION (also Produce to one: use EventAppend)
+  storage failures                    as for Produce (broker/service.py)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+
+from dmq.broker.eventstore.errors import (
+    ClaimNotHeldError,
+    ConditionFailedError,
+    EventStoreFullError,
+    GroupConflictError,
+    GroupNotFoundError,
+    InvalidEventRequest,
+)
+from dmq.broker.eventstore.groups import GroupManager, PartitionView
+from dmq.broker.eventstore.progress import GroupRecord
+from dmq.broker.eventstore.query import QueryItem
+from dmq.broker.eventstore.registry import NotAnEventStoreError
+from dmq.broker.eventstore.store import Condition, EventStore, NewEvent, StoredEvent
+from dmq.broker.log import UnknownPartitionError
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import error_details, event_headers, records
+from dmq.proto.names import GROUP_ID_MAX_BYTES, MEMBER_ID_MAX_BYTES, FieldError, check_id, check_topic_name
+from dmq.proto.server_errors import RpcAbort, rpc_handler
+from dmq.proto.server_errors import fail as _fail
+
+if TYPE_CHECKING:
+    from dmq.broker.node import BrokerNode
+
+__all__ = ["EventStoreRpcs", "DEFAULT_READ_LIMIT", "DEFAULT_CLAIM_TIMEOUT_MS"]
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_READ_LIMIT = 10_000
+DEFAULT_CLAIM_LIMIT = 1_000
+DEFAULT_CLAIM_TIMEOUT_MS = 30_000
+CLAIM_TIMEOUT_MS_MIN = 100
+CLAIM_TIMEOUT_MS_MAX = 3_600_000
+SUBSCRIBE_PAGE = 1_000
+SUBSCRIPTIONS_MAX = 1_000
+# A subscription with nothing new re-checks this often even without a wake-up (a store closing).
+SUBSCRIBE_IDLE_S = 1.0
+DESCRIBE_PARTITIONS_MAX = 1_000
+PARTITION_KEY_MAX_BYTES = event_headers.ITEM_TAGS_MAX * (event_headers.TAG_MAX_BYTES + 1)
+
+_STATUS: list[tuple[type[Exception], grpc.StatusCode]] = [
+    (InvalidEventRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (GroupNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (GroupConflictError, grpc.StatusCode.FAILED_PRECONDITION),
+    (NotAnEventStoreError, grpc.StatusCode.FAILED_PRECONDITION),
+    (EventStoreFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (records.BatchTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (records.RecordTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (UnknownPartitionError, grpc.StatusCode.NOT_FOUND),
+]
+
+
+def _translate(service: Any, e: Exception) -> RpcAbort | None:
+    if isinstance(e, ClaimNotHeldError):
+        return RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, str(e), error_details.CLAIM_NOT_HELD)
+    for cls, code in _STATUS:
+        if isinstance(e, cls):
+            return RpcAbort(code, str(e))
+    if isinstance(e, FieldError):
+        return RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    # Storage failures: the broker's one mapping (imported here: broker.service imports this module).
+    from dmq.broker import service as broker_service
+
+    return broker_service.translate_storage(service, e)
+
+
+_guarded = rpc_handler(log=log, translate=_translate)
+
+
+def _checked(check: Callable[[], None]) -> None:
+    try:
+        check()
+    except FieldError as e:
+        _fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+
+def _check_position(value: int, field: str) -> None:
+    if value < 0:
+        _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{field} must be >= 0 (a position; 0 = from the start), got {value}")
+
+
+def _limit(value: int, field: str, default: int) -> int:
+    if not 0 <= value <= event_headers.READ_LIMIT_MAX:
+        _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{field} must be within 0..{event_headers.READ_LIMIT_MAX} (0 = {default}), got {value}")
+    return value or default
+
+
+def query_from_proto(query: pb.EventQuery, field: str) -> tuple[QueryItem, ...]:
+    items = [(list(i.types), list(i.tags)) for i in query.items]
+    _checked(lambda: event_headers.check_query_items(items, field=field))
+    return tuple(QueryItem(tuple(types), tuple(tags)) for types, tags in items)
+
+
+def event_to_proto(e: StoredEvent) -> pb.SequencedEvent:
+    return pb.SequencedEvent(
+        position=e.position,
+        event=pb.Event(type=e.type, tags=e.tags, payload=e.payload, metadata=e.metadata),
+        append_time_ms=e.append_time_ms,
+    )
+
+
+def _events_from_proto(events: Sequence[pb.Event]) -> list[NewEvent]:
+    if not events:
+        _fail(grpc.StatusCode.INVALID_ARGUMENT, "events must hold at least one event")
+    if len(events) > event_headers.EVENTS_PER_APPEND_MAX:
+        _fail(grpc.StatusCode.INVALID_ARGUMENT,
+              f"events has {len(events)} events; the limit is {event_headers.EVENTS_PER_APPEND_MAX}")
+    out = []
+    for i, e in enumerate(events):
+        tags = list(e.tags)
+        try:
+            event_headers.check_event_type(e.type, field=f"events[{i}].type")
+            event_headers.check_tags(tags, field=f"events[{i}].tags")
+        except FieldError as err:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        out.append(NewEvent(e.type, tuple(tags), e.payload, e.metadata))
+    return out
+
+
+def _check_group(group: str) -> None:
+    _checked(lambda: check_id(group, "group", "group name", GROUP_ID_MAX_BYTES))
+
+
+def _check_worker(worker_id: str) -> None:
+    _checked(lambda: check_id(worker_id, "worker_id", "worker id", MEMBER_ID_MAX_BYTES))
+
+
+def _check_ref(ref: pb.EventClaimRef, field: str = "") -> None:
+    _checked(lambda: check_topic_name(ref.topic, field=f"{field}topic"))
+    _check_group(ref.group)
+    _checked(lambda: check_id(ref.partition_key, f"{field}partition_key", "partition key", PARTITION_KEY_MAX_BYTES))
+    _check_worker(ref.worker_id)
+
+
+class EventStoreRpcs:
+    """Mixed into BrokerService: `_node` is its BrokerNode."""
+
+    _node: BrokerNode
+
+    async def _store(self, topic: str) -> EventStore:
+        _checked(lambda: check_topic_name(topic, field="topic"))
+        node = self._node
+        if not node.ready:
+            _fail(grpc.StatusCode.UNAVAILABLE, f"broker {node.broker_id} is starting; retry")
+        try:
+            store = node.event_stores.get(topic)
+        except UnknownPartitionError:
+            leader = await node.leader_hint(topic, 0)
+            if leader is None:
+                _fail(grpc.StatusCode.NOT_FOUND, f"unknown topic: {topic}")
+            _fail(grpc.StatusCode.UNAVAILABLE,
+                  f"broker {node.broker_id} does not lead {topic}[0]; the leader is {leader}")
+        await store.ensure_open()
+        return store
+
+    # -- append / read / subscribe ------------------------------------------------------------------
+
+    @_guarded
+    async def EventAppend(self, request: pb.EventAppendRequest, context: grpc.aio.ServicerContext) -> pb.EventAppendResponse:
+        events = _events_from_proto(request.events)
+        condition = None
+        if request.HasField("condition"):
+            c = request.condition
+            _check_position(c.after, "condition.after")
+            condition = Condition(query_from_proto(c.fail_if_events_match, "condition.fail_if_events_match"), c.after)
+        store = await self._store(request.topic)
+        try:
+            last, append_ms = await store.append(events, condition)
+        except ConditionFailedError as e:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                str(e),
+                trailing_metadata=(
+                    (error_details.REASON_KEY, error_details.APPEND_CONDITION_FAILED),
+                    (error_details.CONFLICT_POSITION_KEY, str(e.position)),
+                ),
+            )
+            raise AssertionError("unreachable: context.abort raises") from e
+        return pb.EventAppendResponse(last_position=last, append_time_ms=append_ms)
+
+    @_guarded
+    async def EventRead(self, request: pb.EventReadRequest, context: grpc.aio.ServicerContext) -> pb.EventReadResponse:
+        query = query_from_proto(request.query, "query")
+        _check_position(request.after, "after")
+        limit = _limit(request.limit, "limit", DEFAULT_READ_LIMIT)
+        store = await self._store(request.topic)
+        events, head = await store.read(query, request.after, limit)
+        return pb.EventReadResponse(events=[event_to_proto(e) for e in events], head=head)
+
+    @_guarded
+    async def EventSubscribe(self, request: pb.EventSubscribeRequest, context: grpc.aio.ServicerContext) -> None:
+        query = query_from_proto(request.query, "query")
+        _check_position(request.after, "after")
+        store = await self._store(request.topic)
+        stores = self._node.event_stores
+        if stores.subscriptions >= SUBSCRIPTIONS_MAX:
+            raise EventStoreFullError(f"this broker serves {SUBSCRIPTIONS_MAX} event subscriptions, the limit; retry later")
+        stores.subscriptions += 1
+        try:
+            after = request.after
+            while not store.closed:
+                wake = store.next_append()  # taken before reading: an append after the read wakes us
+                events, head = await store.read(query, after, SUBSCRIBE_PAGE)
+                if events:
+                    await context.write(pb.EventReadResponse(events=[event_to_proto(e) for e in events], head=head))
+                    after = events[-1].position
+                    continue
+                after = max(after, head)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(wake), SUBSCRIBE_IDLE_S)
+        finally:
+            stores.subscriptions -= 1
+        _fail(grpc.StatusCode.UNAVAILABLE, f"the event store {request.topic} is closing (broker stopping); subscribe again")
+
+    # -- consumer groups -----------------------------------------------------------------------------
+
+    @_guarded
+    async def EventGroupControl(
+        self, request: pb.EventGroupControlRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EventGroupStatus:
+        _check_group(request.group)
+        action = request.action
+        if action not in pb.EventGroupAction.values():
+            _fail(grpc.StatusCode.INVALID_ARGUMENT, f"action {action} is not an EventGroupAction")
+        store = await self._store(request.topic)
+        group = request.group
+
+        def run(groups: GroupManager, until: int, now: int) -> tuple[bool, bool]:
+            if action == pb.EVENT_GROUP_REGISTER:
+                groups.register(group)
+            elif action == pb.EVENT_GROUP_STOP:
+                groups.set_active(group, False)
+            elif action == pb.EVENT_GROUP_START:
+                groups.set_active(group, True)
+            elif action == pb.EVENT_GROUP_RESET:
+                groups.reset(group)
+            return groups.status(group)
+
+        known, active = await store.groups(run)
+        return pb.EventGroupStatus(group=group, known=known, active=active)
+
+    @_guarded
+    async def EventClaimNext(self, request: pb.EventClaimRequest, context: grpc.aio.ServicerContext) -> pb.EventClaimResponse:
+        _check_group(request.group)
+        _check_worker(request.worker_id)
+        partition_by = list(request.partition_by)
+        handled = list(request.handled_types)
+        _checked(lambda: event_headers.check_attribute_names(partition_by, field="partition_by"))
+        if not handled or len(handled) > event_headers.ITEM_TYPES_MAX:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT,
+                  f"handled_types must name 1..{event_headers.ITEM_TYPES_MAX} event types, got {len(handled)}")
+        for i, t in enumerate(handled):
+            _checked(functools.partial(event_headers.check_event_type, t, field=f"handled_types[{i}]"))
+        timeout_ms = request.claim_timeout_ms or DEFAULT_CLAIM_TIMEOUT_MS
+        if not CLAIM_TIMEOUT_MS_MIN <= timeout_ms <= CLAIM_TIMEOUT_MS_MAX:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT,
+                  f"claim_timeout_ms must be within {CLAIM_TIMEOUT_MS_MIN}..{CLAIM_TIMEOUT_MS_MAX} (0 = "
+                  f"{DEFAULT_CLAIM_TIMEOUT_MS}), got {request.claim_timeout_ms}")
+        limit = _limit(request.limit, "limit", DEFAULT_CLAIM_LIMIT)
+        ack = request.ack if request.HasField("ack") else None
+        if ack is not None:
+            _check_ref(ack, "ack.")
+            _check_position(ack.position, "ack.position")
+            if ack.topic != request.topic or ack.group != request.group:
+                _fail(grpc.StatusCode.INVALID_ARGUMENT, "ack must name the request's topic and group")
+        store = await self._store(request.topic)
+
+        def run(groups: GroupManager, until: int, now: int) -> Any:
+            if ack is not None:
+                groups.ack(ack.group, ack.partition_key, ack.worker_id, ack.position, now, until)
+            return groups.claim_next(request.group, partition_by, handled, request.worker_id,
+                                     limit=limit, timeout_ms=timeout_ms, until=until, now_ms=now)
+
+        claimed, events = await store.claim(run)
+        head = store.readable_end()
+        if claimed is None:
+            return pb.EventClaimResponse(claimed=False, head=head)
+        return pb.EventClaimResponse(
+            claimed=True,
+            partition_key=claimed.key,
+            values=[pb.Attribute(name=n, value=v) for n, v in sorted(claimed.values.items())],
+            events=[event_to_proto(e) for e in events],
+            last_position=claimed.last_position,
+            head=head,
+        )
+
+    async def _claim_op(self, request: pb.EventClaimRef, op: Callable[[GroupManager, int, int], None]) -> pb.EventClaimAnswer:
+        _check_ref(request)
+        store = await self._store(request.topic)
+        await store.groups(op)
+        return pb.EventClaimAnswer()
+
+    @_guarded
+    async def EventAck(self, request: pb.EventClaimRef, context: grpc.aio.ServicerContext) -> pb.EventClaimAnswer:
+        _check_position(request.position, "position")
+        r = request
+        return await self._claim_op(r, lambda g, until, now: g.ack(r.group, r.partition_key, r.worker_id, r.position, now, until))
+
+    @_guarded
+    async def EventRelease(self, request: pb.EventClaimRef, context: grpc.aio.ServicerContext) -> pb.EventClaimAnswer:
+        r = request
+        return await self._claim_op(r, lambda g, until, now: g.release(r.group, r.partition_key, r.worker_id, now))
+
+    @_guarded
+    async def EventRenewClaim(self, request: pb.EventClaimRef, context: grpc.aio.ServicerContext) -> pb.EventClaimAnswer:
+        r = request
+        return await self._claim_op(r, lambda g, until, now: g.renew(r.group, r.partition_key, r.worker_id, now))
+
+    @_guarded
+    async def EventGroupDescribe(
+        self, request: pb.EventGroupDescribeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EventGroupDescription:
+        _check_group(request.group)
+        store = await self._store(request.topic)
+        def run(groups: GroupManager, until: int, now: int) -> tuple[GroupRecord, list[PartitionView]]:
+            return groups.describe(request.group, until, now, DESCRIBE_PARTITIONS_MAX)
+
+        g, views = await store.groups(run)
+        return pb.EventGroupDescription(
+            group=g.name,
+            active=g.active,
+            partition_by=list(g.partition_by),
+            handled_types=list(g.handled_types),
+            partitions=[
+                pb.EventPartitionState(
+                    partition_key=v.key,
+                    values=[pb.Attribute(name=n, value=val) for n, val in sorted(v.values.items())],
+                    acked_position=v.acked,
+                    claimed_by=v.claimed_by,
+                    claimed_since_ms=v.claimed_since_ms,
+                    pending=v.pending,
+                )
+                for v in views
+            ],
+            head=store.readable_end(),
+        )
+

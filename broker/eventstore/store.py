@@ -1,0 +1,385 @@
+"""One event store: an event-store topic's partition log, its index and its consumer groups.
+
+The writer thread (owned here, stopped by close()):
+  - the writer: one thread that runs every append (condition check, log append, index update),
+    every index catch-up and every consumer-group operation, one at a time. Being one thread is
+    what makes a conditional append atomic: the condition is checked against an index that
+    already holds every earlier append, and nothing else appends to the partition (Produce to an
+    event-store topic is refused), so check and append happen under one append lock - this
+    thread - with nothing between them. Appends that arrive while the writer is busy are handed
+    to it together, as one job: each is still checked, appended and indexed in turn (the index
+    rows of the earlier ones are staged in the same SQLite transaction, so later checks see
+    them), and the transaction is committed once for all of them.
+Reads run in the writer too: its connection alone sees the index rows staged but not yet
+committed (index.py groups commits), and an index query is short next to the log reads that
+follow it. The price: a large read delays the appends queued behind it.
+
+An append is acknowledged once its events are in the log and the index, and (flush policy
+"fsync") the log is fsynced past them. Readers see events up to the readable end: the durable
+end under "fsync" (an event whose fsync failed is rolled back by the log and must never have
+been read), the log end under "interval". When the log rolls back, the index is cut back to it
+before the next append.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import structlog
+
+from dmq.broker.eventstore.errors import ConditionFailedError, EventStoreError
+from dmq.broker.eventstore.groups import Claimed, GroupManager
+from dmq.broker.eventstore.index import INDEX_FILE, EventIndex
+from dmq.broker.eventstore.progress import SqliteProgressStore
+from dmq.broker.eventstore.query import QueryItem
+from dmq.broker.log import LogClosedError, LogError, PartitionLog, StorageUnavailableError
+from dmq.proto import records
+from dmq.proto.event_headers import event_headers, parse_event_headers
+
+__all__ = ["EventStore", "NewEvent", "StoredEvent", "Condition"]
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+# One log read of a query's matches takes up to this many bytes of consecutive batches.
+LOAD_READ_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    type: str
+    tags: tuple[str, ...]
+    payload: bytes
+    metadata: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    position: int
+    type: str
+    tags: list[str]
+    payload: bytes
+    metadata: bytes
+    append_time_ms: int
+
+
+class _IndexWriteFailed(Exception):
+    """The batch is in the log (`result`), its index rows could not be written (`cause`)."""
+
+    def __init__(self, result: tuple[int, int], cause: sqlite3.Error) -> None:
+        super().__init__(str(cause))
+        self.result = result
+        self.cause = cause
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    events: Sequence[NewEvent]
+    condition: Condition | None
+    batch: bytes
+    done: asyncio.Future[tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    query: tuple[QueryItem, ...]
+    after: int
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class EventStore:
+    def __init__(self, plog: PartitionLog, *, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+        self.plog = plog
+        self.topic = plog.topic
+        self._clock = clock_ms
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"dmq-events-{plog.topic}-w")
+        self._index: EventIndex | None = None
+        self._groups: GroupManager | None = None
+        self._progress: SqliteProgressStore | None = None
+        self._opened: asyncio.Future[None] | None = None
+        self._closed = False
+        self._appended: asyncio.Future[None] | None = None  # resolved by the next append (subscribers)
+        self._queue: list[_Job] = []  # appends waiting for the writer
+        self._draining = False  # a writer job is appending; it hands the queue on when done
+
+    def __repr__(self) -> str:
+        end = self._index.end if self._index is not None else None
+        return f"<EventStore {self.topic} indexed_end={end} log_end={self.plog.log_end_offset}>"
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def next_append(self) -> asyncio.Future[None]:
+        """A future resolved when the next append becomes readable."""
+        if self._appended is None or self._appended.done():
+            self._appended = asyncio.get_running_loop().create_future()
+        return self._appended
+
+    def _notify(self) -> None:
+        fut, self._appended = self._appended, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def ensure_open(self) -> None:
+        """Open on first use (catching the index up may read the whole log: done once, shared)."""
+        if self._closed:
+            raise LogClosedError(f"the event store {self.topic} is closed")
+        if self._opened is None:
+            self._opened = asyncio.get_running_loop().run_in_executor(self._writer, self._open)
+        await asyncio.shield(self._opened)
+
+    def _open(self) -> None:
+        directory = self.plog.directory
+        try:
+            index = EventIndex(directory)
+        except sqlite3.DatabaseError as e:
+            log.warning("event index unreadable: rebuilding it from the log", topic=self.topic, error=str(e))
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(directory, INDEX_FILE + suffix))
+            index = EventIndex(directory)
+        self._index = index
+        index.catch_up(self.plog)
+        self._progress = SqliteProgressStore(directory)
+        self._groups = GroupManager(index, self._progress)
+
+    async def close(self) -> None:
+        """Wait for the work in flight, then close the connections (in their threads)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._notify()
+        loop = asyncio.get_running_loop()
+        if self._opened is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._opened)
+        if self._index is not None:
+            await loop.run_in_executor(self._writer, self._close_writer)
+        await asyncio.to_thread(self._writer.shutdown, True)
+
+    def _close_writer(self) -> None:
+        assert self._index is not None
+        try:
+            self._index.close()
+        finally:
+            if self._progress is not None:
+                self._progress.close()
+
+    async def _in(self, executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
+        await self.ensure_open()
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(executor, fn)
+        except RuntimeError as e:  # the executor is shut down: the broker is stopping
+            raise LogClosedError(f"the event store {self.topic} is closing") from e
+        # shielded: a cancelled caller must not leave the store's state half-changed
+        return await asyncio.shield(fut)
+
+    async def on_writer(self, fn: Callable[[], T]) -> T:
+        return await self._in(self._writer, fn)
+
+    # -- positions --------------------------------------------------------------------------------
+
+    def readable_end(self) -> int:
+        """The last position a reader may see (see the module docstring)."""
+        plog = self.plog
+        if plog.config.flush_policy == "fsync":
+            return min(plog.durable_end_offset, plog.visible_end_offset)
+        return plog.visible_end_offset
+
+    # -- append -----------------------------------------------------------------------------------
+
+    async def append(self, events: Sequence[NewEvent], condition: Condition | None) -> tuple[int, int]:
+        """Store `events` atomically unless the condition fails (ConditionFailedError); the last
+        position and the append time."""
+        max_batch = self.plog.config.max_batch_bytes
+        batch = records.encode(
+            [e.payload for e in events],
+            headers=[event_headers(e.type, e.tags, e.metadata) for e in events],
+            timestamp_ms=self._clock(),
+            max_batch_bytes=max_batch,
+            max_record_bytes=max_batch,
+        )
+        await self.ensure_open()
+        done: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Job(events, condition, batch, done))
+        if not self._draining:
+            self._drain()
+        info_end, append_ms = await asyncio.shield(done)
+        if self.plog.config.flush_policy == "fsync":
+            try:
+                await self.plog.wait_durable(info_end)
+            except StorageUnavailableError:
+                # The log rolled back past these events: the index follows before the next append.
+                await self.on_writer(self._follow_log)
+                raise
+        self._notify()
+        return info_end, append_ms
+
+    def _drain(self) -> None:
+        """Hand every queued append to the writer as one job (one index transaction for all)."""
+        jobs, self._queue = self._queue, []
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(self._writer, self._append_all, jobs)
+        except RuntimeError:  # the writer is shut down: the store is closing
+            self._draining = False
+            for job in jobs:
+                job.done.set_exception(LogClosedError(f"the event store {self.topic} is closing"))
+            return
+        self._draining = True
+
+        def finished(f: asyncio.Future[list[tuple[int, int] | Exception]]) -> None:
+            error = f.exception() if not f.cancelled() else LogClosedError(f"the event store {self.topic} is closing")
+            results: list[tuple[int, int] | BaseException] = [error] * len(jobs) if error else list(f.result())
+            for i, job in enumerate(jobs):
+                if job.done.done():
+                    continue
+                result = results[i] if i < len(results) else LogClosedError(f"the event store {self.topic} is closing")
+                if isinstance(result, BaseException):
+                    job.done.set_exception(result)
+                else:
+                    job.done.set_result(result)
+            if self._queue:
+                self._drain()
+            else:
+                self._draining = False
+
+        fut.add_done_callback(finished)
+
+    def _follow_log(self) -> None:
+        assert self._index is not None
+        if self._index.end != self.plog.log_end_offset:
+            self._index.catch_up(self.plog)
+
+    def _append_all(self, jobs: list[_Job]) -> list[tuple[int, int] | Exception]:
+        """In the writer: each job's condition checked against the index, which already holds the
+        jobs before it (staged in the same transaction), then its batch appended and indexed.
+
+        When the index fails (SQLite), the jobs not yet done get a retriable error: checking them
+        against an index that lacks events would be wrong. The events already appended are in
+        the log (the truth) and are reported stored; they are indexed again from the log."""
+        if self._closed:
+            raise LogClosedError(f"the event store {self.topic} is closing")
+        index = self._index
+        assert index is not None
+        out: list[tuple[int, int] | Exception] = []
+        try:
+            self._follow_log()
+            with index.transaction():
+                for job in jobs:
+                    try:
+                        out.append(self._append_one(index, job.events, job.condition, job.batch))
+                    except (EventStoreError, LogError, records.RecordsError) as e:
+                        out.append(e)
+                    except _IndexWriteFailed as e:
+                        out.append(e.result)
+                        raise e.cause from None
+        except sqlite3.Error as e:
+            log.warning("event index write failed; re-indexing from the log", topic=self.topic, error=str(e))
+            with contextlib.suppress(sqlite3.Error):
+                index.catch_up(self.plog)
+            out += [StorageUnavailableError(f"{self.topic}: the event index is unavailable ({e}); nothing of this "
+                                            "append was stored; retry") for _ in jobs[len(out):]]
+        return out
+
+    def _append_one(
+        self, index: EventIndex, events: Sequence[NewEvent], condition: Condition | None, batch: bytes
+    ) -> tuple[int, int]:
+        if condition is not None:
+            conflict = index.first_match(condition.query, condition.after, index.end)
+            if conflict is not None:
+                raise ConditionFailedError(
+                    f"append condition failed: the event at position {conflict} (after {condition.after}) "
+                    "matches fail_if_events_match; nothing was stored: read again and decide anew",
+                    conflict,
+                )
+        info = self.plog.append(batch)
+        result = (info.last_offset + 1, info.append_time_ms)
+        try:
+            index.stage([(info.base_offset + 1 + i, e.type, e.tags, info.base_offset) for i, e in enumerate(events)],
+                        info.last_offset + 1)
+        except sqlite3.Error as e:
+            raise _IndexWriteFailed(result, e) from e
+        return result
+
+    # -- read -------------------------------------------------------------------------------------
+
+    async def read(self, query: Sequence[QueryItem], after: int, limit: int) -> tuple[list[StoredEvent], int]:
+        """Matching events in (after, readable end], at most `limit`, and the head position."""
+        await self.ensure_open()
+        until = self.readable_end()
+        events = await self.on_writer(lambda: self.load(self._writer_index().matching(query, after, until, limit)))
+        return events, until
+
+    def _writer_index(self) -> EventIndex:
+        assert self._index is not None
+        return self._index
+
+    def load(self, located: Sequence[tuple[int, int]]) -> list[StoredEvent]:
+        """The events at these (position, batch offset) pairs, in order, read from the log.
+
+        Only batches holding a match are decoded. Batches that follow each other in the log are
+        read together (one read of up to LOAD_READ_BYTES, cut at the first batch that holds no
+        match), so a sparse query over small batches costs one read per run of such batches, not
+        one per event. Thread-safe (PartitionLog.read is)."""
+        plog = self.plog
+        max_batch = plog.config.max_batch_bytes
+        out: list[StoredEvent] = []
+        i, n = 0, len(located)
+        while i < n:
+            data = memoryview(plog.read(located[i][1], LOAD_READ_BYTES))
+            pos = 0
+            while i < n and pos < len(data):
+                header = records.read_header(data, pos, max_batch_bytes=max_batch)
+                if header.base_offset != located[i][1]:
+                    break  # the next batch holds no match: read again at the next one that does
+                batch = records.decode(data, pos, max_batch_bytes=max_batch)
+                while i < n and located[i][1] == header.base_offset:
+                    position = located[i][0]
+                    record = batch.record_at(position - 1)
+                    event_type, tags, metadata = parse_event_headers(record.headers)
+                    out.append(StoredEvent(position, event_type, tags, record.value, metadata, record.timestamp))
+                    i += 1
+                pos += header.total_size
+            if pos == 0:
+                raise EventStoreError(f"the event index points at a batch at offset {located[i][1]} that the log lacks")
+        return out
+
+    # -- groups -----------------------------------------------------------------------------------
+
+    async def groups(self, fn: Callable[[GroupManager, int, int], T]) -> T:
+        """Run fn(groups, readable end, now) in the writer thread."""
+        until = self.readable_end()
+        now = self._clock()
+
+        def run() -> T:
+            assert self._groups is not None
+            return fn(self._groups, until, now)
+
+        return await self.on_writer(run)
+
+    async def claim(self, fn: Callable[[GroupManager, int, int], Claimed | None]) -> tuple[Claimed | None, list[StoredEvent]]:
+        """A claim and its events, read in the same writer job."""
+        until = self.readable_end()
+        now = self._clock()
+
+        def run() -> tuple[Claimed | None, list[StoredEvent]]:
+            assert self._groups is not None
+            claimed = fn(self._groups, until, now)
+            return claimed, (self.load(claimed.events) if claimed is not None else [])
+
+        return await self.on_writer(run)

@@ -1,0 +1,476 @@
+"""EventStore: the client of an event-store topic (DESIGN.md "Event-store mode", DCB semantics).
+
+    with EventStore("127.0.0.1:9091", "courses") as store:
+        CourseCreated = EventType("course.created", ["course_name"])
+        result = store.read([QueryItem(tags=["course_name:Algebra"])])
+        ...decide on result.events...
+        store.append([CourseCreated.new(b"{}", course_name="Algebra")],
+                     AppendCondition([QueryItem(tags=["course_name:Algebra"])], after=result.head))
+
+- `append(events, condition=None)` stores the events atomically and returns the last position; a
+  failed condition raises `AppendConditionError` (its ``position`` is the first conflicting event)
+  and stores nothing. Appends are never retried by the library (a retry could store twice).
+- `read(query=None, after=None, limit=None)` -> `ReadResult(events, head)`; it pages through the
+  broker's answers until `limit` events or the head. `subscribe(query, after)` iterates matching
+  events as they are appended (close() it, or use it as a context manager).
+- Consumer groups over attribute partitions: `register_group`, `group_active`, `stop_group`,
+  `start_group`, `reset_group`, `claim_next(group, partition_by, handled_types, worker_id)` ->
+  `Claim | None` (its ``guard`` is the append condition built from every handled type's
+  `to_conditions` after the last returned position), `ack`, `release`, `renew`,
+  `describe_group`. `claim_next(..., ack=(claim, position))` acknowledges the previous claim in
+  the same round trip.
+
+An `EventType` declares the attributes its payload carries; its events carry them as tags
+"name:value", and `to_conditions(**attributes)` yields a query item only over the attributes the
+type declares.
+
+Thread-safe as the gRPC channel is; errors are `dmq.client.errors` classes, never grpc's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from dmq.client._cluster import Cluster
+from dmq.client._log import get_logger
+from dmq.client._settings import bootstrap_address, check_positive
+from dmq.client.errors import (
+    DMQError,
+    GroupNotFoundError,
+    InvalidArgumentError,
+    TopicNotFoundError,
+    from_rpc_error,
+)
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto.event_headers import attribute_of
+
+__all__ = [
+    "EventStore",
+    "Event",
+    "SequencedEvent",
+    "QueryItem",
+    "AppendCondition",
+    "EventType",
+    "ReadResult",
+    "Claim",
+    "GroupDescription",
+    "EventSubscription",
+]
+
+log = get_logger(__name__)
+
+# Read and subscribe retry a lost leader this often (they change nothing); append never retries.
+READ_ATTEMPTS = 3
+RETRY_BACKOFF_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    type: str
+    tags: Sequence[str] = ()
+    payload: bytes = b""
+    metadata: bytes = b""
+
+    @property
+    def attributes(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for tag in self.tags:
+            attr = attribute_of(tag)
+            if attr is not None:
+                out.setdefault(*attr)
+        return out
+
+    def to_proto(self) -> pb.Event:
+        return pb.Event(type=self.type, tags=list(self.tags), payload=self.payload, metadata=self.metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class SequencedEvent:
+    position: int
+    event: Event
+    append_time_ms: int = 0
+
+    @property
+    def type(self) -> str:
+        return self.event.type
+
+    @property
+    def tags(self) -> Sequence[str]:
+        return self.event.tags
+
+    @property
+    def payload(self) -> bytes:
+        return self.event.payload
+
+    @classmethod
+    def from_proto(cls, e: pb.SequencedEvent) -> SequencedEvent:
+        ev = e.event
+        return cls(e.position, Event(ev.type, tuple(ev.tags), ev.payload, ev.metadata), e.append_time_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class QueryItem:
+    """Matches an event whose type is one of `types` (any type when empty) and that carries every
+    tag of `tags`. A query is a list of items, OR'd; no query (or an empty one) matches all."""
+
+    types: Sequence[str] = ()
+    tags: Sequence[str] = ()
+
+    def to_proto(self) -> pb.EventQueryItem:
+        return pb.EventQueryItem(types=list(self.types), tags=list(self.tags))
+
+
+def _query_proto(query: Iterable[QueryItem] | None) -> pb.EventQuery:
+    items = list(query or ())
+    for i, item in enumerate(items):
+        if not isinstance(item, QueryItem):
+            raise InvalidArgumentError(f"query[{i}] must be a QueryItem, got {type(item).__name__}")
+        for name in ("types", "tags"):
+            if isinstance(getattr(item, name), str):
+                raise InvalidArgumentError(f"query[{i}].{name} must be a list of strings, not one string")
+    return pb.EventQuery(items=[i.to_proto() for i in items])
+
+
+@dataclass(frozen=True, slots=True)
+class AppendCondition:
+    """Fail the append if an event after position `after` (None: any event) matches the query."""
+
+    fail_if_events_match: Sequence[QueryItem]
+    after: int | None = None
+
+    def to_proto(self) -> pb.AppendCondition:
+        return pb.AppendCondition(fail_if_events_match=_query_proto(self.fail_if_events_match), after=self.after or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class EventType:
+    """An event type and the attributes its payload carries (e.g. "user.joined_course" with
+    course_name and user_id)."""
+
+    name: str
+    payload_attribute_names: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.payload_attribute_names, str):
+            raise InvalidArgumentError("payload_attribute_names must be a list of names, not one string")
+        object.__setattr__(self, "payload_attribute_names", tuple(self.payload_attribute_names))
+
+    def new(self, payload: bytes = b"", *, tags: Sequence[str] = (), metadata: bytes = b"", **attributes: str) -> Event:
+        """An event of this type, tagged "name:value" with every declared attribute (all required)."""
+        missing = [n for n in self.payload_attribute_names if n not in attributes]
+        extra = sorted(set(attributes) - set(self.payload_attribute_names))
+        if missing or extra:
+            raise InvalidArgumentError(
+                f"{self.name} declares attributes {list(self.payload_attribute_names)}: "
+                + (f"missing {missing}" if missing else f"not declared {extra}")
+            )
+        attr_tags = [f"{n}:{attributes[n]}" for n in self.payload_attribute_names]
+        return Event(self.name, (*attr_tags, *tags), payload, metadata)
+
+    def to_conditions(self, **attributes: str) -> list[QueryItem]:
+        """Query items for events of this type with these attribute values, over only the
+        attributes this type declares (none when it declares none of them)."""
+        tags = [f"{n}:{attributes[n]}" for n in self.payload_attribute_names if n in attributes]
+        return [QueryItem(types=(self.name,), tags=tuple(tags))] if tags else []
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    events: list[SequencedEvent]
+    head: int
+
+    def __iter__(self) -> Iterator[SequencedEvent]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A claimed partition: its canonical key, values, pending events and the guard to append with."""
+
+    group: str
+    worker_id: str
+    partition_key: str
+    values: Mapping[str, str]
+    events: list[SequencedEvent]
+    guard: AppendCondition
+    last_position: int
+    head: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    partition_key: str
+    values: Mapping[str, str]
+    acked_position: int
+    claimed_by: str | None
+    claimed_since_ms: int | None
+    pending: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    group: str
+    active: bool
+    partition_by: list[str]
+    handled_types: list[str]
+    head: int
+    partitions: list[PartitionState] = field(default_factory=list)
+
+
+def _as_types(handled_types: Sequence[EventType | str], partition_by: Sequence[str]) -> list[EventType]:
+    """EventTypes as given; a bare type name declares every partition_by attribute."""
+    out = []
+    for t in handled_types:
+        out.append(t if isinstance(t, EventType) else EventType(str(t), tuple(partition_by)))
+    return out
+
+
+class EventSubscription:
+    """Iterates the events of an EventSubscribe stream; close() ends it."""
+
+    def __init__(self, call: Any, context: str) -> None:
+        self._call = call
+        self._context = context
+        self._pending: list[SequencedEvent] = []
+
+    def __iter__(self) -> Iterator[SequencedEvent]:
+        return self
+
+    def __next__(self) -> SequencedEvent:
+        while not self._pending:
+            try:
+                answer = next(self._call)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.CANCELLED:
+                    raise StopIteration from None
+                raise from_rpc_error(e, context=self._context) from None
+            self._pending = [SequencedEvent.from_proto(e) for e in answer.events]
+            self._pending.reverse()
+        return self._pending.pop()
+
+    def close(self) -> None:
+        self._call.cancel()
+
+    def __enter__(self) -> EventSubscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class EventStore:
+    def __init__(
+        self,
+        bootstrap_servers: str | Sequence[str] | None = None,
+        topic: str = "",
+        *,
+        request_timeout_ms: int = 30_000,
+        cluster: Cluster | None = None,
+    ) -> None:
+        check_positive("request_timeout_ms", request_timeout_ms)
+        if not topic:
+            raise InvalidArgumentError("EventStore needs the event-store topic's name (topic=...)")
+        self.topic = topic
+        self._own_cluster = cluster is None
+        self._cluster = cluster or Cluster(
+            bootstrap_address({"bootstrap_servers": bootstrap_servers}, "EventStore"),
+            request_timeout_ms=request_timeout_ms,
+        )
+
+    def __repr__(self) -> str:
+        return f"<EventStore topic={self.topic!r} bootstrap={self._cluster.bootstrap!r}>"
+
+    def close(self) -> None:
+        if self._own_cluster:
+            self._cluster.close()
+
+    def __enter__(self) -> EventStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    def _call(self, method: str, request: Any, *, attempts: int = 1,
+              overrides: Mapping[grpc.StatusCode, type[DMQError]] | None = None) -> Any:
+        """One RPC to the store's leader; retriable failures are retried `attempts` times in all,
+        with the metadata refreshed when it may be stale."""
+        for attempt in range(1, attempts + 1):
+            address = self._cluster.leader_for(self.topic, 0)
+            try:
+                return getattr(self._cluster.broker_stub(address), method)(request, timeout=self._cluster.timeout_s)
+            except grpc.RpcError as e:
+                err = from_rpc_error(e, context=f"{method} on {self.topic} at {address}",
+                                     overrides=overrides or {grpc.StatusCode.NOT_FOUND: TopicNotFoundError})
+                if err.invalid_metadata or e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                    self._cluster.invalidate(self.topic)
+                if not err.retriable or attempt == attempts:
+                    raise err from None
+                log.debug("retrying event-store call", method=method, topic=self.topic, error=str(err))
+                time.sleep(RETRY_BACKOFF_S * attempt)
+        raise AssertionError("unreachable")
+
+    # -- append / read / subscribe -----------------------------------------------------------------
+
+    def append(self, events: Event | Sequence[Event], condition: AppendCondition | None = None) -> int:
+        """Store the events atomically; the last one's position. AppendConditionError if the
+        condition fails (nothing stored)."""
+        batch = [events] if isinstance(events, Event) else list(events)
+        if not batch:
+            raise InvalidArgumentError("append needs at least one event")
+        request = pb.EventAppendRequest(topic=self.topic, events=[e.to_proto() for e in batch])
+        if condition is not None:
+            request.condition.CopyFrom(condition.to_proto())
+        return int(self._call("EventAppend", request).last_position)
+
+    def read(self, query: Sequence[QueryItem] | None = None, after: int | None = None, limit: int | None = None) -> ReadResult:
+        """Matching events after position `after`, in position order, at most `limit` (None: all
+        up to the head), and the head position when the read began."""
+        if limit is not None and limit < 0:
+            raise InvalidArgumentError(f"limit must be >= 0, got {limit}")
+        q = _query_proto(query)
+        out: list[SequencedEvent] = []
+        cursor = after or 0
+        head: int | None = None
+        while limit is None or len(out) < limit:
+            page = 0 if limit is None else min(limit - len(out), 100_000)
+            answer = self._call("EventRead", pb.EventReadRequest(topic=self.topic, query=q, after=cursor, limit=page),
+                                attempts=READ_ATTEMPTS)
+            if head is None:
+                head = answer.head
+            out.extend(SequencedEvent.from_proto(e) for e in answer.events if e.position <= head)
+            if not answer.events or answer.events[-1].position >= head:
+                break
+            cursor = answer.events[-1].position
+        return ReadResult(out, head or 0)
+
+    def head(self) -> int:
+        """The store's last position (0 when empty)."""
+        return int(self._call("EventRead", pb.EventReadRequest(topic=self.topic, after=2**62, limit=1),
+                              attempts=READ_ATTEMPTS).head)
+
+    def subscribe(self, query: Sequence[QueryItem] | None = None, after: int | None = None) -> EventSubscription:
+        """Matching events after `after`, then each one as it is appended, until close()."""
+        address = self._cluster.leader_for(self.topic, 0)
+        call = self._cluster.broker_stub(address).EventSubscribe(
+            pb.EventSubscribeRequest(topic=self.topic, query=_query_proto(query), after=after or 0)
+        )
+        return EventSubscription(call, f"EventSubscribe on {self.topic} at {address}")
+
+    # -- consumer groups --------------------------------------------------------------------------
+
+    def _group_call(self, method: str, request: Any) -> Any:
+        return self._call(method, request, attempts=READ_ATTEMPTS if method == "EventGroupDescribe" else 1,
+                          overrides={grpc.StatusCode.NOT_FOUND: GroupNotFoundError})
+
+    def _control(self, group: str, action: pb.EventGroupAction) -> pb.EventGroupStatus:
+        return self._group_call("EventGroupControl", pb.EventGroupControlRequest(topic=self.topic, group=group, action=action))
+
+    def register_group(self, group: str) -> None:
+        """Create the group (idempotent: registering an existing group changes nothing)."""
+        self._control(group, pb.EVENT_GROUP_REGISTER)
+
+    def group_state(self, group: str) -> str:
+        """"active", "stopped" or "unknown"."""
+        status = self._control(group, pb.EVENT_GROUP_STATUS)
+        return "unknown" if not status.known else "active" if status.active else "stopped"
+
+    def group_active(self, group: str) -> bool:
+        """True when the group exists and is not stopped."""
+        return self.group_state(group) == "active"
+
+    def stop_group(self, group: str) -> None:
+        """claim_next answers nothing until start_group (claims held go on until acked or released)."""
+        self._control(group, pb.EVENT_GROUP_STOP)
+
+    def start_group(self, group: str) -> None:
+        self._control(group, pb.EVENT_GROUP_START)
+
+    def reset_group(self, group: str) -> None:
+        """Forget every partition's acknowledged position (and every claim): all events are pending again."""
+        self._control(group, pb.EVENT_GROUP_RESET)
+
+    def claim_next(
+        self,
+        group: str,
+        partition_by: Sequence[str],
+        handled_types: Sequence[EventType | str],
+        worker_id: str,
+        *,
+        limit: int | None = None,
+        claim_timeout_ms: int | None = None,
+        ack: tuple[Claim, int] | None = None,
+    ) -> Claim | None:
+        """Claim the partition whose earliest pending event is oldest (None: nothing pending, all
+        claimed, or the group is stopped). `ack=(claim, position)` acknowledges first."""
+        if isinstance(partition_by, str) or isinstance(handled_types, str):
+            raise InvalidArgumentError("partition_by and handled_types are lists, not single strings")
+        types = _as_types(handled_types, partition_by)
+        request = pb.EventClaimRequest(
+            topic=self.topic, group=group, partition_by=list(partition_by), handled_types=[t.name for t in types],
+            worker_id=worker_id, claim_timeout_ms=claim_timeout_ms or 0, limit=limit or 0,
+        )
+        if ack is not None:
+            prev, position = ack
+            request.ack.CopyFrom(self._ref(prev, position))
+        answer = self._group_call("EventClaimNext", request)
+        if not answer.claimed:
+            return None
+        values = {a.name: a.value for a in answer.values}
+        items = [item for t in types for item in t.to_conditions(**values)]
+        return Claim(
+            group=group,
+            worker_id=worker_id,
+            partition_key=answer.partition_key,
+            values=values,
+            events=[SequencedEvent.from_proto(e) for e in answer.events],
+            guard=AppendCondition(items, after=answer.last_position),
+            last_position=answer.last_position,
+            head=answer.head,
+        )
+
+    def _ref(self, claim: Claim, position: int = 0) -> pb.EventClaimRef:
+        return pb.EventClaimRef(topic=self.topic, group=claim.group, partition_key=claim.partition_key,
+                                worker_id=claim.worker_id, position=position)
+
+    def ack(self, claim: Claim, position: int | None = None) -> None:
+        """Acknowledge the claim's events up to `position` (default: all returned) and release it."""
+        self._group_call("EventAck", self._ref(claim, claim.last_position if position is None else position))
+
+    def release(self, claim: Claim) -> None:
+        """Give the claim up without acknowledging: the same events come back."""
+        self._group_call("EventRelease", self._ref(claim))
+
+    def renew(self, claim: Claim) -> None:
+        """Keep the claim alive for another claim_timeout_ms."""
+        self._group_call("EventRenewClaim", self._ref(claim))
+
+    def describe_group(self, group: str) -> GroupDescription:
+        d = self._group_call("EventGroupDescribe", pb.EventGroupDescribeRequest(topic=self.topic, group=group))
+        return GroupDescription(
+            group=d.group,
+            active=d.active,
+            partition_by=list(d.partition_by),
+            handled_types=list(d.handled_types),
+            head=d.head,
+            partitions=[
+                PartitionState(
+                    partition_key=p.partition_key,
+                    values={a.name: a.value for a in p.values},
+                    acked_position=p.acked_position,
+                    claimed_by=p.claimed_by or None,
+                    claimed_since_ms=p.claimed_since_ms or None,
+                    pending=p.pending,
+                )
+                for p in d.partitions
+            ],
+        )

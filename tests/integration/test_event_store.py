@@ -1,0 +1,241 @@
+"""Event-store topics over real gRPC: the topic kind, append / read / conditional append (DCB),
+subscribe, the index surviving a restart and being rebuilt from the log, and bad requests."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dmq.client import AdminClient
+from dmq.client.cli.runner import ClusterOptions, ClusterThread
+from dmq.client.errors import (
+    AppendConditionError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    InvalidConfigError,
+    ResourceExhaustedError,
+)
+from dmq.client.event_store import AppendCondition, Event, EventStore, QueryItem
+from dmq.client.producer import Producer
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
+
+
+def make_store(cluster: ClusterThread, topic: str = "es") -> EventStore:
+    with AdminClient(cluster.bootstrap) as admin:
+        admin.create_topic(topic, 1, config={"kind": "event-store"})
+    return EventStore(cluster.bootstrap, topic)
+
+
+@pytest.fixture
+def store(cluster: ClusterThread) -> Iterator[EventStore]:
+    s = make_store(cluster)
+    yield s
+    s.close()
+
+
+def test_event_store_topic_is_one_partition_kept_forever(cluster: ClusterThread) -> None:
+    with AdminClient(cluster.bootstrap) as admin:
+        with pytest.raises(InvalidArgumentError, match="exactly 1 partition"):
+            admin.create_topic("es3", 3, config={"kind": "event-store"})
+        with pytest.raises(InvalidArgumentError, match="retention_ms"):
+            admin.create_topic("es-ret", 1, config={"kind": "event-store", "retention_ms": 1000})
+        with pytest.raises((InvalidArgumentError, InvalidConfigError), match="kind"):
+            admin.create_topic("es-bad", 1, config={"kind": "queue-ish"})
+        admin.create_topic("es", 1, config={"kind": "event-store"})
+        info = admin.describe_topic("es")
+        assert info.partition_count == 1
+        with pytest.raises(InvalidArgumentError, match="exactly 1 partition"):
+            admin.add_partitions("es", 2)
+        admin.create_topic("plain", 1)
+    with EventStore(cluster.bootstrap, "plain") as plain:
+        with pytest.raises(FailedPreconditionError, match="not an event store"):
+            plain.append(Event("x"))
+    # Records enter an event store only as events (conditions checked, index kept).
+    with Producer(bootstrap_servers=cluster.bootstrap, retries=0) as producer:
+        with pytest.raises(FailedPreconditionError, match="is an event store"):
+            producer.send("es", b"raw").get(timeout=10)
+
+
+def test_positions_start_at_one_without_gaps_and_reads_follow_the_query(store: EventStore) -> None:
+    assert store.read().head == 0
+    assert store.append([Event("course.created", ["course_name:Algebra"], b"c1")]) == 1
+    last = store.append([
+        Event("user.registered", ["user_id:joe"], b"u1"),
+        Event("user.joined", ["course_name:Algebra", "user_id:joe"], b"j1", metadata=b"m"),
+        Event("user.joined", ["course_name:History", "user_id:joe"], b"j2"),
+    ])
+    assert last == 4
+    everything = store.read()
+    assert [e.position for e in everything] == [1, 2, 3, 4] and everything.head == 4
+    assert everything.events[2].event == Event("user.joined", ("course_name:Algebra", "user_id:joe"), b"j1", b"m")
+    # tags are AND'ed within an item, items OR'ed, types restrict
+    assert [e.position for e in store.read([QueryItem(tags=["course_name:Algebra", "user_id:joe"])])] == [3]
+    assert [e.position for e in store.read([QueryItem(tags=["user_id:joe"])])] == [2, 3, 4]
+    assert [e.position for e in store.read([QueryItem(types=["user.joined"], tags=["user_id:joe"])])] == [3, 4]
+    assert [e.position for e in store.read([QueryItem(types=["course.created"]),
+                                           QueryItem(tags=["course_name:History"])])] == [1, 4]
+    assert [e.position for e in store.read([QueryItem(tags=["user_id:joe"])], after=2, limit=1)] == [3]
+    assert store.read([QueryItem(tags=["nobody"])]).events == []
+
+
+def test_a_failed_condition_stores_nothing_and_names_the_first_conflict(store: EventStore) -> None:
+    store.append([Event("a", ["k:1"]), Event("b", ["k:2"]), Event("a", ["k:1"])])
+    cond = AppendCondition([QueryItem(types=["a"], tags=["k:1"])], after=1)
+    with pytest.raises(AppendConditionError) as info:
+        store.append([Event("a", ["k:1"], b"late")], cond)
+    assert info.value.position == 3
+    assert "position 3" in str(info.value)
+    assert store.read().head == 3  # nothing stored
+    # after the conflicting position it passes; an empty query means "any event"
+    assert store.append([Event("a", ["k:1"])], AppendCondition([QueryItem(types=["a"], tags=["k:1"])], after=3)) == 4
+    with pytest.raises(AppendConditionError) as info:
+        store.append([Event("z")], AppendCondition([], after=2))
+    assert info.value.position == 3
+    assert store.append([Event("z")], AppendCondition([], after=4)) == 5
+
+
+def test_racing_appends_with_one_condition_exactly_one_succeeds(store: EventStore) -> None:
+    head = store.read().head
+    cond = AppendCondition([QueryItem(tags=["seat:1"])], after=head)
+    results: list[object] = []
+    barrier = threading.Barrier(8)
+
+    def attempt(i: int) -> None:
+        barrier.wait(timeout=10)
+        try:
+            results.append(store.append(Event("seat.booked", ["seat:1"], str(i).encode()), cond))
+        except AppendConditionError as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    wins = [r for r in results if isinstance(r, int)]
+    assert len(results) == 8 and len(wins) == 1
+    assert len(store.read([QueryItem(tags=["seat:1"])]).events) == 1
+
+
+def test_subscribe_delivers_past_then_new_matching_events(store: EventStore) -> None:
+    store.append([Event("a", ["t:1"]), Event("b", ["t:2"])])
+    got: list[int] = []
+    with store.subscribe([QueryItem(tags=["t:1"])]) as sub:
+        it = iter(sub)
+        got.append(next(it).position)
+        store.append([Event("b", ["t:2"]), Event("a", ["t:1"], b"new")])
+        event = next(it)
+        got.append(event.position)
+        assert event.payload == b"new"
+    assert got == [1, 4]
+
+
+def test_the_index_survives_a_restart_and_is_rebuilt_from_the_log(tmp_path: pathlib.Path) -> None:
+    data = tmp_path / "data"
+    with ClusterThread(ClusterOptions(data_dir=data)) as c, make_store(c) as s:
+        s.append([Event("a", [f"n:{i % 3}"], str(i).encode()) for i in range(30)])
+        before = [(e.position, e.payload) for e in s.read([QueryItem(tags=["n:1"])])]
+    index = next(data.rglob("events.index.sqlite"))
+    for suffix in ("", "-wal", "-shm"):  # the index is lost: the log is the truth
+        p = pathlib.Path(str(index) + suffix)
+        if p.exists():
+            p.unlink()
+    with ClusterThread(ClusterOptions(data_dir=data)) as c, EventStore(c.bootstrap, "es") as s:
+        after = [(e.position, e.payload) for e in s.read([QueryItem(tags=["n:1"])])]
+        assert after == before and len(after) == 10
+        assert s.append(Event("a", ["n:1"])) == 31
+    index.write_bytes(b"this is not a database" * 100)  # damaged: rebuilt too
+    with ClusterThread(ClusterOptions(data_dir=data)) as c, EventStore(c.bootstrap, "es") as s:
+        assert [e.position for e in s.read([QueryItem(tags=["n:1"])])][-1] == 31
+        assert len(s.read().events) == 31
+
+
+def test_bad_requests_get_invalid_argument_naming_the_field(cluster: ClusterThread, store: EventStore) -> None:
+    address = cluster.bootstrap
+    with grpc.insecure_channel(address) as ch:
+        stub = pb_grpc.BrokerStub(ch)
+        cases = [
+            (stub.EventAppend, pb.EventAppendRequest(topic="es"), "events must hold"),
+            (stub.EventAppend, pb.EventAppendRequest(topic="es", events=[pb.Event(type="")]), "events[0].type"),
+            (stub.EventAppend, pb.EventAppendRequest(topic="es", events=[pb.Event(type="a", tags=["x"] * 65)]),
+             "events[0].tags"),
+            (stub.EventAppend, pb.EventAppendRequest(topic="es", events=[pb.Event(type="a")],
+                                                     condition=pb.AppendCondition(after=-1)), "condition.after"),
+            (stub.EventRead, pb.EventReadRequest(topic="es", limit=10**9), "limit"),
+            (stub.EventRead, pb.EventReadRequest(topic="es", after=-5), "after"),
+            (stub.EventRead, pb.EventReadRequest(topic="es", query=pb.EventQuery(
+                items=[pb.EventQueryItem(tags=["a\nb"])])), "query.items[0].tags[0]"),
+            (stub.EventRead, pb.EventReadRequest(topic="bad/name"), "topic"),
+            (stub.EventClaimNext, pb.EventClaimRequest(topic="es", group="g", worker_id="w", handled_types=["a"]),
+             "partition_by"),
+            (stub.EventClaimNext, pb.EventClaimRequest(topic="es", group="g", worker_id="w", partition_by=["a"],
+                                                       handled_types=["a"], claim_timeout_ms=5), "claim_timeout_ms"),
+        ]
+        for call, request, field in cases:
+            with pytest.raises(grpc.RpcError) as info:
+                call(request, timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (field, info.value)
+            assert field in (info.value.details() or ""), (field, info.value.details())
+        with pytest.raises(grpc.RpcError) as info:
+            stub.EventRead(pb.EventReadRequest(topic="missing"), timeout=10)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_an_event_larger_than_the_batch_limit_is_refused(cluster: ClusterThread) -> None:
+    with AdminClient(cluster.bootstrap) as admin:
+        admin.create_topic("small", 1, config={"kind": "event-store", "max_message_bytes": 1024})
+    with EventStore(cluster.bootstrap, "small") as s:
+        with pytest.raises(ResourceExhaustedError):
+            s.append(Event("a", [], os.urandom(4096)))
+        assert s.append(Event("a", [], b"ok")) == 1
+
+
+_text = st.sampled_from(["", "a", "k:1", "x" * 600, "a\nb", "é:ü", "course_name:Algebra"])
+_queries = st.builds(lambda items: pb.EventQuery(items=items), st.lists(
+    st.builds(lambda types, tags: pb.EventQueryItem(types=types, tags=tags), st.lists(_text, max_size=3),
+              st.lists(_text, max_size=3)), max_size=3))
+_ints = st.one_of(st.integers(-3, 12), st.integers(-(2**31), 2**31 - 1))
+_requests = st.one_of(
+    st.builds(lambda events, q, after, cond: ("EventAppend", pb.EventAppendRequest(
+        topic="es", events=events, **({"condition": pb.AppendCondition(fail_if_events_match=q, after=after)} if cond else {}))),
+        st.lists(st.builds(lambda t, tags, p: pb.Event(type=t, tags=tags, payload=p), _text, st.lists(_text, max_size=3),
+                           st.binary(max_size=16)), max_size=3), _queries, _ints, st.booleans()),
+    st.builds(lambda q, after, limit: ("EventRead", pb.EventReadRequest(topic="es", query=q, after=after, limit=limit)),
+              _queries, _ints, _ints),
+    st.builds(lambda g, by, types, w, t, limit: ("EventClaimNext", pb.EventClaimRequest(
+        topic="es", group=g, partition_by=by, handled_types=types, worker_id=w, claim_timeout_ms=t, limit=limit)),
+        _text, st.lists(_text, max_size=3), st.lists(_text, max_size=3), _text, _ints, _ints),
+    st.builds(lambda g, key, w, pos, m: (m, pb.EventClaimRef(topic="es", group=g, partition_key=key, worker_id=w, position=pos)),
+              _text, _text, _text, _ints, st.sampled_from(["EventAck", "EventRelease", "EventRenewClaim"])),
+    st.builds(lambda g, a: ("EventGroupControl", pb.EventGroupControlRequest(topic="es", group=g, action=a)),
+              _text, st.integers(0, 7)),
+    st.builds(lambda g: ("EventGroupDescribe", pb.EventGroupDescribeRequest(topic="es", group=g)), _text),
+)
+
+
+def test_fuzzed_event_rpcs_on_a_real_store_never_answer_internal(cluster: ClusterThread, store: EventStore) -> None:
+    store.append(Event("course.created", ["course_name:Algebra"]))
+    with grpc.insecure_channel(cluster.bootstrap) as ch:
+        stub = pb_grpc.BrokerStub(ch)
+        stub.EventGroupControl(pb.EventGroupControlRequest(topic="es", group="a", action=pb.EVENT_GROUP_REGISTER))
+
+        @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+        @given(call=_requests)
+        def check(call: tuple[str, object]) -> None:
+            method, request = call
+            try:
+                getattr(stub, method)(request, timeout=10)
+            except grpc.RpcError as e:
+                assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                                    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED), (
+                    method, request, e.code(), e.details())
+
+        check()
