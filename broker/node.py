@@ -39,6 +39,8 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.security.interceptor import AclView
+from dmq.proto.security.settings import ClientSecurity, aio_channel
 from dmq.proto.server_errors import fail
 from dmq.proto.wire import add_broker_servicer
 
@@ -77,6 +79,8 @@ class BrokerNode:
         log_config: LogConfig | None = None,
         max_open_files: int = 1000,
         retention_check_interval_ms: int = 60_000,
+        acls: AclView | None = None,
+        client_security: ClientSecurity | None = None,
     ) -> None:
         self.data_dir = pathlib.Path(data_dir)
         self.broker_id = broker_id
@@ -85,6 +89,11 @@ class BrokerNode:
         self.advertised_port = advertised_port
         self.log_config = log_config or LogConfig()
         self.retention_check_interval_ms = retention_check_interval_ms
+        # The ACLs this broker's server decides with: the coordinator's, copied when its
+        # heartbeat answer shows a newer version. `client_security`: how this broker calls the
+        # coordinator (TLS, and the cluster principal's certificate or token).
+        self.acls = acls or AclView()
+        self.client_security = client_security
         self.logs = LogManager(self.data_dir / "logs", self.log_config, max_open_files=max_open_files)
         self.offsets = OffsetStore(self.data_dir / "offsets.sqlite")
         self.dir_lock = DataDirLock(self.data_dir)
@@ -124,7 +133,7 @@ class BrokerNode:
         # aiosqlite thread half-open) while stop() closes the same files; stop() waits for it.
         self._opening = asyncio.ensure_future(self._open_local())
         await asyncio.shield(self._opening)
-        self._channel = grpc.aio.insecure_channel(self.coordinator_address, options=channel_options())
+        self._channel = aio_channel(self.coordinator_address, self.client_security, channel_options())
         self._metadata = pb_grpc.MetadataStub(self._channel)
         self._groups = pb_grpc.GroupCoordinatorStub(self._channel)
         await self._register()

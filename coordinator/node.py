@@ -41,6 +41,8 @@ from dmq.coordinator.store import CoordinatorStore
 from dmq.coordinator.validation import TopicConfigDefaults
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.dirlock import DataDirLock
+from dmq.proto.security.interceptor import AclView
+from dmq.proto.security.settings import ClientSecurity
 
 log = structlog.get_logger(__name__)
 
@@ -71,6 +73,8 @@ class CoordinatorNode:
         clock_ms: Callable[[], int] = wall_clock_ms,
         broker_call_timeout_ms: int = DEFAULT_BROKER_CALL_TIMEOUT_MS,
         liveness_check_interval_ms: int | None = None,
+        acls: AclView | None = None,
+        client_security: ClientSecurity | None = None,
     ) -> None:
         if default_subscription_mode not in SUBSCRIPTION_MODES:
             raise ValueError(
@@ -103,7 +107,9 @@ class CoordinatorNode:
         self.liveness_check_interval_ms = liveness_check_interval_ms or max(10, broker_session_timeout_ms // 10)
         self.store = CoordinatorStore(self.data_dir / SQLITE_FILE)
         self.dir_lock = DataDirLock(self.data_dir)
-        self.broker_pool = BrokerPool()
+        self.broker_pool = BrokerPool(security=client_security)
+        # The ACLs the servers decide with, loaded from the store at start (dmq.coordinator.acls).
+        self.acls = acls or AclView()
         self.metadata = MetadataManager(
             self.store,
             self.broker_pool,

@@ -190,7 +190,7 @@ class AsyncConsumer:
         if self._started:
             return
         c = self.config
-        self._cluster = AsyncCluster(c.address, request_timeout_ms=c.request_timeout_ms)
+        self._cluster = AsyncCluster(c.address, request_timeout_ms=c.request_timeout_ms, security=c.security)
         self._wakeup = Wakeup()
         self._subs = SubscriptionState()
         self._fetcher = Fetcher(self._cluster, self._subs, c, self._wakeup, name=self.consumer_id)  # type: ignore[arg-type]

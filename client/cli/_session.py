@@ -78,11 +78,11 @@ class Session:
     def _channel(self, address: str) -> Any:
         ch = self._channels.get(address)
         if ch is None:
-            import grpc
-
             from dmq.proto.grpc_options import channel_options
+            from dmq.proto.security.settings import ClientSecurity, sync_channel
 
-            ch = grpc.insecure_channel(address, options=channel_options())
+            # TLS and token from --ca-file/--token/... (exported by the root command) or DMQ_* env.
+            ch = sync_channel(address, ClientSecurity.from_settings(None), channel_options())
             self._channels[address] = ch
         return ch
 

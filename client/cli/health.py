@@ -50,13 +50,14 @@ def check_cluster(coordinator: str, timeout: float) -> list[Component]:
     from dmq.proto import dmq_pb2 as pb
     from dmq.proto import dmq_pb2_grpc as pb_grpc
     from dmq.proto.grpc_options import channel_options
+    from dmq.proto.security.settings import ClientSecurity, sync_channel
 
     timeout = min(timeout, CHECK_TIMEOUT_CAP_S)
     channels: dict[str, grpc.Channel] = {}
 
     def channel(address: str) -> grpc.Channel:
         if address not in channels:
-            channels[address] = grpc.insecure_channel(address, options=channel_options())
+            channels[address] = sync_channel(address, ClientSecurity.from_settings(None), channel_options())
         return channels[address]
 
     def health_future(address: str, service: str) -> Any:

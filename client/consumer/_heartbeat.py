@@ -36,6 +36,7 @@ from dmq.client.consumer._group import Membership
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.security.settings import aio_channel
 
 log = get_logger(__name__)
 
@@ -141,7 +142,7 @@ class HeartbeatThread:
     def _stub(self, address: str) -> pb_grpc.GroupCoordinatorStub:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=channel_options())
+            ch = self._channels[address] = aio_channel(address, self._config.security, channel_options())
         return pb_grpc.GroupCoordinatorStub(ch)
 
     def _track(self, m: Membership) -> None:
