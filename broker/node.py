@@ -39,6 +39,7 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.security.acls import Acl, AclSet
 from dmq.proto.security.interceptor import AclView
 from dmq.proto.security.settings import ClientSecurity, aio_channel
 from dmq.proto.server_errors import fail
@@ -208,8 +209,11 @@ class BrokerNode:
             except grpc.aio.AioRpcError as e:
                 # Unreachable, or its disk is full (it cannot record us yet): both pass; any other
                 # refusal (a bad id or address) is for the operator.
-                disk_full = error_details.reason_of(e.trailing_metadata()) == error_details.DISK_FULL
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not disk_full:
+                # Our id still live at our old address (this broker restarted at a new port within
+                # its session) passes too, once that session expires.
+                reason = error_details.reason_of(e.trailing_metadata())
+                waits = reason in (error_details.DISK_FULL, error_details.BROKER_ID_TAKEN)
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not waits:
                     raise
                 log.warning("coordinator cannot register this broker yet, retrying",
                             coordinator=self.coordinator_address, code=e.code().name, error=e.details())
@@ -223,6 +227,7 @@ class BrokerNode:
                 self._heartbeat_interval_ms = response.heartbeat_interval_ms
             for create in response.partitions:
                 self.create_partitions(create)
+            await self._refresh_acls(-1)
             return
 
     async def _heartbeat_loop(self) -> None:
@@ -239,8 +244,32 @@ class BrokerNode:
                 if response.reregister:
                     log.info("coordinator asked to re-register", broker_id=self.broker_id)
                     await self._register()
+                else:
+                    await self._refresh_acls(response.acl_version)
             except grpc.aio.AioRpcError as e:
                 log.warning("broker heartbeat failed", broker_id=self.broker_id, error=e.details())
+
+    async def _refresh_acls(self, version: int) -> None:
+        """Copy the coordinator's ACLs when they are newer than ours (version -1: ask anyway).
+
+        With security off the copy is never read; it is kept all the same, one small call per
+        change, so turning security on needs no other path."""
+        if self._metadata is None or (0 <= version <= self.acls.version):
+            return
+        try:
+            listing = await self._metadata.ListAcls(pb.ListAclsRequest(), timeout=COORDINATOR_RPC_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            log.warning("cannot copy the coordinator's ACLs yet", broker_id=self.broker_id, code=e.code().name,
+                        error=e.details())
+            return
+        try:
+            acls = AclSet((Acl.parse(a.principal, a.resource_type, a.resource_name, a.operation, a.permission,
+                                     a.pattern_type) for a in listing.acls), listing.version)
+        except ValueError as e:  # the coordinator validates every entry: this is a bug, not an input
+            log.error("the coordinator's ACLs do not parse; keeping the previous copy", error=str(e))
+            return
+        self.acls.replace(acls)
+        log.info("acls copied from the coordinator", broker_id=self.broker_id, version=acls.version, acls=len(acls))
 
     async def _retention_loop(self) -> None:
         while not self._stopping.is_set():

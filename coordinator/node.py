@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import grpc
 import structlog
 
+from dmq.coordinator.acls import AclManager
 from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.group_service import build as build_group_service
 from dmq.coordinator.metadata import (
@@ -118,7 +119,8 @@ class CoordinatorNode:
             default_topic_config=default_topic_config,
             clock_ms=clock_ms,
         )
-        self.metadata_service = MetadataServicer(self.metadata)
+        self.acl_manager = AclManager(self.store, self.acls)
+        self.metadata_service = MetadataServicer(self.metadata, self.acl_manager)
         self.components: list[NodeComponent] = []
         self.groups: Any = None  # the group coordinator component, when there is one
         self._tasks: list[asyncio.Task[None]] = []
@@ -158,6 +160,7 @@ class CoordinatorNode:
             raise
         try:
             await self.metadata.load()
+            await self.acl_manager.load()
             self._started = True
             self._tasks.append(asyncio.create_task(self._liveness_loop(), name="coordinator-broker-liveness"))
             for component in self.components:

@@ -32,6 +32,9 @@ OUT_OF_ORDER_SEQUENCE = "out-of-order-sequence"  # a gap in the producer's seque
 # FAILED_PRECONDITION from a commit: the member does not own the partition under the generation it
 # names (a stale generation, or the partition moved); the consumer re-fetches its assignment.
 NOT_OWNER = "not-owner"
+# FAILED_PRECONDITION from RegisterBroker: another live broker (or another principal) holds the id;
+# a restarted broker at a new address retries until the old registration's session expires.
+BROKER_ID_TAKEN = "broker-id-taken"
 
 
 def reason_of(trailing_metadata: object) -> str | None:

@@ -26,6 +26,7 @@ _LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("dmq.client.cli.bench", "bench", "Measure produce and consume throughput and latency."),
     "certs": ("dmq.client.cli.security", "certs", "Make a development CA and TLS certificates."),
     "tokens": ("dmq.client.cli.security", "tokens", "Issue a signed token naming a principal."),
+    "acls": ("dmq.client.cli.security", "acls", "Add, list and remove access-control entries."),
 }
 
 

@@ -10,6 +10,8 @@ import pathlib
 
 import click
 
+from dmq.client.cli._output import output_option
+
 
 @click.group("certs")
 def certs() -> None:
@@ -74,3 +76,98 @@ def tokens_create(principal: str, ttl: str, secret_file: str | None, private_key
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     click.echo(token)
+
+
+@click.group("acls")
+def acls() -> None:
+    """Access-control lists: who may do what to which topics, groups and the cluster."""
+
+
+def _entry_options(f):
+    opts = [
+        click.option("--principal", required=True, help="A principal name, or '*' for every principal."),
+        click.option("--topic", "topic", default=None, show_default="none", help="The topic (or prefix) resource."),
+        click.option("--group", "group", default=None, show_default="none",
+                     help="The group resource: a group id, G_<topic>_<app> (or a prefix)."),
+        click.option("--cluster", "cluster", is_flag=True, default=False, show_default=True,
+                     help="The cluster resource (listing, ACL changes)."),
+        click.option("--prefix", is_flag=True, default=False, show_default=True,
+                     help="The name is a prefix: every topic/group starting with it."),
+        click.option("--operation", "operations", multiple=True, required=True,
+                     type=click.Choice(["read", "write", "create", "delete", "describe", "alter"]),
+                     help="Repeat for several."),
+        click.option("--deny", is_flag=True, default=False, show_default=True,
+                     help="A deny entry (deny wins over any allow)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _entries(principal: str, topic: str | None, group: str | None, cluster: bool, prefix: bool,
+             operations: tuple[str, ...], deny: bool) -> list:
+    from dmq.proto import dmq_pb2 as pb
+    from dmq.proto.security.acls import CLUSTER_RESOURCE, Acl
+
+    named = [(t, n) for t, n in (("topic", topic), ("group", group), ("cluster", CLUSTER_RESOURCE if cluster else None)) if n]
+    if len(named) != 1:
+        raise click.UsageError("name exactly one resource: --topic NAME, --group NAME or --cluster")
+    rtype, name = named[0]
+    out = []
+    for op in operations:
+        try:
+            acl = Acl.parse(principal, rtype, name, op, "deny" if deny else "allow", "prefixed" if prefix else "literal")
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+        out.append(pb.AclEntry(principal=acl.principal, resource_type=acl.resource_type, pattern_type=acl.pattern_type,
+                               resource_name=acl.resource_name, operation=acl.operation, permission=acl.permission))
+    return out
+
+
+@acls.command("add")
+@_entry_options
+@click.pass_context
+def acls_add(ctx: click.Context, **entry) -> None:
+    """Allow (or --deny) a principal operations on a resource."""
+    from dmq.client.cli._errors import session
+    from dmq.proto import dmq_pb2 as pb
+
+    answer = session(ctx).metadata("AddAcls", pb.AddAclsRequest(acls=_entries(**entry)))
+    click.echo(f"added {answer.changed} ACL(s); ACL version {answer.version}")
+
+
+@acls.command("remove")
+@_entry_options
+@click.pass_context
+def acls_remove(ctx: click.Context, **entry) -> None:
+    """Remove exactly these entries (as `dmq acls list` shows them)."""
+    from dmq.client.cli._errors import session
+    from dmq.proto import dmq_pb2 as pb
+
+    answer = session(ctx).metadata("RemoveAcls", pb.RemoveAclsRequest(acls=_entries(**entry)))
+    click.echo(f"removed {answer.changed} ACL(s); ACL version {answer.version}")
+
+
+@acls.command("list")
+@click.option("--principal", default="", show_default="every principal", help="Only this principal's entries.")
+@output_option
+@click.pass_context
+def acls_list(ctx: click.Context, principal: str, output: str) -> None:
+    """Every ACL entry (or one principal's)."""
+    from dmq.client.cli._errors import session
+    from dmq.client.cli._output import note, print_json, show, table
+    from dmq.proto import dmq_pb2 as pb
+
+    answer = session(ctx).metadata("ListAcls", pb.ListAclsRequest(principal=principal))
+    docs = [{"principal": a.principal, "permission": a.permission, "operation": a.operation,
+             "resource_type": a.resource_type, "pattern_type": a.pattern_type, "resource_name": a.resource_name}
+            for a in answer.acls]
+    if output == "json":
+        print_json({"version": answer.version, "acls": docs})
+        return
+    if not docs:
+        note("No ACLs. Only super-users (--super-users) and the cluster may act; `dmq acls add` grants more.")
+        return
+    show(table(["PRINCIPAL", "PERMISSION", "OPERATION", "RESOURCE", "PATTERN", "NAME"],
+               [[d["principal"], d["permission"], d["operation"], d["resource_type"], d["pattern_type"],
+                 d["resource_name"]] for d in docs]))

@@ -112,7 +112,7 @@ class SecurityInterceptor(_ServerInterceptor):
                 raise AuthenticationError("this server accepts no tokens; authenticate with a client certificate")
             return self._verifier.principal(value[len(BEARER):].strip())
         names = (auth_context or {}).get("x509_common_name") or []
-        if names and self.security.tls_cafile is not None:
+        if names and self.security.verifies_client_certs:
             try:
                 return check_principal(names[0].decode("utf-8", "replace"), "the client certificate's common name")
             except ValueError as e:
@@ -120,7 +120,7 @@ class SecurityInterceptor(_ServerInterceptor):
         how = []
         if self._verifier is not None:
             how.append("a token (metadata 'authorization: Bearer <token>', e.g. DMQ_TOKEN / --token)")
-        if self.security.tls_cafile is not None:
+        if self.security.verifies_client_certs:
             how.append("a client certificate signed by the cluster's CA")
         raise AuthenticationError("no credentials: this cluster requires " + " or ".join(how))
 

@@ -154,6 +154,7 @@ RULES: dict[str, RpcRule] = {
     # -- grpc.health.v1 (probes and `dmq health`) -----------------------------------------------
     _H + "Check": RpcRule(Access.AUTHENTICATED),
     _H + "Watch": RpcRule(Access.AUTHENTICATED),
+    _H + "List": RpcRule(Access.AUTHENTICATED),
 }
 
 

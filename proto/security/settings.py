@@ -15,9 +15,10 @@ ClientSecurity (what a client, or a node calling another node, presents):
 
 ServerSecurity (what a server port requires):
   - tls_certfile + tls_keyfile: TLS on the port;
-  - tls_cafile: the cluster's CA. It verifies client certificates (requested always when given,
-    required with require_client_cert: mutual TLS) and, for the node's own calls to other nodes,
-    the other nodes' certificates;
+  - tls_cafile: the cluster's CA. It verifies the other nodes' certificates (the node's own calls)
+    and, with require_client_cert, client certificates: every client must present one (mutual TLS;
+    a client without one fails the TLS handshake, UNAVAILABLE, before any call is made). There is no
+    "optional" client certificate: grpcio's server credentials either require one or never ask;
   - token_secret (HS256) or token_public_key (a PEM file: RS256 / ES256): tokens are accepted;
   - super_users: principals allowed everything a client may do (bootstrap ACLs with them);
   - cluster_principal: the nodes' own principal, the only one that may call the cluster-internal
@@ -318,9 +319,9 @@ class ServerSecurity:
     def __post_init__(self) -> None:
         if (self.tls_certfile is None) != (self.tls_keyfile is None):
             raise SecurityConfigError("the server certificate and its key go together (tls_certfile and tls_keyfile)")
-        if self.require_client_cert and not (self.tls and self.tls_cafile):
+        if self.verifies_client_certs and not (self.tls and self.tls_cafile):
             raise SecurityConfigError(
-                "require_client_cert (mutual TLS) needs TLS (tls_certfile, tls_keyfile) and tls_cafile, "
+                "client certificates (mutual TLS) need TLS (tls_certfile, tls_keyfile) and tls_cafile, "
                 "the CA that signs the client certificates"
             )
         if self.token_secret is not None and self.token_public_key is not None:
@@ -341,13 +342,17 @@ class ServerSecurity:
         return self.tls_certfile is not None
 
     @property
+    def verifies_client_certs(self) -> bool:
+        return self.require_client_cert
+
+    @property
     def accepts_tokens(self) -> bool:
         return self.token_secret is not None or self.token_public_key is not None
 
     @property
     def authenticates(self) -> bool:
         """Whether calls must name a principal (and are then authorized against the ACLs)."""
-        return self.accepts_tokens or self.require_client_cert
+        return self.accepts_tokens or self.verifies_client_certs
 
     def server_credentials(self) -> grpc.ServerCredentials | None:
         if not self.tls:
@@ -356,7 +361,9 @@ class ServerSecurity:
         pair = (read_pem(self.tls_keyfile, "tls_keyfile"), read_pem(self.tls_certfile, "tls_certfile"))
         return grpc.ssl_server_credentials(
             [pair],
-            root_certificates=read_pem(self.tls_cafile, "tls_cafile") if self.tls_cafile else None,
+            # Given, gRPC asks clients for a certificate and verifies any presented against it.
+            root_certificates=read_pem(self.tls_cafile, "tls_cafile")
+            if self.tls_cafile and self.verifies_client_certs else None,
             require_client_auth=self.require_client_cert,
         )
 
@@ -364,7 +371,7 @@ class ServerSecurity:
         """What this node presents when it calls another node (None: a plain channel)."""
         if not self.tls and not self.authenticates:
             return None
-        mutual = self.require_client_cert
+        mutual = self.verifies_client_certs
         source = self._tokens if self.cluster_token is None else None
         if self.authenticates and not mutual and self.cluster_token is None and source is None:
             raise SecurityConfigError(

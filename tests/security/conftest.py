@@ -47,7 +47,8 @@ def tls_client(certs: pathlib.Path, name: str | None = None, token: str | None =
 
 
 def server_security(certs: pathlib.Path, mode: str, super_users: frozenset[str] = frozenset({SUPER})) -> ServerSecurity:
-    """mode: "plain" (nothing), "tls" (TLS only), "tokens" (TLS + HS256 tokens), "mtls" (mutual TLS)."""
+    """mode: "plain" (nothing), "tls" (TLS only), "tokens" (TLS + HS256 tokens), "mtls" (mutual TLS,
+    certificates required)."""
     tls = dict(tls_certfile=str(certs / "server.pem"), tls_keyfile=str(certs / "server.key"),
                tls_cafile=str(certs / "ca.pem"))
     if mode == "plain":
@@ -69,7 +70,7 @@ def client_as(certs: pathlib.Path, mode: str, principal: str | None) -> ClientSe
         return tls_client(certs)
     if mode == "tokens":
         return tls_client(certs, token=token_for(principal) if principal else None)
-    return tls_client(certs, name=principal)
+    return tls_client(certs, name=principal)  # mtls, certs
 
 
 @pytest.fixture

@@ -93,7 +93,7 @@ def test_public_key_tokens_and_the_public_key_cannot_forge_hs256(kind):
 
 
 def test_authenticate_decisions_without_a_server(certs):
-    i = SecurityInterceptor(ServerSecurity(token_secret=SECRET, tls_cafile=str(certs / "ca.pem"),
+    i = SecurityInterceptor(ServerSecurity(token_secret=SECRET, tls_cafile=str(certs / "ca.pem"), require_client_cert=True,
                                            tls_certfile=str(certs / "server.pem"), tls_keyfile=str(certs / "server.key")))
     token = token_for("alice")
     assert i.authenticate((("authorization", f"Bearer {token}"),), None) == "alice"
