@@ -324,14 +324,16 @@ class BrokerNode:
         return cached[1].get(partition)
 
     async def check_ownership(
-        self, group_id: str, member_id: str, generation: int, topic: str, partitions: list[int]
+        self, group_id: str, member_id: str, generation: int, topic: str, partitions: list[int],
+        *, member_secret: str = "",
     ) -> None:
         """Ask the coordinator whether the member owns the partitions; refuse the commit if not."""
         assert self._groups is not None
         try:
             await self._groups.CheckOwnership(
                 pb.CheckOwnershipRequest(
-                    group_id=group_id, member_id=member_id, generation=generation, partitions=partitions, topic=topic
+                    group_id=group_id, member_id=member_id, generation=generation, partitions=partitions, topic=topic,
+                    member_secret=member_secret,
                 ),
                 timeout=COORDINATOR_RPC_TIMEOUT_S,
             )

@@ -223,8 +223,11 @@ else:
     _AioSS = grpc.aio.StreamStreamClientInterceptor
 
 
-class _AioTokenInterceptor(_AioUU, _AioUS, _AioSU, _AioSS):
-    """Adds the bearer token to every call of a grpc.aio channel."""
+class _AioToken:
+    """Adds the bearer token to every call of a grpc.aio channel: one subclass per kind of call,
+    because a grpc.aio channel files each interceptor under the first kind it is an instance of
+    (an object of all four kinds would only see unary-unary calls, and watch streams would go
+    out without the token)."""
 
     def __init__(self, security: ClientSecurity) -> None:
         self._security = security
@@ -236,15 +239,23 @@ class _AioTokenInterceptor(_AioUU, _AioUS, _AioSU, _AioSS):
             details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
         )
 
+
+class _AioTokenUU(_AioToken, _AioUU):
     async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
         return await continuation(self._details(client_call_details), request)
 
+
+class _AioTokenUS(_AioToken, _AioUS):
     async def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
         return await continuation(self._details(client_call_details), request)
 
+
+class _AioTokenSU(_AioToken, _AioSU):
     async def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
         return await continuation(self._details(client_call_details), request_iterator)
 
+
+class _AioTokenSS(_AioToken, _AioSS):
     async def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
         return await continuation(self._details(client_call_details), request_iterator)
 
@@ -270,7 +281,9 @@ def aio_channel(
     """A grpc.aio channel to `address` with the security's TLS and token (plain without)."""
     if security is None:
         return grpc.aio.insecure_channel(address, options=list(options))
-    interceptors: Any = [_AioTokenInterceptor(security)] if security.has_token else None
+    interceptors: Any = None
+    if security.has_token:
+        interceptors = [kind(security) for kind in (_AioTokenUU, _AioTokenUS, _AioTokenSU, _AioTokenSS)]
     if security.tls:
         return grpc.aio.secure_channel(
             address, security.channel_credentials(), options=list(options), interceptors=interceptors
