@@ -69,6 +69,8 @@ class Refusal(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+        self.principal = ANONYMOUS  # who was refused, once known (for the audit event)
+        self.needs: list[Need] = []
 
 
 if TYPE_CHECKING:
@@ -175,7 +177,11 @@ class SecurityInterceptor(_ServerInterceptor):
                 principal = self.authenticate(context.invocation_metadata(), context.auth_context())
             except AuthenticationError as e:
                 raise Refusal(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
-            self.authorize(principal, method, rule, needs)
+            try:
+                self.authorize(principal, method, rule, needs)
+            except Refusal as r:
+                r.principal, r.needs = principal, needs
+                raise
         if self.quotas is not None and principal != self.security.cluster_principal:
             delay = self.quotas.delay_s(principal, "requests", 1)
             if rule.quota == "produce":
@@ -199,11 +205,10 @@ class SecurityInterceptor(_ServerInterceptor):
 
     def _wrap_unary(self, method: str, rule: RpcRule | None, behavior: Behavior) -> Callable[..., Awaitable[Any]]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            principal, needs = ANONYMOUS, list[Need]()
             try:
                 principal, needs = await self._admit(method, rule, request, context)
             except Refusal as r:
-                self._audit(method, rule, request, principal, needs, r.code.name)
+                self._audit(method, rule, request, r.principal, r.needs, r.code.name)
                 await context.abort(r.code, str(r))
             token = current_principal.set(principal)
             outcome = "UNKNOWN"
