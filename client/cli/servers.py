@@ -61,12 +61,6 @@ def _security_options(f):
         click.option("--require-client-cert", is_flag=True, default=False, show_default=True,
                      help="Mutual TLS: every client presents a certificate signed by --tls-ca; its common name "
                           "is the principal."),
-        click.option("--accept-client-certs", is_flag=True, default=False, show_default=True,
-                     help="Clients may present a certificate signed by --tls-ca (its common name is the "
-                          "principal) or authenticate with a token."),
-        click.option("--accept-client-certs", is_flag=True, default=False, show_default=True,
-                     help="Clients may present a certificate signed by --tls-ca (its common name is the "
-                          "principal) or authenticate with a token."),
         click.option("--token-secret-file", type=click.Path(dir_okay=False, exists=True), default=None, show_default="none",
                      help="File holding the HS256 secret tokens are signed with (or env DMQ_TOKEN_SECRET)."),
         click.option("--token-public-key", type=click.Path(dir_okay=False, exists=True), default=None, show_default="none",
