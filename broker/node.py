@@ -250,11 +250,13 @@ class BrokerNode:
                 log.warning("broker heartbeat failed", broker_id=self.broker_id, error=e.details())
 
     async def _refresh_acls(self, version: int) -> None:
-        """Copy the coordinator's ACLs when they are newer than ours (version -1: ask anyway).
+        """Copy the coordinator's ACLs when their version differs from ours (version -1: ask
+        anyway). Differs, not only newer: a coordinator whose store was replaced starts over at a
+        lower version, and it is the authority.
 
         With security off the copy is never read; it is kept all the same, one small call per
         change, so turning security on needs no other path."""
-        if self._metadata is None or (0 <= version <= self.acls.version):
+        if self._metadata is None or version == self.acls.version:
             return
         try:
             listing = await self._metadata.ListAcls(pb.ListAclsRequest(), timeout=COORDINATOR_RPC_TIMEOUT_S)
@@ -268,7 +270,7 @@ class BrokerNode:
         except ValueError as e:  # the coordinator validates every entry: this is a bug, not an input
             log.error("the coordinator's ACLs do not parse; keeping the previous copy", error=str(e))
             return
-        self.acls.replace(acls)
+        self.acls.replace(acls, newer_only=False)
         log.info("acls copied from the coordinator", broker_id=self.broker_id, version=acls.version, acls=len(acls))
 
     async def _retention_loop(self) -> None:

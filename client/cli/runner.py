@@ -273,8 +273,9 @@ class LocalCluster:
         for i in range(o.brokers):
             broker_acls = AclView()
             if i == 0 and o.shared_port and o.brokers == 1:
+                # One server: its interceptor decides with the coordinator's own ACLs; the broker's
+                # copy (a separate view, so its refresh can never roll the coordinator's back) is unused.
                 server, broker_port, h = coord_server, port, coord_health
-                broker_acls = coord_acls  # one server: the coordinator's own ACLs decide
             else:
                 server = _new_server(o.security, broker_acls, o.quotas)
                 self._servers.append(server)

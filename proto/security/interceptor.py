@@ -60,8 +60,9 @@ class AclView:
     def version(self) -> int:
         return self.current.version
 
-    def replace(self, acls: AclSet) -> None:
-        if acls.version >= self.current.version:
+    def replace(self, acls: AclSet, *, newer_only: bool = True) -> None:
+        """Take `acls`; with newer_only (the default) only if not older than the current set."""
+        if not newer_only or acls.version >= self.current.version:
             self.current = acls
 
 
