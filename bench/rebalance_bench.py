@@ -111,11 +111,13 @@ class Member:
             timeout=TIMEOUT_S,
         )
         self.member_id = response.member_id
+        self.member_secret = response.member_secret  # every later request of the member proves it
         self.changed.set()
         self.tasks = [asyncio.create_task(self._watch()), asyncio.create_task(self._run())]
 
     async def _watch(self) -> None:
-        call = self.stub.WatchGroup(pb.WatchGroupRequest(group_id=self.group_id, member_id=self.member_id))
+        call = self.stub.WatchGroup(pb.WatchGroupRequest(group_id=self.group_id, member_id=self.member_id,
+                                                          member_secret=self.member_secret))
         try:
             async for event in call:
                 if event.assignment_changed or event.generation != self.generation:
@@ -136,7 +138,8 @@ class Member:
             wait_ms = 0 if self.owned else 10_000
             try:
                 answer = await self.stub.GetAssignment(
-                    pb.GetAssignmentRequest(group_id=self.group_id, member_id=self.member_id, wait_ms=wait_ms),
+                    pb.GetAssignmentRequest(group_id=self.group_id, member_id=self.member_id, wait_ms=wait_ms,
+                                           member_secret=self.member_secret),
                     timeout=TIMEOUT_S,
                 )
             except grpc.aio.AioRpcError as e:
@@ -160,7 +163,8 @@ class Member:
     async def leave(self) -> None:
         self.stopped = True
         self.changed.set()
-        await self.stub.LeaveGroup(pb.LeaveGroupRequest(group_id=self.group_id, member_id=self.member_id),
+        await self.stub.LeaveGroup(pb.LeaveGroupRequest(group_id=self.group_id, member_id=self.member_id,
+                                                     member_secret=self.member_secret),
                                    timeout=TIMEOUT_S)
         await self.close()
 
@@ -294,9 +298,11 @@ async def bench_heartbeats(
         stub = pb_grpc.GroupCoordinatorStub(channel)
         group_id = await find_group(stub, "beats", "hb")
         join = pb.JoinGroupRequest(group_id=group_id, client_id="hb", session_timeout_ms=SESSION_TIMEOUT_MS)
-        member_ids = [(await stub.JoinGroup(join, timeout=TIMEOUT_S)).member_id for _ in range(in_flight)]
-        generation = await wait_stable_by_acking(stub, group_id, member_ids)
-        requests = [pb.HeartbeatRequest(group_id=group_id, member_id=m, generation=generation) for m in member_ids]
+        joined = [await stub.JoinGroup(join, timeout=TIMEOUT_S) for _ in range(in_flight)]
+        secrets = {j.member_id: j.member_secret for j in joined}
+        generation = await wait_stable_by_acking(stub, group_id, secrets)
+        requests = [pb.HeartbeatRequest(group_id=group_id, member_id=m, generation=generation, member_secret=s)
+                    for m, s in secrets.items()]
         empty = list(requests)  # the same messages, to a servicer that does nothing with them
         runs: dict[str, list[Rate]] = {"real": [], "trivial": []}
         for _ in range(rounds):  # interleaved, best of each, so drift on a shared machine hits both
@@ -309,10 +315,12 @@ async def bench_heartbeats(
     return real_rate, trivial_rate
 
 
-async def wait_stable_by_acking(stub: pb_grpc.GroupCoordinatorStub, group_id: str, member_ids: list[str]) -> int:
+async def wait_stable_by_acking(stub: pb_grpc.GroupCoordinatorStub, group_id: str, members: dict[str, str]) -> int:
+    """members: member id -> its secret."""
     answers = await asyncio.gather(*(
-        stub.GetAssignment(pb.GetAssignmentRequest(group_id=group_id, member_id=m, wait_ms=10_000), timeout=TIMEOUT_S)
-        for m in member_ids
+        stub.GetAssignment(pb.GetAssignmentRequest(group_id=group_id, member_id=m, member_secret=s, wait_ms=10_000),
+                           timeout=TIMEOUT_S)
+        for m, s in members.items()
     ))
     assert not any(a.rebalance_in_progress for a in answers)
     return answers[0].generation

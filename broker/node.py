@@ -42,6 +42,9 @@ from dmq.proto import error_details
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.event_headers import KIND_EVENT_STORE
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.security.acls import Acl, AclSet
+from dmq.proto.security.interceptor import AclView
+from dmq.proto.security.settings import ClientSecurity, aio_channel
 from dmq.proto.server_errors import fail
 from dmq.proto.wire import add_broker_servicer
 
@@ -82,6 +85,8 @@ class BrokerNode:
         log_config: LogConfig | None = None,
         max_open_files: int = 1000,
         retention_check_interval_ms: int = 60_000,
+        acls: AclView | None = None,
+        client_security: ClientSecurity | None = None,
     ) -> None:
         self.data_dir = pathlib.Path(data_dir)
         self.broker_id = broker_id
@@ -90,6 +95,11 @@ class BrokerNode:
         self.advertised_port = advertised_port
         self.log_config = log_config or LogConfig()
         self.retention_check_interval_ms = retention_check_interval_ms
+        # The ACLs this broker's server decides with: the coordinator's, copied when its
+        # heartbeat answer shows a newer version. `client_security`: how this broker calls the
+        # coordinator (TLS, and the cluster principal's certificate or token).
+        self.acls = acls or AclView()
+        self.client_security = client_security
         self.logs = LogManager(self.data_dir / "logs", self.log_config, max_open_files=max_open_files)
         self.offsets = OffsetStore(self.data_dir / "offsets.sqlite")
         self.queues = QueueManager(self)  # queue mode: leases, acks, dead letters (broker/queue)
@@ -131,7 +141,7 @@ class BrokerNode:
         # aiosqlite thread half-open) while stop() closes the same files; stop() waits for it.
         self._opening = asyncio.ensure_future(self._open_local())
         await asyncio.shield(self._opening)
-        self._channel = grpc.aio.insecure_channel(self.coordinator_address, options=channel_options())
+        self._channel = aio_channel(self.coordinator_address, self.client_security, channel_options())
         self._metadata = pb_grpc.MetadataStub(self._channel)
         self._groups = pb_grpc.GroupCoordinatorStub(self._channel)
         await self._register()
@@ -209,8 +219,11 @@ class BrokerNode:
             except grpc.aio.AioRpcError as e:
                 # Unreachable, or its disk is full (it cannot record us yet): both pass; any other
                 # refusal (a bad id or address) is for the operator.
-                disk_full = error_details.reason_of(e.trailing_metadata()) == error_details.DISK_FULL
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not disk_full:
+                # Our id still live at our old address (this broker restarted at a new port within
+                # its session) passes too, once that session expires.
+                reason = error_details.reason_of(e.trailing_metadata())
+                waits = reason in (error_details.DISK_FULL, error_details.BROKER_ID_TAKEN)
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not waits:
                     raise
                 log.warning("coordinator cannot register this broker yet, retrying",
                             coordinator=self.coordinator_address, code=e.code().name, error=e.details())
@@ -224,6 +237,7 @@ class BrokerNode:
                 self._heartbeat_interval_ms = response.heartbeat_interval_ms
             for create in response.partitions:
                 self.create_partitions(create)
+            await self._refresh_acls(-1)
             return
 
     async def _heartbeat_loop(self) -> None:
@@ -240,8 +254,34 @@ class BrokerNode:
                 if response.reregister:
                     log.info("coordinator asked to re-register", broker_id=self.broker_id)
                     await self._register()
+                else:
+                    await self._refresh_acls(response.acl_version)
             except grpc.aio.AioRpcError as e:
                 log.warning("broker heartbeat failed", broker_id=self.broker_id, error=e.details())
+
+    async def _refresh_acls(self, version: int) -> None:
+        """Copy the coordinator's ACLs when their version differs from ours (version -1: ask
+        anyway). Differs, not only newer: a coordinator whose store was replaced starts over at a
+        lower version, and it is the authority.
+
+        With security off the copy is never read; it is kept all the same, one small call per
+        change, so turning security on needs no other path."""
+        if self._metadata is None or version == self.acls.version:
+            return
+        try:
+            listing = await self._metadata.ListAcls(pb.ListAclsRequest(), timeout=COORDINATOR_RPC_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            log.warning("cannot copy the coordinator's ACLs yet", broker_id=self.broker_id, code=e.code().name,
+                        error=e.details())
+            return
+        try:
+            acls = AclSet((Acl.parse(a.principal, a.resource_type, a.resource_name, a.operation, a.permission,
+                                     a.pattern_type) for a in listing.acls), listing.version)
+        except ValueError as e:  # the coordinator validates every entry: this is a bug, not an input
+            log.error("the coordinator's ACLs do not parse; keeping the previous copy", error=str(e))
+            return
+        self.acls.replace(acls, newer_only=False)
+        log.info("acls copied from the coordinator", broker_id=self.broker_id, version=acls.version, acls=len(acls))
 
     async def _retention_loop(self) -> None:
         while not self._stopping.is_set():
@@ -318,14 +358,16 @@ class BrokerNode:
         return described
 
     async def check_ownership(
-        self, group_id: str, member_id: str, generation: int, topic: str, partitions: list[int]
+        self, group_id: str, member_id: str, generation: int, topic: str, partitions: list[int],
+        *, member_secret: str = "",
     ) -> None:
         """Ask the coordinator whether the member owns the partitions; refuse the commit if not."""
         assert self._groups is not None
         try:
             await self._groups.CheckOwnership(
                 pb.CheckOwnershipRequest(
-                    group_id=group_id, member_id=member_id, generation=generation, partitions=partitions, topic=topic
+                    group_id=group_id, member_id=member_id, generation=generation, partitions=partitions, topic=topic,
+                    member_secret=member_secret,
                 ),
                 timeout=COORDINATOR_RPC_TIMEOUT_S,
             )

@@ -564,7 +564,8 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
             by_topic.setdefault(o.topic, []).append(o.partition)
             rows.append((o.topic, o.partition, o.offset, o.metadata))
         for topic, partitions in by_topic.items():
-            await self._node.check_ownership(request.group_id, request.member_id, request.generation, topic, partitions)
+            await self._node.check_ownership(request.group_id, request.member_id, request.generation, topic, partitions,
+                                            member_secret=request.member_secret)
         await self._node.offsets.commit(request.group_id, rows)
         log.debug("offsets committed", group=request.group_id, member=request.member_id, count=len(rows))
         return pb.CommitOffsetsResponse()

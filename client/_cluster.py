@@ -41,6 +41,7 @@ from dmq.client.errors import (
     CorruptRecordError,
     DMQError,
     DMQTimeoutError,
+    InvalidConfigError,
     TopicNotFoundError,
     UnknownPartitionError,
     from_rpc_error,
@@ -48,6 +49,7 @@ from dmq.client.errors import (
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.security.settings import ClientSecurity, SecurityConfigError, sync_channel
 from dmq.proto import wire
 from dmq.proto.wire import FetchPartitionView, WireError, parse_fetch_response
 
@@ -126,8 +128,16 @@ class Cluster:
         *,
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
         metadata_max_age_ms: int = DEFAULT_METADATA_MAX_AGE_MS,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.bootstrap = parse_address(bootstrap)
+        # TLS and token for every channel (dmq.client._security); none given: the environment's.
+        if security is None:
+            try:
+                security = ClientSecurity.from_settings(None)
+            except SecurityConfigError as e:
+                raise InvalidConfigError(str(e)) from None
+        self.security = security
         self.request_timeout_ms = request_timeout_ms
         self.metadata_max_age_ms = metadata_max_age_ms
         self._lock = threading.Lock()  # channels, stubs, closed flag
@@ -157,9 +167,15 @@ class Cluster:
                 raise ClientClosedError(f"the client for {self.bootstrap} is closed; create a new one")
             ch = self._channels.get(address)
             if ch is None:
-                ch = grpc.insecure_channel(address, options=channel_options())
+                ch = self._new_channel(address)
                 self._channels[address] = ch
             return ch
+
+    def _new_channel(self, address: str) -> grpc.Channel:
+        try:
+            return sync_channel(address, self.security, channel_options())
+        except SecurityConfigError as e:  # a TLS file that cannot be read
+            raise InvalidConfigError(str(e)) from None
 
     def _stub(self, address: str, cls: type) -> Any:
         stub = self._stubs.get((address, cls))

@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from dmq.client._security import pop_security
 from dmq.client._log import get_logger
 from dmq.client._settings import bootstrap_address, check_positive, reject_unknown
 from dmq.client._cluster import Cluster
@@ -281,12 +282,13 @@ class AdminClient(QueueAdminMixin, TraceMixin):
     ) -> None:
         """``bootstrap_servers``: the coordinator's "host:port" (a string, "h:p,h:p" or a list;
         ``bootstrap`` is the original name)."""
+        security = pop_security(unknown)  # ssl_cafile, token, ... (dmq.client._security)
         reject_unknown("AdminClient", unknown, _SETTINGS)
         check_positive("request_timeout_ms", request_timeout_ms)
         self._own_cluster = cluster is None
         self._cluster = cluster or Cluster(
             bootstrap_address({"bootstrap_servers": bootstrap_servers, "bootstrap": bootstrap}, "AdminClient"),
-            request_timeout_ms=request_timeout_ms,
+            request_timeout_ms=request_timeout_ms, security=security,
         )
 
     def __repr__(self) -> str:

@@ -57,6 +57,7 @@ from threading import get_ident
 from typing import Any
 
 
+from dmq.client._security import pop_security
 from dmq.client._log import get_logger
 from dmq.client._accumulator import (
     HEADER_OFFSET_BYTES,
@@ -190,6 +191,7 @@ class Producer:
         ``bootstrap`` is the original name). ``key_serializer`` / ``value_serializer``: applied to
         every key / value given to send() and send_many() (see dmq.client.serializers). Every
         bad setting raises InvalidConfigError (a ValueError) naming it."""
+        security = pop_security(unknown)  # ssl_cafile, token, ... (dmq.client._security)
         reject_unknown("Producer", unknown, _SETTINGS)
         for name, fn in (("key_serializer", key_serializer), ("value_serializer", value_serializer)):
             if fn is not None and not callable(fn):
@@ -221,7 +223,7 @@ class Producer:
             raise InvalidConfigError(f"trace_ids must be True or False, got {trace_ids!r}")
         self._trace_ids = trace_ids  # a UUID4 trace id for every record sent without one
         self._cluster = cluster or Cluster(
-            address, request_timeout_ms=min(request_timeout_ms, max(max_block_ms, METADATA_TIMEOUT_MIN_MS))
+            address, request_timeout_ms=min(request_timeout_ms, max(max_block_ms, METADATA_TIMEOUT_MIN_MS)), security=security
         )
         self._batch_size = batch_size
         self._compressed = _CODECS[codec_name] is not records.Codec.NONE

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dmq.client._cluster import Cluster
+from dmq.client._security import pop_security
 from dmq.client._log import get_logger
 from dmq.client._reader import INLINE, FetchWant, PartitionReader, partition_error
 from dmq.client._settings import bootstrap_address, check_flag, check_positive, reject_unknown
@@ -64,6 +65,7 @@ class SimpleConsumer:
     ) -> None:
         """``bootstrap_servers``: the coordinator's "host:port" (a string, "h:p,h:p" or a list;
         ``bootstrap`` is the original name)."""
+        security = pop_security(unknown)  # ssl_cafile, token, ... (dmq.client._security)
         reject_unknown("SimpleConsumer", unknown, _SETTINGS)
         check_positive("request_timeout_ms", request_timeout_ms)
         check_flag("verify_crc", verify_crc)
@@ -71,7 +73,7 @@ class SimpleConsumer:
         self._own_cluster = cluster is None
         self._cluster = cluster or Cluster(
             bootstrap_address({"bootstrap_servers": bootstrap_servers, "bootstrap": bootstrap}, "SimpleConsumer"),
-            request_timeout_ms=request_timeout_ms,
+            request_timeout_ms=request_timeout_ms, security=security,
         )
         self.max_wait_ms = max_wait_ms
         self.max_bytes = max_bytes

@@ -16,6 +16,7 @@ import structlog
 
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.security.settings import ClientSecurity, aio_channel
 
 log = structlog.get_logger(__name__)
 
@@ -24,10 +25,11 @@ CLOSE_GRACE_S = 1.0
 
 
 class BrokerPool:
-    def __init__(self, *, max_channels: int = DEFAULT_MAX_CHANNELS) -> None:
+    def __init__(self, *, max_channels: int = DEFAULT_MAX_CHANNELS, security: ClientSecurity | None = None) -> None:
         if max_channels < 1:
             raise ValueError(f"max_channels must be >= 1, got {max_channels}")
         self.max_channels = max_channels
+        self.security = security  # the cluster principal's TLS and credentials, for the brokers
         self._entries: OrderedDict[str, tuple[grpc.aio.Channel, pb_grpc.BrokerStub]] = OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -46,7 +48,7 @@ class BrokerPool:
         if entry is not None:
             self._entries.move_to_end(address)
             return entry[1]
-        channel = grpc.aio.insecure_channel(address, options=channel_options())
+        channel = aio_channel(address, self.security, channel_options())
         stub = pb_grpc.BrokerStub(channel)
         self._entries[address] = (channel, stub)
         while len(self._entries) > self.max_channels:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -156,6 +157,15 @@ def _check_range(field: str, value: int, low: int, high: int) -> None:
 
 
 Handler = Callable[..., Awaitable[Any]]
+
+
+MEMBER_SECRET_BYTES = 24  # 192 random bits, urlsafe base64: 32 characters
+MAX_MEMBER_SECRET_CHARS = 64
+
+
+def _check_secret(secret: str) -> None:
+    if len(secret) > MAX_MEMBER_SECRET_CHARS:
+        _invalid(f"member_secret is {len(secret)} characters; the limit is {MAX_MEMBER_SECRET_CHARS}")
 
 
 def _translate(service: GroupService, e: Exception) -> RpcAbort | None:
@@ -582,11 +592,14 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             host=_peer_host(context),
             session_timeout_ms=request.session_timeout_ms,
             max_poll_interval_ms=request.max_poll_interval_ms,
+            # Drawn here, not in the machine (which stays deterministic); kept by a new member.
+            member_secret=secrets.token_urlsafe(MEMBER_SECRET_BYTES),
         )
         async with self._lock:
             result = machine.handle_join(self.registry.get(group_id), pure, self.clock.now_ms())
         self._publish(result.events)
-        return pb.JoinGroupResponse(member_id=result.response.member_id, generation=result.response.generation)
+        return pb.JoinGroupResponse(member_id=result.response.member_id, generation=result.response.generation,
+                                    member_secret=result.response.member_secret)
 
     @_rpc
     async def GetAssignment(  # noqa: N802
@@ -602,7 +615,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             wait_s = min(wait_s, max(0.0, remaining - 0.05))  # answer before the client gives up
         deadline = time.monotonic() + wait_s
         key = (group_id, member_id)
-        pure = machine.GetAssignmentRequest(member_id)
+        _check_secret(request.member_secret)
+        pure = machine.GetAssignmentRequest(member_id, member_secret=request.member_secret)
         while True:
             async with self._lock:
                 result = machine.handle_get_assignment(self.registry.get(group_id), pure, self.clock.now_ms())
@@ -637,7 +651,9 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"poll_age_ms must be within 0..{MAX_POLL_AGE_MS}, got {poll_age_ms}",
             )
-        pure = machine.HeartbeatRequest(member_id, request.generation, poll_age_ms=poll_age_ms)
+        _check_secret(request.member_secret)
+        pure = machine.HeartbeatRequest(member_id, request.generation, poll_age_ms=poll_age_ms,
+                                        member_secret=request.member_secret)
         async with self._lock:
             result = machine.handle_heartbeat(self.registry.get(group_id), pure, self.clock.now_ms())
         response = result.response
@@ -650,7 +666,9 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         group_id, member_id = request.group_id, request.member_id
         _check_id("group_id", group_id)
         _check_id("member_id", member_id)
-        self.registry.get(group_id).member(member_id)  # NOT_FOUND before anything is held
+        _check_secret(request.member_secret)
+        # NOT_FOUND / PERMISSION_DENIED before anything is held
+        machine.prove_member(self.registry.get(group_id), member_id, request.member_secret)
         await self._watches.serve(group_id, member_id, context)
 
     @_rpc
@@ -661,8 +679,9 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         _check_id("group_id", group_id)
         _check_id("member_id", member_id)
         async with self._lock:
-            result = machine.handle_leave(self.registry.get(group_id), machine.LeaveGroupRequest(member_id),
-                                          self.clock.now_ms())
+            _check_secret(request.member_secret)
+            leave = machine.LeaveGroupRequest(member_id, member_secret=request.member_secret)
+            result = machine.handle_leave(self.registry.get(group_id), leave, self.clock.now_ms())
         self._publish(result.events)
         return pb.LeaveGroupResponse()
 
@@ -694,7 +713,9 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             generation=request.generation,
             partitions=tuple(request.partitions),
             topic=request.topic or None,
+            member_secret=request.member_secret,
         )
+        _check_secret(request.member_secret)
         async with self._lock:
             machine.check_ownership(self.registry.get(group_id), pure, self.clock.now_ms())
         return pb.CheckOwnershipResponse()

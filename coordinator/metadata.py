@@ -55,6 +55,7 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
+from dmq.coordinator.acls import AclManager
 from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.store import BrokerRecord, CoordinatorStore, StoreFullError, TopicRecord
 from dmq.coordinator.validation import (
@@ -68,6 +69,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits
 from dmq.proto.names import shorten
+from dmq.proto.security.interceptor import current_principal
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 
 log = structlog.get_logger(__name__)
@@ -101,6 +103,13 @@ class MetadataError(Exception):
 
 class InvalidArgument(MetadataError):
     code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class BrokerIdTaken(MetadataError):
+    # FAILED_PRECONDITION: another, live broker holds the id. A broker restarted at a new address
+    # retries until the old registration's session expires (dmq.broker.node).
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = error_details.BROKER_ID_TAKEN
 
 
 class PartitionLimitExceeded(MetadataError):
@@ -192,6 +201,7 @@ class _BrokerState:
     record: BrokerRecord
     registered: bool = False  # registered with this coordinator process (and not expired since)
     last_heartbeat_ms: int = -1
+    principal: str | None = None  # who registered it (this coordinator process): the id is bound to it
 
 
 def broker_address(host: str, port: int) -> str:
@@ -357,13 +367,36 @@ class MetadataManager:
 
     # -- brokers ---------------------------------------------------------------------------------
 
-    async def register_broker(self, broker_id: int, host: str, port: int) -> list[pb.CreatePartitionsRequest]:
-        """Record the broker, mark it alive, and return every partition placed on it."""
+    async def register_broker(
+        self, broker_id: int, host: str, port: int, *, principal: str | None = None
+    ) -> list[pb.CreatePartitionsRequest]:
+        """Record the broker, mark it alive, and return every partition placed on it.
+
+        Refused (BrokerIdTaken) when the id is bound to another principal, or when the id's
+        broker is live at another address: a registration never moves a live broker's partitions
+        away from it (a stray or hostile RegisterBroker re-pointed broker 0 and producers then
+        timed out). Security off, every caller is the same anonymous principal and the liveness
+        rule alone protects the id."""
         self.check_ready()
         _validate_broker(broker_id, host, port)
         now = self.clock_ms()
+        previous = self._brokers.get(broker_id)
+        if previous is not None:
+            if previous.principal is not None and principal is not None and previous.principal != principal:
+                raise BrokerIdTaken(
+                    f"broker id {broker_id} is bound to principal {previous.principal!r}; {principal!r} may not "
+                    "register it (give this broker its own id)"
+                )
+            moved = (previous.record.host, previous.record.port) != (host, port)
+            if moved and self._alive(previous, now):
+                raise BrokerIdTaken(
+                    f"broker id {broker_id} is live at {broker_address(previous.record.host, previous.record.port)}; "
+                    f"a registration moving it to {broker_address(host, port)} is refused until that broker's "
+                    f"session ({self.broker_session_timeout_ms} ms) expires: two brokers with one id?"
+                )
         record = BrokerRecord(broker_id=broker_id, host=host, port=port, registered_ms=now)
         await complete_even_if_cancelled(self._apply_registration(record, now))
+        self._brokers[broker_id].principal = principal
         return self.partition_requests_for(broker_id)
 
     async def _apply_registration(self, record: BrokerRecord, now_ms: int) -> None:
@@ -773,14 +806,17 @@ _handler = rpc_handler(log=log, translate=_translate)
 
 
 class MetadataServicer(pb_grpc.MetadataServicer):
-    def __init__(self, metadata: MetadataManager) -> None:
+    def __init__(self, metadata: MetadataManager, acls: AclManager) -> None:
         self.metadata = metadata
+        self.acls = acls
 
     @_handler
     async def RegisterBroker(
         self, request: pb.RegisterBrokerRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterBrokerResponse:
-        partitions = await self.metadata.register_broker(request.broker_id, request.host, request.port)
+        partitions = await self.metadata.register_broker(
+            request.broker_id, request.host, request.port, principal=current_principal.get()
+        )
         return pb.RegisterBrokerResponse(
             partitions=partitions, heartbeat_interval_ms=self.metadata.heartbeat_interval_ms
         )
@@ -789,7 +825,26 @@ class MetadataServicer(pb_grpc.MetadataServicer):
     async def BrokerHeartbeat(
         self, request: pb.BrokerHeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.BrokerHeartbeatResponse:
-        return pb.BrokerHeartbeatResponse(reregister=self.metadata.heartbeat(request.broker_id))
+        return pb.BrokerHeartbeatResponse(
+            reregister=self.metadata.heartbeat(request.broker_id), acl_version=self.acls.view.version
+        )
+
+    @_handler
+    async def AddAcls(self, request: pb.AddAclsRequest, context: grpc.aio.ServicerContext) -> pb.AclsChangeResponse:
+        self.metadata.check_ready()
+        with _coordinator_disk_full():
+            return await self.acls.change(add=request.acls)
+
+    @_handler
+    async def RemoveAcls(self, request: pb.RemoveAclsRequest, context: grpc.aio.ServicerContext) -> pb.AclsChangeResponse:
+        self.metadata.check_ready()
+        with _coordinator_disk_full():
+            return await self.acls.change(remove=request.acls)
+
+    @_handler
+    async def ListAcls(self, request: pb.ListAclsRequest, context: grpc.aio.ServicerContext) -> pb.ListAclsResponse:
+        self.metadata.check_ready()
+        return self.acls.listing(request.principal)
 
     @_handler
     async def ListBrokers(

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import grpc
 import structlog
 
+from dmq.coordinator.acls import AclManager
 from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.group_service import build as build_group_service
 from dmq.coordinator.metadata import (
@@ -41,6 +42,8 @@ from dmq.coordinator.store import CoordinatorStore
 from dmq.coordinator.validation import TopicConfigDefaults
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.dirlock import DataDirLock
+from dmq.proto.security.interceptor import AclView
+from dmq.proto.security.settings import ClientSecurity
 
 log = structlog.get_logger(__name__)
 
@@ -71,6 +74,8 @@ class CoordinatorNode:
         clock_ms: Callable[[], int] = wall_clock_ms,
         broker_call_timeout_ms: int = DEFAULT_BROKER_CALL_TIMEOUT_MS,
         liveness_check_interval_ms: int | None = None,
+        acls: AclView | None = None,
+        client_security: ClientSecurity | None = None,
     ) -> None:
         if default_subscription_mode not in SUBSCRIPTION_MODES:
             raise ValueError(
@@ -103,7 +108,9 @@ class CoordinatorNode:
         self.liveness_check_interval_ms = liveness_check_interval_ms or max(10, broker_session_timeout_ms // 10)
         self.store = CoordinatorStore(self.data_dir / SQLITE_FILE)
         self.dir_lock = DataDirLock(self.data_dir)
-        self.broker_pool = BrokerPool()
+        self.broker_pool = BrokerPool(security=client_security)
+        # The ACLs the servers decide with, loaded from the store at start (dmq.coordinator.acls).
+        self.acls = acls or AclView()
         self.metadata = MetadataManager(
             self.store,
             self.broker_pool,
@@ -112,7 +119,8 @@ class CoordinatorNode:
             default_topic_config=default_topic_config,
             clock_ms=clock_ms,
         )
-        self.metadata_service = MetadataServicer(self.metadata)
+        self.acl_manager = AclManager(self.store, self.acls)
+        self.metadata_service = MetadataServicer(self.metadata, self.acl_manager)
         self.components: list[NodeComponent] = []
         self.groups: Any = None  # the group coordinator component, when there is one
         self._tasks: list[asyncio.Task[None]] = []
@@ -152,6 +160,7 @@ class CoordinatorNode:
             raise
         try:
             await self.metadata.load()
+            await self.acl_manager.load()
             self._started = True
             self._tasks.append(asyncio.create_task(self._liveness_loop(), name="coordinator-broker-liveness"))
             for component in self.components:

@@ -11,6 +11,11 @@ Schema (PRAGMA user_version = SCHEMA_VERSION):
          subscription_from_ms INTEGER NULL, created_ms INTEGER, start_offsets_json TEXT)
       a consumer group's recorded subscription ("first wins") and the start offsets snapshotted
       for subscription mode `new` ({"<partition>": offset}); owned by the group coordinator.
+  acls(principal, resource_type, pattern_type, resource_name, operation, permission, PRIMARY KEY all)
+      access-control entries (dmq.proto.security.acls), as their words;
+  acl_version(id = 1, version INTEGER)
+      bumped by every change, so brokers know when their cached copy is stale. Added without a
+      schema version change: both tables are created if missing, and an older file has no ACLs.
 
 Durability: WAL with synchronous=FULL, so a committed topic survives power loss. Each write is one
 transaction, rolled back whole when it fails; a full disk (SQLITE_FULL, ENOSPC / EDQUOT) is raised as
@@ -60,6 +65,19 @@ CREATE TABLE IF NOT EXISTS partitions (
     partition INTEGER NOT NULL,
     broker_id INTEGER NOT NULL,
     PRIMARY KEY (topic, partition)
+);
+CREATE TABLE IF NOT EXISTS acls (
+    principal TEXT NOT NULL,
+    resource_type TEXT NOT NULL,
+    pattern_type TEXT NOT NULL,
+    resource_name TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    permission TEXT NOT NULL,
+    PRIMARY KEY (principal, resource_type, pattern_type, resource_name, operation, permission)
+);
+CREATE TABLE IF NOT EXISTS acl_version (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS groups (
     group_id TEXT PRIMARY KEY,
@@ -349,6 +367,33 @@ class CoordinatorStore:
             )
             for r in rows
         ]
+
+    # -- ACLs --------------------------------------------------------------------------------------
+
+    _ACL_COLUMNS = "principal, resource_type, pattern_type, resource_name, operation, permission"
+
+    async def change_acls(self, add: Iterable[tuple[str, ...]], remove: Iterable[tuple[str, ...]], version: int) -> int:
+        """Insert `add` and delete `remove` (rows of the six ACL words) and set the ACL version,
+        in one transaction; how many rows were actually added or removed."""
+        statements: list[tuple[str, tuple[object, ...]]] = [
+            (f"INSERT OR IGNORE INTO acls ({self._ACL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", tuple(row)) for row in add
+        ]
+        statements += [
+            ("DELETE FROM acls WHERE principal = ? AND resource_type = ? AND pattern_type = ? AND resource_name = ? "
+             "AND operation = ? AND permission = ?", tuple(row))
+            for row in remove
+        ]
+        statements.append(("INSERT OR REPLACE INTO acl_version (id, version) VALUES (1, ?)", (version,)))
+        counts = await self._write(statements)
+        return sum(max(0, c) for c in counts[:-1])
+
+    async def load_acls(self) -> tuple[int, list[tuple[str, ...]]]:
+        """(version, rows of the six ACL words)."""
+        async with self._conn().execute("SELECT version FROM acl_version WHERE id = 1") as cur:
+            row = await cur.fetchone()
+        async with self._conn().execute(f"SELECT {self._ACL_COLUMNS} FROM acls ORDER BY {self._ACL_COLUMNS}") as cur:
+            rows = await cur.fetchall()
+        return (int(row[0]) if row else 0), [tuple(str(v) for v in r) for r in rows]
 
     async def delete_group(self, group_id: str) -> bool:
         """Remove the group's row; False when there was none."""

@@ -18,7 +18,6 @@ limit, and the whole table is swept when it exceeds `max_entries`.
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from dmq.proto import error_details
+from dmq.proto.handlers import call_behavior, rewrap, stream_behavior
 
 DEFAULT_MAX_PER_ADDRESS = 1_000
 DEFAULT_RECENT_S = 30.0
@@ -138,23 +138,7 @@ class PerAddressConnectionLimit(_ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
-            )
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                self._wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
-            )
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(
-                self._wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
-            )
-        return handler  # no behaviour at all: grpc answers UNIMPLEMENTED as it would without us
+        return rewrap(handler, unary=self._wrap_unary, stream=self._wrap_stream)
 
     async def _admit(self, context: grpc.aio.ServicerContext[Any, Any]) -> _Connection | None:
         entered = self.enter(context.peer() or "")
@@ -170,8 +154,7 @@ class PerAddressConnectionLimit(_ServerInterceptor):
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             conn = await self._admit(context)
             try:
-                result = behavior(request, context)
-                return (await result) if inspect.isawaitable(result) else result
+                return await call_behavior(behavior, request, context)
             finally:
                 if conn is not None:
                     self.leave(conn)
@@ -182,15 +165,8 @@ class PerAddressConnectionLimit(_ServerInterceptor):
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             conn = await self._admit(context)
             try:
-                result = behavior(request, context)
-                if inspect.isasyncgen(result):
-                    async for item in result:
-                        yield item
-                elif inspect.isawaitable(result):  # a coroutine that writes with context.write()
-                    await result
-                else:  # a plain generator
-                    for item in result:
-                        yield item
+                async for item in stream_behavior(behavior, request, context):
+                    yield item
             finally:
                 if conn is not None:
                     self.leave(conn)

@@ -275,16 +275,18 @@ class PartitionOffset(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., metadata: _Optional[str] = ...) -> None: ...
 
 class CommitOffsetsRequest(_message.Message):
-    __slots__ = ("group_id", "member_id", "generation", "offsets")
+    __slots__ = ("group_id", "member_id", "generation", "offsets", "member_secret")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     member_id: str
     generation: int
     offsets: _containers.RepeatedCompositeFieldContainer[PartitionOffset]
-    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., generation: _Optional[int] = ..., offsets: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ...) -> None: ...
+    member_secret: str
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., generation: _Optional[int] = ..., offsets: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ..., member_secret: _Optional[str] = ...) -> None: ...
 
 class CommitOffsetsResponse(_message.Message):
     __slots__ = ()
@@ -651,10 +653,12 @@ class BrokerHeartbeatRequest(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatResponse(_message.Message):
-    __slots__ = ("reregister",)
+    __slots__ = ("reregister", "acl_version")
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
+    ACL_VERSION_FIELD_NUMBER: _ClassVar[int]
     reregister: bool
-    def __init__(self, reregister: _Optional[bool] = ...) -> None: ...
+    acl_version: int
+    def __init__(self, reregister: _Optional[bool] = ..., acl_version: _Optional[int] = ...) -> None: ...
 
 class ListBrokersRequest(_message.Message):
     __slots__ = ()
@@ -724,6 +728,56 @@ class GetMetadataResponse(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[TopicInfo]
     def __init__(self, brokers: _Optional[_Iterable[_Union[BrokerInfo, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ...) -> None: ...
 
+class AclEntry(_message.Message):
+    __slots__ = ("principal", "resource_type", "pattern_type", "resource_name", "operation", "permission")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    resource_type: str
+    pattern_type: str
+    resource_name: str
+    operation: str
+    permission: str
+    def __init__(self, principal: _Optional[str] = ..., resource_type: _Optional[str] = ..., pattern_type: _Optional[str] = ..., resource_name: _Optional[str] = ..., operation: _Optional[str] = ..., permission: _Optional[str] = ...) -> None: ...
+
+class AddAclsRequest(_message.Message):
+    __slots__ = ("acls",)
+    ACLS_FIELD_NUMBER: _ClassVar[int]
+    acls: _containers.RepeatedCompositeFieldContainer[AclEntry]
+    def __init__(self, acls: _Optional[_Iterable[_Union[AclEntry, _Mapping]]] = ...) -> None: ...
+
+class RemoveAclsRequest(_message.Message):
+    __slots__ = ("acls",)
+    ACLS_FIELD_NUMBER: _ClassVar[int]
+    acls: _containers.RepeatedCompositeFieldContainer[AclEntry]
+    def __init__(self, acls: _Optional[_Iterable[_Union[AclEntry, _Mapping]]] = ...) -> None: ...
+
+class AclsChangeResponse(_message.Message):
+    __slots__ = ("version", "changed")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    changed: int
+    def __init__(self, version: _Optional[int] = ..., changed: _Optional[int] = ...) -> None: ...
+
+class ListAclsRequest(_message.Message):
+    __slots__ = ("principal",)
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    def __init__(self, principal: _Optional[str] = ...) -> None: ...
+
+class ListAclsResponse(_message.Message):
+    __slots__ = ("acls", "version")
+    ACLS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    acls: _containers.RepeatedCompositeFieldContainer[AclEntry]
+    version: int
+    def __init__(self, acls: _Optional[_Iterable[_Union[AclEntry, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
+
 class Subscription(_message.Message):
     __slots__ = ("mode", "from_ms", "created_ms")
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -773,12 +827,14 @@ class JoinGroupRequest(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., consumer_id: _Optional[str] = ..., client_id: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., max_poll_interval_ms: _Optional[int] = ...) -> None: ...
 
 class JoinGroupResponse(_message.Message):
-    __slots__ = ("member_id", "generation")
+    __slots__ = ("member_id", "generation", "member_secret")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     generation: int
-    def __init__(self, member_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+    member_secret: str
+    def __init__(self, member_id: _Optional[str] = ..., generation: _Optional[int] = ..., member_secret: _Optional[str] = ...) -> None: ...
 
 class StartPosition(_message.Message):
     __slots__ = ("partition", "offset")
@@ -789,14 +845,16 @@ class StartPosition(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class GetAssignmentRequest(_message.Message):
-    __slots__ = ("group_id", "member_id", "wait_ms")
+    __slots__ = ("group_id", "member_id", "wait_ms", "member_secret")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     member_id: str
     wait_ms: int
-    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    member_secret: str
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., wait_ms: _Optional[int] = ..., member_secret: _Optional[str] = ...) -> None: ...
 
 class GetAssignmentResponse(_message.Message):
     __slots__ = ("generation", "partitions", "rebalance_in_progress", "start_positions", "topic")
@@ -813,16 +871,18 @@ class GetAssignmentResponse(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., rebalance_in_progress: _Optional[bool] = ..., start_positions: _Optional[_Iterable[_Union[StartPosition, _Mapping]]] = ..., topic: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("group_id", "member_id", "generation", "poll_age_ms")
+    __slots__ = ("group_id", "member_id", "generation", "poll_age_ms", "member_secret")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     POLL_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     member_id: str
     generation: int
     poll_age_ms: int
-    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., generation: _Optional[int] = ..., poll_age_ms: _Optional[int] = ...) -> None: ...
+    member_secret: str
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., generation: _Optional[int] = ..., poll_age_ms: _Optional[int] = ..., member_secret: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("generation", "assignment_changed")
@@ -833,12 +893,14 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., assignment_changed: _Optional[bool] = ...) -> None: ...
 
 class WatchGroupRequest(_message.Message):
-    __slots__ = ("group_id", "member_id")
+    __slots__ = ("group_id", "member_id", "member_secret")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     member_id: str
-    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
+    member_secret: str
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., member_secret: _Optional[str] = ...) -> None: ...
 
 class GroupEvent(_message.Message):
     __slots__ = ("generation", "assignment_changed")
@@ -849,12 +911,14 @@ class GroupEvent(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., assignment_changed: _Optional[bool] = ...) -> None: ...
 
 class LeaveGroupRequest(_message.Message):
-    __slots__ = ("group_id", "member_id")
+    __slots__ = ("group_id", "member_id", "member_secret")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     member_id: str
-    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
+    member_secret: str
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., member_secret: _Optional[str] = ...) -> None: ...
 
 class LeaveGroupResponse(_message.Message):
     __slots__ = ()
@@ -949,18 +1013,20 @@ class DeleteGroupResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class CheckOwnershipRequest(_message.Message):
-    __slots__ = ("group_id", "member_id", "generation", "partitions", "topic")
+    __slots__ = ("group_id", "member_id", "generation", "partitions", "topic", "member_secret")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     member_id: str
     generation: int
     partitions: _containers.RepeatedScalarFieldContainer[int]
     topic: str
-    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., generation: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., topic: _Optional[str] = ...) -> None: ...
+    member_secret: str
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., generation: _Optional[int] = ..., partitions: _Optional[_Iterable[int]] = ..., topic: _Optional[str] = ..., member_secret: _Optional[str] = ...) -> None: ...
 
 class CheckOwnershipResponse(_message.Message):
     __slots__ = ()

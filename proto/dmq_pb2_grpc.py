@@ -1186,6 +1186,21 @@ class MetadataStub:
                 request_serializer=dmq_dot_proto_dot_dmq__pb2.GetMetadataRequest.SerializeToString,
                 response_deserializer=dmq_dot_proto_dot_dmq__pb2.GetMetadataResponse.FromString,
                 _registered_method=True)
+        self.AddAcls = channel.unary_unary(
+                '/dmq.v1.Metadata/AddAcls',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.AddAclsRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.AclsChangeResponse.FromString,
+                _registered_method=True)
+        self.RemoveAcls = channel.unary_unary(
+                '/dmq.v1.Metadata/RemoveAcls',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.RemoveAclsRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.AclsChangeResponse.FromString,
+                _registered_method=True)
+        self.ListAcls = channel.unary_unary(
+                '/dmq.v1.Metadata/ListAcls',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.ListAclsRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.ListAclsResponse.FromString,
+                _registered_method=True)
 
 
 class MetadataServicer:
@@ -1245,6 +1260,24 @@ class MetadataServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetadataServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1292,6 +1325,21 @@ def add_MetadataServicer_to_server(servicer, server):
                     servicer.GetMetadata,
                     request_deserializer=dmq_dot_proto_dot_dmq__pb2.GetMetadataRequest.FromString,
                     response_serializer=dmq_dot_proto_dot_dmq__pb2.GetMetadataResponse.SerializeToString,
+            ),
+            'AddAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddAcls,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.AddAclsRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.AclsChangeResponse.SerializeToString,
+            ),
+            'RemoveAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveAcls,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.RemoveAclsRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.AclsChangeResponse.SerializeToString,
+            ),
+            'ListAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAcls,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.ListAclsRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.ListAclsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1537,6 +1585,87 @@ class Metadata:
             '/dmq.v1.Metadata/GetMetadata',
             dmq_dot_proto_dot_dmq__pb2.GetMetadataRequest.SerializeToString,
             dmq_dot_proto_dot_dmq__pb2.GetMetadataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Metadata/AddAcls',
+            dmq_dot_proto_dot_dmq__pb2.AddAclsRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.AclsChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Metadata/RemoveAcls',
+            dmq_dot_proto_dot_dmq__pb2.RemoveAclsRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.AclsChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Metadata/ListAcls',
+            dmq_dot_proto_dot_dmq__pb2.ListAclsRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.ListAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,9 @@ LEASE_EXPIRED = "lease-expired"
 QUEUE_FULL = "queue-full"
 QUEUE_DEPTH_KEY = "dmq-queue-depth"  # records not acknowledged (over the leader's partitions)
 QUEUE_LIMIT_KEY = "dmq-queue-limit"  # the leader's pro rata share of max_queue_size
+# FAILED_PRECONDITION from RegisterBroker: another live broker (or another principal) holds the id;
+# a restarted broker at a new address retries until the old registration's session expires.
+BROKER_ID_TAKEN = "broker-id-taken"
 
 
 def reason_of(trailing_metadata: object) -> str | None:

@@ -36,6 +36,7 @@ import grpc
 from dmq.client._cluster import Cluster, TopicMetadata, parse_address
 from dmq.client.errors import ClientClosedError, DMQError, DMQTimeoutError, InvalidConfigError
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.security.settings import SecurityConfigError, aio_channel
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,10 @@ class AsyncCluster(Cluster):
         if ch is None:
             if self._closed:
                 raise ClientClosedError(f"the client for {self.bootstrap} is closed; create a new one")
-            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=channel_options())
+            try:
+                ch = self._channels[address] = aio_channel(address, self.security, channel_options())
+            except SecurityConfigError as e:  # a TLS file that cannot be read
+                raise InvalidConfigError(str(e)) from None
         return ch
 
     def _stub(self, address: str, cls: type) -> Any:

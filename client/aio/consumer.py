@@ -237,7 +237,7 @@ class AsyncConsumer:
         if self._started:
             return
         c = self.config
-        self._cluster = AsyncCluster(c.address, request_timeout_ms=c.request_timeout_ms)
+        self._cluster = AsyncCluster(c.address, request_timeout_ms=c.request_timeout_ms, security=c.security)
         self._wakeup = Wakeup()
         self._subs = SubscriptionState()
         # Fetches become tasks on this loop instead of calls on the Fetcher's thread pool.
@@ -650,7 +650,8 @@ class AsyncConsumer:
         member_id, m.member_id = m.member_id, ""
         try:
             await self._cluster.group_stub(m.coordinator).LeaveGroup(
-                pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id), timeout=timeout_s)
+                pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id, member_secret=m.member_secret),
+                timeout=timeout_s)
             log.info("left group: group=%s member=%s", m.group_id, member_id)
         except Exception as e:  # noqa: BLE001 - leaving is best effort
             log.warning("leave failed; the session timeout will remove the member: group=%s error=%s", m.group_id, e)

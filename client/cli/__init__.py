@@ -27,6 +27,9 @@ _LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("dmq.client.cli.bench", "bench", "Measure produce and consume throughput and latency."),
     "trace": ("dmq.client.cli.trace", "trace", "List every record with a trace id, across all topics, in time order."),
     "events": ("dmq.client.cli.events", "events", "Event-store topics: append / read events (JSON lines), event groups."),
+    "certs": ("dmq.client.cli.security", "certs", "Make a development CA and TLS certificates."),
+    "tokens": ("dmq.client.cli.security", "tokens", "Issue a signed token naming a principal."),
+    "acls": ("dmq.client.cli.security", "acls", "Add, list and remove access-control entries."),
 }
 
 
@@ -97,12 +100,21 @@ def _check_bootstrap(ctx: click.Context, param: click.Parameter, value: str) -> 
               callback=_check_bootstrap, help="Coordinator address HOST:PORT (env DMQ_BOOTSTRAP).")
 @click.option("--timeout", "timeout_s", envvar="DMQ_TIMEOUT", metavar="SECONDS", type=click.FloatRange(0.1), default=15.0,
               show_default=True, help="Seconds to wait for the cluster to answer a request (env DMQ_TIMEOUT).")
+@click.option("--token", envvar="DMQ_TOKEN", metavar="JWT", default=None, show_default="none",
+              help="Token naming your principal (env DMQ_TOKEN; prefer the variable: a flag shows in ps).")
+@click.option("--ca-file", envvar="DMQ_SSL_CAFILE", type=click.Path(dir_okay=False), default=None, show_default="none",
+              help="CA of the servers' certificates: connect with TLS (env DMQ_SSL_CAFILE).")
+@click.option("--cert-file", envvar="DMQ_SSL_CERTFILE", type=click.Path(dir_okay=False), default=None, show_default="none",
+              help="Client certificate, for mutual TLS (env DMQ_SSL_CERTFILE).")
+@click.option("--key-file", envvar="DMQ_SSL_KEYFILE", type=click.Path(dir_okay=False), default=None, show_default="none",
+              help="The client certificate's key (env DMQ_SSL_KEYFILE).")
 @click.option("-v", "--verbose", count=True,
               help="Show the client library's log on stderr: -v warnings, -vv everything (produce, consume, bench).")
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Show the version and exit.")
 @click.pass_context
-def cli(ctx: click.Context, bootstrap: str, timeout_s: float, verbose: int) -> None:
+def cli(ctx: click.Context, bootstrap: str, timeout_s: float, token: str | None, ca_file: str | None,
+        cert_file: str | None, key_file: str | None, verbose: int) -> None:
     """DMQ: a Kafka-style message queue. Start with `dmq server`, then `dmq topics create`.
 
     \b
@@ -113,6 +125,12 @@ def cli(ctx: click.Context, bootstrap: str, timeout_s: float, verbose: int) -> N
     if verbose:
         os.environ["DMQ_CLIENT_LOG_LEVEL"] = "warning" if verbose == 1 else "debug"
     ctx.obj["bootstrap"] = bootstrap
+    # Every client and channel of this process reads its credentials from these variables
+    # (dmq.client._security), so one place covers every command.
+    for var, value in (("DMQ_TOKEN", token), ("DMQ_SSL_CAFILE", ca_file), ("DMQ_SSL_CERTFILE", cert_file),
+                       ("DMQ_SSL_KEYFILE", key_file)):
+        if value:
+            os.environ[var] = value
     ctx.obj["timeout_s"] = timeout_s
 
 

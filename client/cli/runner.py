@@ -54,6 +54,9 @@ from dmq.proto.connections import PerAddressConnectionLimit
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import server_options
 from dmq.proto.malloc_tuning import keep_large_buffers
+from dmq.proto.security.interceptor import AclView, SecurityInterceptor
+from dmq.proto.security.quotas import QuotaSettings
+from dmq.proto.security.settings import ServerSecurity
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +81,9 @@ class ClusterOptions:
     broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS
     retention_check_interval_ms: int = 60_000
     coordinator_kwargs: dict[str, object] = field(default_factory=dict)
+    # TLS, authentication and the nodes' own credentials (None: plain and open, loopback only).
+    security: ServerSecurity | None = None
+    quotas: QuotaSettings | None = None
 
 
 # Bounds the calls a process serves at once (long polls and watch streams included); past it
@@ -85,28 +91,43 @@ class ClusterOptions:
 MAX_CONCURRENT_RPCS = 50_000
 
 
-def _new_server() -> grpc.aio.Server:
+def _new_server(
+    security: ServerSecurity | None = None, acls: AclView | None = None, quotas: QuotaSettings | None = None
+) -> grpc.aio.Server:
     # Connection limits: per server and idle timeout in the options, per client address by the
-    # interceptor (see dmq.proto.grpc_options and dmq.proto.connections).
+    # interceptor (see dmq.proto.grpc_options and dmq.proto.connections). Then security: who
+    # calls, may they, how fast (dmq.proto.security.interceptor), after the connection limit so
+    # a flood of bad credentials is bounded like any other flood.
     return grpc.aio.server(
         options=server_options(),
-        interceptors=[PerAddressConnectionLimit()],
+        interceptors=[PerAddressConnectionLimit(), SecurityInterceptor(security, acls, quotas)],
         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
     )
+
+
+def check_bind_security(host: str, security: ServerSecurity | None) -> None:
+    """Refuse a non-loopback host without TLS and authentication unless --insecure; warn with it."""
+    warning = (security or ServerSecurity()).check_bind(host)
+    if warning is not None:
+        log.warning(warning)
 
 
 class PortUnavailable(OSError):
     """The listening port cannot be bound; str() is one line for an operator."""
 
 
-def bind(server: grpc.aio.Server, host: str, port: int) -> int:
+def bind(server: grpc.aio.Server, host: str, port: int, security: ServerSecurity | None = None) -> int:
     """Bind host:port (0 picks a free port) and return the port; PortUnavailable if it cannot.
 
     A plain bind is tried first: gRPC reports a failed bind as an extra error line on stderr
     (and an opaque RuntimeError), while the operator should see one line that says why."""
     bind_probe(host, port)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        credentials = security.server_credentials() if security is not None else None
+        if credentials is not None:
+            bound = server.add_secure_port(f"{host}:{port}", credentials)
+        else:
+            bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError:  # grpcio raises this rather than returning 0 on recent versions
         bound = 0
     if bound == 0:
@@ -227,13 +248,18 @@ class LocalCluster:
 
     async def _start(self) -> None:
         o = self.options
-        coord_server = _new_server()
+        check_bind_security(o.host, o.security)
+        cluster_client = o.security.cluster_client() if o.security is not None else None
+        coord_acls = AclView()
+        coord_server = _new_server(o.security, coord_acls, o.quotas)
         self._servers.append(coord_server)
-        port = bind(coord_server, o.host, o.port)
+        port = bind(coord_server, o.host, o.port, o.security)
         self.bootstrap = f"{o.host}:{port}"
         self.coordinator = CoordinatorNode(
             o.data_dir / "coordinator",
             advertised_address=self.bootstrap,
+            acls=coord_acls,
+            client_security=cluster_client,
             broker_session_timeout_ms=o.broker_session_timeout_ms,
             default_subscription_mode=o.default_subscription_mode,
             rebalance_debounce_ms=o.rebalance_debounce_ms,
@@ -245,12 +271,15 @@ class LocalCluster:
         await coord_health.starting([SERVICE_METADATA, SERVICE_GROUPS])
         broker_health: list[ServerHealth] = []
         for i in range(o.brokers):
+            broker_acls = AclView()
             if i == 0 and o.shared_port and o.brokers == 1:
+                # One server: its interceptor decides with the coordinator's own ACLs; the broker's
+                # copy (a separate view, so its refresh can never roll the coordinator's back) is unused.
                 server, broker_port, h = coord_server, port, coord_health
             else:
-                server = _new_server()
+                server = _new_server(o.security, broker_acls, o.quotas)
                 self._servers.append(server)
-                broker_port = bind(server, o.host, 0)
+                broker_port = bind(server, o.host, 0, o.security)
                 h = ServerHealth(server)
                 self._health.append(h)
             await h.starting([SERVICE_BROKER])
@@ -263,6 +292,8 @@ class LocalCluster:
                 advertised_port=broker_port,
                 log_config=o.log_config,
                 retention_check_interval_ms=o.retention_check_interval_ms,
+                acls=broker_acls,
+                client_security=cluster_client,
             )
             broker.add_to_server(server)
             self.brokers.append(broker)
@@ -452,11 +483,18 @@ def _arm_stop_watchdog(deadline_s: float) -> None:
 
 
 async def run_coordinator_only(
-    data_dir: pathlib.Path, host: str, port: int, on_ready: Callable[[str], None], **kwargs: object
+    data_dir: pathlib.Path, host: str, port: int, on_ready: Callable[[str], None], *,
+    security: ServerSecurity | None = None, quotas: QuotaSettings | None = None, **kwargs: object
 ) -> None:
-    server = _new_server()
-    bound = bind(server, host, port)
-    node = CoordinatorNode(data_dir, advertised_address=f"{host}:{bound}", **kwargs)  # type: ignore[arg-type]
+    check_bind_security(host, security)
+    acls = AclView()
+    server = _new_server(security, acls, quotas)
+    bound = bind(server, host, port, security)
+    node = CoordinatorNode(
+        data_dir, advertised_address=f"{host}:{bound}", acls=acls,
+        client_security=security.cluster_client() if security is not None else None,
+        **kwargs,  # type: ignore[arg-type]
+    )
     node.add_to_server(server)
     server_health = ServerHealth(server)
     services = [SERVICE_METADATA, SERVICE_GROUPS]
@@ -493,10 +531,14 @@ async def run_broker_only(
     coordinator: str,
     on_ready: Callable[[str], None],
     log_config: LogConfig | None = None,
+    security: ServerSecurity | None = None,
+    quotas: QuotaSettings | None = None,
 ) -> None:
+    check_bind_security(host, security)
     _keep_large_buffers()
-    server = _new_server()
-    bound = bind(server, host, port)
+    acls = AclView()
+    server = _new_server(security, acls, quotas)
+    bound = bind(server, host, port, security)
     node = BrokerNode(
         data_dir,
         broker_id=broker_id,
@@ -504,6 +546,8 @@ async def run_broker_only(
         advertised_host=host,
         advertised_port=bound,
         log_config=log_config,
+        acls=acls,
+        client_security=security.cluster_client() if security is not None else None,
     )
     node.add_to_server(server)
     server_health = ServerHealth(server)

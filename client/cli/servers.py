@@ -49,6 +49,89 @@ def _storage_options(f):
     return f
 
 
+def _security_options(f):
+    """TLS, authentication and quotas of a server port (dmq.proto.security.settings)."""
+    opts = [
+        click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True), default=None, show_default="none",
+                     help="Server certificate (PEM; `dmq certs create` makes one): TLS on the port."),
+        click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), default=None, show_default="none",
+                     help="The server certificate's private key (PEM)."),
+        click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True), default=None, show_default="none",
+                     help="The cluster's CA: verifies client certificates and the other nodes' certificates."),
+        click.option("--require-client-cert", is_flag=True, default=False, show_default=True,
+                     help="Mutual TLS: every client presents a certificate signed by --tls-ca; its common name "
+                          "is the principal."),
+        click.option("--token-secret-file", type=click.Path(dir_okay=False, exists=True), default=None, show_default="none",
+                     help="File holding the HS256 secret tokens are signed with (or env DMQ_TOKEN_SECRET)."),
+        click.option("--token-public-key", type=click.Path(dir_okay=False, exists=True), default=None, show_default="none",
+                     help="PEM public key (RS256/ES256) tokens are verified with; tokens are issued elsewhere."),
+        click.option("--super-users", default="", show_default="none", metavar="NAMES",
+                     help="Comma-separated principals allowed everything a client may do (bootstrap the ACLs)."),
+        click.option("--cluster-principal", default="dmq-cluster", show_default=True,
+                     help="The nodes' own principal: the only one allowed the cluster-internal RPCs."),
+        click.option("--cluster-token-file", type=click.Path(dir_okay=False, exists=True), default=None, show_default="none",
+                     help="With --token-public-key: a token for the cluster principal (or env DMQ_CLUSTER_TOKEN)."),
+        click.option("--insecure", is_flag=True, default=False, show_default=True,
+                     help="Allow listening on a non-loopback address without TLS and authentication."),
+        click.option("--quota-produce-bytes-per-s", type=click.IntRange(0), default=0, show_default=True,
+                     help="Per-principal produce rate; faster producers are delayed (0 = no limit)."),
+        click.option("--quota-fetch-bytes-per-s", type=click.IntRange(0), default=0, show_default=True,
+                     help="Per-principal fetch rate; faster consumers are delayed (0 = no limit)."),
+        click.option("--quota-requests-per-s", type=click.IntRange(0), default=0, show_default=True,
+                     help="Per-principal request rate; faster clients are delayed (0 = no limit)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+SECURITY_PARAMS = ("tls_cert", "tls_key", "tls_ca", "require_client_cert", "token_secret_file", "token_public_key",
+                   "super_users", "cluster_principal", "cluster_token_file", "insecure", "quota_produce_bytes_per_s",
+                   "quota_fetch_bytes_per_s", "quota_requests_per_s")
+
+
+def _pop_security(kwargs: dict):
+    """(ServerSecurity or None, QuotaSettings or None, the argv that repeats them for child
+    processes) from the _security_options values, which are removed from kwargs."""
+    import os
+
+    from dmq.proto.security.quotas import QuotaSettings, Rates
+    from dmq.proto.security.settings import SecurityConfigError, ServerSecurity
+
+    v = {k: kwargs.pop(k) for k in SECURITY_PARAMS}
+    argv: list[str] = []
+    for name in SECURITY_PARAMS:
+        value, flag = v[name], "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            argv += [flag] if value else []
+        elif value not in (None, "", 0) and not (name == "cluster_principal" and value == "dmq-cluster"):
+            argv += [flag, str(value)]
+
+    def read(path: str | None, env: str) -> str | None:
+        if path is not None:
+            return pathlib.Path(path).read_text(encoding="utf-8").strip()
+        return os.environ.get(env) or None
+
+    try:
+        security = ServerSecurity(
+            tls_certfile=v["tls_cert"], tls_keyfile=v["tls_key"], tls_cafile=v["tls_ca"],
+            require_client_cert=v["require_client_cert"],
+            token_secret=read(v["token_secret_file"], "DMQ_TOKEN_SECRET"),
+            token_public_key=v["token_public_key"],
+            super_users=frozenset(u.strip() for u in v["super_users"].split(",") if u.strip()),
+            cluster_principal=v["cluster_principal"],
+            cluster_token=read(v["cluster_token_file"], "DMQ_CLUSTER_TOKEN"),
+            insecure=v["insecure"],
+        )
+        security.cluster_client()  # the nodes' own credentials: refused now rather than at the first call
+    except (SecurityConfigError, OSError) as e:
+        raise click.UsageError(str(e)) from None
+    rates = Rates(v["quota_produce_bytes_per_s"], v["quota_fetch_bytes_per_s"], v["quota_requests_per_s"])
+    quotas = QuotaSettings(default=rates) if not rates.unlimited else None
+    plain = not security.tls and not security.authenticates and not security.insecure
+    return (None if plain else security), quotas, argv
+
+
 def _check_flush_interval(flush: str) -> None:
     """--flush-interval-ms is only read by --flush interval: given with fsync it would be silently
     ignored, and the operator would believe the log is flushed on that period."""
@@ -112,17 +195,22 @@ def _default_subscription_from_ms(mode: str, text: str | None) -> int | None:
               help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
 @_storage_options
 @_broker_session_option
+@_security_options
 def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, default_subscription_mode: str,
                default_subscription_from: str | None, log_level: str, flush: str, flush_interval_ms: int,
-               segment_bytes: int, retention_ms: int, retention_bytes: int, broker_session_timeout_ms: int) -> None:
-    """Run DMQ for development: a coordinator and broker(s), data under --data-dir."""
+               segment_bytes: int, retention_ms: int, retention_bytes: int, broker_session_timeout_ms: int,
+               **security_options) -> None:
+    """Run DMQ for development: a coordinator and broker(s), data under --data-dir.
+
+    Security is off by default, on 127.0.0.1; see README "Securing a cluster"."""
+    security, quotas, security_argv = _pop_security(security_options)
     from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
     _check_flush_interval(flush)
     configure_logging(log_level)
     if brokers > 1:
         storage = _storage_argv(flush, flush_interval_ms, segment_bytes, retention_ms, retention_bytes)
         _run_process_cluster(host, port, data_dir, brokers, default_subscription_mode, log_level, storage, from_ms,
-                             broker_session_timeout_ms=broker_session_timeout_ms)
+                             broker_session_timeout_ms=broker_session_timeout_ms, security_argv=security_argv)
         return
     from dmq.client.cli.runner import ClusterOptions, run_embedded
 
@@ -134,6 +222,8 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
         default_subscription_mode=default_subscription_mode,
         broker_session_timeout_ms=broker_session_timeout_ms,
         coordinator_kwargs={"default_subscription_from_ms": from_ms},
+        security=security,
+        quotas=quotas,
     )
 
     def ready(cluster) -> None:
@@ -146,7 +236,7 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
 
     try:
         asyncio.run(run_embedded(options, ready))
-    except OSError as e:
+    except (OSError, ValueError) as e:  # a busy port; security settings refused (SecurityConfigError)
         raise click.ClickException(str(e)) from None
 
 
@@ -165,7 +255,7 @@ _POLL_S = 0.2
 
 def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: int, mode: str, log_level: str,
                          storage: list[str], from_ms: int | None = None, *,
-                         broker_session_timeout_ms: int | None = None) -> None:
+                         broker_session_timeout_ms: int | None = None, security_argv: list[str] | None = None) -> None:
     """A coordinator process and N broker processes; SIGINT/SIGTERM stop them all cleanly.
 
     A cluster with a dead member is not the cluster that was asked for: when any child exits
@@ -204,12 +294,13 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
         children.append(subprocess.Popen(exe + ["coordinator", "--host", host, "--port", str(port),
                                                 "--data-dir", str(data_dir / "coordinator"),
                                                 "--default-subscription-mode", mode, *from_args, *session_args,
-                                                "--log-level", log_level]))
+                                                "--log-level", log_level, *(security_argv or [])]))
         for i in range(brokers):
             children.append(subprocess.Popen(exe + ["broker", "--host", host, "--port", "0", "--broker-id", str(i),
                                                     "--coordinator", bootstrap,
                                                     "--data-dir", str(data_dir / f"broker-{i}"),
-                                                    "--log-level", log_level, *storage]))
+                                                    "--log-level", log_level, *storage,
+                                                    *(security_argv or [])]))
         click.echo(f"DMQ cluster: coordinator on {bootstrap}, {brokers} broker processes; "
                    f"bootstrap=\"{bootstrap}\"; Ctrl-C stops", err=True)
         while not stop["signal"] and failed is None:
@@ -272,9 +363,12 @@ def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> list[str]:
 @click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
               help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
 @_broker_session_option
+@_security_options
 def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str,
-                    default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int) -> None:
+                    default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int,
+                    **security_options) -> None:
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups."""
+    security, quotas, _argv = _pop_security(security_options)
     from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
     configure_logging(log_level)
     from dmq.client.cli.runner import run_coordinator_only
@@ -286,8 +380,9 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
             default_subscription_mode=default_subscription_mode,
             default_subscription_from_ms=from_ms,
             broker_session_timeout_ms=broker_session_timeout_ms,
+            security=security, quotas=quotas,
         ))
-    except OSError as e:
+    except (OSError, ValueError) as e:  # a busy port; security settings refused (SecurityConfigError)
         raise click.ClickException(str(e)) from None
 
 
@@ -301,9 +396,12 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
 @click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
               help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
 @_storage_options
+@_security_options
 def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir: pathlib.Path, log_level: str,
-               flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int) -> None:
+               flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int,
+               **security_options) -> None:
     """Run one storage broker that registers with --coordinator."""
+    security, quotas, _argv = _pop_security(security_options)
     _check_flush_interval(flush)
     configure_logging(log_level)
     import grpc
@@ -315,8 +413,9 @@ def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir:
             data_dir, host, port, broker_id, coordinator,
             lambda addr: click.echo(f"broker {broker_id} listening on {addr}", err=True),
             log_config=_log_config(flush, flush_interval_ms, segment_bytes, retention_ms, retention_bytes),
+            security=security, quotas=quotas,
         ))
-    except OSError as e:
+    except (OSError, ValueError) as e:  # a busy port; security settings refused (SecurityConfigError)
         raise click.ClickException(str(e)) from None
     except grpc.RpcError as e:  # the coordinator answered the registration with a refusal
         details = e.details() if hasattr(e, "details") else str(e)

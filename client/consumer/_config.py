@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from dmq.client._security import SECURITY_SETTINGS, client_security
 from dmq.client._settings import BOOTSTRAP_NAMES, bootstrap_address, reject_unknown
 from dmq.client.errors import InvalidConfigError
 from dmq.proto import limits
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
+from dmq.proto.security.settings import ClientSecurity
 
 SUBSCRIPTION_MODES = ("all", "new", "timestamp")
 # kafka-python's auto_offset_reset, mapped onto where a new group starts (DESIGN.md "Subscription
@@ -74,7 +76,19 @@ class ConsumerConfig:
     """Applied to every record's value (bytes, not None) before poll() returns it."""
     metadata_max_age_ms: int = 300_000
     """How often a pattern subscription (subscribe(pattern=...)) lists the topics again."""
+    security_protocol: str | None = None
+    """"PLAINTEXT" or "SSL" (implied by any ssl_* setting); see dmq.client._security."""
+    ssl_cafile: str | None = None
+    """The CA of the servers' certificates (default: $DMQ_SSL_CAFILE)."""
+    ssl_certfile: str | None = None
+    """A client certificate, for clusters with mutual TLS (default: $DMQ_SSL_CERTFILE)."""
+    ssl_keyfile: str | None = None
+    """The client certificate's key (default: $DMQ_SSL_KEYFILE)."""
+    token: str | None = field(default=None, repr=False)
+    """A signed token naming the principal (default: $DMQ_TOKEN)."""
     _from_ms: int | None = field(default=None, init=False, repr=False, compare=False)
+    security: ClientSecurity | None = field(default=None, init=False, repr=False, compare=False)
+    """TLS and token settled by __post_init__ from the five settings above and the environment."""
     address: str = field(default="", init=False, repr=False, compare=False)
     """The bootstrap address __post_init__ settled on: a str, where the settings it came from are optional."""
 
@@ -82,6 +96,7 @@ class ConsumerConfig:
         problems = list(self._problems())
         if problems:
             raise InvalidConfigError("invalid ConsumerConfig: " + "; ".join(problems))
+        self.security = client_security({n: getattr(self, n) for n in SECURITY_SETTINGS})
         address = bootstrap_address({n: getattr(self, n) for n in BOOTSTRAP_NAMES}, "ConsumerConfig")
         self.metadata_service_url = self.bootstrap_servers = address
         self.address = address

@@ -139,7 +139,7 @@ class DMQConsumer:
         self.config = config
         self.consumer_id = f"{config.client_id}-{uuid.uuid4().hex[:12]}"
         self._log = log.bind(consumer=self.consumer_id)
-        self._cluster = Cluster(config.address, request_timeout_ms=config.request_timeout_ms)
+        self._cluster = Cluster(config.address, request_timeout_ms=config.request_timeout_ms, security=config.security)
         self._wakeup = threading.Event()
         self._subs = SubscriptionState()
         self._fetcher = Fetcher(self._cluster, self._subs, config, self._wakeup, name=self.consumer_id)

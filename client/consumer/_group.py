@@ -60,6 +60,8 @@ class Membership:
         self.subscription = subscription
         self.found = True  # False until FindOrCreateGroup answered (see Membership.pending)
         self.member_id = ""  # "" until joined
+        # Issued with the member id by JoinGroup: every request of the member carries it.
+        self.member_secret = ""
         self.generation = -1  # the generation of the last GetAssignment
         self.partitions: frozenset[int] = frozenset()
         self.rebalance_in_progress = False
@@ -171,13 +173,15 @@ class GroupClient:
         m.rejoin_reason = None
         m.assignment_stale = True
         m.member_id = response.member_id
+        m.member_secret = response.member_secret
         log.info("joined group", group=m.group_id, member=m.member_id, generation=response.generation)
 
     def join(self, m: Membership) -> None:
         self.finish_join(m, self.start_join(m))
 
     def start_get_assignment(self, m: Membership, wait_ms: int) -> grpc.Future:
-        request = pb.GetAssignmentRequest(group_id=m.group_id, member_id=m.member_id, wait_ms=wait_ms)
+        request = pb.GetAssignmentRequest(group_id=m.group_id, member_id=m.member_id, wait_ms=wait_ms,
+                                          member_secret=m.member_secret)
         # Bounded by the session too: poll() holds the membership's records back while this is
         # in flight, and a member must hear from the coordinator within its session anyway.
         timeout_s = min(self._timeout_s, self._config.session_timeout_ms / 1000)
@@ -208,7 +212,8 @@ class GroupClient:
         wait_s = min(self._timeout_s, 5.0) if timeout_s is None else max(0.001, timeout_s)
         try:
             self._stub(m).LeaveGroup(
-                pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id), timeout=wait_s
+                pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id, member_secret=m.member_secret),
+                timeout=wait_s,
             )
             log.info("left group", group=m.group_id, member=member_id)
         except grpc.RpcError as e:

@@ -36,6 +36,7 @@ from dmq.client.consumer._group import Membership
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.security.settings import aio_channel
 
 log = get_logger(__name__)
 
@@ -141,7 +142,7 @@ class HeartbeatThread:
     def _stub(self, address: str) -> pb_grpc.GroupCoordinatorStub:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=channel_options())
+            ch = self._channels[address] = aio_channel(address, self._config.security, channel_options())
         return pb_grpc.GroupCoordinatorStub(ch)
 
     def _track(self, m: Membership) -> None:
@@ -190,6 +191,7 @@ class HeartbeatThread:
                 member_id=member_id,
                 generation=m.generation,
                 poll_age_ms=int(self._poll_age_s() * 1000),
+                member_secret=m.member_secret,
             )
             try:
                 response = await stub.Heartbeat(request, timeout=max(interval_s, 1.0))
@@ -212,7 +214,8 @@ class HeartbeatThread:
         backoff_s = c.retry_backoff_ms / 1000
         stub = self._stub(m.coordinator)
         while m.member_id == member_id and m.rejoin_reason is None:
-            call = stub.WatchGroup(pb.WatchGroupRequest(group_id=m.group_id, member_id=member_id))
+            call = stub.WatchGroup(pb.WatchGroupRequest(group_id=m.group_id, member_id=member_id,
+                                                        member_secret=m.member_secret))
             try:
                 async for event in call:
                     backoff_s = c.retry_backoff_ms / 1000
@@ -258,7 +261,8 @@ class HeartbeatThread:
                 self._untrack(topic)
                 try:
                     await self._stub(m.coordinator).LeaveGroup(
-                        pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id), timeout=5.0
+                        pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id, member_secret=m.member_secret),
+                        timeout=5.0,
                     )
                 except grpc.aio.AioRpcError as e:
                     log.warning("leave after poll timeout failed; the coordinator will expire the member",

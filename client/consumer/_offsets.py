@@ -402,6 +402,7 @@ def _commit_request(
     return pb.CommitOffsetsRequest(
         group_id=m.group_id,
         member_id=m.member_id,
+        member_secret=m.member_secret,
         generation=m.generation,
         offsets=[
             pb.PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offsets[tp].offset,

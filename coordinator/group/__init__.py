@@ -40,6 +40,7 @@ from .errors import (
     IllegalStateTransitionError,
     InvalidRequestError,
     NotOwnerError,
+    MemberSecretError,
     UnknownMemberError,
 )
 from .group import Group, GroupConfig, Member, Ownership, random_member_id
@@ -47,6 +48,7 @@ from .handlers import (
     check_ownership,
     handle_get_assignment,
     handle_heartbeat,
+    prove_member,
     handle_join,
     handle_leave,
     handle_partition_count_change,
@@ -136,6 +138,7 @@ __all__ = [
     "SubscriptionMode",
     "TickResponse",
     "Timer",
+    "MemberSecretError",
     "UnknownMemberError",
     "VALID_PREVIOUS_STATES",
     "can_transition",
@@ -143,6 +146,7 @@ __all__ = [
     "group_id_for",
     "handle_get_assignment",
     "handle_heartbeat",
+    "prove_member",
     "handle_join",
     "handle_leave",
     "handle_partition_count_change",

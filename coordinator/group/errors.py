@@ -55,6 +55,22 @@ class UnknownMemberError(GroupError):
         self.member_id = member_id
 
 
+class MemberSecretError(GroupError):
+    """A request for a member without the secret JoinGroup issued to it: whoever sent it learned
+    the member id (DescribeGroup shows ids) but is not that member. Not retriable: re-joining
+    makes a new member, it does not let anyone act as this one."""
+
+    code = "PERMISSION_DENIED"
+
+    def __init__(self, group_id: str, member_id: str) -> None:
+        super().__init__(
+            f"member {member_id!r} of group {group_id!r}: the member_secret is missing or wrong "
+            "(only the member, with the secret its JoinGroup answer gave it, may act as it)"
+        )
+        self.group_id = group_id
+        self.member_id = member_id
+
+
 class NotOwnerError(GroupError):
     """A commit for partitions the member does not own under the generation it names."""
 

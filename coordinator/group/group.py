@@ -97,6 +97,9 @@ class Member:
     last_heartbeat_ms: int  # last request of any kind (heartbeats, fetches, commits, joins)
     last_poll_ms: int  # last poll activity (get_assignment, commit, reported poll)
     acked_generation: int = -1  # generation of the member's last get_assignment; -1 = none
+    # Issued at join (made by the service: the machine draws no randomness) and required by every
+    # later request of the member. "" only for members made without one (the machine's own tests).
+    secret: str = field(default="", repr=False)
 
 
 class Ownership(NamedTuple):

@@ -23,6 +23,8 @@ iff it owns ``p`` now and ``since_generation(p) <= g <= current generation``. So
 
 from __future__ import annotations
 
+import hmac
+
 from .effects import (
     Event,
     GenerationStarted,
@@ -40,6 +42,7 @@ from .errors import (
     GroupNotEmptyError,
     IllegalStateTransitionError,
     InvalidRequestError,
+    MemberSecretError,
     NotOwnerError,
 )
 from .group import POLL_TIMER, REBALANCE_TIMER, SESSION_TIMER, Group, Member, Ownership
@@ -108,6 +111,7 @@ def handle_join(group: Group, request: JoinGroupRequest, now_ms: int) -> Result[
         joined_ms=now_ms,
         last_heartbeat_ms=now_ms,
         last_poll_ms=now_ms,
+        secret=request.member_secret,
     )
     group.members[member_id] = member
     group.index_consumer(member)
@@ -125,7 +129,17 @@ def _join_response(group: Group, member: Member, *, rejoined: bool) -> JoinGroup
         session_timeout_ms=member.session_timeout_ms,
         max_poll_interval_ms=member.max_poll_interval_ms,
         rejoined=rejoined,
+        member_secret=member.secret,
     )
+
+
+def prove_member(group: Group, member_id: str, secret: str) -> Member:
+    """The member, if the request carries its secret (compared in constant time); else
+    UnknownMemberError / MemberSecretError."""
+    member = group.member(member_id)
+    if member.secret and not hmac.compare_digest(member.secret.encode(), secret.encode()):
+        raise MemberSecretError(group.group_id, member_id)
+    return member
 
 
 def _bounded(name: str, value: int, low: int, high: int) -> int:
@@ -158,7 +172,7 @@ def handle_get_assignment(
        target still owned by another member stay pending. 3. If that completes the hand-off,
        the group becomes STABLE.
     """
-    member = group.member(request.member_id)
+    member = prove_member(group, request.member_id, request.member_secret)
     events: list[Event] = []
     _touch_session(group, member, now_ms)
     _touch_poll(group, member, now_ms)
@@ -203,7 +217,7 @@ def handle_get_assignment(
 def handle_heartbeat(
     group: Group, request: HeartbeatRequest, now_ms: int
 ) -> Result[HeartbeatResponse]:
-    member = group.member(request.member_id)
+    member = prove_member(group, request.member_id, request.member_secret)
     if request.poll_age_ms is not None and request.poll_age_ms < 0:
         raise InvalidRequestError(f"poll_age_ms={request.poll_age_ms} must be >= 0")
     _touch_session(group, member, now_ms)
@@ -235,7 +249,7 @@ def handle_leave(
     group: Group, request: LeaveGroupRequest, now_ms: int
 ) -> Result[LeaveGroupResponse]:
     """Raises UnknownMemberError for a member already gone; a client treats that as done."""
-    member = group.member(request.member_id)
+    member = prove_member(group, request.member_id, request.member_secret)
     events: list[Event] = []
     released = _remove_member(group, member, RemovalReason.LEFT, now_ms, events)
     return Result(LeaveGroupResponse(released=released), events=tuple(events))
@@ -257,7 +271,7 @@ def check_ownership(
             raise GroupNotEmptyError(group.group_id, len(group.members), "reset its offsets")
         return Result(CheckOwnershipResponse(generation=group.generation))
 
-    member = group.member(request.member_id)
+    member = prove_member(group, request.member_id, request.member_secret)
     reasons: dict[int, str] = {}
     for p in request.partitions:
         ownership = group.owners.get(p)

@@ -7,7 +7,7 @@ Conventions shared with the proto: integer fields left at 0 mean "use the server
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .effects import Subscription, SubscriptionMode
 from .state import GroupState
@@ -46,6 +46,8 @@ class JoinGroupRequest:
     host: str = ""
     session_timeout_ms: int = 0
     max_poll_interval_ms: int = 0
+    # The secret a new member gets (the service draws it; a rejoin keeps the member's own).
+    member_secret: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +57,13 @@ class JoinGroupResponse:
     session_timeout_ms: int  # effective values after defaults
     max_poll_interval_ms: int
     rejoined: bool  # True when consumer_id matched an existing member
+    member_secret: str = field(default="", repr=False)  # prove membership with it from now on
 
 
 @dataclass(frozen=True, slots=True)
 class GetAssignmentRequest:
     member_id: str
+    member_secret: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +88,7 @@ class HeartbeatRequest:
     # given, it counts as poll activity for max_poll_interval_ms (a consumer that polls but
     # rarely commits is not expired). Delivery delay makes it optimistic by at most one RPC.
     poll_age_ms: int | None = None
+    member_secret: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,7 @@ class HeartbeatResponse:
 @dataclass(frozen=True, slots=True)
 class LeaveGroupRequest:
     member_id: str
+    member_secret: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +133,7 @@ class CheckOwnershipRequest:
     generation: int
     partitions: Sequence[int]
     topic: str | None = None  # checked against the group's topic when given
+    member_secret: str = field(default="", repr=False)  # the committing member's (not for resets)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,11 +15,12 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES, channel_options
+from tests import member_secrets
 
 
 @pytest.fixture
 def stubs(cluster: ClusterThread):
-    channel = grpc.insecure_channel(cluster.bootstrap, options=channel_options())
+    channel = member_secrets.sync_channel(cluster.bootstrap, options=channel_options())
     meta = pb_grpc.MetadataStub(channel)
     meta.CreateTopic(pb.CreateTopicRequest(name="t", partitions=4), timeout=10)
     yield meta, pb_grpc.BrokerStub(channel)

@@ -35,6 +35,7 @@ from dmq.client.cli.runner import ClusterThread
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
+from tests import member_secrets
 
 TOPIC = "orders"
 PARTITIONS = 6
@@ -293,9 +294,9 @@ def test_a_member_the_coordinator_forgot_rejoins(server: ClusterThread, consumer
     pump([c], lambda: partitions(c) == set(range(6)))
     (m,) = c._memberships.values()
     old = m.member_id
-    channel = grpc.insecure_channel(server.bootstrap, options=channel_options())
+    channel = member_secrets.sync_channel(server.bootstrap, options=channel_options())
     try:  # what a session expiry or a coordinator restart looks like to the member
-        pb_grpc.GroupCoordinatorStub(channel).LeaveGroup(pb.LeaveGroupRequest(group_id=m.group_id, member_id=old),
+        pb_grpc.GroupCoordinatorStub(channel).LeaveGroup(pb.LeaveGroupRequest(group_id=m.group_id, member_id=old, member_secret=m.member_secret),
                                                          timeout=5)
     finally:
         channel.close()

@@ -24,6 +24,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
 from dmq.proto.grpc_options import channel_options, server_options
+from tests import member_secrets
 
 DEBOUNCE_MS = 50
 WAIT_MS = 5_000  # GetAssignment long-poll in tests: returns as soon as the group is stable
@@ -44,7 +45,7 @@ class Client:
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         if address not in self._channels:
-            self._channels[address] = grpc.aio.insecure_channel(address, options=channel_options())
+            self._channels[address] = member_secrets.aio_channel(address, options=channel_options())
         return self._channels[address]
 
     async def close(self) -> None:
@@ -427,7 +428,7 @@ def test_no_request_makes_the_service_fail(
 
 @pytest.fixture
 def fuzz_stub(fast: ClusterThread):
-    channel = grpc.insecure_channel(fast.bootstrap, options=channel_options())
+    channel = member_secrets.sync_channel(fast.bootstrap, options=channel_options())
     meta = pb_grpc.MetadataStub(channel)
     meta.CreateTopic(pb.CreateTopicRequest(name="t", partitions=2), timeout=TIMEOUT_S)
     stub = pb_grpc.GroupCoordinatorStub(channel)
@@ -708,7 +709,7 @@ async def test_rpcs_before_start_are_unavailable_and_stop_without_start_is_safe(
     node.add_to_server(server)
     await server.start()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=channel_options()) as channel:
+        async with member_secrets.aio_channel(f"127.0.0.1:{port}", options=channel_options()) as channel:
             stub = pb_grpc.GroupCoordinatorStub(channel)
             code, details = await status_of(stub.ListGroups(pb.ListGroupsRequest(), timeout=TIMEOUT_S))
             assert code == Code.UNAVAILABLE and "retry" in details

@@ -23,6 +23,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
 from dmq.proto.grpc_options import channel_options
+from tests import member_secrets
 
 # Statuses a client can act on; INTERNAL and UNKNOWN are bugs.
 ALLOWED = {
@@ -38,7 +39,7 @@ ALLOWED = {
 
 @pytest.fixture
 def stubs(cluster: ClusterThread):
-    channel = grpc.insecure_channel(cluster.bootstrap, options=channel_options())
+    channel = member_secrets.sync_channel(cluster.bootstrap, options=channel_options())
     yield (
         pb_grpc.MetadataStub(channel),
         pb_grpc.BrokerStub(channel),

@@ -15,6 +15,7 @@ from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
+from tests import member_secrets
 
 COMMITS = 2_000
 CONCURRENCY = 300
@@ -24,7 +25,7 @@ GROUPS = 50
 
 async def _commit_storm(address: str) -> tuple[list[str], pb_grpc.BrokerStub]:
     failures: list[str] = []
-    async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:
+    async with member_secrets.aio_channel(address, options=channel_options()) as channel:
         meta = pb_grpc.MetadataStub(channel)
         broker = pb_grpc.BrokerStub(channel)
         await meta.CreateTopic(pb.CreateTopicRequest(name="t", partitions=PARTITIONS), timeout=10)
@@ -79,7 +80,7 @@ def test_concurrent_commits_survive_a_restart(cluster_factory, tmp_path) -> None
     second = cluster_factory(data_dir=data_dir)
 
     async def read_back() -> None:
-        async with grpc.aio.insecure_channel(second.bootstrap, options=channel_options()) as channel:
+        async with member_secrets.aio_channel(second.bootstrap, options=channel_options()) as channel:
             broker = pb_grpc.BrokerStub(channel)
             for g in range(GROUPS):
                 answer = await broker.FetchCommittedOffsets(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 
-import grpc
 import pytest
 
 from dmq.client.cli.runner import ClusterThread
@@ -20,6 +19,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
 from dmq.proto.grpc_options import channel_options
+from tests import member_secrets
 
 DEBOUNCE_MS = 50
 WAIT_MS = 5_000
@@ -35,7 +35,7 @@ ALL, NEW, TIMESTAMP, DEFAULT = (
 
 class Client:
     def __init__(self, bootstrap: str) -> None:
-        self.channel = grpc.aio.insecure_channel(bootstrap, options=channel_options())
+        self.channel = member_secrets.aio_channel(bootstrap, options=channel_options())
         self.groups = pb_grpc.GroupCoordinatorStub(self.channel)
         self.meta = pb_grpc.MetadataStub(self.channel)
         self.broker = pb_grpc.BrokerStub(self.channel)  # one broker sharing the coordinator's port
@@ -214,7 +214,7 @@ def test_new_mode_through_the_dmq_consumer(fast: ClusterThread) -> None:
     """The real client: it joins, gets its StartPosition and reads only what came after."""
     from dmq.client.consumer import DMQConsumer
 
-    channel = grpc.insecure_channel(fast.bootstrap, options=channel_options())
+    channel = member_secrets.sync_channel(fast.bootstrap, options=channel_options())
     try:
         pb_grpc.MetadataStub(channel).CreateTopic(pb.CreateTopicRequest(name="t", partitions=2), timeout=TIMEOUT_S)
         broker = pb_grpc.BrokerStub(channel)

@@ -1,0 +1,64 @@
+"""Wrapping a grpc.aio method handler: what every server interceptor of ours repeats.
+
+A grpc.aio ServerInterceptor sees the call's method before the request is read; to act on the
+request, the context or the answer it must return a new handler of the same kind whose behavior
+wraps the original one. `rewrap(handler, unary=..., stream=...)` does the four-way dispatch
+(unary/stream request × unary/stream answer), and `call_behavior` / `stream_behavior` run the
+original behavior whichever way it was written (a coroutine, a plain function, an async or plain
+generator, or a coroutine writing with context.write()).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+__all__ = ["call_behavior", "rewrap", "stream_behavior"]
+
+Behavior = Callable[..., Any]
+
+
+def rewrap(
+    handler: grpc.RpcMethodHandler[Any, Any],
+    *,
+    unary: Callable[[Behavior], Callable[..., Awaitable[Any]]],
+    stream: Callable[[Behavior], Callable[..., AsyncIterator[Any]]],
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """The handler with its behavior wrapped by `unary` (one answer) or `stream` (a stream)."""
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(
+            unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
+        )
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(
+            unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+        )
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
+        )
+    if handler.stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(
+            stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+        )
+    return handler  # no behavior at all: grpc answers UNIMPLEMENTED as it would without us
+
+
+async def call_behavior(behavior: Behavior, request: Any, context: Any) -> Any:
+    result = behavior(request, context)
+    return (await result) if inspect.isawaitable(result) else result
+
+
+async def stream_behavior(behavior: Behavior, request: Any, context: Any) -> AsyncIterator[Any]:
+    result = behavior(request, context)
+    if inspect.isasyncgen(result):
+        async for item in result:
+            yield item
+    elif inspect.isawaitable(result):  # a coroutine that writes with context.write()
+        await result
+    else:  # a plain generator
+        for item in result:
+            yield item
