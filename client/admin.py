@@ -40,6 +40,7 @@ from dmq.client._groups import (
     check_reset,
     plan_reset,
 )
+from dmq.client._acl_admin import AclAdminMixin
 from dmq.client.queue_admin import QueueAdminMixin
 from dmq.client._trace import TraceMixin
 from dmq.client.errors import (
@@ -265,11 +266,11 @@ def check_topic_name(name: str) -> None:
         raise InvalidArgumentError(f"invalid topic name: {str(e).removeprefix('name: ')}") from e
 
 
-class AdminClient(QueueAdminMixin, TraceMixin):
+class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
     """Topic and cluster administration. Synchronous, thread-safe; close() (or `with`) when done.
 
     Queue operations (describe_queue, list_queues) come from dmq.client.queue_admin, find_trace
-    from dmq.client._trace."""
+    from dmq.client._trace, add_acls / remove_acls / list_acls from dmq.client._acl_admin."""
 
     def __init__(
         self,

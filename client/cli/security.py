@@ -106,7 +106,6 @@ def _entry_options(f):
 
 def _entries(principal: str, topic: str | None, group: str | None, cluster: bool, prefix: bool,
              operations: tuple[str, ...], deny: bool) -> list:
-    from dmq.proto import dmq_pb2 as pb
     from dmq.proto.security.acls import CLUSTER_RESOURCE, Acl
 
     named = [(t, n) for t, n in (("topic", topic), ("group", group), ("cluster", CLUSTER_RESOURCE if cluster else None)) if n]
@@ -119,8 +118,7 @@ def _entries(principal: str, topic: str | None, group: str | None, cluster: bool
             acl = Acl.parse(principal, rtype, name, op, "deny" if deny else "allow", "prefixed" if prefix else "literal")
         except ValueError as e:
             raise click.UsageError(str(e)) from None
-        out.append(pb.AclEntry(principal=acl.principal, resource_type=acl.resource_type, pattern_type=acl.pattern_type,
-                               resource_name=acl.resource_name, operation=acl.operation, permission=acl.permission))
+        out.append(acl)
     return out
 
 
@@ -129,10 +127,9 @@ def _entries(principal: str, topic: str | None, group: str | None, cluster: bool
 @click.pass_context
 def acls_add(ctx: click.Context, **entry) -> None:
     """Allow (or --deny) a principal operations on a resource."""
-    from dmq.client.cli._errors import session
-    from dmq.proto import dmq_pb2 as pb
+    from dmq.client.cli._errors import admin
 
-    answer = session(ctx).metadata("AddAcls", pb.AddAclsRequest(acls=_entries(**entry)))
+    answer = admin(ctx).add_acls(_entries(**entry))
     click.echo(f"added {answer.changed} ACL(s); ACL version {answer.version}")
 
 
@@ -141,10 +138,9 @@ def acls_add(ctx: click.Context, **entry) -> None:
 @click.pass_context
 def acls_remove(ctx: click.Context, **entry) -> None:
     """Remove exactly these entries (as `dmq acls list` shows them)."""
-    from dmq.client.cli._errors import session
-    from dmq.proto import dmq_pb2 as pb
+    from dmq.client.cli._errors import admin
 
-    answer = session(ctx).metadata("RemoveAcls", pb.RemoveAclsRequest(acls=_entries(**entry)))
+    answer = admin(ctx).remove_acls(_entries(**entry))
     click.echo(f"removed {answer.changed} ACL(s); ACL version {answer.version}")
 
 
@@ -154,11 +150,10 @@ def acls_remove(ctx: click.Context, **entry) -> None:
 @click.pass_context
 def acls_list(ctx: click.Context, principal: str, output: str) -> None:
     """Every ACL entry (or one principal's)."""
-    from dmq.client.cli._errors import session
+    from dmq.client.cli._errors import admin
     from dmq.client.cli._output import note, print_json, show, table
-    from dmq.proto import dmq_pb2 as pb
 
-    answer = session(ctx).metadata("ListAcls", pb.ListAclsRequest(principal=principal))
+    answer = admin(ctx).list_acls(principal)
     docs = [{"principal": a.principal, "permission": a.permission, "operation": a.operation,
              "resource_type": a.resource_type, "pattern_type": a.pattern_type, "resource_name": a.resource_name}
             for a in answer.acls]

@@ -186,7 +186,9 @@ class SecurityInterceptor(_ServerInterceptor):
         if self.quotas is not None and principal != self.security.cluster_principal:
             delay = self.quotas.delay_s(principal, "requests", 1)
             if rule.quota == "produce":
-                delay = max(delay, self.quotas.delay_s(principal, "produce", len(getattr(request, "batch", b""))))
+                # a Produce's batch; other writes (event appends) by their encoded size
+                size = len(request.batch) if hasattr(request, "batch") else getattr(request, "ByteSize", lambda: 0)()
+                delay = max(delay, self.quotas.delay_s(principal, "produce", size))
             if delay > 0:
                 await asyncio.sleep(delay)
         return principal, needs

@@ -104,6 +104,24 @@ def _find_group(r: Any) -> list[Need]:
     return [Need(ResourceType.GROUP, group, Operation.READ), Need(ResourceType.TOPIC, r.topic, Operation.DESCRIBE)]
 
 
+def _topic_and_group(group_op: Operation, group_field: str = "group") -> Needs:
+    """Queue pops and event-store claims: read on the topic and `group_op` on the group (Kafka's
+    share groups need READ on both)."""
+    return lambda r: [
+        Need(ResourceType.TOPIC, r.topic, Operation.READ),
+        Need(ResourceType.GROUP, getattr(r, group_field), group_op),
+    ]
+
+
+def _queue_describe(r: Any) -> list[Need]:
+    if not r.topic:  # every topic's queues: seeing the whole cluster
+        return [Need(ResourceType.CLUSTER, CLUSTER_RESOURCE, Operation.DESCRIBE)]
+    needs = [Need(ResourceType.TOPIC, r.topic, Operation.DESCRIBE)]
+    if r.group:
+        needs.append(Need(ResourceType.GROUP, r.group, Operation.DESCRIBE))
+    return needs
+
+
 def _logs(r: Any) -> list[Need]:
     if not r.partitions:
         return [Need(ResourceType.CLUSTER, CLUSTER_RESOURCE, Operation.DESCRIBE)]
@@ -127,6 +145,27 @@ RULES: dict[str, RpcRule] = {
     _B + "CreatePartitions": _INTERNAL,
     _B + "DeletePartitions": _INTERNAL,
     _B + "DeleteGroupOffsets": _INTERNAL,
+    # queue mode: a pop takes a lease (read on the topic and the group); its id, 128 random bits
+    # given only to the popper, is the capability that finishes it, as a member secret is
+    _B + "QueuePop": RpcRule(Access.ACL, _topic_and_group(Operation.READ)),
+    _B + "QueueAck": RpcRule(Access.AUTHENTICATED),
+    _B + "QueueNack": RpcRule(Access.AUTHENTICATED),
+    _B + "QueueReject": RpcRule(Access.AUTHENTICATED),
+    _B + "QueueRenew": RpcRule(Access.AUTHENTICATED),
+    _B + "QueueDescribe": RpcRule(Access.ACL, _queue_describe),
+    # a trace search answers records of every topic: read on the cluster (granted explicitly)
+    _B + "FindTrace": RpcRule(Access.ACL, _cluster(Operation.READ)),
+    # event store: appends write, reads and subscriptions read; its groups as queue groups, and
+    # stopping / starting / resetting a group (forgetting its progress) is an admin change
+    _B + "EventAppend": RpcRule(Access.ACL, _topic(Operation.WRITE), quota="produce"),
+    _B + "EventRead": RpcRule(Access.ACL, _topic(Operation.READ)),
+    _B + "EventSubscribe": RpcRule(Access.ACL, _topic(Operation.READ)),
+    _B + "EventGroupControl": RpcRule(Access.ACL, _topic_and_group(Operation.ALTER), admin=True),
+    _B + "EventClaimNext": RpcRule(Access.ACL, _topic_and_group(Operation.READ)),
+    _B + "EventAck": RpcRule(Access.ACL, _topic_and_group(Operation.READ)),
+    _B + "EventRelease": RpcRule(Access.ACL, _topic_and_group(Operation.READ)),
+    _B + "EventRenewClaim": RpcRule(Access.ACL, _topic_and_group(Operation.READ)),
+    _B + "EventGroupDescribe": RpcRule(Access.ACL, _topic_and_group(Operation.DESCRIBE)),
     # -- Metadata ----------------------------------------------------------------------------------
     _M + "RegisterBroker": _INTERNAL,
     _M + "BrokerHeartbeat": _INTERNAL,

@@ -42,7 +42,7 @@ class Caller:
         stub = {"dmq.v1.Metadata": self.metadata, "dmq.v1.GroupCoordinator": self.groups,
                 "dmq.v1.Broker": self.broker, "grpc.health.v1.Health": self.health}[service]
         rpc = getattr(stub, name)
-        if name in ("WatchGroup", "Watch"):  # streams: the first event proves the call was served
+        if name in ("WatchGroup", "Watch", "EventSubscribe"):  # streams: the first event proves the call was served
             return next(iter(rpc(request, timeout=3)))
         return rpc(request, timeout=10)
 
@@ -83,6 +83,49 @@ def G(name: str) -> str:  # noqa: N802 - the group id of `name`'s topic and app 
     return f"G_{name}_app"
 
 
+def _queue_topic(admin: Caller, name: str) -> str:
+    """A topic holding one record, for queue pops."""
+    admin.broker.Produce(pb.ProduceRequest(topic=_topic(admin, name), partition=0, batch=_batch()), timeout=10)
+    return name
+
+
+def _lease(admin: Caller, name: str) -> str:
+    """A live lease taken by the admin: its id is all a worker needs to finish it."""
+    popped = admin.broker.QueuePop(pb.QueuePopRequest(topic=_queue_topic(admin, name), group=name + "q",
+                                                      max_records=1, timeout_ms=5000), timeout=10)
+    assert popped.lease_id, "the setup's pop found nothing"
+    return popped.lease_id
+
+
+def _event_topic(admin: Caller, name: str) -> str:
+    """An event store holding one event of type "t" with attribute k=v."""
+    admin.metadata.CreateTopic(pb.CreateTopicRequest(name=name, partitions=1, config=pb.TopicConfig(kind="event-store")),
+                               timeout=10)
+    admin.broker.EventAppend(pb.EventAppendRequest(topic=name, events=[pb.Event(type="t", tags=["k:v"])]), timeout=10)
+    return name
+
+
+def _event_group(admin: Caller, name: str) -> tuple[str, str]:
+    topic, group = _event_topic(admin, name), name + "g"
+    admin.broker.EventGroupControl(pb.EventGroupControlRequest(topic=topic, group=group,
+                                                               action=pb.EVENT_GROUP_REGISTER), timeout=10)
+    return topic, group
+
+
+def _claim(admin: Caller, name: str) -> pb.EventClaimRef:
+    """A partition claimed by worker "w" (the admin's call): the ref its worker finishes it with."""
+    topic, group = _event_group(admin, name)
+    got = admin.broker.EventClaimNext(pb.EventClaimRequest(topic=topic, group=group, partition_by=["k"],
+                                                           handled_types=["t"], worker_id="w"), timeout=10)
+    assert got.claimed, "the setup's claim found nothing"
+    return pb.EventClaimRef(topic=topic, group=group, partition_key=got.partition_key, worker_id="w",
+                            position=got.last_position)
+
+
+def _read_topic_and_group(group_suffix: str, group_op: str = "read") -> Callable[[str], list[tuple[str, str, str, bool]]]:
+    return lambda n: [("topic", n, "read", False), ("group", n + group_suffix, group_op, False)]
+
+
 CLUSTER = [("cluster", "cluster", "describe", False)]
 CASES: dict[str, Case] = {
     # Broker
@@ -104,6 +147,38 @@ CASES: dict[str, Case] = {
         topic=_topic(a, n), partitions=[0], config=pb.TopicConfig(retention_ms=1))),
     "/dmq.v1.Broker/DeletePartitions": Case(lambda a, n: pb.DeletePartitionsRequest(topic=_topic(a, n))),
     "/dmq.v1.Broker/DeleteGroupOffsets": Case(lambda a, n: pb.DeleteGroupOffsetsRequest(group_id=_group(a, _topic(a, n)))),
+    # Broker: queue mode (finishing a lease needs only its id, the capability a pop hands out)
+    "/dmq.v1.Broker/QueuePop": Case(lambda a, n: pb.QueuePopRequest(topic=_queue_topic(a, n), group=n + "q", max_records=1,
+                                                                    timeout_ms=2000),
+                                    _read_topic_and_group("q")),
+    "/dmq.v1.Broker/QueueAck": Case(lambda a, n: pb.QueueAckRequest(lease_id=_lease(a, n))),
+    "/dmq.v1.Broker/QueueNack": Case(lambda a, n: pb.QueueNackRequest(lease_id=_lease(a, n), error="test")),
+    "/dmq.v1.Broker/QueueReject": Case(lambda a, n: pb.QueueRejectRequest(lease_id=_lease(a, n), offset=0, error="test")),
+    "/dmq.v1.Broker/QueueRenew": Case(lambda a, n: pb.QueueRenewRequest(lease_id=_lease(a, n))),
+    "/dmq.v1.Broker/QueueDescribe": Case(lambda a, n: pb.QueueDescribeRequest(topic=_queue_topic(a, n)),
+                                         lambda n: [("topic", n, "describe", False)]),
+    "/dmq.v1.Broker/FindTrace": Case(lambda a, n: pb.FindTraceRequest(trace_id=n),
+                                     lambda n: [("cluster", "cluster", "read", False)]),
+    # Broker: event store
+    "/dmq.v1.Broker/EventAppend": Case(lambda a, n: pb.EventAppendRequest(topic=_event_topic(a, n), events=[pb.Event(type="t")]),
+                                       lambda n: [("topic", n, "write", False)]),
+    "/dmq.v1.Broker/EventRead": Case(lambda a, n: pb.EventReadRequest(topic=_event_topic(a, n)),
+                                     lambda n: [("topic", n, "read", False)]),
+    "/dmq.v1.Broker/EventSubscribe": Case(lambda a, n: pb.EventSubscribeRequest(topic=_event_topic(a, n)),
+                                          lambda n: [("topic", n, "read", False)]),
+    "/dmq.v1.Broker/EventGroupControl": Case(
+        lambda a, n: pb.EventGroupControlRequest(topic=_event_topic(a, n), group=n + "g", action=pb.EVENT_GROUP_REGISTER),
+        _read_topic_and_group("g", "alter")),
+    "/dmq.v1.Broker/EventClaimNext": Case(
+        lambda a, n: pb.EventClaimRequest(topic=_event_group(a, n)[0], group=n + "g", partition_by=["k"],
+                                          handled_types=["t"], worker_id="w"),
+        _read_topic_and_group("g")),
+    "/dmq.v1.Broker/EventAck": Case(_claim, _read_topic_and_group("g")),
+    "/dmq.v1.Broker/EventRelease": Case(_claim, _read_topic_and_group("g")),
+    "/dmq.v1.Broker/EventRenewClaim": Case(_claim, _read_topic_and_group("g")),
+    "/dmq.v1.Broker/EventGroupDescribe": Case(
+        lambda a, n: pb.EventGroupDescribeRequest(topic=_event_group(a, n)[0], group=n + "g"),
+        _read_topic_and_group("g", "describe")),
     # Metadata
     "/dmq.v1.Metadata/RegisterBroker": Case(lambda a, n: _same_registration(a)),
     "/dmq.v1.Metadata/BrokerHeartbeat": Case(lambda a, n: pb.BrokerHeartbeatRequest(broker_id=0)),
