@@ -54,7 +54,7 @@ def create_topic(bootstrap: str, topic: str) -> None:
 
 def fill(bootstrap: str, topic: str, n: int, seed: int) -> float:
     """(b): appends of BATCH events until the store holds n; seconds."""
-    from dmq.client.event_store import Event, EventStore
+    from dmq.client.events import Event, EventStore
 
     rng = random.Random(seed)
     payloads = [os.urandom(PAYLOAD) for _ in range(1024)]
@@ -78,7 +78,7 @@ def fill(bootstrap: str, topic: str, n: int, seed: int) -> float:
 
 
 def tag_reads(bootstrap: str, topic: str, reads: int, expected: int) -> tuple[list[float], list[float]]:
-    from dmq.client.event_store import EventStore, QueryItem
+    from dmq.client.events import EventStore, QueryItem
 
     query = [QueryItem(tags=(HOT_TAG,))]
     whole, paged = [], []
@@ -107,7 +107,7 @@ def tag_reads(bootstrap: str, topic: str, reads: int, expected: int) -> tuple[li
 def cond_client(bootstrap: str, topic: str, k: int, n: int, barrier: Any, out_q: Any) -> None:
     """(a): WARMUP + n conditional single-event appends of client k."""
     from dmq.client.errors import AppendConditionError
-    from dmq.client.event_store import AppendCondition, Event, EventStore, QueryItem
+    from dmq.client.events import AppendCondition, Event, EventStore, QueryItem
 
     payloads = [os.urandom(PAYLOAD) for _ in range(64)]
     with EventStore(bootstrap, topic) as store:
@@ -161,7 +161,7 @@ def run_cond(bootstrap: str, topic: str, clients: int, total: int) -> dict[str, 
 
 def claim_cycles(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]:
     """(e): one worker claims, handles and acks every partition; (cycles, seconds)."""
-    from dmq.client.event_store import EventStore, EventType
+    from dmq.client.events import EventStore, EventType
 
     task = EventType("task.created", ["task"])
     with EventStore(bootstrap, topic) as store:

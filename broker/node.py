@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 import structlog
 
-from dmq.broker.eventstore.registry import EventStores
+from dmq.broker.events.registry import EventStores
 from dmq.broker.log import LogConfig, LogManager
 from dmq.broker.offsets import OffsetStore
 from dmq.broker.queue.manager import QueueManager

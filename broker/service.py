@@ -43,7 +43,7 @@ from dmq.broker.log import (
     StorageUnavailableError,
     UnknownPartitionError,
 )
-from dmq.broker.eventstore.service import EventStoreRpcs
+from dmq.broker.events.service import EventStoreRpcs
 from dmq.broker.log.errors import DISK_FULL_ERRNOS
 from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
 from dmq.broker.queue.service import QueueRpcs
@@ -161,7 +161,7 @@ def _translate(service: BrokerService, e: Exception) -> RpcAbort | None:
 
 # Validation failures become their status, storage failures theirs, anything else INTERNAL.
 _guarded = rpc_handler(log=log, translate=_translate)
-# The event-store RPCs (dmq.broker.eventstore.service) map storage failures the same way.
+# The event-store RPCs (dmq.broker.events.service) map storage failures the same way.
 translate_storage = _translate
 
 

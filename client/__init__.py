@@ -19,11 +19,11 @@ _EXPORTS = {
     "PartitionDescription": "dmq.client.admin",
     "TopicDescription": "dmq.client.admin",
     "DMQError": "dmq.client.errors",
-    "EventStore": "dmq.client.event_store",
-    "EventType": "dmq.client.event_store",
-    "Event": "dmq.client.event_store",
-    "QueryItem": "dmq.client.event_store",
-    "AppendCondition": "dmq.client.event_store",
+    "EventStore": "dmq.client.events",
+    "EventType": "dmq.client.events",
+    "Event": "dmq.client.events",
+    "QueryItem": "dmq.client.events",
+    "AppendCondition": "dmq.client.events",
     "Producer": "dmq.client.producer",
     "RecordFuture": "dmq.client.producer",
     "SendManyFuture": "dmq.client.producer",
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
         TopicPartition,
     )
     from dmq.client.errors import DMQError
-    from dmq.client.event_store import AppendCondition, Event, EventStore, EventType, QueryItem
+    from dmq.client.events import AppendCondition, Event, EventStore, EventType, QueryItem
     from dmq.client.producer import Producer, RecordFuture, SendManyFuture
     from dmq.client.records import ConsumerRecord, RecordMetadata
     from dmq.client.serializers import json_deserializer, json_serializer, str_deserializer, str_serializer

@@ -33,7 +33,7 @@ from dmq.client.cli._output import human_time_ms, output_option, print_json, sho
 from dmq.client.cli._session import CLIError
 
 if TYPE_CHECKING:
-    from dmq.client.event_store import Event, EventStore, QueryItem, SequencedEvent
+    from dmq.client.events import Event, EventStore, QueryItem, SequencedEvent
 
 APPEND_BATCH_DEFAULT = 1_000
 APPEND_BATCH_MAX = 10_000  # dmq.proto.event_headers.EVENTS_PER_APPEND_MAX
@@ -48,7 +48,7 @@ def events() -> None:
 
 
 def _store(ctx: click.Context, topic: str) -> EventStore:
-    from dmq.client.event_store import EventStore
+    from dmq.client.events import EventStore
 
     return EventStore(bootstrap(ctx), topic, request_timeout_ms=int(timeout_s(ctx) * 1000))
 
@@ -68,7 +68,7 @@ def _bytes_field(doc: dict[str, Any], name: str, where: str) -> bytes:
 
 
 def parse_event(line: str, where: str) -> Event:
-    from dmq.client.event_store import Event
+    from dmq.client.events import Event
 
     try:
         doc = json.loads(line)
@@ -84,7 +84,7 @@ def parse_event(line: str, where: str) -> Event:
 
 def parse_query(text: str | None, types: tuple[str, ...], tags: tuple[str, ...], option: str) -> list[QueryItem]:
     """A query from a JSON list of items, or one item from --type / --tag."""
-    from dmq.client.event_store import QueryItem
+    from dmq.client.events import QueryItem
 
     items = []
     if text:
@@ -139,7 +139,7 @@ def append(ctx: click.Context, topic: str, source: IO[str], batch: int, conditio
         | dmq events append courses --fail-if-events-match '[{"tags": ["course_name:Algebra"]}]'
     """
     from dmq.client.errors import AppendConditionError
-    from dmq.client.event_store import AppendCondition
+    from dmq.client.events import AppendCondition
 
     cond = None
     if condition is not None:

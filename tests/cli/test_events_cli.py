@@ -57,7 +57,7 @@ def test_a_failed_condition_exits_1_naming_the_position(dmq: Dmq) -> None:
 
 
 def test_event_groups_in_groups_describe(dmq: Dmq) -> None:
-    from dmq.client.event_store import EventStore, EventType
+    from dmq.client.events import EventStore, EventType
 
     dmq.ok("topics", "create", "cli-groups", "--kind", "event-store")
     created = EventType("course.created", ["course_name"])

@@ -14,7 +14,7 @@ import pytest
 from dmq.client import AdminClient
 from dmq.client.cli.runner import ClusterThread
 from dmq.client.errors import AppendConditionError, ClaimNotHeldError, FailedPreconditionError, GroupNotFoundError
-from dmq.client.event_store import Claim, EventStore, EventType
+from dmq.client.events import Claim, EventStore, EventType
 
 CourseCreated = EventType("course.created", ["course_name"])
 UserRegistered = EventType("user.registered", ["user_id"])

@@ -22,7 +22,7 @@ from dmq.client.errors import (
     InvalidConfigError,
     ResourceExhaustedError,
 )
-from dmq.client.event_store import AppendCondition, Event, EventStore, QueryItem
+from dmq.client.events import AppendCondition, Event, EventStore, QueryItem
 from dmq.client.producer import Producer
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from dmq.client import AdminClient
 from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.client.errors import AppendConditionError
-from dmq.client.event_store import AppendCondition, Event, EventStore, EventType, QueryItem
+from dmq.client.events import AppendCondition, Event, EventStore, EventType, QueryItem
 
 TYPES = ["a", "b", "c"]
 ATTRS = {"x": ["1", "2", "3"], "y": ["1", "2"]}

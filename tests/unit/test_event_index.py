@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pathlib
 
-from dmq.broker.eventstore.index import EventIndex
-from dmq.broker.eventstore.query import QueryItem, belongs, partition_values, query_matches
-from dmq.broker.eventstore.store import EventStore, NewEvent
+from dmq.broker.events.index import EventIndex
+from dmq.broker.events.query import QueryItem, belongs, partition_values, query_matches
+from dmq.broker.events.store import EventStore, NewEvent
 from dmq.broker.log import LogConfig, PartitionLog
 from dmq.proto import records
 from dmq.proto.event_headers import event_headers, parse_event_headers, partition_key

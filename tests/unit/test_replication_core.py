@@ -13,7 +13,7 @@ from dmq.broker.replication import (
     PartitionReplicas,
     truncation_offset,
 )
-from dmq.coordinator.election import (
+from dmq.coordinator.controller.election import (
     PartitionLeadership,
     elect_leader,
     on_broker_back,

@@ -1,6 +1,6 @@
 """A seeded simulation of one partition's three replicas under crashes, restarts, stopped
 brokers, slow followers, stale leaders and elections, driven through replication's pure parts
-(dmq.broker.replication) and the controller's rules (dmq.coordinator.election).
+(dmq.broker.replication) and the controller's rules (dmq.coordinator.controller.election).
 
 After every step: the leader epoch only grows, an acknowledged acks=all record is in the log of
 every in-sync replica, no replica's log differs from the leader's below its high watermark, and
@@ -17,7 +17,7 @@ import random
 import pytest
 
 from dmq.broker.replication import LeaderEpochCache, PartitionReplicas, truncation_offset
-from dmq.coordinator.election import PartitionLeadership, on_broker_back, on_broker_failed, restore_preferred
+from dmq.coordinator.controller.election import PartitionLeadership, on_broker_back, on_broker_failed, restore_preferred
 
 BROKERS = (1, 2, 3)
 MIN_INSYNC = 2

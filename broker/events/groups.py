@@ -34,16 +34,16 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from dmq.broker.eventstore.errors import (
+from dmq.broker.events.errors import (
     ClaimNotHeldError,
     EventStoreFullError,
     GroupConflictError,
     GroupNotFoundError,
     InvalidEventRequest,
 )
-from dmq.broker.eventstore.index import EventIndex, split_tags
-from dmq.broker.eventstore.progress import GroupRecord, ProgressStore
-from dmq.broker.eventstore.query import belongs, partition_values
+from dmq.broker.events.index import EventIndex, split_tags
+from dmq.broker.events.progress import GroupRecord, ProgressStore
+from dmq.broker.events.query import belongs, partition_values
 from dmq.proto.event_headers import attributes_of, partition_key
 
 __all__ = ["GroupManager", "Claimed", "PartitionView", "GROUPS_MAX", "PARTITIONS_PER_GROUP_MAX"]

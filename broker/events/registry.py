@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from dmq.broker.eventstore.store import EventStore
+from dmq.broker.events.store import EventStore
 from dmq.broker.log import LogManager
 
 __all__ = ["EventStores", "NotAnEventStoreError"]

@@ -35,11 +35,11 @@ from typing import TypeVar
 
 import structlog
 
-from dmq.broker.eventstore.errors import ConditionFailedError, EventStoreError
-from dmq.broker.eventstore.groups import Claimed, GroupManager
-from dmq.broker.eventstore.index import INDEX_FILE, EventIndex
-from dmq.broker.eventstore.progress import SqliteProgressStore
-from dmq.broker.eventstore.query import QueryItem
+from dmq.broker.events.errors import ConditionFailedError, EventStoreError
+from dmq.broker.events.groups import Claimed, GroupManager
+from dmq.broker.events.index import INDEX_FILE, EventIndex
+from dmq.broker.events.progress import SqliteProgressStore
+from dmq.broker.events.query import QueryItem
 from dmq.broker.log import LogClosedError, LogError, PartitionLog, StorageUnavailableError
 from dmq.proto import records
 from dmq.proto.event_headers import event_headers, parse_event_headers

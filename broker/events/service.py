@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 
-from dmq.broker.eventstore.errors import (
+from dmq.broker.events.errors import (
     ClaimNotHeldError,
     ConditionFailedError,
     EventStoreFullError,
@@ -33,11 +33,11 @@ from dmq.broker.eventstore.errors import (
     GroupNotFoundError,
     InvalidEventRequest,
 )
-from dmq.broker.eventstore.groups import GroupManager, PartitionView
-from dmq.broker.eventstore.progress import GroupRecord
-from dmq.broker.eventstore.query import QueryItem
-from dmq.broker.eventstore.registry import NotAnEventStoreError
-from dmq.broker.eventstore.store import Condition, EventStore, NewEvent, StoredEvent
+from dmq.broker.events.groups import GroupManager, PartitionView
+from dmq.broker.events.progress import GroupRecord
+from dmq.broker.events.query import QueryItem
+from dmq.broker.events.registry import NotAnEventStoreError
+from dmq.broker.events.store import Condition, EventStore, NewEvent, StoredEvent
 from dmq.broker.log import UnknownPartitionError
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, event_headers, records

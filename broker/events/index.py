@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import structlog
 
-from dmq.broker.eventstore.query import QueryItem
+from dmq.broker.events.query import QueryItem
 from dmq.broker.log import PartitionLog
 from dmq.proto import records
 from dmq.proto.event_headers import parse_event_headers
