@@ -32,6 +32,13 @@ known from SQLite but not yet registered since start are not alive; their heartb
 with reregister=true, as are those of a broker whose session expired, so every (re-)registration
 hands the broker its full placement and repairs any CreatePartitions call that was lost.
 
+Per-principal limits (PrincipalLimits): every topic records the principal that created it, and
+the topics and partitions a principal may hold that way are bounded (0 = unlimited). A topic's
+partitions count against its creator, also those another principal adds later, so no principal
+grows past its limit through someone else's requests. Refused: RESOURCE_EXHAUSTED naming the
+principal, the limit and the current count. Exempt: the principals listed (super-users and the
+cluster's own), and calls without a principal (security off).
+
 Placement: round-robin over the live brokers sorted by id, starting at crc32(topic) mod N so that
 partition 0 of different topics lands on different brokers; partition p goes to
 live[(start + p) % N]. AddPartitions continues the same sequence over the brokers live then. A
@@ -69,7 +76,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits
 from dmq.proto.names import shorten
-from dmq.proto.security.interceptor import current_principal
+from dmq.proto.security.interceptor import ANONYMOUS, current_principal
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 
 log = structlog.get_logger(__name__)
@@ -115,6 +122,30 @@ class BrokerIdTaken(MetadataError):
 class PartitionLimitExceeded(MetadataError):
     # RESOURCE_EXHAUSTED: the request is valid, the cluster is full (delete topics or add brokers).
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class PrincipalLimitExceeded(MetadataError):
+    # RESOURCE_EXHAUSTED: valid, but the principal holds as much as it may (delete its unused topics).
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+@dataclass(frozen=True, slots=True)
+class PrincipalLimits:
+    """How many topics, and partitions of those topics, one principal may have created (0 = no
+    limit). `exempt`: principals no limit applies to (the super-users and the cluster principal)."""
+
+    max_topics: int = 0
+    max_partitions: int = 0
+    exempt: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        for name in ("max_topics", "max_partitions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0 (0 = unlimited), got {value!r}")
+
+    def applies_to(self, principal: str | None) -> bool:
+        return principal is not None and principal not in self.exempt and bool(self.max_topics or self.max_partitions)
 
 
 class CoordinatorDiskFull(MetadataError):
@@ -254,6 +285,7 @@ class MetadataManager:
         broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
         broker_call_timeout_ms: int = DEFAULT_BROKER_CALL_TIMEOUT_MS,
         default_topic_config: TopicSettings | None = None,
+        principal_limits: PrincipalLimits | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
         if broker_session_timeout_ms <= 0:
@@ -269,6 +301,7 @@ class MetadataManager:
         # Plain attributes: an operator (or a test) may change them on a running coordinator.
         self.max_partitions_per_broker = MAX_PARTITIONS_PER_BROKER
         self.max_partitions_total = MAX_PARTITIONS_TOTAL
+        self.principal_limits = principal_limits or PrincipalLimits()
         self.ready = False
         self._topics: dict[str, TopicRecord] = {}
         self._brokers: dict[int, _BrokerState] = {}
@@ -475,8 +508,9 @@ class MetadataManager:
     # -- topics ----------------------------------------------------------------------------------
 
     async def create_topic(
-        self, name: str, partitions: int, config: TopicSettings | None = None
+        self, name: str, partitions: int, config: TopicSettings | None = None, *, principal: str | None = None
     ) -> TopicRecord:
+        """Create the topic; `principal` (None: security off) is recorded as its creator."""
         self.check_ready()
         config = config or TopicSettings()
         _validated(validate_topic_name, name)
@@ -490,6 +524,7 @@ class MetadataManager:
             if not live:
                 raise NoLiveBrokers()
             placement = placement_for(name, range(partitions), live)
+            self._check_principal_limits(principal, principal, name, new_topics=1, new_partitions=partitions)
             self._check_partition_limits(name, placement)
             record = TopicRecord(
                 name=name,
@@ -497,6 +532,7 @@ class MetadataManager:
                 placement=placement,
                 config=_settings_for(config, self.default_topic_config),
                 created_ms=self.clock_ms(),
+                creator=principal,
             )
             await complete_even_if_cancelled(self._apply_create(record))
             log.info(
@@ -568,8 +604,9 @@ class MetadataManager:
             await self.store.delete_topic(name)
         del self._topics[name]
 
-    async def add_partitions(self, name: str, total: int) -> TopicRecord:
-        """Grow the topic to `total` partitions (more than it has now)."""
+    async def add_partitions(self, name: str, total: int, *, principal: str | None = None) -> TopicRecord:
+        """Grow the topic to `total` partitions (more than it has now), on behalf of `principal`;
+        the new partitions count against the topic's creator."""
         self.check_ready()
         _validated(validate_topic_name, name)
         _validated(validate_partition_count, total)
@@ -584,6 +621,7 @@ class MetadataManager:
                 raise NoLiveBrokers()
             new = range(current.partition_count, total)
             added = placement_for(name, new, live)
+            self._check_principal_limits(principal, current.creator, name, new_topics=0, new_partitions=len(added))
             self._check_partition_limits(name, added)
             record = TopicRecord(
                 name=name,
@@ -591,6 +629,7 @@ class MetadataManager:
                 placement={**current.placement, **added},
                 config=current.config,
                 created_ms=current.created_ms,
+                creator=current.creator,
             )
             await complete_even_if_cancelled(self._apply_add(record, added))
             log.info(
@@ -612,6 +651,28 @@ class MetadataManager:
         if latest is not None:
             await self._notify(self._partitions_added_listeners, name, latest.partition_count)
         return record
+
+    def _check_principal_limits(
+        self, caller: str | None, owner: str | None, topic: str, *, new_topics: int, new_partitions: int
+    ) -> None:
+        """Refuse a change that would take `owner` (the creator the topic counts against) past its
+        limits; nothing when the caller or the owner is exempt or unknown."""
+        limits = self.principal_limits
+        if not (limits.applies_to(caller) and limits.applies_to(owner)):
+            return
+        mine = [t for t in self._topics.values() if t.creator == owner]
+        held = sum(t.partition_count for t in mine)
+        if limits.max_topics and new_topics and len(mine) + new_topics > limits.max_topics:
+            raise PrincipalLimitExceeded(
+                f"principal {owner!r} has created {len(mine)} topics; the limit (max_topics_per_principal) "
+                f"is {limits.max_topics}: cannot create {shorten(topic)}; delete unused topics"
+            )
+        if limits.max_partitions and held + new_partitions > limits.max_partitions:
+            raise PrincipalLimitExceeded(
+                f"principal {owner!r} holds {held} partitions in the topics it created; adding {new_partitions} "
+                f"to {shorten(topic)} would exceed the limit (max_partitions_per_principal) of "
+                f"{limits.max_partitions}: delete unused topics"
+            )
 
     def _check_partition_limits(self, topic: str, added: Mapping[int, int]) -> None:
         """Refuse placing `added` (partition -> broker) when a broker or the cluster would hold too many."""
@@ -801,6 +862,12 @@ def _translate(servicer: MetadataServicer, e: Exception) -> RpcAbort | None:
     return None
 
 
+def _principal() -> str | None:
+    """The calling principal; None with security off (every call is then anonymous)."""
+    principal = current_principal.get()
+    return None if principal == ANONYMOUS else principal
+
+
 # MetadataError becomes its status, anything unexpected INTERNAL (logged) (dmq.proto.server_errors).
 _handler = rpc_handler(log=log, translate=_translate)
 
@@ -856,7 +923,7 @@ class MetadataServicer(pb_grpc.MetadataServicer):
     @_handler
     async def CreateTopic(self, request: pb.CreateTopicRequest, context: grpc.aio.ServicerContext) -> pb.TopicInfo:
         record = await self.metadata.create_topic(
-            request.name, request.partitions, topic_config_from_proto(request.config)
+            request.name, request.partitions, topic_config_from_proto(request.config), principal=_principal()
         )
         return topic_info(self.metadata, record)
 
@@ -880,7 +947,7 @@ class MetadataServicer(pb_grpc.MetadataServicer):
 
     @_handler
     async def AddPartitions(self, request: pb.AddPartitionsRequest, context: grpc.aio.ServicerContext) -> pb.TopicInfo:
-        record = await self.metadata.add_partitions(request.name, request.partitions)
+        record = await self.metadata.add_partitions(request.name, request.partitions, principal=_principal())
         return topic_info(self.metadata, record)
 
     @_handler

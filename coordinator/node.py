@@ -36,6 +36,7 @@ from dmq.coordinator.metadata import (
     DEFAULT_BROKER_SESSION_TIMEOUT_MS,
     MetadataManager,
     MetadataServicer,
+    PrincipalLimits,
     wall_clock_ms,
 )
 from dmq.coordinator.store import CoordinatorStore
@@ -76,6 +77,7 @@ class CoordinatorNode:
         liveness_check_interval_ms: int | None = None,
         acls: AclView | None = None,
         client_security: ClientSecurity | None = None,
+        principal_limits: PrincipalLimits | None = None,
     ) -> None:
         if default_subscription_mode not in SUBSCRIPTION_MODES:
             raise ValueError(
@@ -117,6 +119,7 @@ class CoordinatorNode:
             broker_session_timeout_ms=broker_session_timeout_ms,
             broker_call_timeout_ms=broker_call_timeout_ms,
             default_topic_config=default_topic_config,
+            principal_limits=principal_limits,
             clock_ms=clock_ms,
         )
         self.acl_manager = AclManager(self.store, self.acls)

@@ -3,8 +3,13 @@
 Schema (PRAGMA user_version = SCHEMA_VERSION):
   brokers(broker_id INTEGER PRIMARY KEY, host TEXT, port INTEGER, registered_ms INTEGER)
       every broker that ever registered; liveness is not stored (it is rebuilt by heartbeats).
-  topics(name TEXT PRIMARY KEY, partition_count INTEGER, config_json TEXT, created_ms INTEGER)
-      config_json holds only the settings that are set (TopicSettings.to_json()).
+  topics(name TEXT PRIMARY KEY, partition_count INTEGER, config_json TEXT, created_ms INTEGER,
+         creator TEXT NULL)
+      config_json holds only the settings that are set (TopicSettings.to_json()); creator is the
+      principal that created the topic (NULL: security off, or created before the column existed),
+      whose per-principal limits the topic's partitions count against. The column is added to an
+      older file at open (ALTER TABLE), without a schema version change: older code reads the
+      columns it names and ignores it.
   partitions(topic TEXT, partition INTEGER, broker_id INTEGER, PRIMARY KEY (topic, partition))
       placement: a partition keeps its broker for life.
   groups(group_id TEXT PRIMARY KEY, topic TEXT, app_id TEXT, subscription_mode TEXT,
@@ -58,7 +63,8 @@ CREATE TABLE IF NOT EXISTS topics (
     name TEXT PRIMARY KEY,
     partition_count INTEGER NOT NULL,
     config_json TEXT NOT NULL,
-    created_ms INTEGER NOT NULL
+    created_ms INTEGER NOT NULL,
+    creator TEXT
 );
 CREATE TABLE IF NOT EXISTS partitions (
     topic TEXT NOT NULL,
@@ -89,6 +95,20 @@ CREATE TABLE IF NOT EXISTS groups (
     start_offsets_json TEXT NOT NULL
 );
 """
+
+
+# Columns added after a table was first released: (table, column, declaration), added by open()
+# to a file made before them. Nullable, so existing rows need no value.
+_ADDED_COLUMNS = (("topics", "creator", "TEXT"),)
+
+
+async def _add_missing_columns(db: aiosqlite.Connection) -> None:
+    for table, column, declaration in _ADDED_COLUMNS:
+        async with db.execute(f"PRAGMA table_info({table})") as cur:
+            present = {str(row[1]) for row in await cur.fetchall()}
+        if column not in present:
+            await db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+            log.info("store migrated: column added", table=table, column=column)
 
 
 class StoreError(RuntimeError):
@@ -137,6 +157,7 @@ class TopicRecord:
     placement: Mapping[int, int]  # partition -> broker_id, for every partition 0..partition_count-1
     config: TopicSettings = field(default_factory=TopicSettings)
     created_ms: int = 0
+    creator: str | None = None  # the principal that created it; None with security off
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "placement", MappingProxyType(dict(self.placement)))
@@ -187,6 +208,7 @@ class CoordinatorStore:
                     f"{SCHEMA_VERSION}: upgrade dmq"
                 )
             await db.executescript(_SCHEMA)
+            await _add_missing_columns(db)
             await db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             await db.close()
@@ -262,8 +284,8 @@ class CoordinatorStore:
         """Insert the topic and its placement atomically; sqlite3.IntegrityError if it exists."""
         statements: list[tuple[str, tuple[object, ...]]] = [
             (
-                "INSERT INTO topics (name, partition_count, config_json, created_ms) VALUES (?, ?, ?, ?)",
-                (topic.name, topic.partition_count, topic.config.to_json(), topic.created_ms),
+                "INSERT INTO topics (name, partition_count, config_json, created_ms, creator) VALUES (?, ?, ?, ?, ?)",
+                (topic.name, topic.partition_count, topic.config.to_json(), topic.created_ms, topic.creator),
             )
         ]
         statements += [
@@ -306,11 +328,11 @@ class CoordinatorStore:
             for topic, partition, broker_id in await cur.fetchall():
                 placements.setdefault(str(topic), {})[int(partition)] = int(broker_id)
         async with db.execute(
-            "SELECT name, partition_count, config_json, created_ms FROM topics ORDER BY name"
+            "SELECT name, partition_count, config_json, created_ms, creator FROM topics ORDER BY name"
         ) as cur:
             rows = await cur.fetchall()
         topics = []
-        for name, count, config_json, created_ms in rows:
+        for name, count, config_json, created_ms, creator in rows:
             placement = placements.get(str(name), {})
             if sorted(placement) != list(range(int(count))):
                 # Cannot happen through this store (one transaction per change); say so if it does.
@@ -322,6 +344,7 @@ class CoordinatorStore:
                     placement=placement,
                     config=TopicSettings.from_json(str(config_json)),
                     created_ms=int(created_ms),
+                    creator=None if creator is None else str(creator),
                 )
             )
         return topics

@@ -39,7 +39,7 @@ import socket
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 import structlog
@@ -47,7 +47,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dmq.broker.log import LogConfig
 from dmq.broker.node import BrokerNode
-from dmq.coordinator.metadata import DEFAULT_BROKER_SESSION_TIMEOUT_MS
+from dmq.coordinator.metadata import DEFAULT_BROKER_SESSION_TIMEOUT_MS, PrincipalLimits
 from dmq.coordinator.node import CoordinatorNode
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.connections import PerAddressConnectionLimit
@@ -84,6 +84,8 @@ class ClusterOptions:
     # TLS, authentication and the nodes' own credentials (None: plain and open, loopback only).
     security: ServerSecurity | None = None
     quotas: QuotaSettings | None = None
+    # Topics and partitions one principal may create (the super-users and cluster principal exempt).
+    principal_limits: PrincipalLimits | None = None
 
 
 # Bounds the calls a process serves at once (long polls and watch streams included); past it
@@ -103,6 +105,13 @@ def _new_server(
         interceptors=[PerAddressConnectionLimit(), SecurityInterceptor(security, acls, quotas)],
         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
     )
+
+
+def exempting(limits: PrincipalLimits | None, security: ServerSecurity | None) -> PrincipalLimits | None:
+    """`limits` with the principals they never apply to: the super-users and the cluster's own."""
+    if limits is None or security is None:
+        return limits  # security off: no call has a principal, so no limit applies anyway
+    return replace(limits, exempt=limits.exempt | security.super_users | {security.cluster_principal})
 
 
 def check_bind_security(host: str, security: ServerSecurity | None) -> None:
@@ -260,6 +269,7 @@ class LocalCluster:
             advertised_address=self.bootstrap,
             acls=coord_acls,
             client_security=cluster_client,
+            principal_limits=exempting(o.principal_limits, o.security),
             broker_session_timeout_ms=o.broker_session_timeout_ms,
             default_subscription_mode=o.default_subscription_mode,
             rebalance_debounce_ms=o.rebalance_debounce_ms,
@@ -484,7 +494,8 @@ def _arm_stop_watchdog(deadline_s: float) -> None:
 
 async def run_coordinator_only(
     data_dir: pathlib.Path, host: str, port: int, on_ready: Callable[[str], None], *,
-    security: ServerSecurity | None = None, quotas: QuotaSettings | None = None, **kwargs: object
+    security: ServerSecurity | None = None, quotas: QuotaSettings | None = None,
+    principal_limits: PrincipalLimits | None = None, **kwargs: object
 ) -> None:
     check_bind_security(host, security)
     acls = AclView()
@@ -493,6 +504,7 @@ async def run_coordinator_only(
     node = CoordinatorNode(
         data_dir, advertised_address=f"{host}:{bound}", acls=acls,
         client_security=security.cluster_client() if security is not None else None,
+        principal_limits=exempting(principal_limits, security),
         **kwargs,  # type: ignore[arg-type]
     )
     node.add_to_server(server)

@@ -149,6 +149,26 @@ def _broker_session_option(f):
     )(f)
 
 
+def _principal_limit_options(f):
+    """Topics and partitions one principal may create (the coordinator's; 0 = no limit)."""
+    f = click.option("--max-topics-per-principal", type=click.IntRange(0), default=0, show_default=True,
+                     help="Topics one principal may have created; super-users and the cluster principal are "
+                          "exempt, and with security off no limit applies (0 = no limit).")(f)
+    f = click.option("--max-partitions-per-principal", type=click.IntRange(0), default=0, show_default=True,
+                     help="Partitions of the topics one principal created, however added (0 = no limit).")(f)
+    return f
+
+
+def _principal_limits(max_topics: int, max_partitions: int):
+    """(PrincipalLimits or None, the argv that repeats them for the coordinator child process)."""
+    from dmq.coordinator.metadata import PrincipalLimits
+
+    if not (max_topics or max_partitions):
+        return None, []
+    return (PrincipalLimits(max_topics=max_topics, max_partitions=max_partitions),
+            ["--max-topics-per-principal", str(max_topics), "--max-partitions-per-principal", str(max_partitions)])
+
+
 def _subscription_from_option(f):
     return click.option(
         "--default-subscription-from", "default_subscription_from", default=None, metavar="TIME", show_default="none",
@@ -196,21 +216,24 @@ def _default_subscription_from_ms(mode: str, text: str | None) -> int | None:
 @_storage_options
 @_broker_session_option
 @_security_options
+@_principal_limit_options
 def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, default_subscription_mode: str,
                default_subscription_from: str | None, log_level: str, flush: str, flush_interval_ms: int,
                segment_bytes: int, retention_ms: int, retention_bytes: int, broker_session_timeout_ms: int,
-               **security_options) -> None:
+               max_topics_per_principal: int, max_partitions_per_principal: int, **security_options) -> None:
     """Run DMQ for development: a coordinator and broker(s), data under --data-dir.
 
     Security is off by default, on 127.0.0.1; see README "Securing a cluster"."""
     security, quotas, security_argv = _pop_security(security_options)
+    limits, limits_argv = _principal_limits(max_topics_per_principal, max_partitions_per_principal)
     from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
     _check_flush_interval(flush)
     configure_logging(log_level)
     if brokers > 1:
         storage = _storage_argv(flush, flush_interval_ms, segment_bytes, retention_ms, retention_bytes)
         _run_process_cluster(host, port, data_dir, brokers, default_subscription_mode, log_level, storage, from_ms,
-                             broker_session_timeout_ms=broker_session_timeout_ms, security_argv=security_argv)
+                             broker_session_timeout_ms=broker_session_timeout_ms, security_argv=security_argv,
+                             coordinator_argv=limits_argv)
         return
     from dmq.client.cli.runner import ClusterOptions, run_embedded
 
@@ -224,6 +247,7 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
         coordinator_kwargs={"default_subscription_from_ms": from_ms},
         security=security,
         quotas=quotas,
+        principal_limits=limits,
     )
 
     def ready(cluster) -> None:
@@ -255,7 +279,8 @@ _POLL_S = 0.2
 
 def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: int, mode: str, log_level: str,
                          storage: list[str], from_ms: int | None = None, *,
-                         broker_session_timeout_ms: int | None = None, security_argv: list[str] | None = None) -> None:
+                         broker_session_timeout_ms: int | None = None, security_argv: list[str] | None = None,
+                         coordinator_argv: list[str] | None = None) -> None:
     """A coordinator process and N broker processes; SIGINT/SIGTERM stop them all cleanly.
 
     A cluster with a dead member is not the cluster that was asked for: when any child exits
@@ -294,7 +319,8 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
         children.append(subprocess.Popen(exe + ["coordinator", "--host", host, "--port", str(port),
                                                 "--data-dir", str(data_dir / "coordinator"),
                                                 "--default-subscription-mode", mode, *from_args, *session_args,
-                                                "--log-level", log_level, *(security_argv or [])]))
+                                                "--log-level", log_level, *(security_argv or []),
+                                                *(coordinator_argv or [])]))
         for i in range(brokers):
             children.append(subprocess.Popen(exe + ["broker", "--host", host, "--port", "0", "--broker-id", str(i),
                                                     "--coordinator", bootstrap,
@@ -364,11 +390,13 @@ def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> list[str]:
               help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
 @_broker_session_option
 @_security_options
+@_principal_limit_options
 def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str,
                     default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int,
-                    **security_options) -> None:
+                    max_topics_per_principal: int, max_partitions_per_principal: int, **security_options) -> None:
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups."""
     security, quotas, _argv = _pop_security(security_options)
+    limits, _limits_argv = _principal_limits(max_topics_per_principal, max_partitions_per_principal)
     from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
     configure_logging(log_level)
     from dmq.client.cli.runner import run_coordinator_only
@@ -380,7 +408,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
             default_subscription_mode=default_subscription_mode,
             default_subscription_from_ms=from_ms,
             broker_session_timeout_ms=broker_session_timeout_ms,
-            security=security, quotas=quotas,
+            security=security, quotas=quotas, principal_limits=limits,
         ))
     except (OSError, ValueError) as e:  # a busy port; security settings refused (SecurityConfigError)
         raise click.ClickException(str(e)) from None
