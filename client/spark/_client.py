@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 
 from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster
 from dmq.client._reader import FetchWant, PartitionReader
+from dmq.client._security import client_security
 from dmq.client.admin import AdminClient, OffsetInfo
 from dmq.client.errors import (
     DMQError,
@@ -37,8 +39,12 @@ __all__ = ["SourceClient", "PartitionFetcher", "OffsetInfo", "TopicPartition"]
 class SourceClient:
     """Driver-side helper; not picklable (holds channels): create it where it is used, close it."""
 
-    def __init__(self, bootstrap: str, *, request_timeout_ms: int = 30_000) -> None:
-        self.admin = AdminClient(bootstrap, request_timeout_ms=request_timeout_ms)
+    def __init__(
+        self, bootstrap: str, *, request_timeout_ms: int = 30_000, credentials: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        """`credentials`: security keywords (ssl_cafile=..., token=...) over the environment's."""
+        security: dict[str, Any] = dict(credentials)
+        self.admin = AdminClient(bootstrap, request_timeout_ms=request_timeout_ms, **security)
         self.cluster = self.admin.cluster
         self._group_ids: dict[tuple[str, str], str] = {}
 
@@ -119,9 +125,11 @@ class PartitionFetcher:
     """
 
     def __init__(
-        self, bootstrap: str, topic: str, partition: int, *, leader_hint: str | None, poll_timeout_ms: int
+        self, bootstrap: str, topic: str, partition: int, *, leader_hint: str | None, poll_timeout_ms: int,
+        credentials: Iterable[tuple[str, str]] = (),
     ) -> None:
-        self.cluster = Cluster(bootstrap)
+        # The task's own environment fills in what the options left out (dmq.client._security).
+        self.cluster = Cluster(bootstrap, security=client_security(dict(credentials)))
         self.topic = topic
         self.partition = partition
         self._deadline_s = poll_timeout_ms / 1000

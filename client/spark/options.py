@@ -25,6 +25,15 @@ Source options::
     fetchMaxBytes          the most bytes per Fetch call (default 16 MiB; a reader holds about 3x this);
                            each call asks for about what the rows left in the range need
     pollTimeoutMs          how long a read retries an unavailable broker (default 120000)
+    sslCafile              the CA of the cluster's certificates (TLS)         security options, also
+    sslCertfile, sslKeyfile  a client certificate and its key (mutual TLS)    of the sink; each
+    token                  a token naming the principal (`dmq tokens create`)  overrides its DMQ_*
+                                                                               environment variable
+
+Security options override the environment's (DMQ_SSL_CAFILE, DMQ_SSL_CERTFILE, DMQ_SSL_KEYFILE,
+DMQ_TOKEN) setting by setting, in the driver and in every executor: an option travels with the
+plan, what it leaves out is taken from each process's own environment (spark.executorEnv.*), and
+files are opened where the task runs, so they must exist there. The token is never shown in a repr.
 
 Timestamps select by the broker's append time (ListOffsets), the one time index DMQ keeps.
 
@@ -34,6 +43,7 @@ Sink options::
     topic                  topic for every row; overrides a `topic` column   required without one
     compression            none | zstd | lz4 (default none)
     lingerMs, batchSize    producer batching
+    sslCafile, sslCertfile, sslKeyfile, token    as for the source
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dmq.proto.offset_markers import EARLIEST, LATEST
+from dmq.proto.security.settings import ClientSecurity, SecurityConfigError
 
 
 # Measured (broker CPU serving 1M x 100 B records to the Spark bench): it spends ~30% less CPU per byte at 16 MiB than at
@@ -52,6 +63,9 @@ DEFAULT_FETCH_MAX_BYTES = 16 * 1024 * 1024
 MAX_FETCH_MAX_BYTES = 60 * 1024 * 1024  # the broker's fetch response cap
 DEFAULT_POLL_TIMEOUT_MS = 120_000
 
+# Security options -> the client library's keyword of the same meaning (dmq.client._security).
+SECURITY_OPTIONS = {"sslCafile": "ssl_cafile", "sslCertfile": "ssl_certfile", "sslKeyfile": "ssl_keyfile",
+                    "token": "token"}
 SOURCE_OPTIONS = (
     "bootstrap",
     "subscribe",
@@ -67,8 +81,9 @@ SOURCE_OPTIONS = (
     "groupId",
     "fetchMaxBytes",
     "pollTimeoutMs",
+    *SECURITY_OPTIONS,
 )
-SINK_OPTIONS = ("bootstrap", "topic", "compression", "lingerMs", "batchSize")
+SINK_OPTIONS = ("bootstrap", "topic", "compression", "lingerMs", "batchSize", *SECURITY_OPTIONS)
 _CANONICAL = {name.lower(): name for name in SOURCE_OPTIONS + SINK_OPTIONS}
 # Options Spark itself puts among the data source's (a streaming query's checkpoint): not ours.
 _SPARK_OWNED = {"checkpointlocation"}
@@ -76,6 +91,26 @@ _SPARK_OWNED = {"checkpointlocation"}
 
 class OptionError(ValueError):
     """A bad, unknown or contradictory option; the message names it and says what to do."""
+
+
+# (client keyword, value) pairs: hashable and picklable, they travel to executors with the plan.
+Credentials = tuple[tuple[str, str], ...]
+
+
+def _credentials(opts: dict[str, str]) -> Credentials:
+    """The security options given, checked on their own (the environment fills in the rest in
+    each process, dmq.client._security); empty when none is."""
+    given = {keyword: opts[name] for name, keyword in SECURITY_OPTIONS.items() if name in opts}
+    for name, keyword in SECURITY_OPTIONS.items():
+        if keyword in given and not given[keyword]:
+            raise OptionError(f"option {name!r} must not be empty")
+    if ("ssl_certfile" in given) != ("ssl_keyfile" in given):
+        raise OptionError("options 'sslCertfile' and 'sslKeyfile' go together (a client certificate and its key)")
+    try:
+        ClientSecurity.from_settings(given, env={})
+    except SecurityConfigError as e:
+        raise OptionError(f"security options: {e}") from None
+    return tuple(sorted(given.items()))
 
 
 @dataclass(frozen=True)
@@ -112,6 +147,8 @@ class SourceOptions:
     group_id: str | None = None
     fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
+    # The security options given, as client keywords (ssl_cafile=..., token=...); not shown: a token.
+    credentials: Credentials = field(default=(), repr=False)
 
     @property
     def subscribed_topics(self) -> tuple[str, ...]:
@@ -125,6 +162,7 @@ class SinkOptions:
     compression: str = "none"
     linger_ms: int | None = None
     batch_size: int | None = None
+    credentials: Credentials = field(default=(), repr=False)
 
 
 # The client library's name of the address setting, and Spark's Kafka source's, are accepted for
@@ -347,6 +385,7 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool) -> Sour
         group_id=group_id,
         fetch_max_bytes=fetch_max_bytes or DEFAULT_FETCH_MAX_BYTES,
         poll_timeout_ms=poll_timeout_ms or DEFAULT_POLL_TIMEOUT_MS,
+        credentials=_credentials(opts),
     )
 
 
@@ -394,4 +433,5 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
         compression=compression,
         linger_ms=_int(opts, "lingerMs", minimum=0),
         batch_size=_int(opts, "batchSize", minimum=1),
+        credentials=_credentials(opts),
     )

@@ -21,7 +21,7 @@ data - below the log start after retention, a shorter log, a deleted partition, 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -32,7 +32,7 @@ from dmq.client.errors import DMQError, from_partition_error
 from dmq.client.spark._client import PartitionFetcher, SourceClient, TopicPartition
 from dmq.client.spark._worker import prepare_worker
 from dmq.client.spark.arrow import ArrowBuilder
-from dmq.client.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError, SourceOptions
+from dmq.client.spark.options import EARLIEST, LATEST, Credentials, OffsetSpec, OptionError, SourceOptions
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
 
@@ -87,10 +87,12 @@ class ReadSettings:
     fail_on_data_loss: bool
     fetch_max_bytes: int
     poll_timeout_ms: int
+    credentials: Credentials = field(default=(), repr=False)  # the security options (a token: not shown)
 
     @classmethod
     def of(cls, opts: SourceOptions) -> ReadSettings:
-        return cls(opts.bootstrap, opts.include_headers, opts.fail_on_data_loss, opts.fetch_max_bytes, opts.poll_timeout_ms)
+        return cls(opts.bootstrap, opts.include_headers, opts.fail_on_data_loss, opts.fetch_max_bytes,
+                   opts.poll_timeout_ms, opts.credentials)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +252,8 @@ def read_range(settings: ReadSettings, r: OffsetRange) -> Iterator[pa.RecordBatc
     # logging, the allocator's large buffers, the frozen import-time heap.
     prepare_worker()
     fetcher = PartitionFetcher(
-        settings.bootstrap, r.topic, r.partition, leader_hint=r.leader or None, poll_timeout_ms=settings.poll_timeout_ms
+        settings.bootstrap, r.topic, r.partition, leader_hint=r.leader or None, poll_timeout_ms=settings.poll_timeout_ms,
+        credentials=settings.credentials,
     )
     builder = ArrowBuilder(r.topic, r.partition, settings.include_headers)
     sizer = FetchSizer(settings.fetch_max_bytes)
@@ -339,7 +342,7 @@ class DMQBatchReader(DataSourceReader):
 
     def plan(self) -> list[OffsetRange]:
         opts = self.opts
-        with SourceClient(opts.bootstrap) as client:
+        with SourceClient(opts.bootstrap, credentials=opts.credentials) as client:
             tps = current_partitions(client, opts, streaming=False)
             starts = resolve(client, opts.starting, tps, "startingOffsets")
             ends = resolve(client, opts.ending, tps, "endingOffsets")
@@ -418,7 +421,7 @@ class DMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def client(self) -> SourceClient:
         if self._client is None:
-            self._client = SourceClient(self.opts.bootstrap)
+            self._client = SourceClient(self.opts.bootstrap, credentials=self.opts.credentials)
         return self._client
 
     def _log_ends(self) -> dict[TopicPartition, int]:

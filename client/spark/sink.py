@@ -112,6 +112,7 @@ class _TaskWriter:
             kwargs["linger_ms"] = opts.linger_ms
         if opts.batch_size is not None:
             kwargs["batch_size"] = opts.batch_size
+        kwargs.update(opts.credentials)  # ssl_cafile=..., token=...: over the environment's
         self.producer = Producer(opts.bootstrap, **kwargs)
         self.bulk: list[Any] = []  # SendManyFutures
         self.errors: list[BaseException] = []  # from per-row callbacks (the first few)

@@ -23,6 +23,7 @@ from dmq.client.spark.reader import (
     DMQStreamReader,
     FetchSizer,
     OffsetRange,
+    ReadSettings,
     from_json,
     rate_limit,
     split_ranges,
@@ -114,6 +115,43 @@ def test_the_address_option_takes_the_client_and_kafka_names():
     for name in ("bootstrap_servers", "kafka.bootstrap.servers", "bootstrap.servers", "BOOTSTRAP_SERVERS"):
         assert parse_source_options({name: "h:1", "subscribe": "a"}, streaming=False).bootstrap == "h:1"
         assert parse_sink_options({name: "h:1", "topic": "t"}).bootstrap == "h:1"
+
+
+def test_security_options_become_client_keywords_and_hide_the_token():
+    opts = parse_source_options({**BOOT, "subscribe": "a", "SSLCAFILE": "/ca.pem", "sslCertfile": "/c.pem",
+                                 "sslKeyfile": "/c.key", "token": "tok.en.value"}, streaming=False)
+    assert dict(opts.credentials) == {"ssl_cafile": "/ca.pem", "ssl_certfile": "/c.pem", "ssl_keyfile": "/c.key",
+                                      "token": "tok.en.value"}
+    settings = ReadSettings.of(opts)
+    assert settings.credentials == opts.credentials  # travels to the executors with the plan
+    assert pickle.loads(pickle.dumps(settings)) == settings
+    assert "tok.en.value" not in repr(opts) + repr(settings)
+    assert parse_source_options({**BOOT, "subscribe": "a"}, streaming=False).credentials == ()
+    sink = parse_sink_options({**BOOT, "topic": "t", "token": "x.y.z"})
+    assert dict(sink.credentials) == {"token": "x.y.z"} and "x.y.z" not in repr(sink)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"sslCertfile": "/c.pem"}, "'sslCertfile' and 'sslKeyfile' go together"),
+    ({"sslKeyfile": "/c.key"}, "'sslCertfile' and 'sslKeyfile' go together"),
+    ({"token": " "}, "'token' must not be empty"),
+    ({"sslCafile": ""}, "'sslCafile' must not be empty"),
+])
+def test_bad_security_options(options, message):
+    with pytest.raises(OptionError, match=message):
+        parse_source_options({**BOOT, "subscribe": "a", **options}, streaming=False)
+    with pytest.raises(OptionError, match=message):
+        parse_sink_options({**BOOT, "topic": "t", **options})
+
+
+def test_security_options_override_the_environment_setting_by_setting(monkeypatch):
+    from dmq.client._security import client_security
+
+    monkeypatch.setenv("DMQ_TOKEN", "from.the.env")
+    monkeypatch.setenv("DMQ_SSL_CAFILE", "/env-ca.pem")
+    opts = parse_source_options({**BOOT, "subscribe": "a", "token": "from.the.option"}, streaming=False)
+    security = client_security(dict(opts.credentials))  # what SourceClient and PartitionFetcher use
+    assert (security.token, security.ssl_cafile) == ("from.the.option", "/env-ca.pem")
 
 
 def test_sink_options():
