@@ -42,46 +42,91 @@ def _produce(stub, topic: str, size: int) -> float:
     return time.perf_counter() - started
 
 
-def test_a_greedy_producer_is_slowed_to_its_rate_and_others_are_not(secure_cluster, certs):
-    c = secure_cluster("tokens", quotas=QuotaSettings(principals={"alice": Rates(produce_bytes_per_s=RATE)}))
-    channels = {who: sync_channel(c.bootstrap, tls_client(certs, token=token_for(who)), channel_options())
-                for who in ("admin", "alice")}
+def _fetch(stub, topic: str, max_bytes: int) -> tuple[int, float]:
+    """Fetch `topic`[0] from offset 0: (the records' bytes, the seconds the call took)."""
+    started = time.perf_counter()
+    answer = stub.Fetch(pb.FetchRequest(partitions=[pb.FetchPartition(topic=topic, partition=0, offset=0)],
+                                        max_bytes=max_bytes), timeout=20)
+    return sum(len(p.records) for p in answer.partitions), time.perf_counter() - started
+
+
+def _greedy_and_other(greedy_call, other_call, run_s: float = 3.0) -> tuple[int, float, list[float], list[float]]:
+    """Run `greedy_call` (-> bytes moved) in a loop for run_s while timing `other_call` (-> seconds)
+    before and during it: (greedy bytes, elapsed s, other's unloaded and loaded latencies)."""
+    unloaded = [other_call() for _ in range(15)]
+    moved = [0]
+    stop = threading.Event()
+
+    def flood() -> None:
+        while not stop.is_set():
+            moved[0] += greedy_call()
+
+    flooder = threading.Thread(target=flood)
+    started = time.monotonic()
+    flooder.start()
     try:
-        stubs = {who: pb_grpc.BrokerStub(ch) for who, ch in channels.items()}
-        meta = pb_grpc.MetadataStub(channels["admin"])
-        meta.CreateTopic(pb.CreateTopicRequest(name="greedy", partitions=1), timeout=5)
-        meta.CreateTopic(pb.CreateTopicRequest(name="small", partitions=1), timeout=5)
-        meta.AddAcls(pb.AddAclsRequest(acls=[pb.AclEntry(principal="alice", resource_type="topic",
-                                                          resource_name="greedy", operation="write")]), timeout=5)
-        unloaded = [_produce(stubs["admin"], "small", 100) for _ in range(15)]
-
-        sent = [0]
-        stop = threading.Event()
-
-        def flood() -> None:
-            while not stop.is_set():
-                _produce(stubs["alice"], "greedy", 64 * 1024)
-                sent[0] += 64 * 1024
-
-        flooder = threading.Thread(target=flood)
-        started = time.monotonic()
-        flooder.start()
         time.sleep(0.5)
-        loaded = [_produce(stubs["admin"], "small", 100) for _ in range(15)]
-        time.sleep(max(0.0, 3.0 - (time.monotonic() - started)))
+        loaded = [other_call() for _ in range(15)]
+        time.sleep(max(0.0, run_s - (time.monotonic() - started)))
+    finally:
         stop.set()
         flooder.join(15)
-        elapsed = time.monotonic() - started
-    finally:
-        for ch in channels.values():
-            ch.close()
-    # alice: her burst (one second of rate) plus the rate over the run, plus the batch in flight
-    assert sent[0] <= RATE * (elapsed + 1) + 64 * 1024, (sent[0], elapsed)
-    assert sent[0] >= RATE * 0.5 * elapsed  # slowed, not stopped
-    print(f"greedy {sent[0] / elapsed / 1024:.0f} KiB/s (quota {RATE / 1024:.0f}); other producer "
+    return moved[0], time.monotonic() - started, unloaded, loaded
+
+
+def _check_throttled(kind: str, moved: int, elapsed: float, unloaded: list[float], loaded: list[float],
+                     chunk: int) -> None:
+    # the greedy principal: its burst (one second of rate) plus the rate over the run, plus the call in flight
+    assert moved <= RATE * (elapsed + 1) + chunk, (moved, elapsed)
+    assert moved >= RATE * 0.5 * elapsed  # slowed, not stopped
+    print(f"greedy {kind} {moved / elapsed / 1024:.0f} KiB/s (quota {RATE / 1024:.0f}); other principal "
           f"p50 {statistics.median(unloaded) * 1000:.1f} ms unloaded, {statistics.median(loaded) * 1000:.1f} ms loaded")
     # The other principal is not throttled: its median latency within 2x of unloaded (+2 ms of noise).
     assert statistics.median(loaded) <= 2 * statistics.median(unloaded) + 0.002
+
+
+def _setup(secure_cluster, certs, rates: Rates, alice_may: str):
+    """A cluster where alice has `rates`, topics "greedy" (alice may `alice_may` it) and "small"."""
+    c = secure_cluster("tokens", quotas=QuotaSettings(principals={"alice": rates}))
+    channels = {who: sync_channel(c.bootstrap, tls_client(certs, token=token_for(who)), channel_options())
+                for who in ("admin", "alice")}
+    stubs = {who: pb_grpc.BrokerStub(ch) for who, ch in channels.items()}
+    meta = pb_grpc.MetadataStub(channels["admin"])
+    meta.CreateTopic(pb.CreateTopicRequest(name="greedy", partitions=1), timeout=5)
+    meta.CreateTopic(pb.CreateTopicRequest(name="small", partitions=1), timeout=5)
+    meta.AddAcls(pb.AddAclsRequest(acls=[pb.AclEntry(principal="alice", resource_type="topic",
+                                                      resource_name="greedy", operation=alice_may)]), timeout=5)
+    return channels, stubs
+
+
+def test_a_greedy_producer_is_slowed_to_its_rate_and_others_are_not(secure_cluster, certs):
+    channels, stubs = _setup(secure_cluster, certs, Rates(produce_bytes_per_s=RATE), "write")
+    chunk = 64 * 1024
+    try:
+        def greedy() -> int:
+            _produce(stubs["alice"], "greedy", chunk)
+            return chunk
+
+        result = _greedy_and_other(greedy, lambda: _produce(stubs["admin"], "small", 100))
+    finally:
+        for ch in channels.values():
+            ch.close()
+    _check_throttled("producer", *result, chunk=chunk)
+
+
+def test_a_greedy_consumer_is_slowed_to_its_fetch_rate_and_others_are_not(secure_cluster, certs):
+    channels, stubs = _setup(secure_cluster, certs, Rates(fetch_bytes_per_s=RATE), "read")
+    chunk = 64 * 1024
+    try:
+        for _ in range(4):  # 256 KiB to read again and again, 64 KiB a fetch
+            _produce(stubs["admin"], "greedy", chunk)
+        _produce(stubs["admin"], "small", 100)
+        result = _greedy_and_other(lambda: _fetch(stubs["alice"], "greedy", chunk)[0],
+                                   lambda: _fetch(stubs["admin"], "small", chunk)[1])
+    finally:
+        for ch in channels.values():
+            ch.close()
+    _check_throttled("consumer", *result, chunk=2 * chunk)
 
 
 def test_admin_operations_are_audited_with_principal_and_outcome(secure_cluster, certs):
