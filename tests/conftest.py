@@ -75,11 +75,13 @@ def fill_filesystem(path: pathlib.Path, leave_bytes: int = 0) -> None:
     st = os.statvfs(path.parent)
     size = max(0, st.f_bavail * st.f_frsize - leave_bytes) if leave_bytes else None
     chunk = bytes(64 * 1024)
-    with open(path, "wb") as f:
+    # Unbuffered: a buffered file keeps the bytes a short write left over and raises ENOSPC
+    # again when it is closed, outside the try below (it did, whenever the free space was not a
+    # multiple of the chunk).
+    with open(path, "wb", buffering=0) as f:
         try:
             while size is None or size > 0:
-                written = f.write(chunk if size is None else chunk[: min(size, len(chunk))])
-                f.flush()
+                written = f.write(chunk if size is None else chunk[: min(size, len(chunk))]) or 0
                 if size is not None:
                     size -= written
         except OSError as e:
