@@ -51,6 +51,7 @@ from dmq.client._log import get_logger
 from dmq.client._accumulator import Accumulator, PartitionQueue, ProducerBatch
 from dmq.client._cluster import Cluster
 from dmq.client.errors import (
+    rpc_error_reason,
     ClientClosedError,
     DMQError,
     DMQTimeoutError,
@@ -64,7 +65,7 @@ from dmq.client.errors import (
     from_rpc_error,
 )
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto import error_details, records
+from dmq.proto import records
 from dmq.proto.wire import frame_produce_request
 
 log = get_logger(__name__)
@@ -279,7 +280,7 @@ class Sender:
         try:
             response = call.result()
         except grpc.RpcError as e:
-            overrides = _PRODUCE_ERRORS if _reason(e) is None else _PRODUCE_ERRORS_WITH_REASON
+            overrides = _PRODUCE_ERRORS if rpc_error_reason(e) is None else _PRODUCE_ERRORS_WITH_REASON
             err = from_rpc_error(e, context=f"Produce to {b.topic}[{b.partition}] at {address}", overrides=overrides)
             if isinstance(err, RecordTooLargeError):
                 # Built within the topic's limit as the metadata gave it: the broker's is lower.
@@ -413,13 +414,6 @@ class Sender:
             b.reserved = 0
         return failed
 
-
-def _reason(e: grpc.RpcError) -> str | None:
-    trailing = getattr(e, "trailing_metadata", None)
-    try:
-        return error_details.reason_of(trailing()) if callable(trailing) else None
-    except Exception:  # noqa: BLE001 - a call that failed before any metadata (connect failure)
-        return None
 
 
 def new_producer_id() -> int:

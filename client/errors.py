@@ -368,6 +368,16 @@ _HINTS: dict[grpc.StatusCode, str] = {
 }
 
 
+def rpc_error_reason(error: object) -> str | None:
+    """The refusal's dmq.proto.error_details reason, if the call got that far (None for a call
+    that failed before any metadata, e.g. a connect failure)."""
+    trailing = getattr(error, "trailing_metadata", None)
+    try:
+        return error_details.reason_of(trailing()) if callable(trailing) else None
+    except Exception:  # noqa: BLE001 - no metadata to read
+        return None
+
+
 def from_rpc_error(
     error: grpc.RpcError,
     *,

@@ -21,12 +21,12 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from dmq.proto import error_details
-from dmq.proto.handlers import call_behavior, rewrap, stream_behavior
+from dmq.proto.handlers import ServerInterceptorBase, call_behavior, rewrap, stream_behavior
 
 DEFAULT_MAX_PER_ADDRESS = 1_000
 DEFAULT_RECENT_S = 30.0
@@ -50,14 +50,8 @@ class _Connection:
     last_call_s: float = 0.0
 
 
-if TYPE_CHECKING:
-    # grpc-stubs types the interceptor by request and response; grpcio's class takes no parameters.
-    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
-else:
-    _ServerInterceptor = grpc.aio.ServerInterceptor
 
-
-class PerAddressConnectionLimit(_ServerInterceptor):
+class PerAddressConnectionLimit(ServerInterceptorBase):
     def __init__(
         self,
         max_per_address: int = DEFAULT_MAX_PER_ADDRESS,

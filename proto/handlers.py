@@ -12,9 +12,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
+
+if TYPE_CHECKING:
+    # grpc-stubs types the interceptor by request and response; grpcio's class takes no parameters.
+    ServerInterceptorBase = grpc.aio.ServerInterceptor[Any, Any]
+else:
+    ServerInterceptorBase = grpc.aio.ServerInterceptor
 
 __all__ = ["call_behavior", "rewrap", "stream_behavior"]
 

@@ -33,6 +33,7 @@ from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._group import Membership
 from dmq.client.consumer._records import OffsetAndMetadata, TopicPartition
 from dmq.client.errors import (
+    rpc_error_reason,
     BrokerUnavailableError,
     CommitFailedError,
     DMQError,
@@ -186,7 +187,7 @@ class OffsetClient:
     def _commit_error(self, e: grpc.RpcError, address: str, membership: Membership, where: str) -> DMQError:
         c = self._config
         code = e.code() if callable(getattr(e, "code", None)) else None
-        reason = _reason(e)
+        reason = rpc_error_reason(e)
         # Not owner (the reason), or a member the coordinator no longer knows (NOT_FOUND): the
         # group moved on without this consumer. Any other refusal says what it is itself.
         if code is not None and (reason == error_details.NOT_OWNER or code == grpc.StatusCode.NOT_FOUND):
@@ -420,11 +421,3 @@ def _timed_out(err: DMQError, config: ConsumerConfig) -> DMQError:
         code=err.code, details=err.details,
     )
 
-
-def _reason(e: grpc.RpcError) -> str | None:
-    """The refusal's dmq.proto.error_details reason, if the call got that far."""
-    trailing = getattr(e, "trailing_metadata", None)
-    try:
-        return error_details.reason_of(trailing()) if callable(trailing) else None
-    except Exception:  # noqa: BLE001 - a call that failed before any metadata (connect failure)
-        return None

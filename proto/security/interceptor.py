@@ -27,12 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import structlog
 
-from dmq.proto.handlers import Behavior, call_behavior, rewrap, stream_behavior
+from dmq.proto.handlers import ServerInterceptorBase, Behavior, call_behavior, rewrap, stream_behavior
 from dmq.proto.security.acls import AclSet
 from dmq.proto.security.quotas import Quotas, QuotaSettings
 from dmq.proto.security.rpc_table import Access, Need, RpcRule, rule_for
@@ -74,13 +74,8 @@ class Refusal(Exception):
         self.needs: list[Need] = []
 
 
-if TYPE_CHECKING:
-    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
-else:
-    _ServerInterceptor = grpc.aio.ServerInterceptor
 
-
-class SecurityInterceptor(_ServerInterceptor):
+class SecurityInterceptor(ServerInterceptorBase):
     def __init__(
         self,
         security: ServerSecurity | None = None,
