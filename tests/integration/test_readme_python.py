@@ -8,35 +8,17 @@ changes, this test runs the new text.
 
 from __future__ import annotations
 
-import pathlib
 import re
-import subprocess
-import sys
 
 from dmq.client.cli.runner import ClusterThread
-
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-README_ADDRESS = "127.0.0.1:9091"
-
-
-def python_blocks(text: str) -> list[str]:
-    match = re.search(r"^## Python client$(.*?)(?=^## )", text, re.M | re.S)
-    assert match, "README.md has no '## Python client' section"
-    return re.findall(r"^```python\n(.*?)^```", match.group(1), re.M | re.S)
+from tests.readme_examples import run_section, section_blocks, section_script
 
 
 def test_readme_python_examples_run(cluster: ClusterThread) -> None:
-    blocks = python_blocks(README.read_text())
-    assert len(blocks) >= 2
-    script = "\n".join(blocks)
-    assert "Producer(" in script and "DMQConsumer(" in script and README_ADDRESS in script
-    done = subprocess.run(
-        [sys.executable, "-c", script.replace(README_ADDRESS, cluster.bootstrap)],
-        capture_output=True, text=True, timeout=90, check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
-    lines = done.stdout.splitlines()
+    assert len(section_blocks("Python client")) >= 2
+    script = section_script("Python client")
+    assert "Producer(" in script and "DMQConsumer(" in script
+    lines = run_section("Python client", cluster.bootstrap)
     assert len(lines) == 8, lines  # every print of the README's examples, and nothing else
     assert re.fullmatch(r"RecordMetadata\(topic='payments', partition=\d, offset=\d+.*\)", lines[0]), lines
     assert lines[1] == "total 450"

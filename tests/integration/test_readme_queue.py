@@ -7,30 +7,15 @@ promise and nothing on stderr, and leave the state the text describes (one dead 
 
 from __future__ import annotations
 
-import pathlib
-import re
-import subprocess
-import sys
-
 from dmq.client import SimpleConsumer
 from dmq.client.cli.runner import ClusterThread
-
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-README_ADDRESS = "127.0.0.1:9091"
+from tests.readme_examples import run_section, section_script
 
 
 def test_readme_queue_example_runs(cluster: ClusterThread) -> None:
-    match = re.search(r"^## Queue mode$(.*?)(?=^## )", README.read_text(), re.M | re.S)
-    assert match, "README.md has no '## Queue mode' section"
-    script = "\n".join(re.findall(r"^```python\n(.*?)^```", match.group(1), re.M | re.S))
-    assert "QueueConsumer(" in script and README_ADDRESS in script
-    done = subprocess.run(
-        [sys.executable, "-c", script.replace(README_ADDRESS, cluster.bootstrap)],
-        capture_output=True, text=True, timeout=90, check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
-    assert done.stdout.splitlines() == ["5 records leased", "15 records acked"]
+    assert "QueueConsumer(" in section_script("Queue mode")
+    lines = run_section("Queue mode", cluster.bootstrap)
+    assert lines == ["5 records leased", "15 records acked"]
     with SimpleConsumer(cluster.bootstrap) as c:
         [dead] = c.consume("jobs.dlq", 0, 0)
     assert dict(dead.headers)["dmq.dlq.reason"] == b"rejected"
