@@ -16,6 +16,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_REQUEST: _ClassVar[ErrorCode]
     STORAGE_ERROR: _ClassVar[ErrorCode]
     CORRUPT_DATA: _ClassVar[ErrorCode]
+    FENCED_LEADER_EPOCH: _ClassVar[ErrorCode]
+    UNKNOWN_LEADER_EPOCH: _ClassVar[ErrorCode]
 
 class Acks(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -51,6 +53,8 @@ NOT_LEADER: ErrorCode
 INVALID_REQUEST: ErrorCode
 STORAGE_ERROR: ErrorCode
 CORRUPT_DATA: ErrorCode
+FENCED_LEADER_EPOCH: ErrorCode
+UNKNOWN_LEADER_EPOCH: ErrorCode
 ACKS_ALL: Acks
 ACKS_NONE: Acks
 ACKS_LEADER: Acks
@@ -77,7 +81,7 @@ class TopicPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class TopicConfig(_message.Message):
-    __slots__ = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "dedup_window_ms", "delay_ms", "max_wait_ms", "window_buffer_ms", "lease_ms", "max_delivery_attempts", "max_queue_size", "kind")
+    __slots__ = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes", "dedup_window_ms", "delay_ms", "max_wait_ms", "window_buffer_ms", "lease_ms", "max_delivery_attempts", "max_queue_size", "kind", "replication_factor", "min_insync_replicas", "unclean_leader_election")
     RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_BYTES_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +95,9 @@ class TopicConfig(_message.Message):
     MAX_DELIVERY_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    MIN_INSYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    UNCLEAN_LEADER_ELECTION_FIELD_NUMBER: _ClassVar[int]
     retention_ms: int
     retention_bytes: int
     segment_bytes: int
@@ -104,19 +111,48 @@ class TopicConfig(_message.Message):
     max_delivery_attempts: int
     max_queue_size: int
     kind: str
-    def __init__(self, retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., dedup_window_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., window_buffer_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., max_delivery_attempts: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
+    replication_factor: int
+    min_insync_replicas: int
+    unclean_leader_election: bool
+    def __init__(self, retention_ms: _Optional[int] = ..., retention_bytes: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., segment_ms: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., dedup_window_ms: _Optional[int] = ..., delay_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., window_buffer_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., max_delivery_attempts: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., kind: _Optional[str] = ..., replication_factor: _Optional[int] = ..., min_insync_replicas: _Optional[int] = ..., unclean_leader_election: _Optional[bool] = ...) -> None: ...
 
 class PartitionInfo(_message.Message):
-    __slots__ = ("partition", "leader_id", "leader_address", "leader_alive")
+    __slots__ = ("partition", "leader_id", "leader_address", "leader_alive", "replicas", "isr", "leader_epoch")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LEADER_ALIVE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     partition: int
     leader_id: int
     leader_address: str
     leader_alive: bool
-    def __init__(self, partition: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., leader_alive: _Optional[bool] = ...) -> None: ...
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    isr: _containers.RepeatedScalarFieldContainer[int]
+    leader_epoch: int
+    def __init__(self, partition: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., leader_alive: _Optional[bool] = ..., replicas: _Optional[_Iterable[int]] = ..., isr: _Optional[_Iterable[int]] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
+
+class PartitionState(_message.Message):
+    __slots__ = ("topic", "partition", "leader_id", "leader_address", "leader_epoch", "replicas", "isr", "partition_epoch")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    leader_id: int
+    leader_address: str
+    leader_epoch: int
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    isr: _containers.RepeatedScalarFieldContainer[int]
+    partition_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ...) -> None: ...
 
 class TopicInfo(_message.Message):
     __slots__ = ("name", "partition_count", "partitions", "config", "created_ms")
@@ -133,20 +169,26 @@ class TopicInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., partition_count: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionInfo, _Mapping]]] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ..., created_ms: _Optional[int] = ...) -> None: ...
 
 class BrokerInfo(_message.Message):
-    __slots__ = ("broker_id", "host", "port", "alive", "last_heartbeat_ms", "partitions_led")
+    __slots__ = ("broker_id", "host", "port", "alive", "last_heartbeat_ms", "partitions_led", "rack", "partitions_followed", "partitions_under_replicated")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_LED_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FOLLOWED_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_UNDER_REPLICATED_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     host: str
     port: int
     alive: bool
     last_heartbeat_ms: int
     partitions_led: int
-    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., alive: _Optional[bool] = ..., last_heartbeat_ms: _Optional[int] = ..., partitions_led: _Optional[int] = ...) -> None: ...
+    rack: str
+    partitions_followed: int
+    partitions_under_replicated: int
+    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., alive: _Optional[bool] = ..., last_heartbeat_ms: _Optional[int] = ..., partitions_led: _Optional[int] = ..., rack: _Optional[str] = ..., partitions_followed: _Optional[int] = ..., partitions_under_replicated: _Optional[int] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
     __slots__ = ("topic", "partition", "batch", "acks")
@@ -175,31 +217,35 @@ class ProduceResponse(_message.Message):
     def __init__(self, base_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., duplicate: _Optional[bool] = ..., record_offsets: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FetchPartition(_message.Message):
-    __slots__ = ("topic", "partition", "offset", "max_bytes")
+    __slots__ = ("topic", "partition", "offset", "max_bytes", "current_leader_epoch")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     offset: int
     max_bytes: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    current_leader_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("partitions", "max_wait_ms", "min_bytes", "max_bytes")
+    __slots__ = ("partitions", "max_wait_ms", "min_bytes", "max_bytes", "replica_id")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[FetchPartition]
     max_wait_ms: int
     min_bytes: int
     max_bytes: int
-    def __init__(self, partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    replica_id: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., replica_id: _Optional[int] = ...) -> None: ...
 
 class FetchPartitionResult(_message.Message):
-    __slots__ = ("topic", "partition", "error", "error_message", "high_watermark", "log_start_offset", "records")
+    __slots__ = ("topic", "partition", "error", "error_message", "high_watermark", "log_start_offset", "records", "log_end_offset", "leader_epoch")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +253,8 @@ class FetchPartitionResult(_message.Message):
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     error: ErrorCode
@@ -214,7 +262,9 @@ class FetchPartitionResult(_message.Message):
     high_watermark: int
     log_start_offset: int
     records: bytes
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., records: _Optional[bytes] = ...) -> None: ...
+    log_end_offset: int
+    leader_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., records: _Optional[bytes] = ..., log_end_offset: _Optional[int] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("partitions",)
@@ -307,16 +357,18 @@ class FetchCommittedOffsetsResponse(_message.Message):
     def __init__(self, offsets: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ...) -> None: ...
 
 class CreatePartitionsRequest(_message.Message):
-    __slots__ = ("topic", "partitions", "config", "topic_partition_count")
+    __slots__ = ("topic", "partitions", "config", "topic_partition_count", "states")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     TOPIC_PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partitions: _containers.RepeatedScalarFieldContainer[int]
     config: TopicConfig
     topic_partition_count: int
-    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ..., topic_partition_count: _Optional[int] = ...) -> None: ...
+    states: _containers.RepeatedCompositeFieldContainer[PartitionState]
+    def __init__(self, topic: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., config: _Optional[_Union[TopicConfig, _Mapping]] = ..., topic_partition_count: _Optional[int] = ..., states: _Optional[_Iterable[_Union[PartitionState, _Mapping]]] = ...) -> None: ...
 
 class CreatePartitionsResponse(_message.Message):
     __slots__ = ()
@@ -413,6 +465,74 @@ class FindTraceResponse(_message.Message):
     partitions: _containers.RepeatedCompositeFieldContainer[TracePartition]
     truncated: bool
     def __init__(self, partitions: _Optional[_Iterable[_Union[TracePartition, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class UpdatePartitionStatesRequest(_message.Message):
+    __slots__ = ("states", "controller_epoch")
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedCompositeFieldContainer[PartitionState]
+    controller_epoch: int
+    def __init__(self, states: _Optional[_Iterable[_Union[PartitionState, _Mapping]]] = ..., controller_epoch: _Optional[int] = ...) -> None: ...
+
+class UpdatePartitionStatesResponse(_message.Message):
+    __slots__ = ("errors",)
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    errors: _containers.RepeatedCompositeFieldContainer[PartitionStateError]
+    def __init__(self, errors: _Optional[_Iterable[_Union[PartitionStateError, _Mapping]]] = ...) -> None: ...
+
+class PartitionStateError(_message.Message):
+    __slots__ = ("topic", "partition", "error", "error_message")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error: ErrorCode
+    error_message: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class OffsetForLeaderEpochRequest(_message.Message):
+    __slots__ = ("queries", "replica_id")
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    queries: _containers.RepeatedCompositeFieldContainer[EpochQuery]
+    replica_id: int
+    def __init__(self, queries: _Optional[_Iterable[_Union[EpochQuery, _Mapping]]] = ..., replica_id: _Optional[int] = ...) -> None: ...
+
+class EpochQuery(_message.Message):
+    __slots__ = ("topic", "partition", "leader_epoch", "current_leader_epoch")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    leader_epoch: int
+    current_leader_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ...) -> None: ...
+
+class EpochEndOffset(_message.Message):
+    __slots__ = ("topic", "partition", "error", "error_message", "leader_epoch", "end_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error: ErrorCode
+    error_message: str
+    leader_epoch: int
+    end_offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
+
+class OffsetForLeaderEpochResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[EpochEndOffset]
+    def __init__(self, results: _Optional[_Iterable[_Union[EpochEndOffset, _Mapping]]] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("type", "tags", "payload", "metadata")
@@ -629,14 +749,16 @@ class EventGroupDescription(_message.Message):
     def __init__(self, group: _Optional[str] = ..., active: _Optional[bool] = ..., partition_by: _Optional[_Iterable[str]] = ..., handled_types: _Optional[_Iterable[str]] = ..., partitions: _Optional[_Iterable[_Union[EventPartitionState, _Mapping]]] = ..., head: _Optional[int] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("broker_id", "host", "port")
+    __slots__ = ("broker_id", "host", "port", "rack")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     host: str
     port: int
-    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+    rack: str
+    def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("partitions", "heartbeat_interval_ms")
@@ -647,10 +769,12 @@ class RegisterBrokerResponse(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[CreatePartitionsRequest, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
-    __slots__ = ("broker_id",)
+    __slots__ = ("broker_id", "shutting_down")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SHUTTING_DOWN_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
-    def __init__(self, broker_id: _Optional[int] = ...) -> None: ...
+    shutting_down: bool
+    def __init__(self, broker_id: _Optional[int] = ..., shutting_down: _Optional[bool] = ...) -> None: ...
 
 class BrokerHeartbeatResponse(_message.Message):
     __slots__ = ("reregister", "acl_version")
@@ -713,6 +837,44 @@ class AddPartitionsRequest(_message.Message):
     name: str
     partitions: int
     def __init__(self, name: _Optional[str] = ..., partitions: _Optional[int] = ...) -> None: ...
+
+class AlterIsrRequest(_message.Message):
+    __slots__ = ("broker_id", "topic", "partition", "leader_epoch", "partition_epoch", "isr")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    topic: str
+    partition: int
+    leader_epoch: int
+    partition_epoch: int
+    isr: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, broker_id: _Optional[int] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., partition_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AlterIsrResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: PartitionState
+    def __init__(self, state: _Optional[_Union[PartitionState, _Mapping]] = ...) -> None: ...
+
+class ReassignPartitionRequest(_message.Message):
+    __slots__ = ("topic", "partition", "replicas")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReassignPartitionResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: PartitionState
+    def __init__(self, state: _Optional[_Union[PartitionState, _Mapping]] = ...) -> None: ...
 
 class GetMetadataRequest(_message.Message):
     __slots__ = ("topics",)

@@ -79,6 +79,16 @@ class BrokerStub:
                 request_serializer=dmq_dot_proto_dot_dmq__pb2.DeleteGroupOffsetsRequest.SerializeToString,
                 response_deserializer=dmq_dot_proto_dot_dmq__pb2.DeleteGroupOffsetsResponse.FromString,
                 _registered_method=True)
+        self.UpdatePartitionStates = channel.unary_unary(
+                '/dmq.v1.Broker/UpdatePartitionStates',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.UpdatePartitionStatesRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.UpdatePartitionStatesResponse.FromString,
+                _registered_method=True)
+        self.OffsetForLeaderEpoch = channel.unary_unary(
+                '/dmq.v1.Broker/OffsetForLeaderEpoch',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.OffsetForLeaderEpochResponse.FromString,
+                _registered_method=True)
         self.QueuePop = channel.unary_unary(
                 '/dmq.v1.Broker/QueuePop',
                 request_serializer=dmq_dot_proto_dot_dmq__pb2.QueuePopRequest.SerializeToString,
@@ -214,6 +224,18 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteGroupOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdatePartitionStates(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetForLeaderEpoch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -364,6 +386,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DeleteGroupOffsets,
                     request_deserializer=dmq_dot_proto_dot_dmq__pb2.DeleteGroupOffsetsRequest.FromString,
                     response_serializer=dmq_dot_proto_dot_dmq__pb2.DeleteGroupOffsetsResponse.SerializeToString,
+            ),
+            'UpdatePartitionStates': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdatePartitionStates,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.UpdatePartitionStatesRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.UpdatePartitionStatesResponse.SerializeToString,
+            ),
+            'OffsetForLeaderEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetForLeaderEpoch,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.OffsetForLeaderEpochRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.OffsetForLeaderEpochResponse.SerializeToString,
             ),
             'QueuePop': grpc.unary_unary_rpc_method_handler(
                     servicer.QueuePop,
@@ -689,6 +721,60 @@ class Broker:
             '/dmq.v1.Broker/DeleteGroupOffsets',
             dmq_dot_proto_dot_dmq__pb2.DeleteGroupOffsetsRequest.SerializeToString,
             dmq_dot_proto_dot_dmq__pb2.DeleteGroupOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdatePartitionStates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/UpdatePartitionStates',
+            dmq_dot_proto_dot_dmq__pb2.UpdatePartitionStatesRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.UpdatePartitionStatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetForLeaderEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/OffsetForLeaderEpoch',
+            dmq_dot_proto_dot_dmq__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.OffsetForLeaderEpochResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1186,6 +1272,16 @@ class MetadataStub:
                 request_serializer=dmq_dot_proto_dot_dmq__pb2.GetMetadataRequest.SerializeToString,
                 response_deserializer=dmq_dot_proto_dot_dmq__pb2.GetMetadataResponse.FromString,
                 _registered_method=True)
+        self.AlterIsr = channel.unary_unary(
+                '/dmq.v1.Metadata/AlterIsr',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.AlterIsrRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.AlterIsrResponse.FromString,
+                _registered_method=True)
+        self.ReassignPartition = channel.unary_unary(
+                '/dmq.v1.Metadata/ReassignPartition',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.ReassignPartitionRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.ReassignPartitionResponse.FromString,
+                _registered_method=True)
         self.AddAcls = channel.unary_unary(
                 '/dmq.v1.Metadata/AddAcls',
                 request_serializer=dmq_dot_proto_dot_dmq__pb2.AddAclsRequest.SerializeToString,
@@ -1260,6 +1356,18 @@ class MetadataServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterIsr(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReassignPartition(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AddAcls(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -1325,6 +1433,16 @@ def add_MetadataServicer_to_server(servicer, server):
                     servicer.GetMetadata,
                     request_deserializer=dmq_dot_proto_dot_dmq__pb2.GetMetadataRequest.FromString,
                     response_serializer=dmq_dot_proto_dot_dmq__pb2.GetMetadataResponse.SerializeToString,
+            ),
+            'AlterIsr': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterIsr,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.AlterIsrRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.AlterIsrResponse.SerializeToString,
+            ),
+            'ReassignPartition': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReassignPartition,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.ReassignPartitionRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.ReassignPartitionResponse.SerializeToString,
             ),
             'AddAcls': grpc.unary_unary_rpc_method_handler(
                     servicer.AddAcls,
@@ -1585,6 +1703,60 @@ class Metadata:
             '/dmq.v1.Metadata/GetMetadata',
             dmq_dot_proto_dot_dmq__pb2.GetMetadataRequest.SerializeToString,
             dmq_dot_proto_dot_dmq__pb2.GetMetadataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterIsr(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Metadata/AlterIsr',
+            dmq_dot_proto_dot_dmq__pb2.AlterIsrRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.AlterIsrResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReassignPartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Metadata/ReassignPartition',
+            dmq_dot_proto_dot_dmq__pb2.ReassignPartitionRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.ReassignPartitionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -145,6 +145,9 @@ RULES: dict[str, RpcRule] = {
     _B + "CreatePartitions": _INTERNAL,
     _B + "DeletePartitions": _INTERNAL,
     _B + "DeleteGroupOffsets": _INTERNAL,
+    # replication (the controller's pushes and a follower's epoch questions): the cluster only
+    _B + "UpdatePartitionStates": _INTERNAL,
+    _B + "OffsetForLeaderEpoch": _INTERNAL,
     # queue mode: a pop takes a lease (read on the topic and the group); its id, 128 random bits
     # given only to the popper, is the capability that finishes it, as a member secret is
     _B + "QueuePop": RpcRule(Access.ACL, _topic_and_group(Operation.READ)),
@@ -176,6 +179,9 @@ RULES: dict[str, RpcRule] = {
     _M + "DescribeTopic": RpcRule(Access.ACL, _topic(Operation.DESCRIBE, "name")),
     _M + "AddPartitions": RpcRule(Access.ACL, _topic(Operation.ALTER, "name"), admin=True),
     _M + "GetMetadata": RpcRule(Access.ACL, _metadata),
+    _M + "AlterIsr": _INTERNAL,
+    # moving replicas between brokers is a cluster change (Kafka: ALTER on the cluster)
+    _M + "ReassignPartition": RpcRule(Access.ACL, _cluster(Operation.ALTER), admin=True),
     _M + "AddAcls": RpcRule(Access.ACL, _cluster(Operation.ALTER), admin=True),
     _M + "RemoveAcls": RpcRule(Access.ACL, _cluster(Operation.ALTER), admin=True),
     _M + "ListAcls": RpcRule(Access.ACL, _cluster(Operation.DESCRIBE)),
