@@ -245,7 +245,7 @@ class FetchRequest(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., replica_id: _Optional[int] = ...) -> None: ...
 
 class FetchPartitionResult(_message.Message):
-    __slots__ = ("topic", "partition", "error", "error_message", "high_watermark", "log_start_offset", "records", "log_end_offset", "leader_epoch")
+    __slots__ = ("topic", "partition", "error", "error_message", "high_watermark", "log_start_offset", "records", "log_end_offset", "leader_epoch", "epochs")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +255,7 @@ class FetchPartitionResult(_message.Message):
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     error: ErrorCode
@@ -264,7 +265,16 @@ class FetchPartitionResult(_message.Message):
     records: bytes
     log_end_offset: int
     leader_epoch: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., records: _Optional[bytes] = ..., log_end_offset: _Optional[int] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
+    epochs: _containers.RepeatedCompositeFieldContainer[EpochStart]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., records: _Optional[bytes] = ..., log_end_offset: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., epochs: _Optional[_Iterable[_Union[EpochStart, _Mapping]]] = ...) -> None: ...
+
+class EpochStart(_message.Message):
+    __slots__ = ("epoch", "start_offset")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    start_offset: int
+    def __init__(self, epoch: _Optional[int] = ..., start_offset: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("partitions",)
