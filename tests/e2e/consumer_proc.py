@@ -28,7 +28,7 @@ import time
 import structlog
 
 from dmq.client.consumer import ConsumerConfig, ConsumerRebalanceListener, DMQConsumer
-from dmq.client.errors import CommitFailedError
+from dmq.client.errors import CommitFailedError, DMQError
 
 _out_lock = threading.Lock()
 
@@ -101,7 +101,7 @@ def main() -> None:
             try:
                 consumer.commit_sync({tp: positions[tp.partition] for tp in records.partitions()})
                 emit(ev="commit", offsets=positions)
-            except CommitFailedError as e:
+            except DMQError as e:  # fenced, or a broker failing over: the next poll's commit covers it
                 emit(ev="commit_failed", error=str(e), type=type(e).__name__)
 
 

@@ -35,8 +35,18 @@ def free_port() -> int:
 class ProcCluster:
     """A coordinator and N brokers, each its own `python -m dmq.client.cli` process."""
 
-    def __init__(self, root: pathlib.Path, brokers: int, *, coordinator_port: int | None = None) -> None:
+    def __init__(
+        self,
+        root: pathlib.Path,
+        brokers: int,
+        *,
+        coordinator_port: int | None = None,
+        broker_session_timeout_ms: int | None = None,
+        broker_args: list[str] | None = None,
+    ) -> None:
         self.root = root
+        self.broker_session_timeout_ms = broker_session_timeout_ms
+        self.broker_args = broker_args or []
         self.port = coordinator_port or free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.coordinator: subprocess.Popen[bytes] | None = None
@@ -75,7 +85,9 @@ class ProcCluster:
     def start_coordinator(self) -> None:
         self.coordinator, _ = self._spawn(
             "coordinator",
-            ["coordinator", "--port", str(self.port), "--data-dir", str(self.root / "coordinator"), "--log-level", "warning"],
+            ["coordinator", "--port", str(self.port), "--data-dir", str(self.root / "coordinator"), "--log-level", "warning",
+             *(["--broker-session-timeout-ms", str(self.broker_session_timeout_ms)]
+               if self.broker_session_timeout_ms else [])],
             "coordinator listening on",
         )
 
@@ -83,7 +95,7 @@ class ProcCluster:
         proc, address = self._spawn(
             f"broker{i}",
             ["broker", "--coordinator", self.bootstrap, "--broker-id", str(i), "--data-dir", str(self.root / f"b{i}"),
-             "--log-level", "warning"],
+             "--log-level", "warning", *self.broker_args],
             f"broker {i} listening on",
         )
         self.brokers[i] = proc

@@ -1,0 +1,266 @@
+"""Replication: what RF 3 costs, how fast leadership moves, and end-to-end latency (issue 15).
+
+    .venv/bin/python bench/replication_bench.py [--records 200000] [--trials 20]
+                                                [--session-timeout-ms 1000] [--latency-seconds 10]
+
+Starts a real 3-broker cluster (`dmq coordinator` and three `dmq broker` processes, fsync flush
+policy, data in a temporary directory) and, in one run, prints:
+
+  1. produce msgs/s with RF 1 and RF 3 (acks=all, min_insync_replicas 2), one partition each, and
+     the CPU seconds per million records of the client, the leader and each follower: on this
+     machine the client and the three brokers share 2 cores, so the CPU figures show what
+     replication itself costs where the throughput ratio mostly shows the contention.
+     Target: RF 3 keeps >= 60% of RF 1.
+  2. failover: --trials times, SIGKILL the leader of an RF 3 partition and time until a produce to
+     that partition succeeds again (a fresh acks=all send, the producer's own retries and
+     metadata refreshes), then restart the killed broker with its data and wait until the
+     partition is fully in sync again. p50 / p99 / max. Target: p99 <= session timeout + 1 s, and
+     <= 2 s with --session-timeout-ms 1000.
+  3. end-to-end latency (send -> a consumer receives it) at --rate msgs/s for --latency-seconds on
+     an RF 3 partition: p50 / p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import pathlib
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import grpc
+
+from dmq.client import Producer, SimpleConsumer
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
+
+START_TIMEOUT_S = 60.0
+SYNC_TIMEOUT_S = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux /proc)."""
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Cluster:
+    """A coordinator and three brokers, each its own `python -m dmq.client.cli` process."""
+
+    def __init__(self, root: pathlib.Path, session_timeout_ms: int, brokers: int = 3) -> None:
+        self.root = root
+        self.port = _free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.session_timeout_ms = session_timeout_ms
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.coordinator = self._spawn(
+            "coordinator",
+            ["coordinator", "--port", str(self.port), "--data-dir", str(root / "coordinator"),
+             "--broker-session-timeout-ms", str(session_timeout_ms), "--log-level", "warning"],
+            "coordinator listening on",
+        )
+        self.brokers: dict[int, subprocess.Popen[bytes]] = {}
+        for i in range(brokers):
+            self.start_broker(i)
+        self.channel = grpc.insecure_channel(self.bootstrap)
+        self.metadata = pb_grpc.MetadataStub(self.channel)
+
+    def _spawn(self, name: str, args: list[str], ready: str) -> subprocess.Popen[bytes]:
+        log_path = self.root / f"{name}.log"
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "dmq.client.cli", *args], stdout=log, stderr=log)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if ready in log_path.read_bytes()[offset:].decode(errors="replace"):
+                self.procs[name] = proc
+                return proc
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        proc.kill()
+        raise SystemExit(f"{name} did not start: {log_path.read_bytes()[offset:].decode(errors='replace')[-2000:]}")
+
+    def start_broker(self, i: int) -> None:
+        self.brokers[i] = self._spawn(
+            f"broker{i}",
+            ["broker", "--coordinator", self.bootstrap, "--broker-id", str(i), "--data-dir", str(self.root / f"b{i}"),
+             "--log-level", "warning"],
+            f"broker {i} listening on",
+        )
+
+    def kill_broker(self, i: int) -> None:
+        proc = self.brokers.pop(i)
+        proc.kill()
+        proc.wait(30)
+
+    def create_topic(self, name: str, replication_factor: int, min_insync: int) -> None:
+        config = pb.TopicConfig(replication_factor=replication_factor, min_insync_replicas=min_insync)
+        self.metadata.CreateTopic(pb.CreateTopicRequest(name=name, partitions=1, config=config), timeout=30)
+        self.wait_in_sync(name, replication_factor)
+
+    def partition(self, topic: str) -> pb.PartitionInfo:
+        answer = self.metadata.GetMetadata(pb.GetMetadataRequest(topics=[topic]), timeout=10)
+        return answer.topics[0].partitions[0]
+
+    def wait_in_sync(self, topic: str, replicas: int) -> pb.PartitionInfo:
+        deadline = time.monotonic() + SYNC_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(grpc.RpcError):
+                info = self.partition(topic)
+                if len(info.isr) == replicas and info.leader_id >= 0 and info.leader_alive:
+                    return info
+            time.sleep(0.1)
+        raise SystemExit(f"{topic}: not {replicas} replicas in sync within {SYNC_TIMEOUT_S} s: {self.partition(topic)}")
+
+    def close(self) -> None:
+        self.channel.close()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGCONT)
+                    proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def throughput(cluster: Cluster, topic: str, records: int, value: bytes) -> tuple[float, dict[str, float]]:
+    """msgs/s of acks=all sends to one partition, and CPU seconds per million records by role."""
+    info = cluster.partition(topic)
+    roles = {"leader": info.leader_id, **{f"follower {b}": b for b in info.replicas if b != info.leader_id}}
+    before = {role: _cpu_s(cluster.brokers[b].pid) for role, b in roles.items()}
+    client_before = time.process_time()
+    with Producer(cluster.bootstrap, acks="all", linger_ms=5) as producer:
+        start = time.perf_counter()
+        for _ in range(records):
+            producer.send(topic, value)
+        producer.flush()
+        elapsed = time.perf_counter() - start
+    cpu = {"client": time.process_time() - client_before}
+    cpu.update({role: _cpu_s(cluster.brokers[b].pid) - before[role] for role, b in roles.items()})
+    return records / elapsed, {role: seconds * 1_000_000 / records for role, seconds in cpu.items()}
+
+
+def failover(cluster: Cluster, topic: str, trials: int) -> list[float]:
+    """Seconds from a leader's SIGKILL until a produce to its partition succeeds, per trial."""
+    times = []
+    with Producer(cluster.bootstrap, acks="all", linger_ms=0, request_timeout_ms=2_000) as producer:
+        producer.send(topic, b"warm-up").get(30)
+        for trial in range(trials):
+            leader = cluster.partition(topic).leader_id
+            killed_at = time.monotonic()
+            cluster.kill_broker(leader)
+            producer.send(topic, f"after kill {trial}".encode()).get(60)
+            times.append(time.monotonic() - killed_at)
+            cluster.start_broker(leader)
+            cluster.wait_in_sync(topic, 3)
+            print(f"  trial {trial + 1:2}: broker {leader} killed, produce ok after {times[-1] * 1000:7.0f} ms",
+                  flush=True)
+    return times
+
+
+def end_to_end(cluster: Cluster, topic: str, rate: int, seconds: float) -> list[float]:
+    """Latencies (s) from send to receipt at `rate` msgs/s; the value carries the send time."""
+    latencies: list[float] = []
+    stop = threading.Event()
+    total = int(rate * seconds)
+
+    def consume() -> None:
+        with SimpleConsumer(cluster.bootstrap) as consumer:
+            _, end = consumer.offsets(topic, 0)
+            for batch in consumer.consume_batches(topic, 0, end, max_wait_ms=100):
+                received = time.time()
+                for value in batch.values():
+                    latencies.append(received - struct.unpack("<d", value[:8])[0])
+                if len(latencies) >= total or stop.is_set():
+                    return
+
+    reader = threading.Thread(target=consume, name="e2e-consumer", daemon=True)
+    reader.start()
+    time.sleep(1.0)  # the consumer is positioned at the log end before the first send
+    padding = b"x" * 92
+    with Producer(cluster.bootstrap, acks="all", linger_ms=0) as producer:
+        start = time.perf_counter()
+        for i in range(total):
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            producer.send(topic, struct.pack("<d", time.time()) + padding)
+        producer.flush()
+    reader.join(seconds + 30)
+    stop.set()
+    return latencies
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--session-timeout-ms", type=int, default=1000)
+    parser.add_argument("--rate", type=int, default=10_000)
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    args = parser.parse_args()
+
+    print(f"replication_bench: {os.cpu_count()} cpus, {time.strftime('%Y-%m-%d %H:%M:%S')}, "
+          f"{args.records} records of {args.value_bytes} B, session timeout {args.session_timeout_ms} ms", flush=True)
+    with tempfile.TemporaryDirectory(prefix="dmq-repl-bench-") as tmp:
+        cluster = Cluster(pathlib.Path(tmp), args.session_timeout_ms)
+        try:
+            value = b"v" * args.value_bytes
+            cluster.create_topic("rf1", 1, 1)
+            cluster.create_topic("rf3", 3, 2)
+            rates = {}
+            for topic in ("rf1", "rf3"):
+                rates[topic], cpu = throughput(cluster, topic, args.records, value)
+                shares = ", ".join(f"{role} {s:.1f}" for role, s in cpu.items())
+                print(f"produce {topic} acks=all: {rates[topic]:10,.0f} msgs/s   CPU s per 1M records: {shares}",
+                      flush=True)
+            print(f"RF 3 / RF 1 throughput: {rates['rf3'] / rates['rf1']:.0%} (target >= 60%)", flush=True)
+
+            cluster.create_topic("failover", 3, 2)
+            times = failover(cluster, "failover", args.trials)
+            print(f"failover over {len(times)} trials: p50 {statistics.median(times) * 1000:.0f} ms, "
+                  f"p99 {_percentile(times, 0.99) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms "
+                  f"(target p99 <= {args.session_timeout_ms + 1000} ms)", flush=True)
+
+            cluster.create_topic("latency", 3, 2)
+            latencies = end_to_end(cluster, "latency", args.rate, args.latency_seconds)
+            if latencies:
+                print(f"end-to-end at {args.rate:,} msgs/s RF 3: {len(latencies)} records, "
+                      f"p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {_percentile(latencies, 0.99) * 1000:.1f} ms",
+                      flush=True)
+            else:
+                print("end-to-end: no record received", flush=True)
+        finally:
+            cluster.close()
+
+
+if __name__ == "__main__":
+    main()
