@@ -309,10 +309,11 @@ class BrokerNode:
 
     async def delete_partitions(self, topic: str, partitions: set[int] | None) -> None:
         await self.event_stores.drop(topic)
+        # The commits first: a crash in between must not leave them for a topic created again.
+        await self.offsets.delete_topic(topic, partitions)
         for t, p in self.logs.partitions():
             if t == topic and (partitions is None or p in partitions):
                 self.logs.delete(t, p)
-        await self.offsets.delete_topic(topic, partitions)
         self.queues.forget(topic, partitions)
         self._leader_cache.pop(topic, None)
         log.info("partitions deleted", topic=topic, partitions=sorted(partitions) if partitions else "all")

@@ -2,8 +2,9 @@
 partition (DESIGN.md "Replication": logs all the way down, as Kafka's `__consumer_offsets`).
 
 Where: the commits for partition (T, p) are records of the internal log (`offsets_log_topic(T)`,
-p), directory `__offsets+T-p` next to the data's `T-p`. '+' is not a legal topic character, so no
-user topic can meet it. The data partition's leader answers the commits for it, as before;
+p), directory `__offsets+T-p` next to the data's `T-p` (a long T is cut and hashed to fit). '+' is
+not a legal topic character, so no user topic can meet it. An internal log whose data partition is
+gone is not read. The data partition's leader answers the commits for it, as before;
 with replication the internal log has the same replicas, leader and epoch as its data partition
 (the replica manager applies one PartitionState to both) and is replicated by the same fetch path,
 so a new leader has every acknowledged commit. Kafka keeps one `__consumer_offsets` topic
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import pathlib
 import sqlite3
@@ -50,6 +52,7 @@ import structlog
 
 from dmq.broker.log import AppendInfo, LogConfig, LogManager, PartitionLog, UnknownPartitionError
 from dmq.proto import records
+from dmq.proto.names import TOPIC_NAME_MAX_BYTES
 
 log = structlog.get_logger(__name__)
 
@@ -69,13 +72,17 @@ Durable = Callable[[PartitionLog, AppendInfo, int], Awaitable[None]]
 
 
 def offsets_log_topic(topic: str) -> str:
-    """The internal log's name for a data topic."""
-    return INTERNAL_PREFIX + topic
+    """The internal log's name for a data topic. It must fit a directory name as the topic's own
+    does (249 bytes + "-<partition>"), so a long topic's is cut and made unique by a hash."""
+    name = INTERNAL_PREFIX + topic
+    if len(name) <= TOPIC_NAME_MAX_BYTES:  # topic names are ASCII: characters are bytes
+        return name
+    digest = hashlib.blake2b(topic.encode(), digest_size=8).hexdigest()
+    return name[: TOPIC_NAME_MAX_BYTES - len(digest) - 1] + "~" + digest
 
 
-def data_topic_of(log_topic: str) -> str | None:
-    """The data topic an internal offsets log belongs to, None for any other log."""
-    return log_topic[len(INTERNAL_PREFIX):] if log_topic.startswith(INTERNAL_PREFIX) else None
+def is_offsets_log(log_topic: str) -> bool:
+    return log_topic.startswith(INTERNAL_PREFIX)
 
 
 async def wait_fsynced(plog: PartitionLog, info: AppendInfo, epoch: int) -> None:
@@ -130,10 +137,11 @@ class OffsetStore:
 
     async def open(self) -> None:
         """Replay every internal log (the logs are open), then import a legacy SQLite file."""
-        for topic, partition in self._logs.partitions():
-            data_topic = data_topic_of(topic)
-            if data_topic is not None:
-                await asyncio.to_thread(self._replay, data_topic, partition)
+        present = self._logs.partitions()
+        internal = set(present)
+        for topic, partition in present:
+            if not is_offsets_log(topic) and (offsets_log_topic(topic), partition) in internal:
+                await asyncio.to_thread(self._replay, topic, partition)
         legacy = self._data_dir / LEGACY_FILE
         if legacy.exists():
             await self._import_legacy(legacy)
