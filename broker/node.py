@@ -101,7 +101,7 @@ class BrokerNode:
         self.acls = acls or AclView()
         self.client_security = client_security
         self.logs = LogManager(self.data_dir / "logs", self.log_config, max_open_files=max_open_files)
-        self.offsets = OffsetStore(self.data_dir / "offsets.sqlite")
+        self.offsets = OffsetStore(self.logs, self.data_dir)
         self.queues = QueueManager(self)  # queue mode: leases, acks, dead letters (broker/queue)
         self.event_stores = EventStores(self.logs)
         self.dir_lock = DataDirLock(self.data_dir)
@@ -196,12 +196,10 @@ class BrokerNode:
             try:
                 await asyncio.to_thread(self.service.appender.close)  # appends in threads end first
                 await self.event_stores.close()  # their threads use the logs
+                await self.offsets.close()  # its compactions use the logs
                 await asyncio.to_thread(self.logs.close)
             finally:
-                try:
-                    await self.offsets.close()
-                finally:
-                    self.dir_lock.release()
+                self.dir_lock.release()
         log.info("broker stopped", broker_id=self.broker_id)
 
     async def _register(self) -> None:
@@ -302,6 +300,7 @@ class BrokerNode:
         config = log_config_for(self.log_config, request.config)
         for partition in request.partitions:
             self.logs.create(request.topic, partition, config)
+            self.offsets.create_log(request.topic, partition, config)
         self.queues.configure(request)
         if request.config.kind == KIND_EVENT_STORE:
             self.event_stores.mark(request.topic)
@@ -310,10 +309,11 @@ class BrokerNode:
 
     async def delete_partitions(self, topic: str, partitions: set[int] | None) -> None:
         await self.event_stores.drop(topic)
+        # The commits first: a crash in between must not leave them for a topic created again.
+        await self.offsets.delete_topic(topic, partitions)
         for t, p in self.logs.partitions():
             if t == topic and (partitions is None or p in partitions):
                 self.logs.delete(t, p)
-        await self.offsets.delete_topic(topic, partitions)
         self.queues.forget(topic, partitions)
         self._leader_cache.pop(topic, None)
         log.info("partitions deleted", topic=topic, partitions=sorted(partitions) if partitions else "all")

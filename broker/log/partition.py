@@ -894,6 +894,12 @@ class PartitionLog:
             self._held.append(base)
         return AppendInfo(base, last, now, False)
 
+    def append_held(self, batch: bytes | bytearray | memoryview) -> tuple[AppendInfo, int]:
+        """append(), the batch hidden from readers until durable; also the rollback epoch to give
+        wait_durable(). For writers that must know the log order before they wait (the offset
+        store's view follows its appends)."""
+        return self._append(batch, hold=True)
+
     async def append_durable(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
         """append() then wait for an fsync covering the batch (group commit), unless the
         flush_policy is "interval", where the periodic flusher makes it durable. Raises
@@ -1313,6 +1319,31 @@ class PartitionLog:
                     n += 1
                     reason = reason or "retention_bytes"
             if n == 0:
+                return 0
+            return self._delete_leading_segments(n, reason)  # the lock is re-entrant: n stays right
+
+    def delete_segments_before(self, offset: int) -> int:
+        """Delete the whole segments that end at or before `offset` (never the active one): the log
+        start moves to the first kept segment. For a compacted log whose state from `offset` on is
+        complete (the offset store's snapshots). Returns the number of segments deleted."""
+        with self._lock:
+            if self._closed:
+                return 0
+            n = bisect_right(self._bases, offset) - 1
+            n = min(max(n, 0), len(self._segments) - 1)
+            if n == 0:
+                return 0
+            return self._delete_leading_segments(n, "compaction")
+
+    def _delete_leading_segments(self, n: int, reason: str | None) -> int:
+        """Delete the first n segments: the checkpoint first, then the files (the caller may hold
+        the lock; the files are deleted outside it when it does not)."""
+        with self._lock:
+            if self._closed:
+                return 0
+            segs = self._segments
+            n = min(n, len(segs) - 1)
+            if n <= 0:
                 return 0
             self._before_change()
             doomed = segs[:n]

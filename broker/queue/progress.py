@@ -4,12 +4,12 @@ Because a partition is worked strictly in order, a (group, partition) has at mos
 that can have failed, so this is all the retry state there is (O(1) per partition): the next
 offset to hand out, how many deliveries of the record there have failed, and the last error.
 
-Where it lives is behind `ProgressStore`, so the replication work can move it into an internal
-replicated topic without touching the queue logic. Today `OffsetProgressStore` keeps it in the
-broker's committed-offsets store (dmq.broker.offsets): the same SQLite file, the same group
-commit, the same rule that a write is fsynced before the caller is answered. Its rows use the
-group id ``QUEUE_GROUP_PREFIX + group`` so they never meet a consumer group's (those are
-``G_<topic>_<app>``); the delivery count and error ride in the row's metadata column as JSON.
+Where it lives is behind `ProgressStore`. `OffsetProgressStore` keeps it in the broker's
+committed-offsets store (dmq.broker.offsets): records of the internal log beside the partition,
+replicated with it, written with the same group commit and the same rule that a write is durable
+before the caller is answered. Its entries use the group id ``QUEUE_GROUP_PREFIX + group`` so they
+never meet a consumer group's (those are ``G_<topic>_<app>``); the delivery count and error ride
+in the entry's metadata as JSON.
 """
 
 from __future__ import annotations

@@ -59,8 +59,10 @@ def test_commit_on_a_full_disk_is_disk_full_and_works_again_once_space_is_freed(
             assert consumer.assignment() == {tp}
             consumer.commit_sync({tp: 4})
             fill_disk(filler)
+            # A commit is a record of the partition's internal log: one with 4,000 characters of
+            # metadata needs a new page of the full tmpfs (a tiny one may still fit a page's tail).
             with pytest.raises(client_errors.DiskFullError) as info:
-                consumer.commit_sync({tp: 10}, timeout=3)
+                consumer.commit_sync({tp: OffsetAndMetadata(10, "m" * 4000)}, timeout=3)
             assert info.value.code == "RESOURCE_EXHAUSTED"
             assert "disk full on broker" in str(info.value)
             # the failed commit changed nothing
