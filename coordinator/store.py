@@ -376,16 +376,17 @@ class CoordinatorStore:
         statements += _insert_partitions(name, states)
         await self._write(statements)
 
-    async def update_partitions(self, name: str, states: Mapping[int, PartitionRecord]) -> None:
-        """Record new states of existing partitions (an election, an ISR change, a reassignment)."""
+    async def update_partitions(self, states: Mapping[tuple[str, int], PartitionRecord]) -> None:
+        """Record new states of existing partitions ((topic, partition) -> state) in one transaction:
+        an election, an ISR change, a reassignment step. Rows of deleted topics match nothing."""
         await self._write(
             [
                 (
                     "UPDATE partitions SET broker_id = ?, replicas = ?, isr = ?, leader_epoch = ?, partition_epoch = ? "
                     "WHERE topic = ? AND partition = ?",
-                    (*_state_columns(s), name, p),
+                    (*_state_columns(s), topic, p),
                 )
-                for p, s in sorted(states.items())
+                for (topic, p), s in sorted(states.items())
             ]
         )
 
