@@ -651,7 +651,7 @@ class MetadataManager:
         """The leader's request to change the in-sync set (partition_states.alter_isr): the state after
         it. A refused request raises, and the broker is sent the current state again."""
         self.check_ready()
-        _validated(validate_topic_name, topic, "topic")
+        _validated(functools.partial(validate_topic_name, field="topic"), topic)
         where = f"{shorten(topic)} partition {partition}"
         error: StateRefused | None = None
 
@@ -700,7 +700,7 @@ class MetadataManager:
         """Start moving the partition to `replicas`: the new ones are created as followers now; a
         background task drops the old ones once the new ones are in sync. The state now."""
         self.check_ready()
-        _validated(validate_topic_name, topic, "topic")
+        _validated(functools.partial(validate_topic_name, field="topic"), topic)
         key = (topic, partition)
         async with self._admin_lock:  # against a topic deletion while the new replicas are created
             self._existing_state(topic, partition)
