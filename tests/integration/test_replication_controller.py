@@ -247,3 +247,112 @@ def test_election_reaches_a_real_broker_cluster(cluster_factory) -> None:  # noq
         # session 1 s, expiry checked every 100 ms: the election follows within about 1.1 s of the
         # last heartbeat (a bound on the controller's loop, not a speed measurement)
         assert elapsed_s < 3, elapsed_s
+
+
+# -- AlterIsr, preferred leader, reassignment ---------------------------------------------------------
+
+
+async def current_state(h: Harness, topic: str, p: int = 0) -> pb.PartitionState:
+    from dmq.coordinator.controller.pushes import partition_state
+
+    state = h.node.metadata.partition_state(topic, p)
+    return partition_state(topic, p, state, h.node.metadata.broker_address)
+
+
+async def test_alter_isr_is_checked_recorded_and_pushed(h: Harness) -> None:
+    brokers = {b: await add(h, b) for b in (1, 2, 3)}
+    await h.create("i", 1)
+    s = await current_state(h, "i")
+    follower = s.replicas[2]
+    # refused: stale epochs, not the leader, the leader missing, a non-replica
+    await expect_error(alter_isr(h, s, list(s.isr), partition_epoch=s.partition_epoch - 1),
+                       grpc.StatusCode.FAILED_PRECONDITION, "stale epochs", f"partition_epoch {s.partition_epoch}")
+    await expect_error(alter_isr(h, s, list(s.isr), leader_epoch=s.leader_epoch + 1),
+                       grpc.StatusCode.FAILED_PRECONDITION, "stale epochs")
+    await expect_error(alter_isr(h, s, list(s.isr), broker_id=follower), grpc.StatusCode.FAILED_PRECONDITION,
+                       f"broker {follower} is not the leader")
+    await expect_error(alter_isr(h, s, [b for b in s.isr if b != s.leader_id]), grpc.StatusCode.INVALID_ARGUMENT,
+                       f"must include the leader {s.leader_id}")
+    await expect_error(alter_isr(h, s, [s.leader_id, 9]), grpc.StatusCode.INVALID_ARGUMENT, "brokers [9] are not replicas")
+    await expect_error(h.stub.AlterIsr(pb.AlterIsrRequest(broker_id=1, topic="nope", partition=0, isr=[1]), timeout=5),
+                       grpc.StatusCode.NOT_FOUND, "'nope'")
+    await expect_error(h.stub.AlterIsr(pb.AlterIsrRequest(broker_id=1, topic="i", partition=5, isr=[1]), timeout=5),
+                       grpc.StatusCode.NOT_FOUND, "partition")
+    assert await current_state(h, "i") == s  # nothing changed
+    # a refused stale request gets the leader the current state again
+    assert await until(lambda: brokers[s.leader_id].latest("i", 0) is not None)
+    # accepted: the follower leaves the ISR; the answer and the other replicas have the new state
+    shrunk = (await alter_isr(h, s, [b for b in s.isr if b != follower])).state
+    assert follower not in shrunk.isr and shrunk.partition_epoch == s.partition_epoch + 1
+    assert shrunk.leader_epoch == s.leader_epoch
+    for b in s.replicas:
+        if b != s.leader_id:
+            assert await until(lambda b=b: (brokers[b].latest("i", 0) or pb.PartitionState()).partition_epoch
+                               == shrunk.partition_epoch)
+    info = await h.describe("i")
+    assert list(info.partitions[0].isr) == list(shrunk.isr)
+    # the same request again is stale now; the up-to-date one is idempotent
+    await expect_error(alter_isr(h, s, list(shrunk.isr)), grpc.StatusCode.FAILED_PRECONDITION, "stale epochs")
+    assert (await alter_isr(h, shrunk, list(shrunk.isr))).state == shrunk
+
+
+async def test_preferred_leader_returns_once_back_in_sync(h: Harness) -> None:
+    for b in (1, 2, 3):
+        await add(h, b)
+    await h.create("pref", 1)
+    s = await current_state(h, "pref")
+    preferred = s.replicas[0]
+    await h.stub.BrokerHeartbeat(pb.BrokerHeartbeatRequest(broker_id=preferred, shutting_down=True), timeout=5)
+    await register(h, preferred)  # restarted: a follower, out of sync
+    moved = await current_state(h, "pref")
+    assert moved.leader_id != preferred and preferred not in moved.isr
+    assert await h.node.metadata.rebalance_preferred_leaders() == 0  # not in sync yet
+    synced = (await alter_isr(h, moved, [*moved.isr, preferred])).state
+    assert await h.node.metadata.rebalance_preferred_leaders() == 1
+    back = await current_state(h, "pref")
+    assert (back.leader_id, back.leader_epoch) == (preferred, synced.leader_epoch + 1)
+    assert await h.node.metadata.rebalance_preferred_leaders() == 0
+
+
+@pytest.mark.parametrize(
+    ("replicas", "code", "fragment"),
+    [
+        ([], grpc.StatusCode.INVALID_ARGUMENT, "replicas: name at least one broker"),
+        ([1, 1], grpc.StatusCode.INVALID_ARGUMENT, "replicas: brokers [1] are named twice"),
+        ([1, 7], grpc.StatusCode.INVALID_ARGUMENT, "replicas: brokers [7] are not live brokers"),
+    ],
+)
+async def test_reassign_validation(h: Harness, replicas, code, fragment) -> None:  # noqa: ANN001
+    for b in (1, 2):
+        await add(h, b)
+    await h.create("v", 1, replication_factor=1)
+    await expect_error(h.stub.ReassignPartition(pb.ReassignPartitionRequest(topic="v", partition=0, replicas=replicas),
+                                                timeout=5), code, fragment)
+    await expect_error(h.stub.ReassignPartition(pb.ReassignPartitionRequest(topic="v", partition=3, replicas=[1]),
+                                                timeout=5), grpc.StatusCode.NOT_FOUND, "partition")
+
+
+async def test_reassign_adds_waits_for_sync_then_drops(h: Harness) -> None:
+    brokers = {b: await add(h, b) for b in (1, 2, 3)}
+    info = await h.create("m", 1, replication_factor=2)
+    leader, replicas, _, _ = view(info)
+    newcomer = next(b for b in (1, 2, 3) if b not in replicas)
+    target = [newcomer, next(b for b in replicas if b != leader)]  # the leader leaves
+    started = (await h.stub.ReassignPartition(pb.ReassignPartitionRequest(topic="m", partition=0, replicas=target),
+                                              timeout=5)).state
+    assert list(started.replicas) == [*target, leader] and started.leader_id == leader
+    (created,) = [r for r in brokers[newcomer].created if r.topic == "m"]
+    assert list(created.partitions) == [0] and list(created.states[0].replicas) == [*target, leader]
+    await expect_error(h.stub.ReassignPartition(pb.ReassignPartitionRequest(topic="m", partition=0, replicas=target),
+                                                timeout=5), grpc.StatusCode.FAILED_PRECONDITION, "being reassigned")
+    # the leader's AlterIsr shows the newcomer in sync: the old leader is dropped and hands over
+    await alter_isr(h, started, [*started.isr, newcomer])
+    done = await until(lambda: list(h.node.metadata.partition_state("m", 0).replicas) == target, 10)
+    assert done
+    final = await current_state(h, "m")
+    assert final.leader_id == target[0] and final.leader_epoch == started.leader_epoch + 1
+    assert sorted(final.isr) == sorted(target)
+    assert await until(lambda: any(r.topic == "m" and list(r.partitions) == [0] for r in brokers[leader].deleted))
+    for b in target:
+        assert await until(lambda b=b: (brokers[b].latest("m", 0) or pb.PartitionState()).partition_epoch
+                           == final.partition_epoch)
