@@ -39,11 +39,25 @@ grows past its limit through someone else's requests. Refused: RESOURCE_EXHAUSTE
 principal, the limit and the current count. Exempt: the principals listed (super-users and the
 cluster's own), and calls without a principal (security off).
 
-Placement: round-robin over the live brokers sorted by id, starting at crc32(topic) mod N so that
-partition 0 of different topics lands on different brokers; partition p goes to
-live[(start + p) % N]. AddPartitions continues the same sequence over the brokers live then. A
-partition keeps its broker for life (no replication), so a dead broker's partitions are unavailable
-(leader_alive=false) until it comes back.
+Placement and replication (DESIGN.md "Replication"): this service is the controller. A topic's
+replication_factor (default min(3, live brokers), or default_replication_factor) places each
+partition on that many brokers (dmq.coordinator.controller.placement: leaders round-robin as before,
+followers on the next brokers, spread over racks). Each partition's state (replicas, ISR, leader,
+leader_epoch, partition_epoch) is recorded here and changes only through the controller's rules
+(dmq.coordinator.controller.partition_states), each change written to SQLite, applied to memory and
+pushed to the brokers (dmq.coordinator.controller.pushes):
+  - a broker's session expires (the node's monitor, every liveness_check_interval_ms) or it
+    heartbeats shutting_down=true (answered after the pushes): it leaves every ISR, and the
+    partitions it led get a new leader from the live ISR (or none: offline, leader_id -1);
+  - a broker registers: offline partitions whose in-sync replica it is get it back as leader;
+  - AlterIsr from a partition's leader (checked: current epochs, leader in the set, replicas only);
+  - the preferred leader (the first replica), alive and back in sync, takes the lead back (a
+    periodic check, at most MAX_PREFERRED_MOVES_PER_CHECK partitions each time);
+  - ReassignPartition: the new replicas are added as followers, and once the leader's AlterIsr shows
+    them in sync the old ones are dropped (a background task per partition, owned by this manager).
+State changes are serialized by their own lock, not the admin lock, so an election never waits for
+a topic creation's broker calls. An unreplicated partition (one replica) keeps its broker as leader
+while it is down (leader_alive=false) and its broker is sent no states, as before replication.
 """
 
 from __future__ import annotations
@@ -54,7 +68,6 @@ import functools
 import inspect
 import sqlite3
 import time
-import zlib
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -64,10 +77,22 @@ import structlog
 
 from dmq.coordinator.acls import AclManager
 from dmq.coordinator.broker_pool import BrokerPool
-from dmq.coordinator.store import BrokerRecord, CoordinatorStore, StoreFullError, TopicRecord
+from dmq.coordinator.controller import partition_states
+from dmq.coordinator.controller.partition_states import StateRefused
+from dmq.coordinator.controller.placement import place_partitions
+from dmq.coordinator.controller.pushes import StatePusher, partition_state
+from dmq.coordinator.store import (
+    NO_LEADER,
+    BrokerRecord,
+    CoordinatorStore,
+    PartitionRecord,
+    StoreFullError,
+    TopicRecord,
+)
 from dmq.coordinator.validation import (
     TopicSettings,
     ValidationError,
+    replication_defaults,
     validate_partition_count,
     validate_partition_increase,
     validate_topic_name,
@@ -93,6 +118,14 @@ NO_LIVE_BROKERS = "no live brokers: start one with `dmq broker`"
 MAX_PARTITIONS_PER_BROKER = 10_000
 # Partitions in the cluster: bounds the coordinator's memory, its start-up and every metadata answer.
 MAX_PARTITIONS_TOTAL = 100_000
+# The preferred-leader check moves at most this many leaders at a time, so one check is a bounded
+# amount of SQLite and push work; the next check continues.
+MAX_PREFERRED_MOVES_PER_CHECK = 100
+DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS = 5_000
+# A reassignment waits this long for its new replicas to catch up before it gives up (they stay
+# replicas; the operator may reassign again).
+DEFAULT_REASSIGNMENT_TIMEOUT_MS = 600_000
+RACK_MAX_CHARS = 64
 
 PartitionsAddedListener = Callable[[str, int], Awaitable[None] | None]
 TopicDeletedListener = Callable[[str], Awaitable[None] | None]
@@ -110,6 +143,10 @@ class MetadataError(Exception):
 
 class InvalidArgument(MetadataError):
     code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class FailedPrecondition(MetadataError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class BrokerIdTaken(MetadataError):
@@ -191,6 +228,10 @@ _LOST_CALL_CODES = frozenset(
 )
 
 
+class PartitionNotFound(MetadataError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
 class TopicNotFound(MetadataError):
     code = grpc.StatusCode.NOT_FOUND
 
@@ -233,6 +274,7 @@ class _BrokerState:
     registered: bool = False  # registered with this coordinator process (and not expired since)
     last_heartbeat_ms: int = -1
     principal: str | None = None  # who registered it (this coordinator process): the id is bound to it
+    shutting_down: bool = False  # said so in a heartbeat: leads nothing, joins no ISR until it registers again
 
 
 def broker_address(host: str, port: int) -> str:
@@ -242,11 +284,22 @@ def broker_address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def placement_for(topic: str, partitions: Iterable[int], live_broker_ids: list[int]) -> dict[int, int]:
-    """Round-robin placement (see the module comment). live_broker_ids must be non-empty."""
-    brokers = sorted(live_broker_ids)
-    start = zlib.crc32(topic.encode()) % len(brokers)
-    return {p: brokers[(start + p) % len(brokers)] for p in partitions}
+StateChanges = dict[tuple[str, int], PartitionRecord]  # (topic, partition) -> its new state
+_Transition = Callable[[PartitionRecord, int, list[int], TopicRecord], PartitionRecord]
+
+
+def _failed(state: PartitionRecord, broker: int, live: list[int], record: TopicRecord) -> PartitionRecord:
+    return partition_states.broker_failed(state, broker, live, unclean=bool(record.config.unclean_leader_election))
+
+
+def _back(state: PartitionRecord, broker: int, live: list[int], record: TopicRecord) -> PartitionRecord:
+    return partition_states.broker_back(state, broker, live)
+
+
+def is_replicated(record: TopicRecord) -> bool:
+    """Whether its brokers are sent partition states: some partition has several replicas or has
+    moved (an unreplicated, never changed partition keeps the meaning of an empty `states`)."""
+    return any(len(s.replicas) > 1 or s.partition_epoch > 0 for s in record.states.values())
 
 
 def wall_clock_ms() -> int:
@@ -287,9 +340,18 @@ class MetadataManager:
         default_topic_config: TopicSettings | None = None,
         principal_limits: PrincipalLimits | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
+        default_replication_factor: int | None = None,
+        reassignment_timeout_ms: int = DEFAULT_REASSIGNMENT_TIMEOUT_MS,
     ) -> None:
         if broker_session_timeout_ms <= 0:
             raise ValueError(f"broker_session_timeout_ms must be > 0, got {broker_session_timeout_ms}")
+        if default_replication_factor is not None and not 1 <= default_replication_factor <= limits.REPLICATION_FACTOR_MAX:
+            raise ValueError(
+                f"default_replication_factor must be 1..{limits.REPLICATION_FACTOR_MAX} (or None: min(3, live "
+                f"brokers)), got {default_replication_factor}"
+            )
+        if reassignment_timeout_ms <= 0:
+            raise ValueError(f"reassignment_timeout_ms must be > 0, got {reassignment_timeout_ms}")
         if default_topic_config is not None:
             default_topic_config.validate(field_prefix="default_topic_config.")
         self.store = store
@@ -298,6 +360,8 @@ class MetadataManager:
         self.broker_call_timeout_ms = broker_call_timeout_ms
         self.default_topic_config = default_topic_config
         self.clock_ms = clock_ms
+        self.default_replication_factor = default_replication_factor
+        self.reassignment_timeout_ms = reassignment_timeout_ms
         # Plain attributes: an operator (or a test) may change them on a running coordinator.
         self.max_partitions_per_broker = MAX_PARTITIONS_PER_BROKER
         self.max_partitions_total = MAX_PARTITIONS_TOTAL
@@ -308,6 +372,12 @@ class MetadataManager:
         self._admin_lock = asyncio.Lock()
         self._partitions_added_listeners: list[PartitionsAddedListener] = []
         self._topic_deleted_listeners: list[TopicDeletedListener] = []
+        # Partition state changes (elections, AlterIsr, reassignments): decided and recorded one at a time.
+        self._state_lock = asyncio.Lock()
+        self._states_changed = asyncio.Event()  # set and replaced at every change (reassignments wait on it)
+        self._unelected: set[int] = set()  # failed brokers whose elections could not be recorded yet
+        self._reassignments: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self.pusher = StatePusher(broker_pool, self.broker_address, call_timeout_ms=broker_call_timeout_ms)
 
     def __repr__(self) -> str:
         return (
@@ -360,8 +430,12 @@ class MetadataManager:
         return state is not None and self._alive(state, self.clock_ms())
 
     def live_broker_ids(self) -> list[int]:
+        """The brokers that may lead and hold new replicas: alive and not shutting down."""
         now = self.clock_ms()
-        return sorted(i for i, s in self._brokers.items() if self._alive(s, now))
+        return sorted(i for i, s in self._brokers.items() if self._alive(s, now) and not s.shutting_down)
+
+    def racks(self) -> dict[int, str]:
+        return {i: s.record.rack for i, s in self._brokers.items() if s.record.rack}
 
     def last_heartbeat_ms(self, broker_id: int) -> int:
         state = self._brokers.get(broker_id)
@@ -369,6 +443,10 @@ class MetadataManager:
 
     def partitions_led(self, broker_id: int) -> int:
         return sum(1 for t in self._topics.values() for b in t.placement.values() if b == broker_id)
+
+    def partition_state(self, topic: str, partition: int) -> PartitionRecord | None:
+        record = self._topics.get(topic)
+        return record.states.get(partition) if record else None
 
     def _alive(self, state: _BrokerState, now_ms: int) -> bool:
         return state.registered and now_ms - state.last_heartbeat_ms <= self.broker_session_timeout_ms
@@ -401,9 +479,10 @@ class MetadataManager:
     # -- brokers ---------------------------------------------------------------------------------
 
     async def register_broker(
-        self, broker_id: int, host: str, port: int, *, principal: str | None = None
+        self, broker_id: int, host: str, port: int, *, principal: str | None = None, rack: str = ""
     ) -> list[pb.CreatePartitionsRequest]:
-        """Record the broker, mark it alive, and return every partition placed on it.
+        """Record the broker, mark it alive, and return every partition it holds a replica of
+        (with their states when replicated). Offline partitions it is in sync for get it as leader.
 
         Refused (BrokerIdTaken) when the id is bound to another principal, or when the id's
         broker is live at another address: a registration never moves a live broker's partitions
@@ -412,6 +491,8 @@ class MetadataManager:
         rule alone protects the id."""
         self.check_ready()
         _validate_broker(broker_id, host, port)
+        if len(rack) > RACK_MAX_CHARS or any(c.isspace() or not c.isprintable() for c in rack):
+            raise InvalidArgument(f"rack: must be up to {RACK_MAX_CHARS} printable characters without spaces, got {rack[:80]!r}")
         now = self.clock_ms()
         previous = self._brokers.get(broker_id)
         if previous is not None:
@@ -427,14 +508,18 @@ class MetadataManager:
                     f"a registration moving it to {broker_address(host, port)} is refused until that broker's "
                     f"session ({self.broker_session_timeout_ms} ms) expires: two brokers with one id?"
                 )
-        record = BrokerRecord(broker_id=broker_id, host=host, port=port, registered_ms=now)
+        record = BrokerRecord(broker_id=broker_id, host=host, port=port, registered_ms=now, rack=rack)
         await complete_even_if_cancelled(self._apply_registration(record, now))
         self._brokers[broker_id].principal = principal
+        self.pusher.on_registered(broker_id)
+        await self._change_states(lambda live: self._transitions_for(broker_id, live, transition=_back))
         return self.partition_requests_for(broker_id)
 
     async def _apply_registration(self, record: BrokerRecord, now_ms: int) -> None:
         previous = self._brokers.get(record.broker_id)
-        if previous is None or (previous.record.host, previous.record.port) != (record.host, record.port):
+        if previous is None or (previous.record.host, previous.record.port, previous.record.rack) != (
+            record.host, record.port, record.rack
+        ):
             with _coordinator_disk_full():
                 await self.store.upsert_broker(record)
         if previous is not None and (previous.record.host, previous.record.port) != (record.host, record.port):
@@ -450,7 +535,8 @@ class MetadataManager:
             self.broker_pool.forget(old)
         state = _BrokerState(record, registered=True, last_heartbeat_ms=now_ms)
         if previous is not None and (previous.record.host, previous.record.port) == (record.host, record.port):
-            state.record = previous.record  # keep the first registration time of this address
+            # keep the first registration time of this address
+            state.record = replace(previous.record, rack=record.rack)
         self._brokers[record.broker_id] = state
         log.info(
             "broker registered",
@@ -460,23 +546,33 @@ class MetadataManager:
         )
 
     def partition_requests_for(self, broker_id: int) -> list[pb.CreatePartitionsRequest]:
-        """One CreatePartitionsRequest per topic with partitions on the broker."""
+        """One CreatePartitionsRequest per topic with replicas on the broker."""
         requests = []
         for topic in self.topics():
-            partitions = topic.partitions_on(broker_id)
+            partitions = topic.replicas_on(broker_id)
             if partitions:
-                requests.append(
-                    pb.CreatePartitionsRequest(
-                        topic=topic.name,
-                        partitions=partitions,
-                        config=topic_config_to_proto(topic.config),
-                        topic_partition_count=topic.partition_count,
-                    )
-                )
+                requests.append(self._create_request(topic, partitions))
         return requests
 
+    def _create_request(self, record: TopicRecord, partitions: list[int]) -> pb.CreatePartitionsRequest:
+        """CreatePartitions for these partitions of the topic, with their states when it is replicated
+        (is_replicated: otherwise an empty `states` keeps the unreplicated meaning)."""
+        states = (
+            [partition_state(record.name, p, record.states[p], self.broker_address) for p in partitions]
+            if is_replicated(record)
+            else []
+        )
+        return pb.CreatePartitionsRequest(
+            topic=record.name,
+            partitions=partitions,
+            config=topic_config_to_proto(record.config),
+            topic_partition_count=record.partition_count,
+            states=states,
+        )
+
     def heartbeat(self, broker_id: int) -> bool:
-        """Refresh the broker's session; True when it must re-register (unknown or expired)."""
+        """Refresh the broker's session; True when it must re-register (unknown or expired).
+        States it missed are sent again now (StatePusher.on_heartbeat)."""
         self.check_ready()
         state = self._brokers.get(broker_id)
         now = self.clock_ms()
@@ -486,7 +582,247 @@ class MetadataManager:
                 log.warning("heartbeat after the broker's session expired", broker_id=broker_id)
             return True
         state.last_heartbeat_ms = now
+        self.pusher.on_heartbeat(broker_id)
         return False
+
+    async def broker_shutting_down(self, broker_id: int) -> bool:
+        """A clean shutdown: move leadership off the broker and take it out of every ISR now, push the
+        new states (to it too, so it stops leading) and return once they are answered. True when it
+        must re-register (as heartbeat())."""
+        if self.heartbeat(broker_id):
+            return True
+        state = self._brokers[broker_id]
+        if not state.shutting_down:
+            state.shutting_down = True
+            log.info("broker shutting down: moving its leadership", broker_id=broker_id,
+                     partitions=self.partitions_led(broker_id))
+        changes, pushed = await self._change_states(
+            lambda live: self._transitions_for(broker_id, live, transition=_failed), also=[broker_id]
+        )
+        await pushed
+        log.info("broker shutting down: leadership moved", broker_id=broker_id, changed=len(changes))
+        return False
+
+    async def check_brokers(self) -> list[int]:
+        """The monitor's tick: end the sessions that timed out and elect new leaders for what they
+        led (retrying elections a full disk kept from being recorded); the ids expired now."""
+        expired = self.expire_brokers()
+        self._unelected.update(expired)
+        for broker_id in sorted(self._unelected):
+            await self._change_states(functools.partial(self._transitions_for, broker_id, transition=_failed))
+            self._unelected.discard(broker_id)
+        return expired
+
+    def _transitions_for(self, broker_id: int, live: list[int], *, transition: _Transition) -> StateChanges:
+        """Every partition with a replica on the broker, moved by transition(state, broker, live, topic)."""
+        changes: StateChanges = {}
+        for record in self._topics.values():
+            for p, state in record.states.items():
+                if broker_id not in state.replicas:
+                    continue
+                after = transition(state, broker_id, live, record)
+                if after is not state:
+                    changes[(record.name, p)] = after
+        return changes
+
+    async def rebalance_preferred_leaders(self, max_moves: int = MAX_PREFERRED_MOVES_PER_CHECK) -> int:
+        """Give leadership back to each partition's first replica where it is alive, in sync and not
+        leading; at most max_moves partitions. How many moved."""
+
+        def moves(live: list[int]) -> StateChanges:
+            changes: StateChanges = {}
+            for record in self._topics.values():
+                for p, state in record.states.items():
+                    after = partition_states.preferred_leader(state, live)
+                    if after is not state:
+                        changes[(record.name, p)] = after
+                        if len(changes) >= max_moves:
+                            return changes
+            return changes
+
+        changes, _pushed = await self._change_states(moves)
+        if changes:
+            log.info("preferred leaders restored", partitions=len(changes))
+        return len(changes)
+
+    async def alter_isr(
+        self, broker_id: int, topic: str, partition: int, leader_epoch: int, partition_epoch: int, isr: list[int]
+    ) -> tuple[str, int, PartitionRecord]:
+        """The leader's request to change the in-sync set (partition_states.alter_isr): the state after
+        it. A refused request raises, and the broker is sent the current state again."""
+        self.check_ready()
+        _validated(functools.partial(validate_topic_name, field="topic"), topic)
+        where = f"{shorten(topic)} partition {partition}"
+        error: StateRefused | None = None
+
+        def accept(state: PartitionRecord, live: list[int]) -> PartitionRecord:
+            nonlocal error
+            try:
+                return partition_states.alter_isr(
+                    state, broker_id=broker_id, leader_epoch=leader_epoch, partition_epoch=partition_epoch,
+                    isr=isr, live=live, where=where,
+                )
+            except StateRefused as e:
+                error = e
+                return state
+
+        await self._change_states(self._partition_change(topic, partition, accept))
+        state = self._existing_state(topic, partition)
+        if error is not None:
+            if error.code == grpc.StatusCode.FAILED_PRECONDITION and broker_id in state.replicas:
+                # It acts on an old state (a push it missed): it gets the current one.
+                self.pusher.push({(topic, partition): state}, [broker_id])
+            raise _refusal(error)
+        return topic, partition, state
+
+    def _partition_change(
+        self, topic: str, partition: int, transition: Callable[[PartitionRecord, list[int]], PartitionRecord]
+    ) -> Callable[[list[int]], StateChanges]:
+        """For _change_states: one partition moved by transition(current state, live)."""
+
+        def compute(live: list[int]) -> StateChanges:
+            state = self._existing_state(topic, partition)
+            after = transition(state, live)
+            return {} if after is state else {(topic, partition): after}
+
+        return compute
+
+    def _existing_state(self, topic: str, partition: int) -> PartitionRecord:
+        record = self._topics.get(topic)
+        if record is None:
+            raise TopicNotFound([topic])
+        state = record.states.get(partition)
+        if state is None:
+            raise PartitionNotFound(f"partition: topic {shorten(topic)} has {record.partition_count} partitions, got {partition}")
+        return state
+
+    async def reassign_partition(self, topic: str, partition: int, replicas: list[int]) -> PartitionRecord:
+        """Start moving the partition to `replicas`: the new ones are created as followers now; a
+        background task drops the old ones once the new ones are in sync. The state now."""
+        self.check_ready()
+        _validated(functools.partial(validate_topic_name, field="topic"), topic)
+        key = (topic, partition)
+        async with self._admin_lock:  # against a topic deletion while the new replicas are created
+            self._existing_state(topic, partition)
+            running = self._reassignments.get(key)
+            if running is not None and not running.done():
+                raise FailedPrecondition(
+                    f"{shorten(topic)} partition {partition} is being reassigned already; wait until it completes"
+                )
+            try:
+                partition_states.check_reassignment(replicas, self.live_broker_ids())
+            except StateRefused as e:
+                raise _refusal(e) from e
+            before = self._existing_state(topic, partition)
+            await self._change_states(
+                self._partition_change(topic, partition, lambda st, live: partition_states.reassignment_started(st, replicas))
+            )
+            state = self._existing_state(topic, partition)
+            added = [b for b in state.replicas if b not in before.replicas]
+            if added:
+                record = self._topics[topic]
+                refusals = await asyncio.gather(
+                    *(self._call_broker(b, "CreatePartitions", self._create_request(record, [partition]),
+                                        topic=topic, partitions=[partition]) for b in added)
+                )
+                for refusal in refusals:
+                    if refusal is not None:
+                        log.warning("a new replica's broker refused it; the reassignment waits for it",
+                                    topic=topic, partition=partition, broker_id=refusal.broker_id, error=refusal.message)
+            log.info("reassignment started", topic=topic, partition=partition, target=replicas,
+                     replicas=list(state.replicas), added=added)
+            task = asyncio.ensure_future(self._complete_reassignment(topic, partition, list(replicas)))
+            task.set_name(f"reassign-{topic}-{partition}")
+            self._reassignments[key] = task
+            task.add_done_callback(functools.partial(self._reassignment_done, key))
+        return state
+
+    def _reassignment_done(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
+        if self._reassignments.get(key) is task:
+            del self._reassignments[key]
+
+    async def _complete_reassignment(self, topic: str, partition: int, target: list[int]) -> None:
+        """Wait (bounded) until every target replica is in sync, then drop the others."""
+        deadline = time.monotonic() + self.reassignment_timeout_ms / 1000
+        try:
+            while True:
+                state = self.partition_state(topic, partition)
+                if state is None or not set(target) <= set(state.replicas):
+                    log.warning("reassignment abandoned: the partition changed", topic=topic, partition=partition)
+                    return
+                if partition_states.reassignment_ready(state, target):
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.error("reassignment timed out: the new replicas did not catch up; they stay replicas",
+                              topic=topic, partition=partition, target=target, isr=list(state.isr))
+                    return
+                changed = self._states_changed
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(left, 1.0))
+            before = state
+            _changes, pushed = await self._change_states(
+                self._partition_change(
+                    topic, partition, lambda st, live: partition_states.reassignment_finished(st, target, live)
+                )
+            )
+            removed = [b for b in before.replicas if b not in target]
+            await pushed
+            record = self._topics.get(topic)
+            if record is not None and removed:
+                request = pb.DeletePartitionsRequest(topic=topic, partitions=[partition])
+                await asyncio.gather(*(self._call_broker(b, "DeletePartitions", request, topic=topic, partitions=[partition])
+                                       for b in removed))
+            log.info("reassignment completed", topic=topic, partition=partition, replicas=target, removed=removed)
+        except MetadataError as e:
+            log.error("reassignment failed", topic=topic, partition=partition, error=str(e))
+
+    async def close(self) -> None:
+        """Stop the background work (reassignments, pushes); bounded."""
+        tasks = list(self._reassignments.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        await self.pusher.close()
+
+    # -- partition states --------------------------------------------------------------------------
+
+    async def _change_states(
+        self, compute: Callable[[list[int]], StateChanges], *, also: Iterable[int] = ()
+    ) -> tuple[StateChanges, asyncio.Future[None]]:
+        """Decide (compute(live) from the current states), record (SQLite, then memory) and push a
+        change of partition states, one change at a time. The changes, and the push, which runs in
+        the background (awaited by callers that answer after it); `also`: brokers pushed to even
+        when they are not live (one shutting down)."""
+        async with self._state_lock:
+            live = self.live_broker_ids()
+            changes = compute(live)
+            if changes:
+                await complete_even_if_cancelled(self._apply_states(changes))
+        if not changes:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return changes, done
+        extra = list(also)
+        return changes, self.pusher.push(changes, [*live, *extra], also=extra)
+
+    async def _apply_states(self, changes: Mapping[tuple[str, int], PartitionRecord]) -> None:
+        with _coordinator_disk_full():
+            await self.store.update_partitions(changes)
+        by_topic: dict[str, dict[int, PartitionRecord]] = {}
+        for (topic, p), state in changes.items():
+            by_topic.setdefault(topic, {})[p] = state
+        for topic, states in by_topic.items():
+            record = self._topics.get(topic)
+            if record is not None:  # deleted meanwhile: nothing to change
+                self._topics[topic] = record.with_states(states)
+        for (topic, p), state in sorted(changes.items()):
+            log.info("partition state changed", topic=topic, partition=p, leader=state.leader,
+                     leader_epoch=state.leader_epoch, isr=list(state.isr), replicas=list(state.replicas),
+                     partition_epoch=state.partition_epoch)
+        self._states_changed.set()
+        self._states_changed = asyncio.Event()
 
     def expire_brokers(self) -> list[int]:
         """End the sessions that timed out; the ids. Called periodically by the node's monitor."""
@@ -523,14 +859,19 @@ class MetadataManager:
             live = self.live_broker_ids()
             if not live:
                 raise NoLiveBrokers()
-            placement = placement_for(name, range(partitions), live)
+            settings = _settings_for(config, self.default_topic_config)
+            settings = replication_defaults(settings, len(live), self.default_replication_factor)
+            _validated(settings.validate)  # a given min_insync_replicas above a defaulted factor
+            _validated(settings.check_replication, len(live))
+            states = place_partitions(name, range(partitions), _factor(settings), live, self.racks())
             self._check_principal_limits(principal, principal, name, new_topics=1, new_partitions=partitions)
-            self._check_partition_limits(name, placement)
+            self._check_partition_limits(name, states)
             record = TopicRecord(
                 name=name,
                 partition_count=partitions,
-                placement=placement,
-                config=_settings_for(config, self.default_topic_config),
+                placement={},
+                states=states,
+                config=settings,
                 created_ms=self.clock_ms(),
                 creator=principal,
             )
@@ -539,7 +880,7 @@ class MetadataManager:
                 "topic created",
                 topic=name,
                 partitions=partitions,
-                brokers=sorted(set(record.placement.values())),
+                brokers=sorted({b for s in record.states.values() for b in s.replicas}),
                 config=record.config.to_dict(),
             )
             refusal = await self._create_on_brokers(record, range(partitions))
@@ -619,29 +960,29 @@ class MetadataManager:
             live = self.live_broker_ids()
             if not live:
                 raise NoLiveBrokers()
+            factor = _factor(current.config)
+            if factor > len(live):
+                raise FailedPrecondition(
+                    f"topic {name!r} has replication_factor {factor}; there are {len(live)} live brokers: "
+                    "start brokers, then add partitions"
+                )
             new = range(current.partition_count, total)
-            added = placement_for(name, new, live)
+            added = place_partitions(name, new, factor, live, self.racks())
             self._check_principal_limits(principal, current.creator, name, new_topics=0, new_partitions=len(added))
             self._check_partition_limits(name, added)
-            record = TopicRecord(
-                name=name,
-                partition_count=total,
-                placement={**current.placement, **added},
-                config=current.config,
-                created_ms=current.created_ms,
-                creator=current.creator,
-            )
-            await complete_even_if_cancelled(self._apply_add(record, added))
+            record = await complete_even_if_cancelled(self._apply_add(name, total, added))
             log.info(
                 "partitions added",
                 topic=name,
                 old_count=current.partition_count,
                 new_count=total,
-                brokers=sorted(set(added.values())),
+                brokers=sorted({b for s in added.values() for b in s.replicas}),
             )
             refusal = await self._create_on_brokers(record, new)
             if refusal is not None:
-                error = await self._undo(refusal, f"add partitions to topic {name!r}", self._apply_remove(current))
+                error = await self._undo(
+                    refusal, f"add partitions to topic {name!r}", self._apply_remove(name, current.partition_count)
+                )
                 if error.undone:
                     await self._delete_on_brokers(record, new)
                 raise error
@@ -674,8 +1015,9 @@ class MetadataManager:
                 f"{limits.max_partitions}: delete unused topics"
             )
 
-    def _check_partition_limits(self, topic: str, added: Mapping[int, int]) -> None:
-        """Refuse placing `added` (partition -> broker) when a broker or the cluster would hold too many."""
+    def _check_partition_limits(self, topic: str, added: Mapping[int, PartitionRecord]) -> None:
+        """Refuse placing `added` (partition -> state) when a broker (counting every replica it holds)
+        or the cluster would hold too many."""
         total = sum(t.partition_count for t in self._topics.values())
         if total + len(added) > self.max_partitions_total:
             raise PartitionLimitExceeded(
@@ -684,13 +1026,15 @@ class MetadataManager:
                 f"{self.max_partitions_total}: delete unused topics"
             )
         per_broker: dict[int, int] = {}
-        for broker_id in added.values():
-            per_broker[broker_id] = per_broker.get(broker_id, 0) + 1
+        for state in added.values():
+            for broker_id in state.replicas:
+                per_broker[broker_id] = per_broker.get(broker_id, 0) + 1
         held_by: dict[int, int] = {}
         for t in self._topics.values():  # one pass over every placement, not one per broker
-            for b in t.placement.values():
-                if b in per_broker:
-                    held_by[b] = held_by.get(b, 0) + 1
+            for st in t.states.values():
+                for b in st.replicas:
+                    if b in per_broker:
+                        held_by[b] = held_by.get(b, 0) + 1
         for broker_id, count in sorted(per_broker.items()):
             held = held_by.get(broker_id, 0)
             if held + count > self.max_partitions_per_broker:
@@ -700,15 +1044,24 @@ class MetadataManager:
                     f"{self.max_partitions_per_broker}: delete unused topics or add brokers"
                 )
 
-    async def _apply_add(self, record: TopicRecord, added: dict[int, int]) -> None:
+    async def _apply_add(self, name: str, total: int, added: dict[int, PartitionRecord]) -> TopicRecord:
+        """The topic grown to `total` partitions (on the states current then: an election may have
+        changed some while the admin lock was held)."""
         with _coordinator_disk_full():
-            await self.store.add_partitions(record.name, record.partition_count, added)
-        self._topics[record.name] = record
+            await self.store.add_partitions(name, total, added)
+        current = self._topics[name]
+        record = TopicRecord(
+            name, total, {}, current.config, current.created_ms, current.creator, {**current.states, **added}
+        )
+        self._topics[name] = record
+        return record
 
-    async def _apply_remove(self, previous: TopicRecord) -> None:
-        """Undo _apply_add: back to `previous` (store first, then memory)."""
-        await self.store.remove_partitions(previous.name, previous.partition_count)
-        self._topics[previous.name] = previous
+    async def _apply_remove(self, name: str, count: int) -> None:
+        """Undo _apply_add: back to `count` partitions (store first, then memory)."""
+        await self.store.remove_partitions(name, count)
+        current = self._topics[name]
+        states = {p: st for p, st in current.states.items() if p < count}
+        self._topics[name] = TopicRecord(name, count, {}, current.config, current.created_ms, current.creator, states)
 
     # -- broker calls ----------------------------------------------------------------------------
 
@@ -717,13 +1070,11 @@ class MetadataManager:
         A lost call is logged, not returned: the broker gets its partitions when it re-registers."""
         by_broker: dict[int, list[int]] = {}
         for p in partitions:
-            by_broker.setdefault(record.placement[p], []).append(p)
-        config = topic_config_to_proto(record.config)
+            for broker_id in record.states[p].replicas:
+                by_broker.setdefault(broker_id, []).append(p)
 
         async def call(broker_id: int, parts: list[int]) -> BrokerRefusal | None:
-            request = pb.CreatePartitionsRequest(
-                topic=record.name, partitions=parts, config=config, topic_partition_count=record.partition_count
-            )
+            request = self._create_request(record, parts)
             return await self._call_broker(broker_id, "CreatePartitions", request, topic=record.name, partitions=parts)
 
         refusals = await asyncio.gather(*(call(b, parts) for b, parts in sorted(by_broker.items())))
@@ -732,10 +1083,10 @@ class MetadataManager:
     async def _delete_on_brokers(self, record: TopicRecord, partitions: Iterable[int] | None = None) -> None:
         """Best effort (all of the topic's partitions, or `partitions`): a broker that misses the call
         keeps the files until an operator removes them."""
-        wanted = set(record.placement) if partitions is None else set(partitions)
+        wanted = set(record.states) if partitions is None else set(partitions)
 
         async def call(broker_id: int) -> None:
-            parts = [p for p in record.partitions_on(broker_id) if p in wanted]
+            parts = [p for p in record.replicas_on(broker_id) if p in wanted]
             request = pb.DeletePartitionsRequest(topic=record.name, partitions=parts)
             refusal = await self._call_broker(
                 broker_id, "DeletePartitions", request, topic=record.name, partitions=parts
@@ -744,7 +1095,7 @@ class MetadataManager:
                 log.warning("broker DeletePartitions refused; its files stay", broker_id=broker_id,
                             topic=record.name, partitions=parts, code=refusal.code.name, error=refusal.message)
 
-        await asyncio.gather(*(call(b) for b in sorted({record.placement[p] for p in wanted})))
+        await asyncio.gather(*(call(b) for b in sorted({b for p in wanted for b in record.states[p].replicas})))
 
     async def _call_broker(self, broker_id: int, method: str, request: Any, **fields: Any) -> BrokerRefusal | None:
         """None when the broker did it or the call was lost (logged); its refusal otherwise."""
@@ -774,6 +1125,17 @@ class MetadataManager:
         return None
 
 
+def _refusal(e: StateRefused) -> MetadataError:
+    error = MetadataError(str(e))
+    error.code = e.code
+    return error
+
+
+def _factor(settings: TopicSettings) -> int:
+    """A topic's replication factor (a topic recorded before replication has 1)."""
+    return settings.replication_factor or 1
+
+
 def _validated(check: Callable[..., None], *args: Any) -> None:
     try:
         check(*args)
@@ -794,7 +1156,7 @@ def _validate_broker(broker_id: int, host: str, port: int) -> None:
 
 # -- proto conversions ----------------------------------------------------------------------------
 
-_CONFIG_FIELDS = (*limits.TOPIC_CONFIG_RANGES, "kind")
+_CONFIG_FIELDS = (*limits.TOPIC_CONFIG_RANGES, "kind", "unclean_leader_election")
 
 
 def _settings_for(config: TopicSettings, defaults: TopicSettings | None) -> TopicSettings:
@@ -817,13 +1179,17 @@ def topic_info(metadata: MetadataManager, record: TopicRecord) -> pb.TopicInfo:
     live = set(metadata.live_broker_ids())
     partitions = []
     for p in range(record.partition_count):
-        leader = record.placement.get(p, -1)
+        state = record.states.get(p)
+        leader = state.leader if state else NO_LEADER
         partitions.append(
             pb.PartitionInfo(
                 partition=p,
                 leader_id=leader,
-                leader_address=metadata.broker_address(leader) or "",
+                leader_address=(metadata.broker_address(leader) or "") if leader != NO_LEADER else "",
                 leader_alive=leader in live,
+                replicas=state.replicas if state else (),
+                isr=state.isr if state else (),
+                leader_epoch=state.leader_epoch if state else 0,
             )
         )
     return pb.TopicInfo(
@@ -837,9 +1203,16 @@ def topic_info(metadata: MetadataManager, record: TopicRecord) -> pb.TopicInfo:
 
 def broker_infos(metadata: MetadataManager) -> list[pb.BrokerInfo]:
     led: dict[int, int] = {}
+    followed: dict[int, int] = {}
+    under: dict[int, int] = {}
     for t in metadata.topics():
-        for b in t.placement.values():
-            led[b] = led.get(b, 0) + 1
+        for state in t.states.values():
+            led[state.leader] = led.get(state.leader, 0) + 1
+            if state.under_replicated:
+                under[state.leader] = under.get(state.leader, 0) + 1
+            for b in state.replicas:
+                if b != state.leader:
+                    followed[b] = followed.get(b, 0) + 1
     return [
         pb.BrokerInfo(
             broker_id=b.broker_id,
@@ -848,6 +1221,9 @@ def broker_infos(metadata: MetadataManager) -> list[pb.BrokerInfo]:
             alive=metadata.is_broker_alive(b.broker_id),
             last_heartbeat_ms=metadata.last_heartbeat_ms(b.broker_id),
             partitions_led=led.get(b.broker_id, 0),
+            rack=b.rack,
+            partitions_followed=followed.get(b.broker_id, 0),
+            partitions_under_replicated=under.get(b.broker_id, 0),
         )
         for b in metadata.brokers()
     ]
@@ -882,7 +1258,7 @@ class MetadataServicer(pb_grpc.MetadataServicer):
         self, request: pb.RegisterBrokerRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterBrokerResponse:
         partitions = await self.metadata.register_broker(
-            request.broker_id, request.host, request.port, principal=current_principal.get()
+            request.broker_id, request.host, request.port, principal=current_principal.get(), rack=request.rack
         )
         return pb.RegisterBrokerResponse(
             partitions=partitions, heartbeat_interval_ms=self.metadata.heartbeat_interval_ms
@@ -892,8 +1268,27 @@ class MetadataServicer(pb_grpc.MetadataServicer):
     async def BrokerHeartbeat(
         self, request: pb.BrokerHeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.BrokerHeartbeatResponse:
-        return pb.BrokerHeartbeatResponse(
-            reregister=self.metadata.heartbeat(request.broker_id), acl_version=self.acls.view.version
+        if request.shutting_down:
+            reregister = await self.metadata.broker_shutting_down(request.broker_id)
+        else:
+            reregister = self.metadata.heartbeat(request.broker_id)
+        return pb.BrokerHeartbeatResponse(reregister=reregister, acl_version=self.acls.view.version)
+
+    @_handler
+    async def AlterIsr(self, request: pb.AlterIsrRequest, context: grpc.aio.ServicerContext) -> pb.AlterIsrResponse:
+        topic, partition, state = await self.metadata.alter_isr(
+            request.broker_id, request.topic, request.partition, request.leader_epoch, request.partition_epoch,
+            list(request.isr),
+        )
+        return pb.AlterIsrResponse(state=partition_state(topic, partition, state, self.metadata.broker_address))
+
+    @_handler
+    async def ReassignPartition(
+        self, request: pb.ReassignPartitionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReassignPartitionResponse:
+        state = await self.metadata.reassign_partition(request.topic, request.partition, list(request.replicas))
+        return pb.ReassignPartitionResponse(
+            state=partition_state(request.topic, request.partition, state, self.metadata.broker_address)
         )
 
     @_handler
@@ -989,12 +1384,13 @@ __all__ = [
     "MetadataServicer",
     "NoLiveBrokers",
     "NotReady",
+    "PartitionNotFound",
     "TopicAlreadyExists",
     "TopicNotFound",
     "TopicRecord",
     "BrokerRecord",
     "broker_address",
-    "placement_for",
+    "is_replicated",
     "topic_config_from_proto",
     "topic_config_to_proto",
     "topic_info",

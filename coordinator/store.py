@@ -1,8 +1,9 @@
 """The coordinator's durable state in one SQLite file (<data_dir>/coordinator.sqlite), via aiosqlite.
 
 Schema (PRAGMA user_version = SCHEMA_VERSION):
-  brokers(broker_id INTEGER PRIMARY KEY, host TEXT, port INTEGER, registered_ms INTEGER)
+  brokers(broker_id INTEGER PRIMARY KEY, host TEXT, port INTEGER, registered_ms INTEGER, rack TEXT NULL)
       every broker that ever registered; liveness is not stored (it is rebuilt by heartbeats).
+      rack: its rack / zone label as last registered (NULL: none, or registered before the column).
   topics(name TEXT PRIMARY KEY, partition_count INTEGER, config_json TEXT, created_ms INTEGER,
          creator TEXT NULL)
       config_json holds only the settings that are set (TopicSettings.to_json()); creator is the
@@ -10,8 +11,11 @@ Schema (PRAGMA user_version = SCHEMA_VERSION):
       whose per-principal limits the topic's partitions count against. The column is added to an
       older file at open (ALTER TABLE), without a schema version change: older code reads the
       columns it names and ignores it.
-  partitions(topic TEXT, partition INTEGER, broker_id INTEGER, PRIMARY KEY (topic, partition))
-      placement: a partition keeps its broker for life.
+  partitions(topic TEXT, partition INTEGER, broker_id INTEGER, replicas TEXT NULL, isr TEXT NULL,
+             leader_epoch INTEGER NULL, partition_epoch INTEGER NULL, PRIMARY KEY (topic, partition))
+      each partition's replication state (PartitionRecord): broker_id is its leader (-1: offline),
+      replicas and isr JSON lists of broker ids. A row written before replication (NULL replicas)
+      is the unreplicated partition it was: replicas = isr = [broker_id], epochs 0.
   groups(group_id TEXT PRIMARY KEY, topic TEXT, app_id TEXT, subscription_mode TEXT,
          subscription_from_ms INTEGER NULL, created_ms INTEGER, start_offsets_json TEXT)
       a consumer group's recorded subscription ("first wins") and the start offsets snapshotted
@@ -57,7 +61,8 @@ CREATE TABLE IF NOT EXISTS brokers (
     broker_id INTEGER PRIMARY KEY,
     host TEXT NOT NULL,
     port INTEGER NOT NULL,
-    registered_ms INTEGER NOT NULL
+    registered_ms INTEGER NOT NULL,
+    rack TEXT
 );
 CREATE TABLE IF NOT EXISTS topics (
     name TEXT PRIMARY KEY,
@@ -70,6 +75,10 @@ CREATE TABLE IF NOT EXISTS partitions (
     topic TEXT NOT NULL,
     partition INTEGER NOT NULL,
     broker_id INTEGER NOT NULL,
+    replicas TEXT,
+    isr TEXT,
+    leader_epoch INTEGER,
+    partition_epoch INTEGER,
     PRIMARY KEY (topic, partition)
 );
 CREATE TABLE IF NOT EXISTS acls (
@@ -99,7 +108,14 @@ CREATE TABLE IF NOT EXISTS groups (
 
 # Columns added after a table was first released: (table, column, declaration), added by open()
 # to a file made before them. Nullable, so existing rows need no value.
-_ADDED_COLUMNS = (("topics", "creator", "TEXT"),)
+_ADDED_COLUMNS = (
+    ("topics", "creator", "TEXT"),
+    ("brokers", "rack", "TEXT"),
+    ("partitions", "replicas", "TEXT"),
+    ("partitions", "isr", "TEXT"),
+    ("partitions", "leader_epoch", "INTEGER"),
+    ("partitions", "partition_epoch", "INTEGER"),
+)
 
 
 async def _add_missing_columns(db: aiosqlite.Connection) -> None:
@@ -141,32 +157,73 @@ class BrokerRecord:
     host: str
     port: int
     registered_ms: int
+    rack: str = ""  # rack / zone label ("" = none)
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
 
+NO_LEADER = -1
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRecord:
+    """One partition's replication state, as the controller decided it (proto PartitionState)."""
+
+    replicas: tuple[int, ...]  # the first is the preferred leader
+    isr: tuple[int, ...]  # in the order of `replicas`
+    leader: int  # NO_LEADER: offline
+    leader_epoch: int = 0
+    partition_epoch: int = 0
+
+    @classmethod
+    def unreplicated(cls, broker_id: int) -> PartitionRecord:
+        return cls((broker_id,), (broker_id,), broker_id)
+
+    @property
+    def under_replicated(self) -> bool:
+        return len(self.isr) < len(self.replicas)
+
+
 @dataclass(frozen=True, slots=True)
 class TopicRecord:
-    """A topic as placed. Immutable: a change (AddPartitions) makes a new record, so a caller holding
-    one sees a consistent snapshot."""
+    """A topic as placed. Immutable: a change (AddPartitions, an election) makes a new record, so a
+    caller holding one sees a consistent snapshot.
+
+    `states` is each partition's replication state; when only `placement` is given (partition ->
+    broker) every partition is unreplicated on that broker. `placement` is always partition ->
+    current leader (NO_LEADER when offline)."""
 
     name: str
     partition_count: int
-    placement: Mapping[int, int]  # partition -> broker_id, for every partition 0..partition_count-1
+    placement: Mapping[int, int]  # partition -> leader broker_id, for every partition 0..partition_count-1
     config: TopicSettings = field(default_factory=TopicSettings)
     created_ms: int = 0
     creator: str | None = None  # the principal that created it; None with security off
+    states: Mapping[int, PartitionRecord] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "placement", MappingProxyType(dict(self.placement)))
+        states = dict(self.states) or {p: PartitionRecord.unreplicated(b) for p, b in self.placement.items()}
+        object.__setattr__(self, "states", MappingProxyType(states))
+        object.__setattr__(self, "placement", MappingProxyType({p: s.leader for p, s in states.items()}))
 
     def leader(self, partition: int) -> int | None:
         return self.placement.get(partition)
 
     def partitions_on(self, broker_id: int) -> list[int]:
+        """The partitions the broker leads."""
         return sorted(p for p, b in self.placement.items() if b == broker_id)
+
+    def replicas_on(self, broker_id: int) -> list[int]:
+        """The partitions of which the broker holds a replica (leading or following)."""
+        return sorted(p for p, s in self.states.items() if broker_id in s.replicas)
+
+    def with_states(self, changed: Mapping[int, PartitionRecord]) -> TopicRecord:
+        return TopicRecord(
+            self.name, self.partition_count, {}, self.config, self.created_ms, self.creator,
+            {**self.states, **changed},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +238,23 @@ class GroupRecord:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "start_offsets", MappingProxyType(dict(self.start_offsets)))
+
+
+def _state_columns(state: PartitionRecord) -> tuple[object, ...]:
+    """(broker_id, replicas, isr, leader_epoch, partition_epoch) of a partitions row."""
+    return (state.leader, json.dumps(list(state.replicas)), json.dumps(list(state.isr)), state.leader_epoch,
+            state.partition_epoch)
+
+
+def _insert_partitions(name: str, states: Mapping[int, PartitionRecord]) -> list[tuple[str, tuple[object, ...]]]:
+    return [
+        (
+            "INSERT INTO partitions (topic, partition, broker_id, replicas, isr, leader_epoch, partition_epoch) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (name, p, *_state_columns(s)),
+        )
+        for p, s in sorted(states.items())
+    ]
 
 
 class CoordinatorStore:
@@ -263,20 +337,20 @@ class CoordinatorStore:
         await self._write(
             [
                 (
-                    "INSERT INTO brokers (broker_id, host, port, registered_ms) VALUES (?, ?, ?, ?) "
+                    "INSERT INTO brokers (broker_id, host, port, registered_ms, rack) VALUES (?, ?, ?, ?, ?) "
                     "ON CONFLICT(broker_id) DO UPDATE SET host=excluded.host, port=excluded.port, "
-                    "registered_ms=excluded.registered_ms",
-                    (broker.broker_id, broker.host, broker.port, broker.registered_ms),
+                    "registered_ms=excluded.registered_ms, rack=excluded.rack",
+                    (broker.broker_id, broker.host, broker.port, broker.registered_ms, broker.rack or None),
                 )
             ]
         )
 
     async def load_brokers(self) -> list[BrokerRecord]:
         async with self._conn().execute(
-            "SELECT broker_id, host, port, registered_ms FROM brokers ORDER BY broker_id"
+            "SELECT broker_id, host, port, registered_ms, rack FROM brokers ORDER BY broker_id"
         ) as cur:
             rows = await cur.fetchall()
-        return [BrokerRecord(int(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows]
+        return [BrokerRecord(int(r[0]), str(r[1]), int(r[2]), int(r[3]), str(r[4] or "")) for r in rows]
 
     # -- topics ----------------------------------------------------------------------------------
 
@@ -288,21 +362,33 @@ class CoordinatorStore:
                 (topic.name, topic.partition_count, topic.config.to_json(), topic.created_ms, topic.creator),
             )
         ]
-        statements += [
-            ("INSERT INTO partitions (topic, partition, broker_id) VALUES (?, ?, ?)", (topic.name, p, b))
-            for p, b in sorted(topic.placement.items())
-        ]
+        statements += _insert_partitions(topic.name, topic.states)
         await self._write(statements)
 
-    async def add_partitions(self, name: str, new_count: int, new_placement: Mapping[int, int]) -> None:
+    async def add_partitions(
+        self, name: str, new_count: int, new_placement: Mapping[int, int] | Mapping[int, PartitionRecord]
+    ) -> None:
+        """`new_placement`: partition -> its state, or partition -> broker (unreplicated)."""
         statements: list[tuple[str, tuple[object, ...]]] = [
             ("UPDATE topics SET partition_count = ? WHERE name = ?", (new_count, name))
         ]
-        statements += [
-            ("INSERT INTO partitions (topic, partition, broker_id) VALUES (?, ?, ?)", (name, p, b))
-            for p, b in sorted(new_placement.items())
-        ]
+        states = {p: v if isinstance(v, PartitionRecord) else PartitionRecord.unreplicated(v) for p, v in new_placement.items()}
+        statements += _insert_partitions(name, states)
         await self._write(statements)
+
+    async def update_partitions(self, states: Mapping[tuple[str, int], PartitionRecord]) -> None:
+        """Record new states of existing partitions ((topic, partition) -> state) in one transaction:
+        an election, an ISR change, a reassignment step. Rows of deleted topics match nothing."""
+        await self._write(
+            [
+                (
+                    "UPDATE partitions SET broker_id = ?, replicas = ?, isr = ?, leader_epoch = ?, partition_epoch = ? "
+                    "WHERE topic = ? AND partition = ?",
+                    (*_state_columns(s), topic, p),
+                )
+                for (topic, p), s in sorted(states.items())
+            ]
+        )
 
     async def remove_partitions(self, name: str, count: int) -> None:
         """Shrink the topic back to `count` partitions: undoes an add_partitions no broker could carry out."""
@@ -323,10 +409,22 @@ class CoordinatorStore:
 
     async def load_topics(self) -> list[TopicRecord]:
         db = self._conn()
-        placements: dict[str, dict[int, int]] = {}
-        async with db.execute("SELECT topic, partition, broker_id FROM partitions") as cur:
-            for topic, partition, broker_id in await cur.fetchall():
-                placements.setdefault(str(topic), {})[int(partition)] = int(broker_id)
+        placements: dict[str, dict[int, PartitionRecord]] = {}
+        async with db.execute(
+            "SELECT topic, partition, broker_id, replicas, isr, leader_epoch, partition_epoch FROM partitions"
+        ) as cur:
+            for topic, partition, broker_id, replicas, isr, leader_epoch, partition_epoch in await cur.fetchall():
+                if replicas is None:  # written before replication: the unreplicated partition it was
+                    state = PartitionRecord.unreplicated(int(broker_id))
+                else:
+                    state = PartitionRecord(
+                        tuple(int(b) for b in json.loads(replicas)),
+                        tuple(int(b) for b in json.loads(isr or "[]")),
+                        int(broker_id),
+                        int(leader_epoch or 0),
+                        int(partition_epoch or 0),
+                    )
+                placements.setdefault(str(topic), {})[int(partition)] = state
         async with db.execute(
             "SELECT name, partition_count, config_json, created_ms, creator FROM topics ORDER BY name"
         ) as cur:
@@ -341,7 +439,8 @@ class CoordinatorStore:
                 TopicRecord(
                     name=str(name),
                     partition_count=int(count),
-                    placement=placement,
+                    placement={},
+                    states=placement,
                     config=TopicSettings.from_json(str(config_json)),
                     created_ms=int(created_ms),
                     creator=None if creator is None else str(creator),

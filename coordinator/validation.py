@@ -12,7 +12,7 @@ is the coordinator's and the client's view of them (TopicSettings, the error typ
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from dmq.proto import event_headers, limits, names
@@ -73,13 +73,35 @@ class TopicSettings:
     max_queue_size: int | None = None
     # "log" or "event-store" (dmq.proto.event_headers); None = "log"
     kind: str | None = None
+    # replication (DESIGN.md "Replication"); None: the coordinator's defaults (replication_defaults)
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
+    unclean_leader_election: bool | None = None
 
     def validate(self, *, field_prefix: str = "config.") -> None:
         numbers = asdict(self)
         kind = numbers.pop("kind")
+        unclean = numbers.pop("unclean_leader_election")
         limits.check_topic_config(numbers, field_prefix=field_prefix)
         if kind is not None:
             event_headers.check_topic_kind(kind, field=f"{field_prefix}kind")
+        if unclean is not None and not isinstance(unclean, bool):
+            raise ValidationError(f"{field_prefix}unclean_leader_election", f"must be true or false, got {unclean!r}")
+        rf, min_insync = self.replication_factor, self.min_insync_replicas
+        if rf is not None and min_insync is not None and min_insync > rf:
+            raise ValidationError(
+                f"{field_prefix}min_insync_replicas",
+                f"must be at most replication_factor ({rf}), got {min_insync}: acks=all could never be answered",
+            )
+
+    def check_replication(self, live_brokers: int, *, field_prefix: str = "config.") -> None:
+        """A replication factor needs that many live brokers (each replica on its own broker)."""
+        rf = self.replication_factor
+        if rf is not None and rf > live_brokers:
+            raise ValidationError(
+                f"{field_prefix}replication_factor",
+                f"{rf} replicas need {rf} live brokers, there are {live_brokers}: lower it or start brokers",
+            )
 
     @property
     def is_event_store(self) -> bool:
@@ -125,6 +147,27 @@ class TopicSettings:
     @classmethod
     def from_json(cls, text: str) -> TopicSettings:
         return cls.from_dict(json.loads(text) if text else {})
+
+
+def default_min_insync_replicas(replication_factor: int) -> int:
+    """2 when there are 3 or more replicas (one may be down and acks=all still answers, yet an
+    acknowledged record is on two brokers), else 1."""
+    return 2 if replication_factor >= 3 else 1
+
+
+def replication_defaults(settings: TopicSettings, live_brokers: int, default_factor: int | None) -> TopicSettings:
+    """A new topic's replication settings made explicit: replication_factor defaults to
+    `default_factor` or, when None, min(3, live brokers); min_insync_replicas to 2 with 3 or more
+    replicas, else 1 (never above the factor); unclean_leader_election to false."""
+    rf = settings.replication_factor
+    if rf is None:
+        rf = default_factor if default_factor is not None else min(3, max(1, live_brokers))
+        rf = min(rf, max(1, live_brokers))
+    min_insync = settings.min_insync_replicas
+    if min_insync is None:
+        min_insync = min(default_min_insync_replicas(rf), rf)
+    unclean = bool(settings.unclean_leader_election)
+    return replace(settings, replication_factor=rf, min_insync_replicas=min_insync, unclean_leader_election=unclean)
 
 
 # The server-wide defaults (CoordinatorNode(default_topic_config=...)) have the same shape; they fill

@@ -16,6 +16,10 @@ accepts is always one a broker can store.
   lease_ms                     LEASE_MS_MIN..LEASE_MS_MAX (also the bounds of a pop's own lease_ms)
   max_delivery_attempts        1..MAX_DELIVERY_ATTEMPTS_MAX
   max_queue_size               0 (unlimited)..2^63-1
+  replication (DESIGN.md "Replication"):
+  replication_factor           1..REPLICATION_FACTOR_MAX (and at most the live brokers, checked by
+                               the coordinator)
+  min_insync_replicas          1..REPLICATION_FACTOR_MAX (and at most replication_factor)
 """
 
 from __future__ import annotations
@@ -61,6 +65,10 @@ DEFAULT_LEASE_MS = 30_000
 MAX_DELIVERY_ATTEMPTS_MAX = 1_000
 DEFAULT_MAX_DELIVERY_ATTEMPTS = 5
 
+# Replicas of one partition: each is a full copy fetched from the leader, so more than a handful
+# multiplies the leader's fetch load for no durability that matters.
+REPLICATION_FACTOR_MAX = 16
+
 # name -> (low, high, -1 allowed as "no limit")
 TOPIC_CONFIG_RANGES: dict[str, tuple[int, int, bool]] = {
     "retention_ms": (0, MAX_DURATION_MS, True),
@@ -75,6 +83,8 @@ TOPIC_CONFIG_RANGES: dict[str, tuple[int, int, bool]] = {
     "lease_ms": (LEASE_MS_MIN, LEASE_MS_MAX, False),
     "max_delivery_attempts": (1, MAX_DELIVERY_ATTEMPTS_MAX, False),
     "max_queue_size": (0, INT64_MAX, False),
+    "replication_factor": (1, REPLICATION_FACTOR_MAX, False),
+    "min_insync_replicas": (1, REPLICATION_FACTOR_MAX, False),
 }
 
 

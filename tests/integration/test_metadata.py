@@ -198,7 +198,10 @@ async def test_create_describe_list_delete(harness: Harness) -> None:
     # The in-process view the group coordinator uses.
     record = harness.node.metadata.topic("orders")
     assert record is not None and dict(record.placement) == {0: 1, 1: 1, 2: 1}
-    assert record.config == TopicSettings(retention_ms=60_000)
+    # The replication settings are recorded with the topic: one live broker, so one replica.
+    assert record.config == TopicSettings(
+        retention_ms=60_000, replication_factor=1, min_insync_replicas=1, unclean_leader_election=False
+    )
     assert harness.node.metadata.broker_address(1) == f"127.0.0.1:{broker.port}"
 
     deleted: list[str] = []
@@ -298,7 +301,7 @@ async def test_round_robin_placement_over_three_brokers_survives_restart(harness
     ids = [7, 3, 11]  # registration order and ids deliberately unsorted
     for broker_id in ids:
         await harness.add_broker(broker_id)
-    info = await harness.create("events", 8)
+    info = await harness.create("events", 8, replication_factor=1)  # leaders only (replicas: test_replication.py)
     placed = leaders(info)
     ring = sorted(ids)
     start = ring.index(placed[0])
@@ -415,8 +418,8 @@ async def test_heartbeat_from_unknown_broker_asks_to_reregister(harness: Harness
 async def test_registration_returns_every_partition_placed_on_the_broker(harness: Harness) -> None:
     await harness.add_broker(1)
     await harness.add_broker(2)
-    await harness.create("a", 4, segment_bytes=1 << 20)
-    await harness.create("b", 3)
+    await harness.create("a", 4, segment_bytes=1 << 20, replication_factor=1)
+    await harness.create("b", 3, replication_factor=1)
     placed_a = leaders(await harness.describe("a"))
     placed_b = leaders(await harness.describe("b"))
 
@@ -656,7 +659,10 @@ def test_real_brokers_create_and_delete_their_partitions(cluster3) -> None:  # n
         listed = stub.ListBrokers(pb.ListBrokersRequest(), timeout=5).brokers
         assert [(b.broker_id, b.alive) for b in listed] == [(0, True), (1, True), (2, True)]
         info = stub.CreateTopic(
-            pb.CreateTopicRequest(name="real", partitions=7, config=pb.TopicConfig(segment_bytes=1 << 20)), timeout=10
+            pb.CreateTopicRequest(
+                name="real", partitions=7, config=pb.TopicConfig(segment_bytes=1 << 20, replication_factor=1)
+            ),
+            timeout=10,
         )
         placed = leaders(info)
         assert sorted(placed.count(b) for b in (0, 1, 2)) == [2, 2, 3]
