@@ -16,7 +16,9 @@ registration retries are cancellable, and the local opening of logs and offsets 
 Background tasks, all owned here and stopped by `stop()`:
   - heartbeat to the coordinator every `heartbeat_interval_ms` (re-register when it forgot us);
   - retention every `retention_check_interval_ms`;
-  - the interval flusher when the log flush policy is "interval".
+  - the interval flusher when the log flush policy is "interval";
+  - replication (broker/replication/manager.py): the followers' fetch loops, the leaders' in-sync
+    set checks and their AlterIsr calls; stopped before the logs close.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ from dmq.broker.events.registry import EventStores
 from dmq.broker.log import LogConfig, LogManager
 from dmq.broker.offsets import OffsetStore
 from dmq.broker.queue.manager import QueueManager
+from dmq.broker.replication.manager import (
+    REPLICA_ACK_TIMEOUT_MS_DEFAULT,
+    REPLICA_LAG_TIME_MAX_MS_DEFAULT,
+    ReplicaManager,
+)
 from dmq.broker.service import BrokerService
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -87,6 +94,8 @@ class BrokerNode:
         retention_check_interval_ms: int = 60_000,
         acls: AclView | None = None,
         client_security: ClientSecurity | None = None,
+        replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT,
+        replica_ack_timeout_ms: int = REPLICA_ACK_TIMEOUT_MS_DEFAULT,
     ) -> None:
         self.data_dir = pathlib.Path(data_dir)
         self.broker_id = broker_id
@@ -104,6 +113,10 @@ class BrokerNode:
         self.offsets = OffsetStore(self.data_dir / "offsets.sqlite")
         self.queues = QueueManager(self)  # queue mode: leases, acks, dead letters (broker/queue)
         self.event_stores = EventStores(self.logs)
+        # Replicated partitions: roles from the controller's states, followers' fetch loops,
+        # the leaders' in-sync sets (broker/replication)
+        self.replication = ReplicaManager(self, replica_lag_time_max_ms=replica_lag_time_max_ms,
+                                          replica_ack_timeout_ms=replica_ack_timeout_ms)
         self.dir_lock = DataDirLock(self.data_dir)
         self._opening: asyncio.Future[None] | None = None
         self.service = BrokerService(self)
@@ -121,6 +134,11 @@ class BrokerNode:
             f"<BrokerNode id={self.broker_id} address={self.address} ready={self.ready} "
             f"partitions={len(self.logs.partitions())}>"
         )
+
+    @property
+    def metadata_stub(self) -> pb_grpc.MetadataStub | None:
+        """The coordinator's metadata service (None before start()): the replica manager's AlterIsr."""
+        return self._metadata
 
     @property
     def address(self) -> str:
@@ -156,6 +174,7 @@ class BrokerNode:
             recovery_s=round(time.monotonic() - started, 3),
         )
         self.queues.start()
+        self.replication.start()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"broker-{self.broker_id}-heartbeat"))
         self._tasks.append(asyncio.create_task(self._retention_loop(), name=f"broker-{self.broker_id}-retention"))
         if self.log_config.flush_policy == "interval":
@@ -178,6 +197,7 @@ class BrokerNode:
         self._stopping.set()
         try:
             await self.queues.stop()
+            await self.replication.stop()
             for task in self._tasks:
                 task.cancel()
             if self._tasks:
@@ -303,6 +323,9 @@ class BrokerNode:
         for partition in request.partitions:
             self.logs.create(request.topic, partition, config)
         self.queues.configure(request)
+        for error in self.replication.configure(request):
+            log.error("partition state not applied", topic=error.topic, partition=error.partition,
+                      error=error.error_message)
         if request.config.kind == KIND_EVENT_STORE:
             self.event_stores.mark(request.topic)
         self._leader_cache.pop(request.topic, None)
@@ -310,6 +333,7 @@ class BrokerNode:
 
     async def delete_partitions(self, topic: str, partitions: set[int] | None) -> None:
         await self.event_stores.drop(topic)
+        self.replication.forget(topic, partitions)
         for t, p in self.logs.partitions():
             if t == topic and (partitions is None or p in partitions):
                 self.logs.delete(t, p)
