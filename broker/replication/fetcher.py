@@ -121,7 +121,7 @@ class LeaderFetcher:
 
     async def _run(self) -> None:
         self._channel = aio_channel(self.address, self._node.client_security, channel_options())
-        stub = pb_grpc.BrokerStub(self._channel)
+        stub = pb_grpc.BrokerStub(self._channel)  # type: ignore[no-untyped-call]  # generated stubs are untyped
         backoff = BACKOFF_MIN_S
         while True:
             self._changed.clear()
@@ -181,8 +181,8 @@ class LeaderFetcher:
                 try:
                     end = truncation_offset(r.cache, r.plog.log_end_offset, leader_end_for,
                                             high_watermark=r.high_watermark)
-                except _Unanswered as q:
-                    queries.append(pb.EpochQuery(topic=r.topic, partition=r.partition, leader_epoch=q.epoch,
+                except _Unanswered as unanswered:
+                    queries.append(pb.EpochQuery(topic=r.topic, partition=r.partition, leader_epoch=unanswered.epoch,
                                                  current_leader_epoch=r.leader_epoch))
                     asked.append(r)
                     continue
@@ -278,9 +278,9 @@ class LeaderFetcher:
                 return
         end = plog.log_end_offset
         changed = False
-        for e in result.epochs:
-            if e.start_offset < end and e.epoch != UNDEFINED_EPOCH:
-                changed |= r.cache.assign(e.epoch, e.start_offset)
+        for start in result.epochs:
+            if start.start_offset < end and start.epoch != UNDEFINED_EPOCH:
+                changed |= r.cache.assign(start.epoch, start.start_offset)
         if changed:
             save_epochs(plog, r.cache)
         if data and plog.config.flush_policy == "fsync":

@@ -221,7 +221,9 @@ class ReplicaManager:
             log.info("partition has no leader to follow", topic=r.topic, partition=r.partition,
                      leader=state.leader_id, epoch=state.leader_epoch)
             return
-        if r.fetcher is not None and old.leader_epoch == state.leader_epoch and old.leader_id == state.leader_id:
+        if r.fetcher is not None and (old.leader_id, old.leader_epoch, old.leader_address) == (
+            state.leader_id, state.leader_epoch, state.leader_address
+        ):
             return  # an ISR change: the follower goes on as it was
         self._stop_following(r)
         r.needs_truncation = True
@@ -294,7 +296,7 @@ class ReplicaManager:
         self.sync_leader(r)
         return r.leading.high_watermark
 
-    def check_fetch_epoch(self, r: Replica, current_leader_epoch: int) -> pb.ErrorCode.ValueType:
+    def check_fetch_epoch(self, r: Replica, current_leader_epoch: int) -> pb.ErrorCode:
         """A fetcher's view of the leader's epoch against this leader's (-1: not checked)."""
         if current_leader_epoch < 0 or current_leader_epoch == r.leader_epoch:
             return pb.NONE
