@@ -144,6 +144,9 @@ class LeaderFetcher:
                 log.error("replica append failed; retrying", leader=self.leader_id, error=str(e))
                 await self._sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
+            except Exception:  # noqa: BLE001 - a bug must not end replication from this leader for good
+                log.exception("replica fetch loop failed; retrying", leader=self.leader_id)
+                await self._sleep(BACKOFF_MAX_S)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
