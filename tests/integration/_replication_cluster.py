@@ -52,7 +52,17 @@ class TestController(pb_grpc.MetadataServicer):
         return pb.ListAclsResponse(version=0)
 
     async def GetMetadata(self, request, context):  # noqa: N802
-        return pb.GetMetadataResponse()
+        """What clients learn leaders from: the states as this controller holds them."""
+        topics: dict[str, list[pb.PartitionState]] = {}
+        for (topic, _), st in sorted(self.states.items()):
+            if not request.topics or topic in request.topics:
+                topics.setdefault(topic, []).append(st)
+        return pb.GetMetadataResponse(topics=[
+            pb.TopicInfo(name=name, partition_count=len(states), partitions=[
+                pb.PartitionInfo(partition=st.partition, leader_id=st.leader_id, leader_address=st.leader_address,
+                                 leader_alive=True, replicas=st.replicas, isr=st.isr, leader_epoch=st.leader_epoch)
+                for st in states])
+            for name, states in topics.items()])
 
     async def AlterIsr(self, request, context):  # noqa: N802
         self.alter_calls.append(request)

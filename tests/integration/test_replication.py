@@ -5,6 +5,7 @@ refuses below min_insync_replicas, and a deposed leader truncates its divergent 
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 
 import grpc
@@ -153,3 +154,49 @@ async def test_a_deposed_leader_truncates_its_divergent_tail_and_keeps_its_epoch
     assert load_epochs(b1.node.logs.get("t", 0)).entries == leader_epochs
     await _produce(rc, 2, "t", [b"c"])
     await until(lambda: rc.log_bytes(1, "t") == rc.log_bytes(2, "t"), what="restarted follower caught up")
+
+
+async def test_acks_all_waits_a_bounded_time_for_the_isr_then_fails_retriable(tmp_path):
+    c = ReplicationCluster(tmp_path, lag_ms=10_000, ack_timeout_ms=300)
+    await c.start()
+    try:
+        await c.create("t", [1, 2, 3])
+        await c.stop_broker(2)
+        await c.stop_broker(3)
+        # the ISR still names both (not past the lag time): the batch is stored, never replicated
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await _produce(c, 1, "t", [b"a"])
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_details.reason_of(e.value.trailing_metadata()) == error_details.NOT_ENOUGH_REPLICAS
+        assert "within 300 ms" in e.value.details()
+        values, hw = await _consume(c, 1, "t")
+        assert (values, hw) == ([], 0)  # not acknowledged, not visible
+    finally:
+        await c.close()
+
+
+async def test_an_idempotent_producer_follows_a_leader_change_and_stores_each_record_once(rc: ReplicationCluster):
+    from dmq.client import Producer
+
+    await rc.create("t", [1, 2, 3])
+    # The client is synchronous and the brokers run on this event loop: it works from a thread.
+    producer = await asyncio.to_thread(
+        Producer, rc.controller_address, acks="all", enable_idempotence=True, linger_ms=1,
+        retry_backoff_ms=20, retry_backoff_max_ms=100)
+
+    def send(prefix: str) -> list[int]:
+        futures = [producer.send("t", f"{prefix}{i}".encode(), partition=0) for i in range(20)]
+        producer.flush(10)
+        return [f.result(0).offset for f in futures]
+
+    try:
+        offsets = await asyncio.to_thread(send, "a")
+        # broker 2 takes over at epoch 1; broker 1, now a follower, answers "not leader"
+        await rc.push(rc.state("t", 0, 2, 1, [1, 2, 3], [1, 2, 3], 1), [1, 2, 3])
+        offsets += await asyncio.to_thread(send, "b")
+    finally:
+        await asyncio.to_thread(producer.close, 10)
+    assert offsets == list(range(40))
+    values, hw = await _consume(rc, 2, "t")
+    assert hw == 40 and values == [f"a{i}".encode() for i in range(20)] + [f"b{i}".encode() for i in range(20)]
+    await until(lambda: rc.log_bytes(1, "t") == rc.log_bytes(2, "t") == rc.log_bytes(3, "t"))
