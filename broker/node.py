@@ -313,6 +313,7 @@ class BrokerNode:
                 deleted = await asyncio.to_thread(self.logs.enforce_retention)
                 if deleted:
                     log.info("retention deleted segments", broker_id=self.broker_id, segments=deleted)
+                    self.replication.after_retention()
             except Exception:  # noqa: BLE001 - retention must keep running
                 log.exception("retention failed", broker_id=self.broker_id)
 

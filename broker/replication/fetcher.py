@@ -249,23 +249,46 @@ class LeaderFetcher:
         finally:
             self._call = None
         by_key = {r.key: r for r in ready}
+        appended: list[tuple[Replica, int]] = []
         for result in response.partitions:
             r = by_key.get((result.topic, result.partition))
             if r is None or r.fetcher is not self:
                 continue  # moved elsewhere meanwhile
-            await self._take(r, result)
+            if await self._take(r, result):
+                appended.append((r, result.high_watermark))
+        # Durable before the next fetch reports the new log ends to the leader; the partitions'
+        # fsyncs run together.
+        synced = await asyncio.gather(*(self._sync(r) for r, _ in appended), return_exceptions=True)
+        for (r, leader_hw), outcome in zip(appended, synced, strict=True):
+            if isinstance(outcome, LogError):
+                self._back_off(r, f"fsync failed: {outcome}")  # the log rolled back; fetched again
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            r.high_watermark = min(leader_hw, r.plog.log_end_offset)
 
-    async def _take(self, r: Replica, result: pb.FetchPartitionResult) -> None:
+    @staticmethod
+    async def _sync(r: Replica) -> None:
+        if r.plog.config.flush_policy == "fsync":
+            await r.plog.wait_durable(r.plog.log_end_offset)
+
+    async def _take(self, r: Replica, result: pb.FetchPartitionResult) -> bool:
+        """Apply one partition's answer; True when the answer was taken (its high watermark then
+        applies once the log is durable)."""
         plog = r.plog
         if result.error == pb.OFFSET_OUT_OF_RANGE:
             if plog.log_end_offset > result.log_end_offset:
                 r.needs_truncation = True  # ahead of the leader: not its history
             else:
+                # below the leader's log start (its retention ran past this replica): a replica
+                # cannot restart its log at the leader's start yet, so it stays out of the ISR
+                log.warning("replica is below its leader's log start; it cannot catch up", topic=r.topic,
+                            partition=r.partition, leader=self.leader_id, log_end_offset=plog.log_end_offset,
+                            error=result.error_message)
                 self._back_off(r, result.error_message)
-            return
+            return False
         if result.error != pb.NONE:
             self._back_off(r, f"{pb.ErrorCode.Name(result.error)}: {result.error_message}")
-            return
+            return False
         self._retry_at.pop(r.key, None)
         data = result.records
         if data:
@@ -278,7 +301,7 @@ class LeaderFetcher:
                 log.warning("leader's batches do not continue this replica's log; truncating again",
                             topic=r.topic, partition=r.partition, error=str(e))
                 r.needs_truncation = True
-                return
+                return False
         end = plog.log_end_offset
         changed = False
         for start in result.epochs:
@@ -286,7 +309,4 @@ class LeaderFetcher:
                 changed |= r.cache.assign(start.epoch, start.start_offset)
         if changed:
             save_epochs(plog, r.cache)
-        if data and plog.config.flush_policy == "fsync":
-            # durable before the next fetch reports `end` to the leader
-            await plog.wait_durable(end)
-        r.high_watermark = min(result.high_watermark, end)
+        return True

@@ -279,6 +279,20 @@ class ReplicaManager:
             self._stop_leading(r)
             self._stop_following(r)
 
+    def after_retention(self) -> None:
+        """Retention moved log starts: the epoch caches drop what lies before them (Kafka's
+        truncateFromStart), so they stay as small as the logs' history."""
+        for r in self._replicas.values():
+            entries = r.cache.entries
+            start = r.plog.log_start_offset
+            if entries and entries[0].start_offset < start:
+                r.cache.truncate_from_start(start)
+                try:
+                    save_epochs(r.plog, r.cache)
+                except LogError as e:  # kept in memory; written with the next change
+                    log.warning("leader-epoch file not rewritten after retention", topic=r.topic,
+                                partition=r.partition, error=str(e))
+
     # -- leader ------------------------------------------------------------------------------------
 
     def sync_leader(self, r: Replica) -> None:
