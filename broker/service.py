@@ -119,12 +119,14 @@ def _storage_status(e: BaseException, broker_id: int) -> RpcAbort | None:
     return None
 
 
-def _not_enough_replicas(replica: Replica, broker_id: int) -> str:
+def _not_enough_replicas(replica: Replica, broker_id: int, *, stored: bool = False) -> str:
     isr = sorted(replica.leading.isr) if replica.leading is not None else []
+    outcome = ("the batch is stored but not acknowledged (the in-sync set shrank before it was replicated); "
+               "retry (an idempotent producer's retry is answered as a duplicate)" if stored else
+               "acks=all refused, nothing stored; retry once the replicas are back")
     return (
         f"{replica.topic}[{replica.partition}] on broker {broker_id}: {len(isr)} in-sync replicas {isr}, "
-        f"min_insync_replicas is {replica.min_insync}; acks=all refused, nothing stored; retry once "
-        "the replicas are back"
+        f"min_insync_replicas is {replica.min_insync}; {outcome}"
     )
 
 
@@ -446,7 +448,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                   f"{replica.topic}[{replica.partition}]: the in-sync replicas did not all get the batch within "
                   f"{timeout_s * 1000:.0f} ms; not acknowledged, retry", error_details.NOT_ENOUGH_REPLICAS)
         if not answer:
-            _fail(grpc.StatusCode.UNAVAILABLE, _not_enough_replicas(replica, self._node.broker_id),
+            _fail(grpc.StatusCode.UNAVAILABLE, _not_enough_replicas(replica, self._node.broker_id, stored=True),
                   error_details.NOT_ENOUGH_REPLICAS)
 
     # -- fetch -----------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ class TestController(pb_grpc.MetadataServicer):
         self.creates: dict[int, dict[tuple[str, int], pb.CreatePartitionsRequest]] = {}
         self.states: dict[tuple[str, int], pb.PartitionState] = {}
         self.alter_calls: list[pb.AlterIsrRequest] = []
+        self.shutting_down: list[int] = []  # brokers whose heartbeat said so
 
     async def RegisterBroker(self, request, context):  # noqa: N802 - gRPC method name
         held = self.creates.get(request.broker_id, {})
@@ -46,6 +47,8 @@ class TestController(pb_grpc.MetadataServicer):
         return pb.RegisterBrokerResponse(partitions=out, heartbeat_interval_ms=200)
 
     async def BrokerHeartbeat(self, request, context):  # noqa: N802
+        if request.shutting_down:
+            self.shutting_down.append(request.broker_id)
         return pb.BrokerHeartbeatResponse(acl_version=0)
 
     async def ListAcls(self, request, context):  # noqa: N802

@@ -83,6 +83,7 @@ async def test_a_stopped_follower_leaves_the_isr_and_produce_goes_on(rc: Replica
     await rc.create("t", [1, 2, 3])
     await _produce(rc, 1, "t", [b"a"])
     await rc.stop_broker(3)
+    assert rc.controller.shutting_down == [3]  # a clean stop asks the controller to move leadership first
     # acks=all waits for broker 3 until the leader drops it from the ISR (through the controller)
     answer = await _produce(rc, 1, "t", [b"b"])
     assert answer.base_offset == 1
