@@ -16,7 +16,9 @@ registration retries are cancellable, and the local opening of logs and offsets 
 Background tasks, all owned here and stopped by `stop()`:
   - heartbeat to the coordinator every `heartbeat_interval_ms` (re-register when it forgot us);
   - retention every `retention_check_interval_ms`;
-  - the interval flusher when the log flush policy is "interval".
+  - the interval flusher when the log flush policy is "interval";
+  - replication (broker/replication/manager.py): the followers' fetch loops, the leaders' in-sync
+    set checks and their AlterIsr calls; stopped before the logs close.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ from dmq.broker.events.registry import EventStores
 from dmq.broker.log import LogConfig, LogManager
 from dmq.broker.offsets import OffsetStore
 from dmq.broker.queue.manager import QueueManager
+from dmq.broker.replication.manager import (
+    REPLICA_ACK_TIMEOUT_MS_DEFAULT,
+    REPLICA_LAG_TIME_MAX_MS_DEFAULT,
+    ReplicaManager,
+)
 from dmq.broker.service import BrokerService
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -87,12 +94,16 @@ class BrokerNode:
         retention_check_interval_ms: int = 60_000,
         acls: AclView | None = None,
         client_security: ClientSecurity | None = None,
+        replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT,
+        replica_ack_timeout_ms: int = REPLICA_ACK_TIMEOUT_MS_DEFAULT,
+        rack: str = "",
     ) -> None:
         self.data_dir = pathlib.Path(data_dir)
         self.broker_id = broker_id
         self.coordinator_address = coordinator_address
         self.advertised_host = advertised_host
         self.advertised_port = advertised_port
+        self.rack = rack  # rack / zone label: the controller spreads a partition's replicas over racks
         self.log_config = log_config or LogConfig()
         self.retention_check_interval_ms = retention_check_interval_ms
         # The ACLs this broker's server decides with: the coordinator's, copied when its
@@ -104,6 +115,10 @@ class BrokerNode:
         self.offsets = OffsetStore(self.logs, self.data_dir)
         self.queues = QueueManager(self)  # queue mode: leases, acks, dead letters (broker/queue)
         self.event_stores = EventStores(self.logs)
+        # Replicated partitions: roles from the controller's states, followers' fetch loops,
+        # the leaders' in-sync sets (broker/replication)
+        self.replication = ReplicaManager(self, replica_lag_time_max_ms=replica_lag_time_max_ms,
+                                          replica_ack_timeout_ms=replica_ack_timeout_ms)
         self.dir_lock = DataDirLock(self.data_dir)
         self._opening: asyncio.Future[None] | None = None
         self.service = BrokerService(self)
@@ -121,6 +136,11 @@ class BrokerNode:
             f"<BrokerNode id={self.broker_id} address={self.address} ready={self.ready} "
             f"partitions={len(self.logs.partitions())}>"
         )
+
+    @property
+    def metadata_stub(self) -> pb_grpc.MetadataStub | None:
+        """The coordinator's metadata service (None before start()): the replica manager's AlterIsr."""
+        return self._metadata
 
     @property
     def address(self) -> str:
@@ -156,6 +176,7 @@ class BrokerNode:
             recovery_s=round(time.monotonic() - started, 3),
         )
         self.queues.start()
+        self.replication.start()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"broker-{self.broker_id}-heartbeat"))
         self._tasks.append(asyncio.create_task(self._retention_loop(), name=f"broker-{self.broker_id}-retention"))
         if self.log_config.flush_policy == "interval":
@@ -174,10 +195,12 @@ class BrokerNode:
         marker and no thread (aiosqlite's is not a daemon) outlives the node."""
         if self._stopping.is_set():
             return
+        await self._hand_over_leadership()
         self.ready = False
         self._stopping.set()
         try:
             await self.queues.stop()
+            await self.replication.stop()
             for task in self._tasks:
                 task.cancel()
             if self._tasks:
@@ -202,6 +225,22 @@ class BrokerNode:
                 self.dir_lock.release()
         log.info("broker stopped", broker_id=self.broker_id)
 
+    async def _hand_over_leadership(self) -> None:
+        """A clean stop of a broker with replicated partitions: the heartbeat that says so makes
+        the controller move their leadership now (it answers after telling the new leaders),
+        while this broker still serves; not a session timeout of unavailability later. Brokers
+        without replicated partitions stop as before."""
+        if not self.ready or self._metadata is None or not any(True for _ in self.replication.replicas()):
+            return
+        try:
+            await self._metadata.BrokerHeartbeat(
+                pb.BrokerHeartbeatRequest(broker_id=self.broker_id, shutting_down=True),
+                timeout=COORDINATOR_RPC_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as e:
+            log.warning("could not hand leadership over before stopping", broker_id=self.broker_id,
+                        code=e.code().name, error=e.details())
+
     async def _register(self) -> None:
         """Register with the coordinator, retrying until it answers or the node stops."""
         assert self._metadata is not None
@@ -210,7 +249,8 @@ class BrokerNode:
             try:
                 response = await self._metadata.RegisterBroker(
                     pb.RegisterBrokerRequest(
-                        broker_id=self.broker_id, host=self.advertised_host, port=self.advertised_port
+                        broker_id=self.broker_id, host=self.advertised_host, port=self.advertised_port,
+                        rack=self.rack,
                     ),
                     timeout=COORDINATOR_RPC_TIMEOUT_S,
                 )
@@ -291,6 +331,7 @@ class BrokerNode:
                 deleted = await asyncio.to_thread(self.logs.enforce_retention)
                 if deleted:
                     log.info("retention deleted segments", broker_id=self.broker_id, segments=deleted)
+                    self.replication.after_retention()
             except Exception:  # noqa: BLE001 - retention must keep running
                 log.exception("retention failed", broker_id=self.broker_id)
 
@@ -302,6 +343,9 @@ class BrokerNode:
             self.logs.create(request.topic, partition, config)
             self.offsets.create_log(request.topic, partition, config)
         self.queues.configure(request)
+        for error in self.replication.configure(request):
+            log.error("partition state not applied", topic=error.topic, partition=error.partition,
+                      error=error.error_message)
         if request.config.kind == KIND_EVENT_STORE:
             self.event_stores.mark(request.topic)
         self._leader_cache.pop(request.topic, None)
@@ -309,6 +353,7 @@ class BrokerNode:
 
     async def delete_partitions(self, topic: str, partitions: set[int] | None) -> None:
         await self.event_stores.drop(topic)
+        self.replication.forget(topic, partitions)
         # The commits first: a crash in between must not leave them for a topic created again.
         await self.offsets.delete_topic(topic, partitions)
         for t, p in self.logs.partitions():

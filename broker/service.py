@@ -47,6 +47,7 @@ from dmq.broker.events.service import EventStoreRpcs
 from dmq.broker.log.errors import DISK_FULL_ERRNOS
 from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
 from dmq.broker.queue.service import QueueRpcs
+from dmq.broker.replication.manager import NotLeaderForPartition, Replica
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits, names, records
@@ -116,6 +117,37 @@ def _storage_status(e: BaseException, broker_id: int) -> RpcAbort | None:
             error_details.STORAGE_UNAVAILABLE,
         )
     return None
+
+
+def _not_enough_replicas(replica: Replica, broker_id: int, *, stored: bool = False) -> str:
+    isr = sorted(replica.leading.isr) if replica.leading is not None else []
+    outcome = ("the batch is stored but not acknowledged (the in-sync set shrank before it was replicated); "
+               "retry (an idempotent producer's retry is answered as a duplicate)" if stored else
+               "acks=all refused, nothing stored; retry once the replicas are back")
+    return (
+        f"{replica.topic}[{replica.partition}] on broker {broker_id}: {len(isr)} in-sync replicas {isr}, "
+        f"min_insync_replicas is {replica.min_insync}; {outcome}"
+    )
+
+
+def _check_states(states: Sequence[pb.PartitionState], field: str = "states") -> None:
+    """The controller's partition states: valid names, numbers and broker ids."""
+    if len(states) > limits.PARTITIONS_PER_TOPIC_MAX * 10:
+        _fail(grpc.StatusCode.INVALID_ARGUMENT,
+              f"{field} has {len(states)} entries; the limit is {limits.PARTITIONS_PER_TOPIC_MAX * 10}")
+    for i, st in enumerate(states):
+        _check_topic(st.topic, f"{field}[{i}].topic")
+        _check_partition(st.partition, f"{field}[{i}].partition")
+        if st.leader_id < -1 or st.leader_epoch < 0 or st.partition_epoch < 0:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT,
+                  f"{field}[{i}]: leader_id must be >= -1, leader_epoch and partition_epoch >= 0 "
+                  f"(got {st.leader_id}, {st.leader_epoch}, {st.partition_epoch})")
+        if not st.replicas or any(b < 0 for b in st.replicas) or len(set(st.replicas)) != len(st.replicas):
+            _fail(grpc.StatusCode.INVALID_ARGUMENT,
+                  f"{field}[{i}].replicas must list distinct broker ids (>= 0), got {list(st.replicas)}")
+        if st.leader_id >= 0 and st.leader_id not in st.replicas:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT,
+                  f"{field}[{i}].leader_id {st.leader_id} is not one of the replicas {list(st.replicas)}")
 
 
 def _check_topic_partitions(topic: str, partitions: Sequence[int]) -> None:
@@ -313,9 +345,14 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
         if not node.ready:
             _fail(grpc.StatusCode.UNAVAILABLE, f"broker {node.broker_id} is starting; retry")
         try:
-            return node.logs.get(topic, partition)
+            plog = node.logs.get(topic, partition)
         except UnknownPartitionError:
             pass
+        else:
+            r = node.replication.get(topic, partition)
+            if r is not None and r.leading is None:  # a follower: the controller named another leader
+                _fail(grpc.StatusCode.UNAVAILABLE, r.not_leader_message(node.broker_id))
+            return plog
         leader = await node.leader_hint(topic, partition)
         if leader is None:
             _fail(grpc.StatusCode.NOT_FOUND, f"unknown topic or partition: {topic}[{partition}]")
@@ -345,6 +382,11 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"batch is {len(batch)} bytes; the limit (max_batch_bytes) is {limit}",
             )
+        replica = self._node.replication.get(request.topic, request.partition)  # None: unreplicated
+        acks_all = request.acks == pb.ACKS_ALL
+        if replica is not None and acks_all and not self._node.replication.enough_replicas(replica):
+            _fail(grpc.StatusCode.UNAVAILABLE, _not_enough_replicas(replica, self._node.broker_id),
+                  error_details.NOT_ENOUGH_REPLICAS)
         # The batch is in memory already; holding its size until it is appended makes a flood
         # of produces wait (or be refused) instead of piling up in the broker.
         what = f"produce to {request.topic}[{request.partition}]"
@@ -355,7 +397,11 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
             async with self._turn(len(batch), context, what):
                 with self._node.queues.admission(request.topic, batch):  # max_queue_size: refused whole
                     info = await self.appender.append(plog, batch)
-            if request.acks == pb.ACKS_ALL and plog.config.flush_policy == "fsync":
+            if replica is not None:
+                # the followers' parked fetches take it now, while the leader fsyncs
+                self._node.replication.sync_leader(replica)
+                self.notifier.notify(request.topic, request.partition)
+            if acks_all and plog.config.flush_policy == "fsync":
                 # PartitionLog.append_durable() in two steps, the turn released in between
                 await plog.wait_durable(info.last_offset + 1)
         except records.BatchTooLargeError as e:
@@ -373,6 +419,8 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
         if not info.duplicate:
             self.notifier.notify(request.topic, request.partition)
             self._node.queues.on_append(request.topic, request.partition)
+        if replica is not None and acks_all:
+            await self._wait_replicated(replica, info.last_offset + 1, context)
         return pb.ProduceResponse(
             base_offset=info.base_offset,
             log_append_time_ms=info.append_time_ms,
@@ -380,6 +428,28 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
             duplicate=info.duplicate,
             record_offsets=info.record_offsets or (),
         )
+
+    async def _wait_replicated(self, replica: Replica, end_offset: int, context: grpc.aio.ServicerContext) -> None:
+        """acks=all on a replicated partition: answered once the high watermark covers the batch
+        (every in-sync replica has it durably), within the call's deadline and the broker's
+        replica_ack_timeout_ms; fails retriable otherwise (the batch may be stored: an idempotent
+        producer's retry is then answered as a duplicate)."""
+        manager = self._node.replication
+        timeout_s = manager.ack_timeout_ms / 1000
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout_s = max(min(timeout_s, remaining - 0.05), 0.0)
+        try:
+            answer = await manager.wait_replicated(replica, end_offset, timeout_s)
+        except NotLeaderForPartition as e:
+            _fail(grpc.StatusCode.UNAVAILABLE, f"{e}; the batch is not acknowledged, retry")
+        if answer is None:
+            _fail(grpc.StatusCode.UNAVAILABLE,
+                  f"{replica.topic}[{replica.partition}]: the in-sync replicas did not all get the batch within "
+                  f"{timeout_s * 1000:.0f} ms; not acknowledged, retry", error_details.NOT_ENOUGH_REPLICAS)
+        if not answer:
+            _fail(grpc.StatusCode.UNAVAILABLE, _not_enough_replicas(replica, self._node.broker_id, stored=True),
+                  error_details.NOT_ENOUGH_REPLICAS)
 
     # -- fetch -----------------------------------------------------------------------------------
 
@@ -403,6 +473,8 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
             )
         if request.min_bytes < 0:
             _fail(grpc.StatusCode.INVALID_ARGUMENT, f"min_bytes must be >= 0, got {request.min_bytes}")
+        if request.HasField("replica_id") and request.replica_id < 0:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT, f"replica_id must be a broker id (>= 0), got {request.replica_id}")
         for i, p in enumerate(request.partitions):
             _check_topic(p.topic, f"partitions[{i}].topic")
             _check_partition(p.partition, f"partitions[{i}].partition")
@@ -419,6 +491,8 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
     ) -> tuple[list[tuple[pb.FetchPartitionResult, bytes]], int]:
         """Per partition: the result without its records, and the records (framed later)."""
         node = self._node
+        replication = node.replication
+        replica_id = request.replica_id if request.HasField("replica_id") else None
         total = 0
         results: list[tuple[pb.FetchPartitionResult, bytes]] = []
         for p in request.partitions:
@@ -431,8 +505,17 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                 results.append((result, data))
                 continue
             # Batches of acks=all produces are readable once durable (see PartitionLog)
+            max_offset = None
             result.high_watermark = plog.visible_end_offset
             result.log_start_offset = plog.log_start_offset
+            replica = replication.get(p.topic, p.partition)
+            if replica is not None or replica_id is not None:
+                # replicated: consumers read below the high watermark, followers up to the log end
+                if not self._replicated_read(replica, replica_id, p, result):
+                    results.append((result, data))
+                    continue
+                if replica_id is None:
+                    max_offset = result.high_watermark
             # Kafka's rule: the first partition with data returns at least one whole batch even
             # when it exceeds the limits, so a consumer can never get stuck behind a large batch.
             remaining = total_limit - total
@@ -441,7 +524,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                 results.append((result, data))
                 continue
             try:
-                data = plog.read(p.offset, max(limit, 1))
+                data = plog.read(p.offset, max(limit, 1), max_offset=max_offset)
             except OffsetOutOfRangeError:
                 result.error = pb.OFFSET_OUT_OF_RANGE
                 result.error_message = (
@@ -460,6 +543,48 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                 total += len(data)
             results.append((result, data))
         return results, total
+
+    def _replicated_read(
+        self, replica: Replica | None, replica_id: int | None, p: pb.FetchPartition, result: pb.FetchPartitionResult
+    ) -> bool:
+        """Fill a replicated partition's result (high watermark; for a follower's fetch also the
+        log end, epoch and epoch starts, and its position recorded). False: an error is set."""
+        node = self._node
+        if replica is None or replica.leading is None:
+            result.error = pb.NOT_LEADER
+            result.error_message = (replica.not_leader_message(node.broker_id) if replica is not None else
+                                    f"broker {node.broker_id} does not lead {p.topic}[{p.partition}] as a replicated partition")
+            return False
+        manager = node.replication
+        epoch = p.current_leader_epoch if p.HasField("current_leader_epoch") else -1
+        code = manager.check_fetch_epoch(replica, epoch)
+        if code != pb.NONE:
+            result.error = code
+            result.error_message = (f"{p.topic}[{p.partition}]: the fetch names leader epoch {epoch}, broker "
+                                    f"{node.broker_id} leads at epoch {replica.leader_epoch}")
+            return False
+        plog = replica.plog
+        if replica_id is not None:
+            try:
+                manager.on_replica_fetch(replica, replica_id, p.offset)
+            except KeyError:
+                result.error = pb.NOT_LEADER
+                result.error_message = (f"broker {replica_id} is not a replica of {p.topic}[{p.partition}] "
+                                        f"(replicas {list(replica.state.replicas)})")
+                return False
+            except ValueError:
+                result.error = pb.OFFSET_OUT_OF_RANGE
+                result.error_message = (f"offset {p.offset} is beyond the log end {plog.log_end_offset} of "
+                                        f"{p.topic}[{p.partition}] on its leader: truncate to the leader's history")
+                result.log_end_offset = plog.log_end_offset
+                return False
+            result.log_end_offset = plog.log_end_offset
+            result.leader_epoch = replica.leader_epoch
+            entries = replica.cache.entries
+            first = max((i for i, e in enumerate(entries) if e.start_offset <= p.offset), default=0)
+            result.epochs.extend(pb.EpochStart(epoch=e.epoch, start_offset=e.start_offset) for e in entries[first:])
+        result.high_watermark = manager.high_watermark(replica)
+        return True
 
     @_guarded
     async def Fetch(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> bytes:
@@ -521,15 +646,24 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                 answer.error, answer.error_message = await self._not_here(q.topic, q.partition)
                 answers.append(answer)
                 continue
+            end = plog.log_end_offset
+            replica = self._node.replication.get(q.topic, q.partition)
+            if replica is not None:
+                if replica.leading is None:
+                    answer.error = pb.NOT_LEADER
+                    answer.error_message = replica.not_leader_message(self._node.broker_id)
+                    answers.append(answer)
+                    continue
+                end = self._node.replication.high_watermark(replica)  # what consumers can read
             answer.log_start_offset = plog.log_start_offset
-            answer.log_end_offset = plog.log_end_offset
+            answer.log_end_offset = end
             if q.timestamp_ms == EARLIEST:
                 answer.offset = plog.log_start_offset
             elif q.timestamp_ms == LATEST:
-                answer.offset = plog.log_end_offset
+                answer.offset = end
             else:
                 found = plog.offset_for_time(q.timestamp_ms)
-                answer.offset = plog.log_end_offset if found is None else found
+                answer.offset = end if found is None or found > end else found
             answers.append(answer)
         return pb.ListOffsetsResponse(answers=answers)
 
@@ -690,8 +824,54 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
     ) -> pb.CreatePartitionsResponse:
         _check_topic_partitions(request.topic, request.partitions)
         _check_topic_config(request.config)
+        _check_states(request.states)
+        if request.states and [(st.topic, st.partition) for st in request.states] != [
+            (request.topic, p) for p in request.partitions
+        ]:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT,
+                  "states must describe the partitions, in their order (same topic, same partition numbers)")
         self._node.create_partitions(request)
         return pb.CreatePartitionsResponse()
+
+    @_guarded
+    async def UpdatePartitionStates(
+        self, request: pb.UpdatePartitionStatesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UpdatePartitionStatesResponse:
+        _check_states(request.states)
+        if not self._node.ready:
+            _fail(grpc.StatusCode.UNAVAILABLE, f"broker {self._node.broker_id} is starting; retry")
+        return pb.UpdatePartitionStatesResponse(errors=self._node.replication.apply(request.states))
+
+    @_guarded
+    async def OffsetForLeaderEpoch(
+        self, request: pb.OffsetForLeaderEpochRequest, context: grpc.aio.ServicerContext
+    ) -> pb.OffsetForLeaderEpochResponse:
+        """A follower's question (KIP-101 / KIP-279): where `leader_epoch` ends in this leader's log."""
+        if len(request.queries) > MAX_FETCH_PARTITIONS:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT,
+                  f"queries has {len(request.queries)} entries; the limit is {MAX_FETCH_PARTITIONS}")
+        node = self._node
+        if not node.ready:
+            _fail(grpc.StatusCode.UNAVAILABLE, f"broker {node.broker_id} is starting; retry")
+        out = []
+        for i, q in enumerate(request.queries):
+            _check_topic(q.topic, f"queries[{i}].topic")
+            _check_partition(q.partition, f"queries[{i}].partition")
+            answer = pb.EpochEndOffset(topic=q.topic, partition=q.partition, leader_epoch=-1, end_offset=-1)
+            replica = node.replication.get(q.topic, q.partition)
+            if replica is None or replica.leading is None:
+                answer.error = pb.NOT_LEADER
+                answer.error_message = (replica.not_leader_message(node.broker_id) if replica is not None else
+                                        f"broker {node.broker_id} does not lead {q.topic}[{q.partition}] as a replicated partition")
+            elif (code := node.replication.check_fetch_epoch(replica, q.current_leader_epoch)) != pb.NONE:
+                answer.error = code
+                answer.error_message = (f"{q.topic}[{q.partition}]: the query names leader epoch "
+                                        f"{q.current_leader_epoch}, broker {node.broker_id} leads at epoch {replica.leader_epoch}")
+            else:
+                answer.leader_epoch, answer.end_offset = replica.cache.end_offset_for(
+                    q.leader_epoch, replica.plog.log_end_offset)
+            out.append(answer)
+        return pb.OffsetForLeaderEpochResponse(results=out)
 
     @_guarded
     async def DeletePartitions(

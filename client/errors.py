@@ -52,6 +52,7 @@ __all__ = [
     "BrokerUnavailableError",
     "StorageUnavailableError",
     "NotLeaderError",
+    "NotEnoughReplicasError",
     "CoordinatorUnavailableError",
     "DMQTimeoutError",
     "RequestCancelledError",
@@ -271,6 +272,14 @@ class NotLeaderError(BrokerUnavailableError):
     """The broker asked does not lead the partition (it moved or metadata is stale)."""
 
 
+class NotEnoughReplicasError(BrokerUnavailableError):
+    """acks=all: the partition's in-sync replicas are fewer than the topic's min_insync_replicas
+    (nothing was stored), or did not all get the batch in time. Retried: the leader is right (no
+    metadata refresh); its followers must catch up or come back."""
+
+    invalid_metadata = False
+
+
 class CoordinatorUnavailableError(BrokerUnavailableError):
     """The coordinator cannot be reached: check the bootstrap address and that it is running."""
 
@@ -359,6 +368,7 @@ REASON_ERRORS: dict[str, type[DMQError]] = {
     error_details.QUEUE_FULL: QueueFullError,
     error_details.APPEND_CONDITION_FAILED: AppendConditionError,
     error_details.CLAIM_NOT_HELD: ClaimNotHeldError,
+    error_details.NOT_ENOUGH_REPLICAS: NotEnoughReplicasError,
 }
 
 # Hints appended to the server's message when it alone does not say what to do.

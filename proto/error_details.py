@@ -26,6 +26,7 @@ __all__ = [
     "APPEND_CONDITION_FAILED",
     "CONFLICT_POSITION_KEY",
     "CLAIM_NOT_HELD",
+    "NOT_ENOUGH_REPLICAS",
 ]
 
 REASON_KEY = "dmq-error-reason"
@@ -51,6 +52,10 @@ QUEUE_LIMIT_KEY = "dmq-queue-limit"  # the leader's pro rata share of max_queue_
 # FAILED_PRECONDITION from RegisterBroker: another live broker (or another principal) holds the id;
 # a restarted broker at a new address retries until the old registration's session expires.
 BROKER_ID_TAKEN = "broker-id-taken"
+# UNAVAILABLE from an acks=all produce: the partition's in-sync set is smaller than the topic's
+# min_insync_replicas (refused before appending: nothing stored), or it did not cover the batch in
+# time. Retriable: the leader is right; its followers must catch up or come back.
+NOT_ENOUGH_REPLICAS = "not-enough-replicas"
 
 
 def reason_of(trailing_metadata: object) -> str | None:

@@ -103,6 +103,7 @@ from dmq.proto.records import (
     ATTR_HAS_TXN_IDS,
     DEFAULT_MAX_BATCH_BYTES,
     BatchHeader,
+    RecordsError,
     patch_base_offset,
     validate_batch,
 )
@@ -433,6 +434,26 @@ class PartitionLog:
     def status(self) -> str:
         """"ok", or "corrupt" (damage found: appends refused, reads served around it)."""
         return "corrupt" if self._corruption is not None else "ok"
+
+    # -- files kept beside the log by its owner (the replication's epoch cache) ------------------
+
+    def write_side_file(self, name: str, data: bytes) -> None:
+        """Replace `name` in the partition directory atomically and durably (tmp + fsync +
+        rename + directory fsync). Raises StorageUnavailableError."""
+        try:
+            _atomic_write(os.path.join(self.directory, name), data, self._fsync, self._cache)
+        except OSError as e:
+            raise StorageUnavailableError.from_os_error(self._where, f"writing {name}", e) from e
+
+    def read_side_file(self, name: str, max_chars: int = 1 << 20) -> str | None:
+        """The text of `name` in the partition directory (at most max_chars), None when absent
+        or not ASCII."""
+        with self._cache.reserve():
+            try:
+                with open(os.path.join(self.directory, name), encoding="ascii") as f:
+                    return f.read(max_chars)
+            except (FileNotFoundError, UnicodeDecodeError):
+                return None
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -778,6 +799,20 @@ class PartitionLog:
         if position is None:
             return
         dropped = self.log_end_offset - offset
+        self._cut_locked(offset, position)
+        self._log.warning(
+            "flush failed; log rolled back to its durable end", offset=offset, offsets_dropped=dropped,
+            cause=cause,
+        )
+        try:
+            self._finish_rollback()
+        except StorageUnavailableError as e:  # retried before the next append
+            self._log.warning("rollback not finished on disk yet", error=str(e))
+
+    def _cut_locked(self, offset: int, position: int) -> None:
+        """Drop everything from `offset` (at byte `position` of its segment) on, in memory and
+        then in the files; what the files could not take yet is retried by _finish_rollback.
+        Shared by a rollback and a replica's truncation (truncate_to)."""
         segs = self._segments
         doomed: list[str] = []
         while len(segs) > 1 and segs[-1].base_offset > offset:
@@ -801,14 +836,6 @@ class PartitionLog:
         except OSError as e:
             self._log.warning("rollback could not cut the file yet; retried before the next append", error=str(e))
         self.size_bytes = sum(seg.size for seg in segs)
-        self._log.warning(
-            "flush failed; log rolled back to its durable end", offset=offset, offsets_dropped=dropped,
-            cause=cause,
-        )
-        try:
-            self._finish_rollback()
-        except StorageUnavailableError as e:  # retried before the next append
-            self._log.warning("rollback not finished on disk yet", error=str(e))
 
     def _finish_rollback(self) -> None:
         """Remove the files of segments a rollback dropped and cut the active one (idempotent)."""
@@ -909,6 +936,88 @@ class PartitionLog:
         info, epoch = self._append(batch, hold=True)
         await self.wait_durable(info.last_offset + 1, epoch=epoch)
         return info
+
+    def append_replica(self, data: bytes | bytearray | memoryview) -> int:
+        """Append a leader's batches as they are, at the leader's offsets (a follower, DESIGN.md
+        "Replication"): each batch is checked (header, CRC) and must start at the log end; no
+        offset is assigned and no byte changed, so the replicas' logs are byte-identical. The
+        producer state and the transaction-id and trace indexes are updated as for a leader's
+        append (a promoted follower de-duplicates retries), without the leader's checks: the
+        leader decided. Not fsynced. Returns the new log end; a bad batch raises
+        InvalidBatchError after the batches before it were appended."""
+        view = memoryview(data)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        max_batch = max(self.config.max_batch_bytes, DEFAULT_MAX_BATCH_BYTES)
+        pos = 0
+        while pos < len(view):
+            try:
+                h = validate_batch(view, pos, max_batch_bytes=max_batch)
+            except RecordsError as e:
+                raise InvalidBatchError(f"{self._where}replicated batch at byte {pos}: {e}") from e
+            batch = view[pos:pos + h.total_size]
+            if h.attributes & (ATTR_HAS_TRACE_IDS | ATTR_HAS_TXN_IDS):
+                self._record_ids.append_replica(self, batch, h)
+            else:
+                with self._lock:
+                    self._write_replica_locked(batch, h)
+            pos += h.total_size
+        return self.log_end_offset
+
+    def _write_replica_locked(self, batch: memoryview, h: BatchHeader) -> AppendInfo:
+        self._check_writable()
+        if h.base_offset != self.log_end_offset:
+            raise InvalidBatchError(
+                f"{self._where}replicated batch starts at offset {h.base_offset}, the log ends at "
+                f"{self.log_end_offset}: the replica must truncate to the leader's history first"
+            )
+        return self._write_locked(batch, batch, h, False)
+
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log to end at `offset` (a batch boundary; a replica matching its leader's
+        history, KIP-101) and make the cut durable. Crash-safe: the recovery point is moved below
+        the cut (checkpoint fsynced) before any file changes, so a crash half-way rescans from
+        there and finds either the old tail (the replica truncates again when it next follows)
+        or the cut one, never a mix. Returns how many offsets were dropped."""
+        with self._lock:
+            self._check_writable()
+            offset = max(offset, self.log_start_offset)
+            if offset >= self.log_end_offset:
+                return 0
+            target = self._segments[max(bisect_right(self._bases, offset) - 1, 0)]
+            try:
+                position = target.position_of(offset)
+                if position < target.size:  # inside a batch: the whole batch goes
+                    offset = _INT64.unpack(os.pread(self._cache.fd(target.log_path), 8, position))[0]
+            except OSError as e:
+                raise StorageUnavailableError.from_os_error(self._where, "truncation (finding the offset)", e) from e
+            self._before_change()
+            if self._recovery_offset > target.base_offset:
+                self._recovery_offset = target.base_offset
+                try:
+                    self._write_checkpoint(sync=True)
+                except OSError as e:
+                    raise StorageUnavailableError.from_os_error(self._where, "truncation (checkpoint)", e) from e
+            dropped = self.log_end_offset - offset
+            # A flush prepared before the cut must not publish its (now wrong) end, and a waiter
+            # for a batch above the cut learns it is gone (see _check_epoch).
+            self._rollback_epoch += 1
+            self._rollbacks.append((self._rollback_epoch, offset))
+            self._rollback_cause = "the log was truncated to match the partition's new leader"
+            self._rollback_errno = None
+            self._held.clear()
+            self._cut_locked(offset, position)
+            self._finish_rollback()
+            self.durable_end_offset = min(self.durable_end_offset, offset)
+            try:
+                self._fsync(self._cache.fd(self._segments[-1].log_path))
+                _fsync_dir(self.directory, self._fsync, self._cache)
+            except OSError as e:
+                raise StorageUnavailableError.from_os_error(self._where, "truncation (fsync)", e) from e
+            self._dir_synced_gen = self._dir_gen
+            self.durable_end_offset = offset
+        self._log.warning("log truncated to the leader's history", offset=offset, offsets_dropped=dropped)
+        return dropped
 
     def _check_epoch(self, epoch: int, end_offset: int) -> None:
         """Raise if a rollback since `epoch` cut the log below end_offset."""

@@ -154,6 +154,24 @@ class RecordIds:
                 info = AppendInfo(min(offsets), max(offsets), info.append_time_ms, True, offsets)
             return info, plog._rollback_epoch
 
+    def append_replica(self, plog: PartitionLog, batch: memoryview, h: BatchHeader) -> None:
+        """A follower's append of a leader's batch (PartitionLog.append_replica): written as it
+        is, every record stored (the leader removed duplicates already); its transaction ids
+        remembered (when the map is built) and its trace ids indexed, as for a leader's append."""
+        cfg = plog.config
+        decoded = decode(batch, verify_crc=False, max_batch_bytes=max(cfg.max_batch_bytes, len(batch)))
+        txns = None
+        if h.attributes & ATTR_HAS_TXN_IDS and cfg.dedup_window_ms > 0:
+            txns = record_ids(decoded, TXN_HEADER, "transaction_id")
+        traces = record_ids(decoded, TRACE_HEADER, "trace_id") if h.attributes & ATTR_HAS_TRACE_IDS else None
+        with plog._lock:
+            info = plog._write_replica_locked(batch, h)
+            stored = range(info.base_offset, info.base_offset + h.record_count)
+            if txns is not None:
+                self._remember(plog, self._txn_ids(plog), zip(txns, stored), info.append_time_ms)
+            if traces is not None:
+                self._index_traces(plog, zip(traces, stored))
+
     def _write_kept(
         self, plog: PartitionLog, decoded: RecordBatch, h: BatchHeader, kept: list[int], hold: bool
     ) -> AppendInfo:

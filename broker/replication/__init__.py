@@ -8,6 +8,13 @@ The broker's replica manager drives them: it feeds fetch positions and the time 
 out what they decide (truncate a log, tell the controller about an in-sync set change, answer a
 produce). Kept pure so the rules can be tested by tables and by a seeded simulation
 (tests/unit/test_replication_*.py).
+
+The parts with I/O, imported by the broker node and service only:
+
+    manager     roles per partition from the controller's states, the leader's in-sync set and
+                high watermark, acks=all waits, AlterIsr
+    fetcher     a follower's fetch loop per leader broker (truncation first, then copying)
+    checkpoint  the epoch cache's file in the partition directory
 """
 
 from .epochs import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEntry, LeaderEpochCache

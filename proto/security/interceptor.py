@@ -164,6 +164,7 @@ class SecurityInterceptor(ServerInterceptorBase):
                 raise Refusal(grpc.StatusCode.PERMISSION_DENIED, f"{method} is not in the permission table")
             return ANONYMOUS, []
         try:
+            rule = rule.for_request(request)  # a follower's Fetch: the cluster's (rpc_table)
             needs = rule.needs(request) if rule.needs is not None else []
         except (AttributeError, TypeError, ValueError) as e:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"cannot tell which resources the request names ({e})") from None

@@ -60,9 +60,18 @@ class RpcRule:
     needs: Needs | None = None
     admin: bool | Callable[[Any], bool] = False  # or: whether this request is one
     quota: str | None = None  # "produce" | "fetch"
+    # Some requests of an RPC need more than the rule says (a follower broker's Fetch): the rule
+    # that applies to this request instead, or None for this rule.
+    stricter: Callable[[Any], RpcRule | None] | None = None
 
     def is_admin(self, request: Any) -> bool:
         return self.admin(request) if callable(self.admin) else self.admin
+
+    def for_request(self, request: Any) -> RpcRule:
+        """The rule that decides this request (see `stricter`)."""
+        if self.stricter is None:
+            return self
+        return self.stricter(request) or self
 
 
 def _topic(op: Operation, field: str = "topic") -> Needs:
@@ -137,7 +146,10 @@ _INTERNAL = RpcRule(Access.CLUSTER)
 RULES: dict[str, RpcRule] = {
     # -- Broker ------------------------------------------------------------------------------------
     _B + "Produce": RpcRule(Access.ACL, _topic(Operation.WRITE), quota="produce"),
-    _B + "Fetch": RpcRule(Access.ACL, _each_topic(Operation.READ, lambda r: r.partitions), quota="fetch"),
+    # a Fetch with replica_id is a follower broker replicating (reads past the high watermark,
+    # moves the in-sync set): the cluster only
+    _B + "Fetch": RpcRule(Access.ACL, _each_topic(Operation.READ, lambda r: r.partitions), quota="fetch",
+                          stricter=lambda r: _INTERNAL if r.HasField("replica_id") else None),
     _B + "ListOffsets": RpcRule(Access.ACL, _each_topic(Operation.DESCRIBE, lambda r: r.queries)),
     _B + "CommitOffsets": RpcRule(Access.ACL, _commit, admin=lambda r: not r.member_id),
     _B + "FetchCommittedOffsets": RpcRule(Access.ACL, _group(Operation.DESCRIBE)),

@@ -147,6 +147,10 @@ CASES: dict[str, Case] = {
         topic=_topic(a, n), partitions=[0], config=pb.TopicConfig(retention_ms=1))),
     "/dmq.v1.Broker/DeletePartitions": Case(lambda a, n: pb.DeletePartitionsRequest(topic=_topic(a, n))),
     "/dmq.v1.Broker/DeleteGroupOffsets": Case(lambda a, n: pb.DeleteGroupOffsetsRequest(group_id=_group(a, _topic(a, n)))),
+    # Broker: replication (the controller's pushes, a follower's epoch question)
+    "/dmq.v1.Broker/UpdatePartitionStates": Case(lambda a, n: pb.UpdatePartitionStatesRequest(states=[])),
+    "/dmq.v1.Broker/OffsetForLeaderEpoch": Case(lambda a, n: pb.OffsetForLeaderEpochRequest(
+        queries=[pb.EpochQuery(topic=_topic(a, n), partition=0, leader_epoch=0)], replica_id=0)),
     # Broker: queue mode (finishing a lease needs only its id, the capability a pop hands out)
     "/dmq.v1.Broker/QueuePop": Case(lambda a, n: pb.QueuePopRequest(topic=_queue_topic(a, n), group=n + "q", max_records=1,
                                                                     timeout_ms=2000),
@@ -325,3 +329,28 @@ def test_every_rpc_needs_credentials_and_its_permission(secure_cluster, certs, m
         for caller in (admin, alice, nobody, node):
             caller.close()
     assert not failures, "\n".join(failures)
+
+
+def test_a_replica_fetch_needs_the_cluster_principal(secure_cluster, certs):
+    """A Fetch with replica_id reads past the high watermark and moves the in-sync set: read on
+    the topic is not enough, nor is being a super-user; only the cluster principal may send it."""
+    c = secure_cluster("tokens")
+    admin = Caller(c.bootstrap, client_as(certs, "tokens", "admin"))
+    alice = Caller(c.bootstrap, client_as(certs, "tokens", "alice"))
+    node = Caller(c.bootstrap, tls_client(certs, token=token_for("dmq-cluster")))
+    try:
+        name = _topic(admin, f"t{next(_names)}x")
+        admin.metadata.AddAcls(pb.AddAclsRequest(acls=[pb.AclEntry(
+            principal="alice", resource_type="topic", resource_name=name, operation="read", permission="allow")]),
+            timeout=10)
+        consumer = pb.FetchRequest(partitions=[pb.FetchPartition(topic=name)])
+        replica = pb.FetchRequest(partitions=[pb.FetchPartition(topic=name)], replica_id=1)
+        assert _code(alice.call, "/dmq.v1.Broker/Fetch", consumer) is grpc.StatusCode.OK
+        for who in (alice, admin):
+            assert _code(who.call, "/dmq.v1.Broker/Fetch", replica) is grpc.StatusCode.PERMISSION_DENIED
+        # let through; this unreplicated partition has no followers, which the answer says
+        answer = node.call("/dmq.v1.Broker/Fetch", replica)
+        assert answer.partitions[0].error == pb.NOT_LEADER
+    finally:
+        for caller in (admin, alice, node):
+            caller.close()

@@ -1,0 +1,442 @@
+"""The replica manager: this broker's role for each replicated partition, and the leader's duties.
+
+The controller (the coordinator's metadata service) says who leads each partition with a
+PartitionState (in CreatePartitions' `states` and in UpdatePartitionStates); a state whose
+partition_epoch is not newer than the one applied is ignored. For each partition with a state:
+
+  - leader: its epoch is appended to the leader-epoch cache (at the log end), the followers are
+    tracked by isr.PartitionReplicas from the state's ISR; a replica fetch moves a follower's log
+    end, the high watermark (smallest log end in the ISR) follows, and acks=all produces waiting
+    for it are answered. Every `isr_check_interval` the lagging followers are found and a smaller
+    ISR is proposed to the controller (Metadata.AlterIsr); a follower that caught up is proposed
+    back. The leader acts on a new ISR only once the controller answered it (its answer is the
+    accepted state), never on its own proposal;
+  - follower: produce and consumer fetches answer "not leader" naming the leader; the partition
+    is handed to the fetcher of its leader (fetcher.py), which first truncates the log to the
+    leader's history (OffsetForLeaderEpoch, truncation.py) and then copies the leader's batches.
+
+A partition without a state (an unreplicated topic, CreatePartitions with empty `states`) has no
+entry here: every path checks `get()` (one dict lookup) and then behaves exactly as before.
+
+Everything runs on the broker's event loop; the tasks (the ISR check, the fetchers, AlterIsr
+calls) are owned here and stopped by `stop()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+
+from dmq.broker.log import LogError, PartitionLog, UnknownPartitionError
+from dmq.broker.replication.checkpoint import load_epochs, save_epochs
+from dmq.broker.replication.epochs import LeaderEpochCache
+from dmq.broker.replication.isr import PartitionReplicas
+from dmq.proto import dmq_pb2 as pb
+
+if TYPE_CHECKING:
+    from dmq.broker.node import BrokerNode
+    from dmq.broker.replication.fetcher import LeaderFetcher
+
+log = structlog.get_logger(__name__)
+
+REPLICA_LAG_TIME_MAX_MS_DEFAULT = 10_000
+# An acks=all produce waits at most this long for the in-sync set (less when its deadline is
+# nearer), then fails retriable: the client retries, an idempotent producer without duplicates.
+REPLICA_ACK_TIMEOUT_MS_DEFAULT = 15_000
+ALTER_ISR_TIMEOUT_S = 5.0
+
+
+def min_insync_for(config: pb.TopicConfig, replicas: int) -> int:
+    """The topic's min_insync_replicas, or the contract's default (2 when RF >= 3, else 1)."""
+    if config.HasField("min_insync_replicas"):
+        return config.min_insync_replicas
+    rf = config.replication_factor if config.HasField("replication_factor") else replicas
+    return 2 if rf >= 3 else 1
+
+
+class NotLeaderForPartition(Exception):
+    """This broker does not lead the partition (any more); the message names the leader."""
+
+
+@dataclass(eq=False)
+class Replica:
+    """This broker's replica of one partition that has a PartitionState."""
+
+    topic: str
+    partition: int
+    plog: PartitionLog
+    cache: LeaderEpochCache
+    state: pb.PartitionState
+    min_insync: int = 1
+    leading: PartitionReplicas | None = None
+    high_watermark: int = 0  # a follower: the leader's (capped at its own log end)
+    needs_truncation: bool = False
+    fetcher: LeaderFetcher | None = None
+    alter_pending: bool = False
+    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.topic, self.partition
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.state.leader_epoch
+
+    def not_leader_message(self, broker_id: int) -> str:
+        where = f"{self.topic}[{self.partition}]"
+        if self.state.leader_id < 0:
+            return f"broker {broker_id} does not lead {where}; it has no leader now (its in-sync replicas are down)"
+        return f"broker {broker_id} does not lead {where}; the leader is {self.state.leader_address}"
+
+
+class ReplicaManager:
+    def __init__(
+        self,
+        node: BrokerNode,
+        *,
+        replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT,
+        replica_ack_timeout_ms: int = REPLICA_ACK_TIMEOUT_MS_DEFAULT,
+    ) -> None:
+        if replica_lag_time_max_ms <= 0:
+            raise ValueError(f"replica_lag_time_max_ms must be > 0, got {replica_lag_time_max_ms}")
+        if replica_ack_timeout_ms <= 0:
+            raise ValueError(f"replica_ack_timeout_ms must be > 0, got {replica_ack_timeout_ms}")
+        self._node = node
+        self.lag_time_max_ms = replica_lag_time_max_ms
+        self.ack_timeout_ms = replica_ack_timeout_ms
+        self._replicas: dict[tuple[str, int], Replica] = {}
+        self._fetchers: dict[tuple[int, str], LeaderFetcher] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._checker: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        led = sum(1 for r in self._replicas.values() if r.leading is not None)
+        return f"<ReplicaManager partitions={len(self._replicas)} led={led} fetchers={len(self._fetchers)}>"
+
+    @property
+    def broker_id(self) -> int:
+        return self._node.broker_id
+
+    def get(self, topic: str, partition: int) -> Replica | None:
+        return self._replicas.get((topic, partition))
+
+    def replicas(self) -> Iterable[Replica]:
+        return self._replicas.values()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._checker is None and not self._stopped:
+            self._checker = asyncio.create_task(self._isr_check_loop(), name=f"broker-{self.broker_id}-isr-check")
+
+    async def stop(self) -> None:
+        """Stop the fetchers, the ISR check and AlterIsr calls; fail the waiting produces."""
+        self._stopped = True
+        fetchers = list(self._fetchers.values())
+        self._fetchers.clear()
+        for f in fetchers:
+            await f.stop()
+        tasks = [t for t in (self._checker, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        for r in self._replicas.values():
+            self._fail_waiters(r, f"broker {self.broker_id} is shutting down")
+
+    # -- states from the controller --------------------------------------------------------------
+
+    def configure(self, request: pb.CreatePartitionsRequest) -> list[pb.PartitionStateError]:
+        """CreatePartitions: the states of its partitions (empty: unreplicated, nothing to do);
+        also the topic's min_insync_replicas for the replicas known already."""
+        for r in self._replicas.values():
+            if r.topic == request.topic:
+                r.min_insync = min_insync_for(request.config, len(r.state.replicas))
+        return self.apply(request.states, request.config)
+
+    def apply(
+        self, states: Iterable[pb.PartitionState], config: pb.TopicConfig | None = None
+    ) -> list[pb.PartitionStateError]:
+        errors = []
+        for state in states:
+            key = (state.topic, state.partition)
+            r = self._replicas.get(key)
+            if r is not None and state.partition_epoch <= r.state.partition_epoch:
+                continue  # not newer than what this broker acts on
+            try:
+                if r is None:
+                    r = self._new_replica(state, config)
+                self._apply(r, state)
+            except UnknownPartitionError:
+                errors.append(pb.PartitionStateError(
+                    topic=state.topic, partition=state.partition, error=pb.UNKNOWN_TOPIC_OR_PARTITION,
+                    error_message=f"broker {self.broker_id} holds no replica of {state.topic}[{state.partition}]"))
+            except LogError as e:
+                log.error("partition state not applied", topic=state.topic, partition=state.partition, error=str(e))
+                errors.append(pb.PartitionStateError(
+                    topic=state.topic, partition=state.partition, error=pb.STORAGE_ERROR,
+                    error_message=f"broker {self.broker_id}: {e}"))
+        return errors
+
+    def _new_replica(self, state: pb.PartitionState, config: pb.TopicConfig | None) -> Replica:
+        plog = self._node.logs.get(state.topic, state.partition)
+        same_topic = next((r for r in self._replicas.values() if r.topic == state.topic), None)
+        if config is not None:
+            min_insync = min_insync_for(config, len(state.replicas))
+        elif same_topic is not None:
+            min_insync = same_topic.min_insync
+        else:
+            min_insync = min_insync_for(pb.TopicConfig(), len(state.replicas))
+        # partition_epoch -1: any state the controller sends is newer
+        r = Replica(state.topic, state.partition, plog, load_epochs(plog), pb.PartitionState(partition_epoch=-1),
+                    min_insync=min_insync)
+        self._replicas[r.key] = r
+        return r
+
+    def _apply(self, r: Replica, state: pb.PartitionState) -> None:
+        old = r.state
+        r.state = state
+        me = self.broker_id
+        if state.leader_id == me:
+            if r.leading is not None and old.leader_epoch == state.leader_epoch and (
+                list(old.replicas) == list(state.replicas)
+            ):
+                if r.leading.set_isr(m for m in state.isr if m in r.leading.replicas):
+                    self._hw_moved(r)
+                return
+            self._stop_following(r)
+            self._become_leader(r, state)
+            return
+        self._stop_leading(r)
+        if state.leader_id < 0 or me not in state.replicas:
+            self._stop_following(r)
+            log.info("partition has no leader to follow", topic=r.topic, partition=r.partition,
+                     leader=state.leader_id, epoch=state.leader_epoch)
+            return
+        if r.fetcher is not None and (old.leader_id, old.leader_epoch, old.leader_address) == (
+            state.leader_id, state.leader_epoch, state.leader_address
+        ):
+            return  # an ISR change: the follower goes on as it was
+        self._stop_following(r)
+        r.needs_truncation = True
+        fetcher = self._fetcher_for(state.leader_id, state.leader_address)
+        fetcher.add(r)
+        log.info("following", topic=r.topic, partition=r.partition, leader=state.leader_id,
+                 leader_address=state.leader_address, epoch=state.leader_epoch)
+
+    def _become_leader(self, r: Replica, state: pb.PartitionState) -> None:
+        leo = r.plog.log_end_offset
+        if r.cache.assign(state.leader_epoch, leo):
+            save_epochs(r.plog, r.cache)
+        leading = PartitionReplicas(
+            self.broker_id, state.replicas, (m for m in state.isr if m in state.replicas),
+            log_end_offset=leo, high_watermark=r.high_watermark, epoch_start_offset=leo, now_ms=_now_ms(),
+        )
+        leading.on_append(leo)  # an ISR of the leader alone: the high watermark is its log end
+        r.leading = leading
+        r.high_watermark = leading.high_watermark
+        r.alter_pending = False
+        log.info("leading", topic=r.topic, partition=r.partition, epoch=state.leader_epoch,
+                 isr=sorted(leading.isr), log_end_offset=leo, high_watermark=leading.high_watermark)
+        self._node.service.notifier.notify(r.topic, r.partition)
+
+    def _stop_leading(self, r: Replica) -> None:
+        if r.leading is not None:
+            r.high_watermark = r.leading.high_watermark
+            r.leading = None
+            self._fail_waiters(r, r.not_leader_message(self.broker_id))
+
+    def _stop_following(self, r: Replica) -> None:
+        fetcher, r.fetcher = r.fetcher, None
+        if fetcher is not None:
+            fetcher.remove(r)
+            if fetcher.empty:
+                self._fetchers.pop(fetcher.key, None)
+                self._spawn(fetcher.stop(), f"stop fetcher {fetcher.key}")
+
+    def _fetcher_for(self, leader_id: int, address: str) -> LeaderFetcher:
+        from dmq.broker.replication.fetcher import LeaderFetcher
+
+        key = (leader_id, address)
+        fetcher = self._fetchers.get(key)
+        if fetcher is None:
+            fetcher = self._fetchers[key] = LeaderFetcher(self, self._node, leader_id, address)
+            fetcher.start()
+        return fetcher
+
+    def forget(self, topic: str, partitions: set[int] | None) -> None:
+        """DeletePartitions: the replicas go (their logs are deleted by the caller)."""
+        for key in [k for k in self._replicas if k[0] == topic and (partitions is None or k[1] in partitions)]:
+            r = self._replicas.pop(key)
+            self._stop_leading(r)
+            self._stop_following(r)
+
+    def after_retention(self) -> None:
+        """Retention moved log starts: the epoch caches drop what lies before them (Kafka's
+        truncateFromStart), so they stay as small as the logs' history."""
+        for r in self._replicas.values():
+            entries = r.cache.entries
+            start = r.plog.log_start_offset
+            if entries and entries[0].start_offset < start:
+                r.cache.truncate_from_start(start)
+                try:
+                    save_epochs(r.plog, r.cache)
+                except LogError as e:  # kept in memory; written with the next change
+                    log.warning("leader-epoch file not rewritten after retention", topic=r.topic,
+                                partition=r.partition, error=str(e))
+
+    # -- leader ------------------------------------------------------------------------------------
+
+    def sync_leader(self, r: Replica) -> None:
+        """Bring the leader's view up to its log end (appends by any path: produce, queue mode,
+        event store); a lone in-sync leader's high watermark moves with it."""
+        leading = r.leading
+        if leading is not None and r.plog.log_end_offset > leading.log_end_offset:
+            if leading.on_append(r.plog.log_end_offset):
+                self._hw_moved(r)
+
+    def high_watermark(self, r: Replica) -> int:
+        """What consumers may read (below this)."""
+        if r.leading is None:
+            return r.high_watermark
+        self.sync_leader(r)
+        return r.leading.high_watermark
+
+    def check_fetch_epoch(self, r: Replica, current_leader_epoch: int) -> pb.ErrorCode:
+        """A fetcher's view of the leader's epoch against this leader's (-1: not checked)."""
+        if current_leader_epoch < 0 or current_leader_epoch == r.leader_epoch:
+            return pb.NONE
+        return pb.FENCED_LEADER_EPOCH if current_leader_epoch < r.leader_epoch else pb.UNKNOWN_LEADER_EPOCH
+
+    def on_replica_fetch(self, r: Replica, replica_id: int, offset: int) -> None:
+        """A follower asked for `offset`: it holds everything below (durably, see fetcher.py).
+        Raises KeyError (not a follower of this partition) or ValueError (beyond the log end)."""
+        leading = r.leading
+        assert leading is not None
+        self.sync_leader(r)
+        expanded, moved = leading.on_fetch(replica_id, offset, _now_ms())
+        if moved:
+            self._hw_moved(r)
+        if expanded is not None and not r.alter_pending:
+            self._alter_isr(r, expanded, "follower caught up")
+
+    def _hw_moved(self, r: Replica) -> None:
+        assert r.leading is not None
+        hw = r.leading.high_watermark
+        r.high_watermark = hw
+        if r.waiters:
+            keep = []
+            for end, fut in r.waiters:
+                if end <= hw:
+                    if not fut.done():
+                        fut.set_result(None)
+                else:
+                    keep.append((end, fut))
+            r.waiters = keep
+        self._node.service.notifier.notify(r.topic, r.partition)
+
+    def _fail_waiters(self, r: Replica, message: str) -> None:
+        waiters, r.waiters = r.waiters, []
+        for _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(NotLeaderForPartition(message))
+
+    def enough_replicas(self, r: Replica) -> bool:
+        return r.leading is not None and r.leading.enough_replicas(r.min_insync)
+
+    async def wait_replicated(self, r: Replica, end_offset: int, timeout_s: float) -> bool | None:
+        """acks=all: wait until the high watermark reaches `end_offset`. True: acknowledged;
+        False: reached with fewer in-sync replicas than min_insync_replicas; None: not within
+        timeout_s. Raises NotLeaderForPartition when leadership moves meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            leading = r.leading
+            if leading is None:
+                raise NotLeaderForPartition(r.not_leader_message(self.broker_id))
+            self.sync_leader(r)
+            answer = leading.acknowledged(end_offset, r.min_insync)
+            if answer is not None:
+                return answer
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            r.waiters.append((end_offset, fut))
+            try:
+                await asyncio.wait_for(fut, left)
+            except TimeoutError:
+                return None
+            finally:
+                r.waiters = [(e, f) for e, f in r.waiters if f is not fut]
+
+    # -- the in-sync set ---------------------------------------------------------------------------
+
+    async def _isr_check_loop(self) -> None:
+        interval_s = min(max(self.lag_time_max_ms / 4, 10), 1000) / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            now = _now_ms()
+            for r in list(self._replicas.values()):
+                leading = r.leading
+                if leading is None or r.alter_pending:
+                    continue
+                self.sync_leader(r)
+                lagging = leading.lagging(now, self.lag_time_max_ms)
+                if lagging:
+                    self._alter_isr(r, leading.isr - lagging, f"followers {sorted(lagging)} lagging")
+
+    def _alter_isr(self, r: Replica, isr: set[int], why: str) -> None:
+        r.alter_pending = True
+        self._spawn(self._send_alter_isr(r, sorted(isr), why), f"alter isr {r.topic}[{r.partition}]")
+
+    async def _send_alter_isr(self, r: Replica, isr: list[int], why: str) -> None:
+        state = r.state
+        try:
+            stub = self._node.metadata_stub
+            if stub is None:
+                return
+            log.info("proposing in-sync set", topic=r.topic, partition=r.partition, isr=isr, reason=why,
+                     epoch=state.leader_epoch, partition_epoch=state.partition_epoch)
+            try:
+                answer = await stub.AlterIsr(
+                    pb.AlterIsrRequest(broker_id=self.broker_id, topic=r.topic, partition=r.partition,
+                                       leader_epoch=state.leader_epoch, partition_epoch=state.partition_epoch,
+                                       isr=isr),
+                    timeout=ALTER_ISR_TIMEOUT_S,
+                )
+            except grpc.aio.AioRpcError as e:
+                # Refused (stale epoch: the controller's push brings the news) or unreachable:
+                # the next check proposes again.
+                log.warning("in-sync set change not accepted", topic=r.topic, partition=r.partition, isr=isr,
+                            code=e.code().name, error=e.details())
+                return
+            if answer.HasField("state") and self._replicas.get(r.key) is r:
+                self.apply([answer.state])
+        finally:
+            r.alter_pending = False
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        if self._stopped:
+            coro.close()
+            return
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("replication task failed", task=what, error=repr(t.exception()))
+
+        task.add_done_callback(done)
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
