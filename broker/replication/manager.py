@@ -37,6 +37,7 @@ from dmq.broker.log import LogError, PartitionLog, UnknownPartitionError
 from dmq.broker.replication.checkpoint import load_epochs, save_epochs
 from dmq.broker.replication.epochs import LeaderEpochCache
 from dmq.broker.replication.isr import PartitionReplicas
+from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
 from dmq.proto import dmq_pb2 as pb
 
 if TYPE_CHECKING:
@@ -45,10 +46,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-REPLICA_LAG_TIME_MAX_MS_DEFAULT = 10_000
-# An acks=all produce waits at most this long for the in-sync set (less when its deadline is
-# nearer), then fails retriable: the client retries, an idempotent producer without duplicates.
-REPLICA_ACK_TIMEOUT_MS_DEFAULT = 15_000
 ALTER_ISR_TIMEOUT_S = 5.0
 
 

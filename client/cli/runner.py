@@ -47,6 +47,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dmq.broker.log import LogConfig
 from dmq.broker.node import BrokerNode
+from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
 from dmq.coordinator.metadata import DEFAULT_BROKER_SESSION_TIMEOUT_MS, PrincipalLimits
 from dmq.coordinator.node import CoordinatorNode
 from dmq.proto import dmq_pb2 as pb
@@ -549,6 +550,9 @@ async def run_broker_only(
     log_config: LogConfig | None = None,
     security: ServerSecurity | None = None,
     quotas: QuotaSettings | None = None,
+    rack: str = "",
+    replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT,
+    replica_ack_timeout_ms: int = REPLICA_ACK_TIMEOUT_MS_DEFAULT,
 ) -> None:
     check_bind_security(host, security)
     _keep_large_buffers()
@@ -564,6 +568,9 @@ async def run_broker_only(
         log_config=log_config,
         acls=acls,
         client_security=security.cluster_client() if security is not None else None,
+        rack=rack,
+        replica_lag_time_max_ms=replica_lag_time_max_ms,
+        replica_ack_timeout_ms=replica_ack_timeout_ms,
     )
     node.add_to_server(server)
     server_health = ServerHealth(server)

@@ -11,6 +11,7 @@ import time
 
 import click
 
+from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
 from dmq.client.cli.logging_setup import configure_logging
 
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"])
@@ -423,9 +424,17 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
               help="Where this broker's logs and committed offsets live.")
 @click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
               help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
+@click.option("--rack", default="", help="Rack / zone label: a partition's replicas are spread over racks.")
+@click.option("--replica-lag-time-max-ms", type=click.IntRange(1), default=REPLICA_LAG_TIME_MAX_MS_DEFAULT,
+              show_default=True,
+              help="A follower not caught up with its leader for this long leaves the in-sync set.")
+@click.option("--replica-ack-timeout-ms", type=click.IntRange(1), default=REPLICA_ACK_TIMEOUT_MS_DEFAULT,
+              show_default=True,
+              help="An acks=all produce waits at most this long for the in-sync replicas (then fails, retriable).")
 @_storage_options
 @_security_options
 def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir: pathlib.Path, log_level: str,
+               rack: str, replica_lag_time_max_ms: int, replica_ack_timeout_ms: int,
                flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int,
                **security_options) -> None:
     """Run one storage broker that registers with --coordinator."""
@@ -441,7 +450,8 @@ def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir:
             data_dir, host, port, broker_id, coordinator,
             lambda addr: click.echo(f"broker {broker_id} listening on {addr}", err=True),
             log_config=_log_config(flush, flush_interval_ms, segment_bytes, retention_ms, retention_bytes),
-            security=security, quotas=quotas,
+            security=security, quotas=quotas, rack=rack,
+            replica_lag_time_max_ms=replica_lag_time_max_ms, replica_ack_timeout_ms=replica_ack_timeout_ms,
         ))
     except (OSError, ValueError) as e:  # a busy port; security settings refused (SecurityConfigError)
         raise click.ClickException(str(e)) from None
