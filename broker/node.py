@@ -37,11 +37,8 @@ from dmq.broker.events.registry import EventStores
 from dmq.broker.log import LogConfig, LogManager
 from dmq.broker.offsets import OffsetStore
 from dmq.broker.queue.manager import QueueManager
-from dmq.broker.replication.manager import (
-    REPLICA_ACK_TIMEOUT_MS_DEFAULT,
-    REPLICA_LAG_TIME_MAX_MS_DEFAULT,
-    ReplicaManager,
-)
+from dmq.broker.replication.manager import ReplicaManager
+from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
 from dmq.broker.service import BrokerService
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc

@@ -92,6 +92,11 @@ class ProcCluster:
         )
 
     def start_broker(self, i: int) -> None:
+        old = self.brokers.get(i)
+        if old is not None:  # a restart: reap the previous process (killed or stopped by the test)
+            if old.poll() is None:
+                old.kill()
+            old.wait(10)
         proc, address = self._spawn(
             f"broker{i}",
             ["broker", "--coordinator", self.bootstrap, "--broker-id", str(i), "--data-dir", str(self.root / f"b{i}"),

@@ -32,7 +32,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
 
-from ._isolation_procs import ProcCluster
+from _isolation_procs import ProcCluster
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "e2e"))
 from _procs import ConsumerProc, Proc  # noqa: E402
