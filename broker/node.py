@@ -37,7 +37,7 @@ from dmq.broker.events.registry import EventStores
 from dmq.broker.log import LogConfig, LogManager
 from dmq.broker.offsets import OffsetStore
 from dmq.broker.queue.manager import QueueManager
-from dmq.broker.replication.manager import ReplicaManager
+from dmq.broker.replication.manager import ReplicaManager, ReplicatedDurability
 from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
 from dmq.broker.service import BrokerService
 from dmq.proto import dmq_pb2 as pb
@@ -116,6 +116,8 @@ class BrokerNode:
         # the leaders' in-sync sets (broker/replication)
         self.replication = ReplicaManager(self, replica_lag_time_max_ms=replica_lag_time_max_ms,
                                           replica_ack_timeout_ms=replica_ack_timeout_ms)
+        # commits on a replicated partition wait for its in-sync replicas, as acks=all produces
+        self.offsets.durability = ReplicatedDurability(self.replication)
         self.dir_lock = DataDirLock(self.data_dir)
         self._opening: asyncio.Future[None] | None = None
         self.service = BrokerService(self)

@@ -42,11 +42,13 @@ import contextlib
 import hashlib
 import os
 import pathlib
+import re
 import sqlite3
 import struct
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import structlog
 
@@ -68,7 +70,16 @@ _VALUE = struct.Struct("<qq")
 _READ_BYTES = 1024 * 1024
 
 Key = tuple[str, int]  # (topic, partition) of the data
-Durable = Callable[[PartitionLog, AppendInfo, int], Awaitable[None]]
+
+
+class Durability(Protocol):
+    """When a commit counts as stored: checked before the append, awaited after it."""
+
+    def check(self, plog: PartitionLog) -> None:
+        """Raise to refuse a write before anything is appended (not the leader, too few replicas)."""
+
+    async def wait(self, plog: PartitionLog, info: AppendInfo, epoch: int) -> None:
+        """Return once the batch is durable; raise when it is not (the caller answers an error)."""
 
 
 def offsets_log_topic(topic: str) -> str:
@@ -85,10 +96,26 @@ def is_offsets_log(log_topic: str) -> bool:
     return log_topic.startswith(INTERNAL_PREFIX)
 
 
-async def wait_fsynced(plog: PartitionLog, info: AppendInfo, epoch: int) -> None:
-    """Durable on this broker: the default `durable` hook (one replica)."""
-    if plog.config.flush_policy == "fsync":
-        await plog.wait_durable(info.last_offset + 1, epoch=epoch)
+_OFFSETS_LOG_NAME = re.compile(re.escape(INTERNAL_PREFIX) + r"[a-zA-Z0-9._~-]+")
+
+
+def check_offsets_log_name(name: str) -> str | None:
+    """Why `name` cannot be an internal offsets log's (a replica's fetch names them), None if it can."""
+    if len(name) > TOPIC_NAME_MAX_BYTES or not _OFFSETS_LOG_NAME.fullmatch(name):
+        return (f"an internal offsets log name is {INTERNAL_PREFIX!r} and a topic name (or its hashed "
+                f"form), at most {TOPIC_NAME_MAX_BYTES} bytes")
+    return None
+
+
+class LocalDurability:
+    """Durable on this broker: fsynced (flush_policy "fsync"). Unreplicated partitions."""
+
+    def check(self, plog: PartitionLog) -> None:
+        pass
+
+    async def wait(self, plog: PartitionLog, info: AppendInfo, epoch: int) -> None:
+        if plog.config.flush_policy == "fsync":
+            await plog.wait_durable(info.last_offset + 1, epoch=epoch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +149,13 @@ class _Partition:
 class OffsetStore:
     """Committed offsets keyed by (group, topic, partition), durable in internal logs."""
 
-    def __init__(self, logs: LogManager, data_dir: pathlib.Path, *, durable: Durable = wait_fsynced) -> None:
+    def __init__(self, logs: LogManager, data_dir: pathlib.Path, *, durability: Durability | None = None) -> None:
         self._logs = logs
         self._data_dir = data_dir
-        self._durable = durable
+        self.durability: Durability = durability or LocalDurability()
         self._parts: dict[Key, _Partition] = {}
+        self._data_topics: dict[str, str] = {}  # internal log name -> data topic (names may be hashed)
+        self._reload_listeners: list[Callable[[str, int], None]] = []
         self._tasks: set[asyncio.Task[None]] = set()  # compactions: owned here, awaited by close()
         self._closed = False
 
@@ -141,6 +170,7 @@ class OffsetStore:
         internal = set(present)
         for topic, partition in present:
             if not is_offsets_log(topic) and (offsets_log_topic(topic), partition) in internal:
+                self._data_topics[offsets_log_topic(topic)] = topic
                 await asyncio.to_thread(self._replay, topic, partition)
         legacy = self._data_dir / LEGACY_FILE
         if legacy.exists():
@@ -151,9 +181,20 @@ class OffsetStore:
         if self._tasks:
             await asyncio.wait(list(self._tasks))
 
-    def reload(self, topic: str, partition: int) -> None:
-        """Replay one partition's commits from its log (a replica that became leader)."""
+    def add_reload_listener(self, callback: Callable[[str, int], None]) -> None:
+        """callback(topic, partition) after a partition's commits were replayed (views kept beside
+        this one, as queue mode's, rebuild theirs)."""
+        self._reload_listeners.append(callback)
+
+    def reload_log(self, log_topic: str, partition: int) -> None:
+        """This replica now leads the internal log: replay it (as a follower it only copied
+        records; the view is built where it is served)."""
+        topic = self._data_topics.get(log_topic)
+        if topic is None:
+            return
         self._replay(topic, partition)
+        for callback in self._reload_listeners:
+            callback(topic, partition)
 
     def _replay(self, topic: str, partition: int) -> None:
         try:
@@ -212,11 +253,14 @@ class OffsetStore:
             retention_bytes=-1,
             dedup_window_ms=0,
         )
+        self._data_topics[offsets_log_topic(topic)] = topic
         plog = self._logs.create(offsets_log_topic(topic), partition, config)
         self._parts.setdefault((topic, partition), _Partition({}, {}))
         return plog
 
-    def _log_for(self, topic: str, partition: int) -> PartitionLog:
+    def log_for(self, topic: str, partition: int) -> PartitionLog:
+        """The internal log of a data partition held here (created if it predates them)."""
+        self._data_topics[offsets_log_topic(topic)] = topic
         try:
             return self._logs.get(offsets_log_topic(topic), partition)
         except UnknownPartitionError:
@@ -227,7 +271,8 @@ class OffsetStore:
         """Append entries for one partition, wait until durable, then serve them."""
         if self._closed:
             raise RuntimeError("offset store is closed")
-        plog = self._log_for(topic, partition)
+        plog = self.log_for(topic, partition)
+        self.durability.check(plog)
         part = self._parts.setdefault((topic, partition), _Partition({}, {}))
         batch = records.encode(
             [b"" if c is None else _encode_value(c) for _, c in entries],
@@ -238,7 +283,7 @@ class OffsetStore:
             part.appended[group] = c
         part.since_snapshot += len(entries)
         try:
-            await self._durable(plog, info, epoch)
+            await self.durability.wait(plog, info, epoch)
         except BaseException:
             # a rollback may have removed the batch (or later ones): the log is the truth
             self._replay(topic, partition)
@@ -263,7 +308,7 @@ class OffsetStore:
 
     async def _compact(self, topic: str, partition: int, part: _Partition) -> None:
         try:
-            plog = self._log_for(topic, partition)
+            plog = self.log_for(topic, partition)
             plog.roll()
             start = plog.log_end_offset
             live = [(g, c) for g, c in part.appended.items() if c is not None]
@@ -275,7 +320,7 @@ class OffsetStore:
                 batch = records.encode([_encode_value(c) for _, c in chunk], keys=[g.encode("utf-8") for g, _ in chunk])
                 last = plog.append_held(batch)
             if last is not None:
-                await self._durable(plog, *last)
+                await self.durability.wait(plog, *last)
             # tombstones the snapshot made unnecessary (a newer one still guards its group)
             part.served = {g: v for g, v in part.served.items() if v[0] is not None or v[1] >= start}
             part.since_snapshot = len(live)

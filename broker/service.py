@@ -47,7 +47,8 @@ from dmq.broker.events.service import EventStoreRpcs
 from dmq.broker.log.errors import DISK_FULL_ERRNOS
 from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
 from dmq.broker.queue.service import QueueRpcs
-from dmq.broker.replication.manager import NotLeaderForPartition, Replica
+from dmq.broker.offsets import check_offsets_log_name, is_offsets_log
+from dmq.broker.replication.manager import NotEnoughReplicas, NotLeaderForPartition, Replica
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits, names, records
@@ -105,6 +106,11 @@ def _storage_status(e: BaseException, broker_id: int) -> RpcAbort | None:
         )
     if isinstance(e, CorruptLogError):
         return RpcAbort(grpc.StatusCode.DATA_LOSS, f"broker {broker_id}: {e}", error_details.CORRUPT_DATA)
+    # a write to a replicated internal log (committed offsets, queue progress): as a produce's
+    if isinstance(e, NotLeaderForPartition):
+        return RpcAbort(grpc.StatusCode.UNAVAILABLE, f"{e}; nothing acknowledged, retry")
+    if isinstance(e, NotEnoughReplicas):
+        return RpcAbort(grpc.StatusCode.UNAVAILABLE, f"broker {broker_id}: {e}", error_details.NOT_ENOUGH_REPLICAS)
     if isinstance(e, LogClosedError):
         return RpcAbort(grpc.StatusCode.UNAVAILABLE, f"broker {broker_id} is shutting down: {e}; retry")
     if isinstance(e, StorageUnavailableError | OSError):
@@ -164,6 +170,17 @@ def _check_topic_partitions(topic: str, partitions: Sequence[int]) -> None:
 
 def _check_topic(topic: str, field: str = "topic") -> None:
     _checked(names.check_topic_name, topic, field)
+
+
+def _check_log_name(topic: str, field: str, *, internal: bool) -> None:
+    """A topic name, or with `internal` (replica fetches, cluster-only calls) also the name of a
+    partition's internal offsets log (dmq.broker.offsets), which replicas copy like the data."""
+    if internal and is_offsets_log(topic):
+        why = check_offsets_log_name(topic)
+        if why is not None:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {why}")
+        return
+    _check_topic(topic, field)
 
 
 def _check_partition(partition: int, field: str = "partition") -> None:
@@ -475,8 +492,9 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
             _fail(grpc.StatusCode.INVALID_ARGUMENT, f"min_bytes must be >= 0, got {request.min_bytes}")
         if request.HasField("replica_id") and request.replica_id < 0:
             _fail(grpc.StatusCode.INVALID_ARGUMENT, f"replica_id must be a broker id (>= 0), got {request.replica_id}")
+        replica = request.HasField("replica_id")
         for i, p in enumerate(request.partitions):
-            _check_topic(p.topic, f"partitions[{i}].topic")
+            _check_log_name(p.topic, f"partitions[{i}].topic", internal=replica)
             _check_partition(p.partition, f"partitions[{i}].partition")
             if p.offset < 0:
                 _fail(grpc.StatusCode.INVALID_ARGUMENT, f"partitions[{i}].offset must be >= 0, got {p.offset}")
@@ -855,7 +873,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
             _fail(grpc.StatusCode.UNAVAILABLE, f"broker {node.broker_id} is starting; retry")
         out = []
         for i, q in enumerate(request.queries):
-            _check_topic(q.topic, f"queries[{i}].topic")
+            _check_log_name(q.topic, f"queries[{i}].topic", internal=True)
             _check_partition(q.partition, f"queries[{i}].partition")
             answer = pb.EpochEndOffset(topic=q.topic, partition=q.partition, leader_epoch=-1, end_offset=-1)
             replica = node.replication.get(q.topic, q.partition)

@@ -1019,6 +1019,25 @@ class PartitionLog:
         self._log.warning("log truncated to the leader's history", offset=offset, offsets_dropped=dropped)
         return dropped
 
+    def restart_at(self, offset: int) -> None:
+        """Start the log afresh at `offset`, beyond its end: a replica whose leader's log start
+        (retention, compaction) passed this replica's log end copies on from there. An empty
+        segment at `offset` is made first, then every older one goes (the checkpoint, with the new
+        log start, fsynced before files are deleted), so a crash between leaves only whole segments."""
+        with self._lock:
+            self._check_writable()
+            if offset <= self.log_end_offset:
+                raise ValueError(f"restart_at({offset}): not beyond the log end {self.log_end_offset}")
+            self._before_change()
+            self._held.clear()
+            try:
+                self._roll(offset)
+            except OSError as e:
+                raise StorageUnavailableError.from_os_error(self._where, "restart (new segment)", e) from e
+            self.log_end_offset = self.durable_end_offset = offset
+            self._delete_leading_segments(len(self._segments) - 1, "the leader's log starts later")
+        self._log.warning("log restarted at its leader's log start", offset=offset)
+
     def _check_epoch(self, epoch: int, end_offset: int) -> None:
         """Raise if a rollback since `epoch` cut the log below end_offset."""
         if epoch == self._rollback_epoch:

@@ -37,6 +37,14 @@ class Progress:
 
 
 class ProgressStore(Protocol):
+    def _reload(self, topic: str, partition: int) -> None:
+        """The partition's commits were replayed (this broker became its leader): so is its index."""
+        groups: dict[str, Progress] = {}
+        for (group_id, t, p), committed in self._offsets.items():
+            if (t, p) == (topic, partition) and group_id.startswith(QUEUE_GROUP_PREFIX):
+                groups[group_id[len(QUEUE_GROUP_PREFIX):]] = _decode(committed.offset, committed.metadata)
+        self._by_partition[(topic, partition)] = groups
+
     def get(self, topic: str, partition: int, group: str) -> Progress | None: ...
 
     def groups(self, topic: str, partition: int) -> dict[str, Progress]: ...
@@ -68,6 +76,7 @@ class OffsetProgressStore:
     def __init__(self, offsets: OffsetStore) -> None:
         self._offsets = offsets
         self._by_partition: dict[tuple[str, int], dict[str, Progress]] = {}
+        offsets.add_reload_listener(self._reload)
 
     def __repr__(self) -> str:
         return f"<OffsetProgressStore partitions={len(self._by_partition)}>"
@@ -81,6 +90,14 @@ class OffsetProgressStore:
                 self._by_partition.setdefault((topic, partition), {})[group] = _decode(
                     committed.offset, committed.metadata
                 )
+
+    def _reload(self, topic: str, partition: int) -> None:
+        """The partition's commits were replayed (this broker became its leader): so is its index."""
+        groups: dict[str, Progress] = {}
+        for (group_id, t, p), committed in self._offsets.items():
+            if (t, p) == (topic, partition) and group_id.startswith(QUEUE_GROUP_PREFIX):
+                groups[group_id[len(QUEUE_GROUP_PREFIX):]] = _decode(committed.offset, committed.metadata)
+        self._by_partition[(topic, partition)] = groups
 
     def get(self, topic: str, partition: int, group: str) -> Progress | None:
         groups = self._by_partition.get((topic, partition))

@@ -30,6 +30,7 @@ import grpc
 import structlog
 
 from dmq.broker.log import InvalidBatchError, LogError
+from dmq.broker.offsets import is_offsets_log
 from dmq.broker.replication.checkpoint import save_epochs
 from dmq.broker.replication.epochs import UNDEFINED_EPOCH
 from dmq.broker.replication.truncation import truncation_offset
@@ -278,12 +279,20 @@ class LeaderFetcher:
         if result.error == pb.OFFSET_OUT_OF_RANGE:
             if plog.log_end_offset > result.log_end_offset:
                 r.needs_truncation = True  # ahead of the leader: not its history
-            else:
-                # below the leader's log start (its retention ran past this replica): a replica
-                # cannot restart its log at the leader's start yet, so it stays out of the ISR
-                log.warning("replica is below its leader's log start; it cannot catch up", topic=r.topic,
+            elif result.log_start_offset > plog.log_end_offset:
+                # below the leader's log start (its retention or compaction ran past this
+                # replica): nothing before it can be copied any more, so the log starts there
+                log.warning("replica is below its leader's log start; restarting the log there", topic=r.topic,
                             partition=r.partition, leader=self.leader_id, log_end_offset=plog.log_end_offset,
-                            error=result.error_message)
+                            leader_log_start_offset=result.log_start_offset)
+                try:
+                    plog.restart_at(result.log_start_offset)
+                except LogError as e:
+                    self._back_off(r, f"restart of the log failed: {e}")
+                    return False
+                r.cache.truncate_from_start(result.log_start_offset)
+                save_epochs(plog, r.cache)
+            else:
                 self._back_off(r, result.error_message)
             return False
         if result.error != pb.NONE:
@@ -302,6 +311,12 @@ class LeaderFetcher:
                             topic=r.topic, partition=r.partition, error=str(e))
                 r.needs_truncation = True
                 return False
+        if is_offsets_log(r.topic) and result.log_start_offset > plog.log_start_offset:
+            # the leader compacted its offsets log (dmq.broker.offsets): the older segments here go too
+            try:
+                plog.delete_segments_before(result.log_start_offset)
+            except LogError as e:
+                log.warning("old offsets segments not deleted", topic=r.topic, partition=r.partition, error=str(e))
         end = plog.log_end_offset
         changed = False
         for start in result.epochs:

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 
-from dmq.broker.log import LogError, PartitionLog, UnknownPartitionError
+from dmq.broker.log import AppendInfo, LogError, PartitionLog, UnknownPartitionError
+from dmq.broker.offsets import LocalDurability, OffsetStore, is_offsets_log, offsets_log_topic
 from dmq.broker.replication.checkpoint import load_epochs, save_epochs
 from dmq.broker.replication.epochs import LeaderEpochCache
 from dmq.broker.replication.isr import PartitionReplicas
@@ -59,6 +60,11 @@ def min_insync_for(config: pb.TopicConfig, replicas: int) -> int:
 
 class NotLeaderForPartition(Exception):
     """This broker does not lead the partition (any more); the message names the leader."""
+
+
+class NotEnoughReplicas(Exception):
+    """Fewer in-sync replicas than min_insync_replicas (before the write, or when it reached them),
+    or they did not all get it in time; retriable."""
 
 
 @dataclass(eq=False)
@@ -163,7 +169,7 @@ class ReplicaManager:
         self, states: Iterable[pb.PartitionState], config: pb.TopicConfig | None = None
     ) -> list[pb.PartitionStateError]:
         errors = []
-        for state in states:
+        for state in _with_offsets_logs(states, self._node.offsets):
             key = (state.topic, state.partition)
             r = self._replicas.get(key)
             if r is not None and state.partition_epoch <= r.state.partition_epoch:
@@ -229,6 +235,10 @@ class ReplicaManager:
         log.info("following", topic=r.topic, partition=r.partition, leader=state.leader_id,
                  leader_address=state.leader_address, epoch=state.leader_epoch)
 
+    def offsets_replica(self, r: Replica) -> Replica | None:
+        """The replica of a data partition's internal offsets log (dmq.broker.offsets)."""
+        return self._replicas.get((offsets_log_topic(r.topic), r.partition))
+
     def _become_leader(self, r: Replica, state: pb.PartitionState) -> None:
         leo = r.plog.log_end_offset
         if r.cache.assign(state.leader_epoch, leo):
@@ -243,6 +253,8 @@ class ReplicaManager:
         r.alter_pending = False
         log.info("leading", topic=r.topic, partition=r.partition, epoch=state.leader_epoch,
                  isr=sorted(leading.isr), log_end_offset=leo, high_watermark=leading.high_watermark)
+        if is_offsets_log(r.topic):
+            self._node.offsets.reload_log(r.topic, r.partition)  # serve the commits it copied
         self._node.service.notifier.notify(r.topic, r.partition)
 
     def _stop_leading(self, r: Replica) -> None:
@@ -322,8 +334,23 @@ class ReplicaManager:
         expanded, moved = leading.on_fetch(replica_id, offset, _now_ms())
         if moved:
             self._hw_moved(r)
+        if expanded is not None and not self._offsets_caught_up(r, replica_id):
+            expanded = None
         if expanded is not None and not r.alter_pending:
             self._alter_isr(r, expanded, "follower caught up")
+
+    def _offsets_caught_up(self, r: Replica, replica_id: int) -> bool:
+        """The in-sync set is the data partition's and covers its internal offsets log too: an
+        internal log never proposes a change of its own, and a follower rejoins only once it also
+        holds the offsets log up to its high watermark (else a leader elected from the set could
+        lack an acknowledged commit)."""
+        if is_offsets_log(r.topic):
+            return False
+        companion = self.offsets_replica(r)
+        if companion is None or companion.leading is None:
+            return True
+        follower = companion.leading.followers.get(replica_id)
+        return follower is not None and follower.log_end_offset >= companion.leading.high_watermark
 
     def _hw_moved(self, r: Replica) -> None:
         assert r.leading is not None
@@ -338,6 +365,9 @@ class ReplicaManager:
                 else:
                     keep.append((end, fut))
             r.waiters = keep
+        self._node.service.notifier.notify(r.topic, r.partition)
+
+    def notify(self, r: Replica) -> None:
         self._node.service.notifier.notify(r.topic, r.partition)
 
     def _fail_waiters(self, r: Replica, message: str) -> None:
@@ -383,8 +413,8 @@ class ReplicaManager:
             now = _now_ms()
             for r in list(self._replicas.values()):
                 leading = r.leading
-                if leading is None or r.alter_pending:
-                    continue
+                if leading is None or r.alter_pending or is_offsets_log(r.topic):
+                    continue  # an offsets log's in-sync set is its data partition's
                 self.sync_leader(r)
                 lagging = leading.lagging(now, self.lag_time_max_ms)
                 if lagging:
@@ -433,6 +463,60 @@ class ReplicaManager:
                 log.error("replication task failed", task=what, error=repr(t.exception()))
 
         task.add_done_callback(done)
+
+
+def _with_offsets_logs(states: Iterable[pb.PartitionState], offsets: OffsetStore) -> list[pb.PartitionState]:
+    """Each data partition's state, followed by the same state for its internal offsets log: the
+    two have one leader, one epoch and one in-sync set, and are replicated together."""
+    out = []
+    for state in states:
+        out.append(state)
+        if is_offsets_log(state.topic):
+            continue
+        try:
+            offsets.log_for(state.topic, state.partition)  # a topic from before the internal logs
+        except UnknownPartitionError:
+            continue  # no replica of the data here: the data's own state reports it
+        derived = pb.PartitionState()
+        derived.CopyFrom(state)
+        derived.topic = offsets_log_topic(state.topic)
+        out.append(derived)
+    return out
+
+
+class ReplicatedDurability:
+    """The offsets store's writes on a replicated partition (dmq.broker.offsets.Durability): only
+    the leader takes them, refused below min_insync_replicas, stored once every in-sync replica
+    has them (the internal log's high watermark), as an acks=all produce."""
+
+    def __init__(self, manager: ReplicaManager) -> None:
+        self._manager = manager
+        self._local = LocalDurability()
+
+    def check(self, plog: PartitionLog) -> None:
+        r = self._manager.get(plog.topic, plog.partition)
+        if r is None:
+            return
+        if r.leading is None:
+            raise NotLeaderForPartition(r.not_leader_message(self._manager.broker_id))
+        if not self._manager.enough_replicas(r):
+            isr = sorted(r.leading.isr)
+            raise NotEnoughReplicas(f"{r.topic}[{r.partition}]: {len(isr)} in-sync replicas {isr}, "
+                                    f"min_insync_replicas is {r.min_insync}; nothing stored, retry")
+
+    async def wait(self, plog: PartitionLog, info: AppendInfo, epoch: int) -> None:
+        manager = self._manager
+        r = manager.get(plog.topic, plog.partition)
+        if r is not None:
+            manager.sync_leader(r)
+            manager.notify(r)  # the followers' parked fetches take it while the leader fsyncs
+        await self._local.wait(plog, info, epoch)
+        if r is None:
+            return
+        answer = await manager.wait_replicated(r, info.last_offset + 1, manager.ack_timeout_ms / 1000)
+        if not answer:
+            raise NotEnoughReplicas(f"{r.topic}[{r.partition}]: the in-sync replicas did not all get the write "
+                                    f"(in time, or the set shrank below min_insync_replicas {r.min_insync}); retry")
 
 
 def _now_ms() -> int:

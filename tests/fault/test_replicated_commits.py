@@ -1,0 +1,85 @@
+"""Committed offsets live in a replicated internal log beside their partition (issue 15, item 6):
+after the leader is SIGKILLed, the new leader answers the group's last acknowledged commit, and a
+commit below min_insync_replicas is refused with NOT_ENOUGH_REPLICAS."""
+
+from __future__ import annotations
+
+import pathlib
+import signal
+import time
+
+import grpc
+import pytest
+
+from _isolation_procs import ProcCluster
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto import error_details, records
+
+pytestmark = pytest.mark.timeout(180)
+
+TOPIC = "committed"
+
+
+def _state(metadata: pb_grpc.MetadataStub) -> pb.PartitionInfo:
+    return metadata.GetMetadata(pb.GetMetadataRequest(topics=[TOPIC]), timeout=10).topics[0].partitions[0]
+
+
+def _wait(metadata: pb_grpc.MetadataStub, ok, what: str, timeout_s: float = 30.0) -> pb.PartitionInfo:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = _state(metadata)
+        if ok(info):
+            return info
+        assert time.monotonic() < deadline, f"{what} did not happen: {info}"
+        time.sleep(0.1)
+
+
+def _commit(address: str, group: str, offset: int) -> None:
+    # An operator's commit (member id empty) is accepted while the group has no members.
+    with grpc.insecure_channel(address) as channel:
+        pb_grpc.BrokerStub(channel).CommitOffsets(pb.CommitOffsetsRequest(
+            group_id=group, generation=-1,
+            offsets=[pb.PartitionOffset(topic=TOPIC, partition=0, offset=offset, metadata=f"at {offset}")],
+        ), timeout=20)
+
+
+def _committed(address: str, group: str) -> tuple[int, str]:
+    with grpc.insecure_channel(address) as channel:
+        answer = pb_grpc.BrokerStub(channel).FetchCommittedOffsets(pb.FetchCommittedOffsetsRequest(
+            group_id=group, partitions=[pb.TopicPartition(topic=TOPIC, partition=0)]), timeout=10)
+    return answer.offsets[0].offset, answer.offsets[0].metadata
+
+
+def test_a_commit_survives_its_leader_and_is_refused_below_min_insync(tmp_path: pathlib.Path) -> None:
+    with ProcCluster(
+        tmp_path, 3, broker_session_timeout_ms=1000, broker_args=["--replica-lag-time-max-ms", "1000"]
+    ) as cluster, grpc.insecure_channel(cluster.bootstrap) as channel:
+        metadata = pb_grpc.MetadataStub(channel)
+        config = pb.TopicConfig(replication_factor=3, min_insync_replicas=2)
+        metadata.CreateTopic(pb.CreateTopicRequest(name=TOPIC, partitions=1, config=config), timeout=30)
+        group = pb_grpc.GroupCoordinatorStub(channel).FindOrCreateGroup(
+            pb.FindOrCreateGroupRequest(topic=TOPIC, app_id="ops"), timeout=10).group_id
+        info = _wait(metadata, lambda i: len(i.isr) == 3, "all in sync")
+        old_leader = info.leader_id
+        with grpc.insecure_channel(cluster.broker_addresses[old_leader]) as leader:
+            pb_grpc.BrokerStub(leader).Produce(pb.ProduceRequest(
+                topic=TOPIC, partition=0, batch=records.encode([b"x"] * 10), acks=pb.ACKS_ALL), timeout=20)
+        for offset in (3, 7):
+            _commit(cluster.broker_addresses[old_leader], group, offset)
+
+        cluster.signal_broker(old_leader, signal.SIGKILL)
+        info = _wait(metadata, lambda i: i.leader_id not in (-1, old_leader) and i.leader_alive, "a new leader")
+        new_leader = info.leader_id
+        assert _committed(cluster.broker_addresses[new_leader], group) == (7, "at 7")
+        _commit(cluster.broker_addresses[new_leader], group, 9)
+
+        # the third replica goes too: the leader alone is below min_insync_replicas 2
+        (third,) = [b for b in range(3) if b not in (old_leader, new_leader)]
+        cluster.signal_broker(third, signal.SIGKILL)
+        _wait(metadata, lambda i: list(i.isr) == [new_leader], "the ISR shrinking to the leader")
+        with pytest.raises(grpc.RpcError) as refused:
+            _commit(cluster.broker_addresses[new_leader], group, 10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_details.reason_of(refused.value.trailing_metadata()) == error_details.NOT_ENOUGH_REPLICAS
+        assert _committed(cluster.broker_addresses[new_leader], group) == (9, "at 9")
