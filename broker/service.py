@@ -734,10 +734,18 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"partitions has {len(request.partitions)} entries; the limit is {MAX_COMMIT_PARTITIONS}",
             )
+        replication = self._node.replication
         if request.partitions:
             for i, tp in enumerate(request.partitions):
                 _check_topic(tp.topic, f"partitions[{i}].topic")
                 _check_partition(tp.partition, f"partitions[{i}].partition")
+            for tp in request.partitions:
+                # Only the leader's view is current: a follower copies the commits' log without
+                # applying it, and answering from an old view would rewind the group.
+                r = replication.get(tp.topic, tp.partition)
+                if r is not None and r.leading is None:
+                    _fail(grpc.StatusCode.UNAVAILABLE, r.not_leader_message(self._node.broker_id))
+            for tp in request.partitions:
                 c = store.get(request.group_id, tp.topic, tp.partition)
                 out.append(
                     pb.PartitionOffset(
@@ -749,6 +757,9 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                 )
         else:
             for (topic, partition), c in sorted(store.for_group(request.group_id).items()):
+                r = replication.get(topic, partition)
+                if r is not None and r.leading is None:
+                    continue  # "every partition this broker holds": the ones it leads
                 out.append(pb.PartitionOffset(topic=topic, partition=partition, offset=c.offset, metadata=c.metadata))
         return pb.FetchCommittedOffsetsResponse(offsets=out)
 

@@ -1,6 +1,8 @@
 """Committed offsets live in a replicated internal log beside their partition (issue 15, item 6):
-after the leader is SIGKILLed, the new leader answers the group's last acknowledged commit, and a
-commit below min_insync_replicas is refused with NOT_ENOUGH_REPLICAS."""
+after the leader is SIGKILLed, the new leader answers the group's last acknowledged commit; a
+follower refuses to answer from its own view (found by the twenty-fault test: a consumer whose
+metadata still named the old leader resumed below an acknowledged commit); a commit below
+min_insync_replicas is refused with NOT_ENOUGH_REPLICAS."""
 
 from __future__ import annotations
 
@@ -74,9 +76,24 @@ def test_a_commit_survives_its_leader_and_is_refused_below_min_insync(tmp_path: 
         assert _committed(cluster.broker_addresses[new_leader], group) == (7, "at 7")
         _commit(cluster.broker_addresses[new_leader], group, 9)
 
-        # the third replica goes too: the leader alone is below min_insync_replicas 2
-        (third,) = [b for b in range(3) if b not in (old_leader, new_leader)]
-        cluster.signal_broker(third, signal.SIGKILL)
+        # The old leader back as a follower: a follower never answers its own (stale) view of the
+        # commits; it refuses (the client asks the leader), as the third replica does.
+        cluster.start_broker(old_leader)
+        info = _wait(metadata, lambda i: len(i.isr) == 3, "the old leader back in sync")
+        for broker in range(3):
+            if broker == info.leader_id:
+                assert _committed(cluster.broker_addresses[broker], group) == (9, "at 9")
+                continue
+            with pytest.raises(grpc.RpcError) as refused:
+                _committed(cluster.broker_addresses[broker], group)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+            assert f"the leader is {cluster.broker_addresses[info.leader_id]}" in (refused.value.details() or "")
+        new_leader = info.leader_id
+
+        # both followers go: the leader alone is below min_insync_replicas 2
+        for broker in range(3):
+            if broker != new_leader:
+                cluster.signal_broker(broker, signal.SIGKILL)
         _wait(metadata, lambda i: list(i.isr) == [new_leader], "the ISR shrinking to the leader")
         with pytest.raises(grpc.RpcError) as refused:
             _commit(cluster.broker_addresses[new_leader], group, 10)
