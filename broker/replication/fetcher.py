@@ -278,12 +278,18 @@ class LeaderFetcher:
         if result.error == pb.OFFSET_OUT_OF_RANGE:
             if plog.log_end_offset > result.log_end_offset:
                 r.needs_truncation = True  # ahead of the leader: not its history
+            elif plog.log_end_offset < result.log_start_offset:
+                # the leader's retention passed this replica's log end: what it has is gone from
+                # the cluster's history; it starts over where the leader's log starts
+                before = plog.log_end_offset
+                await asyncio.to_thread(plog.restart_at, result.log_start_offset)
+                r.cache.truncate_from_start(result.log_start_offset)
+                save_epochs(plog, r.cache)
+                r.high_watermark = result.log_start_offset
+                log.warning("replica restarted its log at the leader's log start", topic=r.topic,
+                            partition=r.partition, leader=self.leader_id, from_offset=before,
+                            to_offset=result.log_start_offset)
             else:
-                # below the leader's log start (its retention ran past this replica): a replica
-                # cannot restart its log at the leader's start yet, so it stays out of the ISR
-                log.warning("replica is below its leader's log start; it cannot catch up", topic=r.topic,
-                            partition=r.partition, leader=self.leader_id, log_end_offset=plog.log_end_offset,
-                            error=result.error_message)
                 self._back_off(r, result.error_message)
             return False
         if result.error != pb.NONE:
