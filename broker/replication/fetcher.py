@@ -109,10 +109,13 @@ class LeaderFetcher:
         self._task = asyncio.create_task(self._run(), name=f"broker-{self._node.broker_id}-fetch-from-{self.leader_id}")
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
+        """Idempotent, and safe to call again when a first call was itself cancelled."""
+        task = self._task
         if task is not None:
             task.cancel()
             await asyncio.wait([task], timeout=5)
+            if task.done():
+                self._task = None
         if self._channel is not None:
             channel, self._channel = self._channel, None
             await channel.close(None)
@@ -130,7 +133,8 @@ class LeaderFetcher:
                 await self._fetch_once(stub)
                 backoff = BACKOFF_MIN_S
             except asyncio.CancelledError:
-                if self._task is None or self._task.cancelling():
+                current = asyncio.current_task()
+                if current is None or current.cancelling():
                     raise
                 continue  # our own cancel of a parked call: the partitions changed
             except grpc.aio.AioRpcError as e:

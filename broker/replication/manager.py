@@ -113,6 +113,7 @@ class ReplicaManager:
         self.ack_timeout_ms = replica_ack_timeout_ms
         self._replicas: dict[tuple[str, int], Replica] = {}
         self._fetchers: dict[tuple[int, str], LeaderFetcher] = {}
+        self._retiring: set[LeaderFetcher] = set()  # no partition left: stopping
         self._tasks: set[asyncio.Task[None]] = set()
         self._checker: asyncio.Task[None] | None = None
         self._stopped = False
@@ -140,15 +141,16 @@ class ReplicaManager:
     async def stop(self) -> None:
         """Stop the fetchers, the ISR check and AlterIsr calls; fail the waiting produces."""
         self._stopped = True
-        fetchers = list(self._fetchers.values())
-        self._fetchers.clear()
-        for f in fetchers:
-            await f.stop()
         tasks = [t for t in (self._checker, *self._tasks) if t is not None]
         for t in tasks:
             t.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5)
+        fetchers = [*self._fetchers.values(), *self._retiring]
+        self._fetchers.clear()
+        self._retiring.clear()
+        for f in fetchers:
+            await f.stop()  # again for a retiring one whose stop was cancelled above
         for r in self._replicas.values():
             self._fail_waiters(r, f"broker {self.broker_id} is shutting down")
 
@@ -165,7 +167,9 @@ class ReplicaManager:
     def apply(
         self, states: Iterable[pb.PartitionState], config: pb.TopicConfig | None = None
     ) -> list[pb.PartitionStateError]:
-        errors = []
+        errors: list[pb.PartitionStateError] = []
+        if self._stopped:
+            return errors  # the broker is stopping: it follows and leads nothing any more
         for state in states:
             key = (state.topic, state.partition)
             r = self._replicas.get(key)
@@ -260,7 +264,12 @@ class ReplicaManager:
             fetcher.remove(r)
             if fetcher.empty:
                 self._fetchers.pop(fetcher.key, None)
-                self._spawn(fetcher.stop(), f"stop fetcher {fetcher.key}")
+                self._retiring.add(fetcher)
+                self._spawn(self._retire(fetcher), f"stop fetcher {fetcher.key}")
+
+    async def _retire(self, fetcher: LeaderFetcher) -> None:
+        await fetcher.stop()
+        self._retiring.discard(fetcher)
 
     def _fetcher_for(self, leader_id: int, address: str) -> LeaderFetcher:
         from dmq.broker.replication.fetcher import LeaderFetcher
