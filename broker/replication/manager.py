@@ -240,9 +240,11 @@ class ReplicaManager:
         leo = r.plog.log_end_offset
         if r.cache.assign(state.leader_epoch, leo):
             save_epochs(r.plog, r.cache)
+        # where this epoch began: the log end now, or earlier when only the replicas changed
+        epoch_start = next((e.start_offset for e in r.cache.entries if e.epoch == state.leader_epoch), leo)
         leading = PartitionReplicas(
             self.broker_id, state.replicas, (m for m in state.isr if m in state.replicas),
-            log_end_offset=leo, high_watermark=r.high_watermark, epoch_start_offset=leo, now_ms=_now_ms(),
+            log_end_offset=leo, high_watermark=r.high_watermark, epoch_start_offset=epoch_start, now_ms=_now_ms(),
         )
         leading.on_append(leo)  # an ISR of the leader alone: the high watermark is its log end
         r.leading = leading
