@@ -321,6 +321,16 @@ class ReplicaManager:
         self.sync_leader(r)
         return r.leading.high_watermark
 
+    def readable_end(self, topic: str, partition: int, plog: PartitionLog) -> int | None:
+        """Where readers of this broker's log stop (queue mode's pops): the visible end, below
+        the high watermark when replicated; None on a follower (it serves no reads)."""
+        r = self._replicas.get((topic, partition))
+        if r is None:
+            return plog.visible_end_offset
+        if r.leading is None:
+            return None
+        return min(plog.visible_end_offset, self.high_watermark(r))
+
     def check_fetch_epoch(self, r: Replica, current_leader_epoch: int) -> pb.ErrorCode:
         """A fetcher's view of the leader's epoch against this leader's (-1: not checked)."""
         if current_leader_epoch < 0 or current_leader_epoch == r.leader_epoch:

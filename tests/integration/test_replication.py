@@ -219,3 +219,21 @@ async def test_a_replica_behind_its_leaders_retention_restarts_at_the_leaders_lo
     follower_log = rc.brokers[3].node.logs.get("t", 0)
     assert follower_log.log_start_offset == start
     assert rc.log_bytes(3, "t") == rc.log_bytes(1, "t")
+
+
+async def test_queue_pops_stop_at_the_high_watermark_and_followers_serve_none(rc: ReplicationCluster):
+    await rc.create("t", [1, 2, 3])
+    await _produce(rc, 1, "t", [b"a"])
+    await until(lambda: rc.log_end(3, "t") == 1)
+
+    async def pop(broker: int) -> pb.QueuePopResponse:
+        return await rc.brokers[broker].stub.QueuePop(
+            pb.QueuePopRequest(topic="t", group="q", max_records=10, timeout_ms=100), timeout=10)
+
+    assert not (await pop(2)).lease_id  # a follower's copy is not a queue
+    await rc.stop_broker(2)
+    await rc.stop_broker(3)
+    await _produce(rc, 1, "t", [b"b"], acks=pb.ACKS_LEADER)  # not replicated: above the high watermark
+    popped = await pop(1)
+    assert (popped.start_offset, popped.end_offset) == (0, 1)
+    assert [r.value for b in records.decode_batches(popped.records) for r in b if r.offset < popped.end_offset] == [b"a"]
