@@ -15,6 +15,13 @@ errors (STORAGE_ERROR, CORRUPT_DATA), so one bad partition never fails or stalls
 
 Fetch long-polls: when the first read returns fewer than `min_bytes`, the handler parks on the
 partitions' append notifiers until an append lands or `max_wait_ms` passes, then reads again.
+
+Replicated partitions (a PartitionState from the controller; dmq.broker.replication.manager):
+a follower answers produce and consumer fetches "not leader" naming the leader; on the leader,
+consumers read below the high watermark (ListOffsets latest = it), a Fetch with replica_id (a
+follower broker) reads up to the log end and moves the in-sync set, and acks=all waits for the
+high watermark (NOT_ENOUGH_REPLICAS below min_insync_replicas). Unreplicated partitions take
+none of these paths.
 """
 
 from __future__ import annotations

@@ -485,6 +485,15 @@ class PartitionLog:
         while len(bases) > 1 and bases[1] <= log_start:
             Segment(d, bases.pop(0), self._cache, interval).delete_files()
             self._dir_gen += 1
+        if bases[-1] < log_start:
+            # The log start is a segment base except after a crash inside restart_at(), before
+            # its new segment existed: every segment is below it and goes.
+            for b in bases:
+                Segment(d, b, self._cache, interval).delete_files()
+            self._create_empty(log_start)
+            self._last_append_ms = ckpt[2] if ckpt else 0
+            self.recovery.clean = False
+            return
         recovery_offset = ckpt[1] if ckpt else bases[0]
         segments = []
         for b in bases:
@@ -973,6 +982,48 @@ class PartitionLog:
             )
         return self._write_locked(batch, batch, h, False)
 
+    def restart_at(self, offset: int) -> None:
+        """Drop the whole log and continue at `offset`, beyond its end (a replica whose leader's
+        retention passed this log's end: Kafka's truncateFullyAndStartAt). Crash-safe: the
+        producer snapshots go first, then the checkpoint naming the new log start is made
+        durable before any segment changes; open() drops every segment below that start,
+        however far this got (see _load)."""
+        with self._lock:
+            self._check_writable()
+            if offset < self.log_end_offset:
+                raise ValueError(f"{self._where}restart_at({offset}) is below the log end {self.log_end_offset}")
+            self._before_change()
+            old = self._segments
+            try:
+                with self._cache.reserve():
+                    snapshots = list_snapshots(self.directory)
+                for off in snapshots:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(snapshot_path(self.directory, off))
+                before = self.log_start_offset, self._recovery_offset
+                self.log_start_offset = self._recovery_offset = offset
+                try:
+                    self._write_checkpoint(sync=True)
+                except OSError:
+                    self.log_start_offset, self._recovery_offset = before  # nothing changed yet
+                    raise
+                self._rollback_epoch += 1  # a flush prepared before this publishes nothing now
+                self._rollbacks.append((self._rollback_epoch, offset))
+                self._rollback_cause = "the log restarted at its leader's log start"
+                self._held.clear()
+                self._unflushed, self._pending_paths = [], []
+                self._producers = ProducerStateManager()
+                self._record_ids = RecordIds()
+                self._create_empty(offset)
+                for seg in old:
+                    seg.delete_files()
+                _fsync_dir(self.directory, self._fsync, self._cache)
+            except OSError as e:
+                raise StorageUnavailableError.from_os_error(self._where, "restarting the log", e) from e
+            self._dir_synced_gen = self._dir_gen
+            self.size_bytes = 0
+        self._log.warning("log restarted at its leader's log start", offset=offset, segments_dropped=len(old))
+
     def truncate_to(self, offset: int) -> int:
         """Cut the log to end at `offset` (a batch boundary; a replica matching its leader's
         history, KIP-101) and make the cut durable. Crash-safe: the recovery point is moved below
@@ -1018,25 +1069,6 @@ class PartitionLog:
             self.durable_end_offset = offset
         self._log.warning("log truncated to the leader's history", offset=offset, offsets_dropped=dropped)
         return dropped
-
-    def restart_at(self, offset: int) -> None:
-        """Start the log afresh at `offset`, beyond its end: a replica whose leader's log start
-        (retention, compaction) passed this replica's log end copies on from there. An empty
-        segment at `offset` is made first, then every older one goes (the checkpoint, with the new
-        log start, fsynced before files are deleted), so a crash between leaves only whole segments."""
-        with self._lock:
-            self._check_writable()
-            if offset <= self.log_end_offset:
-                raise ValueError(f"restart_at({offset}): not beyond the log end {self.log_end_offset}")
-            self._before_change()
-            self._held.clear()
-            try:
-                self._roll(offset)
-            except OSError as e:
-                raise StorageUnavailableError.from_os_error(self._where, "restart (new segment)", e) from e
-            self.log_end_offset = self.durable_end_offset = offset
-            self._delete_leading_segments(len(self._segments) - 1, "the leader's log starts later")
-        self._log.warning("log restarted at its leader's log start", offset=offset)
 
     def _check_epoch(self, epoch: int, end_offset: int) -> None:
         """Raise if a rollback since `epoch` cut the log below end_offset."""

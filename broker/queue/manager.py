@@ -272,8 +272,10 @@ class QueueManager:
         for partition, plog in self._logs(topic):
             if self.leases.held(topic, partition, group) is not None:
                 continue
+            end = self._node.replication.readable_end(topic, partition, plog)  # replicated: the high watermark
+            if end is None:
+                continue  # a follower's replica: its leader serves the queue
             acked, _ = self._acked(topic, partition, group, plog)
-            end = plog.visible_end_offset
             if acked >= end:
                 continue
             if window_ms and plog.last_append_ms > now_ms - window_ms:

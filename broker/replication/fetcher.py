@@ -110,10 +110,13 @@ class LeaderFetcher:
         self._task = asyncio.create_task(self._run(), name=f"broker-{self._node.broker_id}-fetch-from-{self.leader_id}")
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
+        """Idempotent, and safe to call again when a first call was itself cancelled."""
+        task = self._task
         if task is not None:
             task.cancel()
             await asyncio.wait([task], timeout=5)
+            if task.done():
+                self._task = None
         if self._channel is not None:
             channel, self._channel = self._channel, None
             await channel.close(None)
@@ -131,7 +134,8 @@ class LeaderFetcher:
                 await self._fetch_once(stub)
                 backoff = BACKOFF_MIN_S
             except asyncio.CancelledError:
-                if self._task is None or self._task.cancelling():
+                current = asyncio.current_task()
+                if current is None or current.cancelling():
                     raise
                 continue  # our own cancel of a parked call: the partitions changed
             except grpc.aio.AioRpcError as e:
@@ -279,19 +283,17 @@ class LeaderFetcher:
         if result.error == pb.OFFSET_OUT_OF_RANGE:
             if plog.log_end_offset > result.log_end_offset:
                 r.needs_truncation = True  # ahead of the leader: not its history
-            elif result.log_start_offset > plog.log_end_offset:
-                # below the leader's log start (its retention or compaction ran past this
-                # replica): nothing before it can be copied any more, so the log starts there
-                log.warning("replica is below its leader's log start; restarting the log there", topic=r.topic,
-                            partition=r.partition, leader=self.leader_id, log_end_offset=plog.log_end_offset,
-                            leader_log_start_offset=result.log_start_offset)
-                try:
-                    plog.restart_at(result.log_start_offset)
-                except LogError as e:
-                    self._back_off(r, f"restart of the log failed: {e}")
-                    return False
+            elif plog.log_end_offset < result.log_start_offset:
+                # the leader's retention passed this replica's log end: what it has is gone from
+                # the cluster's history; it starts over where the leader's log starts
+                before = plog.log_end_offset
+                await asyncio.to_thread(plog.restart_at, result.log_start_offset)
                 r.cache.truncate_from_start(result.log_start_offset)
                 save_epochs(plog, r.cache)
+                r.high_watermark = result.log_start_offset
+                log.warning("replica restarted its log at the leader's log start", topic=r.topic,
+                            partition=r.partition, leader=self.leader_id, from_offset=before,
+                            to_offset=result.log_start_offset)
             else:
                 self._back_off(r, result.error_message)
             return False

@@ -116,6 +116,7 @@ class ReplicaManager:
         self.ack_timeout_ms = replica_ack_timeout_ms
         self._replicas: dict[tuple[str, int], Replica] = {}
         self._fetchers: dict[tuple[int, str], LeaderFetcher] = {}
+        self._retiring: set[LeaderFetcher] = set()  # no partition left: stopping
         self._tasks: set[asyncio.Task[None]] = set()
         self._checker: asyncio.Task[None] | None = None
         self._stopped = False
@@ -143,15 +144,16 @@ class ReplicaManager:
     async def stop(self) -> None:
         """Stop the fetchers, the ISR check and AlterIsr calls; fail the waiting produces."""
         self._stopped = True
-        fetchers = list(self._fetchers.values())
-        self._fetchers.clear()
-        for f in fetchers:
-            await f.stop()
         tasks = [t for t in (self._checker, *self._tasks) if t is not None]
         for t in tasks:
             t.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5)
+        fetchers = [*self._fetchers.values(), *self._retiring]
+        self._fetchers.clear()
+        self._retiring.clear()
+        for f in fetchers:
+            await f.stop()  # again for a retiring one whose stop was cancelled above
         for r in self._replicas.values():
             self._fail_waiters(r, f"broker {self.broker_id} is shutting down")
 
@@ -168,7 +170,9 @@ class ReplicaManager:
     def apply(
         self, states: Iterable[pb.PartitionState], config: pb.TopicConfig | None = None
     ) -> list[pb.PartitionStateError]:
-        errors = []
+        errors: list[pb.PartitionStateError] = []
+        if self._stopped:
+            return errors  # the broker is stopping: it follows and leads nothing any more
         for state in _with_offsets_logs(states, self._node.offsets):
             key = (state.topic, state.partition)
             r = self._replicas.get(key)
@@ -243,9 +247,11 @@ class ReplicaManager:
         leo = r.plog.log_end_offset
         if r.cache.assign(state.leader_epoch, leo):
             save_epochs(r.plog, r.cache)
+        # where this epoch began: the log end now, or earlier when only the replicas changed
+        epoch_start = next((e.start_offset for e in r.cache.entries if e.epoch == state.leader_epoch), leo)
         leading = PartitionReplicas(
             self.broker_id, state.replicas, (m for m in state.isr if m in state.replicas),
-            log_end_offset=leo, high_watermark=r.high_watermark, epoch_start_offset=leo, now_ms=_now_ms(),
+            log_end_offset=leo, high_watermark=r.high_watermark, epoch_start_offset=epoch_start, now_ms=_now_ms(),
         )
         leading.on_append(leo)  # an ISR of the leader alone: the high watermark is its log end
         r.leading = leading
@@ -269,7 +275,12 @@ class ReplicaManager:
             fetcher.remove(r)
             if fetcher.empty:
                 self._fetchers.pop(fetcher.key, None)
-                self._spawn(fetcher.stop(), f"stop fetcher {fetcher.key}")
+                self._retiring.add(fetcher)
+                self._spawn(self._retire(fetcher), f"stop fetcher {fetcher.key}")
+
+    async def _retire(self, fetcher: LeaderFetcher) -> None:
+        await fetcher.stop()
+        self._retiring.discard(fetcher)
 
     def _fetcher_for(self, leader_id: int, address: str) -> LeaderFetcher:
         from dmq.broker.replication.fetcher import LeaderFetcher
@@ -318,6 +329,16 @@ class ReplicaManager:
             return r.high_watermark
         self.sync_leader(r)
         return r.leading.high_watermark
+
+    def readable_end(self, topic: str, partition: int, plog: PartitionLog) -> int | None:
+        """Where readers of this broker's log stop (queue mode's pops): the visible end, below
+        the high watermark when replicated; None on a follower (it serves no reads)."""
+        r = self._replicas.get((topic, partition))
+        if r is None:
+            return plog.visible_end_offset
+        if r.leading is None:
+            return None
+        return min(plog.visible_end_offset, self.high_watermark(r))
 
     def check_fetch_epoch(self, r: Replica, current_leader_epoch: int) -> pb.ErrorCode:
         """A fetcher's view of the leader's epoch against this leader's (-1: not checked)."""

@@ -201,3 +201,39 @@ async def test_an_idempotent_producer_follows_a_leader_change_and_stores_each_re
     values, hw = await _consume(rc, 2, "t")
     assert hw == 40 and values == [f"a{i}".encode() for i in range(20)] + [f"b{i}".encode() for i in range(20)]
     await until(lambda: rc.log_bytes(1, "t") == rc.log_bytes(2, "t") == rc.log_bytes(3, "t"))
+
+
+async def test_a_replica_behind_its_leaders_retention_restarts_at_the_leaders_log_start(rc: ReplicationCluster):
+    await rc.create("t", [1, 2, 3], pb.TopicConfig(segment_bytes=1024, retention_bytes=0, min_insync_replicas=1))
+    await _produce(rc, 1, "t", [b"early"])
+    await until(lambda: rc.log_end(3, "t") == 1)
+    await rc.stop_broker(3)
+    for i in range(8):
+        await _produce(rc, 1, "t", [f"v{i}".encode() * 100], acks=pb.ACKS_LEADER)
+    leader_log = rc.brokers[1].node.logs.get("t", 0)
+    assert leader_log.enforce_retention() > 0  # retention_bytes 0: every segment but the active one
+    start = leader_log.log_start_offset
+    assert start > 1
+    await rc.start_broker(3)
+    await until(lambda: rc.log_end(3, "t") == rc.log_end(1, "t"), what="broker 3 caught up")
+    follower_log = rc.brokers[3].node.logs.get("t", 0)
+    assert follower_log.log_start_offset == start
+    assert rc.log_bytes(3, "t") == rc.log_bytes(1, "t")
+
+
+async def test_queue_pops_stop_at_the_high_watermark_and_followers_serve_none(rc: ReplicationCluster):
+    await rc.create("t", [1, 2, 3])
+    await _produce(rc, 1, "t", [b"a"])
+    await until(lambda: rc.log_end(3, "t") == 1)
+
+    async def pop(broker: int) -> pb.QueuePopResponse:
+        return await rc.brokers[broker].stub.QueuePop(
+            pb.QueuePopRequest(topic="t", group="q", max_records=10, timeout_ms=100), timeout=10)
+
+    assert not (await pop(2)).lease_id  # a follower's copy is not a queue
+    await rc.stop_broker(2)
+    await rc.stop_broker(3)
+    await _produce(rc, 1, "t", [b"b"], acks=pb.ACKS_LEADER)  # not replicated: above the high watermark
+    popped = await pop(1)
+    assert (popped.start_offset, popped.end_offset) == (0, 1)
+    assert [r.value for b in records.decode_batches(popped.records) for r in b if r.offset < popped.end_offset] == [b"a"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dmq.broker.log import InvalidBatchError, LogConfig, PartitionLog
+from dmq.broker.log import InvalidBatchError, LogConfig, PartitionLog, StorageUnavailableError
 from dmq.broker.replication.checkpoint import EPOCHS_FILE, decode_epochs, encode_epochs, load_epochs, save_epochs
 from dmq.broker.replication.epochs import EpochEntry, LeaderEpochCache
 from dmq.proto import records
@@ -93,3 +93,33 @@ def test_the_epoch_checkpoint_round_trips_and_a_damaged_one_reads_as_empty(tmp_p
     path.write_text(path.read_text().replace("42", "43"))
     assert load_epochs(plog).entries == []  # checksum mismatch: truncation falls back to the high watermark
     plog.close()
+
+
+@pytest.mark.parametrize("crash_at", [None, "before_new_segment", "after"])
+def test_restart_at_drops_the_log_and_continues_at_the_leaders_start(tmp_path, monkeypatch, crash_at):
+    plog = _open(tmp_path, "p", segment_bytes=1024)
+    _fill(plog, 6, size=400)
+    if crash_at == "before_new_segment":
+        # the checkpoint naming the new start is on disk, the new segment never came
+        monkeypatch.setattr(PartitionLog, "_create_empty", lambda self, start: (_ for _ in ()).throw(OSError(5, "EIO")))
+        with pytest.raises(StorageUnavailableError):
+            plog.restart_at(100)
+        monkeypatch.undo()
+    else:
+        plog.restart_at(100)
+        assert (plog.log_start_offset, plog.log_end_offset, plog.size_bytes) == (100, 100, 0)
+    if crash_at is None:
+        plog.close()
+    else:
+        plog.abandon()
+    again = _open(tmp_path, "p", segment_bytes=1024)
+    assert (again.log_start_offset, again.log_end_offset) == (100, 100)
+    assert sorted(p.name for p in (tmp_path / "p").glob("*.log")) == [f"{100:020d}.log"]
+    # the leader's batches continue at 100; the producer from before is forgotten
+    leader = _open(tmp_path, "l")
+    leader.append(records.encode([b"x"] * 100))
+    leader.append(records.encode([b"n"], producer_id=3, producer_epoch=0, base_sequence=0))
+    assert again.append_replica(leader.read(100, 1 << 20)) == 101
+    assert again.read(100, 1 << 20) == leader.read(100, 1 << 20)
+    again.close()
+    leader.close()
