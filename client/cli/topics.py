@@ -399,7 +399,7 @@ def reassign(ctx: click.Context, name: str, partition: int, replicas: tuple[int,
       dmq topics reassign orders --partition 0 --replicas 1,2,3
     """
     p = admin(ctx).reassign_partition(name, partition, replicas, wait_s=wait_s)
-    doc = {"name": name, "partition": partition, "leader_id": p.leader_id, "replicas": list(p.replicas),
+    doc: dict[str, Any] = {"name": name, "partition": partition, "leader_id": p.leader_id, "replicas": list(p.replicas),
            "isr": list(p.isr), "leader_epoch": p.leader_epoch, "completed": p.replicas == replicas}
     if output == "json":
         print_json(doc)

@@ -97,7 +97,7 @@ async def test_replicated_topic_goes_to_every_replica_with_states(h: Harness) ->
     for p in range(3):
         leader, replicas, isr, epoch = view(info, p)
         assert sorted(replicas) == [1, 2, 3] and isr == replicas and leader == replicas[0] and epoch == 0
-    for broker_id, broker in brokers.items():
+    for broker in brokers.values():
         (request,) = [r for r in broker.created if r.topic == "r"]
         assert list(request.partitions) == [0, 1, 2]  # every replica, leading or following
         assert [s.partition for s in request.states] == [0, 1, 2]
@@ -179,8 +179,7 @@ async def test_no_live_isr_means_offline_until_it_returns(h: Harness) -> None:
     for b in (1, 2):
         await add(h, b)
     info = await h.create("o", 1, replication_factor=2)
-    leader, replicas, _, _ = view(info)
-    follower = next(b for b in replicas if b != leader)
+    leader, _, _, _ = view(info)
     state = (await h.stub.GetMetadata(pb.GetMetadataRequest(topics=["o"]), timeout=5)).topics[0].partitions[0]
     ps = pb.PartitionState(topic="o", partition=0, leader_id=leader, leader_epoch=state.leader_epoch, partition_epoch=0)
     await alter_isr(h, ps, [leader])  # the follower fell behind
