@@ -15,7 +15,7 @@ from tests.cli.conftest import Result, run_dmq
 
 @pytest.fixture
 def dmq3(cluster_factory: Callable[..., ClusterThread]) -> Callable[..., Result]:
-    cluster = cluster_factory(brokers=3, shared_port=False)
+    cluster = cluster_factory(brokers=3, shared_port=False, replication_factor=None)
 
     def run(*args: str) -> Result:
         return run_dmq(*args, bootstrap=cluster.bootstrap)

@@ -225,7 +225,8 @@ async def test_shutting_down_moves_leadership_before_answering(h: Harness) -> No
 
 
 def test_election_reaches_a_real_broker_cluster(cluster_factory) -> None:  # noqa: ANN001
-    cluster = cluster_factory(brokers=3, shared_port=False, broker_session_timeout_ms=1000)
+    # replication_factor None: the coordinator's default, min(3, live brokers)
+    cluster = cluster_factory(brokers=3, shared_port=False, broker_session_timeout_ms=1000, replication_factor=None)
     with grpc.insecure_channel(cluster.bootstrap, options=channel_options()) as channel:
         stub = pb_grpc.MetadataStub(channel)
         info = stub.CreateTopic(pb.CreateTopicRequest(name="real", partitions=1), timeout=10)
