@@ -258,6 +258,10 @@ class NoLiveBrokers(MetadataError):
         super().__init__(NO_LIVE_BROKERS)
 
 
+class NotEnoughBrokers(MetadataError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
 class NotReady(MetadataError):
     code = grpc.StatusCode.UNAVAILABLE
 
@@ -864,8 +868,16 @@ class MetadataManager:
             if not live:
                 raise NoLiveBrokers()
             settings = _settings_for(config, self.default_topic_config)
+            defaulted = settings.replication_factor is None
             settings = replication_defaults(settings, len(live), self.default_replication_factor)
             _validated(settings.validate)  # a given min_insync_replicas above a defaulted factor
+            if defaulted and _factor(settings) > len(live):
+                # The operator's default asks for more brokers than are up (a cluster still starting):
+                # retriable, unlike a factor the request named.
+                raise NotEnoughBrokers(
+                    f"new topics get {_factor(settings)} replicas (default_replication_factor) and {len(live)} "
+                    "brokers are live: retry once the brokers have started, or name a replication_factor"
+                )
             _validated(settings.check_replication, len(live))
             states = place_partitions(name, range(partitions), _factor(settings), live, self.racks())
             self._check_principal_limits(principal, principal, name, new_topics=1, new_partitions=partitions)

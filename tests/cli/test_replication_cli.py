@@ -4,13 +4,14 @@ against an in-process cluster of a coordinator and three brokers."""
 
 from __future__ import annotations
 
+import pathlib
 import re
 from collections.abc import Callable
 
 import pytest
 
 from dmq.client.cli.runner import ClusterThread
-from tests.cli.conftest import Result, run_dmq
+from tests.cli.conftest import Result, ServerProcess, run_dmq
 
 
 @pytest.fixture
@@ -71,3 +72,17 @@ def test_refusals_are_one_clear_line(dmq3: Callable[..., Result]) -> None:
         result = dmq3(*args)
         assert result.returncode == code, result
         assert fragment in result.stderr, result
+
+
+def test_dmq_server_with_three_brokers_replicates_by_default(tmp_path: pathlib.Path) -> None:
+    srv = ServerProcess(tmp_path / "data", tmp_path / "server.log", ("--brokers", "3"))
+    try:
+        srv.wait_ready()
+        # created as soon as the command can (it retries while the brokers are still registering)
+        created = run_dmq("topics", "create", "by-default", "-p", "2", "-o", "json", bootstrap=srv.bootstrap)
+        assert created.returncode == 0, (created, srv.log_tail())
+        doc = created.json()
+        assert (doc["config"]["replication_factor"], doc["config"]["min_insync_replicas"]) == (3, 2)
+        assert all(sorted(p["replicas"]) == [0, 1, 2] for p in doc["partitions"])
+    finally:
+        srv.stop()

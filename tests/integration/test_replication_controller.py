@@ -134,6 +134,22 @@ async def test_replication_settings_are_validated(h: Harness, config, fragments)
     assert h.node.metadata.topic("bad") is None
 
 
+async def test_an_operators_default_factor_waits_for_its_brokers(tmp_path: pathlib.Path) -> None:
+    h = Harness(tmp_path / "coordinator", node_kwargs={"default_replication_factor": 3})
+    await h.start_coordinator()
+    try:
+        for b in (1, 2):
+            await add(h, b)
+        await expect_error(h.create("d", 1), grpc.StatusCode.UNAVAILABLE,
+                           "new topics get 3 replicas (default_replication_factor) and 2 brokers are live")
+        assert (await h.create("named", 1, replication_factor=2)).config.replication_factor == 2
+        await add(h, 3)
+        info = await h.create("d", 1)
+        assert (info.config.replication_factor, info.config.min_insync_replicas) == (3, 2)
+    finally:
+        await h.close()
+
+
 async def test_racks_spread_replicas(h: Harness) -> None:
     racks = {1: "a", 2: "a", 3: "b", 4: "b"}
     for b, rack in racks.items():
