@@ -27,8 +27,11 @@ class ReplicaBroker(FakeBroker):
     def __init__(self) -> None:
         super().__init__()
         self.pushed: list[pb.PartitionState] = []
+        self.refuse: list[grpc.StatusCode] = []  # the next pushes' answers, before any is applied
 
     async def UpdatePartitionStates(self, request, context):  # noqa: N802
+        if self.refuse:
+            await context.abort(self.refuse.pop(0), "refused by the test")
         self.pushed.extend(request.states)
         return pb.UpdatePartitionStatesResponse()
 
@@ -372,3 +375,28 @@ async def test_reassign_adds_waits_for_sync_then_drops(h: Harness) -> None:
     for b in target:
         assert await until(lambda b=b: (brokers[b].latest("m", 0) or pb.PartitionState()).partition_epoch
                            == final.partition_epoch)
+
+
+async def test_a_lost_push_is_sent_again_at_the_next_heartbeat(h: Harness) -> None:
+    brokers = {b: await add(h, b) for b in (1, 2, 3)}
+    await h.create("lost", 1)
+    s = await current_state(h, "lost")
+    unreachable, old_version = s.replicas[1], s.replicas[2]
+    brokers[unreachable].refuse = [grpc.StatusCode.UNAVAILABLE]
+    brokers[old_version].refuse = [grpc.StatusCode.UNIMPLEMENTED]  # a broker without replication
+    shrunk = (await alter_isr(h, s, [s.leader_id])).state
+    pusher = h.node.metadata.pusher
+    assert await until(lambda: unreachable in pusher.pending)
+    assert old_version not in pusher.pending  # dropped: retrying cannot help until it restarts
+    assert brokers[unreachable].latest("lost", 0) is None
+    await beat(h, unreachable, old_version)
+    got = await until(lambda: brokers[unreachable].latest("lost", 0))
+    assert got.partition_epoch == shrunk.partition_epoch and unreachable not in pusher.pending
+    assert brokers[old_version].latest("lost", 0) is None
+    # a registration answer carries every state: nothing stays pending for that broker
+    brokers[unreachable].refuse = [grpc.StatusCode.UNAVAILABLE]
+    await alter_isr(h, shrunk, [shrunk.leader_id, unreachable])
+    assert await until(lambda: unreachable in pusher.pending)
+    (request,) = [r for r in (await register(h, unreachable)).partitions if r.topic == "lost"]
+    assert list(request.states[0].isr) == sorted([shrunk.leader_id, unreachable], key=list(s.replicas).index)
+    assert unreachable not in pusher.pending
