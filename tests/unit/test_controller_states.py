@@ -145,7 +145,8 @@ def test_alter_isr_accepted_in_replica_order_and_idempotent() -> None:
 
 @pytest.mark.parametrize(
     ("target", "fragment"),
-    [([], "at least one"), ([1, 1], "named twice"), ([1, 9], "brokers [9] are not live")],
+    [([], "at least one"), ([1, 1], "named twice"), ([1, 9], "brokers [9] are not live"),
+     (list(range(17)), "at most 16 replicas")],
 )
 def test_reassignment_targets_are_checked(target, fragment) -> None:  # noqa: ANN001
     with pytest.raises(StateRefused, match=fragment.replace("[", r"\[").replace("]", r"\]")) as info:
