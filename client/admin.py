@@ -47,6 +47,7 @@ from dmq.client.errors import (
     CommitFailedError,
     CoordinatorUnavailableError,
     DMQError,
+    DMQTimeoutError,
     GroupNotEmptyError,
     GroupNotFoundError,
     InvalidArgumentError,
@@ -96,7 +97,7 @@ TopicPartition = tuple[str, int]
 # Pauses between attempts while a server answers UNAVAILABLE or a leader moves (seconds).
 _RETRY_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.0)
 
-_CONFIG_FIELDS = tuple(limits.TOPIC_CONFIG_RANGES)
+_CONFIG_FIELDS = (*limits.TOPIC_CONFIG_RANGES, "unclean_leader_election")
 
 _METADATA_ERRORS = {
     grpc.StatusCode.NOT_FOUND: TopicNotFoundError,
@@ -114,13 +115,21 @@ _NOT_EMPTY_ERRORS = {**_GROUP_ERRORS, grpc.StatusCode.FAILED_PRECONDITION: Group
 @dataclass(frozen=True, slots=True)
 class PartitionDescription:
     partition: int
-    leader_id: int
+    leader_id: int  # -1: no leader (offline)
     leader_address: str
     leader_alive: bool
+    replicas: tuple[int, ...] = ()  # broker ids; the first is the preferred leader
+    isr: tuple[int, ...] = ()  # the in-sync replicas
+    leader_epoch: int = 0
+
+    @property
+    def under_replicated(self) -> bool:
+        return len(self.isr) < len(self.replicas)
 
     @classmethod
     def from_response(cls, p: pb.PartitionInfo) -> PartitionDescription:
-        return cls(p.partition, p.leader_id, p.leader_address, p.leader_alive)
+        return cls(p.partition, p.leader_id, p.leader_address, p.leader_alive, tuple(p.replicas), tuple(p.isr),
+                   p.leader_epoch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +157,9 @@ class BrokerDescription:
     alive: bool
     last_heartbeat_ms: int
     partitions_led: int
+    rack: str = ""
+    partitions_followed: int = 0
+    partitions_under_replicated: int = 0  # led by it with fewer in-sync replicas than replicas
 
     @property
     def address(self) -> str:
@@ -155,7 +167,8 @@ class BrokerDescription:
 
     @classmethod
     def from_response(cls, b: pb.BrokerInfo) -> BrokerDescription:
-        return cls(b.broker_id, b.host, b.port, b.alive, b.last_heartbeat_ms, b.partitions_led)
+        return cls(b.broker_id, b.host, b.port, b.alive, b.last_heartbeat_ms, b.partitions_led, b.rack,
+                   b.partitions_followed, b.partitions_under_replicated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,8 +346,8 @@ class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
         """Create a topic; raises TopicAlreadyExistsError if it exists.
 
         ``config`` keys: the names of dmq.proto.limits.TOPIC_CONFIG_RANGES (retention_ms,
-        retention_bytes, segment_bytes, segment_ms, max_message_bytes, dedup_window_ms and the queue
-        settings). ``kind``: "log" or "event-store" (one partition of typed, tagged events).
+        retention_bytes, segment_bytes, segment_ms, max_message_bytes, dedup_window_ms, the queue
+        settings, replication_factor, min_insync_replicas) and unclean_leader_election (bool). ``kind``: "log" or "event-store" (one partition of typed, tagged events).
         """
         check_topic_name(name)
         _check(validate_partition_count, partitions)
@@ -374,6 +387,42 @@ class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
     def list_brokers(self) -> list[BrokerDescription]:
         response = self._metadata_call("ListBrokers", pb.ListBrokersRequest(), "list brokers")
         return sorted((BrokerDescription.from_response(b) for b in response.brokers), key=lambda b: b.broker_id)
+
+    def reassign_partition(
+        self, topic: str, partition: int, replicas: Sequence[int], *, wait_s: float | None = None
+    ) -> PartitionDescription:
+        """Move a partition's replicas to `replicas` (broker ids, the first the preferred leader). The
+        new replicas catch up before the old ones are dropped; with `wait_s`, wait up to that long
+        for it to complete (DMQTimeoutError naming the state reached when it does not), else return
+        at once. The partition as described when it returns."""
+        check_topic_name(topic)
+        _check(limits.check_partition_number, partition)
+        target = tuple(replicas)
+        request = pb.ReassignPartitionRequest(topic=topic, partition=partition, replicas=target)
+        self._metadata_call("ReassignPartition", request, f"reassign {topic!r} partition {partition}")
+        log.info("reassignment started", topic=topic, partition=partition, replicas=list(target))
+        current = self._partition(topic, partition)
+        if wait_s is None:
+            return current
+        deadline = time.monotonic() + wait_s
+        while current.replicas != target:
+            if time.monotonic() >= deadline:
+                raise DMQTimeoutError(
+                    f"reassigning {topic!r} partition {partition} to {list(target)} did not complete within "
+                    f"{wait_s:g} s (replicas {list(current.replicas)}, in sync {list(current.isr)}): the new "
+                    "replicas are still catching up; it continues on the coordinator"
+                )
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            current = self._partition(topic, partition)
+        self._cluster.invalidate(topic)
+        return current
+
+    def _partition(self, topic: str, partition: int) -> PartitionDescription:
+        info = self.describe_topic(topic)
+        found = next((p for p in info.partitions if p.partition == partition), None)
+        if found is None:
+            raise UnknownPartitionError(f"topic {topic!r} has {info.partition_count} partitions, not {partition}")
+        return found
 
     # -- offsets and logs (asked of the brokers) ----------------------------------------------------
 

@@ -258,6 +258,10 @@ class NoLiveBrokers(MetadataError):
         super().__init__(NO_LIVE_BROKERS)
 
 
+class NotEnoughBrokers(MetadataError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
 class NotReady(MetadataError):
     code = grpc.StatusCode.UNAVAILABLE
 
@@ -512,7 +516,10 @@ class MetadataManager:
         await complete_even_if_cancelled(self._apply_registration(record, now))
         self._brokers[broker_id].principal = principal
         self.pusher.on_registered(broker_id)
-        await self._change_states(lambda live: self._transitions_for(broker_id, live, transition=_back))
+        # Not pushed to the broker itself: its registration answer carries the states (a push could
+        # overtake the answer and name partitions it has not created yet).
+        await self._change_states(lambda live: self._transitions_for(broker_id, live, transition=_back),
+                                  skip=[broker_id])
         return self.partition_requests_for(broker_id)
 
     async def _apply_registration(self, record: BrokerRecord, now_ms: int) -> None:
@@ -789,12 +796,12 @@ class MetadataManager:
     # -- partition states --------------------------------------------------------------------------
 
     async def _change_states(
-        self, compute: Callable[[list[int]], StateChanges], *, also: Iterable[int] = ()
+        self, compute: Callable[[list[int]], StateChanges], *, also: Iterable[int] = (), skip: Iterable[int] = ()
     ) -> tuple[StateChanges, asyncio.Future[None]]:
         """Decide (compute(live) from the current states), record (SQLite, then memory) and push a
         change of partition states, one change at a time. The changes, and the push, which runs in
         the background (awaited by callers that answer after it); `also`: brokers pushed to even
-        when they are not live (one shutting down)."""
+        when they are not live (one shutting down); `skip`: brokers not pushed to."""
         async with self._state_lock:
             live = self.live_broker_ids()
             changes = compute(live)
@@ -805,7 +812,8 @@ class MetadataManager:
             done.set_result(None)
             return changes, done
         extra = list(also)
-        return changes, self.pusher.push(changes, [*live, *extra], also=extra)
+        targets = set(live) | set(extra)
+        return changes, self.pusher.push(changes, targets - set(skip), also=extra)
 
     async def _apply_states(self, changes: Mapping[tuple[str, int], PartitionRecord]) -> None:
         with _coordinator_disk_full():
@@ -860,8 +868,16 @@ class MetadataManager:
             if not live:
                 raise NoLiveBrokers()
             settings = _settings_for(config, self.default_topic_config)
+            defaulted = settings.replication_factor is None
             settings = replication_defaults(settings, len(live), self.default_replication_factor)
             _validated(settings.validate)  # a given min_insync_replicas above a defaulted factor
+            if defaulted and _factor(settings) > len(live):
+                # The operator's default asks for more brokers than are up (a cluster still starting):
+                # retriable, unlike a factor the request named.
+                raise NotEnoughBrokers(
+                    f"new topics get {_factor(settings)} replicas (default_replication_factor) and {len(live)} "
+                    "brokers are live: retry once the brokers have started, or name a replication_factor"
+                )
             _validated(settings.check_replication, len(live))
             states = place_partitions(name, range(partitions), _factor(settings), live, self.racks())
             self._check_principal_limits(principal, principal, name, new_topics=1, new_partitions=partitions)

@@ -157,12 +157,12 @@ def default_min_insync_replicas(replication_factor: int) -> int:
 
 def replication_defaults(settings: TopicSettings, live_brokers: int, default_factor: int | None) -> TopicSettings:
     """A new topic's replication settings made explicit: replication_factor defaults to
-    `default_factor` or, when None, min(3, live brokers); min_insync_replicas to 2 with 3 or more
+    `default_factor` (an operator's setting, which may exceed the brokers live now: the caller
+    refuses it) or, when None, min(3, live brokers); min_insync_replicas to 2 with 3 or more
     replicas, else 1 (never above the factor); unclean_leader_election to false."""
     rf = settings.replication_factor
     if rf is None:
         rf = default_factor if default_factor is not None else min(3, max(1, live_brokers))
-        rf = min(rf, max(1, live_brokers))
     min_insync = settings.min_insync_replicas
     if min_insync is None:
         min_insync = min(default_min_insync_replicas(rf), rf)

@@ -5,7 +5,9 @@ for `dmq health`, so a script can tell without parsing. Liveness is the coordina
 (heartbeats within the broker session timeout); `dmq health` also asks each broker directly.
 
 JSON schema: {"brokers": [{"broker_id", "address", "host", "port", "alive", "last_heartbeat_ms",
-                           "partitions_led"}]}
+                           "partitions_led", "rack" (null = none), "partitions_followed",
+                           "partitions_under_replicated"}]}
+partitions_under_replicated: partitions the broker leads with fewer in-sync replicas than replicas.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ def brokers() -> None:
 @output_option
 @click.pass_context
 def list_(ctx: click.Context, output: str) -> None:
-    """Every registered broker: id, address, liveness (heartbeats), partitions it leads."""
+    """Every registered broker: id, address, rack, liveness (heartbeats), partitions it leads, follows,
+    and leads under-replicated."""
     docs: list[dict[str, Any]] = [
         {
             "broker_id": b.broker_id,
@@ -38,6 +41,9 @@ def list_(ctx: click.Context, output: str) -> None:
             "alive": b.alive,
             "last_heartbeat_ms": b.last_heartbeat_ms,
             "partitions_led": b.partitions_led,
+            "rack": b.rack or None,
+            "partitions_followed": b.partitions_followed,
+            "partitions_under_replicated": b.partitions_under_replicated,
         }
         for b in admin(ctx).list_brokers()
     ]
@@ -52,10 +58,13 @@ def list_(ctx: click.Context, output: str) -> None:
     now_ms = int(time.time() * 1000)
     rows = [
         [str(d["broker_id"]), d["address"], "[green]alive[/]" if d["alive"] else "[red]down[/]",
-         human_ago_ms(d["last_heartbeat_ms"], now_ms), str(d["partitions_led"])]
+         human_ago_ms(d["last_heartbeat_ms"], now_ms), str(d["partitions_led"]), str(d["partitions_followed"]),
+         f"[yellow]{d['partitions_under_replicated']}[/]" if d["partitions_under_replicated"] else "0",
+         d["rack"] or "-"]
         for d in docs
     ]
-    show(table(["ID", "ADDRESS", "STATUS", "LAST HEARTBEAT", "PARTITIONS LED"], rows, right=("ID", "PARTITIONS LED")))
+    counts = ("PARTITIONS LED", "FOLLOWED", "UNDER-REPLICATED")
+    show(table(["ID", "ADDRESS", "STATUS", "LAST HEARTBEAT", *counts, "RACK"], rows, right=("ID", *counts)))
     if down:
         note(f"[yellow]{len(down)} broker(s) down:[/] their partitions cannot be read or written until they return.")
     _fail_if_down(down)

@@ -87,9 +87,11 @@ class ClusterOptions:
     quotas: QuotaSettings | None = None
     # Topics and partitions one principal may create (the super-users and cluster principal exempt).
     principal_limits: PrincipalLimits | None = None
-    # A new topic's replication_factor when it names none. None: 1 with one broker (the embedded
-    # server), min(3, live brokers) with several (`dmq server --brokers 3` replicates by default).
-    replication_factor: int | None = None
+    # A new topic's replication_factor when it names none. None: the coordinator's default,
+    # min(3, live brokers), as `dmq coordinator` and `dmq server --brokers N` (processes) have.
+    # 1 by default here: the embedded server has one broker, and the in-process multi-broker
+    # clusters (tests) keep the unreplicated placement their tests were written for unless asked.
+    replication_factor: int | None = 1
 
 
 # Bounds the calls a process serves at once (long polls and watch streams included); past it
@@ -277,8 +279,7 @@ class LocalCluster:
             broker_session_timeout_ms=o.broker_session_timeout_ms,
             default_subscription_mode=o.default_subscription_mode,
             rebalance_debounce_ms=o.rebalance_debounce_ms,
-            **{"default_replication_factor": o.replication_factor or (1 if o.brokers == 1 else None),
-               **o.coordinator_kwargs},  # type: ignore[arg-type]
+            **{"default_replication_factor": o.replication_factor, **o.coordinator_kwargs},  # type: ignore[arg-type]
         )
         self.coordinator.add_to_server(coord_server)
         coord_health = ServerHealth(coord_server)

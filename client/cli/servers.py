@@ -321,6 +321,9 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
                                                 "--data-dir", str(data_dir / "coordinator"),
                                                 "--default-subscription-mode", mode, *from_args, *session_args,
                                                 "--log-level", log_level, *(security_argv or []),
+                                                # replicated by default, also for a topic created
+                                                # before every broker registered (retried meanwhile)
+                                                "--default-replication-factor", str(min(3, brokers)),
                                                 *(coordinator_argv or [])]))
         for i in range(brokers):
             children.append(subprocess.Popen(exe + ["broker", "--host", host, "--port", "0", "--broker-id", str(i),
@@ -390,10 +393,15 @@ def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> list[str]:
 @click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
               help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
 @_broker_session_option
+@click.option("--default-replication-factor", type=click.IntRange(1, 16), default=None,
+              show_default="min(3, live brokers)",
+              help="Replicas of each partition of a topic created without a replication_factor; while fewer "
+                   "brokers are live, such creations are refused as retriable.")
 @_security_options
 @_principal_limit_options
 def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str,
                     default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int,
+                    default_replication_factor: int | None,
                     max_topics_per_principal: int, max_partitions_per_principal: int, **security_options) -> None:
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups."""
     security, quotas, _argv = _pop_security(security_options)
@@ -409,6 +417,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
             default_subscription_mode=default_subscription_mode,
             default_subscription_from_ms=from_ms,
             broker_session_timeout_ms=broker_session_timeout_ms,
+            default_replication_factor=default_replication_factor,
             security=security, quotas=quotas, principal_limits=limits,
         ))
     except (OSError, ValueError) as e:  # a busy port; security settings refused (SecurityConfigError)

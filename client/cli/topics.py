@@ -1,20 +1,23 @@
-"""`dmq topics create | list | describe | alter | delete | verify`.
+"""`dmq topics create | list | describe | alter | delete | verify | reassign`.
 
 JSON schemas (`-o json`; fields may be added, never renamed or removed):
   list      {"topics": [{"name", "partition_count", "created_ms", "kind" ("log" | "event-store"), "messages", "size_bytes",
                          "config": {retention_ms, retention_bytes, segment_bytes, segment_ms,
-                                    max_message_bytes, dedup_window_ms
+                                    max_message_bytes, dedup_window_ms, ..., replication_factor,
+                                    min_insync_replicas, unclean_leader_election
                                     (null = the broker's default)}}]}
   describe  {"name", "partition_count", "created_ms", "kind", "messages", "size_bytes", "config": {...},
              "partitions": [{"partition", "leader_id", "leader_address", "leader_alive",
                              "log_start_offset", "log_end_offset", "messages", "size_bytes",
-                             "segment_count", "error", "status", "status_detail"}]}
+                             "segment_count", "error", "status", "status_detail",
+                             "replicas": [int], "isr": [int], "leader_epoch", "under_replicated"}]}
                                                    (offsets/sizes null when unknown; status "ok" |
                                                    "corrupt": appends refused, damage never served)
   create / alter   the same document as describe, without log figures for new partitions
   delete    {"deleted": NAME}
   verify    {"name", "ok", "partitions": [{"partition", "leader_id", "ok", "batches_checked",
                                            "problems": [str], "indexes_rebuilt": [str], "error"}]}
+  reassign  {"name", "partition", "leader_id", "replicas": [int], "isr": [int], "leader_epoch", "completed"}
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from dmq.client.cli._output import (
 from dmq.client.cli._parse import CONFIG_KEYS, parse_topic_config
 from dmq.client.cli._session import CLIError
 from dmq.client.errors import TopicAlreadyExistsError, TopicNotFoundError
+from dmq.proto import limits
 
 if TYPE_CHECKING:
     from dmq.client.admin import AdminClient, LogDescription, TopicDescription
@@ -92,6 +96,10 @@ def topic_document(info: TopicDescription, views: dict[tuple[str, int], LogDescr
             "error": v.error if v is not None and v.error != "no leader" else None,
             "status": v.status if v is not None else None,
             "status_detail": v.status_detail if v is not None else None,
+            "replicas": list(p.replicas),
+            "isr": list(p.isr),
+            "leader_epoch": p.leader_epoch,
+            "under_replicated": p.under_replicated,
         })
     return {
         "name": info.name,
@@ -100,7 +108,7 @@ def topic_document(info: TopicDescription, views: dict[tuple[str, int], LogDescr
         "kind": info.kind,
         "messages": _sum([p["messages"] for p in partitions]) if views is not None else None,
         "size_bytes": _sum([p["size_bytes"] for p in partitions]) if views is not None else None,
-        "config": {k: info.config.get(k) for k in CONFIG_KEYS},
+        "config": {k: info.config.get(k) for k in (*CONFIG_KEYS, "unclean_leader_election")},
         "partitions": partitions,
     }
 
@@ -108,11 +116,21 @@ def topic_document(info: TopicDescription, views: dict[tuple[str, int], LogDescr
 def _config_value(key: str, value: int | None) -> str:
     if value is None:
         return "(server default)"
+    if key in _PLAIN_KEYS:
+        return str(value).lower()
     if key.endswith("_ms"):
         return f"{value}  ({human_duration_ms(value)})"
     if key == "retention_bytes" and value < 0:
         return f"{value}  (no limit)"
     return f"{value}  ({human_bytes(value)})"
+
+
+_PLAIN_KEYS = frozenset({"replication_factor", "min_insync_replicas", "unclean_leader_election",
+                         "max_delivery_attempts"})
+
+
+def _ids(ids: list[int]) -> str:
+    return ",".join(str(b) for b in ids) or "-"
 
 
 def _render_topic(doc: dict[str, Any], *, with_logs: bool) -> None:
@@ -130,7 +148,9 @@ def _render_topic(doc: dict[str, Any], *, with_logs: bool) -> None:
     for p in doc["partitions"]:
         alive = "[green]alive[/]" if p["leader_alive"] else "[red]down[/]"
         leader = f"{p['leader_id']} ({p['leader_address']})" if p["leader_address"] else "[red]none[/]"
+        isr = _ids(p["isr"]) + (" [yellow](under-replicated)[/]" if p["under_replicated"] else "")
         row = [str(p["partition"]), leader, alive]
+        replication = [_ids(p["replicas"]), isr, str(p["leader_epoch"])]
         if with_logs:
             def num(v: int | None) -> str:
                 return "-" if v is None else str(v)
@@ -139,12 +159,16 @@ def _render_topic(doc: dict[str, Any], *, with_logs: bool) -> None:
             if p.get("status") == "corrupt":
                 note_text = f"[red]CORRUPT[/] {p['status_detail'] or ''}".strip()
             row += [num(p["log_start_offset"]), num(p["log_end_offset"]), num(p["messages"]),
-                    human_bytes(p["size_bytes"]), note_text]
+                    human_bytes(p["size_bytes"]), *replication, note_text]
+        else:
+            row += replication
         rows.append(row)
     cols = ["PARTITION", "LEADER", "STATUS"]
     if with_logs:
-        cols += ["LOG START", "LOG END", "MESSAGES", "SIZE", "NOTE"]
-    show(table(cols, rows, right=("PARTITION", "LOG START", "LOG END", "MESSAGES", "SIZE")))
+        cols += ["LOG START", "LOG END", "MESSAGES", "SIZE", "REPLICAS", "IN SYNC", "EPOCH", "NOTE"]
+    else:
+        cols += ["REPLICAS", "IN SYNC", "EPOCH"]
+    show(table(cols, rows, right=("PARTITION", "EPOCH", "LOG START", "LOG END", "MESSAGES", "SIZE")))
     show(table(["CONFIG", "VALUE"], [[k, _config_value(k, v)] for k, v in doc["config"].items()]))
 
 
@@ -156,19 +180,35 @@ def _render_topic(doc: dict[str, Any], *, with_logs: bool) -> None:
 @click.option("--kind", type=click.Choice(["log", "event-store"]), default="log", show_default=True,
               help="log: a partitioned log; event-store: one partition of typed, tagged events "
                    "(`dmq events append / read`), kept forever.")
+@click.option("-r", "--replication-factor", type=click.IntRange(1, limits.REPLICATION_FACTOR_MAX), default=None,
+              show_default="min(3, live brokers); 1 for the embedded server",
+              help="Copies of each partition, each on its own broker.")
+@click.option("--min-insync-replicas", type=click.IntRange(1, limits.REPLICATION_FACTOR_MAX), default=None,
+              show_default="2 with 3 or more replicas, else 1",
+              help="acks=all is refused while fewer replicas are in sync.")
+@click.option("--unclean-leader-election", is_flag=True,
+              help="Let a replica outside the in-sync set lead when none of it is alive (may lose acknowledged "
+                   "records).")
 @click.option("--if-not-exists", is_flag=True, help="Succeed quietly when the topic already exists.")
 @output_option
 @click.pass_context
-def create(ctx: click.Context, name: str, partitions: int, config: tuple[str, ...], kind: str, if_not_exists: bool,
-           output: str) -> None:
+def create(ctx: click.Context, name: str, partitions: int, config: tuple[str, ...], kind: str,
+           replication_factor: int | None, min_insync_replicas: int | None, unclean_leader_election: bool,
+           if_not_exists: bool, output: str) -> None:
     """Create topic NAME with --partitions partitions.
 
     \b
     Example:
       dmq topics create orders --partitions 3 --config retention_ms=7d
+      dmq topics create payments --partitions 6 --replication-factor 3 --min-insync-replicas 2
       dmq topics create courses --kind event-store
     """
-    settings = parse_topic_config(config)
+    settings: dict[str, int] = dict(parse_topic_config(config))
+    for key, value in (("replication_factor", replication_factor), ("min_insync_replicas", min_insync_replicas)):
+        if value is not None:
+            settings[key] = value
+    if unclean_leader_election:
+        settings["unclean_leader_election"] = True
     client = admin(ctx)
     try:
         info = client.create_topic(name, partitions, config=settings, kind=kind)
@@ -326,3 +366,43 @@ def verify(ctx: click.Context, name: str, output: str) -> None:
         show(table(["PARTITION", "BROKER", "BATCHES", "RESULT", "DETAIL"], table_rows, right=("PARTITION", "BATCHES")))
     if not all_ok:
         ctx.exit(1)
+
+
+def _broker_ids(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        ids = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of broker ids (e.g. 1,2,3)") from None
+    if not ids:
+        raise click.BadParameter("name at least one broker id (e.g. 1,2,3)")
+    return ids
+
+
+@topics.command("reassign")
+@click.argument("name")
+@click.option("--partition", type=click.IntRange(0, limits.PARTITIONS_PER_TOPIC_MAX - 1), required=True,
+              help="The partition to move.")
+@click.option("--replicas", required=True, callback=_broker_ids, metavar="IDS",
+              help="The broker ids to hold it, comma-separated; the first is the preferred leader.")
+@click.option("--timeout", "wait_s", type=click.FloatRange(0.1), default=60.0, show_default=True, metavar="SECONDS",
+              help="How long to wait for the new replicas to catch up and the old ones to be dropped.")
+@output_option
+@click.pass_context
+def reassign(ctx: click.Context, name: str, partition: int, replicas: tuple[int, ...], wait_s: float,
+             output: str) -> None:
+    """Move partition --partition of topic NAME to the brokers --replicas. The new replicas copy the
+    partition from its leader and join the in-sync set before the old ones are dropped, so it stays
+    readable and writable throughout; waits for that (--timeout) and prints the result.
+
+    \b
+    Example:
+      dmq topics reassign orders --partition 0 --replicas 1,2,3
+    """
+    p = admin(ctx).reassign_partition(name, partition, replicas, wait_s=wait_s)
+    doc: dict[str, Any] = {"name": name, "partition": partition, "leader_id": p.leader_id, "replicas": list(p.replicas),
+           "isr": list(p.isr), "leader_epoch": p.leader_epoch, "completed": p.replicas == replicas}
+    if output == "json":
+        print_json(doc)
+        return
+    show(f"Topic [bold cyan]{name}[/] partition {partition}: replicas {_ids(doc['replicas'])}, in sync "
+         f"{_ids(doc['isr'])}, leader {p.leader_id} (epoch {p.leader_epoch}).")

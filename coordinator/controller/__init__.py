@@ -1,3 +1,8 @@
-"""The controller's part of the metadata service (DESIGN.md "Replication"): who leads each
-replicated partition. `election` holds the pure rules (election from the in-sync set, failover,
-preferred leader, rack-aware placement)."""
+"""The controller's part of the metadata service (DESIGN.md "Replication"): who holds and who
+leads each replicated partition. The metadata service (dmq.coordinator.metadata) records the states
+and runs the controller's events; the rules are here:
+  election          pure election rules (from the in-sync set, failover, preferred leader, placement)
+  placement         where a new partition's replicas go (round-robin leaders, racks spread)
+  partition_states  a partition's state transitions and the checks of AlterIsr / reassignment
+  pushes            UpdatePartitionStates to the brokers, with retries at their heartbeats
+"""

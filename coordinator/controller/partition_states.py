@@ -27,6 +27,7 @@ Transitions (event => next state):
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
@@ -39,6 +40,7 @@ from dmq.coordinator.controller.election import (
     restore_preferred,
 )
 from dmq.coordinator.store import NO_LEADER, PartitionRecord
+from dmq.proto import limits
 
 
 class StateRefused(Exception):
@@ -134,7 +136,12 @@ def check_reassignment(target: Sequence[int], live: Collection[int], *, field: s
     """StateRefused(INVALID_ARGUMENT) unless `target` is a non-empty list of distinct live brokers."""
     if not target:
         raise StateRefused(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: name at least one broker")
-    duplicates = sorted({b for b in target if list(target).count(b) > 1})
+    if len(target) > limits.REPLICATION_FACTOR_MAX:
+        raise StateRefused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{field}: at most {limits.REPLICATION_FACTOR_MAX} replicas (replication_factor's limit), got {len(target)}",
+        )
+    duplicates = sorted(b for b, n in Counter(target).items() if n > 1)
     if duplicates:
         raise StateRefused(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: brokers {duplicates} are named twice")
     dead = [b for b in target if b not in live]

@@ -163,11 +163,13 @@ def test_help_explains_every_flag_with_its_default(dmq_bare: Any) -> None:
 
 TOPIC_KEYS = {"name", "partition_count", "created_ms", "kind", "messages", "size_bytes", "config"}
 PARTITION_KEYS = {"partition", "leader_id", "leader_address", "leader_alive", "log_start_offset", "log_end_offset",
-                  "messages", "size_bytes", "segment_count", "error", "status", "status_detail"}
+                  "messages", "size_bytes", "segment_count", "error", "status", "status_detail",
+                  "replicas", "isr", "leader_epoch", "under_replicated"}
 CONFIG_KEYS = {"retention_ms", "retention_bytes", "segment_bytes", "segment_ms", "max_message_bytes",
                "dedup_window_ms", "delay_ms", "max_wait_ms", "window_buffer_ms", "lease_ms", "max_delivery_attempts",
-               "max_queue_size"}
-BROKER_KEYS = {"broker_id", "address", "host", "port", "alive", "last_heartbeat_ms", "partitions_led"}
+               "max_queue_size", "replication_factor", "min_insync_replicas", "unclean_leader_election"}
+BROKER_KEYS = {"broker_id", "address", "host", "port", "alive", "last_heartbeat_ms", "partitions_led",
+               "rack", "partitions_followed", "partitions_under_replicated"}
 
 
 def test_json_schemas_are_stable(dmq: Dmq) -> None:

@@ -27,8 +27,11 @@ class ReplicaBroker(FakeBroker):
     def __init__(self) -> None:
         super().__init__()
         self.pushed: list[pb.PartitionState] = []
+        self.refuse: list[grpc.StatusCode] = []  # the next pushes' answers, before any is applied
 
     async def UpdatePartitionStates(self, request, context):  # noqa: N802
+        if self.refuse:
+            await context.abort(self.refuse.pop(0), "refused by the test")
         self.pushed.extend(request.states)
         return pb.UpdatePartitionStatesResponse()
 
@@ -97,7 +100,7 @@ async def test_replicated_topic_goes_to_every_replica_with_states(h: Harness) ->
     for p in range(3):
         leader, replicas, isr, epoch = view(info, p)
         assert sorted(replicas) == [1, 2, 3] and isr == replicas and leader == replicas[0] and epoch == 0
-    for broker_id, broker in brokers.items():
+    for broker in brokers.values():
         (request,) = [r for r in broker.created if r.topic == "r"]
         assert list(request.partitions) == [0, 1, 2]  # every replica, leading or following
         assert [s.partition for s in request.states] == [0, 1, 2]
@@ -132,6 +135,22 @@ async def test_replication_settings_are_validated(h: Harness, config, fragments)
     await add(h, 2)
     await expect_error(h.create("bad", 1, **config), grpc.StatusCode.INVALID_ARGUMENT, *fragments)
     assert h.node.metadata.topic("bad") is None
+
+
+async def test_an_operators_default_factor_waits_for_its_brokers(tmp_path: pathlib.Path) -> None:
+    h = Harness(tmp_path / "coordinator", node_kwargs={"default_replication_factor": 3})
+    await h.start_coordinator()
+    try:
+        for b in (1, 2):
+            await add(h, b)
+        await expect_error(h.create("d", 1), grpc.StatusCode.UNAVAILABLE,
+                           "new topics get 3 replicas (default_replication_factor) and 2 brokers are live")
+        assert (await h.create("named", 1, replication_factor=2)).config.replication_factor == 2
+        await add(h, 3)
+        info = await h.create("d", 1)
+        assert (info.config.replication_factor, info.config.min_insync_replicas) == (3, 2)
+    finally:
+        await h.close()
 
 
 async def test_racks_spread_replicas(h: Harness) -> None:
@@ -179,8 +198,7 @@ async def test_no_live_isr_means_offline_until_it_returns(h: Harness) -> None:
     for b in (1, 2):
         await add(h, b)
     info = await h.create("o", 1, replication_factor=2)
-    leader, replicas, _, _ = view(info)
-    follower = next(b for b in replicas if b != leader)
+    leader, _, _, _ = view(info)
     state = (await h.stub.GetMetadata(pb.GetMetadataRequest(topics=["o"]), timeout=5)).topics[0].partitions[0]
     ps = pb.PartitionState(topic="o", partition=0, leader_id=leader, leader_epoch=state.leader_epoch, partition_epoch=0)
     await alter_isr(h, ps, [leader])  # the follower fell behind
@@ -226,7 +244,8 @@ async def test_shutting_down_moves_leadership_before_answering(h: Harness) -> No
 
 
 def test_election_reaches_a_real_broker_cluster(cluster_factory) -> None:  # noqa: ANN001
-    cluster = cluster_factory(brokers=3, shared_port=False, broker_session_timeout_ms=1000)
+    # replication_factor None: the coordinator's default, min(3, live brokers)
+    cluster = cluster_factory(brokers=3, shared_port=False, broker_session_timeout_ms=1000, replication_factor=None)
     with grpc.insecure_channel(cluster.bootstrap, options=channel_options()) as channel:
         stub = pb_grpc.MetadataStub(channel)
         info = stub.CreateTopic(pb.CreateTopicRequest(name="real", partitions=1), timeout=10)
@@ -244,9 +263,9 @@ def test_election_reaches_a_real_broker_cluster(cluster_factory) -> None:  # noq
         new_leader, _, new_isr, new_epoch = view(after)
         assert new_leader == next(b for b in replicas if b != leader), "no new leader within 10 s"
         assert new_epoch == 1 and leader not in new_isr and after.partitions[0].leader_alive
-        # session 1 s, expiry checked every 100 ms: the election follows within about 1.1 s of the
-        # last heartbeat (a bound on the controller's loop, not a speed measurement)
-        assert elapsed_s < 3, elapsed_s
+        # session 1 s, expiry checked every 100 ms (test_broker_session_default): the election follows
+        # within about 1.1 s of the last heartbeat. A figure, not an assertion (the machine is shared).
+        print(f"new leader in metadata {elapsed_s:.2f} s after the leader's broker stopped (session 1 s)")
 
 
 # -- AlterIsr, preferred leader, reassignment ---------------------------------------------------------
@@ -356,3 +375,28 @@ async def test_reassign_adds_waits_for_sync_then_drops(h: Harness) -> None:
     for b in target:
         assert await until(lambda b=b: (brokers[b].latest("m", 0) or pb.PartitionState()).partition_epoch
                            == final.partition_epoch)
+
+
+async def test_a_lost_push_is_sent_again_at_the_next_heartbeat(h: Harness) -> None:
+    brokers = {b: await add(h, b) for b in (1, 2, 3)}
+    await h.create("lost", 1)
+    s = await current_state(h, "lost")
+    unreachable, old_version = s.replicas[1], s.replicas[2]
+    brokers[unreachable].refuse = [grpc.StatusCode.UNAVAILABLE]
+    brokers[old_version].refuse = [grpc.StatusCode.UNIMPLEMENTED]  # a broker without replication
+    shrunk = (await alter_isr(h, s, [s.leader_id])).state
+    pusher = h.node.metadata.pusher
+    assert await until(lambda: unreachable in pusher.pending)
+    assert old_version not in pusher.pending  # dropped: retrying cannot help until it restarts
+    assert brokers[unreachable].latest("lost", 0) is None
+    await beat(h, unreachable, old_version)
+    got = await until(lambda: brokers[unreachable].latest("lost", 0))
+    assert got.partition_epoch == shrunk.partition_epoch and unreachable not in pusher.pending
+    assert brokers[old_version].latest("lost", 0) is None
+    # a registration answer carries every state: nothing stays pending for that broker
+    brokers[unreachable].refuse = [grpc.StatusCode.UNAVAILABLE]
+    await alter_isr(h, shrunk, [shrunk.leader_id, unreachable])
+    assert await until(lambda: unreachable in pusher.pending)
+    (request,) = [r for r in (await register(h, unreachable)).partitions if r.topic == "lost"]
+    assert list(request.states[0].isr) == sorted([shrunk.leader_id, unreachable], key=list(s.replicas).index)
+    assert unreachable not in pusher.pending

@@ -203,6 +203,12 @@ CASES: dict[str, Case] = {
         lambda n: [("cluster", "cluster", "alter", False)]),
     "/dmq.v1.Metadata/RemoveAcls": Case(lambda a, n: _remove_acl(a, n), lambda n: [("cluster", "cluster", "alter", False)]),
     "/dmq.v1.Metadata/ListAcls": Case(lambda a, n: pb.ListAclsRequest(), lambda n: CLUSTER),
+    # the leader confirming its in-sync set as it is (cluster-internal)
+    "/dmq.v1.Metadata/AlterIsr": Case(lambda a, n: _current_isr(a, _topic(a, n))),
+    # moving the partition where it is: a change with nothing to move, still an admin's alter
+    "/dmq.v1.Metadata/ReassignPartition": Case(
+        lambda a, n: pb.ReassignPartitionRequest(topic=_topic(a, n), partition=0, replicas=_replicas(a, n)),
+        lambda n: [("cluster", "cluster", "alter", False)]),
     # GroupCoordinator
     "/dmq.v1.GroupCoordinator/FindOrCreateGroup": Case(
         lambda a, n: pb.FindOrCreateGroupRequest(topic=_topic(a, n), app_id="app"),
@@ -238,6 +244,17 @@ def _same_registration(admin: Caller) -> pb.RegisterBrokerRequest:
     """Broker 0 registering again where it is (what a broker does after a coordinator restart)."""
     b = admin.metadata.ListBrokers(pb.ListBrokersRequest(), timeout=10).brokers[0]
     return pb.RegisterBrokerRequest(broker_id=b.broker_id, host=b.host, port=b.port)
+
+
+def _replicas(admin: Caller, topic: str) -> list[int]:
+    return list(admin.metadata.DescribeTopic(pb.DescribeTopicRequest(name=topic), timeout=10).partitions[0].replicas)
+
+
+def _current_isr(admin: Caller, topic: str) -> pb.AlterIsrRequest:
+    """Partition 0's leader asking for the in-sync set it has (a new partition: partition epoch 0)."""
+    p = admin.metadata.DescribeTopic(pb.DescribeTopicRequest(name=topic), timeout=10).partitions[0]
+    return pb.AlterIsrRequest(broker_id=p.leader_id, topic=topic, partition=0, leader_epoch=p.leader_epoch,
+                              partition_epoch=0, isr=list(p.isr))
 
 
 def _remove_acl(admin: Caller, name: str) -> pb.RemoveAclsRequest:

@@ -59,7 +59,7 @@ def test_rf_above_live_brokers_is_refused() -> None:
         (TopicSettings(), 2, None, (2, 1, False)),
         (TopicSettings(), 5, None, (3, 2, False)),  # min(3, live); min_insync 2 with RF >= 3
         (TopicSettings(), 5, 1, (1, 1, False)),  # the coordinator's default
-        (TopicSettings(), 2, 3, (2, 1, False)),  # a default never above the live brokers
+        (TopicSettings(), 2, 3, (3, 2, False)),  # an operator's default as set (refused while 2 are live)
         (TopicSettings(replication_factor=3, min_insync_replicas=3, unclean_leader_election=True), 3, None,
          (3, 3, True)),
     ],
@@ -145,7 +145,8 @@ def test_alter_isr_accepted_in_replica_order_and_idempotent() -> None:
 
 @pytest.mark.parametrize(
     ("target", "fragment"),
-    [([], "at least one"), ([1, 1], "named twice"), ([1, 9], "brokers [9] are not live")],
+    [([], "at least one"), ([1, 1], "named twice"), ([1, 9], "brokers [9] are not live"),
+     (list(range(17)), "at most 16 replicas")],
 )
 def test_reassignment_targets_are_checked(target, fragment) -> None:  # noqa: ANN001
     with pytest.raises(StateRefused, match=fragment.replace("[", r"\[").replace("]", r"\]")) as info:
