@@ -228,7 +228,7 @@ class OffsetStore:
                     "SELECT group_id, topic, partition, next_offset, metadata, commit_time_ms FROM committed_offsets"
                 ))
 
-        by_partition: dict[Key, list[tuple[str, CommittedOffset]]] = {}
+        by_partition: dict[Key, list[tuple[str, CommittedOffset | None]]] = {}
         for group, topic, partition, offset, metadata, ts in await asyncio.to_thread(rows):
             by_partition.setdefault((topic, partition), []).append((group, CommittedOffset(offset, metadata, ts)))
         imported = 0

@@ -37,14 +37,6 @@ class Progress:
 
 
 class ProgressStore(Protocol):
-    def _reload(self, topic: str, partition: int) -> None:
-        """The partition's commits were replayed (this broker became its leader): so is its index."""
-        groups: dict[str, Progress] = {}
-        for (group_id, t, p), committed in self._offsets.items():
-            if (t, p) == (topic, partition) and group_id.startswith(QUEUE_GROUP_PREFIX):
-                groups[group_id[len(QUEUE_GROUP_PREFIX):]] = _decode(committed.offset, committed.metadata)
-        self._by_partition[(topic, partition)] = groups
-
     def get(self, topic: str, partition: int, group: str) -> Progress | None: ...
 
     def groups(self, topic: str, partition: int) -> dict[str, Progress]: ...
@@ -81,11 +73,14 @@ class OffsetProgressStore:
     def __repr__(self) -> str:
         return f"<OffsetProgressStore partitions={len(self._by_partition)}>"
 
-    def load(self) -> None:
-        """Build the index from the open OffsetStore (at broker start)."""
-        self._by_partition.clear()
+    def load(self, only: tuple[str, int] | None = None) -> None:
+        """Build the index from the open OffsetStore (at broker start), or one partition's."""
+        if only is None:
+            self._by_partition.clear()
+        else:
+            self._by_partition[only] = {}
         for (group_id, topic, partition), committed in self._offsets.items():
-            if group_id.startswith(QUEUE_GROUP_PREFIX):
+            if group_id.startswith(QUEUE_GROUP_PREFIX) and only in (None, (topic, partition)):
                 group = group_id[len(QUEUE_GROUP_PREFIX):]
                 self._by_partition.setdefault((topic, partition), {})[group] = _decode(
                     committed.offset, committed.metadata
@@ -93,11 +88,7 @@ class OffsetProgressStore:
 
     def _reload(self, topic: str, partition: int) -> None:
         """The partition's commits were replayed (this broker became its leader): so is its index."""
-        groups: dict[str, Progress] = {}
-        for (group_id, t, p), committed in self._offsets.items():
-            if (t, p) == (topic, partition) and group_id.startswith(QUEUE_GROUP_PREFIX):
-                groups[group_id[len(QUEUE_GROUP_PREFIX):]] = _decode(committed.offset, committed.metadata)
-        self._by_partition[(topic, partition)] = groups
+        self.load((topic, partition))
 
     def get(self, topic: str, partition: int, group: str) -> Progress | None:
         groups = self._by_partition.get((topic, partition))
