@@ -433,7 +433,8 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
               help="Where this broker's logs and committed offsets live.")
 @click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
               help="Least severe log lines to print (structlog: console lines in a terminal, JSON otherwise).")
-@click.option("--rack", default="", help="Rack / zone label: a partition's replicas are spread over racks.")
+@click.option("--rack", default="", show_default="(none)",
+              help="Rack / zone label: a partition's replicas are spread over racks.")
 @click.option("--replica-lag-time-max-ms", type=click.IntRange(1), default=REPLICA_LAG_TIME_MAX_MS_DEFAULT,
               show_default=True,
               help="A follower not caught up with its leader for this long leaves the in-sync set.")

@@ -146,7 +146,10 @@ async def test_stop_leaves_the_group_promptly(server):
 async def test_admin_topics(server):
     async with AsyncAdminClient(server.bootstrap) as admin:
         created = await admin.create_topic("t1", 2, {"retention_ms": 60_000})
-        assert created.partition_count == 2 and created.config == {"retention_ms": 60_000}
+        assert created.partition_count == 2
+        # the given setting, and the replication settings the coordinator chose (one broker: 1)
+        assert created.config == {"retention_ms": 60_000, "replication_factor": 1, "min_insync_replicas": 1,
+                                  "unclean_leader_election": False}
         with pytest.raises(TopicAlreadyExistsError):
             await admin.create_topic("t1", 2)
         assert [t.name for t in await admin.list_topics()] == ["t1"]
