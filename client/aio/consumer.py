@@ -29,9 +29,9 @@ HANDOVER_COMMIT_WAIT_S), and getmany() hands out no record while it runs, rather
 only the partitions of the membership concerned; getmany() keeps to its timeout either way.
 Records buffered for getone() / ``async for`` are not counted as consumed until they are handed
 out, so commits never cover a record the application has not seen (see _Chunk: ``async for``
-drains a buffered chunk with a plain for loop, one generator step per record, and the position
-handed out is read back from the chunk's iterator). Rebalance listener callbacks may be coroutine
-functions (they are awaited).
+takes each record straight from a buffered chunk's iterator, and the position handed out is read
+back from that iterator). Rebalance listener callbacks may be coroutine functions (they are
+awaited).
 
 Tasks owned here: the group work, the heartbeat supervisor (and its per-membership heartbeat and
 watch tasks), the fetch and look-up calls (through the AsyncCluster), the auto-commits. stop()
@@ -46,7 +46,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import fields
 from itertools import islice
 from operator import length_hint
@@ -137,7 +137,7 @@ class _Chunk:
     iterator's length_hint is exactly the number of records left). Whoever must stop a reader
     that is draining the chunk between two records (group work starting, stop(), seek(),
     revocation) ends the iterator it holds with detach() or drop(), so ``async for`` needs no
-    check per record."""
+    check per record: __anext__ finds the iterator ended and asks _ready_chunk() again."""
 
     __slots__ = ("tp", "records", "it")
 
@@ -213,6 +213,8 @@ class AsyncConsumer:
         self._backoff: dict[str, tuple[float, float]] = {}  # topic -> (retry at, last delay)
         # Records fetched for getone() / async for and not all handed out yet, in fetch order
         self._pending: deque[_Chunk] = deque()
+        # The iterator of the chunk __anext__ hands records out of (one of the chunks' own)
+        self._draining: Iterator[ConsumerRecord] = iter(())
         self._auto_commits: set[asyncio.Future[Any]] = set()
         self._next_auto_commit = 0.0
         self._last_poll = time.monotonic()
@@ -336,49 +338,41 @@ class AsyncConsumer:
     async def getone(self, *partitions: TopicPartition) -> ConsumerRecord:
         """The next record (of `partitions` only, when given), waiting as long as it takes (like
         aiokafka's); each wait inside is bounded by fetch_max_wait_ms."""
+        if not partitions:
+            return await self._next_record()
         while True:
-            if partitions:
-                batch = await self.getmany(*partitions, timeout_ms=self.config.fetch_max_wait_ms, max_records=1)
-                if batch:
-                    return next(iter(batch.values()))[0]
-                continue
-            chunk = self._ready_chunk()
-            if chunk is not None:
-                return next(chunk.it)
-            await self._refill()
+            batch = await self.getmany(*partitions, timeout_ms=self.config.fetch_max_wait_ms, max_records=1)
+            if batch:
+                return next(iter(batch.values()))[0]
 
-    def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
-        return self._iterate()
+    def __aiter__(self) -> AsyncConsumer:
+        return self
 
     async def __anext__(self) -> ConsumerRecord:
-        """The next record; StopAsyncIteration once the consumer is stopped (``async for`` runs
-        _iterate() instead: this is for callers of ``anext(consumer)``)."""
-        if self._closed:
-            raise StopAsyncIteration
+        """The next record, for ``async for`` and anext(); StopAsyncIteration once the consumer is
+        stopped. While a buffered chunk has records left this is one step of the chunk's iterator:
+        no other await, no check, no bookkeeping (every stop of the hand-out ends that iterator,
+        see _Chunk). CPython's ``async for`` step is paid per record whatever is done here; a
+        coroutine's return is that step's cheapest form in pure Python (an async generator's
+        step raises a StopIteration carrying each record: ~20% dearer in isolation; a Future
+        per record far more: bench/RESULTS.md, "asyncio client")."""
+        for record in self._draining:
+            return record
         try:
-            return await self.getone()
+            return await self._next_record()
         except ClientClosedError:
             raise StopAsyncIteration from None
 
-    async def _iterate(self) -> AsyncIterator[ConsumerRecord]:
-        """``async for``'s records, until the consumer is stopped. A buffered chunk is drained by
-        a plain for loop between awaits: a record costs one step of this generator, not a
-        coroutine with buffer bookkeeping of its own (that made ``async for`` 63-69% of
-        getmany()'s records per CPU-second, this 71-85%: bench/RESULTS.md). Every stop of the
-        hand-out ends the chunk's iterator (see _Chunk), and the loop then asks _ready_chunk()
-        again."""
+    async def _next_record(self) -> ConsumerRecord:
+        """The first record of the next chunk _ready_chunk() allows, refilling the buffer (up to
+        fetch_max_wait_ms per wait) until there is one; the chunk's iterator becomes the one
+        __anext__ drains."""
         while True:
             chunk = self._ready_chunk()
-            if chunk is None:
-                if self._closed:
-                    return
-                try:
-                    await self._refill()
-                except ClientClosedError:
-                    return
-                continue
-            for record in chunk.it:
-                yield record
+            if chunk is not None:
+                self._draining = chunk.it
+                return next(chunk.it)  # _ready_chunk() gives only chunks with records left
+            await self._refill()
 
     def _ready_chunk(self) -> _Chunk | None:
         """The first buffered chunk with records left, when records may be handed out: not

@@ -182,3 +182,37 @@ async def test_deserializers_apply_to_getmany_and_async_for(server):
         consumer.seek(tp, 3)
         record = await asyncio.wait_for(anext(aiter(consumer)), WAIT_S)
         assert (record.offset, record.key, record.value) == (3, "k3", {"n": 3})
+
+
+async def test_async_for_anext_getone_and_getmany_share_one_hand_out(server):
+    """Every way of reading, mixed on one consumer (``async for`` left mid-chunk, anext(),
+    getone(), getmany()), with a pause / resume mid-chunk: each record is handed out once, and
+    each partition's records in offset order, since all of them take from the same chunks."""
+    n = 400
+    await create(server.bootstrap, "mixed", 2)
+    stored = await produce(server.bootstrap, "mixed", n)
+    kw = dict(FAST, bootstrap_servers=server.bootstrap, group_id="app", max_poll_records=25)
+    seen: list[tuple[int, int]] = []
+    async with AsyncConsumer("mixed", **kw) as consumer:
+        for round_ in range(200):  # bounded; about 25 rounds read everything
+            left = n - len(seen)
+            if not left:
+                break
+            await read(consumer, min(7, left), seen)
+            if round_ == 2:
+                assert buffered_left(consumer) > 0
+                consumer.pause(TopicPartition("mixed", 0))  # its buffered records come again after resume()
+                consumer.resume(TopicPartition("mixed", 0))
+            for get in (consumer.getone, lambda: anext(consumer)):
+                if len(seen) < n:
+                    r = await asyncio.wait_for(get(), WAIT_S)
+                    seen.append((r.partition, r.offset))
+            if len(seen) < n:
+                batch = await consumer.getmany(timeout_ms=1_000, max_records=min(5, n - len(seen)))
+                seen.extend((r.partition, r.offset) for records in batch.values() for r in records)
+        assert await consumer.getmany(timeout_ms=300) == {}
+    assert len(seen) == len(set(seen)) == n, f"{len(seen) - len(set(seen))} returned twice"
+    assert set(seen) == set(stored)
+    for p in (0, 1):
+        offsets = [o for q, o in seen if q == p]
+        assert offsets == sorted(offsets), f"partition {p} out of order"
