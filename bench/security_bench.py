@@ -1,33 +1,48 @@
 """Produce and consume throughput with security off, TLS only, and TLS + tokens + ACLs.
 
-    .venv/bin/python bench/security_bench.py [--records 200000] [--size 100] [--partitions 4]
+    .venv/bin/python bench/security_bench.py [--records 200000] [--seconds 3] [--rounds 5]
+                                             [--size 100] [--partitions 4]
 
-For each mode, the embedded server (coordinator + one broker) runs in a CHILD process with its
-own data directory (as bench/_server.py does), and this process measures:
+Three embedded servers (coordinator + one broker each, as `dmq server`) run side by side, each
+in a CHILD process with its own data directory (bench/_server.py), one per mode:
+  plain            security off (as `make run`);
+  tls              TLS on the port, no authentication;
+  tls+tokens+acls  TLS, HS256 tokens, and the measured client is an ordinary principal allowed
+                   by ACLs: every call is authenticated and authorized.
+Issue 18's target: tls+tokens+acls keeps >= 75% of plain.
 
-  1. one Producer, acks=all, --records values of --size bytes through send(), then flush;
-  2. one SimpleConsumer reading them all back with consume_batches() (every record iterated).
-
-Modes: `plain` (security off, as `make run`), `tls` (TLS on the port, no authentication),
-`tls+tokens+acls` (TLS, HS256 tokens, and the client is an ordinary principal allowed by ACLs:
-every call is authenticated and authorized). Issue 18's target: the last keeps >= 75% of plain.
-Figures vary run to run on a shared machine: compare within one run.
+The machine is shared and noisy, so the modes are measured in interleaved rounds: every round
+runs each mode once (the order rotating round by round), so a burst of load elsewhere hits the
+three alike. In each mode's turn this process measures, excluding connection set-up:
+  1. produce: one Producer (acks=all, send() on the sticky fast path) sends --size-byte values
+     (a pool of --records, sent over and over) for at least --seconds, then flushes;
+  2. consume: one SimpleConsumer reads the topic from offset 0 with consume_batches(), every
+     record iterated, partition after partition and over again, for --seconds.
+Printed: every round's msgs/s and ratios to plain, the medians, and the CPU seconds per million
+records of this client process (all its threads) and of the server process, a measure the other
+load on the machine disturbs less than wall-clock throughput.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import dataclasses
+import logging
 import pathlib
+import statistics
 import sys
 import tempfile
 import textwrap
 import time
 
+import structlog
+
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _server import ChildServer  # noqa: E402  (the bench helpers, shared)
+from produce_consume import make_values  # noqa: E402
 
 SECRET = "bench-secret-0123456789-abcdefghijklmnop"
+TOPIC = "bench"
 SERVER_SCRIPT = textwrap.dedent(
     """
     import asyncio, logging, pathlib, sys
@@ -49,6 +64,38 @@ SERVER_SCRIPT = textwrap.dedent(
     """
 )
 MODES = ("plain", "tls", "tls+tokens+acls")
+SECURE = MODES[-1]
+
+
+@dataclasses.dataclass
+class Phase:
+    """One timed phase: records moved, wall seconds, CPU seconds of this process and the server's."""
+
+    records: int
+    wall_s: float
+    client_cpu_s: float
+    server_cpu_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.wall_s
+
+    def cpu_per_million(self, which: str) -> float:
+        return getattr(self, f"{which}_cpu_s") * 1e6 / self.records
+
+
+class Meter:
+    """Wall clock and both processes' CPU clocks, started together."""
+
+    def __init__(self, server: ChildServer) -> None:
+        self.server = server
+        self.wall, self.cpu, self.server_cpu = time.perf_counter(), time.process_time(), server.cpu_s()
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.wall
+
+    def stop(self, records: int) -> Phase:
+        return Phase(records, self.elapsed_s(), time.process_time() - self.cpu, self.server.cpu_s() - self.server_cpu)
 
 
 def client_settings(mode: str, certs: pathlib.Path, principal: str) -> dict[str, str]:
@@ -57,66 +104,127 @@ def client_settings(mode: str, certs: pathlib.Path, principal: str) -> dict[str,
     if mode == "plain":
         return {}
     settings = {"ssl_cafile": str(certs / "ca.pem")}
-    if mode == "tls+tokens+acls":
+    if mode == SECURE:
         settings["token"] = create_token(principal, ttl_s=3600, secret=SECRET)
     return settings
 
 
-def run_mode(mode: str, tmp: pathlib.Path, certs: pathlib.Path, values: list[bytes], partitions: int) -> tuple[float, float]:
-    from dmq.client import AdminClient, Producer, SimpleConsumer
+def start_server(mode: str, tmp: pathlib.Path, certs: pathlib.Path, partitions: int) -> ChildServer:
+    from dmq.client import AdminClient
     from dmq.proto import dmq_pb2 as pb
 
     server = ChildServer(SERVER_SCRIPT, str(tmp / mode), mode, str(certs), SECRET)
-    try:
-        with AdminClient(server.bootstrap, **client_settings(mode, certs, "admin")) as admin:
-            admin.create_topic("bench", partitions=partitions)
-            if mode == "tls+tokens+acls":  # the measured client is an ordinary principal, allowed by ACLs
-                entries = [pb.AclEntry(principal="bench", resource_type="topic", resource_name="bench",
-                                       operation=op, permission="allow") for op in ("read", "write")]
-                admin.cluster.metadata_stub().AddAcls(pb.AddAclsRequest(acls=entries), timeout=10)
-        settings = client_settings(mode, certs, "bench")
-        with Producer(server.bootstrap, **settings) as producer:
-            started = time.perf_counter()
-            for i, value in enumerate(values):
-                producer.send("bench", value, partition=i % partitions)
-            producer.flush()
-            produce_s = time.perf_counter() - started
+    with AdminClient(server.bootstrap, **client_settings(mode, certs, "admin")) as admin:
+        admin.create_topic(TOPIC, partitions=partitions)
+        if mode == SECURE:  # the measured client is an ordinary principal, allowed by ACLs
+            entries = [pb.AclEntry(principal="bench", resource_type="topic", resource_name=TOPIC,
+                                   operation=op, permission="allow") for op in ("read", "write")]
+            admin.cluster.metadata_stub().AddAcls(pb.AddAclsRequest(acls=entries), timeout=10)
+    return server
+
+
+def produce(server: ChildServer, settings: dict[str, str], values: list[bytes], seconds: float) -> Phase:
+    from dmq.client import Producer
+
+    with Producer(server.bootstrap, **settings) as producer:
+        producer.send(TOPIC, values[0]).get(30)  # metadata and connection outside the clock
+        send = producer.send
+        meter = Meter(server)
+        sent = 0
+        while sent == 0 or meter.elapsed_s() < seconds:
+            for value in values:
+                send(TOPIC, value)
+            sent += len(values)
+        producer.flush()
+        return meter.stop(sent)
+
+
+def consume(server: ChildServer, settings: dict[str, str], partitions: int, seconds: float, max_bytes: int) -> Phase:
+    from dmq.client import SimpleConsumer
+
+    with SimpleConsumer(server.bootstrap, max_wait_ms=0, max_bytes=max_bytes, **settings) as consumer:
+        ends = [consumer.offsets(TOPIC, p)[1] for p in range(partitions)]  # connection outside the clock
+        meter = Meter(server)
         read = 0
-        with SimpleConsumer(server.bootstrap, max_wait_ms=0, **settings) as consumer:
-            ends = [consumer.offsets("bench", p)[1] for p in range(partitions)]
-            started = time.perf_counter()
+        while meter.elapsed_s() < seconds:
             for p in range(partitions):
-                for batch in consumer.consume_batches("bench", p, 0, end_offset=ends[p]):
+                for batch in consumer.consume_batches(TOPIC, p, 0, end_offset=ends[p]):
                     for _record in batch:
                         read += 1
-            consume_s = time.perf_counter() - started
-        assert read == len(values), (read, len(values))
-        return len(values) / produce_s, len(values) / consume_s
-    finally:
-        server.stop()
+                    if meter.elapsed_s() >= seconds:
+                        break
+                else:
+                    continue
+                break
+        return meter.stop(read)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--records", type=int, default=200_000,
+                        help="values in the produce pool: a produce phase sends at least this many")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each produce and consume phase")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the three modes")
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--fetch-bytes", type=int, default=4 << 20,
+                        help="the consumer's max_bytes per Fetch (smaller: more calls, per-call costs show)")
     args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     from dmq.client.cli._certs import create_dev_certs
 
-    blob = os.urandom(args.records * args.size)
-    values = [blob[i: i + args.size] for i in range(0, len(blob), args.size)]
+    values = make_values(args.records, args.size)
+    results: dict[str, list[tuple[Phase, Phase]]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory(prefix="dmq-security-bench-") as d:
         tmp = pathlib.Path(d)
         certs = tmp / "certs"
         create_dev_certs(certs, clients=())
-        results = {mode: run_mode(mode, tmp, certs, values, args.partitions) for mode in MODES}
-    plain_produce, plain_consume = results["plain"]
-    print(f"{args.records} records of {args.size} B, {args.partitions} partitions, acks=all")
-    print(f"{'mode':<18}{'produce msgs/s':>16}{'consume msgs/s':>16}{'produce %':>11}{'consume %':>11}")
-    for mode, (produce, consume) in results.items():
-        print(f"{mode:<18}{produce:>16,.0f}{consume:>16,.0f}{100 * produce / plain_produce:>10.0f}%"
-              f"{100 * consume / plain_consume:>10.0f}%")
+        servers: dict[str, ChildServer] = {}
+        try:
+            for mode in MODES:
+                servers[mode] = start_server(mode, tmp, certs, args.partitions)
+            settings = {mode: client_settings(mode, certs, "bench") for mode in MODES}
+            print(f"{args.size} B values, {args.partitions} partitions, acks=all, {args.seconds:g} s per phase, "
+                  f"{args.rounds} rounds (order rotating), Fetch max_bytes {args.fetch_bytes:,}")
+            print(f"{'round':<6}{'mode':<17}{'produce/s':>11}{'% plain':>8}{'consume/s':>11}{'% plain':>8}"
+                  f"   CPU s per 1M records: produce client/server, consume client/server")
+            for r in range(args.rounds):
+                order = MODES[r % len(MODES):] + MODES[: r % len(MODES)]
+                for mode in order:
+                    server = servers[mode]
+                    results[mode].append((produce(server, settings[mode], values, args.seconds),
+                                          consume(server, settings[mode], args.partitions, args.seconds, args.fetch_bytes)))
+                plain_p, plain_c = results["plain"][r]
+                for mode in MODES:
+                    p, c = results[mode][r]
+                    print(f"{r + 1:<6}{mode:<17}{p.rate:>11,.0f}{p.rate / plain_p.rate:>8.0%}{c.rate:>11,.0f}"
+                          f"{c.rate / plain_c.rate:>8.0%}   {p.cpu_per_million('client'):5.2f} / "
+                          f"{p.cpu_per_million('server'):5.2f}   {c.cpu_per_million('client'):5.2f} / "
+                          f"{c.cpu_per_million('server'):5.2f}")
+        finally:
+            for server in servers.values():
+                server.stop()
+    print_medians(results)
+
+
+def print_medians(results: dict[str, list[tuple[Phase, Phase]]]) -> None:
+    def median(mode: str, phase: int, value: str) -> float:
+        return statistics.median(getattr(run[phase], value) if value == "rate" else run[phase].cpu_per_million(value)
+                                 for run in results[mode])
+
+    def ratios(mode: str, phase: int) -> list[float]:
+        return [run[phase].rate / plain[phase].rate for run, plain in zip(results[mode], results["plain"])]
+
+    print("medians over the rounds (ratio = median of the per-round ratios to plain):")
+    for mode in MODES:
+        cells = []
+        for phase, name in ((0, "produce"), (1, "consume")):
+            cells.append(f"{name} {median(mode, phase, 'rate'):>11,.0f} msgs/s {statistics.median(ratios(mode, phase)):>5.0%}"
+                         f"  CPU s/1M {median(mode, phase, 'client'):5.2f} client {median(mode, phase, 'server'):5.2f} server")
+        print(f"  {mode:<17}" + "   ".join(cells))
+    produce_ratio, consume_ratio = (statistics.median(ratios(SECURE, phase)) for phase in (0, 1))
+    verdict = "met" if min(produce_ratio, consume_ratio) >= 0.75 else "NOT met"
+    print(f"target: {SECURE} >= 75% of plain: produce {produce_ratio:.0%}, consume {consume_ratio:.0%}: {verdict}")
 
 
 if __name__ == "__main__":
