@@ -18,10 +18,12 @@ three alike. In each mode's turn this process measures, excluding connection set
   1. produce: one Producer (acks=all, send() on the sticky fast path) sends --size-byte values
      (a pool of --records, sent over and over) for at least --seconds, then flushes;
   2. consume: one SimpleConsumer reads the topic from offset 0 with consume_batches(), every
-     record iterated, partition after partition and over again, for --seconds.
-Printed: every round's msgs/s and ratios to plain, the medians, and the CPU seconds per million
-records of this client process (all its threads) and of the server process, a measure the other
-load on the machine disturbs less than wall-clock throughput.
+     record iterated, partition after partition and over again, for --seconds;
+  3. calls: Fetch RPCs of a one-record topic, back to back on one channel, for --seconds: the
+     cost of a call itself (authentication, authorization, interceptors, TLS framing).
+Printed: every round's rates and ratios to plain, the medians, and the CPU seconds per million
+records (µs per call for the calls) of this client process (all its threads) and of the server
+process, a measure the other load on the machine disturbs less than wall-clock rates.
 
 The security work is per call (authentication, authorization) or per byte (TLS). With the default
 1 MiB batches and 4 MiB fetches there are few calls; `--batch-size 16384 --fetch-bytes 16384`
@@ -48,6 +50,7 @@ from produce_consume import make_values  # noqa: E402
 
 SECRET = "bench-secret-0123456789-abcdefghijklmnop"
 TOPIC = "bench"
+CALLS_TOPIC = "bench-calls"  # one record, fetched call after call
 SERVER_SCRIPT = textwrap.dedent(
     """
     import asyncio, logging, pathlib, sys
@@ -69,6 +72,7 @@ SERVER_SCRIPT = textwrap.dedent(
     """
 )
 MODES = ("plain", "tls", "tls+tokens+acls")
+PHASES = ("produce", "consume", "calls")
 SECURE = MODES[-1]
 
 
@@ -115,16 +119,20 @@ def client_settings(mode: str, certs: pathlib.Path, principal: str) -> dict[str,
 
 
 def start_server(mode: str, tmp: pathlib.Path, certs: pathlib.Path, partitions: int) -> ChildServer:
-    from dmq.client import AdminClient
+    from dmq.client import AdminClient, Producer
     from dmq.proto import dmq_pb2 as pb
 
     server = ChildServer(SERVER_SCRIPT, str(tmp / mode), mode, str(certs), SECRET)
     with AdminClient(server.bootstrap, **client_settings(mode, certs, "admin")) as admin:
         admin.create_topic(TOPIC, partitions=partitions)
+        admin.create_topic(CALLS_TOPIC, partitions=1)
         if mode == SECURE:  # the measured client is an ordinary principal, allowed by ACLs
-            entries = [pb.AclEntry(principal="bench", resource_type="topic", resource_name=TOPIC,
-                                   operation=op, permission="allow") for op in ("read", "write")]
+            entries = [pb.AclEntry(principal="bench", resource_type="topic", resource_name=topic,
+                                   operation=op, permission="allow")
+                       for op in ("read", "write") for topic in (TOPIC, CALLS_TOPIC)]
             admin.cluster.metadata_stub().AddAcls(pb.AddAclsRequest(acls=entries), timeout=10)
+    with Producer(server.bootstrap, **client_settings(mode, certs, "bench")) as producer:
+        producer.send(CALLS_TOPIC, b"x" * 100).get(30)
     return server
 
 
@@ -164,6 +172,29 @@ def consume(server: ChildServer, settings: dict[str, str], partitions: int, seco
         return meter.stop(read)
 
 
+def calls(server: ChildServer, settings: dict[str, str], seconds: float) -> Phase:
+    """Fetch RPCs of one 100-byte record back to back: what each call costs beyond its data."""
+    from dmq.proto import dmq_pb2 as pb
+    from dmq.proto import dmq_pb2_grpc as pb_grpc
+    from dmq.proto.security.settings import ClientSecurity, sync_channel
+
+    channel = sync_channel(server.bootstrap, ClientSecurity.from_settings(settings, env={}))
+    try:
+        fetch = pb_grpc.BrokerStub(channel).Fetch
+        request = pb.FetchRequest(partitions=[pb.FetchPartition(topic=CALLS_TOPIC, partition=0, offset=0)],
+                                  max_wait_ms=0, max_bytes=1024)
+        assert fetch(request, timeout=10).partitions[0].records  # the connection, outside the clock
+        meter = Meter(server)
+        made = 0
+        while meter.elapsed_s() < seconds:
+            for _ in range(100):
+                fetch(request, timeout=10)
+            made += 100
+        return meter.stop(made)
+    finally:
+        channel.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=200_000,
@@ -181,7 +212,7 @@ def main() -> None:
     from dmq.client.cli._certs import create_dev_certs
 
     values = make_values(args.records, args.size)
-    results: dict[str, list[tuple[Phase, Phase]]] = {mode: [] for mode in MODES}
+    results: dict[str, list[tuple[Phase, ...]]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory(prefix="dmq-security-bench-") as d:
         tmp = pathlib.Path(d)
         certs = tmp / "certs"
@@ -193,45 +224,51 @@ def main() -> None:
             settings = {mode: client_settings(mode, certs, "bench") for mode in MODES}
             print(f"{args.size} B values, {args.partitions} partitions, acks=all, {args.seconds:g} s per phase, "
                   f"{args.rounds} rounds (order rotating), batch_size {args.batch_size:,}, Fetch max_bytes {args.fetch_bytes:,}")
-            print(f"{'round':<6}{'mode':<17}{'produce/s':>11}{'% plain':>8}{'consume/s':>11}{'% plain':>8}"
-                  f"   CPU s per 1M records: produce client/server, consume client/server")
+            print(f"{'round':<6}{'mode':<17}" + "".join(f"{name + '/s':>12}{'% plain':>8}" for name in PHASES)
+                  + "   CPU client/server: s per 1M records (produce, consume), µs per call (calls)")
             for r in range(args.rounds):
-                order = MODES[r % len(MODES):] + MODES[: r % len(MODES)]
-                for mode in order:
+                for mode in MODES[r % len(MODES):] + MODES[: r % len(MODES)]:
                     server = servers[mode]
                     results[mode].append((produce(server, settings[mode], values, args.seconds, args.batch_size),
-                                          consume(server, settings[mode], args.partitions, args.seconds, args.fetch_bytes)))
-                plain_p, plain_c = results["plain"][r]
+                                          consume(server, settings[mode], args.partitions, args.seconds, args.fetch_bytes),
+                                          calls(server, settings[mode], args.seconds)))
                 for mode in MODES:
-                    p, c = results[mode][r]
-                    print(f"{r + 1:<6}{mode:<17}{p.rate:>11,.0f}{p.rate / plain_p.rate:>8.0%}{c.rate:>11,.0f}"
-                          f"{c.rate / plain_c.rate:>8.0%}   {p.cpu_per_million('client'):5.2f} / "
-                          f"{p.cpu_per_million('server'):5.2f}   {c.cpu_per_million('client'):5.2f} / "
-                          f"{c.cpu_per_million('server'):5.2f}")
+                    run, plain = results[mode][r], results["plain"][r]
+                    print(f"{r + 1:<6}{mode:<17}"
+                          + "".join(f"{p.rate:>12,.0f}{p.rate / q.rate:>8.0%}" for p, q in zip(run, plain))
+                          + "   " + "   ".join(f"{_cpu(p, 'client', name)} / {_cpu(p, 'server', name)}"
+                                              for p, name in zip(run, PHASES)))
         finally:
             for server in servers.values():
                 server.stop()
     print_medians(results)
 
 
-def print_medians(results: dict[str, list[tuple[Phase, Phase]]]) -> None:
+def _cpu(phase: Phase, which: str, name: str) -> str:
+    value = phase.cpu_per_million(which)
+    return f"{value:5.0f}" if name == "calls" else f"{value:5.2f}"
+
+
+def print_medians(results: dict[str, list[tuple[Phase, ...]]]) -> None:
     def median(mode: str, phase: int, value: str) -> float:
         return statistics.median(getattr(run[phase], value) if value == "rate" else run[phase].cpu_per_million(value)
                                  for run in results[mode])
 
-    def ratios(mode: str, phase: int) -> list[float]:
-        return [run[phase].rate / plain[phase].rate for run, plain in zip(results[mode], results["plain"])]
+    def ratio(mode: str, phase: int) -> float:
+        return statistics.median(run[phase].rate / plain[phase].rate for run, plain in zip(results[mode], results["plain"]))
 
-    print("medians over the rounds (ratio = median of the per-round ratios to plain):")
+    print("medians over the rounds (ratio = median of the per-round ratios to plain; CPU client / server):")
     for mode in MODES:
         cells = []
-        for phase, name in ((0, "produce"), (1, "consume")):
-            cells.append(f"{name} {median(mode, phase, 'rate'):>11,.0f} msgs/s {statistics.median(ratios(mode, phase)):>5.0%}"
-                         f"  CPU s/1M {median(mode, phase, 'client'):5.2f} client {median(mode, phase, 'server'):5.2f} server")
+        for i, name in enumerate(PHASES):
+            digits = 0 if name == "calls" else 2
+            cells.append(f"{name} {median(mode, i, 'rate'):>10,.0f}/s {ratio(mode, i):>5.0%} "
+                         f"{median(mode, i, 'client'):.{digits}f} / {median(mode, i, 'server'):.{digits}f} "
+                         f"{'µs/call' if name == 'calls' else 's/1M'}")
         print(f"  {mode:<17}" + "   ".join(cells))
-    produce_ratio, consume_ratio = (statistics.median(ratios(SECURE, phase)) for phase in (0, 1))
+    produce_ratio, consume_ratio = ratio(SECURE, 0), ratio(SECURE, 1)
     verdict = "met" if min(produce_ratio, consume_ratio) >= 0.75 else "NOT met"
-    print(f"target: {SECURE} >= 75% of plain: produce {produce_ratio:.0%}, consume {consume_ratio:.0%}: {verdict}")
+    print(f"target: {SECURE} >= 75% of plain msgs/s: produce {produce_ratio:.0%}, consume {consume_ratio:.0%}: {verdict}")
 
 
 if __name__ == "__main__":
