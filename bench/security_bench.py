@@ -270,6 +270,13 @@ def print_medians(results: dict[str, list[tuple[Phase, ...]]]) -> None:
     verdict = "met" if min(produce_ratio, consume_ratio) >= 0.75 else "NOT met"
     print(f"target: {SECURE} >= 75% of plain msgs/s: produce {produce_ratio:.0%}, consume {consume_ratio:.0%}: {verdict}")
 
+    # Less disturbed by other load: records per CPU-second (client + server) against plain's.
+    def per_cpu(mode: str, phase: int) -> float:
+        return 1 / (median(mode, phase, "client") + median(mode, phase, "server"))
+
+    print(f"records (calls) per CPU-second of client + server, {SECURE} / plain: "
+          + ", ".join(f"{name} {per_cpu(SECURE, i) / per_cpu('plain', i):.0%}" for i, name in enumerate(PHASES)))
+
 
 if __name__ == "__main__":
     main()
