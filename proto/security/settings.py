@@ -18,7 +18,12 @@ ServerSecurity (what a server port requires):
   - tls_cafile: the cluster's CA. It verifies the other nodes' certificates (the node's own calls)
     and, with require_client_cert, client certificates: every client must present one (mutual TLS;
     a client without one fails the TLS handshake, UNAVAILABLE, before any call is made). There is no
-    "optional" client certificate: grpcio's server credentials either require one or never ask;
+    "optional" client certificate: grpcio's server credentials either require one or never ask.
+    (grpcio 1.85: ssl_server_credentials(require_client_auth=) and dynamic_ssl_server_credentials
+    pass a bool that cygrpc maps to the C core's REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY or
+    DONT_REQUEST_CLIENT_CERTIFICATE; REQUEST_CLIENT_CERTIFICATE_AND_VERIFY, which would let a call
+    without a certificate reach the interceptor, is not reachable from Python.) So on a mutual-TLS
+    port every client presents a certificate, and a token it also sends names its principal;
   - token_secret (HS256) or token_public_key (a PEM file: RS256 / ES256): tokens are accepted;
   - super_users: principals allowed everything a client may do (bootstrap ACLs with them);
   - cluster_principal: the nodes' own principal, the only one that may call the cluster-internal
