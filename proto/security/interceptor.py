@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -45,6 +45,10 @@ ANONYMOUS = "ANONYMOUS"
 current_principal: contextvars.ContextVar[str] = contextvars.ContextVar("dmq_principal", default=ANONYMOUS)
 audit_log = structlog.get_logger("dmq.audit")
 log = structlog.get_logger(__name__)
+AuthContext = Mapping[str, Sequence[bytes]]
+# Wrapped handlers kept per method name: the servers register a few dozen methods; the bound
+# only matters if a generic handler ever answered for arbitrary names.
+MAX_WRAPPED_METHODS = 1024
 
 
 class AclView:
@@ -90,6 +94,7 @@ class SecurityInterceptor(ServerInterceptorBase):
             self._verifier = TokenVerifier(secret=self.security.token_secret)
         elif self.security.token_public_key is not None:
             self._verifier = TokenVerifier(public_key_pem=read_pem(self.security.token_public_key, "token_public_key"))
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
 
     def __repr__(self) -> str:
         return (f"<SecurityInterceptor authenticates={self.security.authenticates} tls={self.security.tls} "
@@ -97,8 +102,11 @@ class SecurityInterceptor(ServerInterceptorBase):
 
     # -- decisions (pure: tested without a server) ------------------------------------------------
 
-    def authenticate(self, metadata: Any, auth_context: dict[str, list[bytes]] | None) -> str:
-        """The caller's principal, or AuthenticationError saying what is missing or wrong."""
+    def authenticate(self, metadata: Any, auth_context: AuthContext | Callable[[], AuthContext] | None) -> str:
+        """The caller's principal, or AuthenticationError saying what is missing or wrong.
+
+        `auth_context` may be the call's `context.auth_context` method: it is then asked only when
+        no token names the principal (it copies the peer's certificate properties on every ask)."""
         tokens = [v for k, v in (metadata or ()) if k == AUTHORIZATION_KEY]
         if len(tokens) > 1:
             raise AuthenticationError("more than one 'authorization' metadata entry; send one bearer token")
@@ -109,6 +117,8 @@ class SecurityInterceptor(ServerInterceptorBase):
             if self._verifier is None:
                 raise AuthenticationError("this server accepts no tokens; authenticate with a client certificate")
             return self._verifier.principal(value[len(BEARER):].strip())
+        if callable(auth_context):
+            auth_context = auth_context()
         names = (auth_context or {}).get("x509_common_name") or []
         if names and self.security.verifies_client_certs:
             try:
@@ -151,11 +161,19 @@ class SecurityInterceptor(ServerInterceptorBase):
         if handler is None:
             return handler
         method = handler_call_details.method
+        # A method's handler is the same object call after call, and so is its wrapping: made once.
+        known = self._wrapped.get(method)
+        if known is not None and known[0] is handler:
+            return known[1]
         rule = rule_for(method)
-        if not self.security.authenticates and self.quotas is None and (rule is None or rule.admin is False):
-            return handler  # the plain path: nothing to check, throttle or record
-        return rewrap(handler, unary=lambda b: self._wrap_unary(method, rule, b),
-                      stream=lambda b: self._wrap_stream(method, rule, b))
+        wrapped = handler
+        if self.security.authenticates or self.quotas is not None or (rule is not None and rule.admin is not False):
+            wrapped = rewrap(handler, unary=lambda b: self._wrap_unary(method, rule, b),
+                             stream=lambda b: self._wrap_stream(method, rule, b))
+        # else the plain path: nothing to check, throttle or record
+        if len(self._wrapped) < MAX_WRAPPED_METHODS:
+            self._wrapped[method] = (handler, wrapped)
+        return wrapped
 
     async def _admit(self, method: str, rule: RpcRule | None, request: Any, context: Any) -> tuple[str, list[Need]]:
         """Authenticate, authorize and throttle one call; the principal and what it touches."""
@@ -171,7 +189,7 @@ class SecurityInterceptor(ServerInterceptorBase):
         principal = ANONYMOUS
         if self.security.authenticates:
             try:
-                principal = self.authenticate(context.invocation_metadata(), context.auth_context())
+                principal = self.authenticate(context.invocation_metadata(), context.auth_context)
             except AuthenticationError as e:
                 raise Refusal(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
             try:

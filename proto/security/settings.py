@@ -18,7 +18,12 @@ ServerSecurity (what a server port requires):
   - tls_cafile: the cluster's CA. It verifies the other nodes' certificates (the node's own calls)
     and, with require_client_cert, client certificates: every client must present one (mutual TLS;
     a client without one fails the TLS handshake, UNAVAILABLE, before any call is made). There is no
-    "optional" client certificate: grpcio's server credentials either require one or never ask;
+    "optional" client certificate: grpcio's server credentials either require one or never ask.
+    (grpcio 1.85: ssl_server_credentials(require_client_auth=) and dynamic_ssl_server_credentials
+    pass a bool that cygrpc maps to the C core's REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY or
+    DONT_REQUEST_CLIENT_CERTIFICATE; REQUEST_CLIENT_CERTIFICATE_AND_VERIFY, which would let a call
+    without a certificate reach the interceptor, is not reachable from Python.) So on a mutual-TLS
+    port every client presents a certificate, and a token it also sends names its principal;
   - token_secret (HS256) or token_public_key (a PEM file: RS256 / ES256): tokens are accepted;
   - super_users: principals allowed everything a client may do (bootstrap ACLs with them);
   - cluster_principal: the nodes' own principal, the only one that may call the cluster-internal
@@ -31,7 +36,6 @@ ServerSecurity (what a server port requires):
 
 from __future__ import annotations
 
-import collections
 import ipaddress
 import os
 import pathlib
@@ -39,14 +43,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
+from dmq.proto.security.token_channels import AUTHORIZATION_KEY, BEARER, AioTokenChannel, CallToken, SyncTokenChannel
 from dmq.proto.security.tokens import DEFAULT_CLUSTER_TOKEN_TTL_S, create_token
 
 __all__ = [
     "AUTHORIZATION_KEY",
+    "BEARER",
     "ClientSecurity",
     "DEFAULT_CLUSTER_PRINCIPAL",
     "ENV_NAMES",
@@ -57,8 +63,6 @@ __all__ = [
     "sync_channel",
 ]
 
-AUTHORIZATION_KEY = "authorization"
-BEARER = "Bearer "
 DEFAULT_CLUSTER_PRINCIPAL = "dmq-cluster"
 # Client settings by environment variable: what a shell, a container or a Spark executor sets once.
 ENV_NAMES = {
@@ -161,103 +165,11 @@ class ClientSecurity:
             certificate_chain=read_pem(self.ssl_certfile, "ssl_certfile") if self.ssl_certfile else None,
         )
 
-    def current_token(self) -> str | None:
+    def call_token(self) -> CallToken | None:
+        """What a channel adds to every call (dmq.proto.security.token_channels); None: no token."""
         if self.token_source is not None:
-            return self.token_source()
-        return self.token
-
-
-def _with_token(metadata: Any, token: str) -> list[tuple[str, str | bytes]]:
-    items = [(k, v) for k, v in (metadata or ()) if k != AUTHORIZATION_KEY]
-    items.append((AUTHORIZATION_KEY, BEARER + token))
-    return items
-
-
-class _SyncTokenInterceptor(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
-    grpc.StreamUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.StreamStreamClientInterceptor,  # type: ignore[type-arg]
-):
-    """Adds the bearer token to every call of a synchronous channel."""
-
-    def __init__(self, security: ClientSecurity) -> None:
-        self._security = security
-
-    def _details(self, details: Any) -> Any:
-        token = self._security.current_token() or ""
-        return _CallDetails(details.method, details.timeout, _with_token(details.metadata, token),
-                            details.credentials, getattr(details, "wait_for_ready", None),
-                            getattr(details, "compression", None))
-
-    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return continuation(self._details(client_call_details), request)
-
-    def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return continuation(self._details(client_call_details), request)
-
-    def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        return continuation(self._details(client_call_details), request_iterator)
-
-    def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        return continuation(self._details(client_call_details), request_iterator)
-
-
-class _CallDetails(
-    collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")),
-    grpc.ClientCallDetails,
-):
-    """grpc's documented way to hand changed call details on (a namedtuple of the fields)."""
-
-
-if TYPE_CHECKING:
-    # grpc-stubs types the interceptors by request and response; grpcio's classes take no parameters.
-    _AioUU = grpc.aio.UnaryUnaryClientInterceptor[Any, Any]
-    _AioUS = grpc.aio.UnaryStreamClientInterceptor[Any, Any]
-    _AioSU = grpc.aio.StreamUnaryClientInterceptor[Any, Any]
-    _AioSS = grpc.aio.StreamStreamClientInterceptor[Any, Any]
-else:
-    _AioUU = grpc.aio.UnaryUnaryClientInterceptor
-    _AioUS = grpc.aio.UnaryStreamClientInterceptor
-    _AioSU = grpc.aio.StreamUnaryClientInterceptor
-    _AioSS = grpc.aio.StreamStreamClientInterceptor
-
-
-class _AioToken:
-    """Adds the bearer token to every call of a grpc.aio channel: one subclass per kind of call,
-    because a grpc.aio channel files each interceptor under the first kind it is an instance of
-    (an object of all four kinds would only see unary-unary calls, and watch streams would go
-    out without the token)."""
-
-    def __init__(self, security: ClientSecurity) -> None:
-        self._security = security
-
-    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        token = self._security.current_token() or ""
-        metadata = grpc.aio.Metadata(*_with_token(details.metadata, token))
-        return grpc.aio.ClientCallDetails(
-            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
-        )
-
-
-class _AioTokenUU(_AioToken, _AioUU):
-    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return await continuation(self._details(client_call_details), request)
-
-
-class _AioTokenUS(_AioToken, _AioUS):
-    async def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return await continuation(self._details(client_call_details), request)
-
-
-class _AioTokenSU(_AioToken, _AioSU):
-    async def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        return await continuation(self._details(client_call_details), request_iterator)
-
-
-class _AioTokenSS(_AioToken, _AioSS):
-    async def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        return await continuation(self._details(client_call_details), request_iterator)
+            return CallToken(source=self.token_source)
+        return CallToken(self.token) if self.token is not None else None
 
 
 def sync_channel(
@@ -270,9 +182,8 @@ def sync_channel(
         channel = grpc.secure_channel(address, security.channel_credentials(), options=list(options))
     else:
         channel = grpc.insecure_channel(address, options=list(options))
-    if security.has_token:
-        channel = grpc.intercept_channel(channel, _SyncTokenInterceptor(security))
-    return channel
+    token = security.call_token()
+    return channel if token is None else SyncTokenChannel(channel, token)
 
 
 def aio_channel(
@@ -281,14 +192,12 @@ def aio_channel(
     """A grpc.aio channel to `address` with the security's TLS and token (plain without)."""
     if security is None:
         return grpc.aio.insecure_channel(address, options=list(options))
-    interceptors: Any = None
-    if security.has_token:
-        interceptors = [kind(security) for kind in (_AioTokenUU, _AioTokenUS, _AioTokenSU, _AioTokenSS)]
     if security.tls:
-        return grpc.aio.secure_channel(
-            address, security.channel_credentials(), options=list(options), interceptors=interceptors
-        )
-    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
+        channel = grpc.aio.secure_channel(address, security.channel_credentials(), options=list(options))
+    else:
+        channel = grpc.aio.insecure_channel(address, options=list(options))
+    token = security.call_token()
+    return channel if token is None else AioTokenChannel(channel, token)
 
 
 # -- servers --------------------------------------------------------------------------------------

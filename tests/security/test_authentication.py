@@ -5,6 +5,7 @@ Refusals are UNAUTHENTICATED with a reason a person can act on, and never contai
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -130,3 +131,49 @@ def test_dmq_certs_create_makes_a_working_set(tmp_path):
     assert (tmp_path / "c" / "carol.key").stat().st_mode & 0o077 == 0
     again = CliRunner().invoke(cli, ["certs", "create", str(tmp_path / "c")])
     assert again.exit_code == 1 and "already holds a CA" in again.output
+
+
+def test_token_channels_carry_the_token_on_every_kind_of_call(secure_cluster, certs):
+    """Sync and grpc.aio channels, unary and streaming answers; a caller's own `authorization`
+    entry is replaced by the channel's token; a token source is asked per call."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from dmq.proto.security.settings import ClientSecurity, aio_channel
+
+    c = secure_cluster("tokens")
+    stale = [("authorization", "Bearer " + token_for("alice"))]  # not a super-user: would be refused
+    asked = []
+
+    def source() -> str:
+        asked.append(1)
+        return token_for("admin")
+
+    for security in (tls_client(certs, token=token_for("admin")), ClientSecurity(ssl_cafile=str(certs / "ca.pem"),
+                                                                                  token_source=source)):
+        channel = sync_channel(c.bootstrap, security, channel_options())
+        try:
+            assert isinstance(pb_grpc.MetadataStub(channel).ListTopics(pb.ListTopicsRequest(), timeout=5, metadata=stale),
+                              pb.ListTopicsResponse)
+            future = pb_grpc.MetadataStub(channel).ListTopics.future(pb.ListTopicsRequest(), timeout=5)
+            assert isinstance(future.result(), pb.ListTopicsResponse)
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=5)
+            assert next(iter(watch)).status == health_pb2.HealthCheckResponse.SERVING
+            watch.cancel()
+        finally:
+            channel.close()
+
+        async def over_aio(security: ClientSecurity = security) -> None:
+            channel = aio_channel(c.bootstrap, security, channel_options())
+            try:
+                answer = await pb_grpc.MetadataStub(channel).ListTopics(pb.ListTopicsRequest(), timeout=5, metadata=stale)
+                assert isinstance(answer, pb.ListTopicsResponse)
+                watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=5)
+                async for event in watch:
+                    assert event.status == health_pb2.HealthCheckResponse.SERVING
+                    break
+                watch.cancel()
+            finally:
+                await channel.close()
+
+        asyncio.run(over_aio())
+    assert len(asked) == 5  # once per call made with the source

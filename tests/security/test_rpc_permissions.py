@@ -1,7 +1,9 @@
 """Every RPC of every service, table-driven (issue 18's first acceptance line), with tokens and with
-mutual TLS: without credentials → UNAUTHENTICATED; a principal lacking the permission →
-PERMISSION_DENIED and the cluster unchanged; granted the permission (the cluster principal for
-cluster-internal RPCs) → it works. The case table must cover dmq.proto.security.rpc_table.RULES.
+mutual TLS: without credentials → refused and the cluster unchanged (tokens: UNAUTHENTICATED from
+the server; mutual TLS: the TLS handshake refuses the client, UNAVAILABLE, see NO_CREDENTIALS); a
+principal lacking the permission → PERMISSION_DENIED and the cluster unchanged; granted the
+permission (the cluster principal for cluster-internal RPCs) → it works. The case table must cover
+dmq.proto.security.rpc_table.RULES.
 """
 
 from __future__ import annotations
@@ -292,11 +294,26 @@ def snapshot(admin: Caller) -> dict[str, Any]:
 
 
 def _code(fn: Callable[..., Any], *args: Any) -> grpc.StatusCode:
+    return _answer(fn, *args)[0]
+
+
+def _answer(fn: Callable[..., Any], *args: Any) -> tuple[grpc.StatusCode, str]:
     try:
         fn(*args)
     except grpc.RpcError as e:
-        return e.code()
-    return grpc.StatusCode.OK
+        return e.code(), e.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+# Without credentials. Tokens: the call reaches the server, which refuses it. Mutual TLS: grpcio's
+# server credentials either require a client certificate or never ask for one (require_client_auth
+# maps to the C core's REQUEST_AND_REQUIRE_..._AND_VERIFY or DONT_REQUEST; its REQUEST_..._AND_VERIFY,
+# which would let a certificate-less call through to the interceptor, is not exposed), so the TLS
+# handshake refuses the client: no connection is ever READY, no call is made, gRPC says UNAVAILABLE.
+NO_CREDENTIALS = {
+    "tokens": (grpc.StatusCode.UNAUTHENTICATED, "no credentials: this cluster requires a token"),
+    "mtls": (grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses"),
+}
 
 
 def test_the_case_table_covers_every_rule():
@@ -312,17 +329,21 @@ def test_every_rpc_needs_credentials_and_its_permission(secure_cluster, certs, m
     cluster_security = (tls_client(certs, token=token_for("dmq-cluster")) if mode == "tokens"
                         else tls_client(certs, name="server"))
     node = Caller(c.bootstrap, cluster_security)
+    states: list[grpc.ChannelConnectivity] = []
+    watch = states.append  # called on a gRPC thread with each connectivity state of the channel
+    nobody.channel.subscribe(watch)
     failures = []
     try:
         for method, case in CASES.items():
             rule = RULES[method]
             name = f"t{next(_names)}x"
             request = case.setup(admin, name)
-            code = _code(nobody.call, method, request)
-            # Mutual TLS refuses a client without a certificate in the TLS handshake: no call is
-            # made at all, and gRPC says UNAVAILABLE. With tokens the call reaches the server.
-            if code is not (grpc.StatusCode.UNAUTHENTICATED if mode == "tokens" else grpc.StatusCode.UNAVAILABLE):
-                failures.append(f"{method} without credentials: {code.name}")
+            before = snapshot(admin)
+            code, details = _answer(nobody.call, method, request)
+            if code is not NO_CREDENTIALS[mode][0] or NO_CREDENTIALS[mode][1] not in details:
+                failures.append(f"{method} without credentials: {code.name} {details!r}")
+            if snapshot(admin) != before:
+                failures.append(f"{method} without credentials refused, yet the cluster changed")
             internal = rule.access.name == "CLUSTER"
             denied_to = [alice, admin] if internal else ([alice] if case.grants(name) else [])
             for who in denied_to:
@@ -342,7 +363,10 @@ def test_every_rpc_needs_credentials_and_its_permission(secure_cluster, certs, m
                 failures.append(f"{method} with permission: {code.name}")
             if entries:
                 admin.metadata.RemoveAcls(pb.RemoveAclsRequest(acls=entries), timeout=10)
+        # With tokens the certificate-less channel connects; with mutual TLS it never did.
+        assert (grpc.ChannelConnectivity.READY in states) is (mode == "tokens"), states
     finally:
+        nobody.channel.unsubscribe(watch)
         for caller in (admin, alice, nobody, node):
             caller.close()
     assert not failures, "\n".join(failures)
