@@ -88,7 +88,8 @@ async def topic_names(h: Harness) -> list[str]:
 async def test_broker_disk_full_on_create_is_passed_on_and_leaves_no_topic(harness: Harness) -> None:
     healthy = await harness.add_broker(1)
     full = await add_full_broker(harness, 2)
-    err = await rpc_error(harness.create("t", 4))
+    # RF 1: the partitions split over the two brokers (with RF 2 each would be on both)
+    err = await rpc_error(harness.create("t", 4, replication_factor=1))
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
     assert reason(err) == error_details.DISK_FULL
     assert "disk full on broker 2" in err.details() and "'t'" in err.details()
@@ -103,7 +104,7 @@ async def test_broker_disk_full_on_create_is_passed_on_and_leaves_no_topic(harne
     await harness.register(1)
     await harness.register(2)
     full.full = False
-    info = await harness.create("t", 4)
+    info = await harness.create("t", 4, replication_factor=1)
     assert sorted(set(leaders(info))) == [1, 2]
     assert full.created_partitions("t") == sorted(p for p, b in enumerate(leaders(info)) if b == 2)
 
@@ -140,7 +141,7 @@ async def test_a_refusal_the_store_cannot_undo_says_how_it_completes(
         raise StoreFullError("disk full on the coordinator (coordinator.sqlite: database or disk is full)")
 
     monkeypatch.setattr(harness.node.store, "delete_topic", store_full)
-    err = await rpc_error(harness.create("t", 2))
+    err = await rpc_error(harness.create("t", 2, replication_factor=1))
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and reason(err) == error_details.DISK_FULL
     assert "disk full on broker 2" in err.details() and "restart broker 2" in err.details(), err.details()
     assert await topic_names(harness) == ["t"]

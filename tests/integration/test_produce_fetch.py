@@ -115,7 +115,8 @@ def test_unknown_topic_and_partition_errors(cluster, admin) -> None:  # type: ig
 def test_topic_lifecycle(cluster, admin) -> None:  # type: ignore[no-untyped-def]
     created = admin.create_topic("life", 2, config={"retention_ms": 60_000, "segment.bytes": 1 << 20})
     assert created.name == "life" and created.partition_count == 2
-    assert created.config == {"retention_ms": 60_000, "segment_bytes": 1 << 20}
+    assert created.config == {"retention_ms": 60_000, "segment_bytes": 1 << 20,  # and the replication defaults
+                              "replication_factor": 1, "min_insync_replicas": 1, "unclean_leader_election": False}
     assert [p.partition for p in created.partitions] == [0, 1]
     assert all(p.leader_alive and p.leader_address for p in created.partitions)
     assert admin.describe_topic("life") == created
