@@ -75,7 +75,7 @@ def wait_for(predicate, timeout_s: float, what: str) -> float:  # type: ignore[n
 def test_group_keeps_reading_healthy_partitions_through_sigkill_and_sigstop(tmp_path: pathlib.Path) -> None:
     with ProcCluster(tmp_path, brokers=3) as cluster:
         with AdminClient(cluster.bootstrap) as admin:
-            admin.create_topic(TOPIC, 3)
+            admin.create_topic(TOPIC, 3, {"replication_factor": 1})  # one partition per broker, unreplicated
             partitions = admin.describe_topic(TOPIC).partitions
         broker_of = {p.partition: p.leader_id for p in partitions}
         assert sorted(broker_of.values()) == [0, 1, 2], broker_of
@@ -162,7 +162,7 @@ def test_commits_and_positions_of_healthy_partitions_do_not_wait_on_a_dead_broke
 
     with ProcCluster(tmp_path, brokers=3) as cluster:
         with AdminClient(cluster.bootstrap) as admin:
-            admin.create_topic(TOPIC, 3)
+            admin.create_topic(TOPIC, 3, {"replication_factor": 1})  # one partition per broker, unreplicated
             partitions = admin.describe_topic(TOPIC).partitions
         part_on = {p.leader_id: p.partition for p in partitions}
         writer = PartitionWriter(TOPIC, {p.partition: p.leader_address for p in partitions})

@@ -255,7 +255,9 @@ def test_server_stops_cleanly_when_its_log_pipe_is_closed(tmp_path, servers):
     assert rc == 0
     events = [json.loads(line) for line in again.text().splitlines() if line.startswith("{")]
     opened = [e for e in events if e.get("event") == "log opened"]
-    assert len(opened) == 2 and all(e["clean"] is True for e in opened), opened
+    # two partitions, each with its internal offsets log (dmq.broker.offsets)
+    assert len(opened) == 4 and all(e["clean"] is True for e in opened), opened
+    assert sorted(e["topic"] for e in opened) == ["__offsets+piped"] * 2 + ["piped"] * 2
 
 
 def test_broker_with_a_closed_log_pipe_keeps_running_and_stops_on_sigterm(tmp_path, servers):
