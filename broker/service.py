@@ -104,7 +104,9 @@ def _is_disk_full(e: BaseException) -> bool:
 
 
 def _storage_status(e: BaseException, broker_id: int) -> RpcAbort | None:
-    """The status for a storage failure (see the module docstring), None if `e` is not one."""
+    """The status for a storage failure (see the module docstring) or for a write to a replicated
+    internal log that this broker cannot complete (not the leader, too few in-sync replicas),
+    None if `e` is neither."""
     if _is_disk_full(e):
         return RpcAbort(
             grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -68,7 +68,8 @@ class OffsetProgressStore:
     def __init__(self, offsets: OffsetStore) -> None:
         self._offsets = offsets
         self._by_partition: dict[tuple[str, int], dict[str, Progress]] = {}
-        offsets.add_reload_listener(self._reload)
+        # the partition's commits were replayed (this broker became its leader): so is its index
+        offsets.add_reload_listener(lambda topic, partition: self.load((topic, partition)))
 
     def __repr__(self) -> str:
         return f"<OffsetProgressStore partitions={len(self._by_partition)}>"
@@ -85,10 +86,6 @@ class OffsetProgressStore:
                 self._by_partition.setdefault((topic, partition), {})[group] = _decode(
                     committed.offset, committed.metadata
                 )
-
-    def _reload(self, topic: str, partition: int) -> None:
-        """The partition's commits were replayed (this broker became its leader): so is its index."""
-        self.load((topic, partition))
 
     def get(self, topic: str, partition: int, group: str) -> Progress | None:
         groups = self._by_partition.get((topic, partition))
