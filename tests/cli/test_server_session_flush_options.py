@@ -30,6 +30,9 @@ def test_dmq_server_takes_the_broker_session_timeout(tmp_path: pathlib.Path, bro
         srv.wait_ready()
         with grpc.insecure_channel(srv.bootstrap) as channel:
             stub = pb_grpc.MetadataStub(channel)
+            # wait_ready returns once one broker is up; with --brokers 2 the second process may still be
+            # importing on a loaded machine, so wait for every broker before timing anybody's session.
+            wait_until_alive(stub, list(range(brokers)))
             # A broker that registers and then never heartbeats: told the session's heartbeat period,
             # and declared dead once the session (not the 6 s default) has passed.
             answer = stub.RegisterBroker(pb.RegisterBrokerRequest(broker_id=77, host="127.0.0.1", port=free_port()),
@@ -48,6 +51,17 @@ def test_dmq_server_takes_the_broker_session_timeout(tmp_path: pathlib.Path, bro
     finally:
         srv.stop()
     assert srv.proc.returncode == 0, srv.log_tail()
+
+
+def wait_until_alive(stub: pb_grpc.MetadataStub, broker_ids: list[int], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    live: list[int] = []
+    while time.monotonic() < deadline:
+        live = sorted(b.broker_id for b in stub.ListBrokers(pb.ListBrokersRequest(), timeout=5).brokers if b.alive)
+        if live == broker_ids:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"brokers alive {live}, expected {broker_ids} within {timeout_s}s")
 
 
 def run_dmq(*args: str) -> subprocess.CompletedProcess[str]:
