@@ -570,7 +570,8 @@ class PartitionQueue:
     """A partition's sealed batches in order, and the one in flight (the sender's; sealers append
     to ``ready`` under the accumulator lock)."""
 
-    __slots__ = ("topic", "partition", "ready", "inflight", "retry_at", "epoch", "next_sequence")
+    __slots__ = ("topic", "partition", "ready", "inflight", "retry_at", "epoch", "next_sequence",
+                 "failed_leader", "failures")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -580,6 +581,11 @@ class PartitionQueue:
         self.retry_at = 0.0  # monotonic; no dispatch before (backoff)
         self.epoch = 0  # idempotence: bumped when the sequence can no longer be trusted
         self.next_sequence = 0
+        # After a failure that means "the leader moved" (NOT_LEADER, UNAVAILABLE): the address the
+        # attempt went to ("" when no leader was known). While backing off the sender watches the
+        # metadata and retries at once when another live leader shows up (as Kafka's KIP-951).
+        self.failed_leader: str | None = None
+        self.failures = 0  # consecutive failed attempts since the last success or leader change
 
     def __repr__(self) -> str:
         return (

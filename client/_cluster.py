@@ -272,6 +272,22 @@ class Cluster:
             raise CoordinatorUnavailableError(f"{topic}[{partition}] has no leader yet; retry")
         return address
 
+    def peek_leader(self, topic: str, partition: int, *, max_age_s: float) -> str:
+        """The cached live leader of topic[partition] ("" when unknown or not alive), never blocking.
+
+        When the cached entry is stale or older than `max_age_s`, a refresh is started in the
+        background (one at a time, and not while refreshes are backing off after a failure): a
+        caller polling this while it backs off learns of a new leader within about `max_age_s`.
+        """
+        meta = self._topics.get(topic)
+        now = time.monotonic()
+        if (meta is None or topic in self._stale or now - meta.fetched_at > max_age_s) and now >= self._refresh_retry_at:
+            self._start_refresh((topic,))
+        if meta is None or not 0 <= partition < len(meta.partitions):
+            return ""
+        p = meta.partitions[partition]
+        return p.leader_address if p.leader_alive else ""
+
     def invalidate(self, topic: str) -> None:
         """Mark a topic's metadata stale: the next lookup asks the coordinator again."""
         self._stale.add(topic)

@@ -73,6 +73,9 @@ log = get_logger(__name__)
 __all__ = ["Sender"]
 
 IDLE_WAKE_S = 1.0  # an idle sender still wakes this often (expiry checks; no unbounded wait)
+# While a partition backs off after its leader failed, the sender looks at the metadata this often
+# (a background GetMetadata at most this often), to retry as soon as a new leader is elected.
+LEADER_POLL_S = 0.1
 INT32_MAX = 2**31 - 1
 INT16_MAX = 2**15 - 1
 
@@ -197,6 +200,15 @@ class Sender:
                 self._expire(q, q.ready.popleft())
             if not q.ready:
                 continue
+            if q.retry_at > now and q.failed_leader is not None:
+                leader = self._cluster.peek_leader(q.topic, q.partition, max_age_s=LEADER_POLL_S)
+                if leader and leader != q.failed_leader:
+                    # A new leader is known: waiting out the backoff would only add latency.
+                    log.info("new leader known; retrying without waiting out the backoff",
+                             topic=q.topic, partition=q.partition, leader=leader)
+                    q.retry_at, q.failed_leader, q.failures = 0.0, None, 0
+                else:
+                    next_at = min(next_at, now + LEADER_POLL_S)
             if q.retry_at > now:
                 next_at = min(next_at, q.retry_at)
                 continue
@@ -258,7 +270,7 @@ class Sender:
             call = self._cluster.raw_produce(address).future(request, timeout=self._request_timeout_s)
         except DMQError as e:  # no leader known (metadata refresh failed)
             b.attempts += 1
-            self._attempt_failed(q, b, e, now)
+            self._attempt_failed(q, b, e, now, address="")
             return
         except ValueError as e:  # "Cannot invoke RPC on closed channel!"
             self._fail(q, b, ClientClosedError(f"{where}: the producer was closed before the batch was sent ({e})"))
@@ -292,7 +304,7 @@ class Sender:
                     "Records this large need a higher max_message_bytes on the topic, or smaller records)"
                 )
                 err.args = (err.message,)
-            self._attempt_failed(q, b, err, now)
+            self._attempt_failed(q, b, err, now, address=address)
         except grpc.FutureCancelledError:
             self._fail(q, b, ClientClosedError(f"{b.topic}[{b.partition}]: Produce cancelled: the producer is closing"))
         else:
@@ -307,12 +319,17 @@ class Sender:
                     base_offset=response.base_offset,
                     attempts=b.attempts,
                 )
+            q.failed_leader, q.failures = None, 0
             self._done(b, response.base_offset)
         self._active.add(q)
 
-    def _attempt_failed(self, q: PartitionQueue, b: ProducerBatch, err: DMQError, now: float) -> None:
-        """Retry `b` (first in its partition, after a backoff) or fail it."""
+    def _attempt_failed(
+        self, q: PartitionQueue, b: ProducerBatch, err: DMQError, now: float, address: str | None = None
+    ) -> None:
+        """Retry `b` (first in its partition, after a backoff) or fail it. `address`: the broker
+        the attempt went to ("" when no leader was known)."""
         q.inflight = None
+        q.failures += 1
         self._active.add(q)
         where = dict(topic=b.topic, partition=b.partition, attempt=b.attempts)
         if not self._wait_for_ack and b.future.done():
@@ -325,6 +342,7 @@ class Sender:
             return
         if err.invalid_metadata:
             self._cluster.invalidate(b.topic)
+            q.failed_leader = address
         if isinstance(err, OutOfOrderSequenceError) and b.attempts <= self._retries:
             log.warning("broker lost this producer's sequence; bumping the epoch", error=str(err), **where)
             self._bump_epoch(q)
@@ -334,7 +352,7 @@ class Sender:
         # NOT_FOUND from a broker: the partition may have moved; the metadata refresh before the
         # retry raises TopicNotFoundError if the topic itself is gone.
         retriable = err.retriable or (isinstance(err, NotFoundError) and not isinstance(err, TopicNotFoundError))
-        backoff = min(self._backoff_max_s, self._backoff_s * 2 ** max(0, b.attempts - 1))
+        backoff = min(self._backoff_max_s, self._backoff_s * 2 ** max(0, q.failures - 1))
         backoff *= self._rng.uniform(0.8, 1.2)
         if retriable and b.attempts <= self._retries and now + backoff < b.deadline:
             log.warning("produce failed; retrying", error=str(err), backoff_ms=round(backoff * 1000), **where)
@@ -372,6 +390,7 @@ class Sender:
         self._release(b)
 
     def _fail(self, q: PartitionQueue, b: ProducerBatch, err: DMQError) -> None:
+        q.failed_leader, q.failures = None, 0  # the next batch starts its backoff afresh
         log.error("produce failed", topic=b.topic, partition=b.partition, records=b.count, error=str(err))
         if b.base_sequence >= 0:
             # The broker may or may not hold it: continuing the sequence could leave a gap or a

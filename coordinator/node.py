@@ -59,6 +59,7 @@ log = structlog.get_logger(__name__)
 
 SQLITE_FILE = "coordinator.sqlite"
 STOP_TIMEOUT_S = 5.0
+LIVENESS_CHECK_MAX_INTERVAL_MS = 100
 SUBSCRIPTION_MODES = ("all", "new", "timestamp")
 
 
@@ -119,9 +120,10 @@ class CoordinatorNode:
         self.rebalance_debounce_ms = rebalance_debounce_ms
         self.clock_ms = clock_ms
         # Liveness reads use the clock directly (MetadataManager._alive); the monitor ends sessions
-        # and elects new leaders within a tenth of a session of the expiry (a new leader within 1.1
-        # sessions of a death: 1.1 s with a 1 s session, the bound being session + 1 s).
-        self.liveness_check_interval_ms = liveness_check_interval_ms or max(10, broker_session_timeout_ms // 10)
+        # and elects new leaders within a tenth of a session, and at most 100 ms, of the expiry (the
+        # issue's bound on a new leader is session + 1 s; a pass over the brokers costs microseconds).
+        self.liveness_check_interval_ms = liveness_check_interval_ms or max(
+            10, min(LIVENESS_CHECK_MAX_INTERVAL_MS, broker_session_timeout_ms // 10))
         self.preferred_leader_check_interval_ms = preferred_leader_check_interval_ms
         self.store = CoordinatorStore(self.data_dir / SQLITE_FILE)
         self.dir_lock = DataDirLock(self.data_dir)

@@ -172,6 +172,8 @@ class FakeCluster:
         self.partitions = partitions
         self.invalidated: list[str] = []
         self.closed = False
+        self.leader = "fake:2"  # what leader_for / peek_leader answer
+        self.peeks = 0
 
     def topic_metadata(self, topic: str) -> TopicMetadata:
         if topic not in self.partitions:
@@ -182,7 +184,11 @@ class FakeCluster:
         )
 
     def leader_for(self, topic: str, partition: int) -> str:
-        return "fake:2"
+        return self.leader
+
+    def peek_leader(self, topic: str, partition: int, *, max_age_s: float) -> str:
+        self.peeks += 1
+        return self.leader
 
     def raw_produce(self, address: str) -> FakeBroker:
         return self.broker

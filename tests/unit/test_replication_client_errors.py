@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import grpc
-from test_producer_unit import WAIT_S, FakeBroker, make_producer
+from test_producer_unit import WAIT_S, FakeBroker, make_producer, wait_until
 from test_storage_errors import RpcErrorWithReason
 
 from dmq.client import errors
@@ -38,3 +38,33 @@ def test_not_leader_refreshes_the_leaders_and_retries() -> None:
         cluster = p.cluster
     assert len(broker.calls) == 2
     assert cluster.invalidated == ["t"]  # type: ignore[attr-defined]
+
+
+def test_a_new_leader_in_the_metadata_ends_the_backoff_at_once() -> None:
+    """A failover: the old leader's "not leader" answer is followed by a long backoff (here 60 s),
+    but as soon as the metadata names another live leader the batch goes to it (Kafka's KIP-951).
+    Before, the batch waited out the backoff: up to retry_backoff_max_ms added to every failover."""
+    broker = FakeBroker()
+    broker.script = [RpcErrorWithReason(grpc.StatusCode.UNAVAILABLE, "broker 1 does not lead t[0]", None)]
+    with make_producer(broker, retry_backoff_ms=60_000, retry_backoff_max_ms=60_000,
+                       delivery_timeout_ms=120_000, request_timeout_ms=30_000) as p:
+        cluster = p.cluster
+        handle = p.send("t", b"x")
+        wait_until(lambda: cluster.peeks > 0)  # type: ignore[attr-defined]
+        assert not handle.done() and len(broker.calls) == 1  # backing off, watching the metadata
+        cluster.leader = "fake:3"  # type: ignore[attr-defined]
+        assert handle.get(WAIT_S).offset == 0
+    assert len(broker.calls) == 2
+    assert len({c.request.batch for c in broker.calls}) == 1  # the same batch, same sequence
+
+
+def test_the_same_leader_in_the_metadata_keeps_the_backoff() -> None:
+    broker = FakeBroker()
+    broker.script = [RpcErrorWithReason(grpc.StatusCode.UNAVAILABLE, "broker 1 does not lead t[0]", None)]
+    with make_producer(broker, retry_backoff_ms=60_000, retry_backoff_max_ms=60_000,
+                       delivery_timeout_ms=120_000, request_timeout_ms=30_000) as p:
+        cluster = p.cluster
+        handle = p.send("t", b"x")
+        wait_until(lambda: cluster.peeks >= 3)  # type: ignore[attr-defined]
+        assert not handle.done() and len(broker.calls) == 1
+        p.close(0)
