@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/load_bench.py [--idle 5000] [--unread 40] [--fetch-mb 45]
                                           [--flood-seconds 20] [--flood-concurrency 32]
+                                          [--quota-produce-mb-per-s 50]
 
 Starts a real `dmq server` child process (coordinator + one broker on one port, fsync flush
 policy, data in a temporary directory) and, against it:
@@ -15,6 +16,12 @@ policy, data in a temporary directory) and, against it:
      --flood-concurrency concurrent calls;
   5. meanwhile, in this process, a small producer sends one 100-byte record (acks=all) every 10 ms
      to topic `probe` and records each call's latency.
+
+With --quota-produce-mb-per-s R the server runs with tokens, each client (loader, unread fetcher,
+flood, probe) is its own principal, and every principal may produce R MB/s
+(`--quota-produce-bytes-per-s`, token buckets that delay, never refuse: dmq.proto.security.quotas).
+That is the fairness DMQ offers against a flood, as Kafka's client quotas: without it the flood
+takes the disk and gRPC's queue of new calls from everyone else.
 
 It prints the server's peak RSS (VmHWM), its RSS at the end of the load and 3 s after, the small
 producer's p50 / p99 / max latency, and what the flood and the unread fetches got (stored vs
@@ -53,14 +60,15 @@ UNREAD_FETCHER = textwrap.dedent(
     import asyncio, sys, grpc
     from dmq.proto import dmq_pb2 as pb, dmq_pb2_grpc as pb_grpc
     from dmq.proto.grpc_options import channel_options
-    address, count, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    address, count, size, token = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    auth = (("authorization", "Bearer " + token),) if token else None
 
     async def main():
         async with grpc.aio.insecure_channel(address, options=channel_options()) as ch:
             stub = pb_grpc.BrokerStub(ch)
             request = pb.FetchRequest(partitions=[pb.FetchPartition(topic="big", partition=0, offset=0)],
                                       max_bytes=size)
-            calls = [stub.Fetch(request, timeout=120) for _ in range(count)]
+            calls = [stub.Fetch(request, timeout=120, metadata=auth) for _ in range(count)]
             await asyncio.sleep(0.2)  # the requests are on the wire
             print("SENT", flush=True)
             codes = {}
@@ -81,7 +89,8 @@ FLOODER = textwrap.dedent(
     import asyncio, os, sys, time, grpc
     from dmq.proto import dmq_pb2 as pb, dmq_pb2_grpc as pb_grpc, records
     from dmq.proto.grpc_options import channel_options
-    address, seconds, concurrency = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    address, seconds, concurrency, token = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    auth = (("authorization", "Bearer " + token),) if token else None
     batch = records.encode([os.urandom(256 * 1024) for _ in range(4)])
 
     async def main():
@@ -95,7 +104,7 @@ FLOODER = textwrap.dedent(
                 while time.monotonic() < end:
                     try:
                         await stub.Produce(pb.ProduceRequest(topic="flood", partition=i % 4, batch=batch,
-                                                             acks=pb.ACKS_LEADER), timeout=10)
+                                                             acks=pb.ACKS_LEADER), timeout=10, metadata=auth)
                         codes["OK"] = codes.get("OK", 0) + 1
                     except grpc.aio.AioRpcError as e:
                         codes[e.code().name] = codes.get(e.code().name, 0) + 1
@@ -134,13 +143,17 @@ def _child(script: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True)
 
 
-def _wait_ready(address: str, timeout_s: float) -> grpc.Channel:
+def _auth(token: str) -> tuple[tuple[str, str], ...] | None:
+    return (("authorization", "Bearer " + token),) if token else None
+
+
+def _wait_ready(address: str, timeout_s: float, token: str) -> grpc.Channel:
     channel = grpc.insecure_channel(address, options=channel_options())
     meta = pb_grpc.MetadataStub(channel)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            if any(b.alive for b in meta.ListBrokers(pb.ListBrokersRequest(), timeout=2).brokers):
+            if any(b.alive for b in meta.ListBrokers(pb.ListBrokersRequest(), timeout=2, metadata=_auth(token)).brokers):
                 return channel
         except grpc.RpcError:
             pass
@@ -163,6 +176,10 @@ def main() -> None:
     parser.add_argument("--flood-concurrency", type=int, default=32)
     parser.add_argument("--probe-acks", choices=["all", "leader"], default="all",
                         help="the small producer's acks (leader: no fsync wait, to separate CPU from disk)")
+    parser.add_argument("--quota-produce-mb-per-s", type=float, default=0.0,
+                        help="run the server with tokens (each client its own principal) and this produce quota "
+                             "per principal (`--quota-produce-bytes-per-s`): the flood is slowed to it by delay, as "
+                             "Kafka's quotas do, and the small producer keeps its own share (0 = no quotas)")
     parser.add_argument("--dmq", default=str(pathlib.Path(sys.executable).parent / "dmq"),
                         help="the dmq command that runs the server (e.g. another checkout's, to compare)")
     args = parser.parse_args()
@@ -178,20 +195,32 @@ def main() -> None:
     children: list[subprocess.Popen[str]] = []
     sockets: list[socket.socket] = []
     with tempfile.TemporaryDirectory(prefix="dmq-load-") as tmp:
+        tokens = {"loader": "", "fetcher": "", "flood": "", "probe": ""}
+        quota_argv: list[str] = []
+        if args.quota_produce_mb_per_s > 0:
+            from dmq.proto.security.tokens import create_token
+
+            secret = os.urandom(32).hex()
+            secret_file = pathlib.Path(tmp) / "token-secret"
+            secret_file.write_text(secret)
+            tokens = {name: create_token(name, ttl_s=3600, secret=secret) for name in tokens}
+            quota_argv = ["--token-secret-file", str(secret_file), "--super-users", ",".join(tokens),
+                          "--quota-produce-bytes-per-s", str(int(args.quota_produce_mb_per_s * MB))]
         server = subprocess.Popen(
             [str(dmq), "server", "--port", str(port), "--data-dir", str(pathlib.Path(tmp) / "data"),
-             "--log-level", "warning"],
+             "--log-level", "warning", *quota_argv],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent,
         )
         try:
-            channel = _wait_ready(address, 30)
+            channel = _wait_ready(address, 30, tokens["loader"])
+            loader = _auth(tokens["loader"])
             meta = pb_grpc.MetadataStub(channel)
             broker = pb_grpc.BrokerStub(channel)
             for name, partitions in (("big", 1), ("flood", 4), ("probe", 1)):
-                meta.CreateTopic(pb.CreateTopicRequest(name=name, partitions=partitions), timeout=10)
+                meta.CreateTopic(pb.CreateTopicRequest(name=name, partitions=partitions), timeout=10, metadata=loader)
             chunk = records.encode([os.urandom(256 * 1024) for _ in range(4)])
             for _ in range(args.fetch_mb):
-                broker.Produce(pb.ProduceRequest(topic="big", partition=0, batch=chunk), timeout=30)
+                broker.Produce(pb.ProduceRequest(topic="big", partition=0, batch=chunk), timeout=30, metadata=loader)
             rss_start_kb = _status_kb(server.pid, "VmRSS")
             print(f"server pid {server.pid}: {args.fetch_mb} MB in topic big, RSS {rss_start_kb / 1024:.0f} MB")
 
@@ -200,7 +229,7 @@ def main() -> None:
                 sockets.append(socket.create_connection(("127.0.0.1", port), timeout=10))
             print(f"{len(sockets)} idle connections opened in {time.monotonic() - started:.1f} s")
 
-            fetcher = _child(UNREAD_FETCHER, address, str(args.unread), str(args.fetch_mb * MB))
+            fetcher = _child(UNREAD_FETCHER, address, str(args.unread), str(args.fetch_mb * MB), tokens["fetcher"])
             children.append(fetcher)
             assert fetcher.stdout is not None
             line = fetcher.stdout.readline().strip()
@@ -209,7 +238,7 @@ def main() -> None:
             fetcher.send_signal(signal.SIGSTOP)
             print(f"{args.unread} fetches of {args.fetch_mb} MB sent; their client is stopped (SIGSTOP)")
 
-            flooder = _child(FLOODER, address, str(args.flood_seconds), str(args.flood_concurrency))
+            flooder = _child(FLOODER, address, str(args.flood_seconds), str(args.flood_concurrency), tokens["flood"])
             children.append(flooder)
             assert flooder.stdout is not None
             flooder.stdout.readline()
@@ -224,7 +253,7 @@ def main() -> None:
             while time.monotonic() < end:
                 t0 = time.perf_counter()
                 try:
-                    broker.Produce(probe, timeout=10)
+                    broker.Produce(probe, timeout=10, metadata=_auth(tokens["probe"]))
                     latencies_ms.append((time.perf_counter() - t0) * 1000)
                 except grpc.RpcError as e:
                     errors[e.code().name] = errors.get(e.code().name, 0) + 1
@@ -252,6 +281,8 @@ def main() -> None:
                     f"  p99 {_pct(latencies_ms, 0.99):.1f} ms  max {max(latencies_ms):.1f} ms   (target p99 <= 50 ms)"
                 )
             print(f"small producer errors:         {errors or 'none'}")
+            quota = f"{args.quota_produce_mb_per_s:g} MB/s per principal" if quota_argv else "none"
+            print(f"produce quota:                 {quota}")
             print(f"flood:                         {flood_result}")
             print(f"unread fetches (after SIGCONT): {fetch_result}")
             print(f"server alive:                  {server.poll() is None}")
