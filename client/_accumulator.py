@@ -682,6 +682,12 @@ class Accumulator:
         self.newly_ready.add(q)
         self.wakeup.set()
 
+    def unreleased(self) -> int:
+        """Batches not released yet: waiting, or with a call in flight (with acks=0 a batch's
+        handle resolves when it is sent, but its call is in flight until the broker answers)."""
+        with self.lock:
+            return len(self.incomplete)
+
     def seal_all(self) -> None:
         """Seal every open batch (flush, close). Lock held."""
         for b in list(self.open):

@@ -111,7 +111,7 @@ class Sender:
         self._wait_for_ack = acks != pb.ACKS_NONE
         self._codec = codec
         self._linger_s = linger_ms / 1000
-        self._request_timeout_s = request_timeout_ms / 1000
+        self.request_timeout_s = request_timeout_ms / 1000
         self._retries = retries
         self._backoff_s = retry_backoff_ms / 1000
         self._backoff_max_s = retry_backoff_max_ms / 1000
@@ -267,7 +267,7 @@ class Sender:
         try:
             address = self._cluster.leader_for(b.topic, b.partition)
             request = frame_produce_request(b.topic, b.partition, self._acks, payload)
-            call = self._cluster.raw_produce(address).future(request, timeout=self._request_timeout_s)
+            call = self._cluster.raw_produce(address).future(request, timeout=self.request_timeout_s)
         except DMQError as e:  # no leader known (metadata refresh failed)
             b.attempts += 1
             self._attempt_failed(q, b, e, now, address="")

@@ -100,6 +100,7 @@ DEFAULT_BATCH_SIZE = 1024 * 1024
 MAX_BATCH_SIZE = records.DEFAULT_MAX_BATCH_BYTES // 2
 DEFAULT_BUFFER_MEMORY = 64 * 1024 * 1024
 SENDER_STOP_TIMEOUT_S = 5.0
+IN_FLIGHT_POLL_S = 0.005  # close() looks this often whether the calls in flight have ended
 # The shortest metadata look-up timeout (max_block_ms=0 still allows one quick look-up).
 METADATA_TIMEOUT_MIN_MS = 100
 
@@ -702,8 +703,17 @@ class Producer:
             acc.seal_all()
             pending = [b.future for b in acc.incomplete]
         acc.wakeup.set()
-        if pending and threading.current_thread() is not self._sender.thread:
-            concurrent.futures.wait(pending, timeout)
+        if threading.current_thread() is not self._sender.thread:
+            started = time.monotonic()
+            if pending:
+                concurrent.futures.wait(pending, timeout)
+            # acks=0: the handles resolved when the calls were sent; closing the channels now would
+            # cancel calls still in flight before the broker has them (Kafka's close also lets the
+            # requests it sent complete). Bounded by the timeout, or one request timeout.
+            limit_s = self._sender.request_timeout_s if timeout is None else timeout - (time.monotonic() - started)
+            deadline = time.monotonic() + limit_s
+            while acc.unreleased() and time.monotonic() < deadline:
+                time.sleep(IN_FLIGHT_POLL_S)
         stopped = self._sender.stop(SENDER_STOP_TIMEOUT_S)
         if not stopped and self._own_cluster:
             self._cluster.close()  # cancels a blocking call the sender is in

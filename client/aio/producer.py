@@ -51,6 +51,7 @@ from dmq.client.producer import (
     _CODECS,
     DEFAULT_BATCH_SIZE,
     DEFAULT_BUFFER_MEMORY,
+    IN_FLIGHT_POLL_S,
     Headers,
     _as_bytes,
     _headers_size,
@@ -415,8 +416,14 @@ class AsyncProducer:
                 acc.seal_all()
                 pending = [asyncio.wrap_future(b.future) for b in acc.incomplete]
             acc.wakeup.set()
+            started = time.monotonic()
             if pending:
                 await asyncio.wait(pending, timeout=timeout)
+            # acks=0: calls still in flight would be cancelled with the channels (see Producer.close)
+            limit_s = sender.request_timeout_s if timeout is None else timeout - (time.monotonic() - started)
+            deadline = time.monotonic() + limit_s
+            while acc.unreleased() and time.monotonic() < deadline:
+                await asyncio.sleep(IN_FLIGHT_POLL_S)
             if not await sender.astop(SENDER_STOP_TIMEOUT_S):
                 log.error("producer sender task did not stop in time; cancelled: client_id=%s", self.client_id)
             failed = sender.fail_all(ClientClosedError(

@@ -539,6 +539,24 @@ def test_acks_zero_does_not_wait_for_the_broker() -> None:
         broker.answer_next()
 
 
+def test_close_with_acks_zero_waits_for_the_calls_in_flight() -> None:
+    """acks=0 resolves a record's handle when its call is handed to gRPC; close() must still let
+    that call finish, or closing the channel cancels it before the broker has it. Seen in a suite
+    run under load (tests/integration/test_producer.py, acks=0: nothing stored)."""
+    broker = FakeBroker(auto=False)
+    p = make_producer(broker, acks=0)
+    p.send("t", b"a").get(WAIT_S)
+    broker.wait_pending(1)
+    closer = threading.Thread(target=p.close, args=(WAIT_S,))
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive(), "close() returned while the acks=0 call was in flight"
+    broker.answer_next()
+    closer.join(WAIT_S)
+    assert not closer.is_alive()
+    assert broker.values("t", 0) == [b"a"]
+
+
 @pytest.mark.parametrize("compression", ["zstd", "lz4", None])
 def test_compression_codec_is_applied(compression: str | None) -> None:
     broker = FakeBroker()
