@@ -353,6 +353,11 @@ class OffsetStore:
             if isinstance(r, BaseException):
                 raise r
 
+    async def put(self, topic: str, partition: int, entries: list[tuple[str, CommittedOffset | None]]) -> None:
+        """Store entries (None: a tombstone) of one partition as one batch: all or nothing, durable
+        when this returns (event-store groups keep their progress here, several keys at once)."""
+        await self._write_all({(topic, partition): entries})
+
     def get(self, group_id: str, topic: str, partition: int) -> CommittedOffset | None:
         part = self._parts.get((topic, partition))
         entry = None if part is None else part.served.get(group_id)

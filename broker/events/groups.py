@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 
@@ -141,14 +141,14 @@ class GroupManager:
     def set_active(self, group: str, active: bool) -> None:
         g = self._get(group)
         if g.active != active:
+            self._progress.put_group(replace(g, active=active))  # durable first, then the view
             g.active = active
-            self._progress.put_group(g)
             log.info("event group started" if active else "event group stopped", group=group)
 
     def reset(self, group: str) -> None:
         """Forget every partition and acknowledged position; claims end too (their acks fail)."""
         g = self._get(group)
-        self._progress.reset(group)
+        self._progress.reset(g)
         g.partitions.clear()
         g.discovered_end = 0
         self._by_attr.pop(group, None)
@@ -189,7 +189,7 @@ class GroupManager:
                 f"head), got {position}"
             )
         if position != acked:
-            self._progress.put_ack(group, key, position)
+            self._progress.put_ack(group, key, values, position)
             g.partitions[key] = (values, position)
             pending = self._pending.get(group)
             if pending is not None and pending.first is not None:
@@ -239,16 +239,14 @@ class GroupManager:
     def _settle(self, g: GroupRecord, partition_by: tuple[str, ...], handled: tuple[str, ...]) -> None:
         """The first claim fixes partition_by; handled types may change from claim to claim (the
         last ones are kept for describe)."""
-        if not g.partition_by:
-            g.partition_by = partition_by
-        elif g.partition_by != partition_by:
+        if g.partition_by and g.partition_by != partition_by:
             raise GroupConflictError(
                 f"group {g.name!r} partitions by {list(g.partition_by)}, not {list(partition_by)}: "
                 "reset the group to change it"
             )
-        if g.handled_types != handled:
-            g.handled_types = handled
-            self._progress.put_group(g)
+        if g.partition_by != partition_by or g.handled_types != handled:
+            self._progress.put_group(replace(g, partition_by=partition_by, handled_types=handled))
+            g.partition_by, g.handled_types = partition_by, handled
 
     def _attr_map(self, g: GroupRecord) -> dict[tuple[str, str], set[str]]:
         m = self._by_attr.get(g.name)
@@ -279,7 +277,7 @@ class GroupManager:
                 )
             found[key] = values
         if found:  # `discovered_end` alone need not be durable: rediscovering finds the same partitions
-            self._progress.put_partitions(g.name, found, until)
+            self._progress.put_partitions(g, found, until)
         for key, values in found.items():
             g.partitions[key] = (values, 0)
             for item in values.items():

@@ -135,13 +135,21 @@ class EventIndex:
         return indexed
 
     def truncate_to(self, end_offset: int) -> None:
-        """Forget events at positions above `end_offset` (the log lost them)."""
+        """Forget events at positions above `end_offset` (the log lost them, or is about to: a
+        replica cut to its new leader's history). Committed with an fsync (synchronous=FULL for
+        this commit), unlike additions: a cut that a crash undid could leave rows of events the
+        log no longer has, at positions the log then fills with others."""
         was = self.end
-        with self.transaction():
-            self._db.execute("DELETE FROM tags WHERE position > ?", (end_offset,))
-            self._db.execute("DELETE FROM events WHERE position > ?", (end_offset,))
-            self.end = end_offset
-        self.commit()
+        self.commit()  # what is staged first (outside a transaction the setting below applies)
+        self._db.execute("PRAGMA synchronous=FULL")
+        try:
+            with self.transaction():
+                self._db.execute("DELETE FROM tags WHERE position > ?", (end_offset,))
+                self._db.execute("DELETE FROM events WHERE position > ?", (end_offset,))
+                self.end = end_offset
+            self.commit()
+        finally:
+            self._db.execute("PRAGMA synchronous=NORMAL")
         log.warning("event index cut back to the log end", path=self.path, was=was, end=end_offset)
 
     @contextlib.contextmanager

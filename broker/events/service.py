@@ -176,6 +176,9 @@ class EventStoreRpcs:
                 _fail(grpc.StatusCode.NOT_FOUND, f"unknown topic: {topic}")
             _fail(grpc.StatusCode.UNAVAILABLE,
                   f"broker {node.broker_id} does not lead {topic}[0]; the leader is {leader}")
+        r = node.replication.get(topic, 0)
+        if r is not None and r.leading is None:  # a follower: it copies the log, the leader serves it
+            _fail(grpc.StatusCode.UNAVAILABLE, r.not_leader_message(node.broker_id))
         await store.ensure_open()
         return store
 
