@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
+from dmq.broker.log import StorageUnavailableError
 from dmq.broker.offsets import CommittedOffset, OffsetStore
 
 __all__ = ["GroupRecord", "ProgressStore", "SqliteProgressStore", "OffsetProgressStore", "PROGRESS_FILE"]
@@ -174,7 +175,12 @@ class OffsetProgressStore:
         return f"<OffsetProgressStore {self._topic}>"
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self._timeout_s)
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self._timeout_s)
+        except TimeoutError as e:  # the write goes on; this caller is told it is not known to be stored
+            raise StorageUnavailableError(
+                f"{self._topic}: a group progress write did not finish within {self._timeout_s:.0f} s; retry"
+            ) from e
 
     def _put(self, entries: list[tuple[str, CommittedOffset | None]]) -> None:
         self._run(self._offsets.put(self._topic, 0, entries))

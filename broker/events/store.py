@@ -287,7 +287,11 @@ class EventStore:
         def cut() -> None:
             index = self._writer_index()
             if index.end > end_offset:
-                index.truncate_to(end_offset)
+                try:
+                    index.truncate_to(end_offset)
+                except sqlite3.Error as e:  # the fetcher retries; the log is not cut before the index
+                    raise StorageUnavailableError(f"{self.topic}: the event index could not be cut to "
+                                                  f"{end_offset}: {e}") from e
 
         await self.on_writer(cut)
 
@@ -339,7 +343,12 @@ class EventStore:
                 # The log rolled back past these events: the index follows before the next append.
                 await self.on_writer(self._follow_log)
                 raise
-        await self._replication.replicated(info_end)
+        try:
+            await self._replication.replicated(info_end)
+        except (NotEnoughReplicas, NotLeaderForPartition) as e:
+            # as an acks=all produce's: stored on this leader, maybe not on a future one
+            raise type(e)(f"{e}; the events (up to position {info_end}) are stored on this leader but not "
+                          "acknowledged: read before appending them again") from e
         self._notify()
         return info_end, append_ms
 
