@@ -176,11 +176,16 @@ class EventStoreRpcs:
                 _fail(grpc.StatusCode.NOT_FOUND, f"unknown topic: {topic}")
             _fail(grpc.StatusCode.UNAVAILABLE,
                   f"broker {node.broker_id} does not lead {topic}[0]; the leader is {leader}")
-        r = node.replication.get(topic, 0)
-        if r is not None and r.leading is None:  # a follower: it copies the log, the leader serves it
-            _fail(grpc.StatusCode.UNAVAILABLE, r.not_leader_message(node.broker_id))
+        self._check_leads(topic)
         await store.ensure_open()
         return store
+
+    def _check_leads(self, topic: str) -> None:
+        """A follower copies the log; only the leader serves the store (UNAVAILABLE naming it)."""
+        node = self._node
+        r = node.replication.get(topic, 0)
+        if r is not None and r.leading is None:
+            _fail(grpc.StatusCode.UNAVAILABLE, r.not_leader_message(node.broker_id))
 
     # -- append / read / subscribe ------------------------------------------------------------------
 
@@ -228,6 +233,7 @@ class EventStoreRpcs:
         try:
             after = request.after
             while not store.closed:
+                self._check_leads(request.topic)  # leadership moved: the client subscribes again there
                 wake = store.next_append()  # taken before reading: an append after the read wakes us
                 events, head = await store.read(query, after, SUBSCRIBE_PAGE)
                 if events:
