@@ -42,7 +42,7 @@ from dmq.broker.events.errors import (
     InvalidEventRequest,
 )
 from dmq.broker.events.index import EventIndex, split_tags
-from dmq.broker.events.progress import GroupRecord, ProgressStore
+from dmq.broker.events.progress import AckWrite, GroupRecord, ProgressStore
 from dmq.broker.events.query import belongs, partition_values
 from dmq.proto.event_headers import attributes_of, partition_key
 
@@ -179,7 +179,15 @@ class GroupManager:
             )
         return claim
 
-    def ack(self, group: str, key: str, worker_id: str, position: int, now_ms: int, head: int) -> None:
+    def ack(
+        self, group: str, key: str, worker_id: str, position: int, now_ms: int, head: int,
+        *, unwritten: list[AckWrite] | None = None,
+    ) -> None:
+        """Advance the partition's acknowledged position and release its claim. Written durably
+        before the view changes, or (`unwritten` given) the view changes now and the write is
+        appended to `unwritten`: the caller writes it outside the writer thread (so concurrent
+        acks share an fsync and the writer goes on) and answers only once it is durable; if that
+        write fails, the caller reloads the groups from what is durable (store.write_acks)."""
         self._held(group, key, worker_id, now_ms)
         g = self._groups[group]
         values, acked = g.partitions[key]
@@ -189,7 +197,10 @@ class GroupManager:
                 f"head), got {position}"
             )
         if position != acked:
-            self._progress.put_ack(group, key, values, position)
+            if unwritten is None:
+                self._progress.put_ack(group, key, values, position)
+            else:
+                unwritten.append(AckWrite(group, key, values, position))
             g.partitions[key] = (values, position)
             pending = self._pending.get(group)
             if pending is not None and pending.first is not None:

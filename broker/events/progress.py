@@ -30,13 +30,23 @@ import structlog
 from dmq.broker.log import StorageUnavailableError
 from dmq.broker.offsets import CommittedOffset, OffsetStore
 
-__all__ = ["GroupRecord", "ProgressStore", "SqliteProgressStore", "OffsetProgressStore", "PROGRESS_FILE"]
+__all__ = ["AckWrite", "GroupRecord", "ProgressStore", "SqliteProgressStore", "OffsetProgressStore", "PROGRESS_FILE"]
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
 PROGRESS_FILE = "events.groups.sqlite"
+
+
+@dataclass(frozen=True, slots=True)
+class AckWrite:
+    """A partition's new acknowledged position, to be written (groups.py `unwritten`)."""
+
+    group: str
+    key: str
+    values: dict[str, str]
+    position: int
 
 
 @dataclass
@@ -62,6 +72,9 @@ class ProgressStore(Protocol):
         """New partitions (acknowledged position 0) and how far discovery went, together."""
 
     def put_ack(self, group: str, key: str, values: dict[str, str], position: int) -> None: ...
+
+    async def put_acks(self, acks: list[AckWrite]) -> None:
+        """On the event loop: acknowledged positions, durable when this returns."""
 
     def reset(self, group: GroupRecord) -> None:
         """Forget the group's partitions and positions (its settings stay)."""
@@ -135,6 +148,10 @@ class SqliteProgressStore:
 
     def put_ack(self, group: str, key: str, values: dict[str, str], position: int) -> None:
         self._write([("UPDATE partitions SET acked = ? WHERE grp = ? AND key = ?", (position, group, key))])
+
+    async def put_acks(self, acks: list[AckWrite]) -> None:
+        for a in acks:
+            self.put_ack(a.group, a.key, a.values, a.position)
 
     def reset(self, group: GroupRecord) -> None:
         self._write([
@@ -229,7 +246,11 @@ class OffsetProgressStore:
                    self._group_entry(g)])
 
     def put_ack(self, group: str, key: str, values: dict[str, str], position: int) -> None:
-        self._put([(_partition_id(group, key), self._entry(position, values))])
+        self._run(self.put_acks([AckWrite(group, key, values, position)]))
+
+    async def put_acks(self, acks: list[AckWrite]) -> None:
+        await self._offsets.put(self._topic, 0, [(_partition_id(a.group, a.key), self._entry(a.position, a.values))
+                                                 for a in acks])
 
     def reset(self, group: GroupRecord) -> None:
         g = replace(group, partitions={}, discovered_end=0)

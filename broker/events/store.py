@@ -48,7 +48,7 @@ import structlog
 from dmq.broker.events.errors import ConditionFailedError, EventStoreError
 from dmq.broker.events.groups import Claimed, GroupManager
 from dmq.broker.events.index import INDEX_FILE, EventIndex
-from dmq.broker.events.progress import ProgressStore
+from dmq.broker.events.progress import AckWrite, ProgressStore
 from dmq.broker.events.query import QueryItem
 from dmq.broker.log import LogClosedError, LogError, PartitionLog, StorageUnavailableError
 from dmq.broker.replication.manager import NotEnoughReplicas, NotLeaderForPartition
@@ -499,6 +499,20 @@ class EventStore:
             return fn(self._groups, until, now)
 
         return await self.on_writer(run)
+
+    async def write_acks(self, acks: list[AckWrite]) -> None:
+        """Make the acks that groups.py applied in memory (`unwritten`) durable, on the loop, where
+        concurrent ones share the offsets log's fsync. If the write fails, the groups are reloaded
+        from what is durable (their claims dropped, as at a failover) and the error raised: no
+        view keeps an ack that was not stored."""
+        if not acks:
+            return
+        assert self._progress is not None
+        try:
+            await self._progress.put_acks(acks)
+        except BaseException:
+            self.reload_groups()
+            raise
 
     async def claim(self, fn: Callable[[GroupManager, int, int], Claimed | None]) -> tuple[Claimed | None, list[StoredEvent]]:
         """A claim and its events, read in the same writer job."""
