@@ -143,6 +143,9 @@ class _Partition:
     served: dict[str, tuple[CommittedOffset | None, int]]  # group -> (entry or tombstone, log offset)
     appended: dict[str, CommittedOffset | None]
     since_snapshot: int = 0
+    # entries of `appended` that are not tombstones: kept as it changes, since every write checks
+    # it (counting them was O(entries) a write: event-store groups keep one entry per partition)
+    live: int = 0
     compacting: bool = False
 
 
@@ -219,6 +222,7 @@ class OffsetStore:
         # in place: writers in flight hold this object
         part.served = served
         part.appended = {g: c for g, (c, _) in served.items()}
+        part.live = sum(1 for c in part.appended.values() if c is not None)
         part.since_snapshot = count
 
     async def _import_legacy(self, path: pathlib.Path) -> None:
@@ -280,6 +284,8 @@ class OffsetStore:
         )
         info, epoch = plog.append_held(batch)  # synchronous: log order = order of `appended`
         for group, c in entries:
+            old = part.appended.get(group)
+            part.live += (c is not None) - (old is not None)
             part.appended[group] = c
         part.since_snapshot += len(entries)
         try:
@@ -298,7 +304,7 @@ class OffsetStore:
     # -- compaction --------------------------------------------------------------------------------
 
     def _maybe_compact(self, topic: str, partition: int, part: _Partition) -> None:
-        live = sum(1 for c in part.appended.values() if c is not None)
+        live = part.live
         if part.compacting or self._closed or part.since_snapshot < max(COMPACT_MIN_RECORDS, 2 * live):
             return
         part.compacting = True

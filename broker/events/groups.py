@@ -94,9 +94,18 @@ class _Pending:
     # (position, key) of every partition with something pending, smallest first; an entry whose
     # position is no longer first[key] is stale and skipped (removing it would cost O(n))
     heap: list[tuple[int, str]] = field(default_factory=list)
+    idle: int = 0  # partitions with nothing pending (first[key] None): counted, not searched per claim
+
+    def reset(self, first: dict[str, int | None]) -> None:
+        self.first = first
+        self.idle = sum(1 for p in first.values() if p is None)
+        self.heap = [(p, k) for k, p in first.items() if p is not None]
+        heapq.heapify(self.heap)
 
     def set(self, key: str, position: int | None) -> None:
         assert self.first is not None
+        old = self.first.get(key, 0)
+        self.idle += (position is None) - (key in self.first and old is None)
         self.first[key] = position
         if position is not None:
             heapq.heappush(self.heap, (position, key))
@@ -343,16 +352,15 @@ class GroupManager:
         if pending.first is None or pending.types != g.handled_types:
             # first use (or other handled types): one query per partition
             pending.types = g.handled_types
-            pending.first = {key: self._first_pending(g, key, until) for key in g.partitions}
-            pending.heap = [(p, k) for k, p in pending.first.items() if p is not None]
-            heapq.heapify(pending.heap)
+            pending.reset({key: self._first_pending(g, key, until) for key in g.partitions})
             pending.scanned = until
             return pending
         first = pending.first
-        for key in g.partitions.keys() - first.keys():  # discovered since: computed once
-            pending.set(key, self._first_pending(g, key, pending.scanned))
+        if len(first) != len(g.partitions):  # discovered since: computed once
+            for key in g.partitions.keys() - first.keys():
+                pending.set(key, self._first_pending(g, key, pending.scanned))
         cursor = pending.scanned
-        while cursor < until and None in first.values():
+        while cursor < until and pending.idle:
             rows = self._index.of_types(g.handled_types, cursor, until, SCAN_PAGE)
             for position, tags in rows:
                 for key in self._candidates(g, split_tags(tags)):
