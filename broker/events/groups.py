@@ -23,7 +23,13 @@ last position for it.
 
 Claims carry the worker id and expire `claim_timeout_ms` after their last renewal; an expired
 claim is released the next time anything looks at it (claim, ack, renew, describe): the same
-outcome as a timer, with no task to own. A renewing worker's claim never expires.
+outcome as a timer, with no task to own. A renewing worker's claim never expires. Claims live in
+this leader's memory only: a broker that becomes the leader starts its groups from their durable
+progress (progress.py: the replicated offsets log) without claims, and workers claim again.
+
+Progress is durable before it is answered: register / stop / start / reset / discovery write
+before the view changes; an ack changes the view and hands its write to the caller
+(`unwritten`), which answers once it is durable and reloads the groups if it fails.
 """
 
 from __future__ import annotations
