@@ -132,6 +132,9 @@ class GroupManager:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
+    def record(self, group: str) -> GroupRecord | None:
+        return self._groups.get(group)
+
     def status(self, group: str) -> tuple[bool, bool]:
         """(known, active)."""
         g = self._groups.get(group)
@@ -163,6 +166,7 @@ class GroupManager:
     def reset(self, group: str) -> None:
         """Forget every partition and acknowledged position; claims end too (their acks fail)."""
         g = self._get(group)
+        g.resets += 1  # first: an ack applied before and written after is then refused (store.write_acks)
         self._progress.reset(g)
         g.partitions.clear()
         g.discovered_end = 0
@@ -215,7 +219,7 @@ class GroupManager:
             if unwritten is None:
                 self._progress.put_ack(group, key, values, position)
             else:
-                unwritten.append(AckWrite(group, key, values, position))
+                unwritten.append(AckWrite(group, key, values, position, g, g.resets))
             g.partitions[key] = (values, position)
             pending = self._pending.get(group)
             if pending is not None and pending.first is not None:

@@ -39,16 +39,6 @@ T = TypeVar("T")
 PROGRESS_FILE = "events.groups.sqlite"
 
 
-@dataclass(frozen=True, slots=True)
-class AckWrite:
-    """A partition's new acknowledged position, to be written (groups.py `unwritten`)."""
-
-    group: str
-    key: str
-    values: dict[str, str]
-    position: int
-
-
 @dataclass
 class GroupRecord:
     """A group's durable state. `discovered_end`: the log end offset up to which the events were
@@ -60,6 +50,20 @@ class GroupRecord:
     handled_types: tuple[str, ...] = ()
     discovered_end: int = 0
     partitions: dict[str, tuple[dict[str, str], int]] = field(default_factory=dict)
+    resets: int = 0  # in memory only: bumped by each reset (an ack written later must not undo it)
+
+
+@dataclass(frozen=True, slots=True)
+class AckWrite:
+    """A partition's new acknowledged position, to be written (groups.py `unwritten`); `record`
+    and `resets`: the group as it was when the ack was applied (store.write_acks checks them)."""
+
+    group: str
+    key: str
+    values: dict[str, str]
+    position: int
+    record: GroupRecord | None = None
+    resets: int = 0
 
 
 class ProgressStore(Protocol):
@@ -74,7 +78,8 @@ class ProgressStore(Protocol):
     def put_ack(self, group: str, key: str, values: dict[str, str], position: int) -> None: ...
 
     async def put_acks(self, acks: list[AckWrite]) -> None:
-        """On the event loop: acknowledged positions, durable when this returns."""
+        """On the event loop: acknowledged positions, durable when this returns; appended (in
+        order with every other write) before it first yields."""
 
     def reset(self, group: GroupRecord) -> None:
         """Forget the group's partitions and positions (its settings stay)."""
