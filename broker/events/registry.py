@@ -21,7 +21,12 @@ import structlog
 
 from dmq.broker.log import LogManager, PartitionLog, UnknownPartitionError
 from dmq.broker.offsets import OffsetStore
-from dmq.broker.replication.manager import ReplicaManager, ReplicatedDurability
+from dmq.broker.replication.manager import (
+    NotEnoughReplicas,
+    NotLeaderForPartition,
+    ReplicaManager,
+    ReplicatedDurability,
+)
 
 __all__ = ["EventStores", "NotAnEventStoreError", "PartitionReplication"]
 
@@ -42,7 +47,17 @@ class PartitionReplication:
         return f"<PartitionReplication {self._plog.topic}[{self._plog.partition}]>"
 
     def check_writable(self) -> None:
-        self._durability.check(self._plog)
+        # In the writer thread while the loop may change the replica: each field read once, and
+        # the in-sync set only counted (ReplicatedDurability.check lists it, on the loop).
+        r = self._manager.get(self._plog.topic, self._plog.partition)
+        if r is None:
+            return
+        leading = r.leading
+        if leading is None:
+            raise NotLeaderForPartition(r.not_leader_message(self._manager.broker_id))
+        if not leading.enough_replicas(r.min_insync):
+            raise NotEnoughReplicas(f"{r.topic}[{r.partition}]: {len(leading.isr)} in-sync replicas, "
+                                    f"min_insync_replicas is {r.min_insync}; nothing stored, retry")
 
     def high_watermark(self) -> int | None:
         r = self._manager.get(self._plog.topic, self._plog.partition)

@@ -18,6 +18,7 @@ import pytest
 from dmq.client.errors import AppendConditionError, DMQError
 from dmq.client.events import AppendCondition, EventStore, EventType, QueryItem
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto import error_details
 from dmq.proto.event_headers import KIND_EVENT_STORE
 from tests.integration._replication_cluster import ReplicationCluster, until
 
@@ -151,3 +152,18 @@ async def test_a_deposed_leaders_unacknowledged_events_leave_its_index(rc: Repli
         await asyncio.to_thread(at_broker_1)
     finally:
         await asyncio.to_thread(store.close)
+
+
+async def test_below_min_insync_replicas_an_append_is_refused_and_nothing_is_stored(rc: ReplicationCluster):
+    b1 = rc.brokers[1].stub
+    event = pb.Event(type="course.created", tags=["course_name:Algebra"])
+    answer = await b1.EventAppend(pb.EventAppendRequest(topic="es", events=[event]), timeout=10)
+    assert answer.last_position == 1
+    # the controller shrank the in-sync set to the leader alone (min_insync_replicas is 2 with RF 3)
+    await rc.push(rc.state("es", 0, 1, 0, [1, 2, 3], [1], 1), [1])
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await b1.EventAppend(pb.EventAppendRequest(topic="es", events=[event]), timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_details.reason_of(e.value.trailing_metadata()) == error_details.NOT_ENOUGH_REPLICAS
+    assert "min_insync_replicas is 2" in e.value.details()
+    assert rc.log_end(1, "es") == 1  # nothing appended
