@@ -214,7 +214,7 @@ class OffsetProgressStore:
 
     def load(self) -> dict[str, GroupRecord]:
         groups: dict[str, GroupRecord] = {}
-        partitions: list[tuple[str, str, CommittedOffset]] = []
+        partitions: list[tuple[str, str, dict[str, str], int]] = []
         for gid, c in self._run(self._entries()):
             try:
                 if gid.startswith(GROUP_PREFIX):
@@ -224,12 +224,12 @@ class OffsetProgressStore:
                                                tuple(meta["handled_types"]), c.offset)
                 else:
                     group, key = json.loads(gid[len(PARTITION_PREFIX):])
-                    partitions.append((group, key, c))
+                    partitions.append((group, key, dict(json.loads(c.metadata)), c.offset))
             except (ValueError, KeyError, TypeError) as e:  # not written by this module: skipped, said
                 log.warning("event group progress entry unreadable; skipped", topic=self._topic, key=gid, error=str(e))
-        for group, key, c in partitions:
+        for group, key, values, acked in partitions:
             if group in groups:
-                groups[group].partitions[key] = (dict(json.loads(c.metadata)), c.offset)
+                groups[group].partitions[key] = (values, acked)
         return groups
 
     @staticmethod
