@@ -167,3 +167,30 @@ async def test_below_min_insync_replicas_an_append_is_refused_and_nothing_is_sto
     assert error_details.reason_of(e.value.trailing_metadata()) == error_details.NOT_ENOUGH_REPLICAS
     assert "min_insync_replicas is 2" in e.value.details()
     assert rc.log_end(1, "es") == 1  # nothing appended
+
+
+def test_with_the_coordinator_as_controller_a_stopped_leaders_store_moves_with_its_groups(tmp_path) -> None:
+    from dmq.client import AdminClient
+    from dmq.client.cli.runner import ClusterOptions, ClusterThread
+
+    with ClusterThread(ClusterOptions(data_dir=tmp_path, brokers=3, replication_factor=None)) as c:
+        with AdminClient(c.bootstrap) as admin:
+            admin.create_topic("es", 1, config={"kind": "event-store"})  # replicated by default
+            (partition,) = admin.describe_topic("es").partitions
+        assert len(partition.replicas) == 3
+        with EventStore(c.bootstrap, "es") as store:
+            store.append([CourseCreated.new(b"", course_name="Algebra"), CourseCreated.new(b"", course_name="Art")])
+            store.register_group("g")
+            claim = store.claim_next("g", ["course_name"], [CourseCreated], "w")
+            assert claim is not None and claim.partition_key == "course_name:Algebra"
+            store.ack(claim)
+            # a clean stop hands the leadership over to an in-sync replica at once
+            index = next(i for i, b in enumerate(c.cluster.brokers) if b.broker_id == partition.leader_id)
+            c.call(c.cluster.stop_broker(index))
+            with pytest.raises(AppendConditionError):
+                _retried(lambda: store.append(CourseCreated.new(b"", course_name="Algebra"),
+                                              AppendCondition(ALGEBRA, after=0)), "conditional append")
+            art = _retried(lambda: store.claim_next("g", ["course_name"], [CourseCreated], "w"), "claim")
+            assert art is not None and art.partition_key == "course_name:Art"
+            assert _retried(lambda: store.claim_next("g", ["course_name"], [CourseCreated], "w2"), "claim") is None
+            assert [e.payload for e in store.read()] == [b"", b""]
