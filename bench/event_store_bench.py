@@ -15,7 +15,9 @@ process (and, for the concurrent conditional appends, in --clients processes):
       processes: fail if an event tagged with the new event's course or student exists after the
       last position this client has seen; each client first checks that a stale position fails;
   (e) claim_next + ack cycles of one worker over --cycles partitions of one pending event each
-      (attribute `task`), the ack riding on the next claim_next (one round trip per cycle).
+      (attribute `task`), the ack riding on the next claim_next (one round trip per cycle; the
+      answer waits until the ack is durable); then --claim-workers threads over as many
+      partitions, whose acks share the offsets log's group-commit fsyncs.
 
 Figures vary run to run on a shared machine: compare within one run (and with the peer run in
 the same sitting).
@@ -24,6 +26,7 @@ the same sitting).
 from __future__ import annotations
 
 import argparse
+from concurrent.futures import ThreadPoolExecutor
 import multiprocessing as mp
 import os
 import pathlib
@@ -159,32 +162,45 @@ def run_cond(bootstrap: str, topic: str, clients: int, total: int) -> dict[str, 
             "p50_ms": lat[len(lat) // 2] * 1e3, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3}
 
 
-def claim_cycles(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]:
-    """(e): one worker claims, handles and acks every partition; (cycles, seconds)."""
+def claim_cycles(bootstrap: str, topic: str, partitions: int, workers: int = 1) -> tuple[int, float]:
+    """(e): `workers` threads (one channel each) claim, handle and ack every partition between
+    them; (cycles, seconds)."""
     from dmq.client.events import EventStore, EventType
 
     task = EventType("task.created", ["task"])
+
+    def work(worker: int) -> int:
+        with EventStore(bootstrap, topic) as store:
+            cycles = 0
+            claim = store.claim_next("workers", ["task"], [task], f"w{worker}")
+            while claim is not None:
+                cycles += 1
+                claim = store.claim_next("workers", ["task"], [task], f"w{worker}", ack=(claim, claim.last_position))
+            return cycles
+
     with EventStore(bootstrap, topic) as store:
         for start in range(0, partitions, 1000):
             store.append([task.new(b"x" * PAYLOAD, task=str(i)) for i in range(start, min(start + 1000, partitions))])
         store.register_group("workers")
-        claim = store.claim_next("workers", ["task"], [task], "w1")  # first claim: partitions discovered
-        cycles = 0
+        first = store.claim_next("workers", ["task"], [task], "w0")  # partitions discovered, untimed
+        assert first is not None
+        store.release(first)
         t0 = time.perf_counter()
-        while claim is not None:
-            cycles += 1
-            claim = store.claim_next("workers", ["task"], [task], "w1", ack=(claim, claim.last_position))
+        with ThreadPoolExecutor(workers) as pool:
+            cycles = sum(pool.map(work, range(workers)))
         seconds = time.perf_counter() - t0
         assert cycles == partitions, (cycles, partitions)
         assert all(p.pending == 0 for p in store.describe_group("workers").partitions)
     return cycles, seconds
 
 
-def run_claims(bootstrap: str, partitions: int) -> None:
-    create_topic(bootstrap, "tasks")
-    cycles, seconds = claim_cycles(bootstrap, "tasks", partitions)
-    print(f"(e) claim_next + ack (ack riding on the next claim), 1 worker, {cycles:,} partitions: "
-          f"{cycles / seconds:,.0f} cycles/s")
+def run_claims(bootstrap: str, partitions: int, workers: int) -> None:
+    for n in sorted({1, workers}):
+        topic = f"tasks-{n}"
+        create_topic(bootstrap, topic)
+        cycles, seconds = claim_cycles(bootstrap, topic, partitions, n)
+        print(f"(e) claim_next + ack (ack riding on the next claim), {n} worker thread(s), {cycles:,} partitions: "
+              f"{cycles / seconds:,.0f} cycles/s")
 
 
 def main() -> None:
@@ -194,6 +210,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--reads", type=int, default=5)
     ap.add_argument("--cycles", type=int, default=3_000, help="partitions claimed and acked in (e)")
+    ap.add_argument("--claim-workers", type=int, default=4,
+                    help="(e) is also run with this many worker threads (their acks share fsyncs)")
     ap.add_argument("--only-claims", action="store_true", help="run (e) only")
     args = ap.parse_args()
     print(f"event store bench: n={args.n:,} cond-n={args.cond_n:,} clients={args.clients} cycles={args.cycles:,} "
@@ -203,7 +221,7 @@ def main() -> None:
         try:
             b = server.bootstrap
             if args.only_claims:
-                run_claims(b, args.cycles)
+                run_claims(b, args.cycles, args.claim_workers)
                 return
             create_topic(b, "store")
             s = fill(b, "store", args.n, seed=1)
@@ -217,7 +235,7 @@ def main() -> None:
                 r = run_cond(b, "store", clients, args.cond_n)
                 print(f"(a) conditional append, 1 event, {clients} client process(es): {r['rate']:,.0f} appends/s "
                       f"(p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, conflicts {r['conflicts']})")
-            run_claims(b, args.cycles)
+            run_claims(b, args.cycles, args.claim_workers)
             print(f"server CPU {server.cpu_s():.1f} s; load average {os.getloadavg()[0]:.1f}")
         finally:
             server.stop()

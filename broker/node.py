@@ -111,13 +111,14 @@ class BrokerNode:
         self.logs = LogManager(self.data_dir / "logs", self.log_config, max_open_files=max_open_files)
         self.offsets = OffsetStore(self.logs, self.data_dir)
         self.queues = QueueManager(self)  # queue mode: leases, acks, dead letters (broker/queue)
-        self.event_stores = EventStores(self.logs)
         # Replicated partitions: roles from the controller's states, followers' fetch loops,
         # the leaders' in-sync sets (broker/replication)
         self.replication = ReplicaManager(self, replica_lag_time_max_ms=replica_lag_time_max_ms,
                                           replica_ack_timeout_ms=replica_ack_timeout_ms)
         # commits on a replicated partition wait for its in-sync replicas, as acks=all produces
         self.offsets.durability = ReplicatedDurability(self.replication)
+        # event-store topics: their index, conditional appends and groups (broker/events)
+        self.event_stores = EventStores(self.logs, self.offsets, self.replication)
         self.dir_lock = DataDirLock(self.data_dir)
         self._opening: asyncio.Future[None] | None = None
         self.service = BrokerService(self)

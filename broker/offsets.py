@@ -136,6 +136,19 @@ def _decode_value(value: bytes) -> CommittedOffset | None:
     return CommittedOffset(offset, bytes(value[_VALUE.size:]).decode("utf-8"), ts)
 
 
+@dataclass(frozen=True, slots=True)
+class _Appended:
+    """A batch appended by _append, for _finish to wait for."""
+
+    topic: str
+    partition: int
+    entries: list[tuple[str, CommittedOffset | None]]
+    plog: PartitionLog
+    part: _Partition
+    info: AppendInfo
+    epoch: int
+
+
 @dataclass(slots=True)
 class _Partition:
     """One data partition's commits: durable (served) and as of the log end (for snapshots)."""
@@ -143,6 +156,9 @@ class _Partition:
     served: dict[str, tuple[CommittedOffset | None, int]]  # group -> (entry or tombstone, log offset)
     appended: dict[str, CommittedOffset | None]
     since_snapshot: int = 0
+    # entries of `appended` that are not tombstones: kept as it changes, since every write checks
+    # it (counting them was O(entries) a write: event-store groups keep one entry per partition)
+    live: int = 0
     compacting: bool = False
 
 
@@ -219,6 +235,7 @@ class OffsetStore:
         # in place: writers in flight hold this object
         part.served = served
         part.appended = {g: c for g, (c, _) in served.items()}
+        part.live = sum(1 for c in part.appended.values() if c is not None)
         part.since_snapshot = count
 
     async def _import_legacy(self, path: pathlib.Path) -> None:
@@ -269,6 +286,10 @@ class OffsetStore:
 
     async def _write(self, topic: str, partition: int, entries: list[tuple[str, CommittedOffset | None]]) -> None:
         """Append entries for one partition, wait until durable, then serve them."""
+        await self._finish(self._append(topic, partition, entries))
+
+    def _append(self, topic: str, partition: int, entries: list[tuple[str, CommittedOffset | None]]) -> _Appended:
+        """The first half of _write, synchronous: the batch is in the log when this returns."""
         if self._closed:
             raise RuntimeError("offset store is closed")
         plog = self.log_for(topic, partition)
@@ -280,10 +301,17 @@ class OffsetStore:
         )
         info, epoch = plog.append_held(batch)  # synchronous: log order = order of `appended`
         for group, c in entries:
+            old = part.appended.get(group)
+            part.live += (c is not None) - (old is not None)
             part.appended[group] = c
         part.since_snapshot += len(entries)
+        return _Appended(topic, partition, entries, plog, part, info, epoch)
+
+    async def _finish(self, w: _Appended) -> None:
+        """The second half of _write: wait until the batch is durable, then serve it."""
+        topic, partition, entries, plog, part, info = w.topic, w.partition, w.entries, w.plog, w.part, w.info
         try:
-            await self.durability.wait(plog, info, epoch)
+            await self.durability.wait(plog, info, w.epoch)
         except BaseException:
             # a rollback may have removed the batch (or later ones): the log is the truth
             self._replay(topic, partition)
@@ -298,7 +326,7 @@ class OffsetStore:
     # -- compaction --------------------------------------------------------------------------------
 
     def _maybe_compact(self, topic: str, partition: int, part: _Partition) -> None:
-        live = sum(1 for c in part.appended.values() if c is not None)
+        live = part.live
         if part.compacting or self._closed or part.since_snapshot < max(COMPACT_MIN_RECORDS, 2 * live):
             return
         part.compacting = True
@@ -352,6 +380,14 @@ class OffsetStore:
         for r in results:
             if isinstance(r, BaseException):
                 raise r
+
+    async def put(self, topic: str, partition: int, entries: list[tuple[str, CommittedOffset | None]]) -> None:
+        """Store entries (None: a tombstone) of one partition as one batch: all or nothing, durable
+        when this returns (event-store groups keep their progress here, several keys at once).
+        The batch is appended before this first yields, so puts are in the log in call order."""
+        pending = self._append(topic, partition, entries)
+        # shielded as _write_all: a caller that gives up does not cut the write short
+        await asyncio.shield(self._finish(pending))
 
     def get(self, group_id: str, topic: str, partition: int) -> CommittedOffset | None:
         part = self._parts.get((topic, partition))

@@ -88,15 +88,6 @@ class TopicSettings:
         if unclean is not None and not isinstance(unclean, bool):
             raise ValidationError(f"{field_prefix}unclean_leader_election", f"must be true or false, got {unclean!r}")
         rf, min_insync = self.replication_factor, self.min_insync_replicas
-        if self.is_event_store and rf is not None and rf > 1:
-            # Its index and its groups' progress live beside the leader's log only, and its
-            # conditional appends are not made to wait for followers: refused rather than a
-            # replication that would lose acknowledged events or progress at a failover.
-            raise ValidationError(
-                f"{field_prefix}replication_factor",
-                f"an event-store topic is not replicated (its index and groups' progress stay on its broker): "
-                f"it must be 1, got {rf}",
-            )
         if rf is not None and min_insync is not None and min_insync > rf:
             raise ValidationError(
                 f"{field_prefix}min_insync_replicas",
@@ -167,11 +158,10 @@ def default_min_insync_replicas(replication_factor: int) -> int:
 def replication_defaults(settings: TopicSettings, live_brokers: int, default_factor: int | None) -> TopicSettings:
     """A new topic's replication settings made explicit: replication_factor defaults to
     `default_factor` (an operator's setting, which may exceed the brokers live now: the caller
-    refuses it) or, when None, min(3, live brokers) — an event store's to 1; min_insync_replicas to 2 with 3 or more
+    refuses it) or, when None, min(3, live brokers) (event stores too: their index and groups'
+    progress replicate with the log); min_insync_replicas to 2 with 3 or more
     replicas, else 1 (never above the factor); unclean_leader_election to false."""
     rf = settings.replication_factor
-    if rf is None and settings.is_event_store:
-        rf = 1  # not replicated (see TopicSettings.validate)
     if rf is None:
         rf = default_factor if default_factor is not None else min(3, max(1, live_brokers))
     min_insync = settings.min_insync_replicas

@@ -23,14 +23,20 @@ last position for it.
 
 Claims carry the worker id and expire `claim_timeout_ms` after their last renewal; an expired
 claim is released the next time anything looks at it (claim, ack, renew, describe): the same
-outcome as a timer, with no task to own. A renewing worker's claim never expires.
+outcome as a timer, with no task to own. A renewing worker's claim never expires. Claims live in
+this leader's memory only: a broker that becomes the leader starts its groups from their durable
+progress (progress.py: the replicated offsets log) without claims, and workers claim again.
+
+Progress is durable before it is answered: register / stop / start / reset / discovery write
+before the view changes; an ack changes the view and hands its write to the caller
+(`unwritten`), which answers once it is durable and reloads the groups if it fails.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 
@@ -42,7 +48,7 @@ from dmq.broker.events.errors import (
     InvalidEventRequest,
 )
 from dmq.broker.events.index import EventIndex, split_tags
-from dmq.broker.events.progress import GroupRecord, ProgressStore
+from dmq.broker.events.progress import AckWrite, GroupRecord, ProgressStore
 from dmq.broker.events.query import belongs, partition_values
 from dmq.proto.event_headers import attributes_of, partition_key
 
@@ -94,9 +100,18 @@ class _Pending:
     # (position, key) of every partition with something pending, smallest first; an entry whose
     # position is no longer first[key] is stale and skipped (removing it would cost O(n))
     heap: list[tuple[int, str]] = field(default_factory=list)
+    idle: int = 0  # partitions with nothing pending (first[key] None): counted, not searched per claim
+
+    def reset(self, first: dict[str, int | None]) -> None:
+        self.first = first
+        self.idle = sum(1 for p in first.values() if p is None)
+        self.heap = [(p, k) for k, p in first.items() if p is not None]
+        heapq.heapify(self.heap)
 
     def set(self, key: str, position: int | None) -> None:
         assert self.first is not None
+        old = self.first.get(key, 0)
+        self.idle += (position is None) - (key in self.first and old is None)
         self.first[key] = position
         if position is not None:
             heapq.heappush(self.heap, (position, key))
@@ -116,6 +131,9 @@ class GroupManager:
         return f"<GroupManager groups={len(self._groups)} claims={len(self._claims)}>"
 
     # -- lifecycle ---------------------------------------------------------------------------------
+
+    def record(self, group: str) -> GroupRecord | None:
+        return self._groups.get(group)
 
     def status(self, group: str) -> tuple[bool, bool]:
         """(known, active)."""
@@ -141,14 +159,15 @@ class GroupManager:
     def set_active(self, group: str, active: bool) -> None:
         g = self._get(group)
         if g.active != active:
+            self._progress.put_group(replace(g, active=active))  # durable first, then the view
             g.active = active
-            self._progress.put_group(g)
             log.info("event group started" if active else "event group stopped", group=group)
 
     def reset(self, group: str) -> None:
         """Forget every partition and acknowledged position; claims end too (their acks fail)."""
         g = self._get(group)
-        self._progress.reset(group)
+        g.resets += 1  # first: an ack applied before and written after is then refused (store.write_acks)
+        self._progress.reset(g)
         g.partitions.clear()
         g.discovered_end = 0
         self._by_attr.pop(group, None)
@@ -179,7 +198,15 @@ class GroupManager:
             )
         return claim
 
-    def ack(self, group: str, key: str, worker_id: str, position: int, now_ms: int, head: int) -> None:
+    def ack(
+        self, group: str, key: str, worker_id: str, position: int, now_ms: int, head: int,
+        *, unwritten: list[AckWrite] | None = None,
+    ) -> None:
+        """Advance the partition's acknowledged position and release its claim. Written durably
+        before the view changes, or (`unwritten` given) the view changes now and the write is
+        appended to `unwritten`: the caller writes it outside the writer thread (so concurrent
+        acks share an fsync and the writer goes on) and answers only once it is durable; if that
+        write fails, the caller reloads the groups from what is durable (store.write_acks)."""
         self._held(group, key, worker_id, now_ms)
         g = self._groups[group]
         values, acked = g.partitions[key]
@@ -189,7 +216,10 @@ class GroupManager:
                 f"head), got {position}"
             )
         if position != acked:
-            self._progress.put_ack(group, key, position)
+            if unwritten is None:
+                self._progress.put_ack(group, key, values, position)
+            else:
+                unwritten.append(AckWrite(group, key, values, position, g, g.resets))
             g.partitions[key] = (values, position)
             pending = self._pending.get(group)
             if pending is not None and pending.first is not None:
@@ -239,16 +269,14 @@ class GroupManager:
     def _settle(self, g: GroupRecord, partition_by: tuple[str, ...], handled: tuple[str, ...]) -> None:
         """The first claim fixes partition_by; handled types may change from claim to claim (the
         last ones are kept for describe)."""
-        if not g.partition_by:
-            g.partition_by = partition_by
-        elif g.partition_by != partition_by:
+        if g.partition_by and g.partition_by != partition_by:
             raise GroupConflictError(
                 f"group {g.name!r} partitions by {list(g.partition_by)}, not {list(partition_by)}: "
                 "reset the group to change it"
             )
-        if g.handled_types != handled:
-            g.handled_types = handled
-            self._progress.put_group(g)
+        if g.partition_by != partition_by or g.handled_types != handled:
+            self._progress.put_group(replace(g, partition_by=partition_by, handled_types=handled))
+            g.partition_by, g.handled_types = partition_by, handled
 
     def _attr_map(self, g: GroupRecord) -> dict[tuple[str, str], set[str]]:
         m = self._by_attr.get(g.name)
@@ -279,7 +307,7 @@ class GroupManager:
                 )
             found[key] = values
         if found:  # `discovered_end` alone need not be durable: rediscovering finds the same partitions
-            self._progress.put_partitions(g.name, found, until)
+            self._progress.put_partitions(g, found, until)
         for key, values in found.items():
             g.partitions[key] = (values, 0)
             for item in values.items():
@@ -334,16 +362,15 @@ class GroupManager:
         if pending.first is None or pending.types != g.handled_types:
             # first use (or other handled types): one query per partition
             pending.types = g.handled_types
-            pending.first = {key: self._first_pending(g, key, until) for key in g.partitions}
-            pending.heap = [(p, k) for k, p in pending.first.items() if p is not None]
-            heapq.heapify(pending.heap)
+            pending.reset({key: self._first_pending(g, key, until) for key in g.partitions})
             pending.scanned = until
             return pending
         first = pending.first
-        for key in g.partitions.keys() - first.keys():  # discovered since: computed once
-            pending.set(key, self._first_pending(g, key, pending.scanned))
+        if len(first) != len(g.partitions):  # discovered since: computed once
+            for key in g.partitions.keys() - first.keys():
+                pending.set(key, self._first_pending(g, key, pending.scanned))
         cursor = pending.scanned
-        while cursor < until and None in first.values():
+        while cursor < until and pending.idle:
             rows = self._index.of_types(g.handled_types, cursor, until, SCAN_PAGE)
             for position, tags in rows:
                 for key in self._candidates(g, split_tags(tags)):

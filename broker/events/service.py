@@ -34,7 +34,7 @@ from dmq.broker.events.errors import (
     InvalidEventRequest,
 )
 from dmq.broker.events.groups import GroupManager, PartitionView
-from dmq.broker.events.progress import GroupRecord
+from dmq.broker.events.progress import AckWrite, GroupRecord
 from dmq.broker.events.query import QueryItem
 from dmq.broker.events.registry import NotAnEventStoreError
 from dmq.broker.events.store import Condition, EventStore, NewEvent, StoredEvent
@@ -176,8 +176,16 @@ class EventStoreRpcs:
                 _fail(grpc.StatusCode.NOT_FOUND, f"unknown topic: {topic}")
             _fail(grpc.StatusCode.UNAVAILABLE,
                   f"broker {node.broker_id} does not lead {topic}[0]; the leader is {leader}")
+        self._check_leads(topic)
         await store.ensure_open()
         return store
+
+    def _check_leads(self, topic: str) -> None:
+        """A follower copies the log; only the leader serves the store (UNAVAILABLE naming it)."""
+        node = self._node
+        r = node.replication.get(topic, 0)
+        if r is not None and r.leading is None:
+            _fail(grpc.StatusCode.UNAVAILABLE, r.not_leader_message(node.broker_id))
 
     # -- append / read / subscribe ------------------------------------------------------------------
 
@@ -225,6 +233,7 @@ class EventStoreRpcs:
         try:
             after = request.after
             while not store.closed:
+                self._check_leads(request.topic)  # leadership moved: the client subscribes again there
                 wake = store.next_append()  # taken before reading: an append after the read wakes us
                 events, head = await store.read(query, after, SUBSCRIBE_PAGE)
                 if events:
@@ -291,13 +300,16 @@ class EventStoreRpcs:
                 _fail(grpc.StatusCode.INVALID_ARGUMENT, "ack must name the request's topic and group")
         store = await self._store(request.topic)
 
+        unwritten: list[AckWrite] = []
+
         def run(groups: GroupManager, until: int, now: int) -> Any:
             if ack is not None:
-                groups.ack(ack.group, ack.partition_key, ack.worker_id, ack.position, now, until)
+                groups.ack(ack.group, ack.partition_key, ack.worker_id, ack.position, now, until, unwritten=unwritten)
             return groups.claim_next(request.group, partition_by, handled, request.worker_id,
                                      limit=limit, timeout_ms=timeout_ms, until=until, now_ms=now)
 
         claimed, events = await store.claim(run)
+        await store.write_acks(unwritten)  # the ack riding on this claim is answered by its answer
         head = store.readable_end()
         if claimed is None:
             return pb.EventClaimResponse(claimed=False, head=head)
@@ -320,7 +332,13 @@ class EventStoreRpcs:
     async def EventAck(self, request: pb.EventClaimRef, context: grpc.aio.ServicerContext) -> pb.EventClaimAnswer:
         _check_position(request.position, "position")
         r = request
-        return await self._claim_op(r, lambda g, until, now: g.ack(r.group, r.partition_key, r.worker_id, r.position, now, until))
+        unwritten: list[AckWrite] = []
+        answer = await self._claim_op(
+            r, lambda g, until, now: g.ack(r.group, r.partition_key, r.worker_id, r.position, now, until,
+                                           unwritten=unwritten))
+        store = await self._store(r.topic)
+        await store.write_acks(unwritten)
+        return answer
 
     @_guarded
     async def EventRelease(self, request: pb.EventClaimRef, context: grpc.aio.ServicerContext) -> pb.EventClaimAnswer:

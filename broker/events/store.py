@@ -14,11 +14,21 @@ Reads run in the writer too: its connection alone sees the index rows staged but
 committed (index.py groups commits), and an index query is short next to the log reads that
 follow it. The price: a large read delays the appends queued behind it.
 
-An append is acknowledged once its events are in the log and the index, and (flush policy
-"fsync") the log is fsynced past them. Readers see events up to the readable end: the durable
-end under "fsync" (an event whose fsync failed is rolled back by the log and must never have
-been read), the log end under "interval". When the log rolls back, the index is cut back to it
-before the next append.
+An append is acknowledged once its events are in the log and the index, (flush policy "fsync")
+the log is fsynced past them, and (a replicated topic) every in-sync replica has them, as an
+acks=all produce (`Replication`; below min_insync_replicas nothing is appended). Readers see events
+up to the readable end: the durable end under "fsync" (an event whose fsync failed is rolled back
+by the log and must never have been read), the log end under "interval", and never past the high
+watermark. When the log rolls back, the index is cut back to it before the next append.
+
+Replicated (DESIGN.md "Replication"): the leader alone appends, checks conditions and runs the
+groups; its followers copy the log's bytes (broker/replication/fetcher.py) and keep their index
+following it (`follow_soon`), so a follower that becomes leader has an index of its whole log.
+That log holds every acknowledged event (the new leader was in sync), so its conditions see them.
+Before a follower cuts its log to its new leader's history (KIP-101) the index is cut first
+(`truncating`, durably), so it never keeps an event the log lost, even across a crash. The groups'
+progress is in the replicated offsets log (progress.py) and is reloaded when this broker becomes
+the leader (`reload_groups`); claims are dropped then.
 """
 
 from __future__ import annotations
@@ -31,20 +41,21 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 
-from dmq.broker.events.errors import ConditionFailedError, EventStoreError
+from dmq.broker.events.errors import ClaimNotHeldError, ConditionFailedError, EventStoreError
 from dmq.broker.events.groups import Claimed, GroupManager
 from dmq.broker.events.index import INDEX_FILE, EventIndex
-from dmq.broker.events.progress import SqliteProgressStore
+from dmq.broker.events.progress import AckWrite, ProgressStore
 from dmq.broker.events.query import QueryItem
 from dmq.broker.log import LogClosedError, LogError, PartitionLog, StorageUnavailableError
+from dmq.broker.replication.manager import NotEnoughReplicas, NotLeaderForPartition
 from dmq.proto import records
 from dmq.proto.event_headers import event_headers, parse_event_headers
 
-__all__ = ["EventStore", "NewEvent", "StoredEvent", "Condition"]
+__all__ = ["EventStore", "NewEvent", "StoredEvent", "Condition", "Replication", "Unreplicated"]
 
 log = structlog.get_logger(__name__)
 
@@ -99,20 +110,64 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class Replication(Protocol):
+    """The store's partition as this broker replicates it (registry.py). Called on the event loop,
+    except check_writable (the writer thread: it only reads)."""
+
+    def check_writable(self) -> None:
+        """Raise NotLeaderForPartition / NotEnoughReplicas: nothing may be appended now."""
+
+    def high_watermark(self) -> int | None:
+        """Readers stop below it (None: unreplicated, no such limit)."""
+
+    def appended(self) -> None:
+        """Right after an append: the followers may take it while the leader fsyncs."""
+
+    async def replicated(self, end_offset: int) -> None:
+        """Return once every in-sync replica has the log below end_offset; raise when it cannot
+        be acknowledged (NotEnoughReplicas, NotLeaderForPartition)."""
+
+
+class Unreplicated:
+    """One copy: nothing to wait for."""
+
+    def check_writable(self) -> None:
+        pass
+
+    def high_watermark(self) -> int | None:
+        return None
+
+    def appended(self) -> None:
+        pass
+
+    async def replicated(self, end_offset: int) -> None:
+        pass
+
+
 class EventStore:
-    def __init__(self, plog: PartitionLog, *, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(
+        self,
+        plog: PartitionLog,
+        *,
+        progress: Callable[[], ProgressStore],
+        replication: Replication | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
         self.plog = plog
         self.topic = plog.topic
+        self._progress_factory = progress  # called in the writer when the store opens
+        self._replication: Replication = replication or Unreplicated()
         self._clock = clock_ms
         self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"dmq-events-{plog.topic}-w")
         self._index: EventIndex | None = None
         self._groups: GroupManager | None = None
-        self._progress: SqliteProgressStore | None = None
+        self._progress: ProgressStore | None = None
         self._opened: asyncio.Future[None] | None = None
         self._closed = False
         self._appended: asyncio.Future[None] | None = None  # resolved by the next append (subscribers)
         self._queue: list[_Job] = []  # appends waiting for the writer
         self._draining = False  # a writer job is appending; it hands the queue on when done
+        self._following = False  # a follower's index catch-up is queued on the writer
 
     def __repr__(self) -> str:
         end = self._index.end if self._index is not None else None
@@ -155,7 +210,7 @@ class EventStore:
             index = EventIndex(directory)
         self._index = index
         index.catch_up(self.plog)
-        self._progress = SqliteProgressStore(directory)
+        self._progress = self._progress_factory()
         self._groups = GroupManager(index, self._progress)
 
     async def close(self) -> None:
@@ -192,14 +247,74 @@ class EventStore:
     async def on_writer(self, fn: Callable[[], T]) -> T:
         return await self._in(self._writer, fn)
 
+    # -- replicas -----------------------------------------------------------------------------------
+
+    def _start(self, fn: Callable[[], None], what: str) -> asyncio.Future[None] | None:
+        """Queue fn on the writer without waiting for it (its failure is logged); None when the
+        store is closed or closing."""
+        if self._closed:
+            return None
+        loop = asyncio.get_running_loop()
+        try:
+            if self._opened is None:
+                self._opened = loop.run_in_executor(self._writer, self._open)
+            fut = loop.run_in_executor(self._writer, fn)
+        except RuntimeError:  # the writer is shut down: the store is closing
+            return None
+
+        def done(f: asyncio.Future[None]) -> None:
+            if not f.cancelled() and f.exception() is not None:
+                log.warning("event store background step failed", topic=self.topic, step=what, error=repr(f.exception()))
+
+        fut.add_done_callback(done)
+        return fut
+
+    def _follow_if_open(self) -> None:
+        self._following = False
+        if self._index is not None:
+            self._follow_log()
+
+    def follow_soon(self) -> None:
+        """A follower appended its leader's batches: index them (in the writer, one catch-up for
+        all the appends queued meanwhile), so this replica is ready to lead."""
+        if not self._following and self._start(self._follow_if_open, "follow the log") is not None:
+            self._following = True
+
+    async def truncating(self, end_offset: int) -> None:
+        """The log is about to be cut to end at `end_offset` (a follower matching its new
+        leader's history): the index is cut first, durably, so a crash in between leaves an
+        index that the log's end bounds (catch_up then indexes what is missing)."""
+        def cut() -> None:
+            index = self._writer_index()
+            if index.end > end_offset:
+                try:
+                    index.truncate_to(end_offset)
+                except sqlite3.Error as e:  # the fetcher retries; the log is not cut before the index
+                    raise StorageUnavailableError(f"{self.topic}: the event index could not be cut to "
+                                                  f"{end_offset}: {e}") from e
+
+        await self.on_writer(cut)
+
+    def reload_groups(self) -> None:
+        """This broker now leads the partition: its groups' progress was replayed from the offsets
+        log (progress.py); the groups start from it, without claims (workers claim again)."""
+        def reload() -> None:
+            if self._index is not None and self._progress is not None:
+                self._groups = GroupManager(self._index, self._progress)
+                log.info("event groups reloaded from the offsets log", topic=self.topic)
+
+        self._start(reload, "reload the groups")
+
     # -- positions --------------------------------------------------------------------------------
 
     def readable_end(self) -> int:
-        """The last position a reader may see (see the module docstring)."""
+        """The last position a reader may see (see the module docstring). On the event loop."""
         plog = self.plog
+        end = plog.visible_end_offset
         if plog.config.flush_policy == "fsync":
-            return min(plog.durable_end_offset, plog.visible_end_offset)
-        return plog.visible_end_offset
+            end = min(plog.durable_end_offset, end)
+        hw = self._replication.high_watermark()
+        return end if hw is None else min(end, hw)
 
     # -- append -----------------------------------------------------------------------------------
 
@@ -220,6 +335,7 @@ class EventStore:
         if not self._draining:
             self._drain()
         info_end, append_ms = await asyncio.shield(done)
+        self._replication.appended()
         if self.plog.config.flush_policy == "fsync":
             try:
                 await self.plog.wait_durable(info_end)
@@ -227,6 +343,12 @@ class EventStore:
                 # The log rolled back past these events: the index follows before the next append.
                 await self.on_writer(self._follow_log)
                 raise
+        try:
+            await self._replication.replicated(info_end)
+        except (NotEnoughReplicas, NotLeaderForPartition) as e:
+            # as an acks=all produce's: stored on this leader, maybe not on a future one
+            raise type(e)(f"{e}; the events (up to position {info_end}) are stored on this leader but not "
+                          "acknowledged: read before appending them again") from e
         self._notify()
         return info_end, append_ms
 
@@ -282,8 +404,10 @@ class EventStore:
             with index.transaction():
                 for job in jobs:
                     try:
+                        self._replication.check_writable()
                         out.append(self._append_one(index, job.events, job.condition, job.batch))
-                    except (EventStoreError, LogError, records.RecordsError) as e:
+                    except (EventStoreError, LogError, records.RecordsError, NotLeaderForPartition,
+                            NotEnoughReplicas) as e:
                         out.append(e)
                     except _IndexWriteFailed as e:
                         out.append(e.result)
@@ -326,7 +450,10 @@ class EventStore:
         return events, until
 
     def _writer_index(self) -> EventIndex:
+        """In the writer: the index, caught up with the log first (a replica that just became
+        the leader may not have indexed all it copied yet; a no-op otherwise)."""
         assert self._index is not None
+        self._follow_log()
         return self._index
 
     def load(self, located: Sequence[tuple[int, int]]) -> list[StoredEvent]:
@@ -367,10 +494,33 @@ class EventStore:
         now = self._clock()
 
         def run() -> T:
+            self._writer_index()
             assert self._groups is not None
             return fn(self._groups, until, now)
 
         return await self.on_writer(run)
+
+    async def write_acks(self, acks: list[AckWrite]) -> None:
+        """Make the acks that groups.py applied in memory (`unwritten`) durable, on the loop, where
+        concurrent ones share the offsets log's fsync. If the write fails, the groups are reloaded
+        from what is durable (their claims dropped, as at a failover) and the error raised: no
+        view keeps an ack that was not stored."""
+        if not acks:
+            return
+        assert self._progress is not None
+        groups = self._groups
+        for a in acks:
+            # The group was reset (or reloaded) since the ack was applied: writing it now would
+            # land after the reset's tombstones and undo them. Checked in the same step as the
+            # append (put_acks appends before it first yields), so no reset can come between.
+            if groups is None or groups.record(a.group) is not a.record or a.record is None or a.record.resets != a.resets:
+                raise ClaimNotHeldError(f"group {a.group!r} was reset (or its leader changed) while partition "
+                                        f"{a.key!r} was acknowledged: the ack is not stored; claim again")
+        try:
+            await self._progress.put_acks(acks)
+        except BaseException:
+            self.reload_groups()
+            raise
 
     async def claim(self, fn: Callable[[GroupManager, int, int], Claimed | None]) -> tuple[Claimed | None, list[StoredEvent]]:
         """A claim and its events, read in the same writer job."""
@@ -378,6 +528,7 @@ class EventStore:
         now = self._clock()
 
         def run() -> tuple[Claimed | None, list[StoredEvent]]:
+            self._writer_index()
             assert self._groups is not None
             claimed = fn(self._groups, until, now)
             return claimed, (self.load(claimed.events) if claimed is not None else [])

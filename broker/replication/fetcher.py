@@ -219,6 +219,7 @@ class LeaderFetcher:
         plog = r.plog
         if end < plog.log_end_offset:
             before = plog.log_end_offset
+            await self._node.event_stores.truncating(r.topic, end)  # its index is cut first
             await asyncio.to_thread(plog.truncate_to, end)
             log.warning("replica truncated to the leader's history", topic=r.topic, partition=r.partition,
                         leader=self.leader_id, epoch=r.leader_epoch, from_offset=before, to_offset=plog.log_end_offset)
@@ -287,6 +288,7 @@ class LeaderFetcher:
                 # the leader's retention passed this replica's log end: what it has is gone from
                 # the cluster's history; it starts over where the leader's log starts
                 before = plog.log_end_offset
+                await self._node.event_stores.truncating(r.topic, 0)
                 await asyncio.to_thread(plog.restart_at, result.log_start_offset)
                 r.cache.truncate_from_start(result.log_start_offset)
                 save_epochs(plog, r.cache)
@@ -313,6 +315,7 @@ class LeaderFetcher:
                             topic=r.topic, partition=r.partition, error=str(e))
                 r.needs_truncation = True
                 return False
+            self._node.event_stores.replica_appended(r.topic)
         if is_offsets_log(r.topic) and result.log_start_offset > plog.log_start_offset:
             # the leader compacted its offsets log (dmq.broker.offsets): the older segments here go too
             try:

@@ -526,15 +526,27 @@ class ReplicatedDurability:
                                     f"min_insync_replicas is {r.min_insync}; nothing stored, retry")
 
     async def wait(self, plog: PartitionLog, info: AppendInfo, epoch: int) -> None:
+        r = self.appended(plog)
+        await self._local.wait(plog, info, epoch)
+        await self.replicated(r, info.last_offset + 1)
+
+    def appended(self, plog: PartitionLog) -> Replica | None:
+        """Right after an append: the followers' parked fetches take it while the leader fsyncs.
+        The partition's replica (None: unreplicated)."""
         manager = self._manager
         r = manager.get(plog.topic, plog.partition)
         if r is not None:
             manager.sync_leader(r)
-            manager.notify(r)  # the followers' parked fetches take it while the leader fsyncs
-        await self._local.wait(plog, info, epoch)
+            manager.notify(r)
+        return r
+
+    async def replicated(self, r: Replica | None, end_offset: int) -> None:
+        """Return once every in-sync replica has the log below end_offset (at once when
+        unreplicated); NotEnoughReplicas / NotLeaderForPartition when it cannot be acknowledged."""
         if r is None:
             return
-        answer = await manager.wait_replicated(r, info.last_offset + 1, manager.ack_timeout_ms / 1000)
+        manager = self._manager
+        answer = await manager.wait_replicated(r, end_offset, manager.ack_timeout_ms / 1000)
         if not answer:
             raise NotEnoughReplicas(f"{r.topic}[{r.partition}]: the in-sync replicas did not all get the write "
                                     f"(in time, or the set shrank below min_insync_replicas {r.min_insync}); retry")

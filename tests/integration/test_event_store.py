@@ -239,3 +239,25 @@ def test_fuzzed_event_rpcs_on_a_real_store_never_answer_internal(cluster: Cluste
                     method, request, e.code(), e.details())
 
         check()
+
+
+def test_group_progress_kept_in_sqlite_by_an_older_broker_is_imported_once(tmp_path: pathlib.Path) -> None:
+    from dmq.broker.events.progress import PROGRESS_FILE, GroupRecord, SqliteProgressStore
+
+    data = tmp_path / "data"
+    with ClusterThread(ClusterOptions(data_dir=data)) as c, make_store(c) as s:
+        s.append([Event("a", ["k:1"]), Event("a", ["k:2"]), Event("a", ["k:1"])])
+    partition_dir = next(p.parent for p in data.rglob("events.index.sqlite"))
+    legacy = SqliteProgressStore(str(partition_dir))  # as an older broker left it: k:1 acknowledged up to 1
+    group = GroupRecord("old", True, ("k",), ("a",), 3)
+    legacy.put_group(group)
+    legacy.put_partitions(group, {"k:1": {"k": "1"}, "k:2": {"k": "2"}}, 3)
+    legacy.put_ack("old", "k:1", {"k": "1"}, 1)
+    legacy.close()
+    for _ in range(2):  # imported at the first open, then read from the offsets log
+        with ClusterThread(ClusterOptions(data_dir=data)) as c, EventStore(c.bootstrap, "es") as s:
+            described = {p.partition_key: p.acked_position for p in s.describe_group("old").partitions}
+            assert described == {"k:1": 1, "k:2": 0}
+            assert s.group_active("old")
+        assert not (partition_dir / PROGRESS_FILE).exists()
+        assert (partition_dir / (PROGRESS_FILE + ".migrated")).exists()

@@ -62,8 +62,8 @@ def test_rf_above_live_brokers_is_refused() -> None:
         (TopicSettings(), 2, 3, (3, 2, False)),  # an operator's default as set (refused while 2 are live)
         (TopicSettings(replication_factor=3, min_insync_replicas=3, unclean_leader_election=True), 3, None,
          (3, 3, True)),
-        (TopicSettings(kind="event-store"), 5, None, (1, 1, False)),  # not replicated
-        (TopicSettings(kind="event-store"), 5, 3, (1, 1, False)),
+        (TopicSettings(kind="event-store"), 5, None, (3, 2, False)),  # replicated as other topics
+        (TopicSettings(kind="event-store"), 5, 1, (1, 1, False)),
     ],
 )
 def test_replication_defaults(given, live, default, expected) -> None:  # noqa: ANN001
@@ -78,8 +78,7 @@ def test_replication_settings_are_checked() -> None:
         TopicSettings(replication_factor=0).validate()
     with pytest.raises(ValidationError, match="3 replicas need 3 live brokers, there are 2"):
         TopicSettings(replication_factor=3).check_replication(2)
-    with pytest.raises(ValidationError, match="replication_factor: an event-store topic is not replicated .* got 3"):
-        TopicSettings(kind="event-store", replication_factor=3).validate()
+    TopicSettings(kind="event-store", replication_factor=3).validate()
     TopicSettings(kind="event-store", replication_factor=1).validate()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pathlib
 
 from dmq.broker.events.index import EventIndex
+from dmq.broker.events.progress import SqliteProgressStore
 from dmq.broker.events.query import QueryItem, belongs, partition_values, query_matches
 from dmq.broker.events.store import EventStore, NewEvent
 from dmq.broker.log import LogConfig, PartitionLog
@@ -23,7 +24,7 @@ def append(store: EventStore, events: list[NewEvent]) -> int:
 
 def open_store(tmp_path: pathlib.Path) -> tuple[PartitionLog, EventStore]:
     plog = PartitionLog(tmp_path / "es-0", "es", 0, LogConfig(flush_policy="interval"))
-    store = EventStore(plog)
+    store = EventStore(plog, progress=lambda: SqliteProgressStore(str(plog.directory)))
     store._open()
     return plog, store
 
