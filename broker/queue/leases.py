@@ -9,7 +9,10 @@ one is live per pair. This module is pure bookkeeping (no I/O, no clock of its o
     replaced is not live, so a late ack / nack / renew never acts on records someone else holds;
   - a lease being finished (an ack waiting for its fsync, a dead letter being written) is `busy`:
     the timer does not expire it meanwhile, and a second finish of it is refused;
-  - `expired(now)` lists the live, idle leases past their expiry for the timer to release.
+  - `expired(now)` lists the live, idle leases past their expiry for the timer to release;
+  - `restore` puts back a lease a previous leader granted (from its entry in the partition's
+    replicated offsets log, dmq.broker.queue.progress): same id, same records, and the time it
+    had left by the wall clock, so its worker's ack or renew works at the new leader.
 
 Ids are random (128 bits), so one cannot be guessed or reused across broker restarts.
 """
@@ -20,7 +23,7 @@ import heapq
 import secrets
 from dataclasses import dataclass
 
-__all__ = ["Lease", "LeaseTable"]
+__all__ = ["Lease", "LeaseTable", "StoredLease"]
 
 
 @dataclass(slots=True)
@@ -43,6 +46,17 @@ class Lease:
     @property
     def record_count(self) -> int:
         return self.end_offset - self.start_offset
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLease:
+    """A lease as its log entry keeps it: no monotonic clock (that is per process)."""
+
+    lease_id: str
+    start_offset: int
+    end_offset: int
+    lease_ms: int
+    expiry_ms: int  # wall clock
 
 
 class LeaseTable:
@@ -85,6 +99,24 @@ class LeaseTable:
         self._push(lease)
         return lease
 
+    def restore(self, topic: str, partition: int, group: str, stored: StoredLease, now: float, now_ms: int) -> Lease:
+        """A lease granted before (by this broker or another): it replaces whatever the table
+        holds for the pair, and expires when its wall-clock expiry says (at once if passed)."""
+        held = self._by_key.get((topic, partition, group))
+        if held is not None:
+            self.release(held)
+        old = self._by_id.get(stored.lease_id)
+        if old is not None:
+            self.release(old)
+        lease = Lease(
+            stored.lease_id, topic, partition, group, stored.start_offset, stored.end_offset,
+            stored.lease_ms, now + (stored.expiry_ms - now_ms) / 1000, stored.expiry_ms,
+        )
+        self._by_id[lease.lease_id] = lease
+        self._by_key[lease.key] = lease
+        self._push(lease)
+        return lease
+
     def get(self, lease_id: str, now: float) -> Lease | None:
         """The lease if live: known and (busy, or not past its expiry)."""
         lease = self._by_id.get(lease_id)
@@ -93,9 +125,13 @@ class LeaseTable:
         return lease
 
     def renew(self, lease: Lease, lease_ms: int, now: float, now_ms: int) -> None:
+        self.set_expiry(lease, lease_ms, now + lease_ms / 1000, now_ms + lease_ms)
+
+    def set_expiry(self, lease: Lease, lease_ms: int, expiry: float, expiry_ms: int) -> None:
+        """Move the expiry (a renewal, or taking back one whose write failed)."""
         lease.lease_ms = lease_ms
-        lease.expiry = now + lease_ms / 1000
-        lease.expiry_ms = now_ms + lease_ms
+        lease.expiry = expiry
+        lease.expiry_ms = expiry_ms
         self._push(lease)
 
     def release(self, lease: Lease) -> None:
@@ -125,6 +161,9 @@ class LeaseTable:
 
     def leases(self) -> list[Lease]:
         return list(self._by_id.values())
+
+    def of_partition(self, topic: str, partition: int) -> list[Lease]:
+        return [x for x in self._by_id.values() if x.topic == topic and x.partition == partition]
 
     def drop_topic(self, topic: str, partitions: set[int] | None) -> None:
         for lease in [x for x in self._by_id.values() if x.topic == topic and (partitions is None or x.partition in partitions)]:

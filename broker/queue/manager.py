@@ -21,9 +21,15 @@ the expiry out. The leader's timer releases an expired lease within EXPIRY_TICK_
 and counts a failed delivery of its first record. At `max_delivery_attempts` failures the record
 is dead-lettered and the group moves past it.
 
-Leases live in the leader's memory only: a broker restart ends them without counting a failed
-delivery (the records come back to the next pop); acknowledged offsets, delivery counts and last
-errors are durable (ProgressStore), so nothing acknowledged comes back and no count is lost.
+Leases are durable and replicated as the progress is (ProgressStore: entries of the partition's
+internal offsets log): a grant, a renewal and a reject's narrowing are written before they are
+answered, and the end of a lease (ack, nack, expiry) is a tombstone in the same batch as the
+progress it writes, so a finish costs no extra fsync. The in-memory table is the view: a broker
+that becomes a partition's leader (or starts) rebuilds the partition's leases from the log, with
+the time each had left by the wall clock, so a worker's ack or renew works at the new leader and
+no one else is handed the partition until its lease ends or expires (issue 15 item 6).
+Acknowledged offsets, delivery counts and last errors are durable, so nothing acknowledged comes
+back and no count is lost.
 
 Max queue size: a produce that would take the records not acknowledged by the topic's queue
 groups (over the partitions this broker leads) above this broker's pro rata share of
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,7 +59,13 @@ from dmq.broker.queue.dead_letters import (
     Written,
 )
 from dmq.broker.queue.leases import Lease, LeaseTable
-from dmq.broker.queue.progress import MAX_ERROR_CHARS, OffsetProgressStore, Progress, ProgressStore
+from dmq.broker.queue.progress import (
+    LEASE_ENDED,
+    MAX_ERROR_CHARS,
+    OffsetProgressStore,
+    Progress,
+    ProgressStore,
+)
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, limits, records
 from dmq.proto.server_errors import RpcAbort, fail
@@ -141,6 +154,8 @@ class QueueManager:
         self._timer: asyncio.Task[None] | None = None
         self._expiring: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
+        # this broker now leads a partition (its offsets log was replayed): take over its leases
+        node.offsets.add_reload_listener(self._restore_leases)
 
     def __repr__(self) -> str:
         return f"<QueueManager topics={len(self._led)} leases={len(self.leases)}>"
@@ -151,6 +166,8 @@ class QueueManager:
         """After the offset store is open: load progress, start the expiry timer."""
         if isinstance(self.progress, OffsetProgressStore):
             self.progress.load()
+        for topic, partition in self.progress.lease_partitions():
+            self._restore_leases(topic, partition)
         self._timer = asyncio.create_task(self._expiry_loop(), name=f"broker-{self._node.broker_id}-queue-expiry")
 
     def end_pops(self) -> None:
@@ -191,6 +208,19 @@ class QueueManager:
         self.progress.forget_topic(topic, partitions)
 
     def on_append(self, topic: str, partition: int) -> None:
+        self._wake(topic)
+
+    def _restore_leases(self, topic: str, partition: int) -> None:
+        """The partition's leases as its log has them (this broker starts, or now leads it): the
+        table's own for it may be stale (from an earlier leadership here) and go."""
+        for lease in self.leases.of_partition(topic, partition):
+            self.leases.release(lease)
+        now, now_ms = time.monotonic(), int(time.time() * 1000)
+        stored = self.progress.stored_leases(topic, partition)
+        for group, entry in stored.items():
+            self.leases.restore(topic, partition, group, entry, now, now_ms)
+        if stored:
+            log.info("queue leases restored", topic=topic, partition=partition, leases=len(stored))
         self._wake(topic)
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -320,6 +350,15 @@ class QueueManager:
             lease = self.leases.grant(
                 topic, partition, group, acked, stop, lease_ms, time.monotonic(), int(time.time() * 1000)
             )
+            # Granted here at once (no other pop can choose the pair), answered once durable.
+            lease.busy = True
+            try:
+                await self.progress.save(topic, partition, group, None, lease)
+            except BaseException:
+                lease.busy = False
+                self._finish(lease)
+                raise
+            lease.busy = False
             return Popped(lease, slice_records(data, acked, stop), count)
 
     @staticmethod
@@ -424,8 +463,8 @@ class QueueManager:
     async def _ack_durably(self, lease: Lease, new: int) -> int:
         """Make the ack of a busy lease durable, then release it (kept, idle, when that failed)."""
         try:
-            if new > lease.start_offset:
-                await self.progress.save(lease.topic, lease.partition, lease.group, Progress(new))
+            progress = Progress(new) if new > lease.start_offset else None
+            await self.progress.save(lease.topic, lease.partition, lease.group, progress, LEASE_ENDED)
         finally:
             lease.busy = False
         self._finish(lease)
@@ -477,21 +516,39 @@ class QueueManager:
         try:
             progress = self.progress.get(lease.topic, lease.partition, lease.group)
             attempts = progress.delivery_count if progress is not None and progress.acked_offset == offset else 0
-            written = await self._dead_letter(lease, offset, attempts + 1, error or "rejected", REASON_REJECTED)
+            narrowed = dataclasses.replace(lease, start_offset=offset + 1)
+            written = await self._dead_letter(
+                lease, offset, attempts + 1, error or "rejected", REASON_REJECTED, narrowed
+            )
             lease.start_offset = offset + 1
         finally:
             lease.busy = False
         return offset + 1, written
 
-    def renew(self, lease_id: str, lease_ms: int) -> int:
-        lease = self.leases.get(lease_id, time.monotonic())
-        if lease is None:
-            _lease_expired(lease_id)
+    async def renew(self, lease_id: str, lease_ms: int) -> int:
+        """Extend the lease; the new expiry is written (replicated) before it is answered. It
+        applies here at once, so the timer cannot expire the lease while the write is under way,
+        and is taken back if the write fails. A lease being finished is not renewed: its end is
+        written after this entry, never before."""
+        lease = self._live(lease_id)
+        before = (lease.lease_ms, lease.expiry, lease.expiry_ms)
         self.leases.renew(lease, lease_ms or lease.lease_ms, time.monotonic(), int(time.time() * 1000))
+        renewed = lease.expiry
+        try:
+            await self.progress.save(lease.topic, lease.partition, lease.group, None, lease)
+        except BaseException:
+            if lease.expiry == renewed:  # no later renewal moved it meanwhile
+                self.leases.set_expiry(lease, *before)
+            raise
+        if self.leases.get(lease_id, time.monotonic()) is not lease:
+            _lease_expired(lease_id)  # finished or taken over while the write was under way
         return lease.expiry_ms
 
-    async def _dead_letter(self, lease: Lease, offset: int, attempts: int, error: str, reason: str) -> Written:
-        """Write the record at `offset` to the dead-letter topic, then move the group past it."""
+    async def _dead_letter(
+        self, lease: Lease, offset: int, attempts: int, error: str, reason: str, after: Lease | None = None
+    ) -> Written:
+        """Write the record at `offset` to the dead-letter topic, then move the group past it; the
+        lease goes on as `after` (a reject) or ends (None: the record failed its last delivery)."""
         plog = self._node.logs.get(lease.topic, lease.partition)
         found = self._records(plog, offset, offset + 1)
         if not found:
@@ -499,7 +556,9 @@ class QueueManager:
         written = await self.dead_letters.write(
             lease.topic, lease.partition, lease.group, [DeadLetter(found[0], attempts, error[:MAX_ERROR_CHARS], reason)]
         )
-        await self.progress.save(lease.topic, lease.partition, lease.group, Progress(offset + 1))
+        await self.progress.save(
+            lease.topic, lease.partition, lease.group, Progress(offset + 1), LEASE_ENDED if after is None else after
+        )
         log.info(
             "queue record dead-lettered", topic=lease.topic, partition=lease.partition, group=lease.group,
             offset=offset, attempts=attempts, reason=reason, dlq_offset=written.base_offset,
@@ -507,15 +566,18 @@ class QueueManager:
         return written
 
     async def _count_failure(self, lease: Lease, offset: int, error: str) -> tuple[int, int, bool]:
-        """One failed delivery of the record at `offset` (the records before it are acknowledged):
-        durable; at max_delivery_attempts the record is dead-lettered. (acked, count, dead)."""
+        """One failed delivery of the record at `offset` (the records before it are acknowledged)
+        and the end of the lease: durable; at max_delivery_attempts the record is dead-lettered.
+        (acked, count, dead)."""
         progress = self.progress.get(lease.topic, lease.partition, lease.group)
         before = progress.delivery_count if progress is not None and progress.acked_offset == offset else 0
         count = before + 1
         if count >= self._max_attempts(lease.topic):
             await self._dead_letter(lease, offset, count, error, REASON_MAX_ATTEMPTS)
             return offset + 1, 0, True
-        await self.progress.save(lease.topic, lease.partition, lease.group, Progress(offset, count, error[:MAX_ERROR_CHARS]))
+        await self.progress.save(
+            lease.topic, lease.partition, lease.group, Progress(offset, count, error[:MAX_ERROR_CHARS]), LEASE_ENDED
+        )
         return offset, count, False
 
     # -- expiry ------------------------------------------------------------------------------------
@@ -535,8 +597,13 @@ class QueueManager:
 
     async def _expire(self, lease: Lease) -> None:
         try:
+            plog = self._node.logs.get(lease.topic, lease.partition)
+            if self._node.replication.readable_end(lease.topic, lease.partition, plog) is None:
+                return  # a follower's copy of an old leadership's lease: its leader expires it
             if lease.start_offset < lease.end_offset:
                 await self._count_failure(lease, lease.start_offset, f"lease expired after {lease.lease_ms} ms without an ack")
+            else:
+                await self.progress.save(lease.topic, lease.partition, lease.group, None, LEASE_ENDED)
             log.info("queue lease expired", topic=lease.topic, partition=lease.partition, group=lease.group,
                      start_offset=lease.start_offset)
         except asyncio.CancelledError:
