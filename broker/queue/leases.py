@@ -117,6 +117,19 @@ class LeaseTable:
         self._push(lease)
         return lease
 
+    def hand_over(self, old: Lease, end_offset: int, lease_ms: int, now: float, now_ms: int) -> Lease:
+        """The pair's next lease, from where `old` ends (an ack riding on a pop that takes the same
+        partition again): `old` is released and the new one granted in one step."""
+        self.release(old)
+        return self.grant(old.topic, old.partition, old.group, old.end_offset, end_offset, lease_ms, now, now_ms)
+
+    def take_back(self, new: Lease, old: Lease) -> None:
+        """Undo hand_over (its write failed): `old` holds the pair again."""
+        self.release(new)
+        self._by_id[old.lease_id] = old
+        self._by_key[old.key] = old
+        self._push(old)
+
     def get(self, lease_id: str, now: float) -> Lease | None:
         """The lease if live: known and (busy, or not past its expiry)."""
         lease = self._by_id.get(lease_id)
@@ -143,11 +156,13 @@ class LeaseTable:
         """Live, idle leases whose expiry has passed (still in the table: the caller releases them)."""
         out: list[Lease] = []
         busy: list[tuple[float, str]] = []
+        seen: set[str] = set()
         while self._expiries and self._expiries[0][0] <= now:
             expiry, lease_id = heapq.heappop(self._expiries)
             lease = self._by_id.get(lease_id)
-            if lease is None or lease.expiry != expiry:
-                continue  # released, or renewed (a later entry stands for it)
+            if lease is None or lease.expiry != expiry or lease_id in seen:
+                continue  # released, renewed (a later entry stands for it), or a duplicate (take_back)
+            seen.add(lease_id)
             if lease.busy:
                 busy.append((expiry, lease_id))  # looked at again once the finish is over
             else:

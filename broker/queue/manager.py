@@ -84,6 +84,8 @@ TIME_RULE_RECHECK_S = 0.05
 MAX_EXPIRED_PER_STEP = 500
 # Added to a pop's estimated read size: covers the batch that holds the first record.
 READ_SLACK_BYTES = 16 * 1024
+# A pop of fewer than 1/PICK_FRACTION of a stored batch's records builds just those records.
+PICK_FRACTION = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,12 @@ def _setting(config: pb.TopicConfig | None, name: str, default: int) -> int:
         return default
     value: int = getattr(config, name)
     return value
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """A shielded write's outcome is its caller's; when the caller went away it is not an error."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _lease_expired(lease_id: str) -> NoReturn:
@@ -122,19 +130,26 @@ def slice_records(data: bytes, start: int, stop: int) -> bytes:
         if h.base_offset >= start and h.last_offset < stop:
             out.append(view[pos : pos + h.total_size])
             continue
-        # Column-wise (C-level list slices): a producer's batch may hold thousands of records
-        # and a pop of one of them must not build a Record for each.
         batch = records.decode(view, pos)
         lo = max(start - h.base_offset, 0)
         hi = min(stop, h.last_offset + 1) - h.base_offset
+        if (hi - lo) * PICK_FRACTION < h.record_count:
+            # A few records of a large batch (small pops: one record of a producer's thousand):
+            # each built on its own, the others never decoded.
+            picked = [batch.record_at(h.base_offset + i) for i in range(lo, hi)]
+            values, keys = [r.value for r in picked], [r.key for r in picked]
+            headers = [r.headers for r in picked] if h.has_headers else None
+            timestamps = [r.timestamp for r in picked]
+        else:
+            # Column-wise (C-level list slices): a pop of most of a batch must not build a Record
+            # for each of its records.
+            values, keys = batch.values()[lo:hi], batch.keys()[lo:hi]
+            headers = batch.headers()[lo:hi] if h.has_headers else None
+            timestamps = batch.timestamps()[lo:hi]
         out.append(
             records.encode(
-                batch.values()[lo:hi],
-                keys=batch.keys()[lo:hi],
-                headers=batch.headers()[lo:hi] if h.has_headers else None,
-                timestamps=batch.timestamps()[lo:hi],
-                base_offset=h.base_offset + lo,
-                max_record_bytes=records.DEFAULT_MAX_BATCH_BYTES,
+                values, keys=keys, headers=headers, timestamps=timestamps,
+                base_offset=h.base_offset + lo, max_record_bytes=records.DEFAULT_MAX_BATCH_BYTES,
             )
         )
     return b"".join(out)
@@ -293,19 +308,28 @@ class QueueManager:
             await self._wait(topic, min(remaining, TIME_RULE_RECHECK_S) if time_rules else remaining)
             self._check_topic_here(topic)
 
-    def _select(self, topic: str, group: str, now_ms: int) -> tuple[int, PartitionLog, int, int] | None:
-        """(partition, log, acked offset, end of what may be handed out) of the best candidate."""
+    def _select(
+        self, topic: str, group: str, now_ms: int, after_ack: Lease | None = None
+    ) -> tuple[int, PartitionLog, int, int] | None:
+        """(partition, log, acked offset, end of what may be handed out) of the best candidate.
+        `after_ack`: a lease of the group being acknowledged; its partition is a candidate from
+        where the lease ends, as it will be once the ack is stored."""
         config = self._configs.get(topic)
         delay_ms = _setting(config, "delay_ms", 0)
         window_ms = _setting(config, "window_buffer_ms", 0)
         best: tuple[tuple[int, int], int, PartitionLog, int, int] | None = None
         for partition, plog in self._logs(topic):
-            if self.leases.held(topic, partition, group) is not None:
+            reuse = after_ack is not None and after_ack.partition == partition
+            if not reuse and self.leases.held(topic, partition, group) is not None:
                 continue
             end = self._node.replication.readable_end(topic, partition, plog)  # replicated: the high watermark
             if end is None:
                 continue  # a follower's replica: its leader serves the queue
-            acked, _ = self._acked(topic, partition, group, plog)
+            if reuse:
+                assert after_ack is not None
+                acked = max(after_ack.end_offset, plog.log_start_offset)
+            else:
+                acked, _ = self._acked(topic, partition, group, plog)
             if acked >= end:
                 continue
             if window_ms and plog.last_append_ms > now_ms - window_ms:
@@ -323,15 +347,21 @@ class QueueManager:
                 best = (rank, partition, plog, acked, end)
         return None if best is None else best[1:]
 
-    async def _try_pop(self, topic: str, group: str, max_records: int, lease_ms: int, max_bytes: int) -> Popped | None:
+    async def _try_pop(
+        self, topic: str, group: str, max_records: int, lease_ms: int, max_bytes: int, after_ack: Lease | None = None
+    ) -> Popped | None:
+        """One look for records (no wait). With `after_ack` (a busy lease of the group whose ack
+        rides on this pop; topics without max_wait_ms) its partition may be taken again: then
+        the ack's progress and the new lease are one batch, one fsync (hand-over)."""
         while True:
             now_ms = int(time.time() * 1000)
-            chosen = self._select(topic, group, now_ms)
+            chosen = self._select(topic, group, now_ms, after_ack)
             if chosen is None:
                 return None
             partition, plog, acked, end = chosen
+            old = after_ack if after_ack is not None and after_ack.partition == partition else None
             max_wait_ms = _setting(self._configs.get(topic), "max_wait_ms", 0)
-            if max_wait_ms:
+            if max_wait_ms and old is None:
                 fresh = plog.offset_for_time(now_ms - max_wait_ms)
                 expired_end = min(end, plog.log_end_offset if fresh is None else fresh)
                 if expired_end > acked:
@@ -347,19 +377,34 @@ class QueueManager:
                 return None
             progress = self.progress.get(topic, partition, group)
             count = progress.delivery_count if progress is not None and progress.acked_offset == acked else 0
-            lease = self.leases.grant(
-                topic, partition, group, acked, stop, lease_ms, time.monotonic(), int(time.time() * 1000)
-            )
-            # Granted here at once (no other pop can choose the pair), answered once durable.
+            now, wall_ms = time.monotonic(), int(time.time() * 1000)
+            if old is None:
+                lease = self.leases.grant(topic, partition, group, acked, stop, lease_ms, now, wall_ms)
+            else:
+                lease = self.leases.hand_over(old, stop, lease_ms, now, wall_ms)
+            # Granted here at once (no other pop can choose the pair), answered once durable. A
+            # task: the table follows the write's outcome even when this caller goes away.
             lease.busy = True
-            try:
-                await self.progress.save(topic, partition, group, None, lease)
-            except BaseException:
-                lease.busy = False
-                self._finish(lease)
-                raise
-            lease.busy = False
+            write = asyncio.ensure_future(self._grant_durably(lease, old))
+            write.add_done_callback(_retrieve)
+            await asyncio.shield(write)
             return Popped(lease, slice_records(data, acked, stop), count)
+
+    async def _grant_durably(self, lease: Lease, old: Lease | None) -> None:
+        """Store a busy new lease (with `old`'s ack when it is a hand-over); on failure it goes and
+        `old` holds the partition again, idle (its ack failed too)."""
+        progress = None if old is None else Progress(lease.start_offset)
+        try:
+            await self.progress.save(lease.topic, lease.partition, lease.group, progress, lease)
+        except BaseException:
+            lease.busy = False
+            if old is None:
+                self._finish(lease)
+            else:
+                self.leases.take_back(lease, old)
+                old.busy = False
+            raise
+        lease.busy = False
 
     @staticmethod
     def _read(plog: PartitionLog, start: int, stop: int, end: int, max_bytes: int) -> bytes:
@@ -473,12 +518,34 @@ class QueueManager:
     async def ack_and_pop(
         self, lease_id: str, topic: str, group: str, max_records: int, lease_ms: int, timeout_s: float, max_bytes: int
     ) -> tuple[int, Popped | None]:
-        """An ack riding on a pop. The ack's fsync and the pop's choice and read overlap: the
-        acknowledged partition stays held (busy) until the ack is durable, so the pop takes
-        another one, or waits for the release like any pop. The answer waits for both; when the
-        ack fails, a lease the pop took meanwhile is released uncounted and the error returned."""
+        """An ack riding on a pop (issue 16: a cycle is one round trip and at most one fsync).
+
+        When the acknowledged partition is the one the pop would take now, it is handed over: the
+        ack's progress and the next lease are one batch of the partition's offsets log, so the
+        cycle costs one durable write, answered once it is stored (the pop's answer is the ack's).
+        Otherwise the ack's write and the pop's choice, read and grant overlap: the acknowledged
+        partition stays held (busy) until the ack is durable, so the pop takes another one, or
+        waits for the release like any pop. The answer waits for both; when the ack fails, a
+        lease the pop took meanwhile is released uncounted and the error returned."""
         lease = self._live(lease_id)  # checked first: a refused ack pops nothing
         lease.busy = True
+        if (
+            lease.topic == topic and lease.group == group and not self._stopping.is_set()
+            and not _setting(self._configs.get(topic), "max_wait_ms", 0)
+        ):
+            chosen = self._select(topic, group, int(time.time() * 1000), lease)
+            if chosen is not None and chosen[0] == lease.partition:
+                # The acknowledged partition is the one to pop: hand it over, the ack and the
+                # next lease in one write (one fsync) answered together.
+                try:
+                    popped = await self._try_pop(topic, group, max_records, lease_ms, max_bytes, lease)
+                except BaseException:
+                    lease.busy = False
+                    raise
+                if popped is not None and popped.lease.key == lease.key:
+                    return lease.end_offset, popped
+                if popped is not None:  # a lease elsewhere after all: the ack on its own
+                    return await self._ack_durably(lease, lease.end_offset), popped
         # A task: the ack completes even when this call is cancelled (its client went away).
         ack = asyncio.ensure_future(self._ack_durably(lease, lease.end_offset))
         try:

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from dmq.client import QueueConsumer
+from dmq.broker.offsets import offsets_log_topic
 from dmq.client.errors import LeaseExpiredError
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
@@ -35,7 +36,8 @@ async def _produce(rc: ReplicationCluster, broker: int, values: list[bytes]) -> 
 
 async def _consumer(rc: ReplicationCluster, **kw) -> QueueConsumer:
     # The client is synchronous and the brokers run on this event loop: it works from a thread.
-    return await asyncio.to_thread(QueueConsumer, rc.controller_address, "t", "g", max_records=10, **kw)
+    kw.setdefault("max_records", 10)
+    return await asyncio.to_thread(QueueConsumer, rc.controller_address, "t", "g", **kw)
 
 
 async def test_a_lease_outlives_its_leaders_death_and_is_acked_at_the_new_leader(rc: ReplicationCluster) -> None:
@@ -85,6 +87,35 @@ async def test_a_moved_lease_is_renewed_at_the_new_leader_and_expires_there_as_c
         with pytest.raises(LeaseExpiredError, match="not live"):
             await asyncio.to_thread(first.ack, lease)  # taken over: refused, nothing changed
         assert await asyncio.to_thread(second.ack, again) == 2
+    finally:
+        await asyncio.to_thread(first.close)
+        await asyncio.to_thread(second.close)
+
+
+async def test_an_ack_riding_on_a_pop_of_its_partition_is_one_write_and_its_next_lease_moves_too(
+    rc: ReplicationCluster,
+) -> None:
+    await rc.create("t", [1, 2, 3])
+    await _produce(rc, 1, [b"v%d" % i for i in range(6)])
+    first, second = await _consumer(rc, max_records=2), await _consumer(rc)
+    try:
+        lease = await asyncio.to_thread(first.pop, 5)
+        assert lease is not None and (lease.start_offset, lease.end_offset) == (0, 2)
+        offsets_log = rc.brokers[1].node.logs.get(offsets_log_topic("t"), 0)
+        before = offsets_log.log_end_offset
+        # the ack rides on a pop that takes the same partition again: handed over in one batch
+        nxt = await asyncio.to_thread(lambda: first.pop(5, ack=lease))
+        assert nxt is not None and [r.value for r in nxt.records] == [b"v2", b"v3"] and nxt.delivery_count == 0
+        (batch,) = records.decode_batches(offsets_log.read(before, 1 << 20))
+        assert [bytes(r.key or b"") for r in batch] == [b"queue:g", b"lease:g"]
+        with pytest.raises(LeaseExpiredError):
+            await asyncio.to_thread(first.ack, lease)  # acknowledged by the pop: not live any more
+        # the handed-over lease is replicated like any: it holds and is acked at a new leader
+        await rc.push(rc.state("t", 0, 2, 1, [1, 2, 3], [1, 2, 3], 1), [1, 2, 3])
+        assert await asyncio.to_thread(second.pop, 0.5) is None
+        assert await asyncio.to_thread(first.ack, nxt) == 4
+        last = await asyncio.to_thread(second.pop, 5)
+        assert last is not None and [r.value for r in last.records] == [b"v4", b"v5"]
     finally:
         await asyncio.to_thread(first.close)
         await asyncio.to_thread(second.close)
