@@ -476,6 +476,11 @@ class QueueManager:
         lease = self.leases.get(lease_id, now)
         if lease is None or (lease.busy and lease.expiry <= now):  # past expiry: the timer's now
             _lease_expired(lease_id)
+        replica = self._node.replication.get(lease.topic, lease.partition)
+        if replica is not None and replica.leading is None:
+            # an earlier leadership's view: the partition's leader has the lease (refused before
+            # anything changed; the client sends the call there)
+            fail(grpc.StatusCode.UNAVAILABLE, replica.not_leader_message(self._node.broker_id))
         if lease.busy:
             fail(
                 grpc.StatusCode.FAILED_PRECONDITION,
