@@ -8,7 +8,9 @@ The embedded server runs in a subprocess (bench/_server.py). Workloads, 100-byte
   1. pop + ack, batches of 1,000, one worker: --records are produced (not timed), then one
      QueueConsumer drains them: pop(max_records=1000, ack=previous lease) — the ack rides on the
      next pop, so a cycle is one round trip — touching every value. msgs/s = records / drain time.
-  2. the same with batches of 1 (--records-1 records).
+  2. the same with batches of 1 (--records-1 records). Each pop's lease and each ack are durable
+     (fsynced) before they are answered; an ack riding on a pop that takes the same partition
+     again is stored with the next lease in one write, so such a cycle costs one fsync.
   3. batches of 1,000 from --workers worker processes started together (a fresh topic).
   4. produce msgs/s (send_many, acks=all) into a topic without and with max_queue_size (set high
      enough never to refuse, so only the check's cost shows). Transaction ids are issue 16's other
@@ -165,7 +167,7 @@ def main() -> None:
         finally:
             server.stop()
     w = max(len(r[0]) for r in rows)
-    print(f"\nDMQ queue mode, {SIZE}-byte values, embedded server in a subprocess, acks fsynced")
+    print(f"\nDMQ queue mode, {SIZE}-byte values, embedded server in a subprocess, leases and acks fsynced")
     print(f"| {'workload':<{w}} | {'msgs/s':>10} |")
     print(f"|{'-' * (w + 2)}|{'-' * 12}|")
     for what, rate in rows:

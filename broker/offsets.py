@@ -394,6 +394,18 @@ class OffsetStore:
         entry = None if part is None else part.served.get(group_id)
         return None if entry is None else entry[0]
 
+    async def write(self, topic: str, partition: int, entries: list[tuple[str, CommittedOffset | None]]) -> None:
+        """Entries (key, value or None for a tombstone) of one partition in one batch: one append,
+        one durable wait, all or none (queue mode writes a group's progress and its lease so)."""
+        await self._write_all({(topic, partition): entries})
+
+    def partition_items(self, topic: str, partition: int) -> dict[str, CommittedOffset]:
+        """The live entries of one partition, by key."""
+        part = self._parts.get((topic, partition))
+        if part is None:
+            return {}
+        return {g: c for g, (c, _) in part.served.items() if c is not None}
+
     def items(self) -> list[tuple[tuple[str, str, int], CommittedOffset]]:
         """Every (group, topic, partition) entry: for views kept beside this one (queue mode's)."""
         return [

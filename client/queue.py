@@ -19,6 +19,11 @@ broker, so a cycle of small leases is one round trip; the last ack is sent when 
 
 While a handler runs, a renewer thread (owned by the consumer, stopped by close()) renews the lease
 every third of its length, so long work never loses it.
+
+A lease outlives a failover of its partition's leader (the broker keeps it in the partition's
+replicated log): ack / nack / reject / renew go to the partition's current leader, and when the
+broker answers that it no longer leads it (or is down), the metadata is refreshed and the call
+sent to the new leader, for up to request_timeout_ms.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ DEFAULT_MAX_RECORDS = 100
 # asks each in turn with this long a wait.
 MULTI_BROKER_WAIT_MS = 100
 MAX_POP_WAIT_MS = 60_000
+# A call on a lease whose partition has no reachable leader is retried this often (a failover).
+LEASE_RETRY_BACKOFF_S = 0.1
 _SETTINGS = ("max_records", "lease_ms", "request_timeout_ms", "max_bytes", "cluster", "bootstrap")
 
 
@@ -73,7 +80,7 @@ class QueueLease:
     expiry_ms: int  # wall clock
     delivery_count: int  # failed deliveries of the first record so far
     records: tuple[ConsumerRecord, ...]
-    broker: str  # the leader that granted it: ack / nack / renew go there
+    broker: str  # the leader that granted it (after a failover, calls go to the new leader)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -233,6 +240,34 @@ class QueueConsumer:
         md = self._cluster.topic_metadata(self.topic)
         return sorted({p.leader_address for p in md.partitions if p.leader_address})
 
+    def _leader_of(self, lease: QueueLease) -> str:
+        """Where calls on the lease go: its partition's leader per the metadata, else its granter."""
+        try:
+            md = self._cluster.topic_metadata(self.topic, allow_stale=True)
+        except DMQError:
+            return lease.broker
+        for p in md.partitions:
+            if p.partition == lease.partition and p.leader_address:
+                return str(p.leader_address)
+        return lease.broker
+
+    def _lease_call(self, lease: QueueLease, method: str, request: Any) -> Any:
+        """A call on a lease at its partition's leader; retried at the new one while the broker
+        answers that it does not lead the partition (or cannot be reached), up to the request
+        timeout. A broker refuses such a call before it changes anything."""
+        what = f"{method} {lease.topic}[{lease.partition}]"
+        deadline = time.monotonic() + self._cluster.timeout_s
+        while True:
+            address = self._leader_of(lease)
+            try:
+                return self._call(address, method, request, what)
+            except BrokerUnavailableError as e:
+                if time.monotonic() >= deadline or self._closed:
+                    raise
+                log.debug("lease call refused; looking for the partition's leader", broker=address, error=str(e))
+                self._cluster.invalidate(self.topic)
+                time.sleep(LEASE_RETRY_BACKOFF_S)
+
     # -- pop ---------------------------------------------------------------------------------------
 
     def pop(
@@ -250,11 +285,12 @@ class QueueConsumer:
         leaders = self._leaders()
         if not leaders:
             raise BrokerUnavailableError(f"topic {self.topic!r} has no live leaders; retry")
-        if ack is not None and ack.broker not in leaders:
+        ack_at = self._leader_of(ack) if ack is not None else ""
+        if ack is not None and ack_at not in leaders:
             self.ack(ack)
             ack = None
         if ack is not None:
-            start = leaders.index(ack.broker)
+            start = leaders.index(ack_at)
         else:
             start = self._next % len(leaders)
             self._next += 1
@@ -267,7 +303,14 @@ class QueueConsumer:
                     wait_ms = remaining_ms if len(order) == 1 else 0
                 else:
                     wait_ms = min(remaining_ms, MULTI_BROKER_WAIT_MS)
-                lease = self._pop_from(address, wanted, wait_ms, ack)
+                try:
+                    lease = self._pop_from(address, wanted, wait_ms, ack)
+                except BrokerUnavailableError:
+                    if ack is None:
+                        raise
+                    # refused there before anything changed (leadership moved): ack it alone
+                    self.ack(ack)
+                    lease = None
                 ack = None
                 if lease is not None:
                     return lease
@@ -319,7 +362,7 @@ class QueueConsumer:
         request = pb.QueueAckRequest(lease_id=lease.lease_id)
         if up_to_offset is not None:
             request.up_to_offset = up_to_offset
-        response = self._call(lease.broker, "QueueAck", request, f"QueueAck {lease.topic}[{lease.partition}]")
+        response = self._lease_call(lease, "QueueAck", request)
         return int(response.acked_offset)
 
     def nack(self, lease: QueueLease, error: str = "", failed_offset: int | None = None) -> NackResult:
@@ -329,7 +372,7 @@ class QueueConsumer:
         request = pb.QueueNackRequest(lease_id=lease.lease_id, error=error)
         if failed_offset is not None:
             request.failed_offset = failed_offset
-        r = self._call(lease.broker, "QueueNack", request, f"QueueNack {lease.topic}[{lease.partition}]")
+        r = self._lease_call(lease, "QueueNack", request)
         return NackResult(r.acked_offset, r.delivery_count, r.dead_lettered)
 
     release = nack
@@ -338,13 +381,13 @@ class QueueConsumer:
         """Send the record at `offset` to `<topic>.dlq` now and move past it (the records before it
         are acknowledged); the lease stays live for its other records."""
         request = pb.QueueRejectRequest(lease_id=lease.lease_id, offset=offset, error=error)
-        r = self._call(lease.broker, "QueueReject", request, f"QueueReject {lease.topic}[{lease.partition}]")
+        r = self._lease_call(lease, "QueueReject", request)
         return DeadLetterInfo(r.dlq_topic, r.dlq_partition, r.dlq_offset)
 
     def renew(self, lease: QueueLease, lease_ms: int | None = None) -> int:
         """Extend the lease by lease_ms (default: its own length) from now; the new expiry (ms)."""
         request = pb.QueueRenewRequest(lease_id=lease.lease_id, lease_ms=lease_ms or 0)
-        r = self._call(lease.broker, "QueueRenew", request, f"QueueRenew {lease.topic}[{lease.partition}]")
+        r = self._lease_call(lease, "QueueRenew", request)
         return int(r.expiry_ms)
 
     # -- the worker loop ---------------------------------------------------------------------------

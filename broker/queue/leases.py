@@ -9,7 +9,10 @@ one is live per pair. This module is pure bookkeeping (no I/O, no clock of its o
     replaced is not live, so a late ack / nack / renew never acts on records someone else holds;
   - a lease being finished (an ack waiting for its fsync, a dead letter being written) is `busy`:
     the timer does not expire it meanwhile, and a second finish of it is refused;
-  - `expired(now)` lists the live, idle leases past their expiry for the timer to release.
+  - `expired(now)` lists the live, idle leases past their expiry for the timer to release;
+  - `restore` puts back a lease a previous leader granted (from its entry in the partition's
+    replicated offsets log, dmq.broker.queue.progress): same id, same records, and the time it
+    had left by the wall clock, so its worker's ack or renew works at the new leader.
 
 Ids are random (128 bits), so one cannot be guessed or reused across broker restarts.
 """
@@ -20,7 +23,7 @@ import heapq
 import secrets
 from dataclasses import dataclass
 
-__all__ = ["Lease", "LeaseTable"]
+__all__ = ["Lease", "LeaseTable", "StoredLease"]
 
 
 @dataclass(slots=True)
@@ -43,6 +46,17 @@ class Lease:
     @property
     def record_count(self) -> int:
         return self.end_offset - self.start_offset
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLease:
+    """A lease as its log entry keeps it: no monotonic clock (that is per process)."""
+
+    lease_id: str
+    start_offset: int
+    end_offset: int
+    lease_ms: int
+    expiry_ms: int  # wall clock
 
 
 class LeaseTable:
@@ -85,6 +99,37 @@ class LeaseTable:
         self._push(lease)
         return lease
 
+    def restore(self, topic: str, partition: int, group: str, stored: StoredLease, now: float, now_ms: int) -> Lease:
+        """A lease granted before (by this broker or another): it replaces whatever the table
+        holds for the pair, and expires when its wall-clock expiry says (at once if passed)."""
+        held = self._by_key.get((topic, partition, group))
+        if held is not None:
+            self.release(held)
+        old = self._by_id.get(stored.lease_id)
+        if old is not None:
+            self.release(old)
+        lease = Lease(
+            stored.lease_id, topic, partition, group, stored.start_offset, stored.end_offset,
+            stored.lease_ms, now + (stored.expiry_ms - now_ms) / 1000, stored.expiry_ms,
+        )
+        self._by_id[lease.lease_id] = lease
+        self._by_key[lease.key] = lease
+        self._push(lease)
+        return lease
+
+    def hand_over(self, old: Lease, end_offset: int, lease_ms: int, now: float, now_ms: int) -> Lease:
+        """The pair's next lease, from where `old` ends (an ack riding on a pop that takes the same
+        partition again): `old` is released and the new one granted in one step."""
+        self.release(old)
+        return self.grant(old.topic, old.partition, old.group, old.end_offset, end_offset, lease_ms, now, now_ms)
+
+    def take_back(self, new: Lease, old: Lease) -> None:
+        """Undo hand_over (its write failed): `old` holds the pair again."""
+        self.release(new)
+        self._by_id[old.lease_id] = old
+        self._by_key[old.key] = old
+        self._push(old)
+
     def get(self, lease_id: str, now: float) -> Lease | None:
         """The lease if live: known and (busy, or not past its expiry)."""
         lease = self._by_id.get(lease_id)
@@ -93,9 +138,13 @@ class LeaseTable:
         return lease
 
     def renew(self, lease: Lease, lease_ms: int, now: float, now_ms: int) -> None:
+        self.set_expiry(lease, lease_ms, now + lease_ms / 1000, now_ms + lease_ms)
+
+    def set_expiry(self, lease: Lease, lease_ms: int, expiry: float, expiry_ms: int) -> None:
+        """Move the expiry (a renewal, or taking back one whose write failed)."""
         lease.lease_ms = lease_ms
-        lease.expiry = now + lease_ms / 1000
-        lease.expiry_ms = now_ms + lease_ms
+        lease.expiry = expiry
+        lease.expiry_ms = expiry_ms
         self._push(lease)
 
     def release(self, lease: Lease) -> None:
@@ -107,11 +156,13 @@ class LeaseTable:
         """Live, idle leases whose expiry has passed (still in the table: the caller releases them)."""
         out: list[Lease] = []
         busy: list[tuple[float, str]] = []
+        seen: set[str] = set()
         while self._expiries and self._expiries[0][0] <= now:
             expiry, lease_id = heapq.heappop(self._expiries)
             lease = self._by_id.get(lease_id)
-            if lease is None or lease.expiry != expiry:
-                continue  # released, or renewed (a later entry stands for it)
+            if lease is None or lease.expiry != expiry or lease_id in seen:
+                continue  # released, renewed (a later entry stands for it), or a duplicate (take_back)
+            seen.add(lease_id)
             if lease.busy:
                 busy.append((expiry, lease_id))  # looked at again once the finish is over
             else:
@@ -125,6 +176,9 @@ class LeaseTable:
 
     def leases(self) -> list[Lease]:
         return list(self._by_id.values())
+
+    def of_partition(self, topic: str, partition: int) -> list[Lease]:
+        return [x for x in self._by_id.values() if x.topic == topic and x.partition == partition]
 
     def drop_topic(self, topic: str, partitions: set[int] | None) -> None:
         for lease in [x for x in self._by_id.values() if x.topic == topic and (partitions is None or x.partition in partitions)]:

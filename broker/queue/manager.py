@@ -21,9 +21,15 @@ the expiry out. The leader's timer releases an expired lease within EXPIRY_TICK_
 and counts a failed delivery of its first record. At `max_delivery_attempts` failures the record
 is dead-lettered and the group moves past it.
 
-Leases live in the leader's memory only: a broker restart ends them without counting a failed
-delivery (the records come back to the next pop); acknowledged offsets, delivery counts and last
-errors are durable (ProgressStore), so nothing acknowledged comes back and no count is lost.
+Leases are durable and replicated as the progress is (ProgressStore: entries of the partition's
+internal offsets log): a grant, a renewal and a reject's narrowing are written before they are
+answered, and the end of a lease (ack, nack, expiry) is a tombstone in the same batch as the
+progress it writes, so a finish costs no extra fsync. The in-memory table is the view: a broker
+that becomes a partition's leader (or starts) rebuilds the partition's leases from the log, with
+the time each had left by the wall clock, so a worker's ack or renew works at the new leader and
+no one else is handed the partition until its lease ends or expires (issue 15 item 6).
+Acknowledged offsets, delivery counts and last errors are durable, so nothing acknowledged comes
+back and no count is lost.
 
 Max queue size: a produce that would take the records not acknowledged by the topic's queue
 groups (over the partitions this broker leads) above this broker's pro rata share of
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,7 +59,13 @@ from dmq.broker.queue.dead_letters import (
     Written,
 )
 from dmq.broker.queue.leases import Lease, LeaseTable
-from dmq.broker.queue.progress import MAX_ERROR_CHARS, OffsetProgressStore, Progress, ProgressStore
+from dmq.broker.queue.progress import (
+    LEASE_ENDED,
+    MAX_ERROR_CHARS,
+    OffsetProgressStore,
+    Progress,
+    ProgressStore,
+)
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, limits, records
 from dmq.proto.server_errors import RpcAbort, fail
@@ -71,6 +84,8 @@ TIME_RULE_RECHECK_S = 0.05
 MAX_EXPIRED_PER_STEP = 500
 # Added to a pop's estimated read size: covers the batch that holds the first record.
 READ_SLACK_BYTES = 16 * 1024
+# A pop of fewer than 1/PICK_FRACTION of a stored batch's records builds just those records.
+PICK_FRACTION = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +100,12 @@ def _setting(config: pb.TopicConfig | None, name: str, default: int) -> int:
         return default
     value: int = getattr(config, name)
     return value
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """A shielded write's outcome is its caller's; when the caller went away it is not an error."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _lease_expired(lease_id: str) -> NoReturn:
@@ -109,19 +130,26 @@ def slice_records(data: bytes, start: int, stop: int) -> bytes:
         if h.base_offset >= start and h.last_offset < stop:
             out.append(view[pos : pos + h.total_size])
             continue
-        # Column-wise (C-level list slices): a producer's batch may hold thousands of records
-        # and a pop of one of them must not build a Record for each.
         batch = records.decode(view, pos)
         lo = max(start - h.base_offset, 0)
         hi = min(stop, h.last_offset + 1) - h.base_offset
+        if (hi - lo) * PICK_FRACTION < h.record_count:
+            # A few records of a large batch (small pops: one record of a producer's thousand):
+            # each built on its own, the others never decoded.
+            picked = [batch.record_at(h.base_offset + i) for i in range(lo, hi)]
+            values, keys = [r.value for r in picked], [r.key for r in picked]
+            headers = [r.headers for r in picked] if h.has_headers else None
+            timestamps = [r.timestamp for r in picked]
+        else:
+            # Column-wise (C-level list slices): a pop of most of a batch must not build a Record
+            # for each of its records.
+            values, keys = batch.values()[lo:hi], batch.keys()[lo:hi]
+            headers = batch.headers()[lo:hi] if h.has_headers else None
+            timestamps = batch.timestamps()[lo:hi]
         out.append(
             records.encode(
-                batch.values()[lo:hi],
-                keys=batch.keys()[lo:hi],
-                headers=batch.headers()[lo:hi] if h.has_headers else None,
-                timestamps=batch.timestamps()[lo:hi],
-                base_offset=h.base_offset + lo,
-                max_record_bytes=records.DEFAULT_MAX_BATCH_BYTES,
+                values, keys=keys, headers=headers, timestamps=timestamps,
+                base_offset=h.base_offset + lo, max_record_bytes=records.DEFAULT_MAX_BATCH_BYTES,
             )
         )
     return b"".join(out)
@@ -141,6 +169,8 @@ class QueueManager:
         self._timer: asyncio.Task[None] | None = None
         self._expiring: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
+        # this broker now leads a partition (its offsets log was replayed): take over its leases
+        node.offsets.add_reload_listener(self._restore_leases)
 
     def __repr__(self) -> str:
         return f"<QueueManager topics={len(self._led)} leases={len(self.leases)}>"
@@ -151,6 +181,8 @@ class QueueManager:
         """After the offset store is open: load progress, start the expiry timer."""
         if isinstance(self.progress, OffsetProgressStore):
             self.progress.load()
+        for topic, partition in self.progress.lease_partitions():
+            self._restore_leases(topic, partition)
         self._timer = asyncio.create_task(self._expiry_loop(), name=f"broker-{self._node.broker_id}-queue-expiry")
 
     def end_pops(self) -> None:
@@ -191,6 +223,19 @@ class QueueManager:
         self.progress.forget_topic(topic, partitions)
 
     def on_append(self, topic: str, partition: int) -> None:
+        self._wake(topic)
+
+    def _restore_leases(self, topic: str, partition: int) -> None:
+        """The partition's leases as its log has them (this broker starts, or now leads it): the
+        table's own for it may be stale (from an earlier leadership here) and go."""
+        for lease in self.leases.of_partition(topic, partition):
+            self.leases.release(lease)
+        now, now_ms = time.monotonic(), int(time.time() * 1000)
+        stored = self.progress.stored_leases(topic, partition)
+        for group, entry in stored.items():
+            self.leases.restore(topic, partition, group, entry, now, now_ms)
+        if stored:
+            log.info("queue leases restored", topic=topic, partition=partition, leases=len(stored))
         self._wake(topic)
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -263,19 +308,28 @@ class QueueManager:
             await self._wait(topic, min(remaining, TIME_RULE_RECHECK_S) if time_rules else remaining)
             self._check_topic_here(topic)
 
-    def _select(self, topic: str, group: str, now_ms: int) -> tuple[int, PartitionLog, int, int] | None:
-        """(partition, log, acked offset, end of what may be handed out) of the best candidate."""
+    def _select(
+        self, topic: str, group: str, now_ms: int, after_ack: Lease | None = None
+    ) -> tuple[int, PartitionLog, int, int] | None:
+        """(partition, log, acked offset, end of what may be handed out) of the best candidate.
+        `after_ack`: a lease of the group being acknowledged; its partition is a candidate from
+        where the lease ends, as it will be once the ack is stored."""
         config = self._configs.get(topic)
         delay_ms = _setting(config, "delay_ms", 0)
         window_ms = _setting(config, "window_buffer_ms", 0)
         best: tuple[tuple[int, int], int, PartitionLog, int, int] | None = None
         for partition, plog in self._logs(topic):
-            if self.leases.held(topic, partition, group) is not None:
+            reuse = after_ack is not None and after_ack.partition == partition
+            if not reuse and self.leases.held(topic, partition, group) is not None:
                 continue
             end = self._node.replication.readable_end(topic, partition, plog)  # replicated: the high watermark
             if end is None:
                 continue  # a follower's replica: its leader serves the queue
-            acked, _ = self._acked(topic, partition, group, plog)
+            if reuse:
+                assert after_ack is not None
+                acked = max(after_ack.end_offset, plog.log_start_offset)
+            else:
+                acked, _ = self._acked(topic, partition, group, plog)
             if acked >= end:
                 continue
             if window_ms and plog.last_append_ms > now_ms - window_ms:
@@ -293,15 +347,21 @@ class QueueManager:
                 best = (rank, partition, plog, acked, end)
         return None if best is None else best[1:]
 
-    async def _try_pop(self, topic: str, group: str, max_records: int, lease_ms: int, max_bytes: int) -> Popped | None:
+    async def _try_pop(
+        self, topic: str, group: str, max_records: int, lease_ms: int, max_bytes: int, after_ack: Lease | None = None
+    ) -> Popped | None:
+        """One look for records (no wait). With `after_ack` (a busy lease of the group whose ack
+        rides on this pop; topics without max_wait_ms) its partition may be taken again: then
+        the ack's progress and the new lease are one batch, one fsync (hand-over)."""
         while True:
             now_ms = int(time.time() * 1000)
-            chosen = self._select(topic, group, now_ms)
+            chosen = self._select(topic, group, now_ms, after_ack)
             if chosen is None:
                 return None
             partition, plog, acked, end = chosen
+            old = after_ack if after_ack is not None and after_ack.partition == partition else None
             max_wait_ms = _setting(self._configs.get(topic), "max_wait_ms", 0)
-            if max_wait_ms:
+            if max_wait_ms and old is None:
                 fresh = plog.offset_for_time(now_ms - max_wait_ms)
                 expired_end = min(end, plog.log_end_offset if fresh is None else fresh)
                 if expired_end > acked:
@@ -317,10 +377,34 @@ class QueueManager:
                 return None
             progress = self.progress.get(topic, partition, group)
             count = progress.delivery_count if progress is not None and progress.acked_offset == acked else 0
-            lease = self.leases.grant(
-                topic, partition, group, acked, stop, lease_ms, time.monotonic(), int(time.time() * 1000)
-            )
+            now, wall_ms = time.monotonic(), int(time.time() * 1000)
+            if old is None:
+                lease = self.leases.grant(topic, partition, group, acked, stop, lease_ms, now, wall_ms)
+            else:
+                lease = self.leases.hand_over(old, stop, lease_ms, now, wall_ms)
+            # Granted here at once (no other pop can choose the pair), answered once durable. A
+            # task: the table follows the write's outcome even when this caller goes away.
+            lease.busy = True
+            write = asyncio.ensure_future(self._grant_durably(lease, old))
+            write.add_done_callback(_retrieve)
+            await asyncio.shield(write)
             return Popped(lease, slice_records(data, acked, stop), count)
+
+    async def _grant_durably(self, lease: Lease, old: Lease | None) -> None:
+        """Store a busy new lease (with `old`'s ack when it is a hand-over); on failure it goes and
+        `old` holds the partition again, idle (its ack failed too)."""
+        progress = None if old is None else Progress(lease.start_offset)
+        try:
+            await self.progress.save(lease.topic, lease.partition, lease.group, progress, lease)
+        except BaseException:
+            lease.busy = False
+            if old is None:
+                self._finish(lease)
+            else:
+                self.leases.take_back(lease, old)
+                old.busy = False
+            raise
+        lease.busy = False
 
     @staticmethod
     def _read(plog: PartitionLog, start: int, stop: int, end: int, max_bytes: int) -> bytes:
@@ -392,6 +476,11 @@ class QueueManager:
         lease = self.leases.get(lease_id, now)
         if lease is None or (lease.busy and lease.expiry <= now):  # past expiry: the timer's now
             _lease_expired(lease_id)
+        replica = self._node.replication.get(lease.topic, lease.partition)
+        if replica is not None and replica.leading is None:
+            # an earlier leadership's view: the partition's leader has the lease (refused before
+            # anything changed; the client sends the call there)
+            fail(grpc.StatusCode.UNAVAILABLE, replica.not_leader_message(self._node.broker_id))
         if lease.busy:
             fail(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -424,8 +513,8 @@ class QueueManager:
     async def _ack_durably(self, lease: Lease, new: int) -> int:
         """Make the ack of a busy lease durable, then release it (kept, idle, when that failed)."""
         try:
-            if new > lease.start_offset:
-                await self.progress.save(lease.topic, lease.partition, lease.group, Progress(new))
+            progress = Progress(new) if new > lease.start_offset else None
+            await self.progress.save(lease.topic, lease.partition, lease.group, progress, LEASE_ENDED)
         finally:
             lease.busy = False
         self._finish(lease)
@@ -434,12 +523,34 @@ class QueueManager:
     async def ack_and_pop(
         self, lease_id: str, topic: str, group: str, max_records: int, lease_ms: int, timeout_s: float, max_bytes: int
     ) -> tuple[int, Popped | None]:
-        """An ack riding on a pop. The ack's fsync and the pop's choice and read overlap: the
-        acknowledged partition stays held (busy) until the ack is durable, so the pop takes
-        another one, or waits for the release like any pop. The answer waits for both; when the
-        ack fails, a lease the pop took meanwhile is released uncounted and the error returned."""
+        """An ack riding on a pop (issue 16: a cycle is one round trip and at most one fsync).
+
+        When the acknowledged partition is the one the pop would take now, it is handed over: the
+        ack's progress and the next lease are one batch of the partition's offsets log, so the
+        cycle costs one durable write, answered once it is stored (the pop's answer is the ack's).
+        Otherwise the ack's write and the pop's choice, read and grant overlap: the acknowledged
+        partition stays held (busy) until the ack is durable, so the pop takes another one, or
+        waits for the release like any pop. The answer waits for both; when the ack fails, a
+        lease the pop took meanwhile is released uncounted and the error returned."""
         lease = self._live(lease_id)  # checked first: a refused ack pops nothing
         lease.busy = True
+        if (
+            lease.topic == topic and lease.group == group and not self._stopping.is_set()
+            and not _setting(self._configs.get(topic), "max_wait_ms", 0)
+        ):
+            chosen = self._select(topic, group, int(time.time() * 1000), lease)
+            if chosen is not None and chosen[0] == lease.partition:
+                # The acknowledged partition is the one to pop: hand it over, the ack and the
+                # next lease in one write (one fsync) answered together.
+                try:
+                    popped = await self._try_pop(topic, group, max_records, lease_ms, max_bytes, lease)
+                except BaseException:
+                    lease.busy = False
+                    raise
+                if popped is not None and popped.lease.key == lease.key:
+                    return lease.end_offset, popped
+                if popped is not None:  # a lease elsewhere after all: the ack on its own
+                    return await self._ack_durably(lease, lease.end_offset), popped
         # A task: the ack completes even when this call is cancelled (its client went away).
         ack = asyncio.ensure_future(self._ack_durably(lease, lease.end_offset))
         try:
@@ -477,21 +588,39 @@ class QueueManager:
         try:
             progress = self.progress.get(lease.topic, lease.partition, lease.group)
             attempts = progress.delivery_count if progress is not None and progress.acked_offset == offset else 0
-            written = await self._dead_letter(lease, offset, attempts + 1, error or "rejected", REASON_REJECTED)
+            narrowed = dataclasses.replace(lease, start_offset=offset + 1)
+            written = await self._dead_letter(
+                lease, offset, attempts + 1, error or "rejected", REASON_REJECTED, narrowed
+            )
             lease.start_offset = offset + 1
         finally:
             lease.busy = False
         return offset + 1, written
 
-    def renew(self, lease_id: str, lease_ms: int) -> int:
-        lease = self.leases.get(lease_id, time.monotonic())
-        if lease is None:
-            _lease_expired(lease_id)
+    async def renew(self, lease_id: str, lease_ms: int) -> int:
+        """Extend the lease; the new expiry is written (replicated) before it is answered. It
+        applies here at once, so the timer cannot expire the lease while the write is under way,
+        and is taken back if the write fails. A lease being finished is not renewed: its end is
+        written after this entry, never before."""
+        lease = self._live(lease_id)
+        before = (lease.lease_ms, lease.expiry, lease.expiry_ms)
         self.leases.renew(lease, lease_ms or lease.lease_ms, time.monotonic(), int(time.time() * 1000))
+        renewed = lease.expiry
+        try:
+            await self.progress.save(lease.topic, lease.partition, lease.group, None, lease)
+        except BaseException:
+            if lease.expiry == renewed:  # no later renewal moved it meanwhile
+                self.leases.set_expiry(lease, *before)
+            raise
+        if self.leases.get(lease_id, time.monotonic()) is not lease:
+            _lease_expired(lease_id)  # finished or taken over while the write was under way
         return lease.expiry_ms
 
-    async def _dead_letter(self, lease: Lease, offset: int, attempts: int, error: str, reason: str) -> Written:
-        """Write the record at `offset` to the dead-letter topic, then move the group past it."""
+    async def _dead_letter(
+        self, lease: Lease, offset: int, attempts: int, error: str, reason: str, after: Lease | None = None
+    ) -> Written:
+        """Write the record at `offset` to the dead-letter topic, then move the group past it; the
+        lease goes on as `after` (a reject) or ends (None: the record failed its last delivery)."""
         plog = self._node.logs.get(lease.topic, lease.partition)
         found = self._records(plog, offset, offset + 1)
         if not found:
@@ -499,7 +628,9 @@ class QueueManager:
         written = await self.dead_letters.write(
             lease.topic, lease.partition, lease.group, [DeadLetter(found[0], attempts, error[:MAX_ERROR_CHARS], reason)]
         )
-        await self.progress.save(lease.topic, lease.partition, lease.group, Progress(offset + 1))
+        await self.progress.save(
+            lease.topic, lease.partition, lease.group, Progress(offset + 1), LEASE_ENDED if after is None else after
+        )
         log.info(
             "queue record dead-lettered", topic=lease.topic, partition=lease.partition, group=lease.group,
             offset=offset, attempts=attempts, reason=reason, dlq_offset=written.base_offset,
@@ -507,15 +638,18 @@ class QueueManager:
         return written
 
     async def _count_failure(self, lease: Lease, offset: int, error: str) -> tuple[int, int, bool]:
-        """One failed delivery of the record at `offset` (the records before it are acknowledged):
-        durable; at max_delivery_attempts the record is dead-lettered. (acked, count, dead)."""
+        """One failed delivery of the record at `offset` (the records before it are acknowledged)
+        and the end of the lease: durable; at max_delivery_attempts the record is dead-lettered.
+        (acked, count, dead)."""
         progress = self.progress.get(lease.topic, lease.partition, lease.group)
         before = progress.delivery_count if progress is not None and progress.acked_offset == offset else 0
         count = before + 1
         if count >= self._max_attempts(lease.topic):
             await self._dead_letter(lease, offset, count, error, REASON_MAX_ATTEMPTS)
             return offset + 1, 0, True
-        await self.progress.save(lease.topic, lease.partition, lease.group, Progress(offset, count, error[:MAX_ERROR_CHARS]))
+        await self.progress.save(
+            lease.topic, lease.partition, lease.group, Progress(offset, count, error[:MAX_ERROR_CHARS]), LEASE_ENDED
+        )
         return offset, count, False
 
     # -- expiry ------------------------------------------------------------------------------------
@@ -535,8 +669,13 @@ class QueueManager:
 
     async def _expire(self, lease: Lease) -> None:
         try:
+            plog = self._node.logs.get(lease.topic, lease.partition)
+            if self._node.replication.readable_end(lease.topic, lease.partition, plog) is None:
+                return  # a follower's copy of an old leadership's lease: its leader expires it
             if lease.start_offset < lease.end_offset:
                 await self._count_failure(lease, lease.start_offset, f"lease expired after {lease.lease_ms} ms without an ack")
+            else:
+                await self.progress.save(lease.topic, lease.partition, lease.group, None, LEASE_ENDED)
             log.info("queue lease expired", topic=lease.topic, partition=lease.partition, group=lease.group,
                      start_offset=lease.start_offset)
         except asyncio.CancelledError:

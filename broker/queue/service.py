@@ -157,7 +157,7 @@ class QueueRpcs:
     async def QueueRenew(self, request: pb.QueueRenewRequest, context: grpc.aio.ServicerContext) -> pb.QueueRenewResponse:
         _check_lease_id(request.lease_id)
         _check_range(request.lease_ms, limits.LEASE_MS_MIN, limits.LEASE_MS_MAX, "lease_ms", zero_ok=True)
-        return pb.QueueRenewResponse(expiry_ms=self._queues().renew(request.lease_id, request.lease_ms))
+        return pb.QueueRenewResponse(expiry_ms=await self._queues().renew(request.lease_id, request.lease_ms))
 
     @_guarded
     async def QueueDescribe(

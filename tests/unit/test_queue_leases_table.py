@@ -44,3 +44,14 @@ def test_the_expiry_heap_stays_bounded_under_many_renewals() -> None:
     for i in range(10_000):
         table.renew(lease, 1000, now=i / 1000, now_ms=i)
     assert len(table._expiries) <= 4 * len(table) + 65
+
+
+def test_hand_over_and_take_back() -> None:
+    table = LeaseTable()
+    old = table.grant("t", 0, "g", 0, 5, 1000, now=0.0, now_ms=0)
+    new = table.hand_over(old, 9, 2000, now=1.0, now_ms=1000)  # the ack of old rides on this pop
+    assert (new.start_offset, new.end_offset, new.expiry_ms) == (5, 9, 3000)
+    assert table.held("t", 0, "g") is new and table.get(old.lease_id, 1.0) is None
+    table.take_back(new, old)  # the write of both failed: old holds the pair again
+    assert table.held("t", 0, "g") is old and table.get(new.lease_id, 1.0) is None and len(table) == 1
+    assert table.expired(1.0) == [old]  # and expires as it would have

@@ -39,3 +39,12 @@ def test_straddling_batches_are_cut_to_the_range_with_every_field() -> None:
 def test_a_range_inside_one_batch() -> None:
     out = _records(slice_records(_batch(100, 1000), 500, 501))
     assert [(r.offset, r.value, r.key) for r in out] == [(500, b"v500", b"k500")]
+
+
+def test_a_few_records_of_a_large_batch_keep_every_field() -> None:
+    data = _batch(0, 200, headers=True)
+    full = {r.offset: r for r in _records(data)}
+    for start, stop in ((0, 1), (7, 10), (199, 200)):  # fewer than 1/16 of the batch: picked one by one
+        out = _records(slice_records(data, start, stop))
+        assert [r.offset for r in out] == list(range(start, stop))
+        assert all(r == full[r.offset] for r in out)
