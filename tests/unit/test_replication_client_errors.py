@@ -8,6 +8,7 @@ from test_producer_unit import WAIT_S, FakeBroker, make_producer, wait_until
 from test_storage_errors import RpcErrorWithReason
 
 from dmq.client import errors
+from dmq.client.producer import Producer
 from dmq.proto import error_details
 
 
@@ -40,14 +41,19 @@ def test_not_leader_refreshes_the_leaders_and_retries() -> None:
     assert cluster.invalidated == ["t"]  # type: ignore[attr-defined]
 
 
+def _backing_off_after_not_leader(broker: FakeBroker) -> Producer:
+    """A producer whose first send was refused "not leader" and now backs off for 60 s."""
+    broker.script = [RpcErrorWithReason(grpc.StatusCode.UNAVAILABLE, "broker 1 does not lead t[0]", None)]
+    return make_producer(broker, retry_backoff_ms=60_000, retry_backoff_max_ms=60_000,
+                         delivery_timeout_ms=120_000, request_timeout_ms=30_000)
+
+
 def test_a_new_leader_in_the_metadata_ends_the_backoff_at_once() -> None:
     """A failover: the old leader's "not leader" answer is followed by a long backoff (here 60 s),
     but as soon as the metadata names another live leader the batch goes to it (Kafka's KIP-951).
     Before, the batch waited out the backoff: up to retry_backoff_max_ms added to every failover."""
     broker = FakeBroker()
-    broker.script = [RpcErrorWithReason(grpc.StatusCode.UNAVAILABLE, "broker 1 does not lead t[0]", None)]
-    with make_producer(broker, retry_backoff_ms=60_000, retry_backoff_max_ms=60_000,
-                       delivery_timeout_ms=120_000, request_timeout_ms=30_000) as p:
+    with _backing_off_after_not_leader(broker) as p:
         cluster = p.cluster
         handle = p.send("t", b"x")
         wait_until(lambda: cluster.peeks > 0)  # type: ignore[attr-defined]
@@ -60,9 +66,7 @@ def test_a_new_leader_in_the_metadata_ends_the_backoff_at_once() -> None:
 
 def test_the_same_leader_in_the_metadata_keeps_the_backoff() -> None:
     broker = FakeBroker()
-    broker.script = [RpcErrorWithReason(grpc.StatusCode.UNAVAILABLE, "broker 1 does not lead t[0]", None)]
-    with make_producer(broker, retry_backoff_ms=60_000, retry_backoff_max_ms=60_000,
-                       delivery_timeout_ms=120_000, request_timeout_ms=30_000) as p:
+    with _backing_off_after_not_leader(broker) as p:
         cluster = p.cluster
         handle = p.send("t", b"x")
         wait_until(lambda: cluster.peeks >= 3)  # type: ignore[attr-defined]
