@@ -383,7 +383,8 @@ class OffsetStore:
 
     async def put(self, topic: str, partition: int, entries: list[tuple[str, CommittedOffset | None]]) -> None:
         """Store entries (None: a tombstone) of one partition as one batch: all or nothing, durable
-        when this returns (event-store groups keep their progress here, several keys at once).
+        when this returns (event-store groups keep their progress here, several keys at once; queue
+        mode a group's progress and its lease).
         The batch is appended before this first yields, so puts are in the log in call order."""
         pending = self._append(topic, partition, entries)
         # shielded as _write_all: a caller that gives up does not cut the write short
@@ -393,11 +394,6 @@ class OffsetStore:
         part = self._parts.get((topic, partition))
         entry = None if part is None else part.served.get(group_id)
         return None if entry is None else entry[0]
-
-    async def write(self, topic: str, partition: int, entries: list[tuple[str, CommittedOffset | None]]) -> None:
-        """Entries (key, value or None for a tombstone) of one partition in one batch: one append,
-        one durable wait, all or none (queue mode writes a group's progress and its lease so)."""
-        await self._write_all({(topic, partition): entries})
 
     def partition_items(self, topic: str, partition: int) -> dict[str, CommittedOffset]:
         """The live entries of one partition, by key."""

@@ -177,7 +177,7 @@ class OffsetProgressStore:
             entries.append((LEASE_KEY_PREFIX + group, None))
         if not entries:
             return
-        await self._offsets.write(topic, partition, entries)
+        await self._offsets.put(topic, partition, entries)
         if progress is not None:
             self._by_partition.setdefault((topic, partition), {})[group] = progress
 

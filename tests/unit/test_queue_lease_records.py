@@ -80,7 +80,7 @@ def test_an_unreadable_lease_entry_is_ignored(tmp_path: pathlib.Path) -> None:
     async def run() -> None:
         logs, store, progress = _open(tmp_path)
         await store.open()
-        await store.write("t", 0, [(LEASE_KEY_PREFIX + "g", CommittedOffset(0, "not json", 0))])
+        await store.put("t", 0, [(LEASE_KEY_PREFIX + "g", CommittedOffset(0, "not json", 0))])
         assert progress.stored_leases("t", 0) == {}
         await store.close()
         logs.close()
