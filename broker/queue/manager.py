@@ -84,8 +84,6 @@ TIME_RULE_RECHECK_S = 0.05
 MAX_EXPIRED_PER_STEP = 500
 # Added to a pop's estimated read size: covers the batch that holds the first record.
 READ_SLACK_BYTES = 16 * 1024
-# A pop of fewer than 1/PICK_FRACTION of a stored batch's records builds just those records.
-PICK_FRACTION = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +117,9 @@ def _lease_expired(lease_id: str) -> NoReturn:
 
 def slice_records(data: bytes, start: int, stop: int) -> bytes:
     """The batches of `data` restricted to offsets [start, stop): whole batches pass as they are,
-    a batch that straddles a bound is re-encoded with just the records inside."""
+    a batch that straddles a bound is cut to the records inside (records.slice_batch: byte ranges
+    of its body, after its CRC is checked, so no record is decoded and nothing damaged on disk
+    goes out under a fresh CRC)."""
     out: list[bytes | memoryview] = []
     view = memoryview(data)
     for pos, h in records.iter_headers(view):
@@ -129,29 +129,8 @@ def slice_records(data: bytes, start: int, stop: int) -> bytes:
             break
         if h.base_offset >= start and h.last_offset < stop:
             out.append(view[pos : pos + h.total_size])
-            continue
-        batch = records.decode(view, pos)
-        lo = max(start - h.base_offset, 0)
-        hi = min(stop, h.last_offset + 1) - h.base_offset
-        if (hi - lo) * PICK_FRACTION < h.record_count:
-            # A few records of a large batch (small pops: one record of a producer's thousand):
-            # each built on its own, the others never decoded.
-            picked = [batch.record_at(h.base_offset + i) for i in range(lo, hi)]
-            values, keys = [r.value for r in picked], [r.key for r in picked]
-            headers = [r.headers for r in picked] if h.has_headers else None
-            timestamps = [r.timestamp for r in picked]
         else:
-            # Column-wise (C-level list slices): a pop of most of a batch must not build a Record
-            # for each of its records.
-            values, keys = batch.values()[lo:hi], batch.keys()[lo:hi]
-            headers = batch.headers()[lo:hi] if h.has_headers else None
-            timestamps = batch.timestamps()[lo:hi]
-        out.append(
-            records.encode(
-                values, keys=keys, headers=headers, timestamps=timestamps,
-                base_offset=h.base_offset + lo, max_record_bytes=records.DEFAULT_MAX_BATCH_BYTES,
-            )
-        )
+            out.append(records.slice_batch(records.decode(view, pos), start, stop))
     return b"".join(out)
 
 
