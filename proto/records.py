@@ -894,12 +894,15 @@ class RecordBatch:
 
     def _offsets(self, name: str) -> list[int]:
         offs: list[int] = getattr(self, name).tolist()
+        self._check_monotonic(name, offs)
+        return offs
+
+    def _check_monotonic(self, name: str, offs: list[int]) -> None:
         if name not in self._checked:
             # sorted() of already-sorted input is one C pass; both ends were checked in __init__
             if offs != sorted(offs):
                 raise CorruptBatchError(f"{self._where}: {name} are not monotonic (non-decreasing)")
             self._checked.add(name)
-        return offs
 
     def _iter_timestamps(self) -> Iterator[int]:
         h = self.header
@@ -923,7 +926,15 @@ class RecordBatch:
 
     def _iter_values(self) -> Iterator[bytes]:
         blob = bytes(self.value_blob)
-        return (blob[a:b] for a, b in pairwise(self._offsets("value_offsets")))
+        offs: list[int] = self.value_offsets.tolist()
+        n = len(offs) - 1
+        size = offs[1] if n > 1 else 0
+        if size > 0 and offs[n] == size * n and offs == list(range(0, size * n + 1, size)):
+            # Values of one size (fixed-size messages), their offsets proven monotonic by that
+            # comparison: one C call cuts them all (1,000 of 100 bytes: ~20 us, not ~100 us).
+            return iter(_same_size_values(size, n).unpack(blob))
+        self._check_monotonic("value_offsets", offs)
+        return (blob[a:b] for a, b in pairwise(offs))
 
     def _iter_keys(self) -> Iterator[bytes | None]:
         n = self.header.record_count
@@ -1035,6 +1046,20 @@ class RecordBatch:
         return pa.RecordBatch.from_arrays(
             [offsets, timestamps, keys, values], names=["offset", "timestamp", "key", "value"]
         )
+
+
+_SAME_SIZE_STRUCTS: dict[tuple[int, int], struct.Struct] = {}
+_SAME_SIZE_STRUCTS_MAX = 64
+
+
+def _same_size_values(size: int, count: int) -> struct.Struct:
+    """A Struct that cuts `count` values of `size` bytes out of a value blob ("100s100s...")."""
+    s = _SAME_SIZE_STRUCTS.get((size, count))
+    if s is None:
+        s = struct.Struct(f"{size}s" * count)
+        if len(_SAME_SIZE_STRUCTS) < _SAME_SIZE_STRUCTS_MAX:
+            _SAME_SIZE_STRUCTS[(size, count)] = s
+    return s
 
 
 def _arrow_offsets(pa: Any, offs: memoryview) -> Any:

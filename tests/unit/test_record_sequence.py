@@ -96,3 +96,16 @@ def test_iterating_sets_off_no_garbage_collection() -> None:
     assert total == 1_000_000 and len(kept) == 10_000
     assert lazy == 0
     assert len(runs) >= 10  # the control: 10,000 records kept alive
+
+
+@FUZZ
+@given(st.integers(1, 40), st.integers(0, 30), st.one_of(st.none(), st.integers(0, 39)), st.integers(0, 30))
+def test_values_of_one_size_and_of_many_decode_alike(n: int, size: int, odd: int | None, odd_size: int) -> None:
+    """values() cuts values of one size with one struct call (a fast path): the same bytes as the
+    per-record cut, and a single value of another size anywhere falls back to it."""
+    values = [bytes([i % 256]) * size for i in range(n)]
+    if odd is not None and odd < n:
+        values[odd] = b"z" * odd_size
+    batch = r.decode(r.encode(values))
+    assert batch.values() == values and [rec.value for rec in batch] == values
+    assert all(type(v) is bytes for v in batch.values())
