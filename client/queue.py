@@ -335,7 +335,11 @@ class QueueConsumer:
                 if self._prefetched.get(p.lease.lease_id) is p:
                     del self._prefetched[p.lease.lease_id]
         request = pb.QueueAckRequest(lease_id=p.lease.lease_id, up_to_offset=up_to, keep_lease=not (release or everything))
-        self._lease_call(p.lease, "QueueAck", request)
+        try:
+            self._lease_call(p.lease, "QueueAck", request)
+        except DMQError:
+            self._drop(p)  # e.g. the lease expired: hand out nothing more of it (the broker gives it back)
+            raise
         with self._lock:
             p.durable_to = max(p.durable_to, up_to + 1)
 
@@ -620,7 +624,12 @@ class QueueConsumer:
         p = self._held(lease) if self.prefetch_records else None
         sent_at = time.monotonic()
         request = pb.QueueRenewRequest(lease_id=lease.lease_id, lease_ms=lease_ms or 0)
-        r = self._lease_call(lease, "QueueRenew", request)
+        try:
+            r = self._lease_call(lease, "QueueRenew", request)
+        except LeaseExpiredError:
+            if p is not None:
+                self._drop(p)  # lost: hand out nothing more of it
+            raise
         if p is not None:
             with self._lock:
                 p.lease_ms = lease_ms or p.lease_ms
