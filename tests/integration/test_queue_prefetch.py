@@ -246,5 +246,17 @@ def test_the_broker_checks_the_new_fields(cluster: ClusterThread) -> None:
             pb.QueuePopRequest(topic="pre-fields", group="g", max_records=5, ack_lease_id=md.lease_id, ack_up_to_offset=1)
         )
         assert (again.acked_offset, again.start_offset, again.end_offset, again.delivery_count) == (2, 2, 5, 0)
+        # a riding ack of nothing (through start - 1) gives the lease back uncounted: offset 2 keeps
+        # the failed delivery its nack counted
+        stub.QueueNack(pb.QueueNackRequest(lease_id=again.lease_id, error="boom"))
+        third = stub.QueuePop(pb.QueuePopRequest(topic="pre-fields", group="g", max_records=5, timeout_ms=0))
+        assert (third.start_offset, third.delivery_count) == (2, 1)
+        fourth = stub.QueuePop(
+            pb.QueuePopRequest(
+                topic="pre-fields", group="g", max_records=5, timeout_ms=1000, ack_lease_id=third.lease_id, ack_up_to_offset=1
+            )
+        )
+        assert (fourth.acked_offset, fourth.start_offset, fourth.delivery_count) == (2, 2, 1)
+        assert stub.QueueNack(pb.QueueNackRequest(lease_id=fourth.lease_id, error="again")).delivery_count == 2
     finally:
         channel.close()
