@@ -185,6 +185,21 @@ def test_process_with_prefetch_acks_each_record_once_and_retries_a_failure(clust
     assert (state.acked_offset, state.delivery_count, state.lease) == (30, 0, None)
 
 
+def test_process_with_prefetch_renews_the_broker_lease_while_a_slow_handler_runs(cluster: ClusterThread) -> None:
+    _setup(cluster.bootstrap, "pre-slow", 2)
+    seen: list[int] = []
+
+    def slow(record: ConsumerRecord) -> None:
+        time.sleep(0.9)  # longer than the 600 ms lease: only renewals keep it
+        seen.append(record.offset)
+
+    with QueueConsumer(cluster.bootstrap, "pre-slow", "g", max_records=1, prefetch_records=10, lease_ms=600) as q:
+        assert q.process(slow, idle_timeout=0.5, poll_timeout=0.2) == 2
+    assert seen == [0, 1]  # each handled once: the lease never expired
+    state = _state(cluster.bootstrap, "pre-slow")
+    assert (state.acked_offset, state.delivery_count, state.lease) == (2, 0, None)
+
+
 def test_threads_sharing_a_prefetching_consumer_never_hold_one_partition_twice(cluster: ClusterThread) -> None:
     _setup(cluster.bootstrap, "pre-threads", 200)
     got: list[int] = []
