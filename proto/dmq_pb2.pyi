@@ -1205,7 +1205,7 @@ class CheckOwnershipResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class QueuePopRequest(_message.Message):
-    __slots__ = ("topic", "group", "max_records", "lease_ms", "timeout_ms", "max_bytes", "ack_lease_id")
+    __slots__ = ("topic", "group", "max_records", "lease_ms", "timeout_ms", "max_bytes", "ack_lease_id", "ack_up_to_offset")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
@@ -1213,6 +1213,7 @@ class QueuePopRequest(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     ACK_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ACK_UP_TO_OFFSET_FIELD_NUMBER: _ClassVar[int]
     topic: str
     group: str
     max_records: int
@@ -1220,10 +1221,11 @@ class QueuePopRequest(_message.Message):
     timeout_ms: int
     max_bytes: int
     ack_lease_id: str
-    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., max_records: _Optional[int] = ..., lease_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., ack_lease_id: _Optional[str] = ...) -> None: ...
+    ack_up_to_offset: int
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., max_records: _Optional[int] = ..., lease_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., ack_lease_id: _Optional[str] = ..., ack_up_to_offset: _Optional[int] = ...) -> None: ...
 
 class QueuePopResponse(_message.Message):
-    __slots__ = ("lease_id", "partition", "start_offset", "end_offset", "expiry_ms", "delivery_count", "records", "acked_offset")
+    __slots__ = ("lease_id", "partition", "start_offset", "end_offset", "expiry_ms", "delivery_count", "records", "acked_offset", "lease_ms")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -1232,6 +1234,7 @@ class QueuePopResponse(_message.Message):
     DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     partition: int
     start_offset: int
@@ -1240,15 +1243,18 @@ class QueuePopResponse(_message.Message):
     delivery_count: int
     records: bytes
     acked_offset: int
-    def __init__(self, lease_id: _Optional[str] = ..., partition: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., expiry_ms: _Optional[int] = ..., delivery_count: _Optional[int] = ..., records: _Optional[bytes] = ..., acked_offset: _Optional[int] = ...) -> None: ...
+    lease_ms: int
+    def __init__(self, lease_id: _Optional[str] = ..., partition: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., expiry_ms: _Optional[int] = ..., delivery_count: _Optional[int] = ..., records: _Optional[bytes] = ..., acked_offset: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class QueueAckRequest(_message.Message):
-    __slots__ = ("lease_id", "up_to_offset")
+    __slots__ = ("lease_id", "up_to_offset", "keep_lease")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     UP_TO_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LEASE_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     up_to_offset: int
-    def __init__(self, lease_id: _Optional[str] = ..., up_to_offset: _Optional[int] = ...) -> None: ...
+    keep_lease: bool
+    def __init__(self, lease_id: _Optional[str] = ..., up_to_offset: _Optional[int] = ..., keep_lease: _Optional[bool] = ...) -> None: ...
 
 class QueueAckResponse(_message.Message):
     __slots__ = ("acked_offset",)
