@@ -1,6 +1,7 @@
 """Event-store mode (issue 17): appends, conditional appends, tag reads and claim/ack cycles.
 
     .venv/bin/python bench/event_store_bench.py [--n 1000000] [--cond-n 4000] [--clients 16] [--cycles 3000]
+                                               [--claim-prefetch 100] [--only-claims]
 
 The same workload as the PostgreSQL DCB peer (/work/shared/peers/bench_dcb.py), against the
 embedded server (coordinator + one broker, flush policy fsync: every append acknowledged after
@@ -17,7 +18,10 @@ process (and, for the concurrent conditional appends, in --clients processes):
   (e) claim_next + ack cycles of one worker over --cycles partitions of one pending event each
       (attribute `task`), the ack riding on the next claim_next (one round trip per cycle; the
       answer waits until the ack is durable); then --claim-workers threads over as many
-      partitions, whose acks share the offsets log's group-commit fsyncs.
+      partitions, whose acks share the offsets log's group-commit fsyncs; then one worker with
+      claim_next(..., prefetch=--claim-prefetch): one round trip claims that many partitions and
+      carries the acks recorded locally since the last one (durable when it is answered; the
+      final commit() is timed).
 
 Figures vary run to run on a shared machine: compare within one run (and with the peer run in
 the same sitting).

@@ -5,6 +5,7 @@ reaches the broker, `commit()` or `close()`."""
 
 from __future__ import annotations
 
+import pathlib
 import time
 from collections.abc import Iterator
 
@@ -12,7 +13,7 @@ import grpc
 import pytest
 
 from dmq.client import AdminClient
-from dmq.client.cli.runner import ClusterThread
+from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.client.errors import ClaimNotHeldError
 from dmq.client.events import Claim, EventStore, EventType
 from dmq.proto import dmq_pb2 as pb
@@ -112,27 +113,38 @@ def test_a_stale_prefetched_claim_is_not_handed_out(store: EventStore) -> None:
 
 
 def test_a_refused_ack_in_the_batch_stores_the_ones_before_it_and_claims_nothing(
-    store: EventStore, cluster: ClusterThread
+    tmp_path: pathlib.Path,
 ) -> None:
-    a = store.claim_next("g", ["task"], [Task], "w1")
-    b = store.claim_next("g", ["task"], [Task], "w1")
-    assert a is not None and b is not None
-    store.release(b)  # b's claim is gone: its ack will be refused
-    request = pb.EventClaimRequest(
-        topic="tasks", group="g", partition_by=["task"], handled_types=[Task.name], worker_id="w1", max_claims=3,
-        more_acks=[
-            pb.EventClaimRef(topic="tasks", group="g", partition_key=a.partition_key, worker_id="w1", position=a.last_position),
-            pb.EventClaimRef(topic="tasks", group="g", partition_key=b.partition_key, worker_id="w1", position=b.last_position),
-        ],
-    )
-    with grpc.insecure_channel(cluster.bootstrap) as channel, pytest.raises(grpc.RpcError) as e:
-        pb_grpc.BrokerStub(channel).EventClaimNext(request, timeout=10)
-    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    states = pending(store)
-    assert states[a.partition_key] == 0 and states[b.partition_key] == 1
-    assert all(p.claimed_by is None for p in store.describe_group("g").partitions)  # nothing claimed
-    with pytest.raises(ClaimNotHeldError):
-        store.ack(b)
+    with ClusterThread(ClusterOptions(data_dir=tmp_path / "data")) as cluster:
+        refuse_one_of_two_acks(cluster)
+    # a's ack (applied before the refusal) was stored durably: a restarted broker has it
+    with ClusterThread(ClusterOptions(data_dir=tmp_path / "data")) as restarted, \
+            EventStore(restarted.bootstrap, "tasks") as store:
+        states = pending(store)
+        assert states["task:0"] == 0 and states["task:1"] == 1
+
+
+def refuse_one_of_two_acks(cluster: ClusterThread) -> None:
+    with AdminClient(cluster.bootstrap) as admin:
+        admin.create_topic("tasks", 1, config={"kind": "event-store"})
+    with EventStore(cluster.bootstrap, "tasks") as store:
+        store.append([Task.new(b"x", task=str(i)) for i in range(TASKS)])
+        store.register_group("g")
+        a = store.claim_next("g", ["task"], [Task], "w1")
+        b = store.claim_next("g", ["task"], [Task], "w1")
+        assert a is not None and b is not None
+        assert (a.partition_key, b.partition_key) == ("task:0", "task:1")  # earliest pending first
+        store.release(b)  # b's claim is gone: its ack will be refused
+        request = pb.EventClaimRequest(
+            topic="tasks", group="g", partition_by=["task"], handled_types=[Task.name], worker_id="w1", max_claims=3,
+            more_acks=[store._ref(a, a.last_position), store._ref(b, b.last_position)],
+        )
+        with grpc.insecure_channel(cluster.bootstrap) as channel, pytest.raises(grpc.RpcError) as e:
+            pb_grpc.BrokerStub(channel).EventClaimNext(request, timeout=10)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert all(p.claimed_by is None for p in store.describe_group("g").partitions)  # nothing claimed
+        with pytest.raises(ClaimNotHeldError):
+            store.ack(b)
 
 
 @pytest.mark.parametrize(
@@ -140,9 +152,9 @@ def test_a_refused_ack_in_the_batch_stores_the_ones_before_it_and_claims_nothing
     [
         ({"max_claims": 1001}, "max_claims"),
         ({"max_claims": -1}, "max_claims"),
-        ({"releases": [pb.EventClaimRef(topic="tasks", group="other", partition_key="task=1", worker_id="w1")]},
+        ({"releases": [pb.EventClaimRef(topic="tasks", group="other", partition_key="task:1", worker_id="w1")]},
          "releases[0]"),
-        ({"more_acks": [pb.EventClaimRef(topic="tasks", group="g", partition_key="task=1", worker_id="w1", position=-1)]},
+        ({"more_acks": [pb.EventClaimRef(topic="tasks", group="g", partition_key="task:1", worker_id="w1", position=-1)]},
          "more_acks[0].position"),
     ],
 )
