@@ -679,7 +679,7 @@ class EventClaimRef(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., partition_key: _Optional[str] = ..., worker_id: _Optional[str] = ..., position: _Optional[int] = ...) -> None: ...
 
 class EventClaimRequest(_message.Message):
-    __slots__ = ("topic", "group", "partition_by", "handled_types", "worker_id", "claim_timeout_ms", "limit", "ack")
+    __slots__ = ("topic", "group", "partition_by", "handled_types", "worker_id", "claim_timeout_ms", "limit", "ack", "more_acks", "releases", "max_claims")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     PARTITION_BY_FIELD_NUMBER: _ClassVar[int]
@@ -688,6 +688,9 @@ class EventClaimRequest(_message.Message):
     CLAIM_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    MORE_ACKS_FIELD_NUMBER: _ClassVar[int]
+    RELEASES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CLAIMS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     group: str
     partition_by: _containers.RepeatedScalarFieldContainer[str]
@@ -696,23 +699,40 @@ class EventClaimRequest(_message.Message):
     claim_timeout_ms: int
     limit: int
     ack: EventClaimRef
-    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., handled_types: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ..., claim_timeout_ms: _Optional[int] = ..., limit: _Optional[int] = ..., ack: _Optional[_Union[EventClaimRef, _Mapping]] = ...) -> None: ...
+    more_acks: _containers.RepeatedCompositeFieldContainer[EventClaimRef]
+    releases: _containers.RepeatedCompositeFieldContainer[EventClaimRef]
+    max_claims: int
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., handled_types: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ..., claim_timeout_ms: _Optional[int] = ..., limit: _Optional[int] = ..., ack: _Optional[_Union[EventClaimRef, _Mapping]] = ..., more_acks: _Optional[_Iterable[_Union[EventClaimRef, _Mapping]]] = ..., releases: _Optional[_Iterable[_Union[EventClaimRef, _Mapping]]] = ..., max_claims: _Optional[int] = ...) -> None: ...
+
+class ClaimedPartition(_message.Message):
+    __slots__ = ("partition_key", "values", "events", "last_position")
+    PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    partition_key: str
+    values: _containers.RepeatedCompositeFieldContainer[Attribute]
+    events: _containers.RepeatedCompositeFieldContainer[SequencedEvent]
+    last_position: int
+    def __init__(self, partition_key: _Optional[str] = ..., values: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[SequencedEvent, _Mapping]]] = ..., last_position: _Optional[int] = ...) -> None: ...
 
 class EventClaimResponse(_message.Message):
-    __slots__ = ("claimed", "partition_key", "values", "events", "last_position", "head")
+    __slots__ = ("claimed", "partition_key", "values", "events", "last_position", "head", "more_claims")
     CLAIMED_FIELD_NUMBER: _ClassVar[int]
     PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
+    MORE_CLAIMS_FIELD_NUMBER: _ClassVar[int]
     claimed: bool
     partition_key: str
     values: _containers.RepeatedCompositeFieldContainer[Attribute]
     events: _containers.RepeatedCompositeFieldContainer[SequencedEvent]
     last_position: int
     head: int
-    def __init__(self, claimed: _Optional[bool] = ..., partition_key: _Optional[str] = ..., values: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[SequencedEvent, _Mapping]]] = ..., last_position: _Optional[int] = ..., head: _Optional[int] = ...) -> None: ...
+    more_claims: _containers.RepeatedCompositeFieldContainer[ClaimedPartition]
+    def __init__(self, claimed: _Optional[bool] = ..., partition_key: _Optional[str] = ..., values: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[SequencedEvent, _Mapping]]] = ..., last_position: _Optional[int] = ..., head: _Optional[int] = ..., more_claims: _Optional[_Iterable[_Union[ClaimedPartition, _Mapping]]] = ...) -> None: ...
 
 class EventClaimAnswer(_message.Message):
     __slots__ = ()
