@@ -522,15 +522,18 @@ class EventStore:
             self.reload_groups()
             raise
 
-    async def claim(self, fn: Callable[[GroupManager, int, int], Claimed | None]) -> tuple[Claimed | None, list[StoredEvent]]:
-        """A claim and its events, read in the same writer job."""
+    async def claim_all(
+        self, fn: Callable[[GroupManager, int, int], tuple[T, list[Claimed]]]
+    ) -> tuple[tuple[T, list[Claimed]], list[list[StoredEvent]]]:
+        """fn's result, with the events of each claim it returns, read in the same writer job
+        (a prefetching worker's several claims)."""
         until = self.readable_end()
         now = self._clock()
 
-        def run() -> tuple[Claimed | None, list[StoredEvent]]:
+        def run() -> tuple[tuple[T, list[Claimed]], list[list[StoredEvent]]]:
             self._writer_index()
             assert self._groups is not None
-            claimed = fn(self._groups, until, now)
-            return claimed, (self.load(claimed.events) if claimed is not None else [])
+            result = fn(self._groups, until, now)
+            return result, [self.load(c.events) for c in result[1]]
 
         return await self.on_writer(run)

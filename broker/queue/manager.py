@@ -544,12 +544,24 @@ class QueueManager:
         self.leases.release(lease)
         self._wake(lease.topic)
 
-    async def ack(self, lease_id: str, up_to_offset: int | None) -> int:
+    async def ack(self, lease_id: str, up_to_offset: int | None, keep_lease: bool = False) -> int:
+        """Acknowledge through up_to_offset (None: all) and release the lease; with `keep_lease`
+        and records left after it, the lease stays live for them instead, narrowed (as a reject
+        narrows it): the progress and the narrowed lease are one write."""
         lease = self._live(lease_id)
         if up_to_offset is not None:
             self._check_in(lease, up_to_offset, "up_to_offset", allow_before=True)
         new = lease.end_offset if up_to_offset is None else up_to_offset + 1
         lease.busy = True
+        if keep_lease and new < lease.end_offset:
+            try:
+                if new > lease.start_offset:
+                    narrowed = dataclasses.replace(lease, start_offset=new)
+                    await self.progress.save(lease.topic, lease.partition, lease.group, Progress(new), narrowed)
+                    lease.start_offset = new
+            finally:
+                lease.busy = False
+            return new
         return await self._ack_durably(lease, new)
 
     async def _ack_durably(self, lease: Lease, new: int) -> int:
@@ -563,7 +575,8 @@ class QueueManager:
         return new
 
     async def ack_and_pop(
-        self, lease_id: str, topic: str, group: str, max_records: int, lease_ms: int, timeout_s: float, max_bytes: int
+        self, lease_id: str, topic: str, group: str, max_records: int, lease_ms: int, timeout_s: float, max_bytes: int,
+        up_to_offset: int | None = None,
     ) -> tuple[int, Popped | None]:
         """An ack riding on a pop (issue 16: a cycle is one round trip and at most one fsync).
 
@@ -573,13 +586,25 @@ class QueueManager:
         Otherwise the ack's write and the pop's choice, read and grant overlap: the acknowledged
         partition stays held (busy) until the ack is durable, so the pop takes another one, or
         waits for the release like any pop. The answer waits for both; when the ack fails, a
-        lease the pop took meanwhile is released uncounted and the error returned."""
+        lease the pop took meanwhile is released uncounted and the error returned.
+
+        `up_to_offset` (inclusive): only the records through it are acknowledged; the rest of the
+        lease is released without a failed delivery (a prefetching worker gives back records it
+        never handed out), so the next lease of the partition starts after it."""
         lease = self._live(lease_id)  # checked first: a refused ack pops nothing
+        if up_to_offset is not None:
+            self._check_in(lease, up_to_offset, "ack_up_to_offset", allow_before=True)
+        new = lease.end_offset if up_to_offset is None else up_to_offset + 1
         lease.busy = True
         if (
             lease.topic == topic and lease.group == group and not self._stopping.is_set()
             and not _setting(self._configs.get(topic), "max_wait_ms", 0)
+            # nothing acknowledged: a hand-over's progress would reset the head's delivery count
+            and new > lease.start_offset
         ):
+            # The hand-over takes the partition from where the ack ends (the lease's end, for it).
+            end = lease.end_offset
+            lease.end_offset = new
             chosen = self._select(topic, group, int(time.time() * 1000), lease)
             if chosen is not None and chosen[0] == lease.partition:
                 # The acknowledged partition is the one to pop: hand it over, the ack and the
@@ -587,14 +612,16 @@ class QueueManager:
                 try:
                     popped = await self._try_pop(topic, group, max_records, lease_ms, max_bytes, lease)
                 except BaseException:
+                    lease.end_offset = end
                     lease.busy = False
                     raise
                 if popped is not None and popped.lease.key == lease.key:
-                    return lease.end_offset, popped
+                    return new, popped
                 if popped is not None:  # a lease elsewhere after all: the ack on its own
-                    return await self._ack_durably(lease, lease.end_offset), popped
+                    return await self._ack_durably(lease, new), popped
+            lease.end_offset = end
         # A task: the ack completes even when this call is cancelled (its client went away).
-        ack = asyncio.ensure_future(self._ack_durably(lease, lease.end_offset))
+        ack = asyncio.ensure_future(self._ack_durably(lease, new))
         try:
             popped = await self.pop(topic, group, max_records, lease_ms, timeout_s, max_bytes)
         except Exception as e:  # noqa: BLE001 - answered below: the ack's outcome is what counts
