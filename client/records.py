@@ -75,8 +75,8 @@ class RecordSequence(Sequence[ConsumerRecord]):
     are a few lists of untracked bytes and ints.
 
     Immutable and compared like the tuple of its records (``==`` a tuple with the same records,
-    the same hash); a slice is such a tuple. Records are equal each time they are built, not
-    identical.
+    the same hash); a slice is a RecordSequence too. Records are equal each time they are built,
+    not identical.
     """
 
     __slots__ = ("_topic", "_partition", "_offsets", "_keys", "_values", "_timestamps", "_headers")
@@ -119,12 +119,16 @@ class RecordSequence(Sequence[ConsumerRecord]):
     def __getitem__(self, index: int) -> ConsumerRecord: ...
 
     @overload
-    def __getitem__(self, index: slice) -> tuple[ConsumerRecord, ...]: ...
+    def __getitem__(self, index: slice) -> RecordSequence: ...
 
-    def __getitem__(self, index: int | slice) -> ConsumerRecord | tuple[ConsumerRecord, ...]:
+    def __getitem__(self, index: int | slice) -> ConsumerRecord | RecordSequence:
+        if isinstance(index, slice):  # the columns cut, the records still built when reached
+            part = RecordSequence.__new__(RecordSequence)
+            part._topic, part._partition = self._topic, self._partition
+            part._offsets, part._keys, part._values = self._offsets[index], self._keys[index], self._values[index]
+            part._timestamps, part._headers = self._timestamps[index], self._headers[index]
+            return part
         columns = (self._offsets, self._keys, self._values, self._timestamps, self._headers)
-        if isinstance(index, slice):
-            return tuple(self._rows(*(c[index] for c in columns)))
         return ConsumerRecord(self._topic, self._partition, *(c[index] for c in columns))  # type: ignore[arg-type]
 
     def __eq__(self, other: object) -> bool:

@@ -60,6 +60,7 @@ def test_the_same_records_as_building_them_up_front(data: list[bytes], draw: st.
         if eager:
             assert seq[i] == eager[i]
     assert seq[1:] == eager[1:] and seq[::-2] == eager[::-2] and list(reversed(seq)) == list(reversed(eager))
+    assert type(seq[1:]) is RecordSequence and seq[1:][1:3] == eager[2:4] and len(seq[5:5]) == 0
 
 
 def test_out_of_range_index_and_comparisons() -> None:
