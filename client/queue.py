@@ -66,7 +66,7 @@ from dmq.client.errors import (
     NotFoundError,
     from_rpc_error,
 )
-from dmq.client.records import ConsumerRecord, consumer_records
+from dmq.client.records import ConsumerRecord, RecordSequence
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits, records
 
@@ -101,7 +101,9 @@ class QueueLease:
     end_offset: int
     expiry_ms: int  # wall clock
     delivery_count: int  # failed deliveries of the first record so far
-    records: tuple[ConsumerRecord, ...]
+    # Immutable, compared and hashed like the tuple of its records; each record is built when a
+    # loop or an index reaches it (RecordSequence: what building them all up front cost).
+    records: RecordSequence
     broker: str  # the leader that granted it (after a failover, calls go to the new leader)
 
     def __len__(self) -> int:
@@ -525,14 +527,12 @@ class QueueConsumer:
     def _lease(self, r: pb.QueuePopResponse, address: str) -> QueueLease:
         try:
             batches = records.decode_batches(r.records)
+            leased = RecordSequence(self.topic, r.partition, batches, r.start_offset, r.end_offset)
         except records.RecordsError as e:
             raise CorruptRecordError(f"QueuePop {self.topic}[{r.partition}] at {address}: {e}") from e
-        out: list[ConsumerRecord] = []
-        for batch in batches:
-            out.extend(consumer_records(self.topic, r.partition, batch, r.start_offset, r.end_offset - r.start_offset - len(out)))
         return QueueLease(
             r.lease_id, self.topic, r.partition, self.group, r.start_offset, r.end_offset,
-            r.expiry_ms, r.delivery_count, tuple(out), address,
+            r.expiry_ms, r.delivery_count, leased, address,
         )
 
     # -- finishing ---------------------------------------------------------------------------------
