@@ -298,8 +298,11 @@ class EventIndex:
         params: list[object] = []
         cols = "e.position, e.type, e.tags, e.payload, e.metadata, e.time"
         if len(items) == 1:
-            # the item's own join with events yields the columns (no second lookup per match)
-            sql = self._item_sql(items[0], after, until, params, columns=cols) + " ORDER BY 1 LIMIT ?"
+            # The item's own join with events yields the columns (no second lookup per match).
+            # Ordered by the driving tag's rows (already in position order): SQLite then stops
+            # at `limit`; "ORDER BY e.position" made it sort every match in the range first.
+            order = "t0.position" if items[0].tags else "e.position"
+            sql = self._item_sql(items[0], after, until, params, columns=cols) + f" ORDER BY {order} LIMIT ?"
         else:
             union = " UNION ".join(self._item_sql(item, after, until, params) for item in items)
             sql = (f"SELECT {cols} FROM (SELECT position FROM ({union}) ORDER BY position LIMIT ?) m"

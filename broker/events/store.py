@@ -11,8 +11,10 @@ The writer thread (owned here, stopped by close()):
     rows of the earlier ones are staged in the same SQLite transaction, so later checks see
     them), and the transaction is committed once for all of them.
 Reads run in the writer too: its connection alone sees the index rows staged but not yet
-committed (index.py groups commits), and an index query is short next to the log reads that
-follow it. The price: a large read delays the appends queued behind it.
+committed (index.py groups commits). A read is one index query: the index keeps a copy of each
+event's payload, metadata and time beside its type and tags (copied from the log, so catch_up()
+derives the same rows), and no record is read or parsed. The price: a large read delays the
+appends queued behind it (a read answer is bounded: limit events, index.READ_ANSWER_BYTES).
 
 An append is acknowledged once its events are in the log and the index, (flush policy "fsync")
 the log is fsynced past them, and (a replicated topic) every in-sync replica has them, as an
