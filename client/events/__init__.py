@@ -30,7 +30,7 @@ Thread-safe as the gRPC channel is; errors are `dmq.client.errors` classes, neve
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import FrozenInstanceError, dataclass, field
 from typing import Any
 
@@ -190,13 +190,18 @@ class SequencedEvent:
 
 
 # The slots' own setters: they bypass the frozen __setattr__ (object.__setattr__ is ~3x slower).
-_set_position = SequencedEvent.position.__set__  # type: ignore[attr-defined]
-_set_time = SequencedEvent.append_time_ms.__set__  # type: ignore[attr-defined]
-_set_event = SequencedEvent._event.__set__  # type: ignore[attr-defined]
-_set_type = SequencedEvent._type.__set__  # type: ignore[attr-defined]
-_set_tags = SequencedEvent._tags.__set__  # type: ignore[attr-defined]
-_set_payload = SequencedEvent._payload.__set__  # type: ignore[attr-defined]
-_set_metadata = SequencedEvent._metadata.__set__  # type: ignore[attr-defined]
+def _slot_setter(name: str) -> Callable[[SequencedEvent, Any], None]:
+    setter: Callable[[SequencedEvent, Any], None] = vars(SequencedEvent)[name].__set__
+    return setter
+
+
+_set_position = _slot_setter("position")
+_set_time = _slot_setter("append_time_ms")
+_set_event = _slot_setter("_event")
+_set_type = _slot_setter("_type")
+_set_tags = _slot_setter("_tags")
+_set_payload = _slot_setter("_payload")
+_set_metadata = _slot_setter("_metadata")
 
 
 @dataclass(frozen=True, slots=True)
