@@ -75,12 +75,14 @@ def test_local_acks_ride_on_the_next_round_trip(store: EventStore) -> None:
 
 def test_acks_only_recorded_locally_are_lost_with_a_crashed_worker(store: EventStore, cluster: ClusterThread) -> None:
     crashed = EventStore(cluster.bootstrap, "tasks")
-    c1 = claim(crashed, "crashed", timeout_ms=300)
+    # 3 s: c2 is handed out from the prefetched claims (fresh for 1 s) even on a loaded machine,
+    # so c1's ack stays local; a stale buffer would send it with a round trip
+    c1 = claim(crashed, "crashed", timeout_ms=3000)
     assert c1 is not None
-    c2 = claim(crashed, "crashed", ack=c1, timeout_ms=300)  # c1's ack recorded locally only
+    c2 = claim(crashed, "crashed", ack=c1, timeout_ms=3000)  # c1's ack recorded locally only
     assert c2 is not None
     crashed._cluster.close()  # the process dies: no commit, no close
-    time.sleep(0.5)  # the claims time out
+    time.sleep(3.3)  # the claims time out
     again = {c.values["task"] for c in iter(lambda: claim(store, "w2", prefetch=0), None)}
     assert c1.values["task"] in again and c2.values["task"] in again
 
