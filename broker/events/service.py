@@ -300,16 +300,19 @@ class EventStoreRpcs:
                 _fail(grpc.StatusCode.INVALID_ARGUMENT, "ack must name the request's topic and group")
         store = await self._store(request.topic)
 
-        unwritten: list[AckWrite] = []
+        def apply_ack(groups: GroupManager, until: int, now: int) -> list[AckWrite]:
+            assert ack is not None
+            unwritten: list[AckWrite] = []
+            groups.ack(ack.group, ack.partition_key, ack.worker_id, ack.position, now, until, unwritten=unwritten)
+            return unwritten
 
         def run(groups: GroupManager, until: int, now: int) -> Any:
-            if ack is not None:
-                groups.ack(ack.group, ack.partition_key, ack.worker_id, ack.position, now, until, unwritten=unwritten)
             return groups.claim_next(request.group, partition_by, handled, request.worker_id,
                                      limit=limit, timeout_ms=timeout_ms, until=until, now_ms=now)
 
-        claimed, events = await store.claim(run)
-        await store.write_acks(unwritten)  # the ack riding on this claim is answered by its answer
+        # the ack riding on this claim is durable before the answer that carries it is sent
+        claimed, events = await store.claim(run, ack=apply_ack if ack is not None else None,
+                                            claimant=(request.group, request.worker_id))
         head = store.readable_end()
         if claimed is None:
             return pb.EventClaimResponse(claimed=False, head=head)

@@ -39,6 +39,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
+import concurrent.futures as cf
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -522,15 +523,60 @@ class EventStore:
             self.reload_groups()
             raise
 
-    async def claim(self, fn: Callable[[GroupManager, int, int], Claimed | None]) -> tuple[Claimed | None, list[StoredEvent]]:
-        """A claim and its events, read in the same writer job."""
+    async def claim(
+        self,
+        fn: Callable[[GroupManager, int, int], Claimed | None],
+        *,
+        ack: Callable[[GroupManager, int, int], list[AckWrite]] | None = None,
+        claimant: tuple[str, str] = ("", ""),
+    ) -> tuple[Claimed | None, list[StoredEvent]]:
+        """A claim and its events, read in the same writer job.
+
+        `ack`: a riding ack, applied in memory first in that job (it returns groups.py's
+        `unwritten`); `claimant`: the (group, worker id) that `fn` claims for. Its durable write (write_acks) is started on the loop at once, and the claim
+        is computed while it is fsynced (and replicated): the claim needs only the ack's effect in
+        memory, so a cycle costs about one durable write, not a write after a claim. This returns
+        once both are done; if the write fails its error is raised (the answer carrying the ack is
+        never sent) and the claim just made is released, so its events are not held by a worker
+        that was never told of them (write_acks reloads the groups anyway, dropping every claim)."""
         until = self.readable_end()
         now = self._clock()
+        loop = asyncio.get_running_loop()
 
-        def run() -> tuple[Claimed | None, list[StoredEvent]]:
+        def run() -> tuple[Claimed | None, list[StoredEvent], BaseException | None, cf.Future[None] | None]:
             self._writer_index()
-            assert self._groups is not None
-            claimed = fn(self._groups, until, now)
-            return claimed, (self.load(claimed.events) if claimed is not None else [])
+            groups = self._groups
+            assert groups is not None
+            written = None
+            if ack is not None:
+                acks = ack(groups, until, now)  # raises before anything changed: no claim either
+                if acks:
+                    written = asyncio.run_coroutine_threadsafe(self.write_acks(acks), loop)
+            try:
+                claimed = fn(groups, until, now)
+                return claimed, (self.load(claimed.events) if claimed is not None else []), None, written
+            except Exception as e:  # answered after the ack's write settles (below)
+                return None, [], e, written
 
-        return await self.on_writer(run)
+        claimed, events, error, written = await self.on_writer(run)
+        if written is not None:
+            try:
+                await asyncio.shield(asyncio.wrap_future(written))
+            except BaseException:
+                if claimed is not None:
+                    self._release_unsent(claimant[0], claimed.key, claimant[1])
+                raise
+        if error is not None:
+            raise error
+        return claimed, events
+
+    def _release_unsent(self, group: str, key: str, worker_id: str) -> None:
+        """Release a claim whose answer is not sent (queued after write_acks' reload of the groups:
+        if the reload already dropped the claim, there is nothing to release)."""
+
+        def release() -> None:
+            if self._groups is not None:
+                with contextlib.suppress(EventStoreError):
+                    self._groups.release(group, key, worker_id, self._clock())
+
+        self._start(release, "release an unsent claim")

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pytest
 
 from dmq.broker.events.errors import ClaimNotHeldError
-from dmq.broker.events.groups import GroupManager
+from dmq.broker.events.groups import Claimed, GroupManager
 from dmq.broker.events.progress import AckWrite, OffsetProgressStore
 from dmq.broker.events.store import EventStore, NewEvent
 from dmq.broker.log import AppendInfo, LogConfig, LogManager, PartitionLog
@@ -113,3 +113,76 @@ async def test_a_written_ack_is_durable_and_a_failed_one_reloads_the_groups(part
         assert await acked(reopened) == {"k:0": 1, "k:1": 0, "k:2": 0}
     finally:
         await reopened.close()
+
+
+def claim_for(worker: str) -> Callable[[GroupManager, int, int], Claimed | None]:
+    def run(g: GroupManager, until: int, now: int) -> Claimed | None:
+        return g.claim_next("g", ["k"], ["t"], worker, limit=10, timeout_ms=10_000, until=until, now_ms=now)
+
+    return run
+
+
+def riding_ack(key: str, position: int) -> Callable[[GroupManager, int, int], list[AckWrite]]:
+    def apply(g: GroupManager, until: int, now: int) -> list[AckWrite]:
+        unwritten: list[AckWrite] = []
+        g.ack("g", key, "w", position, now, until, unwritten=unwritten)
+        return unwritten
+
+    return apply
+
+
+class Blocked(LocalDurability):
+    """Offsets writes wait until `go` is set: the test sees what happens while one is being made."""
+
+    def __init__(self) -> None:
+        self.waiting = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def wait(self, plog: PartitionLog, info: AppendInfo, epoch: int) -> None:
+        self.waiting.set()
+        await self.go.wait()
+        await super().wait(plog, info, epoch)
+
+
+async def test_a_riding_ack_is_durable_before_its_claim_answers_and_the_claim_is_made_meanwhile(parts: Parts) -> None:
+    store = parts.store
+    first, _ = await store.claim(claim_for("w"), claimant=("g", "w"))
+    assert first is not None and first.key == "k:0"
+    blocked = Blocked()
+    parts.offsets.durability = blocked
+    task = asyncio.create_task(store.claim(claim_for("w"), ack=riding_ack("k:0", 1), claimant=("g", "w")))
+    await blocked.waiting.wait()
+    # the claim was computed while the ack's write waits (a later writer job sees it) ...
+    claims = await store.groups(lambda g, until, now: g.describe("g", until, now, 10)[1])
+    assert {p.key: p.claimed_by for p in claims if p.claimed_by} == {"k:1": "w"}
+    assert not task.done()  # ... but it is not answered before the ack is durable
+    blocked.go.set()
+    claimed, events = await task
+    assert claimed is not None and claimed.key == "k:1" and [e.position for e in events] == [2]
+    reopened = await parts.reopened()
+    try:
+        assert (await acked(reopened))["k:0"] == 1
+    finally:
+        await reopened.close()
+
+
+async def test_a_riding_ack_whose_write_fails_is_not_done_and_loses_no_claim(parts: Parts) -> None:
+    store = parts.store
+    first, _ = await store.claim(claim_for("w"), claimant=("g", "w"))
+    assert first is not None and first.key == "k:0"
+
+    class Failing(LocalDurability):
+        async def wait(self, plog: PartitionLog, info: AppendInfo, epoch: int) -> None:
+            raise OSError(5, "I/O error")
+
+    parts.offsets.durability = Failing()
+    with pytest.raises(OSError, match="I/O error"):
+        await store.claim(claim_for("w"), ack=riding_ack("k:0", 1), claimant=("g", "w"))
+    parts.offsets.durability = LocalDurability()
+    # the ack is not stored, and the claim computed beside it is held by nobody: another worker
+    # gets every partition, k:0 first (its event is pending again)
+    assert await acked(store) == {"k:0": 0, "k:1": 0, "k:2": 0}
+    got = []
+    while (claimed := (await store.claim(claim_for("w2"), claimant=("g", "w2")))[0]) is not None:
+        got.append(claimed.key)
+    assert got == ["k:0", "k:1", "k:2"]
