@@ -1,6 +1,7 @@
 """Event-store mode (issue 17): appends, conditional appends, tag reads and claim/ack cycles.
 
     .venv/bin/python bench/event_store_bench.py [--n 1000000] [--cond-n 4000] [--clients 16] [--cycles 3000]
+                                               [--claim-prefetch 100] [--only-claims]
 
 The same workload as the PostgreSQL DCB peer (/work/shared/peers/bench_dcb.py), against the
 embedded server (coordinator + one broker, flush policy fsync: every append acknowledged after
@@ -17,7 +18,10 @@ process (and, for the concurrent conditional appends, in --clients processes):
   (e) claim_next + ack cycles of one worker over --cycles partitions of one pending event each
       (attribute `task`), the ack riding on the next claim_next (one round trip per cycle; the
       answer waits until the ack is durable); then --claim-workers threads over as many
-      partitions, whose acks share the offsets log's group-commit fsyncs.
+      partitions, whose acks share the offsets log's group-commit fsyncs; then one worker with
+      claim_next(..., prefetch=--claim-prefetch): one round trip claims that many partitions and
+      carries the acks recorded locally since the last one (durable when it is answered; the
+      final commit() is timed).
 
 Figures vary run to run on a shared machine: compare within one run (and with the peer run in
 the same sitting).
@@ -162,9 +166,11 @@ def run_cond(bootstrap: str, topic: str, clients: int, total: int) -> dict[str, 
             "p50_ms": lat[len(lat) // 2] * 1e3, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3}
 
 
-def claim_cycles(bootstrap: str, topic: str, partitions: int, workers: int = 1) -> tuple[int, float]:
+def claim_cycles(bootstrap: str, topic: str, partitions: int, workers: int = 1, prefetch: int = 0) -> tuple[int, float]:
     """(e): `workers` threads (one channel each) claim, handle and ack every partition between
-    them; (cycles, seconds)."""
+    them; (cycles, seconds). With `prefetch`, one round trip claims up to that many partitions
+    and carries the acks recorded since the last one; the time includes the final commit()
+    that makes the last acks durable."""
     from dmq.client.events import EventStore, EventType
 
     task = EventType("task.created", ["task"])
@@ -172,10 +178,12 @@ def claim_cycles(bootstrap: str, topic: str, partitions: int, workers: int = 1) 
     def work(worker: int) -> int:
         with EventStore(bootstrap, topic) as store:
             cycles = 0
-            claim = store.claim_next("workers", ["task"], [task], f"w{worker}")
+            claim = store.claim_next("workers", ["task"], [task], f"w{worker}", prefetch=prefetch)
             while claim is not None:
                 cycles += 1
-                claim = store.claim_next("workers", ["task"], [task], f"w{worker}", ack=(claim, claim.last_position))
+                claim = store.claim_next("workers", ["task"], [task], f"w{worker}", ack=(claim, claim.last_position),
+                                         prefetch=prefetch)
+            store.commit()  # the acks recorded locally (prefetch) are durable once this returns
             return cycles
 
     with EventStore(bootstrap, topic) as store:
@@ -194,12 +202,14 @@ def claim_cycles(bootstrap: str, topic: str, partitions: int, workers: int = 1) 
     return cycles, seconds
 
 
-def run_claims(bootstrap: str, partitions: int, workers: int) -> None:
-    for n in sorted({1, workers}):
-        topic = f"tasks-{n}"
+def run_claims(bootstrap: str, partitions: int, workers: int, prefetch: int) -> None:
+    runs = [(n, 0) for n in sorted({1, workers})] + ([(1, prefetch)] if prefetch > 1 else [])
+    for n, pre in runs:
+        topic = f"tasks-{n}-{pre}"
         create_topic(bootstrap, topic)
-        cycles, seconds = claim_cycles(bootstrap, topic, partitions, n)
-        print(f"(e) claim_next + ack (ack riding on the next claim), {n} worker thread(s), {cycles:,} partitions: "
+        cycles, seconds = claim_cycles(bootstrap, topic, partitions, n, pre)
+        how = f", prefetch {pre} (acks ride on the next round trip)" if pre else ""
+        print(f"(e) claim_next + ack (ack riding on the next claim), {n} worker thread(s){how}, {cycles:,} partitions: "
               f"{cycles / seconds:,.0f} cycles/s")
 
 
@@ -210,6 +220,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--reads", type=int, default=5)
     ap.add_argument("--cycles", type=int, default=3_000, help="partitions claimed and acked in (e)")
+    ap.add_argument("--claim-prefetch", type=int, default=100,
+                    help="(e) once more from 1 worker claiming this many partitions per round trip (0: skip)")
     ap.add_argument("--claim-workers", type=int, default=4,
                     help="(e) is also run with this many worker threads (their acks share fsyncs)")
     ap.add_argument("--only-claims", action="store_true", help="run (e) only")
@@ -221,7 +233,7 @@ def main() -> None:
         try:
             b = server.bootstrap
             if args.only_claims:
-                run_claims(b, args.cycles, args.claim_workers)
+                run_claims(b, args.cycles, args.claim_workers, args.claim_prefetch)
                 return
             create_topic(b, "store")
             s = fill(b, "store", args.n, seed=1)
@@ -235,7 +247,7 @@ def main() -> None:
                 r = run_cond(b, "store", clients, args.cond_n)
                 print(f"(a) conditional append, 1 event, {clients} client process(es): {r['rate']:,.0f} appends/s "
                       f"(p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, conflicts {r['conflicts']})")
-            run_claims(b, args.cycles, args.claim_workers)
+            run_claims(b, args.cycles, args.claim_workers, args.claim_prefetch)
             print(f"server CPU {server.cpu_s():.1f} s; load average {os.getloadavg()[0]:.1f}")
         finally:
             server.stop()

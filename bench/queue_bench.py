@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/queue_bench.py [--records 200000] [--records-1 5000] [--workers 4]
                                           [--partitions 8] [--produce-records 300000] [--no-redis]
+                                          [--prefetch 1000] [--records-prefetch 20000]
 
 The embedded server runs in a subprocess (bench/_server.py). Workloads, 100-byte values:
 
@@ -11,6 +12,14 @@ The embedded server runs in a subprocess (bench/_server.py). Workloads, 100-byte
   2. the same with batches of 1 (--records-1 records). Each pop's lease and each ack are durable
      (fsynced) before they are answered; an ack riding on a pop that takes the same partition
      again is stored with the next lease in one write, so such a cycle costs one fsync.
+  2b. batches of 1 with prefetch (--records-prefetch records, QueueConsumer(prefetch_records=
+     --prefetch)): the same loop, pop(max_records=1, ack=previous), but a pop that goes to the
+     broker leases up to --prefetch records and the consumer hands them out one at a time; the
+     ack of each is recorded locally and rides on the next pop that goes to the broker (the one
+     that finds the prefetched records used up), as Kafka's share consumer does (KIP-932). So a
+     cycle is a local hand-out plus, per --prefetch records, one round trip and one durable write
+     (the acks and the next lease). The time includes a final commit() (the last acks durable).
+     A record whose ack was only local is redelivered if the worker dies (at least once).
   3. batches of 1,000 from --workers worker processes started together (a fresh topic).
   4. produce msgs/s (send_many, acks=all) into a topic without and with max_queue_size (set high
      enough never to refuse, so only the check's cost shows). Transaction ids are issue 16's other
@@ -66,12 +75,12 @@ def load(bootstrap: str, topic: str, partitions: int, n: int, **config: int) -> 
             f.get(300)
 
 
-def drain(bootstrap: str, topic: str, batch: int) -> tuple[int, float, float]:
+def drain(bootstrap: str, topic: str, batch: int, prefetch: int = 0) -> tuple[int, float, float]:
     """(records, first pop time, last ack time) of one worker draining the topic."""
     from dmq.client import QueueConsumer
 
     got = touched = 0
-    with QueueConsumer(bootstrap, topic, "bench", max_records=batch) as q:
+    with QueueConsumer(bootstrap, topic, "bench", max_records=batch, prefetch_records=prefetch) as q:
         lease = q.pop(timeout=5)
         start = time.perf_counter()
         while lease is not None:
@@ -79,6 +88,7 @@ def drain(bootstrap: str, topic: str, batch: int) -> tuple[int, float, float]:
                 touched += len(r.value)
             got += len(lease.records)
             lease = q.pop(timeout=0.5, ack=lease)
+        q.commit()  # with prefetch: acks still only local are made durable (none are without)
         end = time.perf_counter()
     assert touched == got * SIZE
     return got, start, end
@@ -140,6 +150,8 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--produce-records", type=int, default=300_000)
     ap.add_argument("--no-redis", action="store_true")
+    ap.add_argument("--prefetch", type=int, default=1000, help="prefetch_records of the prefetching batches-of-1 row")
+    ap.add_argument("--records-prefetch", type=int, default=20_000)
     args = ap.parse_args()
     _quiet()
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
@@ -156,6 +168,10 @@ def main() -> None:
             n, start, end = drain(b, "q1", 1)
             assert n == args.records_1, n
             rows.append((f"pop+ack batches of 1, 1 worker, {n:,} msgs", n / (end - start)))
+            load(b, "q1p", args.partitions, args.records_prefetch)
+            n, start, end = drain(b, "q1p", 1, args.prefetch)
+            assert n == args.records_prefetch, n
+            rows.append((f"pop+ack batches of 1, 1 worker, prefetch {args.prefetch:,}, {n:,} msgs", n / (end - start)))
             load(b, "qw", args.partitions, args.records)
             n, wall = drain_processes(b, "qw", 1000, args.workers)
             assert n == args.records, n

@@ -679,7 +679,7 @@ class EventClaimRef(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., partition_key: _Optional[str] = ..., worker_id: _Optional[str] = ..., position: _Optional[int] = ...) -> None: ...
 
 class EventClaimRequest(_message.Message):
-    __slots__ = ("topic", "group", "partition_by", "handled_types", "worker_id", "claim_timeout_ms", "limit", "ack")
+    __slots__ = ("topic", "group", "partition_by", "handled_types", "worker_id", "claim_timeout_ms", "limit", "ack", "more_acks", "releases", "max_claims")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     PARTITION_BY_FIELD_NUMBER: _ClassVar[int]
@@ -688,6 +688,9 @@ class EventClaimRequest(_message.Message):
     CLAIM_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    MORE_ACKS_FIELD_NUMBER: _ClassVar[int]
+    RELEASES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CLAIMS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     group: str
     partition_by: _containers.RepeatedScalarFieldContainer[str]
@@ -696,23 +699,40 @@ class EventClaimRequest(_message.Message):
     claim_timeout_ms: int
     limit: int
     ack: EventClaimRef
-    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., handled_types: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ..., claim_timeout_ms: _Optional[int] = ..., limit: _Optional[int] = ..., ack: _Optional[_Union[EventClaimRef, _Mapping]] = ...) -> None: ...
+    more_acks: _containers.RepeatedCompositeFieldContainer[EventClaimRef]
+    releases: _containers.RepeatedCompositeFieldContainer[EventClaimRef]
+    max_claims: int
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., partition_by: _Optional[_Iterable[str]] = ..., handled_types: _Optional[_Iterable[str]] = ..., worker_id: _Optional[str] = ..., claim_timeout_ms: _Optional[int] = ..., limit: _Optional[int] = ..., ack: _Optional[_Union[EventClaimRef, _Mapping]] = ..., more_acks: _Optional[_Iterable[_Union[EventClaimRef, _Mapping]]] = ..., releases: _Optional[_Iterable[_Union[EventClaimRef, _Mapping]]] = ..., max_claims: _Optional[int] = ...) -> None: ...
+
+class ClaimedPartition(_message.Message):
+    __slots__ = ("partition_key", "values", "events", "last_position")
+    PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    partition_key: str
+    values: _containers.RepeatedCompositeFieldContainer[Attribute]
+    events: _containers.RepeatedCompositeFieldContainer[SequencedEvent]
+    last_position: int
+    def __init__(self, partition_key: _Optional[str] = ..., values: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[SequencedEvent, _Mapping]]] = ..., last_position: _Optional[int] = ...) -> None: ...
 
 class EventClaimResponse(_message.Message):
-    __slots__ = ("claimed", "partition_key", "values", "events", "last_position", "head")
+    __slots__ = ("claimed", "partition_key", "values", "events", "last_position", "head", "more_claims")
     CLAIMED_FIELD_NUMBER: _ClassVar[int]
     PARTITION_KEY_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
+    MORE_CLAIMS_FIELD_NUMBER: _ClassVar[int]
     claimed: bool
     partition_key: str
     values: _containers.RepeatedCompositeFieldContainer[Attribute]
     events: _containers.RepeatedCompositeFieldContainer[SequencedEvent]
     last_position: int
     head: int
-    def __init__(self, claimed: _Optional[bool] = ..., partition_key: _Optional[str] = ..., values: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[SequencedEvent, _Mapping]]] = ..., last_position: _Optional[int] = ..., head: _Optional[int] = ...) -> None: ...
+    more_claims: _containers.RepeatedCompositeFieldContainer[ClaimedPartition]
+    def __init__(self, claimed: _Optional[bool] = ..., partition_key: _Optional[str] = ..., values: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[SequencedEvent, _Mapping]]] = ..., last_position: _Optional[int] = ..., head: _Optional[int] = ..., more_claims: _Optional[_Iterable[_Union[ClaimedPartition, _Mapping]]] = ...) -> None: ...
 
 class EventClaimAnswer(_message.Message):
     __slots__ = ()
@@ -1205,7 +1225,7 @@ class CheckOwnershipResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class QueuePopRequest(_message.Message):
-    __slots__ = ("topic", "group", "max_records", "lease_ms", "timeout_ms", "max_bytes", "ack_lease_id")
+    __slots__ = ("topic", "group", "max_records", "lease_ms", "timeout_ms", "max_bytes", "ack_lease_id", "ack_up_to_offset")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
@@ -1213,6 +1233,7 @@ class QueuePopRequest(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     ACK_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ACK_UP_TO_OFFSET_FIELD_NUMBER: _ClassVar[int]
     topic: str
     group: str
     max_records: int
@@ -1220,10 +1241,11 @@ class QueuePopRequest(_message.Message):
     timeout_ms: int
     max_bytes: int
     ack_lease_id: str
-    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., max_records: _Optional[int] = ..., lease_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., ack_lease_id: _Optional[str] = ...) -> None: ...
+    ack_up_to_offset: int
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., max_records: _Optional[int] = ..., lease_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., ack_lease_id: _Optional[str] = ..., ack_up_to_offset: _Optional[int] = ...) -> None: ...
 
 class QueuePopResponse(_message.Message):
-    __slots__ = ("lease_id", "partition", "start_offset", "end_offset", "expiry_ms", "delivery_count", "records", "acked_offset")
+    __slots__ = ("lease_id", "partition", "start_offset", "end_offset", "expiry_ms", "delivery_count", "records", "acked_offset", "lease_ms")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -1232,6 +1254,7 @@ class QueuePopResponse(_message.Message):
     DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     partition: int
     start_offset: int
@@ -1240,15 +1263,18 @@ class QueuePopResponse(_message.Message):
     delivery_count: int
     records: bytes
     acked_offset: int
-    def __init__(self, lease_id: _Optional[str] = ..., partition: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., expiry_ms: _Optional[int] = ..., delivery_count: _Optional[int] = ..., records: _Optional[bytes] = ..., acked_offset: _Optional[int] = ...) -> None: ...
+    lease_ms: int
+    def __init__(self, lease_id: _Optional[str] = ..., partition: _Optional[int] = ..., start_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., expiry_ms: _Optional[int] = ..., delivery_count: _Optional[int] = ..., records: _Optional[bytes] = ..., acked_offset: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class QueueAckRequest(_message.Message):
-    __slots__ = ("lease_id", "up_to_offset")
+    __slots__ = ("lease_id", "up_to_offset", "keep_lease")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     UP_TO_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LEASE_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     up_to_offset: int
-    def __init__(self, lease_id: _Optional[str] = ..., up_to_offset: _Optional[int] = ...) -> None: ...
+    keep_lease: bool
+    def __init__(self, lease_id: _Optional[str] = ..., up_to_offset: _Optional[int] = ..., keep_lease: _Optional[bool] = ...) -> None: ...
 
 class QueueAckResponse(_message.Message):
     __slots__ = ("acked_offset",)

@@ -90,7 +90,7 @@ except ImportError:  # pragma: no cover - the dependency is declared; this keeps
     from zlib import crc32 as crc32
 from array import array
 from dataclasses import dataclass
-from itertools import accumulate, compress, islice, pairwise, repeat, starmap
+from itertools import accumulate, compress, islice, pairwise, repeat
 from operator import add, sub
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple, Sequence
 
@@ -127,6 +127,7 @@ __all__ = [
     "encode",
     "decode",
     "decode_batches",
+    "slice_batch",
 ]
 
 HEADER = struct.Struct("<qiBIhiqqqhii")
@@ -885,18 +886,23 @@ class RecordBatch:
     def last_offset(self) -> int:
         return self.header.last_offset
 
-    # Column iterators. Each converts its offsets to a list once and builds the items with C
-    # iterators (map/starmap/pairwise over one bytes copy of the blob): no Python code runs per
-    # record except for header lists and for key columns that mix nulls and keys.
+    # Column iterators. Each converts its offsets to a list once and cuts the items out of one
+    # bytes copy of the blob with a plain `blob[a:b]` per record: the interpreter's slice
+    # expression reuses one cached slice object, where map(blob.__getitem__, starmap(slice, ...))
+    # allocated a garbage-collected slice per record and took 2.4x as long (1,000 values of ~100
+    # bytes: 110 us against 270 us, most of it in the collections those allocations set off).
 
     def _offsets(self, name: str) -> list[int]:
         offs: list[int] = getattr(self, name).tolist()
+        self._check_monotonic(name, offs)
+        return offs
+
+    def _check_monotonic(self, name: str, offs: list[int]) -> None:
         if name not in self._checked:
             # sorted() of already-sorted input is one C pass; both ends were checked in __init__
             if offs != sorted(offs):
                 raise CorruptBatchError(f"{self._where}: {name} are not monotonic (non-decreasing)")
             self._checked.add(name)
-        return offs
 
     def _iter_timestamps(self) -> Iterator[int]:
         h = self.header
@@ -920,7 +926,15 @@ class RecordBatch:
 
     def _iter_values(self) -> Iterator[bytes]:
         blob = bytes(self.value_blob)
-        return map(blob.__getitem__, starmap(slice, pairwise(self._offsets("value_offsets"))))
+        offs: list[int] = self.value_offsets.tolist()
+        n = len(offs) - 1
+        size = offs[1] if n > 1 else 0
+        if size > 0 and offs[n] == size * n and offs == list(range(0, size * n + 1, size)):
+            # Values of one size (fixed-size messages), their offsets proven monotonic by that
+            # comparison: one C call cuts them all (1,000 of 100 bytes: ~20 us, not ~100 us).
+            return iter(_same_size_values(size, n).unpack(blob))
+        self._check_monotonic("value_offsets", offs)
+        return (blob[a:b] for a, b in pairwise(offs))
 
     def _iter_keys(self) -> Iterator[bytes | None]:
         n = self.header.record_count
@@ -928,7 +942,7 @@ class RecordBatch:
         if bits == 0:
             return repeat(None, n)
         blob = bytes(self.key_blob)
-        keys = map(blob.__getitem__, starmap(slice, pairwise(self._offsets("key_offsets"))))
+        keys = (blob[a:b] for a, b in pairwise(self._offsets("key_offsets")))
         if bits == (1 << n) - 1:
             return keys
         present = format(bits, "b").zfill(n)[::-1]  # character i is record i's validity bit
@@ -1034,6 +1048,20 @@ class RecordBatch:
         )
 
 
+_SAME_SIZE_STRUCTS: dict[tuple[int, int], struct.Struct] = {}
+_SAME_SIZE_STRUCTS_MAX = 64
+
+
+def _same_size_values(size: int, count: int) -> struct.Struct:
+    """A Struct that cuts `count` values of `size` bytes out of a value blob ("100s100s...")."""
+    s = _SAME_SIZE_STRUCTS.get((size, count))
+    if s is None:
+        s = struct.Struct(f"{size}s" * count)
+        if len(_SAME_SIZE_STRUCTS) < _SAME_SIZE_STRUCTS_MAX:
+            _SAME_SIZE_STRUCTS[(size, count)] = s
+    return s
+
+
 def _arrow_offsets(pa: Any, offs: memoryview) -> Any:
     buf = pa.py_buffer(offs)
     if buf.address % 4:
@@ -1041,6 +1069,111 @@ def _arrow_offsets(pa: Any, offs: memoryview) -> Any:
         # aligned int32 offsets, and copying them costs 4 bytes per record (values stay zero-copy)
         buf = pa.py_buffer(bytes(offs))
     return buf
+
+
+# ---------------------------------------------------------------------------------------------
+# Slice: some records of a decoded batch as a batch of their own.
+
+# int.from_bytes(b"\x01\x00\x00\x00" * m, "little") by m: subtracting base * this from m int32
+# lanes read as one integer subtracts base from every lane at once (see _rebased).
+_LANE_ONES: dict[int, int] = {}
+_LANE_ONES_MAX = 64
+
+
+def _le_int32s(view: memoryview) -> bytes:
+    """Little-endian bytes of an int32 view (as the body stores them)."""
+    if _LITTLE:
+        return view.tobytes()
+    return struct.pack(f"<{len(view)}i", *view.tolist())
+
+
+def _rebased(offs: memoryview, lo: int, hi: int, blob_len: int, name: str, where: str) -> tuple[bytes, int, int]:
+    """offs[lo..hi] minus offs[lo], as body bytes, and the blob range (offs[lo], offs[hi]) they
+    cover. Checked first (non-decreasing, inside the blob), so a sliced batch never carries a
+    corrupt array under a fresh CRC."""
+    part = offs[lo : hi + 1]
+    values = part.tolist()
+    first, last = values[0], values[-1]
+    if first < 0 or last > blob_len or values != sorted(values):
+        raise CorruptBatchError(f"{where}: {name}[{lo}..{hi}] are not non-decreasing within the blob")
+    m = len(values)
+    if not first:
+        return _le_int32s(part), first, last
+    if not _LITTLE:
+        return struct.pack(f"<{m}i", *map(sub, values, repeat(first, m))), first, last
+    # Every lane is >= first (checked), so no lane borrows from the next one: one integer
+    # subtraction over the little-endian lanes rebases them all, in C.
+    ones = _LANE_ONES.get(m)
+    if ones is None:
+        ones = int.from_bytes(b"\x01\x00\x00\x00" * m, "little")
+        if len(_LANE_ONES) < _LANE_ONES_MAX:
+            _LANE_ONES[m] = ones
+    return (int.from_bytes(part, "little") - first * ones).to_bytes(4 * m, "little"), first, last
+
+
+def slice_batch(batch: RecordBatch, start_offset: int, stop_offset: int) -> bytes:
+    """The records of `batch` with offsets in [start_offset, stop_offset) as one new batch: keys,
+    values, headers and timestamps as they are, uncompressed, no producer id (a reader's copy,
+    never appended). Built from byte ranges of the body (each array cut and rebased in C), so no
+    Python code runs per record: a queue pop of 1,000 records out of a producer's 10,000-record
+    batch costs tens of microseconds, not the milliseconds of decoding the columns and encoding.
+    The range must hold at least one record of the batch; CorruptBatchError when the arrays it
+    covers are malformed."""
+    h = batch.header
+    n = h.record_count
+    lo = max(start_offset - h.base_offset, 0)
+    hi = min(stop_offset - h.base_offset, n)
+    if lo >= hi:
+        raise RecordsError(
+            f"slice_batch: offsets [{start_offset}, {stop_offset}) hold no record of batch "
+            f"{h.base_offset}..{h.last_offset}"
+        )
+    m = hi - lo
+    where = batch._where
+    # timestamps: rebased on the slice's first record, as encode() writes them
+    deltas = batch.timestamp_deltas[lo:hi]
+    first_ts = max_ts = h.first_timestamp
+    if h.log_append_time:
+        max_ts = h.max_timestamp  # every record's timestamp
+        delta_bytes = _le_int32s(deltas)
+    elif not int.from_bytes(deltas, "little"):  # common: one timestamp for the whole batch
+        delta_bytes = bytes(4 * m)
+    else:
+        ds = deltas.tolist()
+        d0, dmax = ds[0], max(ds)
+        if dmax - d0 <= _INT32_MAX and min(ds) - d0 >= _INT32_MIN:
+            first_ts, max_ts = h.first_timestamp + d0, h.first_timestamp + dmax
+            delta_bytes = struct.pack(f"<{m}i", *map(sub, ds, repeat(d0, m)))
+        else:  # a span of over 2**31 ms: kept relative to the batch's first timestamp
+            max_ts = h.first_timestamp + dmax
+            delta_bytes = _le_int32s(deltas)
+    # keys: a validity bitmap cut at bit lo; a slice without keys needs no key offsets
+    bits = int.from_bytes(batch.key_validity, "little") >> lo & ((1 << m) - 1)
+    if bits:
+        key_offsets, ka, kb = _rebased(batch.key_offsets, lo, hi, len(batch.key_blob), "key_offsets", where)
+    else:
+        key_offsets, ka, kb = bytes(4 * (m + 1)), 0, 0
+    value_offsets, va, vb = _rebased(batch.value_offsets, lo, hi, len(batch.value_blob), "value_offsets", where)
+    parts: list[bytes | memoryview] = [delta_bytes, key_offsets, value_offsets]
+    header_part: memoryview | bytes = b""
+    if batch.header_offsets is not None:
+        header_offsets, ha, hb = _rebased(
+            batch.header_offsets, lo, hi, len(batch.header_blob), "header_offsets", where
+        )
+        parts.append(header_offsets)
+        header_part = batch.header_blob[ha:hb]
+    parts += (
+        bits.to_bytes((m + 7) // 8, "little"), batch.key_blob[ka:kb], batch.value_blob[va:vb], header_part
+    )
+    body = b"".join(parts)
+    if max_ts > h.max_timestamp:  # the batch's own check (_iter_timestamps), for these records
+        raise CorruptBatchError(f"{where}: record timestamps reach {max_ts}, above max_timestamp {h.max_timestamp}")
+    try:
+        tail = _TAIL.pack(h.attributes & ~ATTR_CODEC_MASK, m, first_ts, max_ts, -1, -1, -1, len(body))
+    except struct.error as e:
+        raise CorruptBatchError(f"{where}: a timestamp of offsets {start_offset}.. does not fit int64: {e}") from e
+    crc = crc32(body, crc32(tail))
+    return b"".join((_PREFIX.pack(h.base_offset + lo, HEADER_SIZE + len(body) - 12, MAGIC, crc), tail, body))
 
 
 def record_ids(batch: RecordBatch, name: str, field: str) -> list[str | None]:

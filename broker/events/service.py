@@ -33,7 +33,7 @@ from dmq.broker.events.errors import (
     GroupNotFoundError,
     InvalidEventRequest,
 )
-from dmq.broker.events.groups import GroupManager, PartitionView
+from dmq.broker.events.groups import Claimed, GroupManager, PartitionView
 from dmq.broker.events.progress import AckWrite, GroupRecord
 from dmq.broker.events.query import QueryItem
 from dmq.broker.events.registry import NotAnEventStoreError
@@ -55,6 +55,8 @@ log = structlog.get_logger(__name__)
 DEFAULT_READ_LIMIT = 10_000
 DEFAULT_CLAIM_LIMIT = 1_000
 DEFAULT_CLAIM_TIMEOUT_MS = 30_000
+# Claims one EventClaimNext may take (a prefetching worker's), and acks + releases it may carry.
+CLAIMS_PER_CALL_MAX = 1_000
 CLAIM_TIMEOUT_MS_MIN = 100
 CLAIM_TIMEOUT_MS_MAX = 3_600_000
 SUBSCRIBE_PAGE = 1_000
@@ -141,6 +143,10 @@ def _events_from_proto(events: Sequence[pb.Event]) -> list[NewEvent]:
             _fail(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         out.append(NewEvent(e.type, tuple(tags), e.payload, e.metadata))
     return out
+
+
+def _attributes(values: dict[str, str]) -> list[pb.Attribute]:
+    return [pb.Attribute(name=n, value=v) for n, v in sorted(values.items())]
 
 
 def _check_group(group: str) -> None:
@@ -280,49 +286,84 @@ class EventStoreRpcs:
         _check_worker(request.worker_id)
         partition_by = list(request.partition_by)
         handled = list(request.handled_types)
-        _checked(lambda: event_headers.check_attribute_names(partition_by, field="partition_by"))
-        if not handled or len(handled) > event_headers.ITEM_TYPES_MAX:
+        max_claims = request.max_claims if request.HasField("max_claims") else 1
+        if not 0 <= max_claims <= CLAIMS_PER_CALL_MAX:
             _fail(grpc.StatusCode.INVALID_ARGUMENT,
-                  f"handled_types must name 1..{event_headers.ITEM_TYPES_MAX} event types, got {len(handled)}")
-        for i, t in enumerate(handled):
-            _checked(functools.partial(event_headers.check_event_type, t, field=f"handled_types[{i}]"))
+                  f"max_claims must be within 0..{CLAIMS_PER_CALL_MAX}, got {max_claims}")
+        if max_claims:  # 0: acks and releases only (a prefetching worker's commit)
+            _checked(lambda: event_headers.check_attribute_names(partition_by, field="partition_by"))
+            if not handled or len(handled) > event_headers.ITEM_TYPES_MAX:
+                _fail(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"handled_types must name 1..{event_headers.ITEM_TYPES_MAX} event types, got {len(handled)}")
+            for i, t in enumerate(handled):
+                _checked(functools.partial(event_headers.check_event_type, t, field=f"handled_types[{i}]"))
         timeout_ms = request.claim_timeout_ms or DEFAULT_CLAIM_TIMEOUT_MS
         if not CLAIM_TIMEOUT_MS_MIN <= timeout_ms <= CLAIM_TIMEOUT_MS_MAX:
             _fail(grpc.StatusCode.INVALID_ARGUMENT,
                   f"claim_timeout_ms must be within {CLAIM_TIMEOUT_MS_MIN}..{CLAIM_TIMEOUT_MS_MAX} (0 = "
                   f"{DEFAULT_CLAIM_TIMEOUT_MS}), got {request.claim_timeout_ms}")
         limit = _limit(request.limit, "limit", DEFAULT_CLAIM_LIMIT)
-        ack = request.ack if request.HasField("ack") else None
-        if ack is not None:
-            _check_ref(ack, "ack.")
-            _check_position(ack.position, "ack.position")
-            if ack.topic != request.topic or ack.group != request.group:
-                _fail(grpc.StatusCode.INVALID_ARGUMENT, "ack must name the request's topic and group")
+        acks = ([request.ack] if request.HasField("ack") else []) + list(request.more_acks)
+        releases = list(request.releases)
+        if len(acks) + len(releases) > CLAIMS_PER_CALL_MAX + 1:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT,
+                  f"ack, more_acks and releases may name at most {CLAIMS_PER_CALL_MAX + 1} claims, "
+                  f"got {len(acks) + len(releases)}")
+        labelled = ([("ack.", request.ack)] if request.HasField("ack") else []) + [
+            (f"more_acks[{i}].", ref) for i, ref in enumerate(request.more_acks)
+        ] + [(f"releases[{i}].", ref) for i, ref in enumerate(releases)]
+        for name, ref in labelled:
+            _check_ref(ref, name)
+            _check_position(ref.position, name + "position")
+            if ref.topic != request.topic or ref.group != request.group:
+                _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{name[:-1]} must name the request's topic and group")
         store = await self._store(request.topic)
 
-        def apply_ack(groups: GroupManager, until: int, now: int) -> list[AckWrite]:
-            assert ack is not None
+        def apply_acks(groups: GroupManager, until: int, now: int) -> tuple[Exception | None, list[AckWrite]]:
+            # Applied in order; a refused one stops the rest, and what was applied is still
+            # written (its view already changed), then the refusal is raised.
             unwritten: list[AckWrite] = []
-            groups.ack(ack.group, ack.partition_key, ack.worker_id, ack.position, now, until, unwritten=unwritten)
-            return unwritten
+            try:
+                for a in acks:
+                    groups.ack(a.group, a.partition_key, a.worker_id, a.position, now, until, unwritten=unwritten)
+                for r in releases:
+                    groups.release(r.group, r.partition_key, r.worker_id, now)
+            except Exception as e:  # noqa: BLE001  (raised once the applied acks are stored)
+                return e, unwritten
+            return None, unwritten
 
-        def run(groups: GroupManager, until: int, now: int) -> Any:
-            return groups.claim_next(request.group, partition_by, handled, request.worker_id,
-                                     limit=limit, timeout_ms=timeout_ms, until=until, now_ms=now)
+        def run(groups: GroupManager, until: int, now: int) -> list[Claimed]:
+            claims: list[Claimed] = []
+            budget = limit
+            while len(claims) < max_claims and budget > 0:
+                claimed = groups.claim_next(request.group, partition_by, handled, request.worker_id,
+                                            limit=budget, timeout_ms=timeout_ms, until=until, now_ms=now)
+                if claimed is None:
+                    break
+                claims.append(claimed)
+                budget -= len(claimed.events)
+            return claims
 
-        # the ack riding on this claim is durable before the answer that carries it is sent
-        claimed, events = await store.claim(run, ack=apply_ack if ack is not None else None,
-                                            claimant=(request.group, request.worker_id))
+        # the acks riding on this claim are durable before the answer that carries them is sent;
+        # their write overlaps the claim (store.claim_all)
+        claims, loaded = await store.claim_all(run, acks=apply_acks if acks or releases else None,
+                                               claimant=(request.group, request.worker_id))
         head = store.readable_end()
-        if claimed is None:
+        if not claims:
             return pb.EventClaimResponse(claimed=False, head=head)
+        first, *more = claims
         return pb.EventClaimResponse(
             claimed=True,
-            partition_key=claimed.key,
-            values=[pb.Attribute(name=n, value=v) for n, v in sorted(claimed.values.items())],
-            events=[event_to_proto(e) for e in events],
-            last_position=claimed.last_position,
+            partition_key=first.key,
+            values=_attributes(first.values),
+            events=[event_to_proto(e) for e in loaded[0]],
+            last_position=first.last_position,
             head=head,
+            more_claims=[
+                pb.ClaimedPartition(partition_key=c.key, values=_attributes(c.values),
+                                    events=[event_to_proto(e) for e in events], last_position=c.last_position)
+                for c, events in zip(more, loaded[1:], strict=True)
+            ],
         )
 
     async def _claim_op(self, request: pb.EventClaimRef, op: Callable[[GroupManager, int, int], None]) -> pb.EventClaimAnswer:

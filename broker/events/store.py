@@ -523,60 +523,67 @@ class EventStore:
             self.reload_groups()
             raise
 
-    async def claim(
+    async def claim_all(
         self,
-        fn: Callable[[GroupManager, int, int], Claimed | None],
+        fn: Callable[[GroupManager, int, int], list[Claimed]],
         *,
-        ack: Callable[[GroupManager, int, int], list[AckWrite]] | None = None,
+        acks: Callable[[GroupManager, int, int], tuple[Exception | None, list[AckWrite]]] | None = None,
         claimant: tuple[str, str] = ("", ""),
-    ) -> tuple[Claimed | None, list[StoredEvent]]:
-        """A claim and its events, read in the same writer job.
+    ) -> tuple[list[Claimed], list[list[StoredEvent]]]:
+        """fn's claims (a prefetching worker's may be several), each with its events, read in the
+        same writer job.
 
-        `ack`: a riding ack, applied in memory first in that job (it returns groups.py's
-        `unwritten`); `claimant`: the (group, worker id) that `fn` claims for. Its durable write (write_acks) is started on the loop at once, and the claim
-        is computed while it is fsynced (and replicated): the claim needs only the ack's effect in
-        memory, so a cycle costs about one durable write, not a write after a claim. This returns
-        once both are done; if the write fails its error is raised (the answer carrying the ack is
-        never sent) and the claim just made is released, so its events are not held by a worker
-        that was never told of them (write_acks reloads the groups anyway, dropping every claim)."""
+        `acks`: the acks (and releases) riding on the call, applied in memory first in that job;
+        it returns the refusal that stopped them, if any, and groups.py's `unwritten`. Their
+        durable write (write_acks) is started on the loop at once and fn runs while it is fsynced
+        (and replicated): a claim needs only the acks' effect in memory, so a cycle costs about one
+        durable write, not a claim then a write. This returns once both are done, so the answer
+        that carries the acks is sent only after they are durable. If the write fails its error is
+        raised and the claims just made are released (write_acks' reload of the groups, queued
+        before the release, has usually dropped them already): no worker holds events it was
+        never told of. A refused ack: what was applied before it is written, then it is raised,
+        and nothing is claimed. `claimant`: the (group, worker id) fn claims for."""
         until = self.readable_end()
         now = self._clock()
         loop = asyncio.get_running_loop()
 
-        def run() -> tuple[Claimed | None, list[StoredEvent], BaseException | None, cf.Future[None] | None]:
+        def run() -> tuple[list[Claimed], list[list[StoredEvent]], BaseException | None, cf.Future[None] | None]:
             self._writer_index()
             groups = self._groups
             assert groups is not None
             written = None
-            if ack is not None:
-                acks = ack(groups, until, now)  # raises before anything changed: no claim either
-                if acks:
-                    written = asyncio.run_coroutine_threadsafe(self.write_acks(acks), loop)
+            if acks is not None:
+                refused, unwritten = acks(groups, until, now)
+                if unwritten:
+                    written = asyncio.run_coroutine_threadsafe(self.write_acks(unwritten), loop)
+                if refused is not None:
+                    return [], [], refused, written
             try:
-                claimed = fn(groups, until, now)
-                return claimed, (self.load(claimed.events) if claimed is not None else []), None, written
-            except Exception as e:  # answered after the ack's write settles (below)
-                return None, [], e, written
+                claims = fn(groups, until, now)
+                return claims, [self.load(c.events) for c in claims], None, written
+            except Exception as e:  # noqa: BLE001  (raised once the acks' write settles, below)
+                return [], [], e, written
 
-        claimed, events, error, written = await self.on_writer(run)
+        claims, loaded, error, written = await self.on_writer(run)
         if written is not None:
             try:
                 await asyncio.shield(asyncio.wrap_future(written))
             except BaseException:
-                if claimed is not None:
-                    self._release_unsent(claimant[0], claimed.key, claimant[1])
+                if claims:
+                    self._release_unsent(claimant[0], [c.key for c in claims], claimant[1])
                 raise
         if error is not None:
             raise error
-        return claimed, events
+        return claims, loaded
 
-    def _release_unsent(self, group: str, key: str, worker_id: str) -> None:
-        """Release a claim whose answer is not sent (queued after write_acks' reload of the groups:
-        if the reload already dropped the claim, there is nothing to release)."""
+    def _release_unsent(self, group: str, keys: list[str], worker_id: str) -> None:
+        """Release claims whose answer is not sent (queued after write_acks' reload of the groups:
+        a claim the reload already dropped has nothing to release)."""
 
         def release() -> None:
-            if self._groups is not None:
-                with contextlib.suppress(EventStoreError):
-                    self._groups.release(group, key, worker_id, self._clock())
+            for key in keys:
+                if self._groups is not None:
+                    with contextlib.suppress(EventStoreError):
+                        self._groups.release(group, key, worker_id, self._clock())
 
-        self._start(release, "release an unsent claim")
+        self._start(release, "release unsent claims")

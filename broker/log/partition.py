@@ -416,6 +416,13 @@ class PartitionLog:
         return self._closed
 
     @property
+    def rollback_epoch(self) -> int:
+        """Bumped whenever the log is cut back (a failed flush rolled back, a truncation to the
+        leader's history, a restart at the leader's log start): bytes read at an offset are still
+        the bytes there while it stays the same (readers that keep a batch: queue pops)."""
+        return self._rollback_epoch
+
+    @property
     def visible_end_offset(self) -> int:
         """Readers see offsets below this: the log end, except that a batch of an acks=all
         produce (and everything after it) stays hidden until it is durable."""

@@ -84,8 +84,9 @@ TIME_RULE_RECHECK_S = 0.05
 MAX_EXPIRED_PER_STEP = 500
 # Added to a pop's estimated read size: covers the batch that holds the first record.
 READ_SLACK_BYTES = 16 * 1024
-# A pop of fewer than 1/PICK_FRACTION of a stored batch's records builds just those records.
-PICK_FRACTION = 16
+# Bytes of stored batches kept decoded between pops (_CutBatch, one per partition at most); past
+# this the oldest entries go.
+CUT_BATCH_CACHE_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +118,11 @@ def _lease_expired(lease_id: str) -> NoReturn:
     )
 
 
-def slice_records(data: bytes, start: int, stop: int) -> bytes:
+def slice_records(data: bytes, start: int, stop: int, known: records.RecordBatch | None = None) -> bytes:
     """The batches of `data` restricted to offsets [start, stop): whole batches pass as they are,
-    a batch that straddles a bound is re-encoded with just the records inside."""
+    a batch that straddles a bound is cut to the records inside (records.slice_batch: byte ranges
+    of its body, after its CRC is checked, so no record is decoded and nothing damaged on disk
+    goes out under a fresh CRC). `known`: a batch of `data` decoded (and checked) before."""
     out: list[bytes | memoryview] = []
     view = memoryview(data)
     for pos, h in records.iter_headers(view):
@@ -129,30 +132,22 @@ def slice_records(data: bytes, start: int, stop: int) -> bytes:
             break
         if h.base_offset >= start and h.last_offset < stop:
             out.append(view[pos : pos + h.total_size])
-            continue
-        batch = records.decode(view, pos)
-        lo = max(start - h.base_offset, 0)
-        hi = min(stop, h.last_offset + 1) - h.base_offset
-        if (hi - lo) * PICK_FRACTION < h.record_count:
-            # A few records of a large batch (small pops: one record of a producer's thousand):
-            # each built on its own, the others never decoded.
-            picked = [batch.record_at(h.base_offset + i) for i in range(lo, hi)]
-            values, keys = [r.value for r in picked], [r.key for r in picked]
-            headers = [r.headers for r in picked] if h.has_headers else None
-            timestamps = [r.timestamp for r in picked]
         else:
-            # Column-wise (C-level list slices): a pop of most of a batch must not build a Record
-            # for each of its records.
-            values, keys = batch.values()[lo:hi], batch.keys()[lo:hi]
-            headers = batch.headers()[lo:hi] if h.has_headers else None
-            timestamps = batch.timestamps()[lo:hi]
-        out.append(
-            records.encode(
-                values, keys=keys, headers=headers, timestamps=timestamps,
-                base_offset=h.base_offset + lo, max_record_bytes=records.DEFAULT_MAX_BATCH_BYTES,
-            )
-        )
+            batch = known if known is not None and known.header == h else records.decode(view, pos)
+            out.append(records.slice_batch(batch, start, stop))
     return b"".join(out)
+
+
+@dataclass(slots=True)
+class _CutBatch:
+    """The stored batch a pop's lease ended inside, decoded: the next pops of the partition take
+    the rest of it from here instead of reading and checking it again (a producer's batch of ~10,000
+    records is ~10 pops of 1,000; each read 1 MB and checked its CRC)."""
+
+    plog: PartitionLog
+    rollback_epoch: int  # the bytes are the log's while its rollback epoch is this
+    batch: records.RecordBatch
+    data: bytes  # the batch's bytes (batch views them)
 
 
 class QueueManager:
@@ -166,6 +161,8 @@ class QueueManager:
         self._led: dict[str, set[int]] = {}
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._admitting: dict[str, int] = {}  # records of produces between admission and append
+        self._cut: dict[tuple[str, int], _CutBatch] = {}  # bounded by CUT_BATCH_CACHE_BYTES
+        self._cut_bytes = 0
         self._timer: asyncio.Task[None] | None = None
         self._expiring: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
@@ -221,6 +218,8 @@ class QueueManager:
             self._partition_counts.pop(topic, None)
         self.leases.drop_topic(topic, partitions)
         self.progress.forget_topic(topic, partitions)
+        for key in [k for k in self._cut if k[0] == topic and (partitions is None or k[1] in partitions)]:
+            self._drop_cut(key)
 
     def on_append(self, topic: str, partition: int) -> None:
         self._wake(topic)
@@ -368,7 +367,8 @@ class QueueManager:
                     await self._expire_records(topic, partition, group, plog, acked, expired_end)
                     continue  # choose again: the partition may have nothing left
             stop = min(end, acked + max_records)
-            data = self._read(plog, acked, stop, end, max_bytes)
+            cut = self._cut_batch(topic, partition, plog, acked)
+            data = self._read(plog, acked, stop, end, max_bytes, cut)
             last = acked
             for _pos, h in records.iter_headers(data):
                 last = h.last_offset + 1
@@ -388,7 +388,48 @@ class QueueManager:
             write = asyncio.ensure_future(self._grant_durably(lease, old))
             write.add_done_callback(_retrieve)
             await asyncio.shield(write)
-            return Popped(lease, slice_records(data, acked, stop), count)
+            return Popped(lease, self._slice(topic, partition, plog, data, acked, stop, cut), count)
+
+    def _cut_batch(self, topic: str, partition: int, plog: PartitionLog, start: int) -> _CutBatch | None:
+        """The kept batch holding offset `start` of the partition, if it is still the log's."""
+        cut = self._cut.get((topic, partition))
+        if cut is None:
+            return None
+        h = cut.batch.header
+        if cut.plog is not plog or cut.rollback_epoch != plog.rollback_epoch or start < plog.log_start_offset:
+            self._drop_cut((topic, partition))
+            return None
+        return cut if h.base_offset <= start <= h.last_offset else None
+
+    def _slice(
+        self, topic: str, partition: int, plog: PartitionLog, data: bytes, start: int, stop: int, cut: _CutBatch | None
+    ) -> bytes:
+        """slice_records, keeping the last batch when the lease ends inside it (the next pop's)."""
+        out = slice_records(data, start, stop, None if cut is None else cut.batch)
+        key = (topic, partition)
+        if cut is not None and cut.batch.header.last_offset >= stop:
+            return out  # kept already, and still holds the next pop's first records
+        self._drop_cut(key)
+        view = memoryview(data)
+        for pos, h in records.iter_headers(view):
+            if h.base_offset < stop <= h.last_offset:  # the lease ends inside this batch
+                if h.total_size <= CUT_BATCH_CACHE_BYTES // 4:
+                    own = bytes(view[pos : pos + h.total_size])
+                    self._keep_cut(key, _CutBatch(plog, plog.rollback_epoch, records.decode(own), own))
+                break
+        return out
+
+    def _keep_cut(self, key: tuple[str, int], cut: _CutBatch) -> None:
+        self._drop_cut(key)  # the partition's earlier one, counted out
+        self._cut[key] = cut
+        self._cut_bytes += len(cut.data)
+        while self._cut_bytes > CUT_BATCH_CACHE_BYTES:
+            self._drop_cut(next(iter(self._cut)))  # the oldest
+
+    def _drop_cut(self, key: tuple[str, int]) -> None:
+        cut = self._cut.pop(key, None)
+        if cut is not None:
+            self._cut_bytes -= len(cut.data)
 
     async def _grant_durably(self, lease: Lease, old: Lease | None) -> None:
         """Store a busy new lease (with `old`'s ack when it is a hand-over); on failure it goes and
@@ -407,14 +448,15 @@ class QueueManager:
         lease.busy = False
 
     @staticmethod
-    def _read(plog: PartitionLog, start: int, stop: int, end: int, max_bytes: int) -> bytes:
+    def _read(plog: PartitionLog, start: int, stop: int, end: int, max_bytes: int, cut: _CutBatch | None = None) -> bytes:
         """Whole batches from the one holding `start`, enough for [start, stop) when max_bytes
         allows. The read is sized by the log's average record size: reading max_bytes each time
-        copied and walked megabytes to hand out a few records."""
+        copied and walked megabytes to hand out a few records. `cut`: the batch holding `start`,
+        kept from an earlier pop (not read again)."""
         records_in_log = max(plog.log_end_offset - plog.log_start_offset, 1)
         per_record = plog.size_bytes / records_in_log
         want = min(max_bytes, int(per_record * (stop - start) * 1.25) + READ_SLACK_BYTES)
-        data = plog.read(start, want, max_offset=end)
+        data = cut.data if cut is not None else plog.read(start, want, max_offset=end)
         parts = [data]
         got = len(data)
         while got < max_bytes:
@@ -502,12 +544,24 @@ class QueueManager:
         self.leases.release(lease)
         self._wake(lease.topic)
 
-    async def ack(self, lease_id: str, up_to_offset: int | None) -> int:
+    async def ack(self, lease_id: str, up_to_offset: int | None, keep_lease: bool = False) -> int:
+        """Acknowledge through up_to_offset (None: all) and release the lease; with `keep_lease`
+        and records left after it, the lease stays live for them instead, narrowed (as a reject
+        narrows it): the progress and the narrowed lease are one write."""
         lease = self._live(lease_id)
         if up_to_offset is not None:
             self._check_in(lease, up_to_offset, "up_to_offset", allow_before=True)
         new = lease.end_offset if up_to_offset is None else up_to_offset + 1
         lease.busy = True
+        if keep_lease and new < lease.end_offset:
+            try:
+                if new > lease.start_offset:
+                    narrowed = dataclasses.replace(lease, start_offset=new)
+                    await self.progress.save(lease.topic, lease.partition, lease.group, Progress(new), narrowed)
+                    lease.start_offset = new
+            finally:
+                lease.busy = False
+            return new
         return await self._ack_durably(lease, new)
 
     async def _ack_durably(self, lease: Lease, new: int) -> int:
@@ -521,7 +575,8 @@ class QueueManager:
         return new
 
     async def ack_and_pop(
-        self, lease_id: str, topic: str, group: str, max_records: int, lease_ms: int, timeout_s: float, max_bytes: int
+        self, lease_id: str, topic: str, group: str, max_records: int, lease_ms: int, timeout_s: float, max_bytes: int,
+        up_to_offset: int | None = None,
     ) -> tuple[int, Popped | None]:
         """An ack riding on a pop (issue 16: a cycle is one round trip and at most one fsync).
 
@@ -531,13 +586,25 @@ class QueueManager:
         Otherwise the ack's write and the pop's choice, read and grant overlap: the acknowledged
         partition stays held (busy) until the ack is durable, so the pop takes another one, or
         waits for the release like any pop. The answer waits for both; when the ack fails, a
-        lease the pop took meanwhile is released uncounted and the error returned."""
+        lease the pop took meanwhile is released uncounted and the error returned.
+
+        `up_to_offset` (inclusive): only the records through it are acknowledged; the rest of the
+        lease is released without a failed delivery (a prefetching worker gives back records it
+        never handed out), so the next lease of the partition starts after it."""
         lease = self._live(lease_id)  # checked first: a refused ack pops nothing
+        if up_to_offset is not None:
+            self._check_in(lease, up_to_offset, "ack_up_to_offset", allow_before=True)
+        new = lease.end_offset if up_to_offset is None else up_to_offset + 1
         lease.busy = True
         if (
             lease.topic == topic and lease.group == group and not self._stopping.is_set()
             and not _setting(self._configs.get(topic), "max_wait_ms", 0)
+            # nothing acknowledged: a hand-over's progress would reset the head's delivery count
+            and new > lease.start_offset
         ):
+            # The hand-over takes the partition from where the ack ends (the lease's end, for it).
+            end = lease.end_offset
+            lease.end_offset = new
             chosen = self._select(topic, group, int(time.time() * 1000), lease)
             if chosen is not None and chosen[0] == lease.partition:
                 # The acknowledged partition is the one to pop: hand it over, the ack and the
@@ -545,14 +612,16 @@ class QueueManager:
                 try:
                     popped = await self._try_pop(topic, group, max_records, lease_ms, max_bytes, lease)
                 except BaseException:
+                    lease.end_offset = end
                     lease.busy = False
                     raise
                 if popped is not None and popped.lease.key == lease.key:
-                    return lease.end_offset, popped
+                    return new, popped
                 if popped is not None:  # a lease elsewhere after all: the ack on its own
-                    return await self._ack_durably(lease, lease.end_offset), popped
+                    return await self._ack_durably(lease, new), popped
+            lease.end_offset = end
         # A task: the ack completes even when this call is cancelled (its client went away).
-        ack = asyncio.ensure_future(self._ack_durably(lease, lease.end_offset))
+        ack = asyncio.ensure_future(self._ack_durably(lease, new))
         try:
             popped = await self.pop(topic, group, max_records, lease_ms, timeout_s, max_bytes)
         except Exception as e:  # noqa: BLE001 - answered below: the ack's outcome is what counts

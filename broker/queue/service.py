@@ -106,14 +106,18 @@ class QueueRpcs:
         _check_range(request.max_bytes, 1, MAX_FETCH_RESPONSE_BYTES, "max_bytes", zero_ok=True)
         if request.ack_lease_id:
             _check_lease_id(request.ack_lease_id, "ack_lease_id")
+        elif request.HasField("ack_up_to_offset"):
+            fail(grpc.StatusCode.INVALID_ARGUMENT, "ack_up_to_offset needs ack_lease_id (the lease it acknowledges)")
         queues = self._queues()
         response = pb.QueuePopResponse()
         lease_ms = request.lease_ms or queues.default_lease_ms(request.topic)
         timeout_s = request.timeout_ms / 1000
         max_bytes = request.max_bytes or DEFAULT_POP_MAX_BYTES
         if request.ack_lease_id:
+            up_to = request.ack_up_to_offset if request.HasField("ack_up_to_offset") else None
             response.acked_offset, popped = await queues.ack_and_pop(
-                request.ack_lease_id, request.topic, request.group, request.max_records, lease_ms, timeout_s, max_bytes
+                request.ack_lease_id, request.topic, request.group, request.max_records, lease_ms, timeout_s, max_bytes,
+                up_to,
             )
         else:
             popped = await queues.pop(request.topic, request.group, request.max_records, lease_ms, timeout_s, max_bytes)
@@ -125,6 +129,7 @@ class QueueRpcs:
         response.start_offset = lease.start_offset
         response.end_offset = lease.end_offset
         response.expiry_ms = lease.expiry_ms
+        response.lease_ms = lease.lease_ms
         response.delivery_count = popped.delivery_count
         response.records = popped.records
         return response
@@ -133,7 +138,7 @@ class QueueRpcs:
     async def QueueAck(self, request: pb.QueueAckRequest, context: grpc.aio.ServicerContext) -> pb.QueueAckResponse:
         _check_lease_id(request.lease_id)
         up_to = request.up_to_offset if request.HasField("up_to_offset") else None
-        acked = await self._queues().ack(request.lease_id, up_to)
+        acked = await self._queues().ack(request.lease_id, up_to, request.keep_lease)
         return pb.QueueAckResponse(acked_offset=acked)
 
     @_guarded

@@ -18,7 +18,10 @@
   `Claim | None` (its ``guard`` is the append condition built from every handled type's
   `to_conditions` after the last returned position), `ack`, `release`, `renew`,
   `describe_group`. `claim_next(..., ack=(claim, position))` acknowledges the previous claim in
-  the same round trip.
+  the same round trip. With `claim_next(..., prefetch=N)` one round trip claims up to N
+  partitions; later calls hand them out one at a time and record their riding acks locally, sent
+  with the next call that reaches the broker (or `commit()` / `close()`), as Kafka's share
+  consumer does (see claim_next).
 
 An `EventType` declares the attributes its payload carries; its events carry them as tags
 "name:value", and `to_conditions(**attributes)` yields a query item only over the attributes the
@@ -29,7 +32,9 @@ Thread-safe as the gRPC channel is; errors are `dmq.client.errors` classes, neve
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +72,12 @@ log = get_logger(__name__)
 # Read and subscribe retry a lost leader this often (they change nothing); append never retries.
 READ_ATTEMPTS = 3
 RETRY_BACKOFF_S = 0.1
+# The broker's claim timeout when the caller names none (broker/events/service.py).
+DEFAULT_CLAIM_TIMEOUT_MS = 30_000
+# A prefetched claim is handed out only while less than this share of its timeout has passed, so
+# the worker gets most of the timeout (it renews, as with any claim, when it needs longer).
+PREFETCH_FRESH_SHARE = 1 / 3
+PREFETCH_MAX = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,11 +295,25 @@ class EventStore:
             bootstrap_address({"bootstrap_servers": bootstrap_servers}, "EventStore"),
             request_timeout_ms=request_timeout_ms,
         )
+        # Prefetching claim_next: claims not yet handed out (with when they were claimed), and the
+        # acks recorded locally per group, sent with the group's next call to the broker.
+        self._lock = threading.Lock()
+        self._prefetched: dict[tuple[Any, ...], deque[tuple[Claim, float]]] = {}
+        self._local_acks: dict[str, list[pb.EventClaimRef]] = {}
 
     def __repr__(self) -> str:
         return f"<EventStore topic={self.topic!r} bootstrap={self._cluster.bootstrap!r}>"
 
     def close(self) -> None:
+        """Send the acks recorded locally and give back the prefetched claims not handed out
+        (best effort: a failure is logged, and those partitions' claims time out), then close."""
+        with self._lock:
+            groups = set(self._local_acks) | {key[0] for key, q in self._prefetched.items() if q}
+        for group in sorted(groups):
+            try:
+                self.commit(group, release_prefetched=True)
+            except DMQError as e:
+                log.warning("event-store close: acks or releases not sent", topic=self.topic, group=group, error=str(e))
         if self._own_cluster:
             self._cluster.close()
 
@@ -409,12 +434,26 @@ class EventStore:
         limit: int | None = None,
         claim_timeout_ms: int | None = None,
         ack: tuple[Claim, int] | None = None,
+        prefetch: int = 0,
     ) -> Claim | None:
         """Claim the partition whose earliest pending event is oldest (None: nothing pending, all
-        claimed, or the group is stopped). `ack=(claim, position)` acknowledges first."""
+        claimed, or the group is stopped). `ack=(claim, position)` acknowledges first, in the
+        same round trip; its answer is this call's, so the ack is durable when this returns.
+
+        `prefetch=N` (2..1000): one round trip claims up to N partitions (their events within
+        `limit` in all) and later calls with the same arguments hand them out one at a time
+        while they are fresh (less than a third of claim_timeout_ms old; older ones are given
+        back). Their `ack=` is then recorded locally and sent with the group's next call that
+        reaches the broker, or by `commit()` / `close()`: it is durable only once that call is
+        answered, and a worker that crashes before loses those acks and the events come back
+        (at least once, as with Kafka's share consumer)."""
         if isinstance(partition_by, str) or isinstance(handled_types, str):
             raise InvalidArgumentError("partition_by and handled_types are lists, not single strings")
+        if prefetch < 0 or prefetch > PREFETCH_MAX:
+            raise InvalidArgumentError(f"prefetch must be within 0..{PREFETCH_MAX}, got {prefetch}")
         types = _as_types(handled_types, partition_by)
+        if prefetch > 1:
+            return self._claim_prefetched(group, partition_by, types, worker_id, limit, claim_timeout_ms, ack, prefetch)
         request = pb.EventClaimRequest(
             topic=self.topic, group=group, partition_by=list(partition_by), handled_types=[t.name for t in types],
             worker_id=worker_id, claim_timeout_ms=claim_timeout_ms or 0, limit=limit or 0,
@@ -425,18 +464,80 @@ class EventStore:
         answer = self._group_call("EventClaimNext", request)
         if not answer.claimed:
             return None
-        values = {a.name: a.value for a in answer.values}
+        return self._claim(group, worker_id, types, answer.partition_key, answer.values, answer.events,
+                           answer.last_position, answer.head)
+
+    def _claim(self, group: str, worker_id: str, types: Sequence[EventType], key: str,
+               attributes: Iterable[pb.Attribute], events: Iterable[pb.SequencedEvent], last: int, head: int) -> Claim:
+        values = {a.name: a.value for a in attributes}
         items = [item for t in types for item in t.to_conditions(**values)]
         return Claim(
             group=group,
             worker_id=worker_id,
-            partition_key=answer.partition_key,
+            partition_key=key,
             values=values,
-            events=[SequencedEvent.from_proto(e) for e in answer.events],
-            guard=AppendCondition(items, after=answer.last_position),
-            last_position=answer.last_position,
-            head=answer.head,
+            events=[SequencedEvent.from_proto(e) for e in events],
+            guard=AppendCondition(items, after=last),
+            last_position=last,
+            head=head,
         )
+
+    def _claim_prefetched(
+        self, group: str, partition_by: Sequence[str], types: list[EventType], worker_id: str,
+        limit: int | None, claim_timeout_ms: int | None, ack: tuple[Claim, int] | None, prefetch: int,
+    ) -> Claim | None:
+        key = (group, tuple(partition_by), tuple(t.name for t in types), worker_id, limit, claim_timeout_ms)
+        fresh_s = (claim_timeout_ms or DEFAULT_CLAIM_TIMEOUT_MS) / 1000 * PREFETCH_FRESH_SHARE
+        with self._lock:
+            if ack is not None:
+                self._local_acks.setdefault(group, []).append(self._ref(ack[0], ack[1]))
+            queue = self._prefetched.get(key)
+            stale: list[Claim] = []
+            now = time.monotonic()
+            while queue:
+                claim, claimed_at = queue.popleft()
+                if now - claimed_at < fresh_s:
+                    return claim
+                stale.append(claim)
+            acks = self._local_acks.pop(group, [])
+        request = pb.EventClaimRequest(
+            topic=self.topic, group=group, partition_by=list(partition_by), handled_types=[t.name for t in types],
+            worker_id=worker_id, claim_timeout_ms=claim_timeout_ms or 0, limit=limit or 0, max_claims=prefetch,
+            more_acks=acks, releases=[self._ref(c) for c in stale],
+        )
+        claimed_at = time.monotonic()
+        answer = self._group_call("EventClaimNext", request)  # refused: the local acks go with it
+        if not answer.claimed:
+            return None
+        first = self._claim(group, worker_id, types, answer.partition_key, answer.values, answer.events,
+                            answer.last_position, answer.head)
+        more = [self._claim(group, worker_id, types, c.partition_key, c.values, c.events, c.last_position, answer.head)
+                for c in answer.more_claims]
+        if more:
+            with self._lock:
+                self._prefetched.setdefault(key, deque()).extend((c, claimed_at) for c in more)
+        return first
+
+    def commit(self, group: str | None = None, *, release_prefetched: bool = False) -> None:
+        """Send the acks a prefetching claim_next recorded locally (of `group`, or of every group)
+        in one call per group; durable when this returns. `release_prefetched`: also give back
+        the prefetched claims not handed out."""
+        with self._lock:
+            groups = [group] if group is not None else sorted(set(self._local_acks) | {k[0] for k in self._prefetched})
+            work = []
+            for g in groups:
+                acks = self._local_acks.pop(g, [])
+                releases: list[Claim] = []
+                if release_prefetched:
+                    for key in [k for k in self._prefetched if k[0] == g]:
+                        releases.extend(c for c, _ in self._prefetched.pop(key))
+                if acks or releases:
+                    work.append((g, acks, releases))
+        for g, acks, releases in work:
+            self._group_call("EventClaimNext", pb.EventClaimRequest(
+                topic=self.topic, group=g, worker_id=(acks[0].worker_id if acks else releases[0].worker_id),
+                max_claims=0, more_acks=acks, releases=[self._ref(c) for c in releases],
+            ))
 
     def _ref(self, claim: Claim, position: int = 0) -> pb.EventClaimRef:
         return pb.EventClaimRef(topic=self.topic, group=claim.group, partition_key=claim.partition_key,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 from dataclasses import dataclass
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from dmq.broker.events.errors import ClaimNotHeldError
 from dmq.broker.events.groups import Claimed, GroupManager
 from dmq.broker.events.progress import AckWrite, OffsetProgressStore
-from dmq.broker.events.store import EventStore, NewEvent
+from dmq.broker.events.store import EventStore, NewEvent, StoredEvent
 from dmq.broker.log import AppendInfo, LogConfig, LogManager, PartitionLog
 from dmq.broker.offsets import LocalDurability, OffsetStore
 
@@ -115,20 +116,27 @@ async def test_a_written_ack_is_durable_and_a_failed_one_reloads_the_groups(part
         await reopened.close()
 
 
-def claim_for(worker: str) -> Callable[[GroupManager, int, int], Claimed | None]:
-    def run(g: GroupManager, until: int, now: int) -> Claimed | None:
-        return g.claim_next("g", ["k"], ["t"], worker, limit=10, timeout_ms=10_000, until=until, now_ms=now)
+def claim_for(worker: str) -> Callable[[GroupManager, int, int], list[Claimed]]:
+    def run(g: GroupManager, until: int, now: int) -> list[Claimed]:
+        claimed = g.claim_next("g", ["k"], ["t"], worker, limit=10, timeout_ms=10_000, until=until, now_ms=now)
+        return [] if claimed is None else [claimed]
 
     return run
 
 
-def riding_ack(key: str, position: int) -> Callable[[GroupManager, int, int], list[AckWrite]]:
-    def apply(g: GroupManager, until: int, now: int) -> list[AckWrite]:
+def riding_ack(key: str, position: int) -> Callable[[GroupManager, int, int], tuple[Exception | None, list[AckWrite]]]:
+    def apply(g: GroupManager, until: int, now: int) -> tuple[Exception | None, list[AckWrite]]:
         unwritten: list[AckWrite] = []
         g.ack("g", key, "w", position, now, until, unwritten=unwritten)
-        return unwritten
+        return None, unwritten
 
     return apply
+
+
+async def claim(store: EventStore, worker: str, **kwargs: Any) -> tuple[Claimed | None, list[StoredEvent]]:
+    """One claim (store.claim_all with a one-claim fn)."""
+    claims, loaded = await store.claim_all(claim_for(worker), claimant=("g", worker), **kwargs)
+    return (claims[0], loaded[0]) if claims else (None, [])
 
 
 class Blocked(LocalDurability):
@@ -146,11 +154,11 @@ class Blocked(LocalDurability):
 
 async def test_a_riding_ack_is_durable_before_its_claim_answers_and_the_claim_is_made_meanwhile(parts: Parts) -> None:
     store = parts.store
-    first, _ = await store.claim(claim_for("w"), claimant=("g", "w"))
+    first, _ = await claim(store, "w")
     assert first is not None and first.key == "k:0"
     blocked = Blocked()
     parts.offsets.durability = blocked
-    task = asyncio.create_task(store.claim(claim_for("w"), ack=riding_ack("k:0", 1), claimant=("g", "w")))
+    task = asyncio.create_task(claim(store, "w", acks=riding_ack("k:0", 1)))
     await blocked.waiting.wait()
     # the claim was computed while the ack's write waits (a later writer job sees it) ...
     claims = await store.groups(lambda g, until, now: g.describe("g", until, now, 10)[1])
@@ -168,7 +176,7 @@ async def test_a_riding_ack_is_durable_before_its_claim_answers_and_the_claim_is
 
 async def test_a_riding_ack_whose_write_fails_is_not_done_and_loses_no_claim(parts: Parts) -> None:
     store = parts.store
-    first, _ = await store.claim(claim_for("w"), claimant=("g", "w"))
+    first, _ = await claim(store, "w")
     assert first is not None and first.key == "k:0"
 
     class Failing(LocalDurability):
@@ -177,12 +185,12 @@ async def test_a_riding_ack_whose_write_fails_is_not_done_and_loses_no_claim(par
 
     parts.offsets.durability = Failing()
     with pytest.raises(OSError, match="I/O error"):
-        await store.claim(claim_for("w"), ack=riding_ack("k:0", 1), claimant=("g", "w"))
+        await claim(store, "w", acks=riding_ack("k:0", 1))
     parts.offsets.durability = LocalDurability()
     # the ack is not stored, and the claim computed beside it is held by nobody: another worker
     # gets every partition, k:0 first (its event is pending again)
     assert await acked(store) == {"k:0": 0, "k:1": 0, "k:2": 0}
     got = []
-    while (claimed := (await store.claim(claim_for("w2"), claimant=("g", "w2")))[0]) is not None:
+    while (claimed := (await claim(store, "w2"))[0]) is not None:
         got.append(claimed.key)
     assert got == ["k:0", "k:1", "k:2"]

@@ -213,6 +213,16 @@ _requests = st.one_of(
     st.builds(lambda g, by, types, w, t, limit: ("EventClaimNext", pb.EventClaimRequest(
         topic="es", group=g, partition_by=by, handled_types=types, worker_id=w, claim_timeout_ms=t, limit=limit)),
         _text, st.lists(_text, max_size=3), st.lists(_text, max_size=3), _text, _ints, _ints),
+    # a prefetching worker's: several claims, acks and releases in one call
+    st.builds(lambda g, by, w, m, acks, releases: ("EventClaimNext", pb.EventClaimRequest(
+        topic="es", group=g, partition_by=by, handled_types=["course.created"], worker_id=w, max_claims=m,
+        more_acks=acks, releases=releases)),
+        st.sampled_from(["a", "", "b"]), st.sampled_from([["course_name"], []]), _text, _ints,
+        st.lists(st.builds(lambda g, key, pos: pb.EventClaimRef(topic="es", group=g, partition_key=key, worker_id="w",
+                                                                position=pos),
+                           st.sampled_from(["a", "b"]), st.sampled_from(["course_name:Algebra", "x"]), _ints), max_size=3),
+        st.lists(st.builds(lambda key: pb.EventClaimRef(topic="es", group="a", partition_key=key, worker_id="w"),
+                           st.sampled_from(["course_name:Algebra", "", "x" * 600])), max_size=2)),
     st.builds(lambda g, key, w, pos, m: (m, pb.EventClaimRef(topic="es", group=g, partition_key=key, worker_id=w, position=pos)),
               _text, _text, _text, _ints, st.sampled_from(["EventAck", "EventRelease", "EventRenewClaim"])),
     st.builds(lambda g, a: ("EventGroupControl", pb.EventGroupControlRequest(topic="es", group=g, action=a)),
