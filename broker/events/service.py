@@ -319,20 +319,18 @@ class EventStoreRpcs:
                 _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{name[:-1]} must name the request's topic and group")
         store = await self._store(request.topic)
 
-        def apply_acks(groups: GroupManager, until: int, now: int) -> tuple[Exception | None, list[AckWrite]]:
+        unwritten: list[AckWrite] = []
+
+        def run(groups: GroupManager, until: int, now: int) -> tuple[Exception | None, list[Claimed]]:
             # Applied in order; a refused one stops the rest, and what was applied is still
-            # written (its view already changed), then the refusal is raised.
-            unwritten: list[AckWrite] = []
+            # written below (its view already changed), then the refusal is raised.
             try:
                 for a in acks:
                     groups.ack(a.group, a.partition_key, a.worker_id, a.position, now, until, unwritten=unwritten)
                 for r in releases:
                     groups.release(r.group, r.partition_key, r.worker_id, now)
             except Exception as e:  # noqa: BLE001  (raised once the applied acks are stored)
-                return e, unwritten
-            return None, unwritten
-
-        def run(groups: GroupManager, until: int, now: int) -> list[Claimed]:
+                return e, []
             claims: list[Claimed] = []
             budget = limit
             while len(claims) < max_claims and budget > 0:
@@ -342,12 +340,12 @@ class EventStoreRpcs:
                     break
                 claims.append(claimed)
                 budget -= len(claimed.events)
-            return claims
+            return None, claims
 
-        # the acks riding on this claim are durable before the answer that carries them is sent;
-        # their write overlaps the claim (store.claim_all)
-        claims, loaded = await store.claim_all(run, acks=apply_acks if acks or releases else None,
-                                               claimant=(request.group, request.worker_id))
+        (refused, claims), loaded = await store.claim_all(run)
+        await store.write_acks(unwritten)  # the acks riding on this claim are answered by its answer
+        if refused is not None:
+            raise refused
         head = store.readable_end()
         if not claims:
             return pb.EventClaimResponse(claimed=False, head=head)

@@ -39,7 +39,6 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-import concurrent.futures as cf
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -524,66 +523,17 @@ class EventStore:
             raise
 
     async def claim_all(
-        self,
-        fn: Callable[[GroupManager, int, int], list[Claimed]],
-        *,
-        acks: Callable[[GroupManager, int, int], tuple[Exception | None, list[AckWrite]]] | None = None,
-        claimant: tuple[str, str] = ("", ""),
-    ) -> tuple[list[Claimed], list[list[StoredEvent]]]:
-        """fn's claims (a prefetching worker's may be several), each with its events, read in the
-        same writer job.
-
-        `acks`: the acks (and releases) riding on the call, applied in memory first in that job;
-        it returns the refusal that stopped them, if any, and groups.py's `unwritten`. Their
-        durable write (write_acks) is started on the loop at once and fn runs while it is fsynced
-        (and replicated): a claim needs only the acks' effect in memory, so a cycle costs about one
-        durable write, not a claim then a write. This returns once both are done, so the answer
-        that carries the acks is sent only after they are durable. If the write fails its error is
-        raised and the claims just made are released (write_acks' reload of the groups, queued
-        before the release, has usually dropped them already): no worker holds events it was
-        never told of. A refused ack: what was applied before it is written, then it is raised,
-        and nothing is claimed. `claimant`: the (group, worker id) fn claims for."""
+        self, fn: Callable[[GroupManager, int, int], tuple[T, list[Claimed]]]
+    ) -> tuple[tuple[T, list[Claimed]], list[list[StoredEvent]]]:
+        """fn's result, with the events of each claim it returns, read in the same writer job
+        (a prefetching worker's several claims)."""
         until = self.readable_end()
         now = self._clock()
-        loop = asyncio.get_running_loop()
 
-        def run() -> tuple[list[Claimed], list[list[StoredEvent]], BaseException | None, cf.Future[None] | None]:
+        def run() -> tuple[tuple[T, list[Claimed]], list[list[StoredEvent]]]:
             self._writer_index()
-            groups = self._groups
-            assert groups is not None
-            written = None
-            if acks is not None:
-                refused, unwritten = acks(groups, until, now)
-                if unwritten:
-                    written = asyncio.run_coroutine_threadsafe(self.write_acks(unwritten), loop)
-                if refused is not None:
-                    return [], [], refused, written
-            try:
-                claims = fn(groups, until, now)
-                return claims, [self.load(c.events) for c in claims], None, written
-            except Exception as e:  # noqa: BLE001  (raised once the acks' write settles, below)
-                return [], [], e, written
+            assert self._groups is not None
+            result = fn(self._groups, until, now)
+            return result, [self.load(c.events) for c in result[1]]
 
-        claims, loaded, error, written = await self.on_writer(run)
-        if written is not None:
-            try:
-                await asyncio.shield(asyncio.wrap_future(written))
-            except BaseException:
-                if claims:
-                    self._release_unsent(claimant[0], [c.key for c in claims], claimant[1])
-                raise
-        if error is not None:
-            raise error
-        return claims, loaded
-
-    def _release_unsent(self, group: str, keys: list[str], worker_id: str) -> None:
-        """Release claims whose answer is not sent (queued after write_acks' reload of the groups:
-        a claim the reload already dropped has nothing to release)."""
-
-        def release() -> None:
-            for key in keys:
-                if self._groups is not None:
-                    with contextlib.suppress(EventStoreError):
-                        self._groups.release(group, key, worker_id, self._clock())
-
-        self._start(release, "release unsent claims")
+        return await self.on_writer(run)

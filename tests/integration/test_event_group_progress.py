@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import pathlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 from dataclasses import dataclass
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from dmq.broker.events.errors import ClaimNotHeldError
 from dmq.broker.events.groups import Claimed, GroupManager
 from dmq.broker.events.progress import AckWrite, OffsetProgressStore
-from dmq.broker.events.store import EventStore, NewEvent, StoredEvent
+from dmq.broker.events.store import EventStore, NewEvent
 from dmq.broker.log import AppendInfo, LogConfig, LogManager, PartitionLog
 from dmq.broker.offsets import LocalDurability, OffsetStore
 
@@ -116,68 +115,36 @@ async def test_a_written_ack_is_durable_and_a_failed_one_reloads_the_groups(part
         await reopened.close()
 
 
-def claim_for(worker: str) -> Callable[[GroupManager, int, int], list[Claimed]]:
-    def run(g: GroupManager, until: int, now: int) -> list[Claimed]:
+
+def claim_for(worker: str) -> Callable[[GroupManager, int, int], tuple[None, list[Claimed]]]:
+    def run(g: GroupManager, until: int, now: int) -> tuple[None, list[Claimed]]:
         claimed = g.claim_next("g", ["k"], ["t"], worker, limit=10, timeout_ms=10_000, until=until, now_ms=now)
-        return [] if claimed is None else [claimed]
+        return None, [] if claimed is None else [claimed]
 
     return run
 
 
-def riding_ack(key: str, position: int) -> Callable[[GroupManager, int, int], tuple[Exception | None, list[AckWrite]]]:
-    def apply(g: GroupManager, until: int, now: int) -> tuple[Exception | None, list[AckWrite]]:
-        unwritten: list[AckWrite] = []
-        g.ack("g", key, "w", position, now, until, unwritten=unwritten)
-        return None, unwritten
-
-    return apply
-
-
-async def claim(store: EventStore, worker: str, **kwargs: Any) -> tuple[Claimed | None, list[StoredEvent]]:
-    """One claim (store.claim_all with a one-claim fn)."""
-    claims, loaded = await store.claim_all(claim_for(worker), claimant=("g", worker), **kwargs)
-    return (claims[0], loaded[0]) if claims else (None, [])
-
-
-class Blocked(LocalDurability):
-    """Offsets writes wait until `go` is set: the test sees what happens while one is being made."""
-
-    def __init__(self) -> None:
-        self.waiting = asyncio.Event()
-        self.go = asyncio.Event()
-
-    async def wait(self, plog: PartitionLog, info: AppendInfo, epoch: int) -> None:
-        self.waiting.set()
-        await self.go.wait()
-        await super().wait(plog, info, epoch)
-
-
-async def test_a_riding_ack_is_durable_before_its_claim_answers_and_the_claim_is_made_meanwhile(parts: Parts) -> None:
-    store = parts.store
-    first, _ = await claim(store, "w")
-    assert first is not None and first.key == "k:0"
-    blocked = Blocked()
-    parts.offsets.durability = blocked
-    task = asyncio.create_task(claim(store, "w", acks=riding_ack("k:0", 1)))
-    await blocked.waiting.wait()
-    # the claim was computed while the ack's write waits (a later writer job sees it) ...
-    claims = await store.groups(lambda g, until, now: g.describe("g", until, now, 10)[1])
-    assert {p.key: p.claimed_by for p in claims if p.claimed_by} == {"k:1": "w"}
-    assert not task.done()  # ... but it is not answered before the ack is durable
-    blocked.go.set()
-    claimed, events = await task
-    assert claimed is not None and claimed.key == "k:1" and [e.position for e in events] == [2]
-    reopened = await parts.reopened()
-    try:
-        assert (await acked(reopened))["k:0"] == 1
-    finally:
-        await reopened.close()
+async def claim(store: EventStore, worker: str) -> Claimed | None:
+    (_, claims), _ = await store.claim_all(claim_for(worker))
+    return claims[0] if claims else None
 
 
 async def test_a_riding_ack_whose_write_fails_is_not_done_and_loses_no_claim(parts: Parts) -> None:
+    """EventClaimNext's shape: the ack applied and the next claim made in one writer job, then the
+    ack written; the write fails: the ack is not stored, and the claim made beside it is held by
+    nobody (the groups are reloaded from what is durable), so no event waits for a worker that
+    was never told of it."""
     store = parts.store
-    first, _ = await claim(store, "w")
+    first = await claim(store, "w")
     assert first is not None and first.key == "k:0"
+    unwritten: list[AckWrite] = []
+
+    def ack_and_claim(g: GroupManager, until: int, now: int) -> tuple[None, list[Claimed]]:
+        g.ack("g", "k:0", "w", 1, now, until, unwritten=unwritten)
+        return claim_for("w")(g, until, now)
+
+    (_, claims), _ = await store.claim_all(ack_and_claim)
+    assert [c.key for c in claims] == ["k:1"]
 
     class Failing(LocalDurability):
         async def wait(self, plog: PartitionLog, info: AppendInfo, epoch: int) -> None:
@@ -185,12 +152,10 @@ async def test_a_riding_ack_whose_write_fails_is_not_done_and_loses_no_claim(par
 
     parts.offsets.durability = Failing()
     with pytest.raises(OSError, match="I/O error"):
-        await claim(store, "w", acks=riding_ack("k:0", 1))
+        await store.write_acks(unwritten)
     parts.offsets.durability = LocalDurability()
-    # the ack is not stored, and the claim computed beside it is held by nobody: another worker
-    # gets every partition, k:0 first (its event is pending again)
     assert await acked(store) == {"k:0": 0, "k:1": 0, "k:2": 0}
     got = []
-    while (claimed := (await claim(store, "w2"))[0]) is not None:
+    while (claimed := await claim(store, "w2")) is not None:
         got.append(claimed.key)
     assert got == ["k:0", "k:1", "k:2"]
