@@ -225,6 +225,7 @@ def main() -> None:
     ap.add_argument("--claim-workers", type=int, default=4,
                     help="(e) is also run with this many worker threads (their acks share fsyncs)")
     ap.add_argument("--only-claims", action="store_true", help="run (e) only")
+    ap.add_argument("--only-reads", action="store_true", help="run (b) and (c) only")
     args = ap.parse_args()
     print(f"event store bench: n={args.n:,} cond-n={args.cond_n:,} clients={args.clients} cycles={args.cycles:,} "
           f"load average {os.getloadavg()[0]:.1f}")
@@ -243,6 +244,9 @@ def main() -> None:
             print(f"(c) tag query {HOT_TAG}: {expected:,} of {args.n:,} events, one read: "
                   f"{expected / statistics.median(whole):,.0f} events/s (median of {args.reads}: "
                   f"{statistics.median(whole) * 1e3:.0f} ms); pages of {PAGE}: {expected / statistics.median(paged):,.0f} events/s")
+            if args.only_reads:
+                print(f"server CPU {server.cpu_s():.1f} s; load average {os.getloadavg()[0]:.1f}")
+                return
             for clients in (1, args.clients):
                 r = run_cond(b, "store", clients, args.cond_n)
                 print(f"(a) conditional append, 1 event, {clients} client process(es): {r['rate']:,.0f} appends/s "

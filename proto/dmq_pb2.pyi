@@ -607,24 +607,38 @@ class EventAppendResponse(_message.Message):
     def __init__(self, last_position: _Optional[int] = ..., append_time_ms: _Optional[int] = ...) -> None: ...
 
 class EventReadRequest(_message.Message):
-    __slots__ = ("topic", "query", "after", "limit")
+    __slots__ = ("topic", "query", "after", "limit", "columnar")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    COLUMNAR_FIELD_NUMBER: _ClassVar[int]
     topic: str
     query: EventQuery
     after: int
     limit: int
-    def __init__(self, topic: _Optional[str] = ..., query: _Optional[_Union[EventQuery, _Mapping]] = ..., after: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+    columnar: bool
+    def __init__(self, topic: _Optional[str] = ..., query: _Optional[_Union[EventQuery, _Mapping]] = ..., after: _Optional[int] = ..., limit: _Optional[int] = ..., columnar: _Optional[bool] = ...) -> None: ...
 
 class EventReadResponse(_message.Message):
-    __slots__ = ("events", "head")
+    __slots__ = ("events", "head", "positions", "types", "tags", "payloads", "metadata", "append_times_ms")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    TYPES_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOADS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    APPEND_TIMES_MS_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[SequencedEvent]
     head: int
-    def __init__(self, events: _Optional[_Iterable[_Union[SequencedEvent, _Mapping]]] = ..., head: _Optional[int] = ...) -> None: ...
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    types: _containers.RepeatedScalarFieldContainer[str]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    payloads: _containers.RepeatedScalarFieldContainer[bytes]
+    metadata: _containers.RepeatedScalarFieldContainer[bytes]
+    append_times_ms: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, events: _Optional[_Iterable[_Union[SequencedEvent, _Mapping]]] = ..., head: _Optional[int] = ..., positions: _Optional[_Iterable[int]] = ..., types: _Optional[_Iterable[str]] = ..., tags: _Optional[_Iterable[str]] = ..., payloads: _Optional[_Iterable[bytes]] = ..., metadata: _Optional[_Iterable[bytes]] = ..., append_times_ms: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EventSubscribeRequest(_message.Message):
     __slots__ = ("topic", "query", "after")

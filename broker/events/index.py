@@ -3,15 +3,18 @@
 File `<partition dir>/events.index.sqlite`:
 
   meta(key, value)           'end': the log end offset indexed so far (positions <= end are in)
-  events(position PK, type, tags, batch)
+  events(position PK, type, tags, batch, payload, metadata, time)
                              tags joined by "\\n" (a tag has no control characters); batch = the
-                             offset of the record batch holding the event, so a read fetches
-                             exactly the batches that hold matches and nothing else
+                             offset of the record batch holding the event (the claim path
+                             fetches exactly the batches that hold matches); payload, metadata
+                             and time (the record's timestamp, ms) are copies of the log's, so a
+                             read is one query over tags and events, with no record parsed
   events_by_type(type, position)
   tags(tag, position) PK     one row per (tag, event); a prefix range over 'name:' finds the
                              events carrying an attribute
 
-The log is the truth. The index is written before an append is acknowledged (same writer thread
+The log is the truth: every column is derived from the log (catch_up() writes the same rows as
+an append), so an index rebuilt from the log equals the one written by the appends. The index is written before an append is acknowledged (same writer thread
 and connection, see store.py, so every later query sees it) and committed in groups, without
 fsync (WAL, synchronous=NORMAL; see COMMIT_ROWS): after a crash it may lag the log or, when the
 log lost a torn or rolled-back tail, run ahead of it. `catch_up()` deletes what lies beyond the log
@@ -28,7 +31,10 @@ import contextlib
 import os
 import sqlite3
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
+from itertools import accumulate
+from typing import NamedTuple
 
 import structlog
 
@@ -55,12 +61,34 @@ INDEX_CACHE_KIB = 64 * 1024
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS events(position INTEGER PRIMARY KEY, type TEXT NOT NULL, tags TEXT NOT NULL,
-                                  batch INTEGER NOT NULL);
+                                  batch INTEGER NOT NULL, payload BLOB NOT NULL, metadata BLOB NOT NULL,
+                                  time INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS events_by_type ON events(type, position);
 CREATE TABLE IF NOT EXISTS tags(tag TEXT NOT NULL, position INTEGER NOT NULL, PRIMARY KEY(tag, position)) WITHOUT ROWID;
 """
 # (position, type, tags, batch offset)
 IndexedEvent = tuple[int, str, str, int]
+# What stage() takes: (position, type, tags, batch offset, payload, metadata, record timestamp ms)
+EventRow = tuple[int, str, Sequence[str], int, bytes, bytes, int]
+# One read answer holds at most this many bytes of payloads, metadata, types and tags (and at
+# least one event): with the per-event framing it stays well under the gRPC message limit
+# (dmq.proto.grpc_options.MAX_MESSAGE_BYTES, 64 MiB; one event is at most a batch, <= 60 MiB).
+READ_ANSWER_BYTES = 32 * 1024 * 1024
+
+
+class EventColumns(NamedTuple):
+    """Events in position order, one list per field (the read answer's columnar shape)."""
+
+    positions: list[int]
+    types: list[str]
+    tags: list[str]  # joined by "\n"
+    payloads: list[bytes]
+    metadata: list[bytes]
+    times_ms: list[int]
+
+
+def _sum4(a: int, b: int, c: int, d: int) -> int:
+    return a + b + c + d
 
 
 def split_tags(joined: str) -> list[str]:
@@ -93,6 +121,11 @@ class EventIndex:
         # The tag rows of new events land all over the (tag, position) tree: with SQLite's
         # default 2 MB page cache most inserts read pages back from the OS.
         db.execute(f"PRAGMA cache_size=-{INDEX_CACHE_KIB}")
+        columns = {row[1] for row in db.execute("PRAGMA table_info(events)")}
+        if columns and "payload" not in columns:
+            # An index of an older layout (no payload columns): rebuilt from the log (end 0).
+            log.info("event index has an older layout; rebuilding it from the log", path=self.path)
+            db.executescript("DROP TABLE IF EXISTS tags; DROP TABLE IF EXISTS events; DROP TABLE IF EXISTS meta;")
         db.executescript(_SCHEMA)
         return db
 
@@ -118,14 +151,16 @@ class EventIndex:
             data = plog.read(offset, CATCH_UP_READ_BYTES, max_offset=plog.log_end_offset)
             if not data:
                 break
-            rows: list[tuple[int, str, list[str], int]] = []
+            rows: list[EventRow] = []
             for batch in records.decode_batches(data, max_batch_bytes=plog.config.max_batch_bytes):
                 for record in batch.iter_from(offset):
                     try:
-                        event_type, tags, _ = parse_event_headers(record.headers)
+                        event_type, tags, metadata = parse_event_headers(record.headers)
                     except ValueError:
-                        event_type, tags = "", []  # not an event: indexed as nothing, never matched by type
-                    rows.append((record.offset + 1, event_type, tags, batch.base_offset))
+                        # not an event: indexed as nothing, never matched by type
+                        event_type, tags, metadata = "", [], b""
+                    rows.append((record.offset + 1, event_type, tags, batch.base_offset, bytes(record.value),
+                                 bytes(metadata), record.timestamp))
                 offset = batch.last_offset + 1
             self.add(rows, offset)
             indexed += len(rows)
@@ -189,22 +224,24 @@ class EventIndex:
         self._staged_rows = 0
         self._committed_at = self._clock()
 
-    def stage(self, rows: Sequence[tuple[int, str, Sequence[str], int]], end_offset: int) -> None:
-        """Index events (position, type, tags, batch offset) and move `end` to end_offset, inside
-        a transaction(); queries on this connection see them at once."""
+    def stage(self, rows: Sequence[EventRow], end_offset: int) -> None:
+        """Index events (position, type, tags, batch offset, payload, metadata, record timestamp)
+        and move `end` to end_offset, inside a transaction(); queries on this connection see them
+        at once."""
         db = self._db
         db.executemany(
-            "INSERT OR REPLACE INTO events(position, type, tags, batch) VALUES (?, ?, ?, ?)",
-            [(p, t, "\n".join(tags), b) for p, t, tags, b in rows],
+            "INSERT OR REPLACE INTO events(position, type, tags, batch, payload, metadata, time)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(p, t, "\n".join(tags), b, payload, meta, ms) for p, t, tags, b, payload, meta, ms in rows],
         )
         db.executemany(
             "INSERT OR IGNORE INTO tags(tag, position) VALUES (?, ?)",
-            [(tag, p) for p, _, tags, _ in rows for tag in tags],
+            [(tag, row[0]) for row in rows for tag in row[2]],
         )
-        self._staged_rows += len(rows) + sum(len(tags) for _, _, tags, _ in rows)
+        self._staged_rows += len(rows) + sum(len(row[2]) for row in rows)
         self.end = end_offset
 
-    def add(self, rows: Sequence[tuple[int, str, Sequence[str], int]], end_offset: int) -> None:
+    def add(self, rows: Sequence[EventRow], end_offset: int) -> None:
         """stage() in a transaction of its own."""
         with self.transaction():
             self.stage(rows, end_offset)
@@ -212,10 +249,11 @@ class EventIndex:
     # -- queries -----------------------------------------------------------------------------------
 
     @staticmethod
-    def _item_sql(item: QueryItem, after: int, until: int, params: list[object]) -> str:
-        """SELECT position, batch of the events matching one item in (after, until]."""
+    def _item_sql(item: QueryItem, after: int, until: int, params: list[object],
+                  columns: str = "e.position, e.batch") -> str:
+        """SELECT `columns` (of events e) of the events matching one item in (after, until]."""
         if not item.tags:
-            sql = "SELECT position, batch FROM events WHERE position > ? AND position <= ?"
+            sql = f"SELECT {columns} FROM events e WHERE position > ? AND position <= ?"
             params += [after, until]
             if item.types:
                 sql += f" AND type IN ({','.join('?' * len(item.types))})"
@@ -224,7 +262,7 @@ class EventIndex:
         # The first tag drives (its rows are in position order); the others and the type are
         # checked per candidate by primary-key lookups.
         first, *rest = item.tags
-        sql = "SELECT t0.position, e.batch FROM tags t0 JOIN events e ON e.position = t0.position"
+        sql = f"SELECT {columns} FROM tags t0 JOIN events e ON e.position = t0.position"
         for i, _ in enumerate(rest, 1):
             sql += f" JOIN tags t{i} ON t{i}.tag = ? AND t{i}.position = t0.position"
         params += rest
@@ -250,6 +288,36 @@ class EventIndex:
         """(position, batch offset) of the first `limit` events in (after, until] that match."""
         sql, params = self._query_sql(query, after, until)
         return self._db.execute(sql, [*params, limit]).fetchall()
+
+    def read(self, query: Sequence[QueryItem], after: int, until: int, limit: int,
+             max_bytes: int = READ_ANSWER_BYTES) -> EventColumns:
+        """The first `limit` events in (after, until] that match, whole, from the index alone,
+        cut before the event that would take the answer past `max_bytes` (never before the
+        first): one query, columns built by zip (no per-event Python)."""
+        items = list(query) or [QueryItem()]
+        params: list[object] = []
+        cols = "e.position, e.type, e.tags, e.payload, e.metadata, e.time"
+        if len(items) == 1:
+            # The item's own join with events yields the columns (no second lookup per match).
+            # Ordered by the driving tag's rows (already in position order): SQLite then stops
+            # at `limit`; "ORDER BY e.position" made it sort every match in the range first.
+            order = "t0.position" if items[0].tags else "e.position"
+            sql = self._item_sql(items[0], after, until, params, columns=cols) + f" ORDER BY {order} LIMIT ?"
+        else:
+            union = " UNION ".join(self._item_sql(item, after, until, params) for item in items)
+            sql = (f"SELECT {cols} FROM (SELECT position FROM ({union}) ORDER BY position LIMIT ?) m"
+                   " JOIN events e ON e.position = m.position ORDER BY e.position")
+        rows = self._db.execute(sql, [*params, limit]).fetchall()
+        if not rows:
+            return EventColumns([], [], [], [], [], [])
+        positions, types, tags, payloads, metadata, times = map(list, zip(*rows, strict=True))
+        columns = (payloads, metadata, tags, types)
+        if sum(sum(map(len, c)) for c in columns) > max_bytes:
+            # total[k]: the bytes of the first k events; keep the longest prefix within max_bytes
+            total = list(accumulate(map(_sum4, *(map(len, c) for c in columns)), initial=0))
+            keep = max(1, bisect_right(total, max_bytes) - 1)
+            del positions[keep:], types[keep:], tags[keep:], payloads[keep:], metadata[keep:], times[keep:]
+        return EventColumns(positions, types, tags, payloads, metadata, times)
 
     def first_match(self, query: Sequence[QueryItem], after: int, until: int) -> int | None:
         rows = self.matching(query, after, until, 1)

@@ -37,6 +37,7 @@ from dmq.broker.events.groups import Claimed, GroupManager, PartitionView
 from dmq.broker.events.progress import AckWrite, GroupRecord
 from dmq.broker.events.query import QueryItem
 from dmq.broker.events.registry import NotAnEventStoreError
+from dmq.broker.events.index import EventColumns, split_tags
 from dmq.broker.events.store import Condition, EventStore, NewEvent, StoredEvent
 from dmq.broker.log import UnknownPartitionError
 from dmq.proto import dmq_pb2 as pb
@@ -125,6 +126,27 @@ def event_to_proto(e: StoredEvent) -> pb.SequencedEvent:
         event=pb.Event(type=e.type, tags=e.tags, payload=e.payload, metadata=e.metadata),
         append_time_ms=e.append_time_ms,
     )
+
+
+def columns_to_events(c: EventColumns) -> list[pb.SequencedEvent]:
+    """The row-shaped answer (a message per event) of older clients and subscriptions."""
+    return [
+        pb.SequencedEvent(position=p, event=pb.Event(type=t, tags=split_tags(tags), payload=pl, metadata=m),
+                          append_time_ms=ms)
+        for p, t, tags, pl, m, ms in zip(c.positions, c.types, c.tags, c.payloads, c.metadata, c.times_ms, strict=True)
+    ]
+
+
+def columns_to_proto(c: EventColumns, head: int) -> pb.EventReadResponse:
+    """The columnar answer: each field filled by one extend (a C loop), no message per event."""
+    answer = pb.EventReadResponse(head=head)
+    answer.positions.extend(c.positions)
+    answer.types.extend(c.types)
+    answer.tags.extend(c.tags)
+    answer.payloads.extend(c.payloads)
+    answer.metadata.extend(c.metadata)
+    answer.append_times_ms.extend(c.times_ms)
+    return answer
 
 
 def _events_from_proto(events: Sequence[pb.Event]) -> list[NewEvent]:
@@ -225,7 +247,9 @@ class EventStoreRpcs:
         limit = _limit(request.limit, "limit", DEFAULT_READ_LIMIT)
         store = await self._store(request.topic)
         events, head = await store.read(query, request.after, limit)
-        return pb.EventReadResponse(events=[event_to_proto(e) for e in events], head=head)
+        if request.columnar:
+            return columns_to_proto(events, head)
+        return pb.EventReadResponse(events=columns_to_events(events), head=head)
 
     @_guarded
     async def EventSubscribe(self, request: pb.EventSubscribeRequest, context: grpc.aio.ServicerContext) -> None:
@@ -242,9 +266,9 @@ class EventStoreRpcs:
                 self._check_leads(request.topic)  # leadership moved: the client subscribes again there
                 wake = store.next_append()  # taken before reading: an append after the read wakes us
                 events, head = await store.read(query, after, SUBSCRIBE_PAGE)
-                if events:
-                    await context.write(pb.EventReadResponse(events=[event_to_proto(e) for e in events], head=head))
-                    after = events[-1].position
+                if events.positions:
+                    await context.write(pb.EventReadResponse(events=columns_to_events(events), head=head))
+                    after = events.positions[-1]
                     continue
                 after = max(after, head)
                 with contextlib.suppress(TimeoutError):

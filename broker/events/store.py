@@ -11,8 +11,10 @@ The writer thread (owned here, stopped by close()):
     rows of the earlier ones are staged in the same SQLite transaction, so later checks see
     them), and the transaction is committed once for all of them.
 Reads run in the writer too: its connection alone sees the index rows staged but not yet
-committed (index.py groups commits), and an index query is short next to the log reads that
-follow it. The price: a large read delays the appends queued behind it.
+committed (index.py groups commits). A read is one index query: the index keeps a copy of each
+event's payload, metadata and time beside its type and tags (copied from the log, so catch_up()
+derives the same rows), and no record is read or parsed. The price: a large read delays the
+appends queued behind it (a read answer is bounded: limit events, index.READ_ANSWER_BYTES).
 
 An append is acknowledged once its events are in the log and the index, (flush policy "fsync")
 the log is fsynced past them, and (a replicated topic) every in-sync replica has them, as an
@@ -47,7 +49,7 @@ import structlog
 
 from dmq.broker.events.errors import ClaimNotHeldError, ConditionFailedError, EventStoreError
 from dmq.broker.events.groups import Claimed, GroupManager
-from dmq.broker.events.index import INDEX_FILE, EventIndex
+from dmq.broker.events.index import INDEX_FILE, EventColumns, EventIndex
 from dmq.broker.events.progress import AckWrite, ProgressStore
 from dmq.broker.events.query import QueryItem
 from dmq.broker.log import LogClosedError, LogError, PartitionLog, StorageUnavailableError
@@ -432,9 +434,13 @@ class EventStore:
                     conflict,
                 )
         info = self.plog.append(batch)
+        # every record of the batch has its first timestamp (append() encodes one), as the log keeps it
+        ms = records.read_header(batch, 0, max_batch_bytes=len(batch)).first_timestamp
         result = (info.last_offset + 1, info.append_time_ms)
         try:
-            index.stage([(info.base_offset + 1 + i, e.type, e.tags, info.base_offset) for i, e in enumerate(events)],
+            # the same rows catch_up() derives from the log (index.py)
+            base = info.base_offset
+            index.stage([(base + 1 + i, e.type, e.tags, base, e.payload, e.metadata, ms) for i, e in enumerate(events)],
                         info.last_offset + 1)
         except sqlite3.Error as e:
             raise _IndexWriteFailed(result, e) from e
@@ -442,11 +448,13 @@ class EventStore:
 
     # -- read -------------------------------------------------------------------------------------
 
-    async def read(self, query: Sequence[QueryItem], after: int, limit: int) -> tuple[list[StoredEvent], int]:
-        """Matching events in (after, readable end], at most `limit`, and the head position."""
+    async def read(self, query: Sequence[QueryItem], after: int, limit: int) -> tuple[EventColumns, int]:
+        """Matching events in (after, readable end], at most `limit` and at most
+        index.READ_ANSWER_BYTES of them (at least one), as columns, and the head position.
+        From the index alone (it holds each event whole), no record read from the log."""
         await self.ensure_open()
         until = self.readable_end()
-        events = await self.on_writer(lambda: self.load(self._writer_index().matching(query, after, until, limit)))
+        events = await self.on_writer(lambda: self._writer_index().read(query, after, until, limit))
         return events, until
 
     def _writer_index(self) -> EventIndex:

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from dmq.client import AdminClient
 from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.client.errors import AppendConditionError
-from dmq.client.events import AppendCondition, Event, EventStore, EventType, QueryItem
+from dmq.client.events import AppendCondition, Event, EventStore, EventType, QueryItem, SequencedEvent, _query_proto
+from dmq.proto import dmq_pb2 as pb
 
 TYPES = ["a", "b", "c"]
 ATTRS = {"x": ["1", "2", "3"], "y": ["1", "2"]}
@@ -46,7 +47,8 @@ def events(draw: st.DrawFn) -> Event:
         if draw(st.booleans()):
             tags.append(f"{name}:{draw(st.sampled_from(values))}")
     tags += draw(st.lists(st.sampled_from(PLAIN), unique=True, max_size=2))
-    return Event(draw(st.sampled_from(TYPES)), tuple(draw(st.permutations(tags))), draw(st.binary(max_size=8)))
+    return Event(draw(st.sampled_from(TYPES)), tuple(draw(st.permutations(tags))), draw(st.binary(max_size=8)),
+                 draw(st.binary(max_size=3)))
 
 
 all_tags = [f"{n}:{v}" for n, vs in ATTRS.items() for v in vs] + PLAIN
@@ -89,11 +91,15 @@ def test_read_equals_a_brute_force_filter(bootstrap: str, log: list[list[Event]]
             expected = [(p, e) for p, e in enumerate(stored, 1) if p > after and brute_matches(query, e)]
             if limit is not None:
                 expected = expected[:limit]
-            got = store.read(query, after=after, limit=limit)
-            assert [(e.position, e.event.type, tuple(e.tags), e.payload) for e in got] == [
-                (p, e.type, tuple(e.tags), e.payload) for p, e in expected
+            got = store.read(query, after=after, limit=limit)  # columnar answers
+            assert [(e.position, e.event.type, tuple(e.tags), e.payload, e.metadata) for e in got] == [
+                (p, e.type, tuple(e.tags), e.payload, e.metadata) for p, e in expected
             ], (query, after, limit)
             assert got.head == len(stored)
+            # the row-shaped answer (older clients, subscriptions) holds the same events
+            rows = store._call("EventRead", pb.EventReadRequest(topic=store.topic, query=_query_proto(query),
+                                                                after=after, limit=limit or 0))
+            assert [SequencedEvent.from_proto(e) for e in rows.events] == got.events
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pathlib
 
-from dmq.broker.events.index import EventIndex
+import sqlite3
+
+from dmq.broker.events.index import INDEX_FILE, EventColumns, EventIndex
 from dmq.broker.events.progress import SqliteProgressStore
 from dmq.broker.events.query import QueryItem, belongs, partition_values, query_matches
 from dmq.broker.events.store import EventStore, NewEvent
@@ -14,8 +16,9 @@ from dmq.proto import records
 from dmq.proto.event_headers import event_headers, parse_event_headers, partition_key
 
 
-def append(store: EventStore, events: list[NewEvent]) -> int:
-    batch = records.encode([e.payload for e in events], headers=[event_headers(e.type, e.tags) for e in events])
+def append(store: EventStore, events: list[NewEvent], timestamp_ms: int | None = None) -> int:
+    batch = records.encode([e.payload for e in events], headers=[event_headers(e.type, e.tags, e.metadata) for e in events],
+                           timestamp_ms=timestamp_ms)
     index = store._index
     assert index is not None
     with index.transaction():
@@ -68,7 +71,7 @@ def test_an_index_ahead_of_the_log_is_cut_back(tmp_path: pathlib.Path) -> None:
     index = store._index
     assert index is not None
     # events the log no longer has (its tail was torn or rolled back after the index commit)
-    index.add([(4, "t", ["k"], 3), (5, "t", ["k"], 3)], 5)
+    index.add([(4, "t", ["k"], 3, b"x", b"", 0), (5, "t", ["k"], 3, b"x", b"", 0)], 5)
     index.catch_up(plog)
     assert index.end == 3 and [p for p, _ in index.matching((), 0, 10, 100)] == [1, 2, 3]
     assert append(store, [NewEvent("u", ("k",), b"y")]) == 4
@@ -84,4 +87,65 @@ def test_a_reopened_index_needs_no_catch_up(tmp_path: pathlib.Path) -> None:
     again = EventIndex(str(tmp_path / "es-0"))
     assert again.end == 5 and again.catch_up(plog) == 0
     again.close()
+    plog.close()
+
+
+def _all_rows(index: EventIndex) -> list[tuple[object, ...]]:
+    return index._db.execute("SELECT * FROM events ORDER BY position").fetchall() + \
+        index._db.execute("SELECT * FROM tags ORDER BY tag, position").fetchall()
+
+
+def test_an_index_rebuilt_from_the_log_carries_the_same_columns(tmp_path: pathlib.Path) -> None:
+    """The read columns (payload, metadata, time) are copies of the log's: the rows catch_up()
+    derives from the log equal those the appends wrote, and a read from either returns what
+    the log holds."""
+    plog, store = open_store(tmp_path)
+    append(store, [NewEvent("t", ("a:1", "b"), b"p1", b"m1"), NewEvent("u", (), b"", b"")], timestamp_ms=1_000)
+    append(store, [NewEvent("t", ("a:2",), b"p3" * 100, b"")], timestamp_ms=2_000)
+    index = store._index
+    assert index is not None
+    index.commit()
+    appended = _all_rows(index)
+    from_log = store.load(index.matching((), 0, 3, 100))
+    index.truncate_to(0)  # as if the whole index was lost
+    assert index.read((), 0, 3, 100).positions == []
+    assert index.catch_up(plog) == 3
+    assert _all_rows(index) == appended
+    got = index.read((), 0, 3, 100)
+    assert got == EventColumns([1, 2, 3], ["t", "u", "t"], ["a:1\nb", "", "a:2"], [b"p1", b"", b"p3" * 100],
+                               [b"m1", b"", b""], [1_000, 1_000, 2_000])
+    assert [(e.position, e.type, "\n".join(e.tags), e.payload, e.metadata, e.append_time_ms) for e in from_log] == \
+        list(zip(*got, strict=True))
+    plog.close()
+
+
+def test_an_index_of_the_older_layout_is_rebuilt_from_the_log(tmp_path: pathlib.Path) -> None:
+    plog, store = open_store(tmp_path)
+    append(store, [NewEvent("t", ("k",), b"x", b"m")] * 2, timestamp_ms=5)
+    assert store._index is not None
+    store._index.close()
+    path = tmp_path / "es-0" / INDEX_FILE
+    db = sqlite3.connect(path)  # the layout before the read columns: events without payloads
+    db.executescript("DROP TABLE events; CREATE TABLE events(position INTEGER PRIMARY KEY, type TEXT NOT NULL,"
+                     " tags TEXT NOT NULL, batch INTEGER NOT NULL);")
+    db.close()
+    again = EventIndex(str(tmp_path / "es-0"))
+    assert again.end == 0 and again.catch_up(plog) == 2
+    assert again.read((QueryItem((), ("k",)),), 0, 2, 10) == EventColumns([1, 2], ["t", "t"], ["k", "k"], [b"x", b"x"],
+                                                                           [b"m", b"m"], [5, 5])
+    again.close()
+    plog.close()
+
+
+def test_a_read_answer_is_bounded_in_bytes_but_holds_at_least_one_event(tmp_path: pathlib.Path) -> None:
+    plog, store = open_store(tmp_path)
+    append(store, [NewEvent("t", ("k",), bytes(100)) for _ in range(10)])
+    index = store._index
+    assert index is not None
+    per_event = 100 + len("t") + len("k")
+    assert index.read((), 0, 10, 100, max_bytes=3 * per_event).positions == [1, 2, 3]
+    assert index.read((), 0, 10, 100, max_bytes=3 * per_event - 1).positions == [1, 2]
+    assert index.read((), 5, 10, 100, max_bytes=1).positions == [6]
+    assert index.read((), 0, 10, 100, max_bytes=10 * per_event).positions == list(range(1, 11))
+    assert index.read((QueryItem((), ("k",)), QueryItem(("t",))), 0, 10, 4).positions == [1, 2, 3, 4]
     plog.close()
