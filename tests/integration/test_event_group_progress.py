@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pytest
 
 from dmq.broker.events.errors import ClaimNotHeldError
-from dmq.broker.events.groups import GroupManager
+from dmq.broker.events.groups import Claimed, GroupManager
 from dmq.broker.events.progress import AckWrite, OffsetProgressStore
 from dmq.broker.events.store import EventStore, NewEvent
 from dmq.broker.log import AppendInfo, LogConfig, LogManager, PartitionLog
@@ -113,3 +113,49 @@ async def test_a_written_ack_is_durable_and_a_failed_one_reloads_the_groups(part
         assert await acked(reopened) == {"k:0": 1, "k:1": 0, "k:2": 0}
     finally:
         await reopened.close()
+
+
+
+def claim_for(worker: str) -> Callable[[GroupManager, int, int], tuple[None, list[Claimed]]]:
+    def run(g: GroupManager, until: int, now: int) -> tuple[None, list[Claimed]]:
+        claimed = g.claim_next("g", ["k"], ["t"], worker, limit=10, timeout_ms=10_000, until=until, now_ms=now)
+        return None, [] if claimed is None else [claimed]
+
+    return run
+
+
+async def claim(store: EventStore, worker: str) -> Claimed | None:
+    (_, claims), _ = await store.claim_all(claim_for(worker))
+    return claims[0] if claims else None
+
+
+async def test_a_riding_ack_whose_write_fails_is_not_done_and_loses_no_claim(parts: Parts) -> None:
+    """EventClaimNext's shape: the ack applied and the next claim made in one writer job, then the
+    ack written; the write fails: the ack is not stored, and the claim made beside it is held by
+    nobody (the groups are reloaded from what is durable), so no event waits for a worker that
+    was never told of it."""
+    store = parts.store
+    first = await claim(store, "w")
+    assert first is not None and first.key == "k:0"
+    unwritten: list[AckWrite] = []
+
+    def ack_and_claim(g: GroupManager, until: int, now: int) -> tuple[None, list[Claimed]]:
+        g.ack("g", "k:0", "w", 1, now, until, unwritten=unwritten)
+        return claim_for("w")(g, until, now)
+
+    (_, claims), _ = await store.claim_all(ack_and_claim)
+    assert [c.key for c in claims] == ["k:1"]
+
+    class Failing(LocalDurability):
+        async def wait(self, plog: PartitionLog, info: AppendInfo, epoch: int) -> None:
+            raise OSError(5, "I/O error")
+
+    parts.offsets.durability = Failing()
+    with pytest.raises(OSError, match="I/O error"):
+        await store.write_acks(unwritten)
+    parts.offsets.durability = LocalDurability()
+    assert await acked(store) == {"k:0": 0, "k:1": 0, "k:2": 0}
+    got = []
+    while (claimed := await claim(store, "w2")) is not None:
+        got.append(claimed.key)
+    assert got == ["k:0", "k:1", "k:2"]
