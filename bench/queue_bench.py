@@ -3,6 +3,7 @@
     .venv/bin/python bench/queue_bench.py [--records 200000] [--records-1 5000] [--workers 4]
                                           [--partitions 8] [--produce-records 300000] [--no-redis]
                                           [--prefetch 1000] [--records-prefetch 20000]
+                                          [--prefetch-1000 10000]
 
 The embedded server runs in a subprocess (bench/_server.py). Workloads, 100-byte values:
 
@@ -20,6 +21,9 @@ The embedded server runs in a subprocess (bench/_server.py). Workloads, 100-byte
      cycle is a local hand-out plus, per --prefetch records, one round trip and one durable write
      (the acks and the next lease). The time includes a final commit() (the last acks durable).
      A record whose ack was only local is redelivered if the worker dies (at least once).
+  2c. batches of 1,000 with QueueConsumer(prefetch_records=--prefetch-1000): the loop of 1, but
+     a pop that goes to the broker leases up to that many records and they are handed out 1,000
+     at a time, the acks riding as in 2b (--records records).
   3. batches of 1,000 from --workers worker processes started together (a fresh topic).
   4. produce msgs/s (send_many, acks=all) into a topic without and with max_queue_size (set high
      enough never to refuse, so only the check's cost shows). Transaction ids are issue 16's other
@@ -152,6 +156,8 @@ def main() -> None:
     ap.add_argument("--no-redis", action="store_true")
     ap.add_argument("--prefetch", type=int, default=1000, help="prefetch_records of the prefetching batches-of-1 row")
     ap.add_argument("--records-prefetch", type=int, default=20_000)
+    ap.add_argument("--prefetch-1000", type=int, default=10_000,
+                    help="prefetch_records of the prefetching batches-of-1,000 row (0: skip it)")
     args = ap.parse_args()
     _quiet()
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
@@ -172,6 +178,12 @@ def main() -> None:
             n, start, end = drain(b, "q1p", 1, args.prefetch)
             assert n == args.records_prefetch, n
             rows.append((f"pop+ack batches of 1, 1 worker, prefetch {args.prefetch:,}, {n:,} msgs", n / (end - start)))
+            if args.prefetch_1000:
+                load(b, "q1000p", args.partitions, args.records)
+                n, start, end = drain(b, "q1000p", 1000, args.prefetch_1000)
+                assert n == args.records, n
+                rows.append((f"pop+ack batches of 1,000, 1 worker, prefetch {args.prefetch_1000:,}, {n:,} msgs",
+                             n / (end - start)))
             load(b, "qw", args.partitions, args.records)
             n, wall = drain_processes(b, "qw", 1000, args.workers)
             assert n == args.records, n
