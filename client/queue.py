@@ -306,12 +306,7 @@ class QueueConsumer:
         with self._lock:
             held = list(self._prefetched.values())
             self._prefetched.clear()
-        for p in held:
-            try:
-                self._settle(p, release=True)
-            except DMQError as e:
-                log.warning("acks of prefetched records not stored at close (they come back)",
-                            topic=p.lease.topic, partition=p.lease.partition, error=str(e))
+        self._give_back(held)
         self._closed = True
         if self._own_cluster:
             self._cluster.close()
@@ -325,6 +320,16 @@ class QueueConsumer:
             held = [p for p in self._prefetched.values() if p.acked_to > p.durable_to]
         for p in held:
             self._settle(p, release=False)
+
+    def _give_back(self, held: list[_Prefetched]) -> None:
+        """Settle prefetched leases taken out of the table: their recorded acks stored, the rest
+        released. A refusal is logged, not raised: those records come back from the broker."""
+        for p in held:
+            try:
+                self._settle(p, release=True)
+            except DMQError as e:
+                log.warning("acks of prefetched records not stored (they come back)",
+                            topic=p.lease.topic, partition=p.lease.partition, error=str(e))
 
     def _settle(self, p: _Prefetched, *, release: bool) -> None:
         """Send a prefetched lease's recorded acks; `release`: and give the rest back."""
@@ -433,12 +438,7 @@ class QueueConsumer:
                 stale = [q for q in self._prefetched.values() if q.out is None and not q.servable(now)]
                 for q in stale:
                     del self._prefetched[q.lease.lease_id]
-            for q in stale:
-                try:
-                    self._settle(q, release=True)
-                except DMQError as e:
-                    log.warning("acks of prefetched records not stored (they come back)",
-                                topic=q.lease.topic, partition=q.lease.partition, error=str(e))
+            self._give_back(stale)
         sent_at = time.monotonic()
         got = self._pop(timeout, max(wanted, self.prefetch_records), ride)
         if got is None:
