@@ -5,10 +5,9 @@ File `<partition dir>/events.index.sqlite`:
   meta(key, value)           'end': the log end offset indexed so far (positions <= end are in)
   events(position PK, type, tags, batch, payload, metadata, time)
                              tags joined by "\\n" (a tag has no control characters); batch = the
-                             offset of the record batch holding the event (the claim path
-                             fetches exactly the batches that hold matches); payload, metadata
+                             offset of the record batch holding the event; payload, metadata
                              and time (the record's timestamp, ms) are copies of the log's, so a
-                             read is one query over tags and events, with no record parsed
+                             read or a claim's events are one query, with no record parsed
   events_by_type(type, position)
   tags(tag, position) PK     one row per (tag, event); a prefix range over 'name:' finds the
                              events carrying an attribute
@@ -74,6 +73,8 @@ EventRow = tuple[int, str, Sequence[str], int, bytes, bytes, int]
 # least one event): with the per-event framing it stays well under the gRPC message limit
 # (dmq.proto.grpc_options.MAX_MESSAGE_BYTES, 64 MiB; one event is at most a batch, <= 60 MiB).
 READ_ANSWER_BYTES = 32 * 1024 * 1024
+# events_at() looks positions up this many at a time (SQLite's bound on a statement's parameters).
+POSITIONS_PER_QUERY = 500
 
 
 class EventColumns(NamedTuple):
@@ -318,6 +319,22 @@ class EventIndex:
             keep = max(1, bisect_right(total, max_bytes) - 1)
             del positions[keep:], types[keep:], tags[keep:], payloads[keep:], metadata[keep:], times[keep:]
         return EventColumns(positions, types, tags, payloads, metadata, times)
+
+    def events_at(self, positions: Sequence[int]) -> EventColumns:
+        """The events at these positions (ascending, indexed), whole, from the index alone: what a
+        claim returns (its positions come from the group's fetch)."""
+        rows: list[tuple[int, str, str, bytes, bytes, int]] = []
+        for i in range(0, len(positions), POSITIONS_PER_QUERY):
+            chunk = positions[i : i + POSITIONS_PER_QUERY]
+            rows += self._db.execute(
+                "SELECT position, type, tags, payload, metadata, time FROM events"
+                f" WHERE position IN ({','.join('?' * len(chunk))}) ORDER BY position",
+                chunk,
+            ).fetchall()
+        if not rows:
+            return EventColumns([], [], [], [], [], [])
+        positions_, types, tags, payloads, metadata, times = map(list, zip(*rows, strict=True))
+        return EventColumns(positions_, types, tags, payloads, metadata, times)
 
     def first_match(self, query: Sequence[QueryItem], after: int, until: int) -> int | None:
         rows = self.matching(query, after, until, 1)

@@ -38,7 +38,7 @@ from dmq.broker.events.progress import AckWrite, GroupRecord
 from dmq.broker.events.query import QueryItem
 from dmq.broker.events.registry import NotAnEventStoreError
 from dmq.broker.events.index import EventColumns, split_tags
-from dmq.broker.events.store import Condition, EventStore, NewEvent, StoredEvent
+from dmq.broker.events.store import Condition, EventStore, NewEvent
 from dmq.broker.log import UnknownPartitionError
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, event_headers, records
@@ -118,14 +118,6 @@ def query_from_proto(query: pb.EventQuery, field: str) -> tuple[QueryItem, ...]:
     items = [(list(i.types), list(i.tags)) for i in query.items]
     _checked(lambda: event_headers.check_query_items(items, field=field))
     return tuple(QueryItem(tuple(types), tuple(tags)) for types, tags in items)
-
-
-def event_to_proto(e: StoredEvent) -> pb.SequencedEvent:
-    return pb.SequencedEvent(
-        position=e.position,
-        event=pb.Event(type=e.type, tags=e.tags, payload=e.payload, metadata=e.metadata),
-        append_time_ms=e.append_time_ms,
-    )
 
 
 def columns_to_events(c: EventColumns) -> list[pb.SequencedEvent]:
@@ -327,20 +319,20 @@ class EventStoreRpcs:
                   f"claim_timeout_ms must be within {CLAIM_TIMEOUT_MS_MIN}..{CLAIM_TIMEOUT_MS_MAX} (0 = "
                   f"{DEFAULT_CLAIM_TIMEOUT_MS}), got {request.claim_timeout_ms}")
         limit = _limit(request.limit, "limit", DEFAULT_CLAIM_LIMIT)
-        acks = ([request.ack] if request.HasField("ack") else []) + list(request.more_acks)
-        releases = list(request.releases)
-        if len(acks) + len(releases) > CLAIMS_PER_CALL_MAX + 1:
+        acked = ([("ack.", request.ack)] if request.HasField("ack") else []) + [
+            (f"more_acks[{i}].", ref) for i, ref in enumerate(request.more_acks)
+        ]
+        released = [(f"releases[{i}].", ref) for i, ref in enumerate(request.releases)]
+        if len(acked) + len(released) > CLAIMS_PER_CALL_MAX + 1:
             _fail(grpc.StatusCode.INVALID_ARGUMENT,
                   f"ack, more_acks and releases may name at most {CLAIMS_PER_CALL_MAX + 1} claims, "
-                  f"got {len(acks) + len(releases)}")
-        labelled = ([("ack.", request.ack)] if request.HasField("ack") else []) + [
-            (f"more_acks[{i}].", ref) for i, ref in enumerate(request.more_acks)
-        ] + [(f"releases[{i}].", ref) for i, ref in enumerate(releases)]
-        for name, ref in labelled:
+                  f"got {len(acked) + len(released)}")
+        for name, ref in acked + released:
             _check_ref(ref, name)
             _check_position(ref.position, name + "position")
             if ref.topic != request.topic or ref.group != request.group:
                 _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{name[:-1]} must name the request's topic and group")
+        acks, releases = [ref for _, ref in acked], [ref for _, ref in released]
         store = await self._store(request.topic)
 
         unwritten: list[AckWrite] = []
@@ -378,12 +370,12 @@ class EventStoreRpcs:
             claimed=True,
             partition_key=first.key,
             values=_attributes(first.values),
-            events=[event_to_proto(e) for e in loaded[0]],
+            events=columns_to_events(loaded[0]),
             last_position=first.last_position,
             head=head,
             more_claims=[
                 pb.ClaimedPartition(partition_key=c.key, values=_attributes(c.values),
-                                    events=[event_to_proto(e) for e in events], last_position=c.last_position)
+                                    events=columns_to_events(events), last_position=c.last_position)
                 for c, events in zip(more, loaded[1:], strict=True)
             ],
         )

@@ -55,16 +55,13 @@ from dmq.broker.events.query import QueryItem
 from dmq.broker.log import LogClosedError, LogError, PartitionLog, StorageUnavailableError
 from dmq.broker.replication.manager import NotEnoughReplicas, NotLeaderForPartition
 from dmq.proto import records
-from dmq.proto.event_headers import event_headers, parse_event_headers
+from dmq.proto.event_headers import event_headers
 
-__all__ = ["EventStore", "NewEvent", "StoredEvent", "Condition", "Replication", "Unreplicated"]
+__all__ = ["EventStore", "NewEvent", "Condition", "Replication", "Unreplicated"]
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-
-# One log read of a query's matches takes up to this many bytes of consecutive batches.
-LOAD_READ_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,16 +70,6 @@ class NewEvent:
     tags: tuple[str, ...]
     payload: bytes
     metadata: bytes = b""
-
-
-@dataclass(frozen=True, slots=True)
-class StoredEvent:
-    position: int
-    type: str
-    tags: list[str]
-    payload: bytes
-    metadata: bytes
-    append_time_ms: int
 
 
 class _IndexWriteFailed(Exception):
@@ -464,36 +451,6 @@ class EventStore:
         self._follow_log()
         return self._index
 
-    def load(self, located: Sequence[tuple[int, int]]) -> list[StoredEvent]:
-        """The events at these (position, batch offset) pairs, in order, read from the log.
-
-        Only batches holding a match are decoded. Batches that follow each other in the log are
-        read together (one read of up to LOAD_READ_BYTES, cut at the first batch that holds no
-        match), so a sparse query over small batches costs one read per run of such batches, not
-        one per event. Thread-safe (PartitionLog.read is)."""
-        plog = self.plog
-        max_batch = plog.config.max_batch_bytes
-        out: list[StoredEvent] = []
-        i, n = 0, len(located)
-        while i < n:
-            data = memoryview(plog.read(located[i][1], LOAD_READ_BYTES))
-            pos = 0
-            while i < n and pos < len(data):
-                header = records.read_header(data, pos, max_batch_bytes=max_batch)
-                if header.base_offset != located[i][1]:
-                    break  # the next batch holds no match: read again at the next one that does
-                batch = records.decode(data, pos, max_batch_bytes=max_batch)
-                while i < n and located[i][1] == header.base_offset:
-                    position = located[i][0]
-                    record = batch.record_at(position - 1)
-                    event_type, tags, metadata = parse_event_headers(record.headers)
-                    out.append(StoredEvent(position, event_type, tags, record.value, metadata, record.timestamp))
-                    i += 1
-                pos += header.total_size
-            if pos == 0:
-                raise EventStoreError(f"the event index points at a batch at offset {located[i][1]} that the log lacks")
-        return out
-
     # -- groups -----------------------------------------------------------------------------------
 
     async def groups(self, fn: Callable[[GroupManager, int, int], T]) -> T:
@@ -532,16 +489,16 @@ class EventStore:
 
     async def claim_all(
         self, fn: Callable[[GroupManager, int, int], tuple[T, list[Claimed]]]
-    ) -> tuple[tuple[T, list[Claimed]], list[list[StoredEvent]]]:
-        """fn's result, with the events of each claim it returns, read in the same writer job
-        (a prefetching worker's several claims)."""
+    ) -> tuple[tuple[T, list[Claimed]], list[EventColumns]]:
+        """fn's result, with the events of each claim it returns (from the index, as reads), in
+        the same writer job (a prefetching worker's several claims)."""
         until = self.readable_end()
         now = self._clock()
 
-        def run() -> tuple[tuple[T, list[Claimed]], list[list[StoredEvent]]]:
-            self._writer_index()
+        def run() -> tuple[tuple[T, list[Claimed]], list[EventColumns]]:
+            index = self._writer_index()
             assert self._groups is not None
             result = fn(self._groups, until, now)
-            return result, [self.load(c.events) for c in result[1]]
+            return result, [index.events_at([p for p, _ in c.events]) for c in result[1]]
 
         return await self.on_writer(run)
