@@ -20,6 +20,7 @@ import pytest
 from dmq.client import AdminClient, QueueConsumer
 from dmq.client.cli.runner import ClusterThread
 from dmq.client.errors import InvalidArgumentError
+from dmq.client.queue import QueueLease
 from dmq.client.queue_admin import QueueGroupState
 from dmq.client.records import ConsumerRecord
 from dmq.proto import dmq_pb2 as pb
@@ -37,6 +38,15 @@ def _state(bootstrap: str, topic: str, group: str = "g") -> QueueGroupState:
     with AdminClient(bootstrap) as admin:
         [state] = [s for s in admin.describe_queue(topic).groups if s.group == group]
     return state
+
+
+def _pop_acking(q: QueueConsumer, n: int) -> QueueLease | None:
+    """Pop, then n more pops each acking the lease before it: the lease the last one returned."""
+    lease = q.pop(timeout=WAIT_S)
+    for _ in range(n):
+        assert lease is not None
+        lease = q.pop(timeout=WAIT_S, ack=lease)
+    return lease
 
 
 def test_batches_of_1_hand_out_every_record_once_in_order_from_few_broker_leases(cluster: ClusterThread) -> None:
@@ -63,10 +73,7 @@ def test_batches_of_1_hand_out_every_record_once_in_order_from_few_broker_leases
 def test_local_acks_are_made_durable_by_close_and_the_rest_released_uncounted(cluster: ClusterThread) -> None:
     _setup(cluster.bootstrap, "pre-close", 20)
     with QueueConsumer(cluster.bootstrap, "pre-close", "g", max_records=1, prefetch_records=20) as q:
-        lease = q.pop(timeout=WAIT_S)
-        for _ in range(4):
-            assert lease is not None
-            lease = q.pop(timeout=WAIT_S, ack=lease)
+        lease = _pop_acking(q, 4)
         assert lease is not None and lease.start_offset == 4  # offsets 0-3 acked locally only
         before = _state(cluster.bootstrap, "pre-close")
         assert before.acked_offset == 0 and before.lease is not None and before.lease.records == 20
@@ -135,10 +142,7 @@ def test_a_crashed_prefetching_worker_redelivers_after_its_last_durable_ack(clus
 def test_nack_in_the_middle_of_the_prefetched_records(cluster: ClusterThread) -> None:
     _setup(cluster.bootstrap, "pre-nack", 10)
     with QueueConsumer(cluster.bootstrap, "pre-nack", "g", max_records=1, prefetch_records=10) as q:
-        lease = q.pop(timeout=WAIT_S)
-        for _ in range(3):
-            assert lease is not None
-            lease = q.pop(timeout=WAIT_S, ack=lease)
+        lease = _pop_acking(q, 3)
         assert lease is not None and lease.start_offset == 3
         result = q.nack(lease, "boom")  # offsets 0-2 (acked locally) are acknowledged with it
         assert (result.acked_offset, result.delivery_count, result.dead_lettered) == (3, 1, False)
