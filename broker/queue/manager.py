@@ -434,7 +434,9 @@ class QueueManager:
     async def _grant_durably(self, lease: Lease, old: Lease | None) -> None:
         """Store a busy new lease (with `old`'s ack when it is a hand-over); on failure it goes and
         `old` holds the partition again, idle (its ack failed too)."""
-        progress = None if old is None else Progress(lease.start_offset)
+        # as _ack_durably: progress only when the ack moved it (a new Progress resets the count)
+        advanced = old is not None and lease.start_offset > old.start_offset
+        progress = Progress(lease.start_offset) if advanced else None
         try:
             await self.progress.save(lease.topic, lease.partition, lease.group, progress, lease)
         except BaseException:
@@ -599,8 +601,6 @@ class QueueManager:
         if (
             lease.topic == topic and lease.group == group and not self._stopping.is_set()
             and not _setting(self._configs.get(topic), "max_wait_ms", 0)
-            # nothing acknowledged: a hand-over's progress would reset the head's delivery count
-            and new > lease.start_offset
         ):
             # The hand-over takes the partition from where the ack ends (the lease's end, for it).
             end = lease.end_offset
