@@ -1,0 +1,62 @@
+"""EventStore.read() pages through both answer shapes: the columnar one (this broker's, asked
+for with `columnar`) and one message per event (a broker from before columnar answers ignores
+the field). The broker is replaced by canned answers here: the real one always answers columnar."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dmq.client.events import Event, EventStore, SequencedEvent
+from dmq.proto import dmq_pb2 as pb
+
+EVENTS = [SequencedEvent(p, Event("t", (f"k:{p}", "x"), b"p%d" % p, b"m"), 1_000 + p) for p in range(1, 8)]
+HEAD = 6  # event 7 was appended after the read began: never returned
+
+
+def _rows(events: list[SequencedEvent]) -> pb.EventReadResponse:
+    return pb.EventReadResponse(head=HEAD, events=[
+        pb.SequencedEvent(position=e.position, append_time_ms=e.append_time_ms,
+                          event=pb.Event(type=e.type, tags=list(e.tags), payload=e.payload, metadata=e.metadata))
+        for e in events
+    ])
+
+
+def _columns(events: list[SequencedEvent]) -> pb.EventReadResponse:
+    answer = pb.EventReadResponse(head=HEAD)
+    for e in events:
+        answer.positions.append(e.position)
+        answer.types.append(e.type)
+        answer.tags.append("\n".join(e.tags))
+        answer.payloads.append(e.payload)
+        answer.metadata.append(e.metadata)
+        answer.append_times_ms.append(e.append_time_ms)
+    return answer
+
+
+def _store(shape: Any, page: int) -> tuple[EventStore, list[pb.EventReadRequest]]:
+    """A store whose EventRead answers `page` events at a time after the request's cursor."""
+    store = EventStore("127.0.0.1:1", "es")
+    store.close()  # no call reaches a broker
+    requests: list[pb.EventReadRequest] = []
+
+    def call(method: str, request: pb.EventReadRequest, **_: object) -> pb.EventReadResponse:
+        assert method == "EventRead" and request.columnar
+        requests.append(request)
+        return shape([e for e in EVENTS if e.position > request.after][:page])
+
+    store._call = call  # type: ignore[method-assign]
+    return store, requests
+
+
+def test_columnar_answers_are_paged_up_to_the_head() -> None:
+    store, requests = _store(_columns, 4)
+    result = store.read()
+    assert result.head == HEAD and list(result.events) == EVENTS[:6]
+    assert [r.after for r in requests] == [0, 4]
+
+
+def test_an_older_brokers_row_shaped_answers_are_read_and_paged_too() -> None:
+    store, requests = _store(_rows, 4)
+    result = store.read()
+    assert result.head == HEAD and list(result.events) == EVENTS[:6]
+    assert [r.after for r in requests] == [0, 4]
