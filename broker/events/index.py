@@ -2,20 +2,27 @@
 
 File `<partition dir>/events.index.sqlite`:
 
-  meta(key, value)           'end': the log end offset indexed so far (positions <= end are in)
-  events(position PK, type, tags, batch, payload, metadata, time)
+  meta(key, value)           'end': the log end offset indexed so far (positions <= end are in);
+                             'fragments_end': the fragments file's length the rows point into
+  events(position PK, type, tags, batch, payload, metadata, time, at)
                              tags joined by "\\n" (a tag has no control characters); batch = the
                              offset of the record batch holding the event; payload, metadata
                              and time (the record's timestamp, ms) are copies of the log's, so a
-                             read or a claim's events are one query, with no record parsed
+                             claim's events are one query, with no record parsed
   events_by_type(type, position)
-  tags(tag, position) PK     one row per (tag, event); a prefix range over 'name:' finds the
+  tags(tag, position) PK, type, at
+                             one row per (tag, event); a prefix range over 'name:' finds the
                              events carrying an attribute
+  at (events, tags)          where the event's encoded read answer lies in the fragments file
+                             (fragments.py): a read is one query whose matches' `at` SQLite
+                             concatenates, and the answer those fragments joined (read_packed)
+  PRAGMA user_version        LAYOUT: an index of another layout is rebuilt from the log
 
-The log is the truth: every column is derived from the log (catch_up() writes the same rows as
-an append), so an index rebuilt from the log equals the one written by the appends. The index is written before an append is acknowledged (same writer thread
-and connection, see store.py, so every later query sees it) and committed in groups, without
-fsync (WAL, synchronous=NORMAL; see COMMIT_ROWS): after a crash it may lag the log or, when the
+The log is the truth: every column and fragment is derived from the log (catch_up() writes the
+same rows as an append), so an index rebuilt from the log equals the one written by the appends.
+The index is written before an append is acknowledged (same writer thread and connection, see
+store.py, so every later query sees it) and committed in groups, without fsync (WAL,
+synchronous=NORMAL; see COMMIT_ROWS): after a crash it may lag the log or, when the
 log lost a torn or rolled-back tail, run ahead of it. `catch_up()` deletes what lies beyond the log
 end and indexes the log from `end` to the log end, so an open index always equals the log. A file
 SQLite cannot read is deleted and rebuilt from the log.
@@ -39,6 +46,7 @@ import structlog
 
 from dmq.broker.events.query import QueryItem
 from dmq.broker.log import PartitionLog
+from dmq.broker.events.fragments import AT, FragmentsFile, FragmentsLostError, answer_fragment
 from dmq.proto import records
 from dmq.proto.event_headers import parse_event_headers
 
@@ -61,10 +69,13 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS events(position INTEGER PRIMARY KEY, type TEXT NOT NULL, tags TEXT NOT NULL,
                                   batch INTEGER NOT NULL, payload BLOB NOT NULL, metadata BLOB NOT NULL,
-                                  time INTEGER NOT NULL);
+                                  time INTEGER NOT NULL, at BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS events_by_type ON events(type, position);
-CREATE TABLE IF NOT EXISTS tags(tag TEXT NOT NULL, position INTEGER NOT NULL, PRIMARY KEY(tag, position)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tags(tag TEXT NOT NULL, position INTEGER NOT NULL, type TEXT NOT NULL,
+                                at BLOB NOT NULL, PRIMARY KEY(tag, position)) WITHOUT ROWID;
 """
+# The index's layout (PRAGMA user_version); 0 was the layout before it was recorded.
+LAYOUT = 3
 # (position, type, tags, batch offset)
 IndexedEvent = tuple[int, str, str, int]
 # What stage() takes: (position, type, tags, batch offset, payload, metadata, record timestamp ms)
@@ -88,6 +99,14 @@ class EventColumns(NamedTuple):
     times_ms: list[int]
 
 
+class PackedEvents(NamedTuple):
+    """Matching events as one encoded columnar answer (read_packed)."""
+
+    columns: bytes  # an encoded EventReadResponse holding only its columns (positions .. append_times_ms)
+    event_count: int
+    read_to: int  # the answer holds every matching event in (after, read_to]; 0: not known past its last
+
+
 def _sum4(a: int, b: int, c: int, d: int) -> int:
     return a + b + c + d
 
@@ -106,6 +125,14 @@ class EventIndex:
         self.path = os.path.join(directory, INDEX_FILE)
         self._clock = clock
         self._db = self._connect()
+        try:
+            self._fragments = FragmentsFile(directory, self._read_meta("fragments_end"))
+        except FragmentsLostError as e:
+            # rows point at fragments a crash took (never once their commit was fsynced, see
+            # commit(); a file lost or cut by hand): rebuilt from the log
+            log.warning("event index fragments missing; rebuilding the index from the log", path=self.path, error=str(e))
+            self._db.executescript("DELETE FROM tags; DELETE FROM events; DELETE FROM meta;")
+            self._fragments = FragmentsFile(directory, 0)
         self.end = self._read_end()
         self._in_transaction = False
         self._staged_rows = 0
@@ -122,23 +149,28 @@ class EventIndex:
         # The tag rows of new events land all over the (tag, position) tree: with SQLite's
         # default 2 MB page cache most inserts read pages back from the OS.
         db.execute(f"PRAGMA cache_size=-{INDEX_CACHE_KIB}")
-        columns = {row[1] for row in db.execute("PRAGMA table_info(events)")}
-        if columns and "payload" not in columns:
-            # An index of an older layout (no payload columns): rebuilt from the log (end 0).
-            log.info("event index has an older layout; rebuilding it from the log", path=self.path)
+        layout = db.execute("PRAGMA user_version").fetchone()[0]
+        if layout != LAYOUT and db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone():
+            # An index of another layout: rebuilt from the log (end 0).
+            log.info("event index has another layout; rebuilding it from the log", path=self.path, layout=layout)
             db.executescript("DROP TABLE IF EXISTS tags; DROP TABLE IF EXISTS events; DROP TABLE IF EXISTS meta;")
         db.executescript(_SCHEMA)
+        db.execute(f"PRAGMA user_version={LAYOUT}")
         return db
 
-    def _read_end(self) -> int:
-        row = self._db.execute("SELECT value FROM meta WHERE key='end'").fetchone()
+    def _read_meta(self, key: str) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return int(row[0]) if row else 0
+
+    def _read_end(self) -> int:
+        return self._read_meta("end")
 
     def close(self) -> None:
         try:
             self.commit()
         finally:
             self._db.close()
+            self._fragments.close()
 
     # -- writing (the writer's connection) ----------------------------------------------------
 
@@ -180,10 +212,17 @@ class EventIndex:
         self._db.execute("PRAGMA synchronous=FULL")
         try:
             with self.transaction():
+                # fragments are appended in position order: those of the events cut start at the
+                # first one's start; the file is cut there once the rows are gone for good
+                row = self._db.execute("SELECT at FROM events WHERE position > ? ORDER BY position LIMIT 1",
+                                       (end_offset,)).fetchone()
+                fragments_end = AT.unpack(row[0])[0] if row else self._fragments.end
                 self._db.execute("DELETE FROM tags WHERE position > ?", (end_offset,))
                 self._db.execute("DELETE FROM events WHERE position > ?", (end_offset,))
                 self.end = end_offset
+                self._fragments.end = fragments_end  # what commit() records
             self.commit()
+            self._fragments.cut(fragments_end)
         finally:
             self._db.execute("PRAGMA synchronous=NORMAL")
         log.warning("event index cut back to the log end", path=self.path, was=was, end=end_offset)
@@ -210,13 +249,18 @@ class EventIndex:
             self._staged_rows = 0
             self._db.execute("ROLLBACK")
             self.end = self._read_end()
+            self._fragments.cut(self._read_meta("fragments_end"))
 
     def commit(self) -> None:
         """Commit what is staged (and `end` with it)."""
         if not self._in_transaction:
             return
         try:
-            self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('end', ?)", (self.end,))
+            # the fragments the rows point at are durable before the rows can be (once a second
+            # or COMMIT_ROWS rows: cheap)
+            self._fragments.sync()
+            self._db.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                                 (("end", self.end), ("fragments_end", self._fragments.end)))
             self._db.execute("COMMIT")
         except BaseException:
             self._rollback()
@@ -230,14 +274,20 @@ class EventIndex:
         and move `end` to end_offset, inside a transaction(); queries on this connection see them
         at once."""
         db = self._db
+        joined = ["\n".join(row[2]) for row in rows]
+        # the fragments first: a row never points at bytes not yet written
+        ats = self._fragments.append([answer_fragment(p, t, j, payload, meta, ms)
+                                      for (p, t, _, _, payload, meta, ms), j in zip(rows, joined, strict=True)])
+        at_of = [ats[i : i + AT.size] for i in range(0, len(ats), AT.size)]
         db.executemany(
-            "INSERT OR REPLACE INTO events(position, type, tags, batch, payload, metadata, time)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(p, t, "\n".join(tags), b, payload, meta, ms) for p, t, tags, b, payload, meta, ms in rows],
+            "INSERT OR REPLACE INTO events(position, type, tags, batch, payload, metadata, time, at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(p, t, j, b, payload, meta, ms, at)
+             for (p, t, _, b, payload, meta, ms), j, at in zip(rows, joined, at_of, strict=True)],
         )
         db.executemany(
-            "INSERT OR IGNORE INTO tags(tag, position) VALUES (?, ?)",
-            [(tag, row[0]) for row in rows for tag in row[2]],
+            "INSERT OR IGNORE INTO tags(tag, position, type, at) VALUES (?, ?, ?, ?)",
+            [(tag, row[0], row[1], at) for row, at in zip(rows, at_of, strict=True) for tag in row[2]],
         )
         self._staged_rows += len(rows) + sum(len(row[2]) for row in rows)
         self.end = end_offset
@@ -292,8 +342,8 @@ class EventIndex:
 
     def read(self, query: Sequence[QueryItem], after: int, until: int, limit: int,
              max_bytes: int = READ_ANSWER_BYTES) -> EventColumns:
-        """The first `limit` events in (after, until] that match, whole, from the index alone,
-        cut before the event that would take the answer past `max_bytes` (never before the
+        """The first `limit` events in (after, until] that match, whole, from the index alone, as
+        columns (subscriptions, and clients that do not take packed answers: see read_packed), cut before the event that would take the answer past `max_bytes` (never before the
         first): one query, columns built by zip (no per-event Python)."""
         items = list(query) or [QueryItem()]
         params: list[object] = []
@@ -319,6 +369,67 @@ class EventIndex:
             keep = max(1, bisect_right(total, max_bytes) - 1)
             del positions[keep:], types[keep:], tags[keep:], payloads[keep:], metadata[keep:], times[keep:]
         return EventColumns(positions, types, tags, payloads, metadata, times)
+
+    @staticmethod
+    def _at_item_sql(item: QueryItem, after: int, until: int, params: list[object]) -> str:
+        """SELECT position, at of the events matching one item in (after, until]: from the tags
+        table alone when the item names a tag (no lookup of the events table), else from the
+        events table."""
+        if not item.tags:
+            sql = "SELECT position, at FROM events WHERE position > ? AND position <= ?"
+            params += [after, until]
+            if item.types:
+                sql += f" AND type IN ({','.join('?' * len(item.types))})"
+                params += item.types
+            return sql
+        first, *rest = item.tags
+        sql = "SELECT t0.position AS position, t0.at AS at FROM tags t0"
+        for i, _ in enumerate(rest, 1):
+            sql += f" JOIN tags t{i} ON t{i}.tag = ? AND t{i}.position = t0.position"
+        params += rest
+        sql += " WHERE t0.tag = ? AND t0.position > ? AND t0.position <= ?"
+        params += [first, after, until]
+        if item.types:
+            sql += f" AND t0.type IN ({','.join('?' * len(item.types))})"
+            params += item.types
+        return sql
+
+    def read_packed(self, query: Sequence[QueryItem], after: int, until: int, limit: int,
+                    max_bytes: int = READ_ANSWER_BYTES) -> PackedEvents:
+        """read() as one encoded answer: the fragments (fragments.py) of the first `limit`
+        matches, concatenated, cut before the fragment that would take it past `max_bytes`
+        (never before the first). SQLite concatenates the matches' (offset, length) pairs, so no
+        row becomes a Python object."""
+        items = list(query) or [QueryItem()]
+        params: list[object] = []
+        if len(items) == 1:
+            # ordered by the driving rows, already in position order (see read())
+            inner = self._at_item_sql(items[0], after, until, params) + " ORDER BY position LIMIT ?"
+        else:
+            union = " UNION ".join(self._at_item_sql(item, after, until, params) for item in items)
+            inner = f"SELECT position, at FROM ({union}) ORDER BY position LIMIT ?"
+        # group_concat takes the rows in the order the subquery yields them (position order). The
+        # CAST keeps the bytes as they are: the result is a blob, not text to decode.
+        sql = f"SELECT CAST(group_concat(at, '') AS BLOB), count(*), max(position) FROM ({inner})"
+        ats, count, last = self._db.execute(sql, [*params, limit]).fetchone()
+        if count == 0:
+            return PackedEvents(b"", 0, until)
+        if len(ats) != count * AT.size:
+            raise ValueError(f"event index: {count} matches gave {len(ats)} bytes of fragment addresses")
+        columns, ends = self._fragments.gather(ats)
+        if len(columns) > max_bytes:
+            keep = max(1, bisect_right(ends, max_bytes))
+            return PackedEvents(columns[: ends[keep - 1]], keep, 0)  # read_to: not known
+        # A full answer reaches `until` when no match lies beyond its last event: then the client
+        # needs no further call to learn that the read is complete.
+        complete = count < limit or not self._match_after(items, last, until)
+        return PackedEvents(columns, count, until if complete else last)
+
+    def _match_after(self, items: Sequence[QueryItem], after: int, until: int) -> bool:
+        """Whether an event in (after, until] matches: the first row found ends the scan."""
+        params: list[object] = []
+        union = " UNION ALL ".join(self._at_item_sql(item, after, until, params) for item in items)
+        return self._db.execute(f"SELECT 1 FROM ({union}) LIMIT 1", params).fetchone() is not None
 
     def events_at(self, positions: Sequence[int]) -> EventColumns:
         """The events at these positions (ascending, indexed), whole, from the index alone: what a

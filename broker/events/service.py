@@ -238,6 +238,9 @@ class EventStoreRpcs:
         _check_position(request.after, "after")
         limit = _limit(request.limit, "limit", DEFAULT_READ_LIMIT)
         store = await self._store(request.topic)
+        if request.columnar and request.packed:
+            packed, head = await store.read_packed(query, request.after, limit)
+            return pb.EventReadResponse(head=head, packed_columns=packed.columns, read_to=packed.read_to)
         events, head = await store.read(query, request.after, limit)
         if request.columnar:
             return columns_to_proto(events, head)

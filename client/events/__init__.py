@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import FrozenInstanceError, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import grpc
 
@@ -100,43 +101,79 @@ class Event:
         return pb.Event(type=self.type, tags=list(self.tags), payload=self.payload, metadata=self.metadata)
 
 
+class _Columns(Protocol):
+    """Events as parallel columns: a columnar EventReadResponse, or _OneEvent."""
+
+    @property
+    def positions(self) -> Sequence[int]: ...
+    @property
+    def types(self) -> Sequence[str]: ...
+    @property
+    def tags(self) -> Sequence[str]: ...  # joined by "\n"
+    @property
+    def payloads(self) -> Sequence[bytes]: ...
+    @property
+    def metadata(self) -> Sequence[bytes]: ...
+    @property
+    def append_times_ms(self) -> Sequence[int]: ...
+
+
+class _OneEvent(NamedTuple):
+    """The columns of an event made with SequencedEvent(position, event, append_time_ms)."""
+
+    positions: tuple[int]
+    types: tuple[str]
+    tags: tuple[str]
+    payloads: tuple[bytes]
+    metadata: tuple[bytes]
+    append_times_ms: tuple[int]
+
+
 class SequencedEvent:
     """An event and its position: `SequencedEvent(position, event, append_time_ms=0)`, frozen,
     compared and hashed by those three fields (as the dataclass it replaces).
 
     Written by hand, with __slots__, so that a read of many events builds one small object per
-    event (`_from_columns`): the Event and its tags tuple are built on first use of `event` or
-    `tags`; `type`, `payload` and `metadata` need neither."""
+    event (`_from_columns`): a view of row `_i` of the answer's columns, each field taken from
+    its column when used, and the Event and its tags tuple built on first use of `event` or
+    `tags`. An event of a read therefore keeps that read's answer (at most one page, ~32 MiB)
+    in memory while it lives."""
 
-    __slots__ = ("position", "append_time_ms", "_event", "_type", "_tags", "_payload", "_metadata")
+    __slots__ = ("_columns", "_i", "_event")
     __match_args__ = ("position", "event", "append_time_ms")
 
-    position: int
-    append_time_ms: int
-    _event: Event | None
-    _type: str
-    _tags: str  # joined by "\n" (only read while _event is None)
-    _payload: bytes
-    _metadata: bytes
+    _columns: _Columns
+    _i: int
+    _event: Event  # unset until first built (a view of a read's answer)
 
     def __init__(self, position: int, event: Event, append_time_ms: int = 0) -> None:
-        for name, value in (("position", position), ("append_time_ms", append_time_ms), ("_event", event),
-                            ("_type", event.type), ("_tags", ""), ("_payload", event.payload),
-                            ("_metadata", event.metadata)):
-            object.__setattr__(self, name, value)
+        _set_columns(self, _OneEvent((position,), (event.type,), ("",), (event.payload,), (event.metadata,),
+                                     (append_time_ms,)))
+        _set_i(self, 0)
+        _set_event(self, event)
+
+    @property
+    def position(self) -> int:
+        return self._columns.positions[self._i]
+
+    @property
+    def append_time_ms(self) -> int:
+        return self._columns.append_times_ms[self._i]
 
     @property
     def event(self) -> Event:
-        e = self._event
-        if e is None:
-            joined = self._tags
-            e = Event(self._type, tuple(joined.split("\n")) if joined else (), self._payload, self._metadata)
+        try:
+            return self._event
+        except AttributeError:
+            c, i = self._columns, self._i
+            joined = c.tags[i]
+            e = Event(c.types[i], tuple(joined.split("\n")) if joined else (), c.payloads[i], c.metadata[i])
             _set_event(self, e)
-        return e
+            return e
 
     @property
     def type(self) -> str:
-        return self._type
+        return self._columns.types[self._i]
 
     @property
     def tags(self) -> Sequence[str]:
@@ -144,11 +181,11 @@ class SequencedEvent:
 
     @property
     def payload(self) -> bytes:
-        return self._payload
+        return self._columns.payloads[self._i]
 
     @property
     def metadata(self) -> bytes:
-        return self._metadata
+        return self._columns.metadata[self._i]
 
     def __setattr__(self, name: str, value: object) -> None:
         raise FrozenInstanceError(f"cannot assign to field {name!r}")
@@ -177,25 +214,24 @@ class SequencedEvent:
         return cls(e.position, Event(ev.type, tuple(ev.tags), ev.payload, ev.metadata), e.append_time_ms)
 
     @staticmethod
-    def _from_columns(answer: pb.EventReadResponse, head: int) -> list[SequencedEvent]:
-        """The events of a columnar answer at positions <= head (a loop of slot stores: the
-        cost per event that a read of many events pays)."""
+    def _from_columns(answer: _Columns, head: int) -> list[SequencedEvent]:
+        """Views of the events of a columnar answer at positions <= head (positions ascend): per
+        event, one object and two slot stores, the cost a read of many events pays."""
+        positions = answer.positions
+        n = len(positions)
+        columns = (answer.types, answer.tags, answer.payloads, answer.metadata, answer.append_times_ms)
+        if any(len(c) != n for c in columns):
+            raise DMQError(f"malformed event read answer: columns of {[n, *map(len, columns)]} entries")
+        if n and positions[-1] > head:
+            n = bisect_right(positions, head)
         out: list[SequencedEvent] = []
         add = out.append
         new = object.__new__
         cls = SequencedEvent
-        for p, t, g, pl, m, ms in zip(answer.positions, answer.types, answer.tags, answer.payloads,
-                                      answer.metadata, answer.append_times_ms, strict=True):
-            if p > head:
-                break
+        for i in range(n):
             e = new(cls)
-            _set_position(e, p)
-            _set_time(e, ms)
-            _set_event(e, None)
-            _set_type(e, t)
-            _set_tags(e, g)
-            _set_payload(e, pl)
-            _set_metadata(e, m)
+            _set_columns(e, answer)
+            _set_i(e, i)
             add(e)
         return out
 
@@ -206,13 +242,9 @@ def _slot_setter(name: str) -> Callable[[SequencedEvent, Any], None]:
     return setter
 
 
-_set_position = _slot_setter("position")
-_set_time = _slot_setter("append_time_ms")
+_set_columns = _slot_setter("_columns")
+_set_i = _slot_setter("_i")
 _set_event = _slot_setter("_event")
-_set_type = _slot_setter("_type")
-_set_tags = _slot_setter("_tags")
-_set_payload = _slot_setter("_payload")
-_set_metadata = _slot_setter("_metadata")
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,11 +494,12 @@ class EventStore:
             # a short page is not the end, only an empty one or one reaching the head is
             page = 0 if limit is None else min(limit - len(out), READ_LIMIT_MAX)
             answer = self._call("EventRead", pb.EventReadRequest(topic=self.topic, query=q, after=cursor, limit=page,
-                                                                  columnar=True),
+                                                                  columnar=True, packed=True),
                                 attempts=READ_ATTEMPTS)
             if head is None:
                 head = answer.head
-            positions = answer.positions
+            columns = pb.EventReadResponse.FromString(answer.packed_columns) if answer.packed_columns else answer
+            positions = columns.positions
             if not positions:
                 if answer.events:  # a broker from before columnar answers: one message per event
                     out.extend(SequencedEvent.from_proto(e) for e in answer.events if e.position <= head)
@@ -474,10 +507,11 @@ class EventStore:
                         cursor = answer.events[-1].position
                         continue
                 break
-            out += SequencedEvent._from_columns(answer, head)
-            if positions[-1] >= head:
+            out += SequencedEvent._from_columns(columns, head)
+            # read_to (when the broker knows it): no match lies between the last event and it
+            cursor = max(positions[-1], answer.read_to)
+            if cursor >= head:
                 break
-            cursor = positions[-1]
         return ReadResult(out, head or 0)
 
     def head(self) -> int:

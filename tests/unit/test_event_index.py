@@ -135,9 +135,9 @@ def test_an_index_of_the_older_layout_is_rebuilt_from_the_log(tmp_path: pathlib.
     assert store._index is not None
     store._index.close()
     path = tmp_path / "es-0" / INDEX_FILE
-    db = sqlite3.connect(path)  # the layout before the read columns: events without payloads
+    db = sqlite3.connect(path)  # the layout before the read columns: events without payloads, no user_version
     db.executescript("DROP TABLE events; CREATE TABLE events(position INTEGER PRIMARY KEY, type TEXT NOT NULL,"
-                     " tags TEXT NOT NULL, batch INTEGER NOT NULL);")
+                     " tags TEXT NOT NULL, batch INTEGER NOT NULL); PRAGMA user_version=0;")
     db.close()
     again = EventIndex(str(tmp_path / "es-0"))
     assert again.end == 0 and again.catch_up(plog) == 2

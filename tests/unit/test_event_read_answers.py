@@ -4,6 +4,7 @@ the field). The broker is replaced by canned answers here: the real one always a
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 from dmq.client.events import Event, EventStore, SequencedEvent
@@ -60,3 +61,29 @@ def test_an_older_brokers_row_shaped_answers_are_read_and_paged_too() -> None:
     result = store.read()
     assert result.head == HEAD and list(result.events) == EVENTS[:6]
     assert [r.after for r in requests] == [0, 4]
+
+
+def _packed(events: list[SequencedEvent], read_to: int = 0) -> pb.EventReadResponse:
+    return pb.EventReadResponse(head=HEAD, packed_columns=_columns(events).SerializeToString(), read_to=read_to)
+
+
+def test_packed_answers_are_paged_and_read_to_saves_the_last_call() -> None:
+    store, requests = _store(_packed, 4)
+    result = store.read()
+    assert result.head == HEAD and list(result.events) == EVENTS[:6]
+    assert [r.after for r in requests] == [0, 4] and all(r.packed for r in requests)
+    # the broker says no match lies past the page's last event up to the head: one call
+    store, requests = _store(lambda events: _packed(events, read_to=HEAD), 10)
+    assert list(store.read().events) == EVENTS[:6] and len(requests) == 1
+    # read_to past the last event but short of the head: the next call starts there
+    store, requests = _store(lambda events: _packed(events, read_to=5), 3)
+    store.read()
+    assert [r.after for r in requests] == [0, 5]
+
+
+def test_events_of_a_read_are_views_that_behave_as_values() -> None:
+    store, _ = _store(_packed, 10)
+    got = store.read().events
+    assert got == EVENTS[:6] and hash(got[2]) == hash(EVENTS[2]) and got[2].tags == ("k:3", "x")
+    assert (got[0].position, got[0].type, got[0].payload, got[0].metadata, got[0].append_time_ms) == (1, "t", b"p1", b"m", 1_001)
+    assert pickle.loads(pickle.dumps(got[1])) == EVENTS[1]
