@@ -4,18 +4,19 @@ File `<partition dir>/events.index.sqlite`:
 
   meta(key, value)           'end': the log end offset indexed so far (positions <= end are in);
                              'fragments_end': the fragments file's length the rows point into
-  events(position PK, type, tags, batch, payload, metadata, time, at)
+  events(position PK, type, tags, batch, at)
                              tags joined by "\\n" (a tag has no control characters); batch = the
-                             offset of the record batch holding the event; payload, metadata
-                             and time (the record's timestamp, ms) are copies of the log's, so a
-                             claim's events are one query, with no record parsed
+                             offset of the record batch holding the event
   events_by_type(type, position)
   tags(tag, position) PK, type, at
                              one row per (tag, event); a prefix range over 'name:' finds the
                              events carrying an attribute
   at (events, tags)          where the event's encoded read answer lies in the fragments file
-                             (fragments.py): a read is one query whose matches' `at` SQLite
-                             concatenates, and the answer those fragments joined (read_packed)
+                             (fragments.py): the whole event (payload, metadata and the record's
+                             timestamp too, copies of the log's), so a read or a claim's events
+                             need no record parsed: a read is one query whose matches' `at`
+                             SQLite concatenates, and the answer those fragments joined
+                             (read_packed)
   PRAGMA user_version        LAYOUT: an index of another layout is rebuilt from the log
 
 The log is the truth: every column and fragment is derived from the log (catch_up() writes the
@@ -39,7 +40,6 @@ import sqlite3
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
-from itertools import accumulate
 from typing import NamedTuple
 
 import structlog
@@ -47,6 +47,7 @@ import structlog
 from dmq.broker.events.query import QueryItem
 from dmq.broker.log import PartitionLog
 from dmq.broker.events.fragments import AT, FragmentsFile, FragmentsLostError, answer_fragment
+from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
 from dmq.proto.event_headers import parse_event_headers
 
@@ -68,8 +69,7 @@ INDEX_CACHE_KIB = 64 * 1024
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS events(position INTEGER PRIMARY KEY, type TEXT NOT NULL, tags TEXT NOT NULL,
-                                  batch INTEGER NOT NULL, payload BLOB NOT NULL, metadata BLOB NOT NULL,
-                                  time INTEGER NOT NULL, at BLOB NOT NULL);
+                                  batch INTEGER NOT NULL, at BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS events_by_type ON events(type, position);
 CREATE TABLE IF NOT EXISTS tags(tag TEXT NOT NULL, position INTEGER NOT NULL, type TEXT NOT NULL,
                                 at BLOB NOT NULL, PRIMARY KEY(tag, position)) WITHOUT ROWID;
@@ -107,8 +107,10 @@ class PackedEvents(NamedTuple):
     read_to: int  # the answer holds every matching event in (after, read_to]; 0: not known past its last
 
 
-def _sum4(a: int, b: int, c: int, d: int) -> int:
-    return a + b + c + d
+def _columns_of(packed: bytes) -> EventColumns:
+    a = pb.EventReadResponse.FromString(packed)
+    return EventColumns(list(a.positions), list(a.types), list(a.tags), list(a.payloads), list(a.metadata),
+                        list(a.append_times_ms))
 
 
 def split_tags(joined: str) -> list[str]:
@@ -280,10 +282,8 @@ class EventIndex:
                                       for (p, t, _, _, payload, meta, ms), j in zip(rows, joined, strict=True)])
         at_of = [ats[i : i + AT.size] for i in range(0, len(ats), AT.size)]
         db.executemany(
-            "INSERT OR REPLACE INTO events(position, type, tags, batch, payload, metadata, time, at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(p, t, j, b, payload, meta, ms, at)
-             for (p, t, _, b, payload, meta, ms), j, at in zip(rows, joined, at_of, strict=True)],
+            "INSERT OR REPLACE INTO events(position, type, tags, batch, at) VALUES (?, ?, ?, ?, ?)",
+            [(p, t, j, b, at) for (p, t, _, b, _, _, _), j, at in zip(rows, joined, at_of, strict=True)],
         )
         db.executemany(
             "INSERT OR IGNORE INTO tags(tag, position, type, at) VALUES (?, ?, ?, ?)",
@@ -342,33 +342,8 @@ class EventIndex:
 
     def read(self, query: Sequence[QueryItem], after: int, until: int, limit: int,
              max_bytes: int = READ_ANSWER_BYTES) -> EventColumns:
-        """The first `limit` events in (after, until] that match, whole, from the index alone, as
-        columns (subscriptions, and clients that do not take packed answers: see read_packed), cut before the event that would take the answer past `max_bytes` (never before the
-        first): one query, columns built by zip (no per-event Python)."""
-        items = list(query) or [QueryItem()]
-        params: list[object] = []
-        cols = "e.position, e.type, e.tags, e.payload, e.metadata, e.time"
-        if len(items) == 1:
-            # The item's own join with events yields the columns (no second lookup per match).
-            # Ordered by the driving tag's rows (already in position order): SQLite then stops
-            # at `limit`; "ORDER BY e.position" made it sort every match in the range first.
-            order = "t0.position" if items[0].tags else "e.position"
-            sql = self._item_sql(items[0], after, until, params, columns=cols) + f" ORDER BY {order} LIMIT ?"
-        else:
-            union = " UNION ".join(self._item_sql(item, after, until, params) for item in items)
-            sql = (f"SELECT {cols} FROM (SELECT position FROM ({union}) ORDER BY position LIMIT ?) m"
-                   " JOIN events e ON e.position = m.position ORDER BY e.position")
-        rows = self._db.execute(sql, [*params, limit]).fetchall()
-        if not rows:
-            return EventColumns([], [], [], [], [], [])
-        positions, types, tags, payloads, metadata, times = map(list, zip(*rows, strict=True))
-        columns = (payloads, metadata, tags, types)
-        if sum(sum(map(len, c)) for c in columns) > max_bytes:
-            # total[k]: the bytes of the first k events; keep the longest prefix within max_bytes
-            total = list(accumulate(map(_sum4, *(map(len, c) for c in columns)), initial=0))
-            keep = max(1, bisect_right(total, max_bytes) - 1)
-            del positions[keep:], types[keep:], tags[keep:], payloads[keep:], metadata[keep:], times[keep:]
-        return EventColumns(positions, types, tags, payloads, metadata, times)
+        """read_packed(), as columns (subscriptions, and clients that do not take packed answers)."""
+        return _columns_of(self.read_packed(query, after, until, limit, max_bytes).columns)
 
     @staticmethod
     def _at_item_sql(item: QueryItem, after: int, until: int, params: list[object]) -> str:
@@ -434,18 +409,15 @@ class EventIndex:
     def events_at(self, positions: Sequence[int]) -> EventColumns:
         """The events at these positions (ascending, indexed), whole, from the index alone: what a
         claim returns (its positions come from the group's fetch)."""
-        rows: list[tuple[int, str, str, bytes, bytes, int]] = []
+        ats = []
         for i in range(0, len(positions), POSITIONS_PER_QUERY):
             chunk = positions[i : i + POSITIONS_PER_QUERY]
-            rows += self._db.execute(
-                "SELECT position, type, tags, payload, metadata, time FROM events"
-                f" WHERE position IN ({','.join('?' * len(chunk))}) ORDER BY position",
+            ats.append(self._db.execute(
+                "SELECT CAST(group_concat(at, '') AS BLOB) FROM"
+                f" (SELECT at FROM events WHERE position IN ({','.join('?' * len(chunk))}) ORDER BY position)",
                 chunk,
-            ).fetchall()
-        if not rows:
-            return EventColumns([], [], [], [], [], [])
-        positions_, types, tags, payloads, metadata, times = map(list, zip(*rows, strict=True))
-        return EventColumns(positions_, types, tags, payloads, metadata, times)
+            ).fetchone()[0] or b"")
+        return _columns_of(self._fragments.gather(b"".join(ats))[0])
 
     def first_match(self, query: Sequence[QueryItem], after: int, until: int) -> int | None:
         rows = self.matching(query, after, until, 1)
