@@ -134,7 +134,7 @@ def cond_client(bootstrap: str, topic: str, k: int, n: int, barrier: Any, out_q:
             pass
         barrier.wait(timeout=120)
         lat, conflicts = [], 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(WARMUP, WARMUP + n):
             t = time.perf_counter()
             try:
@@ -142,8 +142,8 @@ def cond_client(bootstrap: str, topic: str, k: int, n: int, barrier: Any, out_q:
             except AppendConditionError:
                 conflicts += 1
             lat.append(time.perf_counter() - t)
-        t1 = time.perf_counter()
-    out_q.put({"start": t0, "end": t1, "n": n, "conflicts": conflicts, "lat": lat})
+        t1, c1 = time.perf_counter(), time.process_time()
+    out_q.put({"start": t0, "end": t1, "n": n, "conflicts": conflicts, "lat": lat, "cpu_s": c1 - c0})
 
 
 def run_cond(bootstrap: str, topic: str, clients: int, total: int) -> dict[str, Any]:
@@ -163,6 +163,7 @@ def run_cond(bootstrap: str, topic: str, clients: int, total: int) -> dict[str, 
     lat = sorted(x for r in res for x in r["lat"])
     return {"clients": clients, "n": per * clients, "rate": per * clients / wall,
             "conflicts": sum(r["conflicts"] for r in res),
+            "client_cpu_ms": sum(r["cpu_s"] for r in res) / (per * clients) * 1e3,
             "p50_ms": lat[len(lat) // 2] * 1e3, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3}
 
 
@@ -213,6 +214,18 @@ def run_claims(bootstrap: str, partitions: int, workers: int, prefetch: int) -> 
               f"{cycles / seconds:,.0f} cycles/s")
 
 
+def run_appends(server: Any, bootstrap: str, clients: int, total: int) -> None:
+    """(a) from 1 and from `clients` processes, with the CPU each append costs the server and a client
+    (the server's includes the clients' warm-up appends, a few per cent)."""
+    for k in (1, clients):
+        cpu0 = server.cpu_s()
+        r = run_cond(bootstrap, "store", k, total)
+        server_ms = (server.cpu_s() - cpu0) / (r["n"] + k * WARMUP) * 1e3
+        print(f"(a) conditional append, 1 event, {k} client process(es): {r['rate']:,.0f} appends/s "
+              f"(p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, conflicts {r['conflicts']}); CPU per append: "
+              f"server {server_ms:.2f} ms, client {r['client_cpu_ms']:.2f} ms; load average {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=1_000_000, help="events in the store (fill)")
@@ -226,6 +239,7 @@ def main() -> None:
                     help="(e) is also run with this many worker threads (their acks share fsyncs)")
     ap.add_argument("--only-claims", action="store_true", help="run (e) only")
     ap.add_argument("--only-reads", action="store_true", help="run (b) and (c) only")
+    ap.add_argument("--only-appends", action="store_true", help="run (b) and (a) only")
     args = ap.parse_args()
     print(f"event store bench: n={args.n:,} cond-n={args.cond_n:,} clients={args.clients} cycles={args.cycles:,} "
           f"load average {os.getloadavg()[0]:.1f}")
@@ -240,6 +254,9 @@ def main() -> None:
             s = fill(b, "store", args.n, seed=1)
             print(f"(b) unconditional append x{BATCH}, store 0 -> {args.n:,}: {args.n / s:,.0f} events/s ({s:.1f} s)")
             expected = args.n // HOT_EVERY
+            if args.only_appends:
+                run_appends(server, b, args.clients, args.cond_n)
+                return
             whole, paged = tag_reads(b, "store", args.reads, expected)
             print(f"(c) tag query {HOT_TAG}: {expected:,} of {args.n:,} events, one read: "
                   f"{expected / statistics.median(whole):,.0f} events/s (median of {args.reads}: "
@@ -247,10 +264,7 @@ def main() -> None:
             if args.only_reads:
                 print(f"server CPU {server.cpu_s():.1f} s; load average {os.getloadavg()[0]:.1f}")
                 return
-            for clients in (1, args.clients):
-                r = run_cond(b, "store", clients, args.cond_n)
-                print(f"(a) conditional append, 1 event, {clients} client process(es): {r['rate']:,.0f} appends/s "
-                      f"(p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, conflicts {r['conflicts']})")
+            run_appends(server, b, args.clients, args.cond_n)
             run_claims(b, args.cycles, args.claim_workers, args.claim_prefetch)
             print(f"server CPU {server.cpu_s():.1f} s; load average {os.getloadavg()[0]:.1f}")
         finally:
