@@ -925,14 +925,16 @@ class RecordBatch:
         return repeat(first, n) if deltas is None else map(add, repeat(first), deltas)
 
     def _iter_values(self) -> Iterator[bytes]:
-        blob = bytes(self.value_blob)
-        offs: list[int] = self.value_offsets.tolist()
-        n = len(offs) - 1
-        size = offs[1] if n > 1 else 0
-        if size > 0 and offs[n] == size * n and offs == list(range(0, size * n + 1, size)):
+        vo = self.value_offsets
+        n = len(vo) - 1
+        size = vo[1] if n > 1 else 0
+        if size > 0 and vo[n] == size * n and vo.tobytes() == _same_size_offsets(size, n):
             # Values of one size (fixed-size messages), their offsets proven monotonic by that
-            # comparison: one C call cuts them all (1,000 of 100 bytes: ~20 us, not ~100 us).
-            return iter(_same_size_values(size, n).unpack(blob))
+            # comparison (one memcmp, no int per record): one C call cuts them all from the blob
+            # as it is (1,000 of 100 bytes: ~10 us, not ~100 us).
+            return iter(_same_size_values(size, n).unpack(self.value_blob))
+        blob = bytes(self.value_blob)
+        offs: list[int] = vo.tolist()
         self._check_monotonic("value_offsets", offs)
         return (blob[a:b] for a, b in pairwise(offs))
 
@@ -1060,6 +1062,20 @@ def _same_size_values(size: int, count: int) -> struct.Struct:
         if len(_SAME_SIZE_STRUCTS) < _SAME_SIZE_STRUCTS_MAX:
             _SAME_SIZE_STRUCTS[(size, count)] = s
     return s
+
+
+_SAME_SIZE_OFFSETS: dict[tuple[int, int], bytes] = {}
+
+
+def _same_size_offsets(size: int, count: int) -> bytes:
+    """The value offsets of `count` values of `size` bytes (0, size, ..., size * count) as a
+    RecordBatch's value_offsets view holds them (native int32s), to compare with one memcmp."""
+    b = _SAME_SIZE_OFFSETS.get((size, count))
+    if b is None:
+        b = array("i", range(0, size * count + 1, size)).tobytes()
+        if len(_SAME_SIZE_OFFSETS) < _SAME_SIZE_STRUCTS_MAX:
+            _SAME_SIZE_OFFSETS[(size, count)] = b
+    return b
 
 
 def _arrow_offsets(pa: Any, offs: memoryview) -> Any:

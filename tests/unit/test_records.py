@@ -384,6 +384,29 @@ def test_inconsistent_body(body, match):
         r.decode(bad).to_arrow()
 
 
+def test_values_whose_ends_look_one_size_are_cut_by_their_offsets():
+    body = _arrays(4, [0] * 5, [0, 1, 1, 3, 4], b"", b"wxyz", b"\x00")
+    batch = r.decode(rebuild(GOOD, body, attributes=0, record_count=4, body_length=len(body)))
+    assert batch.values() == [b"w", b"", b"xy", b"z"]
+    # the middle not monotonic
+    body = _arrays(4, [0] * 5, [0, 1, 3, 2, 4], b"", b"wxyz", b"\x00")
+    batch = r.decode(rebuild(GOOD, body, attributes=0, record_count=4, body_length=len(body)))
+    with pytest.raises(CorruptBatchError, match="value_offsets are not monotonic"):
+        batch.values()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 5), st.lists(st.integers(0, 3), max_size=3), st.data())
+def test_values_round_trip_same_size_or_not(n, size, odd, data):
+    """Values of one size (cut by one struct call) and with a few of another size (cut by offsets)."""
+    values = [bytes([i % 256]) * size for i in range(n)]
+    for grow in odd:
+        i = data.draw(st.integers(0, n - 1))
+        values[i] += b"+" * grow
+    assert r.decode(r.encode(values)).values() == values
+    assert [rec.value for rec in r.decode(r.encode(values))] == values
+
+
 def test_monotonic_offsets_are_checked_on_first_use_not_in_decode():
     body = _arrays(3, [0, 2, 1, 3], [0, 1, 2, 3], b"abc", b"xyz", b"\x07")
     batch = r.decode(rebuild(GOOD, body, attributes=0, record_count=3, body_length=len(body)))
