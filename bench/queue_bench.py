@@ -1,6 +1,6 @@
 """Queue mode throughput (issue 16), beside Redis Streams as a work queue.
 
-    .venv/bin/python bench/queue_bench.py [--records 200000] [--records-1 5000] [--workers 4]
+    .venv/bin/python bench/queue_bench.py [--records 1000000] [--records-1 5000] [--workers 4]
                                           [--partitions 8] [--produce-records 300000] [--no-redis]
                                           [--prefetch 1000] [--records-prefetch 20000]
                                           [--prefetch-1000 10000]
@@ -160,7 +160,7 @@ def redis_peer() -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--records-1", type=int, default=5_000)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--partitions", type=int, default=8)
