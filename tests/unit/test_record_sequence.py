@@ -64,13 +64,16 @@ def test_the_same_records_as_building_them_up_front(data: list[bytes], draw: st.
 
 
 def test_out_of_range_index_and_comparisons() -> None:
-    seq = RecordSequence("t", 0, [r.decode(r.encode([b"a", b"b"], base_offset=7))], 7, 9)
+    def batch() -> r.RecordBatch:  # one timestamp: two encodes a millisecond apart made unequal records
+        return r.decode(r.encode([b"a", b"b"], base_offset=7, timestamp_ms=1_000))
+
+    seq = RecordSequence("t", 0, [batch()], 7, 9)
     with pytest.raises(IndexError):
         seq[2]
     assert seq[-2].value == b"a" and seq[1].offset == 8
     assert seq != [seq[0], seq[1]]  # as a tuple: not equal to a list
-    assert seq == RecordSequence("t", 0, [r.decode(r.encode([b"a", b"b"], base_offset=7))], 7, 9)
-    assert seq != RecordSequence("t", 0, [r.decode(r.encode([b"a", b"b"], base_offset=7))], 7, 8)
+    assert seq == RecordSequence("t", 0, [batch()], 7, 9)
+    assert seq != RecordSequence("t", 0, [batch()], 7, 8)
     assert not RecordSequence("t", 0, [], 0, 0) and "2 records of t[0], offsets 7..8" in repr(seq)
 
 
