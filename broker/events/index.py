@@ -299,46 +299,11 @@ class EventIndex:
 
     # -- queries -----------------------------------------------------------------------------------
 
-    @staticmethod
-    def _item_sql(item: QueryItem, after: int, until: int, params: list[object],
-                  columns: str = "e.position, e.batch") -> str:
-        """SELECT `columns` (of events e) of the events matching one item in (after, until]."""
-        if not item.tags:
-            sql = f"SELECT {columns} FROM events e WHERE position > ? AND position <= ?"
-            params += [after, until]
-            if item.types:
-                sql += f" AND type IN ({','.join('?' * len(item.types))})"
-                params += item.types
-            return sql
-        # The first tag drives (its rows are in position order); the others and the type are
-        # checked per candidate by primary-key lookups.
-        first, *rest = item.tags
-        sql = f"SELECT {columns} FROM tags t0 JOIN events e ON e.position = t0.position"
-        for i, _ in enumerate(rest, 1):
-            sql += f" JOIN tags t{i} ON t{i}.tag = ? AND t{i}.position = t0.position"
-        params += rest
-        sql += " WHERE t0.tag = ? AND t0.position > ? AND t0.position <= ?"
-        params += [first, after, until]
-        if item.types:
-            # "+": never drive by the type index (SQLite may pick it: a scan of every event of
-            # the type in the range, ~100x slower than the tag's rows when the tag is selective)
-            sql += f" AND +e.type IN ({','.join('?' * len(item.types))})"
-            params += item.types
-        return sql
-
-    def _query_sql(self, query: Sequence[QueryItem], after: int, until: int) -> tuple[str, list[object]]:
+    def matching(self, query: Sequence[QueryItem], after: int, until: int, limit: int) -> list[int]:
+        """The positions of the first `limit` events in (after, until] that match."""
         params: list[object] = []
-        items = list(query) or [QueryItem()]
-        if len(items) == 1:
-            sql = self._item_sql(items[0], after, until, params)
-        else:
-            sql = " UNION ".join(self._item_sql(item, after, until, params) for item in items)
-        return f"SELECT position, batch FROM ({sql}) ORDER BY position LIMIT ?", params
-
-    def matching(self, query: Sequence[QueryItem], after: int, until: int, limit: int) -> list[tuple[int, int]]:
-        """(position, batch offset) of the first `limit` events in (after, until] that match."""
-        sql, params = self._query_sql(query, after, until)
-        return self._db.execute(sql, [*params, limit]).fetchall()
+        sql = self._matches_sql(list(query) or [QueryItem()], after, until, params)
+        return [row[0] for row in self._db.execute(sql, [*params, limit])]
 
     def read(self, query: Sequence[QueryItem], after: int, until: int, limit: int,
              max_bytes: int = READ_ANSWER_BYTES) -> EventColumns:
@@ -346,7 +311,7 @@ class EventIndex:
         return _columns_of(self.read_packed(query, after, until, limit, max_bytes).columns)
 
     @staticmethod
-    def _at_item_sql(item: QueryItem, after: int, until: int, params: list[object]) -> str:
+    def _item_sql(item: QueryItem, after: int, until: int, params: list[object]) -> str:
         """SELECT position, at of the events matching one item in (after, until]: from the tags
         table alone when the item names a tag (no lookup of the events table), else from the
         events table."""
@@ -377,12 +342,7 @@ class EventIndex:
         row becomes a Python object."""
         items = list(query) or [QueryItem()]
         params: list[object] = []
-        if len(items) == 1:
-            # ordered by the driving rows, already in position order (see read())
-            inner = self._at_item_sql(items[0], after, until, params) + " ORDER BY position LIMIT ?"
-        else:
-            union = " UNION ".join(self._at_item_sql(item, after, until, params) for item in items)
-            inner = f"SELECT position, at FROM ({union}) ORDER BY position LIMIT ?"
+        inner = self._matches_sql(items, after, until, params)
         # group_concat takes the rows in the order the subquery yields them (position order). The
         # CAST keeps the bytes as they are: the result is a blob, not text to decode.
         sql = f"SELECT CAST(group_concat(at, '') AS BLOB), count(*), max(position) FROM ({inner})"
@@ -400,10 +360,19 @@ class EventIndex:
         complete = count < limit or not self._match_after(items, last, until)
         return PackedEvents(columns, count, until if complete else last)
 
+    def _matches_sql(self, items: Sequence[QueryItem], after: int, until: int, params: list[object]) -> str:
+        """SELECT position, at of the first (LIMIT ?, the caller's last parameter) events in
+        (after, until] that match one of `items`, in position order."""
+        if len(items) == 1:
+            # the driving rows are already in position order: SQLite stops at the limit, no sort
+            return self._item_sql(items[0], after, until, params) + " ORDER BY position LIMIT ?"
+        union = " UNION ".join(self._item_sql(item, after, until, params) for item in items)
+        return f"SELECT position, at FROM ({union}) ORDER BY position LIMIT ?"
+
     def _match_after(self, items: Sequence[QueryItem], after: int, until: int) -> bool:
         """Whether an event in (after, until] matches: the first row found ends the scan."""
         params: list[object] = []
-        union = " UNION ALL ".join(self._at_item_sql(item, after, until, params) for item in items)
+        union = " UNION ALL ".join(self._item_sql(item, after, until, params) for item in items)
         return self._db.execute(f"SELECT 1 FROM ({union}) LIMIT 1", params).fetchone() is not None
 
     def events_at(self, positions: Sequence[int]) -> EventColumns:
@@ -420,8 +389,8 @@ class EventIndex:
         return _columns_of(self._fragments.gather(b"".join(ats))[0])
 
     def first_match(self, query: Sequence[QueryItem], after: int, until: int) -> int | None:
-        rows = self.matching(query, after, until, 1)
-        return rows[0][0] if rows else None
+        positions = self.matching(query, after, until, 1)
+        return positions[0] if positions else None
 
     # -- consumer groups -------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from dmq.broker.events.fragments import FRAGMENTS_FILE, AT
 from dmq.broker.events.index import EventIndex
 from dmq.broker.events.query import QueryItem, query_matches
 from dmq.broker.events.store import NewEvent
+from dmq.broker.log import PartitionLog
 from dmq.proto import dmq_pb2 as pb
 
 from tests.unit.test_event_index import append, open_store
@@ -76,12 +77,17 @@ def test_a_packed_answer_is_bounded_in_bytes_but_holds_at_least_one_event(tmp_pa
     index.close()
 
 
-def test_fragments_past_the_committed_end_are_cut_when_the_index_opens(tmp_path: pathlib.Path) -> None:
+def _three_events_closed(tmp_path: pathlib.Path) -> tuple[PartitionLog, pathlib.Path]:
+    """A store of events p0..p2 (tag k) whose index is closed; the log and the fragments file."""
     plog, store = open_store(tmp_path)
     append(store, [NewEvent("t", ("k",), b"p%d" % i) for i in range(3)])
     assert store._index is not None
     store._index.close()
-    path = tmp_path / "es-0" / FRAGMENTS_FILE
+    return plog, tmp_path / "es-0" / FRAGMENTS_FILE
+
+
+def test_fragments_past_the_committed_end_are_cut_when_the_index_opens(tmp_path: pathlib.Path) -> None:
+    plog, path = _three_events_closed(tmp_path)
     size = path.stat().st_size
     with open(path, "ab") as f:  # fragments of rows a crash took before their commit
         f.write(b"\xff" * 1000)
@@ -95,11 +101,7 @@ def test_fragments_past_the_committed_end_are_cut_when_the_index_opens(tmp_path:
 
 
 def test_a_fragments_file_shorter_than_the_index_says_rebuilds_the_index_from_the_log(tmp_path: pathlib.Path) -> None:
-    plog, store = open_store(tmp_path)
-    append(store, [NewEvent("t", ("k",), b"p%d" % i) for i in range(3)])
-    assert store._index is not None
-    store._index.close()
-    path = tmp_path / "es-0" / FRAGMENTS_FILE
+    plog, path = _three_events_closed(tmp_path)
     os.truncate(path, path.stat().st_size // 2)
     again = EventIndex(str(tmp_path / "es-0"))
     assert again.end == 0 and again.catch_up(plog) == 3
