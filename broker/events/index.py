@@ -107,7 +107,8 @@ class PackedEvents(NamedTuple):
     read_to: int  # the answer holds every matching event in (after, read_to]; 0: not known past its last
 
 
-def _columns_of(packed: bytes) -> EventColumns:
+def columns_of(packed: bytes) -> EventColumns:
+    """An encoded columnar answer (read_packed) as lists."""
     a = pb.EventReadResponse.FromString(packed)
     return EventColumns(list(a.positions), list(a.types), list(a.tags), list(a.payloads), list(a.metadata),
                         list(a.append_times_ms))
@@ -308,7 +309,7 @@ class EventIndex:
     def read(self, query: Sequence[QueryItem], after: int, until: int, limit: int,
              max_bytes: int = READ_ANSWER_BYTES) -> EventColumns:
         """read_packed(), as columns (subscriptions, and clients that do not take packed answers)."""
-        return _columns_of(self.read_packed(query, after, until, limit, max_bytes).columns)
+        return columns_of(self.read_packed(query, after, until, limit, max_bytes).columns)
 
     @staticmethod
     def _item_sql(item: QueryItem, after: int, until: int, params: list[object]) -> str:
@@ -386,7 +387,7 @@ class EventIndex:
                 f" (SELECT at FROM events WHERE position IN ({','.join('?' * len(chunk))}) ORDER BY position)",
                 chunk,
             ).fetchone()[0] or b"")
-        return _columns_of(self._fragments.gather(b"".join(ats))[0])
+        return columns_of(self._fragments.gather(b"".join(ats))[0])
 
     def first_match(self, query: Sequence[QueryItem], after: int, until: int) -> int | None:
         positions = self.matching(query, after, until, 1)

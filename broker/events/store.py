@@ -49,7 +49,7 @@ import structlog
 
 from dmq.broker.events.errors import ClaimNotHeldError, ConditionFailedError, EventStoreError
 from dmq.broker.events.groups import Claimed, GroupManager
-from dmq.broker.events.index import INDEX_FILE, EventColumns, EventIndex, PackedEvents
+from dmq.broker.events.index import INDEX_FILE, EventColumns, EventIndex, PackedEvents, columns_of
 from dmq.broker.events.progress import AckWrite, ProgressStore
 from dmq.broker.events.query import QueryItem
 from dmq.broker.log import LogClosedError, LogError, PartitionLog, StorageUnavailableError
@@ -435,20 +435,19 @@ class EventStore:
 
     # -- read -------------------------------------------------------------------------------------
 
-    async def read(self, query: Sequence[QueryItem], after: int, limit: int) -> tuple[EventColumns, int]:
-        """Matching events in (after, readable end], at most `limit` and at most
-        index.READ_ANSWER_BYTES of them (at least one), as columns, and the head position.
-        From the index alone (it holds each event whole), no record read from the log."""
-        await self.ensure_open()
-        until = self.readable_end()
-        events = await self.on_writer(lambda: self._writer_index().read(query, after, until, limit))
-        return events, until
-
     async def read_packed(self, query: Sequence[QueryItem], after: int, limit: int) -> tuple[PackedEvents, int]:
-        """read() as one encoded answer (EventIndex.read_packed) and the head position."""
+        """Matching events in (after, readable end], at most `limit` and at most
+        index.READ_ANSWER_BYTES of them (at least one), as one encoded answer
+        (EventIndex.read_packed), and the head position. From the index alone (it holds each
+        event whole), no record read from the log."""
         await self.ensure_open()
         until = self.readable_end()
         return await self.on_writer(lambda: self._writer_index().read_packed(query, after, until, limit)), until
+
+    async def read(self, query: Sequence[QueryItem], after: int, limit: int) -> tuple[EventColumns, int]:
+        """read_packed(), as columns (subscriptions, and clients that do not take packed answers)."""
+        packed, until = await self.read_packed(query, after, limit)
+        return columns_of(packed.columns), until
 
     def _writer_index(self) -> EventIndex:
         """In the writer: the index, caught up with the log first (a replica that just became
