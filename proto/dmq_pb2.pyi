@@ -607,23 +607,21 @@ class EventAppendResponse(_message.Message):
     def __init__(self, last_position: _Optional[int] = ..., append_time_ms: _Optional[int] = ...) -> None: ...
 
 class EventReadRequest(_message.Message):
-    __slots__ = ("topic", "query", "after", "limit", "columnar", "packed")
+    __slots__ = ("topic", "query", "after", "limit", "columnar")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     COLUMNAR_FIELD_NUMBER: _ClassVar[int]
-    PACKED_FIELD_NUMBER: _ClassVar[int]
     topic: str
     query: EventQuery
     after: int
     limit: int
     columnar: bool
-    packed: bool
-    def __init__(self, topic: _Optional[str] = ..., query: _Optional[_Union[EventQuery, _Mapping]] = ..., after: _Optional[int] = ..., limit: _Optional[int] = ..., columnar: _Optional[bool] = ..., packed: _Optional[bool] = ...) -> None: ...
+    def __init__(self, topic: _Optional[str] = ..., query: _Optional[_Union[EventQuery, _Mapping]] = ..., after: _Optional[int] = ..., limit: _Optional[int] = ..., columnar: _Optional[bool] = ...) -> None: ...
 
 class EventReadResponse(_message.Message):
-    __slots__ = ("events", "head", "positions", "types", "tags", "payloads", "metadata", "append_times_ms", "packed_columns", "read_to")
+    __slots__ = ("events", "head", "positions", "types", "tags", "payloads", "metadata", "append_times_ms", "read_to")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
@@ -632,7 +630,6 @@ class EventReadResponse(_message.Message):
     PAYLOADS_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     APPEND_TIMES_MS_FIELD_NUMBER: _ClassVar[int]
-    PACKED_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     READ_TO_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[SequencedEvent]
     head: int
@@ -642,9 +639,8 @@ class EventReadResponse(_message.Message):
     payloads: _containers.RepeatedScalarFieldContainer[bytes]
     metadata: _containers.RepeatedScalarFieldContainer[bytes]
     append_times_ms: _containers.RepeatedScalarFieldContainer[int]
-    packed_columns: bytes
     read_to: int
-    def __init__(self, events: _Optional[_Iterable[_Union[SequencedEvent, _Mapping]]] = ..., head: _Optional[int] = ..., positions: _Optional[_Iterable[int]] = ..., types: _Optional[_Iterable[str]] = ..., tags: _Optional[_Iterable[str]] = ..., payloads: _Optional[_Iterable[bytes]] = ..., metadata: _Optional[_Iterable[bytes]] = ..., append_times_ms: _Optional[_Iterable[int]] = ..., packed_columns: _Optional[bytes] = ..., read_to: _Optional[int] = ...) -> None: ...
+    def __init__(self, events: _Optional[_Iterable[_Union[SequencedEvent, _Mapping]]] = ..., head: _Optional[int] = ..., positions: _Optional[_Iterable[int]] = ..., types: _Optional[_Iterable[str]] = ..., tags: _Optional[_Iterable[str]] = ..., payloads: _Optional[_Iterable[bytes]] = ..., metadata: _Optional[_Iterable[bytes]] = ..., append_times_ms: _Optional[_Iterable[int]] = ..., read_to: _Optional[int] = ...) -> None: ...
 
 class EventSubscribeRequest(_message.Message):
     __slots__ = ("topic", "query", "after")

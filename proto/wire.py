@@ -234,9 +234,15 @@ class _HandlerCapture:
         self.handlers = dict(handlers)
 
 
+def encoded_or_serialized(answer: bytes | Any) -> bytes:
+    """A response serializer for handlers that answer either a message or its encoding."""
+    return answer if isinstance(answer, bytes) else answer.SerializeToString()
+
+
 def add_broker_servicer(servicer: Any, server: Any) -> None:
     """Register a Broker servicer as the generated code would, except Fetch: its handler answers
-    bytes framed by `frame_fetch_response`, so it is registered with no response serializer."""
+    bytes framed by `frame_fetch_response`, so it is registered with no response serializer; and
+    EventRead, which answers a message or, when columnar, its encoding (encoded_or_serialized)."""
     capture = _HandlerCapture()
     pb_grpc.add_BrokerServicer_to_server(servicer, capture)  # type: ignore[no-untyped-call]  # generated code, unannotated
     handlers = capture.handlers
@@ -244,6 +250,10 @@ def add_broker_servicer(servicer: Any, server: Any) -> None:
         raise RuntimeError("the generated Broker stubs register no Fetch handler: regenerate them (make proto)")
     handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(
         servicer.Fetch, request_deserializer=pb.FetchRequest.FromString
+    )
+    # a columnar event read is answered already encoded (the stored per-event encodings joined)
+    handlers["EventRead"] = grpc.unary_unary_rpc_method_handler(
+        servicer.EventRead, request_deserializer=pb.EventReadRequest.FromString, response_serializer=encoded_or_serialized
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(BROKER_SERVICE, handlers),))
     server.add_registered_method_handlers(BROKER_SERVICE, handlers)

@@ -92,13 +92,12 @@ class FragmentsFile:
         os.ftruncate(self._fd, end)
         self.end = end
 
-    def gather(self, ats: bytes) -> tuple[bytes, array[int]]:
-        """The fragments at these packed (start, end) pairs, concatenated, and their ends within
-        the result."""
-        pairs = array("Q", ats)
+    def gather(self, pairs: array[int], prefix: bytes = b"") -> bytes:
+        """`prefix`, then the fragments at these (start, end) pairs (flat, as AT packs them),
+        concatenated: one copy of each fragment, and no Python int per pair but the slices'."""
         starts, ends = pairs[0::2], pairs[1::2]
         if not starts:
-            return b"", array("Q")
+            return prefix
         needed = max(ends)
         if self._map is None or len(self._map) < needed:
             self._unmap()
@@ -106,9 +105,10 @@ class FragmentsFile:
             self._view = memoryview(self._map)
             if len(self._map) < needed:
                 raise OSError(f"{self.path} holds {len(self._map)} bytes, a fragment ends at {needed}")
+        parts: list[bytes | memoryview] = [prefix]
+        parts += map(self._view.__getitem__, map(slice, starts, ends))
         # the slices of the view are released as soon as the join has copied them
-        data = b"".join(map(self._view.__getitem__, map(slice, starts, ends)))
-        return data, array("Q", accumulate(map(int.__sub__, ends, starts)))
+        return b"".join(parts)
 
     def _unmap(self) -> None:
         if self._map is not None:

@@ -38,8 +38,10 @@ import contextlib
 import os
 import sqlite3
 import time
+from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
+from itertools import accumulate
 from typing import NamedTuple
 
 import structlog
@@ -102,9 +104,14 @@ class EventColumns(NamedTuple):
 class PackedEvents(NamedTuple):
     """Matching events as one encoded columnar answer (read_packed)."""
 
-    columns: bytes  # an encoded EventReadResponse holding only its columns (positions .. append_times_ms)
+    answer: bytes  # an encoded EventReadResponse: head, read_to and the columns (positions .. append_times_ms)
     event_count: int
     read_to: int  # the answer holds every matching event in (after, read_to]; 0: not known past its last
+
+
+def _answer_head(head: int, read_to: int) -> bytes:
+    """A read answer's fields other than its columns, encoded (protobuf reads fields in any order)."""
+    return pb.EventReadResponse(head=head, read_to=read_to).SerializeToString()
 
 
 def columns_of(packed: bytes) -> EventColumns:
@@ -309,7 +316,7 @@ class EventIndex:
     def read(self, query: Sequence[QueryItem], after: int, until: int, limit: int,
              max_bytes: int = READ_ANSWER_BYTES) -> EventColumns:
         """read_packed(), as columns (subscriptions, and clients that do not take packed answers)."""
-        return columns_of(self.read_packed(query, after, until, limit, max_bytes).columns)
+        return columns_of(self.read_packed(query, after, until, limit, max_bytes).answer)
 
     @staticmethod
     def _item_sql(item: QueryItem, after: int, until: int, params: list[object]) -> str:
@@ -337,10 +344,10 @@ class EventIndex:
 
     def read_packed(self, query: Sequence[QueryItem], after: int, until: int, limit: int,
                     max_bytes: int = READ_ANSWER_BYTES) -> PackedEvents:
-        """read() as one encoded answer: the fragments (fragments.py) of the first `limit`
-        matches, concatenated, cut before the fragment that would take it past `max_bytes`
-        (never before the first). SQLite concatenates the matches' (offset, length) pairs, so no
-        row becomes a Python object."""
+        """read() as its encoded columnar answer, head `until`: the fragments (fragments.py) of
+        the first `limit` matches, concatenated, cut before the fragment that would take them past
+        `max_bytes` (never before the first). SQLite concatenates the matches' (start, end)
+        pairs, so no row becomes a Python object."""
         items = list(query) or [QueryItem()]
         params: list[object] = []
         inner = self._matches_sql(items, after, until, params)
@@ -349,17 +356,23 @@ class EventIndex:
         sql = f"SELECT CAST(group_concat(at, '') AS BLOB), count(*), max(position) FROM ({inner})"
         ats, count, last = self._db.execute(sql, [*params, limit]).fetchone()
         if count == 0:
-            return PackedEvents(b"", 0, until)
-        if len(ats) != count * AT.size:
+            return PackedEvents(_answer_head(until, until), 0, until)
+        pairs = array("Q", ats)
+        if len(pairs) != 2 * count:
             raise ValueError(f"event index: {count} matches gave {len(ats)} bytes of fragment addresses")
-        columns, ends = self._fragments.gather(ats)
-        if len(columns) > max_bytes:
-            keep = max(1, bisect_right(ends, max_bytes))
-            return PackedEvents(columns[: ends[keep - 1]], keep, 0)  # read_to: not known
-        # A full answer reaches `until` when no match lies beyond its last event: then the client
-        # needs no further call to learn that the read is complete.
-        complete = count < limit or not self._match_after(items, last, until)
-        return PackedEvents(columns, count, until if complete else last)
+        starts, ends = pairs[0::2], pairs[1::2]
+        if sum(ends) - sum(starts) > max_bytes:
+            sizes = list(accumulate(map(int.__sub__, ends, starts)))
+            count = max(1, bisect_right(sizes, max_bytes))
+            del pairs[2 * count :]
+            read_to = 0  # not known past the last event kept
+        elif count < limit or not self._match_after(items, last, until):
+            # no match lies beyond the last event: the client needs no further call to learn
+            # that the read is complete
+            read_to = until
+        else:
+            read_to = last
+        return PackedEvents(self._fragments.gather(pairs, prefix=_answer_head(until, read_to)), count, read_to)
 
     def _matches_sql(self, items: Sequence[QueryItem], after: int, until: int, params: list[object]) -> str:
         """SELECT position, at of the first (LIMIT ?, the caller's last parameter) events in
@@ -387,7 +400,7 @@ class EventIndex:
                 f" (SELECT at FROM events WHERE position IN ({','.join('?' * len(chunk))}) ORDER BY position)",
                 chunk,
             ).fetchone()[0] or b"")
-        return columns_of(self._fragments.gather(b"".join(ats))[0])
+        return columns_of(self._fragments.gather(array("Q", b"".join(ats))))
 
     def first_match(self, query: Sequence[QueryItem], after: int, until: int) -> int | None:
         positions = self.matching(query, after, until, 1)

@@ -437,8 +437,8 @@ class EventStore:
 
     async def read_packed(self, query: Sequence[QueryItem], after: int, limit: int) -> tuple[PackedEvents, int]:
         """Matching events in (after, readable end], at most `limit` and at most
-        index.READ_ANSWER_BYTES of them (at least one), as one encoded answer
-        (EventIndex.read_packed), and the head position. From the index alone (it holds each
+        index.READ_ANSWER_BYTES of them (at least one), as the encoded answer
+        (EventIndex.read_packed, head = the readable end), and the head position. From the index alone (it holds each
         event whole), no record read from the log."""
         await self.ensure_open()
         until = self.readable_end()
@@ -447,7 +447,7 @@ class EventStore:
     async def read(self, query: Sequence[QueryItem], after: int, limit: int) -> tuple[EventColumns, int]:
         """read_packed(), as columns (subscriptions, and clients that do not take packed answers)."""
         packed, until = await self.read_packed(query, after, limit)
-        return columns_of(packed.columns), until
+        return columns_of(packed.answer), until
 
     def _writer_index(self) -> EventIndex:
         """In the writer: the index, caught up with the log first (a replica that just became

@@ -509,12 +509,11 @@ class EventStore:
             # a short page is not the end, only an empty one or one reaching the head is
             page = 0 if limit is None else min(limit - len(out), READ_LIMIT_MAX)
             answer = self._call("EventRead", pb.EventReadRequest(topic=self.topic, query=q, after=cursor, limit=page,
-                                                                  columnar=True, packed=True),
+                                                                  columnar=True),
                                 attempts=READ_ATTEMPTS)
             if head is None:
                 head = answer.head
-            columns = pb.EventReadResponse.FromString(answer.packed_columns) if answer.packed_columns else answer
-            positions = columns.positions
+            positions = answer.positions
             if not positions:
                 if answer.events:  # a broker from before columnar answers: one message per event
                     out.extend(SequencedEvent.from_proto(e) for e in answer.events if e.position <= head)
@@ -522,7 +521,7 @@ class EventStore:
                         cursor = answer.events[-1].position
                         continue
                 break
-            out += SequencedEvent._from_columns(columns, head)
+            out += SequencedEvent._from_columns(answer, head)
             # read_to (when the broker knows it): no match lies between the last event and it
             cursor = max(positions[-1], answer.read_to)
             if cursor >= head:

@@ -86,6 +86,23 @@ def test_positions_start_at_one_without_gaps_and_reads_follow_the_query(store: E
     assert store.read([QueryItem(tags=["nobody"])]).events == []
 
 
+def test_both_answer_shapes_carry_the_same_events_head_and_read_to(cluster: ClusterThread, store: EventStore) -> None:
+    """The columnar answer is the stored per-event encodings joined, sent as they are (the handler
+    answers bytes); the row-shaped one, for clients from before columns, is built message by message."""
+    store.append([Event("a", ["k:1", "x"], b"p1", b"m1"), Event("b", [], b""), Event("a", ["k:1"], b"p3")])
+    with grpc.insecure_channel(cluster.bootstrap) as ch:
+        stub = pb_grpc.BrokerStub(ch)
+        query = pb.EventQuery(items=[pb.EventQueryItem(tags=["k:1"])])
+        columns = stub.EventRead(pb.EventReadRequest(topic="es", query=query, columnar=True), timeout=10)
+        rows = stub.EventRead(pb.EventReadRequest(topic="es", query=query), timeout=10)
+        limited = stub.EventRead(pb.EventReadRequest(topic="es", query=query, columnar=True, limit=1), timeout=10)
+    assert columns.head == rows.head == 3 and columns.read_to == 3 and not columns.events
+    assert list(columns.positions) == [e.position for e in rows.events] == [1, 3]
+    assert list(zip(columns.types, columns.tags, columns.payloads, columns.metadata, columns.append_times_ms)) == [
+        (e.event.type, "\n".join(e.event.tags), e.event.payload, e.event.metadata, e.append_time_ms) for e in rows.events]
+    assert list(limited.positions) == [1] and limited.read_to == 1 and limited.head == 3
+
+
 def test_a_failed_condition_stores_nothing_and_names_the_first_conflict(store: EventStore) -> None:
     store.append([Event("a", ["k:1"]), Event("b", ["k:2"]), Event("a", ["k:1"])])
     cond = AppendCondition([QueryItem(types=["a"], tags=["k:1"])], after=1)
@@ -208,8 +225,8 @@ _requests = st.one_of(
         topic="es", events=events, **({"condition": pb.AppendCondition(fail_if_events_match=q, after=after)} if cond else {}))),
         st.lists(st.builds(lambda t, tags, p: pb.Event(type=t, tags=tags, payload=p), _text, st.lists(_text, max_size=3),
                            st.binary(max_size=16)), max_size=3), _queries, _ints, st.booleans()),
-    st.builds(lambda q, after, limit: ("EventRead", pb.EventReadRequest(topic="es", query=q, after=after, limit=limit)),
-              _queries, _ints, _ints),
+    st.builds(lambda q, after, limit, columnar: ("EventRead", pb.EventReadRequest(
+        topic="es", query=q, after=after, limit=limit, columnar=columnar)), _queries, _ints, _ints, st.booleans()),
     st.builds(lambda g, by, types, w, t, limit: ("EventClaimNext", pb.EventClaimRequest(
         topic="es", group=g, partition_by=by, handled_types=types, worker_id=w, claim_timeout_ms=t, limit=limit)),
         _text, st.lists(_text, max_size=3), st.lists(_text, max_size=3), _text, _ints, _ints),

@@ -60,7 +60,7 @@ def test_a_packed_read_equals_a_brute_force_filter(events: list[tuple[str, list[
         packed = index.read_packed(query, after, until, limit)
         matches = [(p, t, "\n".join(tags), payload, meta, ms) for p, t, tags, _, payload, meta, ms in rows
                    if after < p <= until and query_matches(query, t, tags)]
-        assert _columns(packed.columns) == matches[:limit] and packed.event_count == len(matches[:limit])
+        assert _columns(packed.answer) == matches[:limit] and packed.event_count == len(matches[:limit])
         assert packed.read_to == (until if len(matches) <= limit else matches[limit - 1][0])
         index.close()
 
@@ -69,11 +69,11 @@ def test_a_packed_answer_is_bounded_in_bytes_but_holds_at_least_one_event(tmp_pa
     index = EventIndex(str(tmp_path))
     index.add([(p, "t", ["k"], 0, bytes(100), b"", 0) for p in range(1, 11)], 10)
     whole = index.read_packed((), 0, 10, 100)
-    per_event = len(whole.columns) // 10
+    per_event = len(whole.answer) // 10
     cut = index.read_packed((), 0, 10, 100, max_bytes=3 * per_event)
-    assert [c[0] for c in _columns(cut.columns)] == [1, 2, 3] and cut.event_count == 3 and cut.read_to == 0
-    assert [c[0] for c in _columns(index.read_packed((), 0, 10, 100, max_bytes=3 * per_event - 1).columns)] == [1, 2]
-    assert [c[0] for c in _columns(index.read_packed((QueryItem((), ("k",)),), 5, 10, 100, max_bytes=1).columns)] == [6]
+    assert [c[0] for c in _columns(cut.answer)] == [1, 2, 3] and cut.event_count == 3 and cut.read_to == 0
+    assert [c[0] for c in _columns(index.read_packed((), 0, 10, 100, max_bytes=3 * per_event - 1).answer)] == [1, 2]
+    assert [c[0] for c in _columns(index.read_packed((QueryItem((), ("k",)),), 5, 10, 100, max_bytes=1).answer)] == [6]
     index.close()
 
 
@@ -94,7 +94,7 @@ def test_fragments_past_the_committed_end_are_cut_when_the_index_opens(tmp_path:
     again = EventIndex(str(tmp_path / "es-0"))
     assert path.stat().st_size == size and again.end == 3
     again.add([(4, "t", ["k"], 3, b"p3", b"", 0)], 4)
-    assert [c[3] for c in _columns(again.read_packed((QueryItem((), ("k",)),), 0, 4, 10).columns)] == \
+    assert [c[3] for c in _columns(again.read_packed((QueryItem((), ("k",)),), 0, 4, 10).answer)] == \
         [b"p0", b"p1", b"p2", b"p3"]
     again.close()
     plog.close()
@@ -105,7 +105,7 @@ def test_a_fragments_file_shorter_than_the_index_says_rebuilds_the_index_from_th
     os.truncate(path, path.stat().st_size // 2)
     again = EventIndex(str(tmp_path / "es-0"))
     assert again.end == 0 and again.catch_up(plog) == 3
-    assert [c[3] for c in _columns(again.read_packed((), 0, 3, 10).columns)] == [b"p0", b"p1", b"p2"]
+    assert [c[3] for c in _columns(again.read_packed((), 0, 3, 10).answer)] == [b"p0", b"p1", b"p2"]
     again.close()
     plog.close()
 
@@ -135,7 +135,7 @@ def test_a_failed_stage_takes_its_fragments_back(tmp_path: pathlib.Path, monkeyp
     monkeypatch.setattr(index, "_db", real)
     assert index._fragments.end == committed == (tmp_path / FRAGMENTS_FILE).stat().st_size and index.end == 1
     index.add([(2, "t", ["k"], 1, b"two", b"", 0)], 2)  # the error was not permanent
-    assert [c[3] for c in _columns(index.read_packed((), 0, 2, 10).columns)] == [b"one", b"two"]
+    assert [c[3] for c in _columns(index.read_packed((), 0, 2, 10).answer)] == [b"one", b"two"]
     index.close()
 
 
@@ -146,9 +146,9 @@ def test_a_cut_of_the_index_cuts_the_fragments_file(tmp_path: pathlib.Path) -> N
     index.truncate_to(3)
     assert (tmp_path / FRAGMENTS_FILE).stat().st_size == start_of_4 == index._fragments.end
     index.add([(4, "u", ["k"], 3, b"new", b"", 0)], 4)
-    assert [c[1:4] for c in _columns(index.read_packed((), 0, 4, 10).columns)] == \
+    assert [c[1:4] for c in _columns(index.read_packed((), 0, 4, 10).answer)] == \
         [("t", "k", b"p1"), ("t", "k", b"p2"), ("t", "k", b"p3"), ("u", "k", b"new")]
     index.close()
     again = EventIndex(str(tmp_path))
-    assert again.end == 4 and len(_columns(again.read_packed((), 0, 4, 10).columns)) == 4
+    assert again.end == 4 and len(_columns(again.read_packed((), 0, 4, 10).answer)) == 4
     again.close()

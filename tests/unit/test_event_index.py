@@ -153,7 +153,7 @@ def test_a_read_answer_is_bounded_in_bytes_but_holds_at_least_one_event(tmp_path
     index = store._index
     assert index is not None
     # an event's share of an answer is its fragment (one batch: the same timestamp; positions of one byte)
-    per_event = len(index.read_packed((), 0, 10, 100).columns) // 10
+    per_event = len(index.read_packed((), 0, 10, 100).answer) // 10
     assert per_event > 100
     assert index.read((), 0, 10, 100, max_bytes=3 * per_event).positions == [1, 2, 3]
     assert index.read((), 0, 10, 100, max_bytes=3 * per_event - 1).positions == [1, 2]

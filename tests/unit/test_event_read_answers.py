@@ -22,8 +22,8 @@ def _rows(events: list[SequencedEvent]) -> pb.EventReadResponse:
     ])
 
 
-def _columns(events: list[SequencedEvent]) -> pb.EventReadResponse:
-    answer = pb.EventReadResponse(head=HEAD)
+def _columns(events: list[SequencedEvent], read_to: int = 0) -> pb.EventReadResponse:
+    answer = pb.EventReadResponse(head=HEAD, read_to=read_to)
     for e in events:
         answer.positions.append(e.position)
         answer.types.append(e.type)
@@ -63,26 +63,18 @@ def test_an_older_brokers_row_shaped_answers_are_read_and_paged_too() -> None:
     assert [r.after for r in requests] == [0, 4]
 
 
-def _packed(events: list[SequencedEvent], read_to: int = 0) -> pb.EventReadResponse:
-    return pb.EventReadResponse(head=HEAD, packed_columns=_columns(events).SerializeToString(), read_to=read_to)
-
-
-def test_packed_answers_are_paged_and_read_to_saves_the_last_call() -> None:
-    store, requests = _store(_packed, 4)
-    result = store.read()
-    assert result.head == HEAD and list(result.events) == EVENTS[:6]
-    assert [r.after for r in requests] == [0, 4] and all(r.packed for r in requests)
+def test_read_to_saves_the_last_call() -> None:
     # the broker says no match lies past the page's last event up to the head: one call
-    store, requests = _store(lambda events: _packed(events, read_to=HEAD), 10)
+    store, requests = _store(lambda events: _columns(events, read_to=HEAD), 10)
     assert list(store.read().events) == EVENTS[:6] and len(requests) == 1
     # read_to past the last event but short of the head: the next call starts there
-    store, requests = _store(lambda events: _packed(events, read_to=5), 3)
+    store, requests = _store(lambda events: _columns(events, read_to=5), 3)
     store.read()
     assert [r.after for r in requests] == [0, 5]
 
 
 def test_events_of_a_read_are_views_that_behave_as_values() -> None:
-    store, _ = _store(_packed, 10)
+    store, _ = _store(_columns, 10)
     got = store.read().events
     assert got == EVENTS[:6] and hash(got[2]) == hash(EVENTS[2]) and got[2].tags == ("k:3", "x")
     assert (got[0].position, got[0].type, got[0].payload, got[0].metadata, got[0].append_time_ms) == (1, "t", b"p1", b"m", 1_001)
