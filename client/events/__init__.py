@@ -38,7 +38,8 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import FrozenInstanceError, dataclass, field
-from typing import Any, NamedTuple, Protocol, cast
+from itertools import repeat
+from typing import Any, NamedTuple, Protocol
 
 import grpc
 
@@ -53,7 +54,7 @@ from dmq.client.errors import (
     from_rpc_error,
 )
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto.event_headers import READ_LIMIT_MAX, attribute_of
+from dmq.proto.event_headers import attribute_of
 
 __all__ = [
     "EventStore",
@@ -73,6 +74,10 @@ log = get_logger(__name__)
 # Read and subscribe retry a lost leader this often (they change nothing); append never retries.
 READ_ATTEMPTS = 3
 RETRY_BACKOFF_S = 0.1
+# read() pages: the first this many events, each next one twice as many, up to READ_PAGE_MAX (the
+# broker's default page: a 100-byte event costs ~170 bytes of answer, so ~1.7 MB a page).
+READ_PAGE_FIRST = 1_000
+READ_PAGE_MAX = 10_000
 # The broker's claim timeout when the caller names none (broker/events/service.py).
 DEFAULT_CLAIM_TIMEOUT_MS = 30_000
 # A prefetched claim is handed out only while less than this share of its timeout has passed, so
@@ -238,17 +243,22 @@ class SequencedEvent:
             raise DMQError(f"malformed event read answer: columns of {[n, *map(len, columns)]} entries")
         if n and positions[-1] > head:
             n = bisect_right(positions, head)
-        out: list[SequencedEvent] = []
-        add = out.append
-        new = object.__new__
-        cls = SequencedEvent
-        page = cast(_Columns, _Page(answer))
-        for i in range(n):
-            e = new(cls)
-            _set_columns(e, page)
-            _set_i(e, i)
-            add(e)
+        # three C loops (map), no bytecode per event: a third less time than a Python loop
+        out: list[SequencedEvent] = list(map(object.__new__, repeat(SequencedEvent, n)))
+        deque(map(_set_columns, out, repeat(_Page(answer), n)), maxlen=0)
+        deque(map(_set_i, out, range(n)), maxlen=0)
         return out
+
+
+def _events_of_rows(answer: pb.EventReadResponse, head: int) -> list[SequencedEvent]:
+    return [SequencedEvent.from_proto(e) for e in answer.events if e.position <= head]
+
+
+class _Started(NamedTuple):
+    """An RPC sent and not yet waited for (EventStore._start)."""
+
+    address: str
+    future: Any  # grpc.Future of the answer (grpc-stubs does not type .future() calls)
 
 
 # The slots' own setters: they bypass the frozen __setattr__ (object.__setattr__ is ~3x slower).
@@ -463,13 +473,23 @@ class EventStore:
 
     # -- calls ------------------------------------------------------------------------------------
 
+    def _start(self, method: str, request: Any) -> _Started:
+        """The RPC sent to the store's leader, not waited for: _call(..., started=) finishes it."""
+        address = self._cluster.leader_for(self.topic, 0)
+        return _Started(address, getattr(self._cluster.broker_stub(address), method).future(
+            request, timeout=self._cluster.timeout_s))
+
     def _call(self, method: str, request: Any, *, attempts: int = 1,
-              overrides: Mapping[grpc.StatusCode, type[DMQError]] | None = None) -> Any:
-        """One RPC to the store's leader; retriable failures are retried `attempts` times in all,
-        with the metadata refreshed when it may be stale."""
+              overrides: Mapping[grpc.StatusCode, type[DMQError]] | None = None, started: _Started | None = None) -> Any:
+        """One RPC to the store's leader (its first attempt `started`, if given); retriable
+        failures are retried `attempts` times in all, with the metadata refreshed when it may be
+        stale."""
         for attempt in range(1, attempts + 1):
-            address = self._cluster.leader_for(self.topic, 0)
+            address = started.address if started is not None else self._cluster.leader_for(self.topic, 0)
             try:
+                if started is not None:
+                    future, started = started.future, None
+                    return future.result()
                 return getattr(self._cluster.broker_stub(address), method)(request, timeout=self._cluster.timeout_s)
             except grpc.RpcError as e:
                 err = from_rpc_error(e, context=f"{method} on {self.topic} at {address}",
@@ -500,32 +520,49 @@ class EventStore:
         up to the head), and the head position when the read began."""
         if limit is not None and limit < 0:
             raise InvalidArgumentError(f"limit must be >= 0, got {limit}")
-        q = _query_proto(query)
         out: list[SequencedEvent] = []
-        cursor = after or 0
+        if limit == 0:
+            return ReadResult(out, 0)
+        q = _query_proto(query)
         head: int | None = None
-        while limit is None or len(out) < limit:
-            # a page is at most `page` events and at most ~32 MiB of them (the broker's bound):
-            # a short page is not the end, only an empty one or one reaching the head is
-            page = 0 if limit is None else min(limit - len(out), READ_LIMIT_MAX)
-            answer = self._call("EventRead", pb.EventReadRequest(topic=self.topic, query=q, after=cursor, limit=page,
-                                                                  columnar=True),
-                                attempts=READ_ATTEMPTS)
-            if head is None:
-                head = answer.head
-            positions = answer.positions
-            if not positions:
-                if answer.events:  # a broker from before columnar answers: one message per event
-                    out.extend(SequencedEvent.from_proto(e) for e in answer.events if e.position <= head)
-                    if answer.events[-1].position < head:
-                        cursor = answer.events[-1].position
-                        continue
-                break
-            out += SequencedEvent._from_columns(answer, head)
-            # read_to (when the broker knows it): no match lies between the last event and it
-            cursor = max(positions[-1], answer.read_to)
-            if cursor >= head:
-                break
+        new: Callable[[Any, int], list[SequencedEvent]]
+        # Paged, each page asked for as soon as the one before arrives: the broker finds and sends
+        # page k+1 while this thread builds page k's events (on another core). Pages grow from
+        # READ_PAGE_FIRST (a small read is one quick call) to READ_PAGE_MAX. A page is also at
+        # most ~32 MiB (the broker's bound): a short page is not the end, only an empty one or
+        # one reaching the head is.
+        page = READ_PAGE_FIRST
+
+        def request(cursor: int, taken: int) -> pb.EventReadRequest:
+            size = page if limit is None else min(page, limit - taken)
+            return pb.EventReadRequest(topic=self.topic, query=q, after=cursor, limit=size, columnar=True)
+
+        req = request(after or 0, 0)
+        started: _Started | None = self._start("EventRead", req)
+        try:
+            while started is not None:
+                answer = self._call("EventRead", req, attempts=READ_ATTEMPTS, started=started)
+                started = None
+                if head is None:
+                    head = answer.head
+                positions = answer.positions
+                if positions:
+                    # read_to (when the broker knows it): no match lies between the last event and it
+                    cursor, taken = max(positions[-1], answer.read_to), len(out) + len(positions)
+                    new = SequencedEvent._from_columns  # events past the head are dropped
+                elif answer.events:  # a broker from before columnar answers: one message per event
+                    cursor, taken = answer.events[-1].position, len(out) + len(answer.events)
+                    new = _events_of_rows
+                else:
+                    break
+                if cursor < head and (limit is None or taken < limit):
+                    page = min(2 * page, READ_PAGE_MAX)
+                    req = request(cursor, taken)
+                    started = self._start("EventRead", req)
+                out += new(answer, head)
+        finally:
+            if started is not None:  # an error building this page: the next one is not wanted
+                started.future.cancel()
         return ReadResult(out, head or 0)
 
     def head(self) -> int:

@@ -5,9 +5,10 @@ the field). The broker is replaced by canned answers here: the real one always a
 from __future__ import annotations
 
 import pickle
+from concurrent.futures import Future
 from typing import Any
 
-from dmq.client.events import Event, EventStore, SequencedEvent
+from dmq.client.events import Event, EventStore, SequencedEvent, _Started
 from dmq.proto import dmq_pb2 as pb
 
 EVENTS = [SequencedEvent(p, Event("t", (f"k:{p}", "x"), b"p%d" % p, b"m"), 1_000 + p) for p in range(1, 8)]
@@ -40,11 +41,22 @@ def _store(shape: Any, page: int) -> tuple[EventStore, list[pb.EventReadRequest]
     store.close()  # no call reaches a broker
     requests: list[pb.EventReadRequest] = []
 
-    def call(method: str, request: pb.EventReadRequest, **_: object) -> pb.EventReadResponse:
-        assert method == "EventRead" and request.columnar
+    def answer(request: pb.EventReadRequest) -> pb.EventReadResponse:
+        assert request.columnar and request.limit > 0
         requests.append(request)
-        return shape([e for e in EVENTS if e.position > request.after][:page])
+        return shape([e for e in EVENTS if e.position > request.after][: min(page, request.limit)])
 
+    def start(method: str, request: pb.EventReadRequest) -> Any:
+        assert method == "EventRead"
+        future: Future[pb.EventReadResponse] = Future()
+        future.set_result(answer(request))
+        return _Started("127.0.0.1:1", future)
+
+    def call(method: str, request: pb.EventReadRequest, *, started: Any = None, **_: object) -> pb.EventReadResponse:
+        assert method == "EventRead"
+        return started.future.result() if started is not None else answer(request)
+
+    store._start = start  # type: ignore[method-assign]
     store._call = call  # type: ignore[method-assign]
     return store, requests
 
@@ -79,3 +91,16 @@ def test_events_of_a_read_are_views_that_behave_as_values() -> None:
     assert got == EVENTS[:6] and hash(got[2]) == hash(EVENTS[2]) and got[2].tags == ("k:3", "x")
     assert (got[0].position, got[0].type, got[0].payload, got[0].metadata, got[0].append_time_ms) == (1, "t", b"p1", b"m", 1_001)
     assert pickle.loads(pickle.dumps(got[1])) == EVENTS[1]
+
+
+def test_pages_grow_and_a_limit_bounds_the_last_one() -> None:
+    store, requests = _store(_columns, 100)
+    events = store.read().events
+    assert events == EVENTS[:6] and [r.limit for r in requests] == [1_000]
+    store, requests = _store(_columns, 2)  # a broker whose pages are short (its byte bound)
+    assert store.read(limit=5).events == EVENTS[:5]
+    assert [(r.after, r.limit) for r in requests] == [(0, 5), (2, 3), (4, 1)]
+    store, requests = _store(_columns, 2)
+    assert store.read(after=1).events == EVENTS[1:6]
+    assert [(r.after, r.limit) for r in requests] == [(1, 1_000), (3, 2_000), (5, 4_000)]
+    assert store.read(limit=0).events == [] and not requests[3:]  # no call
