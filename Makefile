@@ -33,7 +33,7 @@ run: $(STAMP)
 
 ## test: install the test and Spark extras, lint, and run the whole suite
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests
 
 ## proto: regenerate the committed gRPC stubs from proto/dmq.proto
 proto: $(DEV_STAMP)
