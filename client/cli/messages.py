@@ -17,6 +17,7 @@ leaves on exit; without it nothing is committed anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -40,6 +41,9 @@ COMMIT_INTERVAL_S = 1.0
 # not hold up the exit.
 FINAL_COMMIT_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 5.0
+# A signalled consume is gone this long after the first signal, whatever is stuck: the last poll
+# (about a second at most), the final commit and the close fit well within it.
+CONSUME_STOP_DEADLINE_S = FINAL_COMMIT_TIMEOUT_S + CLOSE_TIMEOUT_S + 5.0
 
 
 def quiet_client_logs() -> None:
@@ -460,22 +464,26 @@ def consume(ctx: click.Context, topic: str, app: str | None, partition: int | No
     out = sys.stdout
     printed = 0
 
+    stop = _StopSignals()
+
     def emit(records: list[Any]) -> list[Any]:
         nonlocal printed
         if max_messages is not None:
             records = records[: max_messages - printed]
         if records:
-            out.write("".join(render(r) + "\n" for r in records))
-            out.flush()
+            text = "".join(render(r) + "\n" for r in records)
+            with stop.raising():  # a write blocked on a full pipe is abandoned at once
+                out.write(text)
+                out.flush()
             printed += len(records)
         return records
 
     def done() -> bool:
-        return max_messages is not None and printed >= max_messages
+        return stop.requested or (max_messages is not None and printed >= max_messages)
 
     quiet_client_logs()
     idle_s = idle_timeout_ms / 1000 if idle_timeout_ms else None
-    _stop_on_sigterm()
+    stop.install()
     try:
         if app is not None:
             _consume_group(ctx, topic, app, from_beginning, max_messages, idle_s, emit, done)
@@ -487,15 +495,86 @@ def consume(ctx: click.Context, topic: str, app: str | None, partition: int | No
         note(f"Processed {printed} message{'s' if printed != 1 else ''}.")
 
 
-def _stop_on_sigterm() -> None:
-    """SIGTERM (e.g. from `timeout` or a process manager) ends consume like Ctrl-C: the group
-    consumer commits what it printed and leaves, instead of waiting out its session timeout."""
-    import signal
+class _StopSignals:
+    """SIGINT / SIGTERM (Ctrl-C, `timeout`, a process manager) while consuming: the first asks the
+    loop to stop; it looks between polls, each of which returns within about a second, and the
+    group consumer then commits what it printed and leaves instead of waiting out its session
+    timeout. The handlers are installed whatever the inherited disposition: a shell starts a
+    background job with SIGINT ignored, and `kill -INT` must stop it all the same.
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+    The signal does not raise KeyboardInterrupt wherever it lands: an exception raised at an
+    arbitrary instruction can leave a lock held for good, e.g. in threading.Condition.__exit__
+    (Python code) of a Future whose done() the poll loop was asking, or of the consumer's wake-up
+    Event. The fetch thread that completes that Future, or sets that Event, then blocks for ever,
+    and the interpreter's exit joins it (concurrent.futures waits for its threads): a consume that
+    never ended. It raises only where nothing of the client is held: while a batch is written
+    (the write may be blocked on a full pipe).
 
-    signal.signal(signal.SIGTERM, interrupt)
+    Bounds, kept by a watchdog thread that needs nothing of the main thread (the interpreter's C
+    handler writes each signal to the wake-up fd it reads): the process is gone
+    CONSUME_STOP_DEADLINE_S after the first signal whatever is stuck (a group join waiting for an
+    unreachable coordinator, say), and at once on a second one (exit 130: the output is flushed
+    after every batch; what was printed but not committed is delivered again, never lost)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._raise_now = False
+
+    def install(self) -> None:
+        import signal
+        import threading
+
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)  # the C handler must never block on it
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        wanted = {int(signal.SIGINT), int(signal.SIGTERM)}
+        threading.Thread(target=_stop_watchdog, args=(read_fd, wanted, CONSUME_STOP_DEADLINE_S),
+                         name="dmq-consume-stop-watchdog", daemon=True).start()
+
+    @contextlib.contextmanager
+    def raising(self) -> Iterator[None]:
+        """A signal raises KeyboardInterrupt in this block (which must hold no lock of the
+        client's), or at its start if one came before."""
+        if self.requested:
+            raise KeyboardInterrupt
+        self._raise_now = True
+        try:
+            yield
+        finally:
+            self._raise_now = False
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.requested = True
+        if self._raise_now:
+            raise KeyboardInterrupt
+
+
+def _stop_watchdog(read_fd: int, signals: set[int], deadline_s: float) -> None:
+    """Wait for a stop signal on the wake-up fd, then end the process deadline_s later, or at
+    the next stop signal. Uses nothing but the fd and os._exit: no lock the main thread may hold."""
+    import select
+
+    deadline = None
+    while True:
+        wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+        readable, _, _ = select.select([read_fd], [], [], wait_s)
+        if not readable:
+            _exit_now(f"dmq: did not stop within {deadline_s:g}s of the signal; exiting now\n", 1)
+        for signum in os.read(read_fd, 64):
+            if signum not in signals:
+                continue
+            if deadline is not None:
+                _exit_now("dmq: second signal; exiting without the final commit\n", 130)
+            deadline = time.monotonic() + deadline_s
+
+
+def _exit_now(message: str, code: int) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        os.set_blocking(2, False)  # stderr may be the full pipe that blocks everything else
+        os.write(2, message.encode())
+    os._exit(code)
 
 
 def _consume_offsets(sess: Any, info: Any, partition: int | None, start: int | None, from_beginning: bool,

@@ -126,7 +126,14 @@ def test_reset_and_delete_refused_while_the_group_has_members(dmq: Dmq, dmq_exe:
         _wait_for(lambda: dmq.json("groups", "describe", group)["total_lag"] == 0, "the consumer to commit")
     finally:
         consumer.send_signal(signal.SIGINT)  # commits what it printed and leaves the group
-        out, err = consumer.communicate(timeout=WAIT_S)
+        try:
+            out, err = consumer.communicate(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            # Killed and reaped here: a process left running (and its pipes unclosed) would fail a
+            # later test with a ResourceWarning instead of this one.
+            consumer.kill()
+            consumer.communicate()
+            raise
     assert consumer.returncode == 0, err
     assert sorted(out.split()) == ["v0", "v1", "v2", "v3"]
     _wait_for(lambda: dmq.json("groups", "describe", group)["members"] == [], "the member to leave")
