@@ -54,7 +54,7 @@ from dmq.client.errors import (
     from_rpc_error,
 )
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto.event_headers import attribute_of
+from dmq.proto.event_headers import READ_LIMIT_MAX, attribute_of
 
 __all__ = [
     "EventStore",
@@ -74,10 +74,6 @@ log = get_logger(__name__)
 # Read and subscribe retry a lost leader this often (they change nothing); append never retries.
 READ_ATTEMPTS = 3
 RETRY_BACKOFF_S = 0.1
-# read() pages: the first this many events, each next one twice as many, up to READ_PAGE_MAX (the
-# broker's default page: a 100-byte event costs ~170 bytes of answer, so ~1.7 MB a page).
-READ_PAGE_FIRST = 1_000
-READ_PAGE_MAX = 10_000
 # The broker's claim timeout when the caller names none (broker/events/service.py).
 DEFAULT_CLAIM_TIMEOUT_MS = 30_000
 # A prefetched claim is handed out only while less than this share of its timeout has passed, so
@@ -124,14 +120,23 @@ class _Columns(Protocol):
 
 
 class _OneEvent(NamedTuple):
-    """The columns of an event made with SequencedEvent(position, event, append_time_ms)."""
+    """Columns as tuples: of an event made with SequencedEvent(position, event, append_time_ms),
+    or of an older broker's one-message-per-event answer (_columns_of_rows)."""
 
-    positions: tuple[int]
-    types: tuple[str]
-    tags: tuple[str]
-    payloads: tuple[bytes]
-    metadata: tuple[bytes]
-    append_times_ms: tuple[int]
+    positions: tuple[int, ...]
+    types: tuple[str, ...]
+    tags: tuple[str, ...]
+    payloads: tuple[bytes, ...]
+    metadata: tuple[bytes, ...]
+    append_times_ms: tuple[int, ...]
+
+
+def _columns_of_rows(events: Iterable[pb.SequencedEvent]) -> _OneEvent:
+    rows = [(e.position, e.event.type, "\n".join(e.event.tags), e.event.payload, e.event.metadata, e.append_time_ms)
+            for e in events]
+    if not rows:
+        return _OneEvent((), (), (), (), (), ())
+    return _OneEvent(*map(tuple, zip(*rows, strict=True)))
 
 
 class _Page:
@@ -153,7 +158,7 @@ class SequencedEvent:
     compared and hashed by those three fields (as the dataclass it replaces).
 
     Written by hand, with __slots__, so that a read of many events builds one small object per
-    event (`_from_columns`): a view of row `_i` of the answer's columns, each field taken from
+    event (`_views`): a view of row `_i` of the answer's columns, each field taken from
     its column when used, and the Event and its tags tuple built on first use of `event` or
     `tags`. An event of a read therefore keeps that read's answer (at most one page, ~32 MiB)
     in memory while it lives."""
@@ -233,32 +238,25 @@ class SequencedEvent:
         return cls(e.position, Event(ev.type, tuple(ev.tags), ev.payload, ev.metadata), e.append_time_ms)
 
     @staticmethod
-    def _from_columns(answer: _Columns, head: int) -> list[SequencedEvent]:
-        """Views of the events of a columnar answer at positions <= head (positions ascend): per
-        event, one object and two slot stores, the cost a read of many events pays."""
-        positions = answer.positions
-        n = len(positions)
-        columns = (answer.types, answer.tags, answer.payloads, answer.metadata, answer.append_times_ms)
-        if any(len(c) != n for c in columns):
-            raise DMQError(f"malformed event read answer: columns of {[n, *map(len, columns)]} entries")
-        if n and positions[-1] > head:
-            n = bisect_right(positions, head)
-        # three C loops (map), no bytecode per event: a third less time than a Python loop
+    def _views(page: _Columns, start: int, stop: int) -> list[SequencedEvent]:
+        """Views of rows [start, stop) of a read answer's columns (a _Page): one object and two
+        slot stores per event, made by three C loops (map), no bytecode per event."""
+        n = stop - start
         out: list[SequencedEvent] = list(map(object.__new__, repeat(SequencedEvent, n)))
-        deque(map(_set_columns, out, repeat(_Page(answer), n)), maxlen=0)
-        deque(map(_set_i, out, range(n)), maxlen=0)
+        deque(map(_set_columns, out, repeat(page, n)), maxlen=0)
+        deque(map(_set_i, out, range(start, stop)), maxlen=0)
         return out
 
 
-def _events_of_rows(answer: pb.EventReadResponse, head: int) -> list[SequencedEvent]:
-    return [SequencedEvent.from_proto(e) for e in answer.events if e.position <= head]
-
-
-class _Started(NamedTuple):
-    """An RPC sent and not yet waited for (EventStore._start)."""
-
-    address: str
-    future: Any  # grpc.Future of the answer (grpc-stubs does not type .future() calls)
+def _visible_rows(answer: pb.EventReadResponse, head: int) -> int:
+    """How many events of a columnar answer lie at positions <= head (positions ascend)."""
+    positions = answer.positions
+    n = len(positions)
+    sizes = [n, len(answer.types), len(answer.tags), len(answer.payloads), len(answer.metadata),
+             len(answer.append_times_ms)]
+    if any(size != n for size in sizes):
+        raise DMQError(f"malformed event read answer: columns of {sizes} entries")
+    return bisect_right(positions, head) if n and positions[-1] > head else n
 
 
 # The slots' own setters: they bypass the frozen __setattr__ (object.__setattr__ is ~3x slower).
@@ -338,16 +336,91 @@ class EventType:
         return [QueryItem(types=(self.name,), tags=tuple(tags))] if tags else []
 
 
-@dataclass(frozen=True, slots=True)
 class ReadResult:
-    events: list[SequencedEvent]
+    """The events of a read (`events`, in position order) and the store's head position when the
+    read began: `ReadResult(events, head)`, frozen, compared by those two fields.
+
+    Iterating a result (`for e in result`) makes each event as it is reached, a chunk at a time,
+    and keeps none: a read of many events iterated once leaves nothing for the garbage collector
+    to trace (10,000 views that all lived until the loop ended were promoted to its oldest
+    generation, and the full collections they triggered took a third of the client's time per
+    read). `events` makes the list, once, on first use."""
+
+    __slots__ = ("_events", "_pages", "head")
+    __match_args__ = ("events", "head")
+
+    _events: list[SequencedEvent] | None
+    _pages: tuple[tuple[_Columns, int], ...]  # (answer columns, visible rows) per page, before `events` is made
     head: int
 
+    def __init__(self, events: list[SequencedEvent], head: int) -> None:
+        _set_result(self, "_events", events)
+        _set_result(self, "_pages", ())
+        _set_result(self, "head", head)
+
+    @classmethod
+    def _of_pages(cls, pages: list[tuple[_Columns, int]], head: int) -> ReadResult:
+        result = cls([], head)
+        _set_result(result, "_events", None)
+        _set_result(result, "_pages", tuple(pages))
+        return result
+
+    @property
+    def events(self) -> list[SequencedEvent]:
+        if self._events is None:
+            events: list[SequencedEvent] = []
+            for page, n in self._pages:
+                events += SequencedEvent._views(page, 0, n)
+            _set_result(self, "_events", events)
+            _set_result(self, "_pages", ())
+            return events
+        return self._events
+
     def __iter__(self) -> Iterator[SequencedEvent]:
-        return iter(self.events)
+        if self._events is not None:
+            return iter(self._events)
+        return self._iter_pages(self._pages)
+
+    @staticmethod
+    def _iter_pages(pages: tuple[tuple[_Columns, int], ...]) -> Iterator[SequencedEvent]:
+        # chunks well under the collector's first threshold (700 new objects): a chunk the
+        # caller does not keep is freed before the next is made, and no collection runs
+        for page, n in pages:
+            for start in range(0, n, _ITER_CHUNK):
+                yield from SequencedEvent._views(page, start, min(start + _ITER_CHUNK, n))
 
     def __len__(self) -> int:
-        return len(self.events)
+        if self._events is not None:
+            return len(self._events)
+        return sum(n for _, n in self._pages)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, ReadResult)
+        return self.head == other.head and self.events == other.events
+
+    __hash__ = None  # type: ignore[assignment]  # holds a list, as the dataclass it replaces
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __repr__(self) -> str:
+        return f"ReadResult(events={self.events!r}, head={self.head!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ReadResult, (self.events, self.head))
+
+
+def _set_result(result: ReadResult, name: str, value: object) -> None:
+    object.__setattr__(result, name, value)
+
+
+# ReadResult's iteration makes this many event views at a time.
+_ITER_CHUNK = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,23 +546,13 @@ class EventStore:
 
     # -- calls ------------------------------------------------------------------------------------
 
-    def _start(self, method: str, request: Any) -> _Started:
-        """The RPC sent to the store's leader, not waited for: _call(..., started=) finishes it."""
-        address = self._cluster.leader_for(self.topic, 0)
-        return _Started(address, getattr(self._cluster.broker_stub(address), method).future(
-            request, timeout=self._cluster.timeout_s))
-
     def _call(self, method: str, request: Any, *, attempts: int = 1,
-              overrides: Mapping[grpc.StatusCode, type[DMQError]] | None = None, started: _Started | None = None) -> Any:
-        """One RPC to the store's leader (its first attempt `started`, if given); retriable
-        failures are retried `attempts` times in all, with the metadata refreshed when it may be
-        stale."""
+              overrides: Mapping[grpc.StatusCode, type[DMQError]] | None = None) -> Any:
+        """One RPC to the store's leader; retriable failures are retried `attempts` times in all,
+        with the metadata refreshed when it may be stale."""
         for attempt in range(1, attempts + 1):
-            address = started.address if started is not None else self._cluster.leader_for(self.topic, 0)
+            address = self._cluster.leader_for(self.topic, 0)
             try:
-                if started is not None:
-                    future, started = started.future, None
-                    return future.result()
                 return getattr(self._cluster.broker_stub(address), method)(request, timeout=self._cluster.timeout_s)
             except grpc.RpcError as e:
                 err = from_rpc_error(e, context=f"{method} on {self.topic} at {address}",
@@ -520,50 +583,37 @@ class EventStore:
         up to the head), and the head position when the read began."""
         if limit is not None and limit < 0:
             raise InvalidArgumentError(f"limit must be >= 0, got {limit}")
-        out: list[SequencedEvent] = []
-        if limit == 0:
-            return ReadResult(out, 0)
         q = _query_proto(query)
+        pages: list[tuple[_Columns, int]] = []
+        taken = 0
+        cursor = after or 0
         head: int | None = None
-        new: Callable[[Any, int], list[SequencedEvent]]
-        # Paged, each page asked for as soon as the one before arrives: the broker finds and sends
-        # page k+1 while this thread builds page k's events (on another core). Pages grow from
-        # READ_PAGE_FIRST (a small read is one quick call) to READ_PAGE_MAX. A page is also at
-        # most ~32 MiB (the broker's bound): a short page is not the end, only an empty one or
-        # one reaching the head is.
-        page = READ_PAGE_FIRST
-
-        def request(cursor: int, taken: int) -> pb.EventReadRequest:
-            size = page if limit is None else min(page, limit - taken)
-            return pb.EventReadRequest(topic=self.topic, query=q, after=cursor, limit=size, columnar=True)
-
-        req = request(after or 0, 0)
-        started: _Started | None = self._start("EventRead", req)
-        try:
-            while started is not None:
-                answer = self._call("EventRead", req, attempts=READ_ATTEMPTS, started=started)
-                started = None
-                if head is None:
-                    head = answer.head
-                positions = answer.positions
-                if positions:
-                    # read_to (when the broker knows it): no match lies between the last event and it
-                    cursor, taken = max(positions[-1], answer.read_to), len(out) + len(positions)
-                    new = SequencedEvent._from_columns  # events past the head are dropped
-                elif answer.events:  # a broker from before columnar answers: one message per event
-                    cursor, taken = answer.events[-1].position, len(out) + len(answer.events)
-                    new = _events_of_rows
-                else:
-                    break
-                if cursor < head and (limit is None or taken < limit):
-                    page = min(2 * page, READ_PAGE_MAX)
-                    req = request(cursor, taken)
-                    started = self._start("EventRead", req)
-                out += new(answer, head)
-        finally:
-            if started is not None:  # an error building this page: the next one is not wanted
-                started.future.cancel()
-        return ReadResult(out, head or 0)
+        while limit is None or taken < limit:
+            # a page is at most `page` events and at most ~32 MiB of them (the broker's bound):
+            # a short page is not the end, only an empty one or one reaching the head is
+            page = 0 if limit is None else min(limit - taken, READ_LIMIT_MAX)
+            answer = self._call("EventRead", pb.EventReadRequest(topic=self.topic, query=q, after=cursor, limit=page,
+                                                                  columnar=True),
+                                attempts=READ_ATTEMPTS)
+            if head is None:
+                head = answer.head
+            positions = answer.positions
+            if positions:
+                n = _visible_rows(answer, head)
+                pages.append((_Page(answer), n))
+                # read_to (when the broker knows it): no match lies between the last event and it
+                cursor = max(positions[-1], answer.read_to)
+            elif answer.events:  # a broker from before columnar answers: one message per event
+                rows = _columns_of_rows(e for e in answer.events if e.position <= head)
+                n = len(rows.positions)
+                pages.append((rows, n))
+                cursor = answer.events[-1].position
+            else:
+                break
+            taken += n
+            if cursor >= head:
+                break
+        return ReadResult._of_pages(pages, head or 0)
 
     def head(self) -> int:
         """The store's last position (0 when empty)."""

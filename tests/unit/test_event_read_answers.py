@@ -5,10 +5,12 @@ the field). The broker is replaced by canned answers here: the real one always a
 from __future__ import annotations
 
 import pickle
-from concurrent.futures import Future
+from dataclasses import FrozenInstanceError
 from typing import Any
 
-from dmq.client.events import Event, EventStore, SequencedEvent, _Started
+import pytest
+
+from dmq.client.events import Event, EventStore, ReadResult, SequencedEvent
 from dmq.proto import dmq_pb2 as pb
 
 EVENTS = [SequencedEvent(p, Event("t", (f"k:{p}", "x"), b"p%d" % p, b"m"), 1_000 + p) for p in range(1, 8)]
@@ -41,22 +43,12 @@ def _store(shape: Any, page: int) -> tuple[EventStore, list[pb.EventReadRequest]
     store.close()  # no call reaches a broker
     requests: list[pb.EventReadRequest] = []
 
-    def answer(request: pb.EventReadRequest) -> pb.EventReadResponse:
-        assert request.columnar and request.limit > 0
+    def call(method: str, request: pb.EventReadRequest, **_: object) -> pb.EventReadResponse:
+        assert method == "EventRead" and request.columnar
         requests.append(request)
-        return shape([e for e in EVENTS if e.position > request.after][: min(page, request.limit)])
+        limit = request.limit or page
+        return shape([e for e in EVENTS if e.position > request.after][: min(page, limit)])
 
-    def start(method: str, request: pb.EventReadRequest) -> Any:
-        assert method == "EventRead"
-        future: Future[pb.EventReadResponse] = Future()
-        future.set_result(answer(request))
-        return _Started("127.0.0.1:1", future)
-
-    def call(method: str, request: pb.EventReadRequest, *, started: Any = None, **_: object) -> pb.EventReadResponse:
-        assert method == "EventRead"
-        return started.future.result() if started is not None else answer(request)
-
-    store._start = start  # type: ignore[method-assign]
     store._call = call  # type: ignore[method-assign]
     return store, requests
 
@@ -93,14 +85,28 @@ def test_events_of_a_read_are_views_that_behave_as_values() -> None:
     assert pickle.loads(pickle.dumps(got[1])) == EVENTS[1]
 
 
-def test_pages_grow_and_a_limit_bounds_the_last_one() -> None:
-    store, requests = _store(_columns, 100)
-    events = store.read().events
-    assert events == EVENTS[:6] and [r.limit for r in requests] == [1_000]
+def test_a_limit_bounds_the_pages_asked_for() -> None:
     store, requests = _store(_columns, 2)  # a broker whose pages are short (its byte bound)
     assert store.read(limit=5).events == EVENTS[:5]
     assert [(r.after, r.limit) for r in requests] == [(0, 5), (2, 3), (4, 1)]
-    store, requests = _store(_columns, 2)
-    assert store.read(after=1).events == EVENTS[1:6]
-    assert [(r.after, r.limit) for r in requests] == [(1, 1_000), (3, 2_000), (5, 4_000)]
-    assert store.read(limit=0).events == [] and not requests[3:]  # no call
+    assert store.read(limit=0).events == [] and len(requests) == 3  # no call
+
+
+def test_a_result_iterated_makes_its_events_as_it_goes_and_equals_its_list() -> None:
+    store, _ = _store(_columns, 4)
+    result = store.read()
+    assert len(result) == 6 and [e.position for e in result] == [1, 2, 3, 4, 5, 6]
+    assert list(result) == EVENTS[:6] and result.events == EVENTS[:6] and list(result) == result.events
+    assert result == ReadResult(EVENTS[:6], HEAD) and result != ReadResult(EVENTS[:5], HEAD)
+    assert pickle.loads(pickle.dumps(result)) == result and repr(result).startswith("ReadResult(events=[SequencedEvent(")
+    match result:
+        case ReadResult(events, head):
+            assert (len(events), head) == (6, HEAD)
+    with pytest.raises(FrozenInstanceError):
+        result.head = 1  # type: ignore[misc]
+    # more events than one chunk of the iteration, over two pages
+    many = [SequencedEvent(p, Event("t", (), b"%d" % p), p) for p in range(1, 1_001)]
+    answers = [_columns(many[:600]), _columns(many[600:])]
+    for a in answers:
+        a.head = 1_000
+    assert list(ReadResult._of_pages([(a, len(a.positions)) for a in answers], 1_000)) == many
