@@ -94,7 +94,7 @@ class FragmentsFile:
 
     def gather(self, pairs: array[int], prefix: bytes = b"") -> bytes:
         """`prefix`, then the fragments at these (start, end) pairs (flat, as AT packs them),
-        concatenated: one copy of each fragment, and no Python int per pair but the slices'."""
+        concatenated: one copy of each fragment, cut from the map by C loops (map / join)."""
         starts, ends = pairs[0::2], pairs[1::2]
         if not starts:
             return prefix

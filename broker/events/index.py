@@ -315,7 +315,7 @@ class EventIndex:
 
     def read(self, query: Sequence[QueryItem], after: int, until: int, limit: int,
              max_bytes: int = READ_ANSWER_BYTES) -> EventColumns:
-        """read_packed(), as columns (subscriptions, and clients that do not take packed answers)."""
+        """read_packed(), as columns (subscriptions, and clients that ask for one message per event)."""
         return columns_of(self.read_packed(query, after, until, limit, max_bytes).answer)
 
     @staticmethod

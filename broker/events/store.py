@@ -438,14 +438,14 @@ class EventStore:
     async def read_packed(self, query: Sequence[QueryItem], after: int, limit: int) -> tuple[PackedEvents, int]:
         """Matching events in (after, readable end], at most `limit` and at most
         index.READ_ANSWER_BYTES of them (at least one), as the encoded answer
-        (EventIndex.read_packed, head = the readable end), and the head position. From the index alone (it holds each
-        event whole), no record read from the log."""
+        (EventIndex.read_packed, head = the readable end), and the head position. From the index
+        alone (its fragments hold each event whole), no record read from the log."""
         await self.ensure_open()
         until = self.readable_end()
         return await self.on_writer(lambda: self._writer_index().read_packed(query, after, until, limit)), until
 
     async def read(self, query: Sequence[QueryItem], after: int, limit: int) -> tuple[EventColumns, int]:
-        """read_packed(), as columns (subscriptions, and clients that do not take packed answers)."""
+        """read_packed(), as columns (subscriptions, and clients that ask for one message per event)."""
         packed, until = await self.read_packed(query, after, limit)
         return columns_of(packed.answer), until
 

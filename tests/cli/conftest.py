@@ -24,6 +24,18 @@ import pytest
 SERVER_START_TIMEOUT_S = 30.0
 SERVER_STOP_TIMEOUT_S = 15.0
 COMMAND_TIMEOUT_S = 60.0
+WAIT_S = 30.0  # a bound on each wait for a state, not a timed assertion
+
+
+def wait_for(predicate: Any, what: str, timeout_s: float = WAIT_S) -> Any:
+    """predicate()'s first truthy value, polled every 0.1 s; AssertionError after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def dmq_executable() -> str:

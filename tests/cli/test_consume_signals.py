@@ -13,13 +13,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from tests.cli.conftest import Dmq
-
-WAIT_S = 30.0  # a bound on each wait, not a timed assertion: the stop itself takes about a second
+from tests.cli.conftest import WAIT_S, Dmq, wait_for
 
 # Runs the real CLI; once it has printed ARM_AFTER records, it raises SIGINT in the main thread
 # while that thread is inside threading.Condition.__exit__ of the consumer's wake-up Event
@@ -60,16 +54,6 @@ main()
 """
 
 
-def _wait_for(predicate: Any, what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
-
-
 def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
     """Wait for the process; one that did not end is killed (its pipes closed) and fails the test."""
     try:
@@ -101,7 +85,7 @@ def test_sigint_inside_a_condition_exit_still_stops_the_group_consumer(dmq: Dmq)
     assert consumer.returncode == 0, err
     assert sorted(out.split()) == ["v0", "v1", "v2", "v3"]
     group = "G_sig-cond_hook"
-    _wait_for(lambda: dmq.json("groups", "describe", group)["members"] == [], "the member to leave")
+    wait_for(lambda: dmq.json("groups", "describe", group)["members"] == [], "the member to leave")
     assert dmq.json("groups", "describe", group)["total_lag"] == 0  # it committed what it printed
 
 
@@ -114,7 +98,7 @@ def test_sigint_stops_a_consumer_started_with_sigint_ignored(dmq: Dmq, dmq_exe: 
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
-        _wait_for(lambda: _committed_all(dmq, "G_sig-ign_bg"), "the consumer to commit")
+        wait_for(lambda: _committed_all(dmq, "G_sig-ign_bg"), "the consumer to commit")
     finally:
         consumer.send_signal(signal.SIGINT)
         out, err = _stop(consumer)

@@ -5,28 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import signal
 import subprocess
-import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from tests.cli.conftest import Dmq
-
-WAIT_S = 30.0
+from tests.cli.conftest import WAIT_S, Dmq, wait_for
 
 
 def _produce_spread(dmq: Dmq, topic: str, n: int) -> None:
     # Keys spread over 2 partitions by crc32 % 2.
     dmq.ok("produce", topic, "--key-separator", ":", input="".join(f"k{i}:v{i}\n" for i in range(n)))
-
-
-def _wait_for(predicate: Any, what: str, timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def test_group_lag_describe_list_reset_delete(dmq: Dmq) -> None:
@@ -103,7 +87,7 @@ def test_reset_and_delete_refused_while_the_group_has_members(dmq: Dmq, dmq_exe:
     consumer = subprocess.Popen([dmq_exe, "--bootstrap", dmq.bootstrap, "consume", "g-busy", "--group", "live"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        d = _wait_for(lambda: (lambda g: g if g["members"] and g["state"] == "STABLE" else None)(
+        d = wait_for(lambda: (lambda g: g if g["members"] and g["state"] == "STABLE" else None)(
             dmq.json("groups", "describe", group) if dmq("groups", "describe", group).returncode == 0 else
             {"members": [], "state": ""}), "the consumer to join")
         [member] = d["members"]
@@ -123,7 +107,7 @@ def test_reset_and_delete_refused_while_the_group_has_members(dmq: Dmq, dmq_exe:
         busy_delete = dmq("groups", "delete", group)
         assert busy_delete.returncode == 1 and len(busy_delete.stderr.strip().splitlines()) == 1
         # The running consumer commits what it printed about once a second.
-        _wait_for(lambda: dmq.json("groups", "describe", group)["total_lag"] == 0, "the consumer to commit")
+        wait_for(lambda: dmq.json("groups", "describe", group)["total_lag"] == 0, "the consumer to commit")
     finally:
         consumer.send_signal(signal.SIGINT)  # commits what it printed and leaves the group
         try:
@@ -136,7 +120,7 @@ def test_reset_and_delete_refused_while_the_group_has_members(dmq: Dmq, dmq_exe:
             raise
     assert consumer.returncode == 0, err
     assert sorted(out.split()) == ["v0", "v1", "v2", "v3"]
-    _wait_for(lambda: dmq.json("groups", "describe", group)["members"] == [], "the member to leave")
+    wait_for(lambda: dmq.json("groups", "describe", group)["members"] == [], "the member to leave")
     assert dmq.json("groups", "describe", group)["total_lag"] == 0
     dmq.ok("groups", "reset-offsets", group, "--to-earliest", "--execute")
     assert dmq.json("groups", "describe", group)["total_lag"] == 4

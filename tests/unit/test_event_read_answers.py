@@ -96,6 +96,7 @@ def test_a_result_iterated_makes_its_events_as_it_goes_and_equals_its_list() -> 
     store, _ = _store(_columns, 4)
     result = store.read()
     assert len(result) == 6 and [e.position for e in result] == [1, 2, 3, 4, 5, 6]
+    assert result._events is None  # iterating made no list of the events: the views were not kept
     assert list(result) == EVENTS[:6] and result.events == EVENTS[:6] and list(result) == result.events
     assert result == ReadResult(EVENTS[:6], HEAD) and result != ReadResult(EVENTS[:5], HEAD)
     assert pickle.loads(pickle.dumps(result)) == result and repr(result).startswith("ReadResult(events=[SequencedEvent(")
