@@ -20,6 +20,7 @@ from dmq.client.errors import (
     InvalidArgumentError,
     UnknownPartitionError,
 )
+from tests.wall_clock import ms_after_acknowledged
 
 TOPIC = "ledger"
 GROUP = f"G_{TOPIC}_billing"
@@ -98,9 +99,7 @@ def test_list_describe_with_lag_and_refusals_while_members_are_active(cluster: C
 
 def test_reset_offsets_to_each_target_and_dry_runs_change_nothing(cluster: ClusterThread, admin: AdminClient) -> None:
     _produce(cluster.bootstrap, 3)
-    time.sleep(0.05)
-    middle_ms = int(time.time() * 1000)
-    time.sleep(0.05)
+    middle_ms = ms_after_acknowledged()  # later than the first three records' append ms
     _produce(cluster.bootstrap, 2)  # each partition: offsets 0..4, 3 and 4 appended after middle_ms
     _member_commits(cluster.bootstrap, {0: 2, 1: 4}).close()
     _wait_for(lambda: not admin.describe_group(GROUP).members, "the member to leave")

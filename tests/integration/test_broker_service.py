@@ -16,6 +16,7 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES, channel_options
 from tests import member_secrets
+from tests.wall_clock import ms_after_acknowledged
 
 
 @pytest.fixture
@@ -109,9 +110,7 @@ def test_long_poll_without_data_waits_max_wait(stubs) -> None:
 def test_list_offsets_earliest_latest_and_by_timestamp(stubs) -> None:
     _, broker = stubs
     broker.Produce(pb.ProduceRequest(topic="t", partition=0, batch=_batch([b"a", b"b"])), timeout=10)
-    time.sleep(0.02)
-    between_ms = int(time.time() * 1000)
-    time.sleep(0.02)
+    between_ms = ms_after_acknowledged()  # after a and b's append ms, at or before c's
     broker.Produce(pb.ProduceRequest(topic="t", partition=0, batch=_batch([b"c"])), timeout=10)
     resp = broker.ListOffsets(
         pb.ListOffsetsRequest(
