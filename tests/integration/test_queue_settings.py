@@ -12,6 +12,7 @@ from dmq.client.cli.runner import ClusterThread
 from dmq.client.errors import InvalidArgumentError, QueueFullError
 
 from tests.integration._queue_helpers import WAIT_S, create_topic, send
+from tests.wall_clock import wait_wall_clock_past, wall_ms
 
 
 
@@ -42,10 +43,12 @@ def test_window_buffer_ms_hands_out_a_burst_whole(cluster: ClusterThread) -> Non
 
 
 def test_max_wait_ms_dead_letters_records_too_old_to_pop(cluster: ClusterThread) -> None:
-    create_topic(cluster.bootstrap, "stale", max_wait_ms=300)
+    create_topic(cluster.bootstrap, "stale", max_wait_ms=1_000)
     with Producer(cluster.bootstrap, linger_ms=0) as p, QueueConsumer(cluster.bootstrap, "stale", "g") as q:
         send(p, "stale", [b"old0", b"old1"])
-        time.sleep(0.5)
+        # Past the old records' max wait, read as the broker reads it; the fresh one has a whole
+        # second to be popped in (300 ms was not always enough on a loaded machine).
+        wait_wall_clock_past(wall_ms() + 1_000)
         send(p, "stale", [b"fresh"])
         lease = q.pop(timeout=WAIT_S)
         assert lease is not None and [r.value for r in lease.records] == [b"fresh"]
@@ -60,10 +63,14 @@ def test_max_wait_ms_dead_letters_records_too_old_to_pop(cluster: ClusterThread)
 def test_lease_ms_setting_is_the_default_lease(cluster: ClusterThread) -> None:
     create_topic(cluster.bootstrap, "leasy", lease_ms=1500)
     with Producer(cluster.bootstrap, linger_ms=0) as p, QueueConsumer(cluster.bootstrap, "leasy", "g") as q:
+        before_ms = wall_ms()
         send(p, "leasy", [b"x"])
         lease = q.pop(timeout=WAIT_S)
+        after_ms = wall_ms()
         assert lease is not None
-        assert 1000 < lease.expiry_ms - time.time() * 1000 <= 1500
+        # Granted between the two reads (not "more than 1 s left when the answer arrived": a
+        # loaded machine's answer can take longer than the 500 ms that left).
+        assert before_ms + 1500 <= lease.expiry_ms <= after_ms + 1500
 
 
 def test_max_queue_size_refuses_a_batch_whole_with_queue_full_error(cluster: ClusterThread) -> None:
