@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -80,12 +81,22 @@ def run_dmq(*args: str, bootstrap: str | None = None, input: str | None = None,
     return Result(argv[1:], proc.returncode, proc.stdout, proc.stderr)
 
 
+# What the embedded `dmq server` prints once it listens (client/cli/servers.py).
+_RUNNING = re.compile(r"coordinator and broker on (\S+),")
+
+
 class ServerProcess:
-    """`dmq server` in a subprocess; the owner calls stop()."""
+    """`dmq server` in a subprocess; the owner calls wait_ready() (which learns the address) and
+    stop()."""
 
     def __init__(self, data_dir: pathlib.Path, log_path: pathlib.Path, extra_args: tuple[str, ...] = ()) -> None:
-        self.port = free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
+        # The embedded server binds port 0 and prints the port it got: a port picked here is
+        # bound by the child only after a second or more of imports, and any process on the
+        # machine can take it meanwhile. --brokers N>1 hands its port to the broker processes
+        # before the coordinator binds it, so it still takes one picked here.
+        brokers = extra_args[extra_args.index("--brokers") + 1] if "--brokers" in extra_args else "1"
+        self.port = 0 if brokers == "1" else free_port()
+        self._bootstrap = f"127.0.0.1:{self.port}" if self.port else None
         self.data_dir = data_dir
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
@@ -95,17 +106,35 @@ class ServerProcess:
             stdout=self._log, stderr=subprocess.STDOUT,
         )
 
+    @property
+    def bootstrap(self) -> str:
+        if self._bootstrap is None:
+            raise RuntimeError("the server's address is known once wait_ready() has returned")
+        return self._bootstrap
+
     def __repr__(self) -> str:
-        return f"<ServerProcess {self.bootstrap} pid={self.proc.pid} rc={self.proc.poll()}>"
+        return f"<ServerProcess {self._bootstrap or 'port 0'} pid={self.proc.pid} rc={self.proc.poll()}>"
 
     def wait_ready(self, timeout_s: float = SERVER_START_TIMEOUT_S) -> None:
-        """Poll ListBrokers until the broker has registered (created topics need a live broker)."""
+        """Learn the address the server bound, then poll ListBrokers until the broker has
+        registered (created topics need a live broker)."""
         import grpc
 
         from dmq.proto import dmq_pb2 as pb
         from dmq.proto import dmq_pb2_grpc as pb_grpc
 
         deadline = time.monotonic() + timeout_s
+        while self._bootstrap is None:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dmq server exited with {self.proc.returncode}: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"dmq server did not say its address in {timeout_s}s: {self.log_tail()}")
+            found = _RUNNING.search(self.log_tail(chars=100_000))
+            if found:
+                self._bootstrap = found.group(1)
+                self.port = int(self._bootstrap.rsplit(":", 1)[1])
+            else:
+                time.sleep(0.05)
         with grpc.insecure_channel(self.bootstrap) as channel:
             stub = pb_grpc.MetadataStub(channel)
             while time.monotonic() < deadline:

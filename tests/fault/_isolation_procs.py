@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,12 +23,6 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
 
 START_TIMEOUT_S = 30.0  # a child importing grpc on a loaded 2-core machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ProcCluster:
@@ -47,7 +40,9 @@ class ProcCluster:
         self.root = root
         self.broker_session_timeout_ms = broker_session_timeout_ms
         self.broker_args = broker_args or []
-        self.port = coordinator_port or free_port()
+        # 0: the coordinator binds a free port and says which (a port picked here could be taken
+        # by another process before the child binds it); restarts reuse the port it got.
+        self.port = coordinator_port or 0
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.brokers: dict[int, subprocess.Popen[bytes]] = {}
@@ -83,13 +78,15 @@ class ProcCluster:
         raise AssertionError(f"{name} did not start: {log_path.read_bytes()[offset:].decode(errors='replace')[-2000:]}")
 
     def start_coordinator(self) -> None:
-        self.coordinator, _ = self._spawn(
+        self.coordinator, address = self._spawn(
             "coordinator",
             ["coordinator", "--port", str(self.port), "--data-dir", str(self.root / "coordinator"), "--log-level", "warning",
              *(["--broker-session-timeout-ms", str(self.broker_session_timeout_ms)]
                if self.broker_session_timeout_ms else [])],
             "coordinator listening on",
         )
+        self.bootstrap = address
+        self.port = int(address.rsplit(":", 1)[1])
 
     def start_broker(self, i: int) -> None:
         old = self.brokers.get(i)

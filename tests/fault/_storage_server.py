@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,10 +27,8 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# What the embedded `dmq server` prints once it listens (client/cli/servers.py).
+_RUNNING = re.compile(r"coordinator and broker on (\S+),")
 
 
 def dmq_executable() -> list[str]:
@@ -43,26 +41,41 @@ class Server:
 
     def __init__(self, data_dir: pathlib.Path, log_path: pathlib.Path, *, nofile: int | None = None,
                  extra: tuple[str, ...] = ()) -> None:
-        self.port = free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
+        # Port 0: the server binds a free port and prints it (wait_ready reads it). A port picked
+        # here could be taken by another process before the child, still importing, binds it.
+        self.bootstrap = ""
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log_start = self._log.tell()  # a restart may append to an earlier server's log
+        self.channel: grpc.Channel | None = None
 
         def limit() -> None:
             if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
         self.proc = subprocess.Popen(
-            [*dmq_executable(), "server", "--port", str(self.port), "--data-dir", str(data_dir), *extra],
+            [*dmq_executable(), "server", "--port", "0", "--data-dir", str(data_dir), *extra],
             stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=limit,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )
-        self.channel = grpc.insecure_channel(self.bootstrap)
-        self.broker = pb_grpc.BrokerStub(self.channel)
-        self.metadata = pb_grpc.MetadataStub(self.channel)
 
     def wait_ready(self) -> None:
+        """Learn the address the server bound, then wait until its broker has registered."""
         deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.bootstrap:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dmq server exited with {self.proc.returncode}: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"dmq server did not say its address: {self.log_tail()}")
+            found = _RUNNING.search(self.log_path.read_bytes()[self._log_start:].decode(errors="replace"))
+            if found:
+                self.bootstrap = found.group(1)
+                self.port = int(self.bootstrap.rsplit(":", 1)[1])
+                self.channel = grpc.insecure_channel(self.bootstrap)
+                self.broker = pb_grpc.BrokerStub(self.channel)
+                self.metadata = pb_grpc.MetadataStub(self.channel)
+            else:
+                time.sleep(0.05)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"dmq server exited with {self.proc.returncode}: {self.log_tail()}")
@@ -82,7 +95,8 @@ class Server:
         return self.log_path.read_text(errors="replace")[-chars:]
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        self.channel.close()
+        if self.channel is not None:
+            self.channel.close()
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
