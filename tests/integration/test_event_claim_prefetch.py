@@ -102,10 +102,12 @@ def test_close_commits_and_gives_back_the_prefetched_claims(store: EventStore, c
 
 
 def test_a_stale_prefetched_claim_is_not_handed_out(store: EventStore) -> None:
-    first = claim(store, timeout_ms=600)
+    # 3 s: past a third of it (1 s) the three prefetched are stale while `first` is still held
+    # for 2 s more (of 600 ms, the 300 ms left could pass before a loaded machine's ack arrived)
+    first = claim(store, timeout_ms=3000)
     assert first is not None
-    time.sleep(0.3)  # past a third of the timeout: the three prefetched are stale
-    fresh = claim(store, ack=first, timeout_ms=600)
+    time.sleep(1.1)  # past a third of the timeout (measured on the same monotonic clock)
+    fresh = claim(store, ack=first, timeout_ms=3000)
     assert fresh is not None
     # the stale ones were given back with that round trip and claimed again, fresh
     assert store.describe_group("g").partitions  # sanity: the group exists

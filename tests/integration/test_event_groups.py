@@ -15,6 +15,7 @@ from dmq.client import AdminClient
 from dmq.client.cli.runner import ClusterThread
 from dmq.client.errors import AppendConditionError, ClaimNotHeldError, FailedPreconditionError, GroupNotFoundError
 from dmq.client.events import Claim, EventStore, EventType
+from tests.wall_clock import wait_wall_clock_past, wall_ms
 
 CourseCreated = EventType("course.created", ["course_name"])
 UserRegistered = EventType("user.registered", ["user_id"])
@@ -303,10 +304,13 @@ def test_only_the_claiming_worker_acks(store: EventStore) -> None:
 
 def test_a_crashed_workers_claim_is_reaped(store: EventStore) -> None:
     store.append(CourseCreated.new(course_name="Algebra"))
-    crashed = store.claim_next("g", ["course_name"], [CourseCreated], "crashed", claim_timeout_ms=300)
+    # 1 s, not 300 ms: w2's first claim must come while the crash's claim is held, and on a
+    # loaded machine 300 ms did not always cover the call
+    crashed = store.claim_next("g", ["course_name"], [CourseCreated], "crashed", claim_timeout_ms=1_000)
+    held_until_ms = wall_ms() + 1_000  # the claim's expiry is at or before this (the broker's clock)
     assert crashed is not None
     assert store.claim_next("g", ["course_name"], [CourseCreated], "w2") is None
-    time.sleep(0.5)  # the crashed worker never renews
+    wait_wall_clock_past(held_until_ms)  # the crashed worker never renews
     taken = store.claim_next("g", ["course_name"], [CourseCreated], "w2")
     assert taken is not None and positions(taken) == [1]
     with pytest.raises(ClaimNotHeldError):
@@ -315,12 +319,14 @@ def test_a_crashed_workers_claim_is_reaped(store: EventStore) -> None:
 
 def test_a_renewing_workers_claim_is_never_reaped(store: EventStore) -> None:
     store.append(CourseCreated.new(course_name="Algebra"))
-    claim = store.claim_next("g", ["course_name"], [CourseCreated], "w1", claim_timeout_ms=300)
+    # Renewed every ~0.2 s (plus two calls) within a 1 s timeout: with 300 ms, two slow calls
+    # between renewals let a loaded machine's claim lapse.
+    claim = store.claim_next("g", ["course_name"], [CourseCreated], "w1", claim_timeout_ms=1_000)
     assert claim is not None
-    deadline = time.monotonic() + 1.5  # five timeouts
+    deadline = time.monotonic() + 3.0  # three timeouts
     while time.monotonic() < deadline:
         store.renew(claim)
         assert store.claim_next("g", ["course_name"], [CourseCreated], "w2") is None
-        time.sleep(0.1)
+        time.sleep(0.2)
     assert store.describe_group("g").partitions[0].claimed_by == "w1"
     store.ack(claim)
