@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +26,8 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from tests.cli.conftest import dmq_executable, free_port, run_dmq
 
 STOP_LIMIT_S = 10.0
+EMBEDDED_READY = "DMQ is running: coordinator and broker on "  # then the address it bound
+COORDINATOR_READY = "coordinator listening on "
 START_TIMEOUT_S = 30.0
 REFUSAL_TIMEOUT_S = 15.0  # a refused start must end by itself well within this
 
@@ -59,6 +62,15 @@ class Server:
             assert self.proc.poll() is None, f"exited with {self.proc.returncode}: {self.text()[-2000:]}"
             time.sleep(0.05)
         pytest.fail(f"{text!r} not printed in {timeout_s}s: {self.text()[-2000:]}")
+
+    def bound_address(self, ready: str) -> str:
+        """The address printed after `ready` once the server listens: servers here are started
+        with --port 0 where they can be (a port picked by the test is bound by the child only
+        after its imports, and another process can take it meanwhile)."""
+        self.wait_for_text(ready)
+        found = re.search(re.escape(ready) + r"([0-9.]+:[0-9]+)", self.text())
+        assert found is not None, self.text()[-2000:]
+        return found.group(1)
 
     def signal_and_wait(self, sig: signal.Signals = signal.SIGTERM, limit_s: float = STOP_LIMIT_S) -> tuple[int, float]:
         """Send sig to the server alone; (exit code, seconds taken). Fails past limit_s."""
@@ -136,18 +148,16 @@ def one_line_refusal(argv: list[str]) -> str:
 
 def test_second_server_on_a_locked_data_dir_fails_at_once_naming_the_holder(tmp_path, servers):
     data = tmp_path / "data"
-    port = free_port()
-    first = Server(["server", "--port", str(port), "--data-dir", str(data)], tmp_path / "first.log")
+    first = Server(["server", "--port", "0", "--data-dir", str(data)], tmp_path / "first.log")
     servers.append(first)
-    first.wait_for_text("DMQ is running")
-    bootstrap = f"127.0.0.1:{port}"
+    bootstrap = first.bound_address(EMBEDDED_READY)
     assert run_dmq("topics", "create", "locked", "-p", "1", bootstrap=bootstrap).returncode == 0
     assert run_dmq("produce", "locked", bootstrap=bootstrap, input="a\nb\nc\n").returncode == 0
 
     attempts = [
-        ["server", "--port", str(free_port()), "--data-dir", str(data)],
-        ["server", "--brokers", "2", "--port", str(free_port()), "--data-dir", str(data)],
-        ["coordinator", "--port", str(free_port()), "--data-dir", str(data / "coordinator")],
+        ["server", "--port", "0", "--data-dir", str(data)],
+        ["server", "--brokers", "2", "--port", "0", "--data-dir", str(data)],
+        ["coordinator", "--port", "0", "--data-dir", str(data / "coordinator")],
         ["broker", "--coordinator", bootstrap, "--broker-id", "7", "--data-dir", str(data / "broker-0")],
     ]
     for argv in attempts:
@@ -161,7 +171,7 @@ def test_second_server_on_a_locked_data_dir_fails_at_once_naming_the_holder(tmp_
     rc, _ = first.signal_and_wait(signal.SIGTERM)
     assert rc == 0, first.text()[-2000:]
     # Released on exit: the directory can be used again at once.
-    again = Server(["server", "--port", str(port), "--data-dir", str(data)], tmp_path / "again.log")
+    again = Server(["server", "--port", "0", "--data-dir", str(data)], tmp_path / "again.log")
     servers.append(again)
     again.wait_for_text("DMQ is running")
 
@@ -169,10 +179,9 @@ def test_second_server_on_a_locked_data_dir_fails_at_once_naming_the_holder(tmp_
 # -- signals in every state ----------------------------------------------------------------------
 
 def test_sigterm_stops_server_and_broker_normally(tmp_path, servers):
-    port = free_port()
-    bootstrap = f"127.0.0.1:{port}"
-    coordinator = Server(["coordinator", "--port", str(port), "--data-dir", str(tmp_path / "c")], tmp_path / "c.log")
+    coordinator = Server(["coordinator", "--port", "0", "--data-dir", str(tmp_path / "c")], tmp_path / "c.log")
     servers.append(coordinator)
+    bootstrap = coordinator.bound_address(COORDINATOR_READY)
     broker = Server(["broker", "--coordinator", bootstrap, "--broker-id", "0", "--data-dir", str(tmp_path / "b")],
                     tmp_path / "b.log")
     servers.append(broker)
@@ -182,7 +191,7 @@ def test_sigterm_stops_server_and_broker_normally(tmp_path, servers):
     rc, _ = coordinator.signal_and_wait(signal.SIGTERM)
     assert rc == 0 and "coordinator stopped" in coordinator.text(), coordinator.text()[-2000:]
 
-    server = Server(["server", "--port", str(free_port()), "--data-dir", str(tmp_path / "s")], tmp_path / "s.log")
+    server = Server(["server", "--port", "0", "--data-dir", str(tmp_path / "s")], tmp_path / "s.log")
     servers.append(server)
     server.wait_for_text("DMQ is running")
     rc, _ = server.signal_and_wait(signal.SIGTERM)
@@ -207,11 +216,9 @@ def test_broker_stops_on_signal_while_its_coordinator_is_unreachable(tmp_path, s
 @pytest.mark.parametrize("when", ["before registering", "after registering"])
 def test_broker_stops_on_sigterm_while_its_coordinator_is_frozen(tmp_path, servers, when):
     """A SIGSTOPped coordinator accepts connections and never answers: every RPC hangs to its deadline."""
-    port = free_port()
-    bootstrap = f"127.0.0.1:{port}"
-    coordinator = Server(["coordinator", "--port", str(port), "--data-dir", str(tmp_path / "c")], tmp_path / "c.log")
+    coordinator = Server(["coordinator", "--port", "0", "--data-dir", str(tmp_path / "c")], tmp_path / "c.log")
     servers.append(coordinator)
-    coordinator.wait_for_text("coordinator listening")
+    bootstrap = coordinator.bound_address(COORDINATOR_READY)
     if when == "before registering":
         coordinator.proc.send_signal(signal.SIGSTOP)
     broker = Server(["broker", "--coordinator", bootstrap, "--broker-id", "0", "--data-dir", str(tmp_path / "b")],
