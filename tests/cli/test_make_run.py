@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from tests.cli.conftest import free_port, run_dmq
+from tests.cli.conftest import run_dmq
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
@@ -35,6 +36,15 @@ def _wait_for(log: pathlib.Path, text: str, proc: subprocess.Popen[bytes]) -> No
     pytest.fail(f"{text!r} not printed in {START_TIMEOUT_S}s: {log.read_text(errors='replace')[-2000:]}")
 
 
+def _banner_bootstrap(log: pathlib.Path, proc: subprocess.Popen[bytes]) -> str:
+    """The address the banner tells users to connect to: the servers here start on port 0 (a
+    port picked by the test could be taken by another process before the server binds it)."""
+    _wait_for(log, "stop with Ctrl-C", proc)  # the banner's last line: the address is all there
+    found = re.search(r'bootstrap="([0-9.]+:[0-9]+)"', log.read_text(errors="replace"))
+    assert found is not None, f"the banner does not say how to connect: {log.read_text(errors='replace')[-2000:]}"
+    return found.group(1)
+
+
 def _stop(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM) -> int:
     os.killpg(proc.pid, sig)
     try:
@@ -47,14 +57,12 @@ def _stop(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM) -
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_run_serves_dmq_and_restarts_without_recovery(tmp_path: pathlib.Path) -> None:
-    port = free_port()
-    bootstrap = f"127.0.0.1:{port}"
     data = tmp_path / "data"
     log = tmp_path / "make-run.log"
-    proc = _start(["make", "--no-print-directory", "run", f"DMQ_PORT={port}", f"DMQ_DATA_DIR={data}"], log, ROOT)
+    proc = _start(["make", "--no-print-directory", "run", "DMQ_PORT=0", f"DMQ_DATA_DIR={data}"], log, ROOT)
     try:
         _wait_for(log, "DMQ is running", proc)
-        assert f'bootstrap="{bootstrap}"' in log.read_text(), "the banner does not say how to connect"
+        bootstrap = _banner_bootstrap(log, proc)
         created = run_dmq("topics", "create", "events", "--partitions", "2", bootstrap=bootstrap)
         assert created.returncode == 0, created
         produced = run_dmq("produce", "events", bootstrap=bootstrap, input="one\ntwo\n")
@@ -70,13 +78,14 @@ def test_make_run_serves_dmq_and_restarts_without_recovery(tmp_path: pathlib.Pat
     # The same data directory again: every partition log opens clean, none is scanned.
     log2 = tmp_path / "restart.log"
     proc = _start(
-        [str(ROOT / ".venv" / "bin" / "dmq"), "server", "--port", str(port), "--data-dir", str(data),
+        [str(ROOT / ".venv" / "bin" / "dmq"), "server", "--port", "0", "--data-dir", str(data),
          "--log-level", "info"],
         log2,
         tmp_path,
     )
     try:
         _wait_for(log2, "DMQ is running", proc)
+        bootstrap = _banner_bootstrap(log2, proc)
         consumed = run_dmq("consume", "events", "--from-beginning", "--max-messages", "2", bootstrap=bootstrap)
         assert consumed.returncode == 0, consumed
         assert sorted(consumed.stdout.split()) == ["one", "two"]
