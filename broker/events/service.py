@@ -65,7 +65,6 @@ SUBSCRIPTIONS_MAX = 1_000
 # A subscription with nothing new re-checks this often even without a wake-up (a store closing).
 SUBSCRIBE_IDLE_S = 1.0
 DESCRIBE_PARTITIONS_MAX = 1_000
-PARTITION_KEY_MAX_BYTES = event_headers.ITEM_TAGS_MAX * (event_headers.TAG_MAX_BYTES + 1)
 
 _STATUS: list[tuple[type[Exception], grpc.StatusCode]] = [
     (InvalidEventRequest, grpc.StatusCode.INVALID_ARGUMENT),
@@ -162,7 +161,8 @@ def _check_worker(worker_id: str) -> None:
 def _check_ref(ref: pb.EventClaimRef, field: str = "") -> None:
     _checked(lambda: check_topic_name(ref.topic, field=f"{field}topic"))
     _check_group(ref.group)
-    _checked(lambda: check_id(ref.partition_key, f"{field}partition_key", "partition key", PARTITION_KEY_MAX_BYTES))
+    # a composite key joins its attributes with PARTITION_KEY_SEPARATOR: checked attribute by attribute
+    _checked(lambda: event_headers.check_partition_key(ref.partition_key, field=f"{field}partition_key"))
     _check_worker(ref.worker_id)
 
 

@@ -324,3 +324,48 @@ def test_a_renewing_workers_claim_is_never_reaped(store: EventStore) -> None:
         time.sleep(0.1)
     assert store.describe_group("g").partitions[0].claimed_by == "w1"
     store.ack(claim)
+
+
+# -- claims over two or more attributes (issue 26 item 3) --------------------------------------------
+
+StockReceived = EventType("stock.received", ["sku", "warehouse"])
+StockShipped = EventType("stock.shipped", ["sku", "warehouse"])
+SkuListed = EventType("sku.listed", ["sku"])
+STOCK = [StockReceived, StockShipped, SkuListed]
+
+
+def by_stock(store: EventStore, worker: str = "w1", **kwargs: object) -> Claim | None:
+    return store.claim_next("g", ["sku", "warehouse"], STOCK, worker, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_composite_claim_is_acked_released_and_renewed(store: EventStore) -> None:
+    """Its key joins the attributes with a newline; every call naming it is accepted (was refused:
+    "partition key ... contains the control character '\\n'")."""
+    store.append([StockReceived.new(sku="SKU-7", warehouse="Berlin"), StockReceived.new(sku="SKU-9", warehouse="Paris")])
+    claim = by_stock(store)
+    assert claim is not None and claim.partition_key == "sku:SKU-7\nwarehouse:Berlin"
+    store.renew(claim)
+    store.release(claim)
+    again = by_stock(store, "w2")
+    assert again is not None and again.partition_key == claim.partition_key and positions(again) == [1]
+    store.ack(again)
+    acked = {p.partition_key: p.acked_position for p in store.describe_group("g").partitions}
+    assert acked == {"sku:SKU-7\nwarehouse:Berlin": 1, "sku:SKU-9\nwarehouse:Paris": 0}
+
+
+def test_a_composite_claim_is_acked_riding_on_the_next_claim(store: EventStore) -> None:
+    store.append([StockReceived.new(sku="SKU-7", warehouse="Berlin"), StockReceived.new(sku="SKU-9", warehouse="Paris"),
+                  StockShipped.new(sku="SKU-1", warehouse="Rome")])
+    first = by_stock(store)
+    assert first is not None
+    second = by_stock(store, ack=(first, first.last_position))
+    assert second is not None and second.partition_key == "sku:SKU-9\nwarehouse:Paris"
+    # prefetched: acks and the release of what was not handed out go as more_acks / releases
+    third = by_stock(store, ack=(second, second.last_position), prefetch=2)
+    assert third is not None and third.partition_key == "sku:SKU-1\nwarehouse:Rome"
+    store.commit("g", release_prefetched=True)
+    acked = {p.partition_key: p.acked_position for p in store.describe_group("g").partitions}
+    assert acked == {"sku:SKU-1\nwarehouse:Rome": 0, "sku:SKU-7\nwarehouse:Berlin": 1, "sku:SKU-9\nwarehouse:Paris": 2}
+    store.ack(third)
+    assert by_stock(store) is None
+
