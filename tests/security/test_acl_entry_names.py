@@ -71,3 +71,36 @@ def test_add_acls_refuses_entries_that_can_never_match(secure_cluster, certs):
         assert metadata.AddAcls(pb.AddAclsRequest(acls=good), timeout=10).changed == len(good)
     finally:
         channel.close()
+
+
+def test_a_stored_entry_that_can_never_match_does_not_stop_the_coordinator(certs, tmp_path):
+    """Entries stored before the names were checked are left out at load (logged), not fatal."""
+    import sqlite3
+
+    from dmq.client.cli.runner import ClusterOptions, ClusterThread
+    from dmq.coordinator.node import SQLITE_FILE
+    from tests.security.conftest import server_security
+
+    options = ClusterOptions(data_dir=tmp_path / "c", security=server_security(certs, "tokens"))
+
+    def listing(bootstrap: str) -> list[str]:
+        channel = sync_channel(bootstrap, tls_client(certs, token=token_for("admin")), channel_options())
+        try:
+            acls = pb_grpc.MetadataStub(channel).ListAcls(pb.ListAclsRequest(), timeout=10).acls
+            return [a.resource_name for a in acls]
+        finally:
+            channel.close()
+
+    with ClusterThread(options) as c:
+        channel = sync_channel(c.bootstrap, tls_client(certs, token=token_for("admin")), channel_options())
+        try:
+            pb_grpc.MetadataStub(channel).AddAcls(pb.AddAclsRequest(acls=[_entry(name="fine")]), timeout=10)
+        finally:
+            channel.close()
+    (db,) = (tmp_path / "c").rglob(SQLITE_FILE)
+    with sqlite3.connect(db) as conn:  # as an older coordinator let it in
+        conn.execute("INSERT INTO acls (principal, resource_type, pattern_type, resource_name, operation, permission)"
+                     " VALUES ('alice', 'topic', 'literal', '%s%n', 'read', 'allow')")
+    conn.close()
+    with ClusterThread(options) as c:
+        assert listing(c.bootstrap) == ["fine"]
