@@ -52,6 +52,7 @@ from dmq.coordinator.metadata import DEFAULT_BROKER_SESSION_TIMEOUT_MS, Principa
 from dmq.coordinator.node import CoordinatorNode
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.connections import PerAddressConnectionLimit
+from dmq.proto.decoding import DecodeGuard
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import server_options
 from dmq.proto.malloc_tuning import keep_large_buffers
@@ -103,12 +104,13 @@ def _new_server(
     security: ServerSecurity | None = None, acls: AclView | None = None, quotas: QuotaSettings | None = None
 ) -> grpc.aio.Server:
     # Connection limits: per server and idle timeout in the options, per client address by the
-    # interceptor (see dmq.proto.grpc_options and dmq.proto.connections). Then security: who
-    # calls, may they, how fast (dmq.proto.security.interceptor), after the connection limit so
-    # a flood of bad credentials is bounded like any other flood.
+    # interceptor (see dmq.proto.grpc_options and dmq.proto.connections). Then requests that do
+    # not decode: INVALID_ARGUMENT before any rule reads them (dmq.proto.decoding). Then security:
+    # who calls, may they, how fast (dmq.proto.security.interceptor), after the connection limit
+    # so a flood of bad credentials is bounded like any other flood.
     return grpc.aio.server(
         options=server_options(),
-        interceptors=[PerAddressConnectionLimit(), SecurityInterceptor(security, acls, quotas)],
+        interceptors=[PerAddressConnectionLimit(), DecodeGuard(), SecurityInterceptor(security, acls, quotas)],
         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
     )
 

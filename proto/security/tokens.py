@@ -51,7 +51,7 @@ MAX_PRINCIPAL_CHARS = 256
 DEFAULT_CLUSTER_TOKEN_TTL_S = 3600
 LEEWAY_S = 30  # clocks of issuer and server may differ this much
 VERIFIED_CACHE_ENTRIES = 1024  # distinct live tokens remembered; more are verified again
-_PRINCIPAL = re.compile(r"^[^\s\x00-\x1f\x7f]{1,256}$")
+_PRINCIPAL = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
 _UNITS_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 PUBLIC_KEY_ALGORITHMS = ("RS256", "ES256")
@@ -62,7 +62,8 @@ class AuthenticationError(Exception):
 
 
 def check_principal(name: Any, what: str = "principal") -> str:
-    if not isinstance(name, str) or not _PRINCIPAL.match(name) or name == "*":
+    # fullmatch: `$` would let a trailing newline through ("q\n", a principal no token names)
+    if not isinstance(name, str) or not _PRINCIPAL.fullmatch(name) or name == "*":
         raise ValueError(
             f"{what} must be 1..{MAX_PRINCIPAL_CHARS} printable characters without spaces (and not '*'), "
             f"got {str(name)[:40]!r}"
