@@ -257,7 +257,7 @@ def topic_config(config: Mapping[str, int | str] | None) -> pb.TopicConfig:
     as text in the CLI's grammar ("1s", "64MiB": dmq.proto.values)."""
     if not config:
         return pb.TopicConfig()
-    normalised = {str(k).replace(".", "_"): v for k, v in config.items()}
+    normalised: dict[str, object] = {str(k).replace(".", "_"): v for k, v in config.items()}
     for name, value in normalised.items():
         try:
             normalised[name] = parse_setting(name, value)
