@@ -25,7 +25,8 @@ the lock-free fast path of send() and `dmq.client._sender` for retries and idemp
 Batch size: an encoded batch (header, arrays, compression included) is at most
 min(``batch_size``, the topic's ``max_message_bytes``), so a topic never refuses a batch for its
 size. A record that does not fit a batch of ``batch_size`` on its own goes alone, up to the
-topic's limit; above that send() raises RecordTooLargeError naming the limit.
+topic's limit; above that send() raises RecordTooLargeError naming the limit. ``max_record_bytes``
+(default None: the topic's limit alone) bounds a record's key + value + headers below it.
 
 Delivery: acks="all" (default: the broker fsyncs per its flush policy before answering), 1 (the
 leader wrote it), 0 (nobody waits: futures resolve with offset -1 once the batch is sent).
@@ -88,7 +89,7 @@ from dmq.client.errors import (
     UnknownPartitionError,
 )
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto import records
+from dmq.proto import limits, records
 
 log = get_logger(__name__)
 
@@ -128,7 +129,9 @@ def check_settings(
     _positive("batch_size", batch_size, MAX_BATCH_SIZE, "the brokers' default max batch bytes is "
               f"{records.DEFAULT_MAX_BATCH_BYTES}; a topic's max_message_bytes caps its batches further")
     _positive("buffer_memory", buffer_memory)
-    _positive("max_record_bytes", max_record_bytes, records.DEFAULT_MAX_BATCH_BYTES // 2)
+    if max_record_bytes is not None:  # None: the topic's max_message_bytes is the only bound
+        _positive("max_record_bytes", max_record_bytes, limits.MAX_MESSAGE_BYTES_MAX,
+                  "the largest max_message_bytes a topic may have")
     _positive("request_timeout_ms", request_timeout_ms)
     _positive("delivery_timeout_ms", delivery_timeout_ms)
     for name, value in (("linger_ms", linger_ms), ("max_block_ms", max_block_ms), ("retries", retries),
@@ -178,7 +181,7 @@ class Producer:
         retry_backoff_max_ms: int = 1_000,
         request_timeout_ms: int = 30_000,
         delivery_timeout_ms: int = 120_000,
-        max_record_bytes: int = records.DEFAULT_MAX_RECORD_BYTES,
+        max_record_bytes: int | None = None,
         partitioner: Partitioner | None = None,
         client_id: str | None = None,
         cluster: Cluster | None = None,
@@ -252,7 +255,8 @@ class Producer:
             retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=max(retry_backoff_ms, retry_backoff_max_ms),
             producer_id=self.producer_id,
-            max_record_bytes=max_record_bytes,
+            # None: send() already held each record within its topic's max_message_bytes
+            max_record_bytes=max_record_bytes or limits.MAX_MESSAGE_BYTES_MAX,
             name=f"dmq-sender-{self.client_id}",
         )
         self._close_lock = threading.Lock()
@@ -353,7 +357,7 @@ class Producer:
         if timestamp_ms is not None and (isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0):
             raise TypeError(f"timestamp_ms must be a non-negative int (ms since the epoch), got {timestamp_ms!r}")
         record_bytes = len(value) + (len(key) if key is not None else 0) + _headers_size(hdrs)
-        if record_bytes > self._max_record_bytes:
+        if self._max_record_bytes is not None and record_bytes > self._max_record_bytes:
             raise RecordTooLargeError(
                 f"record for {topic!r} is {record_bytes} bytes (key + value + headers), above "
                 f"max_record_bytes {self._max_record_bytes}"
@@ -466,7 +470,7 @@ class Producer:
                 keys = [None if k is None else _as_bytes(k, "keys[]") for k in keys]
             sizes = [s + (0 if k is None else len(k)) for s, k in zip(sizes, keys)]
         biggest = max(sizes)
-        if biggest > self._max_record_bytes:
+        if self._max_record_bytes is not None and biggest > self._max_record_bytes:
             i = sizes.index(biggest)
             raise RecordTooLargeError(
                 f"send_many: record {i} is {biggest} bytes, above max_record_bytes {self._max_record_bytes}"

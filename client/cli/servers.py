@@ -66,6 +66,8 @@ def _security_options(f):
                      help="File holding the HS256 secret tokens are signed with (or env DMQ_TOKEN_SECRET)."),
         click.option("--token-public-key", type=click.Path(dir_okay=False, exists=True), default=None, show_default="none",
                      help="PEM public key (RS256/ES256) tokens are verified with; tokens are issued elsewhere."),
+        click.option("--token-leeway-s", type=click.IntRange(0, 600), default=30, show_default=True,
+                     help="Accept a token until its exp plus this many seconds (issuer's and server's clocks differ)."),
         click.option("--super-users", default="", show_default="none", metavar="NAMES",
                      help="Comma-separated principals allowed everything a client may do (bootstrap the ACLs)."),
         click.option("--cluster-principal", default="dmq-cluster", show_default=True,
@@ -87,7 +89,7 @@ def _security_options(f):
 
 
 SECURITY_PARAMS = ("tls_cert", "tls_key", "tls_ca", "require_client_cert", "token_secret_file", "token_public_key",
-                   "super_users", "cluster_principal", "cluster_token_file", "insecure", "quota_produce_bytes_per_s",
+                   "token_leeway_s", "super_users", "cluster_principal", "cluster_token_file", "insecure", "quota_produce_bytes_per_s",
                    "quota_fetch_bytes_per_s", "quota_requests_per_s")
 
 
@@ -105,6 +107,8 @@ def _pop_security(kwargs: dict):
         value, flag = v[name], "--" + name.replace("_", "-")
         if isinstance(value, bool):
             argv += [flag] if value else []
+        elif name == "token_leeway_s":
+            argv += [flag, str(value)] if value != 30 else []  # 0 is a setting here, not "unset"
         elif value not in (None, "", 0) and not (name == "cluster_principal" and value == "dmq-cluster"):
             argv += [flag, str(value)]
 
@@ -123,6 +127,7 @@ def _pop_security(kwargs: dict):
             cluster_principal=v["cluster_principal"],
             cluster_token=read(v["cluster_token_file"], "DMQ_CLUSTER_TOKEN"),
             insecure=v["insecure"],
+            token_leeway_s=v["token_leeway_s"],
         )
         security.cluster_client()  # the nodes' own credentials: refused now rather than at the first call
     except (SecurityConfigError, OSError) as e:

@@ -130,9 +130,10 @@ class SecurityInterceptor(ServerInterceptorBase):
         self.quotas = Quotas(quotas) if quotas is not None and quotas.enabled else None
         self._verifier: TokenVerifier | None = None
         if self.security.token_secret is not None:
-            self._verifier = TokenVerifier(secret=self.security.token_secret)
+            self._verifier = TokenVerifier(secret=self.security.token_secret, leeway_s=self.security.token_leeway_s)
         elif self.security.token_public_key is not None:
-            self._verifier = TokenVerifier(public_key_pem=read_pem(self.security.token_public_key, "token_public_key"))
+            self._verifier = TokenVerifier(public_key_pem=read_pem(self.security.token_public_key, "token_public_key"),
+                                           leeway_s=self.security.token_leeway_s)
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
 
     def __repr__(self) -> str:
