@@ -13,7 +13,9 @@ new BrokerNode on its data directory serves its port before (and while) it start
 from __future__ import annotations
 
 import asyncio
+import logging
 import pathlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +23,8 @@ import grpc
 import pytest
 
 from dmq.broker.node import BrokerNode
+from dmq.client import TopicPartition
+from dmq.client.aio import AsyncConsumer
 from dmq.client.cli.runner import ClusterThread
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -159,3 +163,32 @@ def test_unavailable_while_loading_and_registering(restarted: Restarted) -> None
             assert offsets == [COMMITTED] * PARTITIONS  # never -1, never a missing entry
             break
     starting.result(TIMEOUT_S)
+
+
+async def _set_ready(node: BrokerNode, ready: bool) -> None:
+    node.ready = ready
+
+
+def test_async_consumer_committed_retries_a_starting_broker(restarted: Restarted,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The async consumer's committed() retries "starting" as the synchronous one does, within
+    request_timeout_ms (it raised BrokerUnavailableError at the first refusal)."""
+    cluster, node = restarted.cluster, restarted.node
+    assert node is not None
+    cluster.call(restarted.start())
+    # Registered at its address (clients are sent to it), its state as if still loading.
+    cluster.call(_set_ready(node, False))
+    caplog.set_level(logging.INFO, logger="dmq.client.aio.consumer")
+
+    async def read() -> int | None:
+        async with AsyncConsumer(bootstrap_servers=cluster.bootstrap, group_id="app", retry_backoff_ms=20,
+                                 request_timeout_ms=30_000) as consumer:
+            reading = asyncio.ensure_future(consumer.committed(TopicPartition(TOPIC, 1)))
+            deadline = time.monotonic() + TIMEOUT_S
+            while "is starting; retry" not in caplog.text:  # refused once, and retrying
+                assert time.monotonic() < deadline and not reading.done(), (reading, caplog.text[-2000:])
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(cluster.call, _set_ready(node, True))
+            return await reading
+
+    assert asyncio.run(read()) == COMMITTED
