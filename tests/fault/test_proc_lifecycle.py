@@ -166,6 +166,42 @@ def test_second_server_on_a_locked_data_dir_fails_at_once_naming_the_holder(tmp_
     again.wait_for_text("DMQ is running")
 
 
+def _connections_accepted_while_running(argv: list[str], port: int) -> tuple[int, subprocess.CompletedProcess[str]]:
+    """Run a server command that must refuse to start, trying to connect to `port` the whole time
+    it runs: (connections accepted, its outcome)."""
+    proc = subprocess.Popen([dmq_executable(), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    accepted = 0
+    deadline = time.monotonic() + REFUSAL_TIMEOUT_S
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"`dmq {' '.join(argv)}` started instead of refusing")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                accepted += 1
+    out, err = proc.communicate(timeout=REFUSAL_TIMEOUT_S)
+    return accepted, subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("command", ["server", "coordinator", "broker"])
+def test_a_server_refused_its_data_dir_never_listens(tmp_path, servers, command):
+    """Issue 26 item 2: the directory is locked before the port is bound. The second server
+    accepted connections for 35-70 ms, then exited 1 with the right message."""
+    data = tmp_path / "data"
+    port = free_port()
+    first = Server(["server", "--port", str(port), "--data-dir", str(data)], tmp_path / "first.log")
+    servers.append(first)
+    first.wait_for_text("DMQ is running")
+    second_port = free_port()
+    argv = {"server": ["server", "--data-dir", str(data)],
+            "coordinator": ["coordinator", "--data-dir", str(data / "coordinator")],
+            "broker": ["broker", "--coordinator", f"127.0.0.1:{port}", "--broker-id", "7",
+                       "--data-dir", str(data / "broker-0")]}[command] + ["--port", str(second_port)]
+    accepted, done = _connections_accepted_while_running(argv, second_port)
+    assert done.returncode == 1 and "is in use by pid" in done.stderr, done
+    assert accepted == 0, f"{accepted} connection(s) accepted on {second_port} before refusing: {done.stderr[-1000:]}"
+
+
 # -- signals in every state ----------------------------------------------------------------------
 
 def test_sigterm_stops_server_and_broker_normally(tmp_path, servers):
