@@ -7,7 +7,7 @@ Lifecycle (the owner is the process runner or a test fixture):
      with every partition placed here) and start the background tasks;
   3. `await stop()`: stop the tasks, flush and close the logs cleanly (clean-shutdown marker),
      release the lock.
-Until `start()` finishes, requests get UNAVAILABLE ("starting; retry").
+Until `start()` finishes, requests get UNAVAILABLE ("starting; retry"): one gate, dmq.broker.readiness.
 
 `start()` may be cancelled at any point (a SIGTERM while the coordinator is unreachable): the
 registration retries are cancellable, and the local opening of logs and offsets runs to its end

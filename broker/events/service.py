@@ -40,6 +40,7 @@ from dmq.broker.events.registry import NotAnEventStoreError
 from dmq.broker.events.index import EventColumns, split_tags
 from dmq.broker.events.store import Condition, EventStore, NewEvent
 from dmq.broker.log import UnknownPartitionError
+from dmq.broker.readiness import require_started
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, event_headers, records
 from dmq.proto.names import GROUP_ID_MAX_BYTES, MEMBER_ID_MAX_BYTES, FieldError, check_id, check_topic_name
@@ -92,7 +93,9 @@ def _translate(service: Any, e: Exception) -> RpcAbort | None:
     return broker_service.translate_storage(service, e)
 
 
-_guarded = rpc_handler(log=log, translate=_translate)
+# Every event-store RPC reads what is loaded at start (the logs, group progress): UNAVAILABLE until
+# then (dmq.broker.readiness).
+_guarded = rpc_handler(log=log, translate=_translate, before=require_started)
 
 
 def _checked(check: Callable[[], None]) -> None:
@@ -174,8 +177,6 @@ class EventStoreRpcs:
     async def _store(self, topic: str) -> EventStore:
         _checked(lambda: check_topic_name(topic, field="topic"))
         node = self._node
-        if not node.ready:
-            _fail(grpc.StatusCode.UNAVAILABLE, f"broker {node.broker_id} is starting; retry")
         try:
             store = node.event_stores.get(topic)
         except UnknownPartitionError:

@@ -23,6 +23,7 @@ import structlog
 
 from dmq.broker.queue.dead_letters import DLQ_SUFFIX
 from dmq.broker.queue.progress import MAX_ERROR_CHARS, QUEUE_GROUP_PREFIX
+from dmq.broker.readiness import require_started
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits, names
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
@@ -53,7 +54,8 @@ def _translate(servicer: Any, e: Exception) -> RpcAbort | None:
     return result
 
 
-_guarded = rpc_handler(log=log, translate=_translate)
+# Every queue RPC reads progress and leases loaded at start: UNAVAILABLE until then (dmq.broker.readiness).
+_guarded = rpc_handler(log=log, translate=_translate, before=require_started)
 
 
 def _check(check: Any, value: object, field: str) -> None:
@@ -108,10 +110,7 @@ class QueueRpcs:
         raise NotImplementedError
 
     def _queues(self) -> QueueManager:
-        node = self._node
-        if not node.ready:
-            fail(grpc.StatusCode.UNAVAILABLE, f"broker {node.broker_id} is starting; retry")
-        return node.queues
+        return self._node.queues
 
     def _may_use_lease(self, lease_id: str, rpc: str, *, dead_letters: bool = False) -> None:
         """PERMISSION_DENIED unless the caller may read the lease's topic and group (and, for a

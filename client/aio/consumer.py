@@ -747,15 +747,35 @@ class AsyncConsumer:
                     m.assignment_stale = True
 
     async def committed(self, partition: TopicPartition) -> int | None:
-        """The group's committed offset of a partition (the next offset to consume), or None."""
+        """The group's committed offset of a partition (the next offset to consume), or None.
+
+        Retriable answers (a broker starting, which answers UNAVAILABLE until its commits are
+        loaded; a leader that moved) are retried until request_timeout_ms, as the synchronous
+        consumer's committed() does."""
         self._check_open()
         tp = _tp(partition)
         m = self._memberships.get(tp.topic)
         group_id = m.group_id if m is not None else group_id_for(tp.topic, self.config.group_id)
-        await self._cluster.metadata(tp.topic, self.config.request_timeout_ms / 1000)
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        delay_s = self.config.retry_backoff_ms / 1000
+        while True:
+            try:
+                return await self._committed_once(tp, group_id, deadline)
+            except DMQError as e:
+                if not e.retriable or time.monotonic() + delay_s >= deadline:
+                    raise
+                if e.invalid_metadata:
+                    self._cluster.invalidate(tp.topic)
+                log.info("reading the committed offset of %s failed; retrying in %d ms: %s", tp, delay_s * 1000, e)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, MAX_GROUP_BACKOFF_S)
+
+    async def _committed_once(self, tp: TopicPartition, group_id: str, deadline: float) -> int | None:
+        await self._cluster.metadata(tp.topic, max(0.001, deadline - time.monotonic()))
         address = self._cluster.leader_for(tp.topic, tp.partition)
-        future = await self._rpc(self._offsets.start_fetch_committed(address, group_id, [tp]),
-                                 f"FetchCommittedOffsets of {tp}")
+        future = await self._rpc(
+            self._offsets.start_fetch_committed(address, group_id, [tp], max(0.001, deadline - time.monotonic())),
+            f"FetchCommittedOffsets of {tp}")
         try:
             response = future.result()
         except grpc.RpcError as e:
