@@ -252,6 +252,11 @@ class AsyncConsumer:
         self._lock = asyncio.Lock()
         self._next_auto_commit = time.monotonic() + c.auto_commit_interval_ms / 1000
         self._started = True
+        try:
+            await self._cluster.acheck_reachable()
+        except BaseException:
+            await self.stop()
+            raise
         if self._initial_topics:
             try:
                 await self.subscribe(self._initial_topics, self._initial_listener)
