@@ -228,9 +228,10 @@ class Producer:
         )
         if self._own_cluster:
             # A wrong address fails here, naming it (kafka-python's NoBrokersAvailable), within
-            # request_timeout_ms: not in every send() after max_block_ms of metadata retries.
+            # the Cluster's timeout (request_timeout_ms, or max_block_ms if shorter): not in
+            # every send() after max_block_ms of metadata retries.
             try:
-                self._cluster.check_reachable(request_timeout_ms / 1000)
+                self._cluster.check_reachable()
             except BaseException:
                 self._cluster.close()
                 raise
