@@ -58,7 +58,6 @@ from dmq.client.consumer._heartbeat import HeartbeatThread
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
 from dmq.client.consumer._positions import PositionFinder
-from dmq.client.consumer._times import record_timestamps
 from dmq.client.consumer._records import ConsumerRecords, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from dmq.client.consumer._subscription import (
     EARLIEST,
@@ -67,6 +66,7 @@ from dmq.client.consumer._subscription import (
     START_BY_TIMESTAMP,
     SubscriptionState,
 )
+from dmq.client.consumer._times import record_timestamps
 from dmq.client.errors import (
     ClientClosedError,
     CommitFailedError,
@@ -175,7 +175,7 @@ class DMQConsumer:
         self._next_pattern_listing = 0.0
         self._counters = {"polls": 0, "records_returned": 0}
         # ``for record in consumer``: the records of the last poll() and the index of the next
-        # one to hand out (see __next__ and _rewind_iteration).
+        # one to hand out (see __next__ and _hand_back_unreturned).
         self._iter_batch: list[Any] = []
         self._iter_next = 0
         if topics:
@@ -309,8 +309,8 @@ class DMQConsumer:
     def unsubscribe(self) -> None:
         """Commit (with auto-commit), hand back every partition and leave every group, within
         request_timeout_ms."""
-        self._hand_back_unreturned()
         self._check_open()
+        self._hand_back_unreturned()
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
         for topic in list(self._memberships):
             self._leave_topic(topic, call_listener=True, deadline=deadline)
@@ -625,8 +625,8 @@ class DMQConsumer:
 
     def position(self, partition: TopicPartition) -> int:
         """The offset of the next record poll() will return for an assigned partition."""
-        self._hand_back_unreturned()
         self._check_open()
+        self._hand_back_unreturned()
         tp, state = self._assigned_state(partition, "position()")
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
         while state.position is None:
@@ -647,8 +647,8 @@ class DMQConsumer:
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """Make the next poll() return records of `partition` from `offset` on."""
-        self._hand_back_unreturned()
         self._check_open()
+        self._hand_back_unreturned()
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise InvalidArgumentError(f"seek() offset must be an int >= 0, got {offset!r}")
         tp, _ = self._assigned_state(partition, "seek()")
@@ -664,8 +664,8 @@ class DMQConsumer:
         self._seek_to(LATEST, partitions, "seek_to_end()")
 
     def _seek_to(self, where: int, partitions: tuple[Any, ...], what: str) -> None:
-        self._hand_back_unreturned()
         self._check_open()
+        self._hand_back_unreturned()
         tps = _tps(partitions) or self._subs.assigned()
         checked = [self._assigned_state(tp, what)[0] for tp in tps]
         for tp in checked:
@@ -674,8 +674,8 @@ class DMQConsumer:
 
     def pause(self, *partitions: TopicPartition | Iterable[TopicPartition]) -> None:
         """Stop fetching and returning records of these partitions until resume()."""
-        self._hand_back_unreturned()
         self._check_open()
+        self._hand_back_unreturned()
         for tp in [self._assigned_state(tp, "pause()")[0] for tp in _tps(partitions)]:
             self._subs.pause(tp)
             self._fetcher.drop(tp)
@@ -1004,8 +1004,8 @@ class DMQConsumer:
         Each starts at the group's committed offset if there is one, else at the log start
         (auto_offset_reset='latest': the log end); seek() moves it. An empty list unassigns.
         Commits need group membership (subscribe()), so they are refused for these partitions."""
-        self._hand_back_unreturned()
         self._check_open()
+        self._hand_back_unreturned()
         if self._memberships or self._pattern is not None:
             raise IllegalStateError("assign() after subscribe(): call unsubscribe() first")
         wanted = set(_tps((partitions,)))
