@@ -229,6 +229,15 @@ class Producer:
         self._cluster = cluster or Cluster(
             address, request_timeout_ms=min(request_timeout_ms, max(max_block_ms, METADATA_TIMEOUT_MIN_MS)), security=security
         )
+        if self._own_cluster:
+            # A wrong address fails here, naming it (kafka-python's NoBrokersAvailable), within
+            # the Cluster's timeout (request_timeout_ms, or max_block_ms if shorter): not in
+            # every send() after max_block_ms of metadata retries.
+            try:
+                self._cluster.check_reachable()
+            except BaseException:
+                self._cluster.close()
+                raise
         self._batch_size = batch_size
         self._compressed = _CODECS[codec_name] is not records.Codec.NONE
         # topic max_message_bytes (None = the brokers' default) -> (batch cap, single-record cap)

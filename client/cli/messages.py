@@ -673,7 +673,7 @@ def _consume_group(ctx: click.Context, topic: str, app: str, from_beginning: boo
         last_data = time.monotonic()
         while not done():
             wait_s = 0.5 if idle_s is None else max(0.0, min(0.5, idle_s - (time.monotonic() - last_data)))
-            batch = list(consumer.poll(wait_s))
+            batch = list(consumer.poll(wait_s * 1000))
             if batch:
                 for r in emit(batch):
                     pending[TopicPartition(r.topic, r.partition)] = r.offset + 1
