@@ -721,9 +721,16 @@ class MetadataManager:
             except StateRefused as e:
                 raise _refusal(e) from e
             before = self._existing_state(topic, partition)
-            await self._change_states(
-                self._partition_change(topic, partition, lambda st, live: partition_states.reassignment_started(st, replicas))
-            )
+
+            def start(st: PartitionRecord, live: list[int]) -> PartitionRecord:
+                after = partition_states.reassignment_started(st, replicas)
+                # Only a new order (no replica added or leaving), all in sync: finished at once, so
+                # the answer already names the elected leader; the task below then finds nothing to do.
+                if after.replicas == tuple(replicas) and partition_states.reassignment_ready(after, replicas):
+                    return partition_states.reassignment_finished(after, replicas, live)
+                return after
+
+            await self._change_states(self._partition_change(topic, partition, start))
             state = self._existing_state(topic, partition)
             added = [b for b in state.replicas if b not in before.replicas]
             if added:
