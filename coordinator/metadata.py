@@ -54,7 +54,8 @@ pushed to the brokers (dmq.coordinator.controller.pushes):
   - the preferred leader (the first replica), alive and back in sync, takes the lead back (a
     periodic check, at most MAX_PREFERRED_MOVES_PER_CHECK partitions each time);
   - ReassignPartition: the new replicas are added as followers, and once the leader's AlterIsr shows
-    them in sync the old ones are dropped (a background task per partition, owned by this manager).
+    them in sync the old ones are dropped and the first listed replica leads (a background task per
+    partition, owned by this manager; a new order of replicas all in sync is finished at once).
 State changes are serialized by their own lock, not the admin lock, so an election never waits for
 a topic creation's broker calls. An unreplicated partition (one replica) keeps its broker as leader
 while it is down (leader_alive=false) and its broker is sent no states, as before replication.
