@@ -99,7 +99,7 @@ def test_bad_traceparents_are_refused_by_the_producer_and_ignored_by_broker_and_
     with AdminClient(cluster.bootstrap) as admin:
         admin.create_topic("tp", 1)
     with Producer(cluster.bootstrap) as p:
-        for why, value in BAD_TRACEPARENTS.items():
+        for value in BAD_TRACEPARENTS.values():
             with pytest.raises(ValueError, match="header 'traceparent' is not a W3C traceparent"):
                 p.send("tp", b"x", headers={"traceparent": value.encode()})
             with pytest.raises(ValueError, match="trace_context is not a W3C traceparent"):
