@@ -98,7 +98,7 @@ from dmq.client.errors import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits, records
-from dmq.proto.tracecontext import TraceContext, check_trace_id, check_traceparent
+from dmq.proto.tracecontext import TraceContext, check_traceparent
 
 log = get_logger(__name__)
 
@@ -393,7 +393,9 @@ class Producer:
             ctx = parent if trace_context is None else parent.child()
             hdrs.append((records.TRACEPARENT_HEADER, ctx.traceparent.encode()))
         try:
-            handle = self._send_slow(topic, value, key, hdrs or None, partition, timestamp_ms, callback, txn_key)
+            handle = self._send_slow(
+                topic, value, key, hdrs or None, partition, timestamp_ms, callback, txn_key, normalised=True
+            )
         except BaseException as e:
             if span is not None:
                 self._otel.end_send(span, None, e)
@@ -412,15 +414,18 @@ class Producer:
         timestamp_ms: int | None,
         callback: Callback | None,
         txn_key: bytes | None = None,
+        *,
+        normalised: bool = False,
     ) -> RecordFuture:
         """send() of every record the fast path does not take; `txn_key`: the transaction id
-        (in the headers already) that places a record without a key."""
+        (in the headers already) that places a record without a key; `normalised`: the headers
+        are _normalise_headers' list already (checked once, not twice)."""
         acc = self._acc
         self._check_open()
         value = _as_bytes(value, "value")
         if key is not None:
             key = _as_bytes(key, "key")
-        hdrs = _normalise_headers(headers)
+        hdrs: list[tuple[str, bytes | None]] | None = headers if normalised else _normalise_headers(headers)  # type: ignore[assignment]
         if timestamp_ms is not None and (isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0):
             raise TypeError(f"timestamp_ms must be a non-negative int (ms since the epoch), got {timestamp_ms!r}")
         record_bytes = len(value) + (len(key) if key is not None else 0) + _headers_size(hdrs)
@@ -907,7 +912,7 @@ def _trace_parent(
             return check_traceparent(trace_context.traceparent, "trace_context")
         return check_traceparent(trace_context, "trace_context")
     if trace_id is not None:
-        return TraceContext.new(check_trace_id(trace_id, "trace_id"))
+        return TraceContext.new(trace_id)  # checked there, naming trace_id
     return None
 
 

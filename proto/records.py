@@ -98,7 +98,7 @@ from itertools import accumulate, compress, islice, pairwise, repeat
 from operator import add, sub
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple, Sequence
 
-from dmq.proto.tracecontext import TRACEPARENT_HEADER, parse_traceparent
+from dmq.proto.tracecontext import TRACEPARENT_HEADER, traceparent_trace_id
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
@@ -1281,10 +1281,7 @@ def trace_ids(batch: RecordBatch) -> list[str | None]:
 
     The old header is looked for only when the batch's header bytes hold its name (one C
     substring search), so batches of current clients are walked once."""
-    out: list[str | None] = []
-    for value in header_values(batch, TRACEPARENT_HEADER):
-        ctx = None if value is None else parse_traceparent(value)
-        out.append(None if ctx is None else ctx.trace_id)
+    out = [None if v is None else traceparent_trace_id(v) for v in header_values(batch, TRACEPARENT_HEADER)]
     if batch.header_offsets is not None and _RESERVED_KEYS[TRACE_HEADER] in bytes(batch.header_blob):
         legacy = record_ids(batch, TRACE_HEADER, "trace_id")
         out = [t if t is not None else old for t, old in zip(out, legacy)]

@@ -21,8 +21,8 @@ dmq.proto.records.trace_ids).
 
 from __future__ import annotations
 
+import random
 import re
-import secrets
 from typing import NamedTuple
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "TraceContext",
     "InvalidTraceContextError",
     "parse_traceparent",
+    "traceparent_trace_id",
     "check_traceparent",
     "check_trace_id",
     "is_trace_id",
@@ -45,6 +46,7 @@ _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _ZERO_TRACE_ID = "0" * 32
 _ZERO_SPAN_ID = "0" * 16
 _FLAG_SAMPLED = 0x01
+_FLAGS_HEX = [f"{i:02x}" for i in range(256)]
 
 
 class InvalidTraceContextError(ValueError):
@@ -65,7 +67,8 @@ class TraceContext(NamedTuple):
     @property
     def traceparent(self) -> str:
         """The header value (version 00)."""
-        return f"00-{self.trace_id}-{self.span_id}-{self.flags:02x}"
+        trace_id, span_id, flags = self
+        return f"00-{trace_id}-{span_id}-{_FLAGS_HEX[flags] if 0 <= flags <= 255 else format(flags, '02x')}"
 
     def child(self) -> TraceContext:
         """The context a next hop sends: the same trace and flags, a new span id."""
@@ -79,14 +82,17 @@ class TraceContext(NamedTuple):
 
 
 def _random_hex(nbytes: int, zero: str) -> str:
+    # random, not secrets (as OpenTelemetry's SDK makes ids): ids need to be unique, not secret,
+    # and getrandbits costs no system call per record
     while True:  # the spec forbids the all-zero id; one draw in 2**64 or more hits it
-        value = secrets.token_hex(nbytes)
+        value = f"{random.getrandbits(nbytes * 8):0{nbytes * 2}x}"
         if value != zero:
             return value
 
 
 def _new_span_id() -> str:
-    return _random_hex(8, _ZERO_SPAN_ID)
+    # `or 1`: never the all-zero id the spec forbids (one draw in 2**64), without a loop
+    return f"{random.getrandbits(64) or 1:016x}"
 
 
 def _text(value: object) -> str | None:
@@ -128,6 +134,21 @@ def parse_traceparent(value: object) -> TraceContext | None:
     return _why_invalid(text)[0]
 
 
+_V00 = re.compile(rb"00-([0-9a-f]{32})-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+_ZERO_TRACE_ID_BYTES = _ZERO_TRACE_ID.encode()
+
+
+def traceparent_trace_id(value: bytes) -> str | None:
+    """parse_traceparent(value).trace_id or None, for the broker's index: the common case (a
+    version 00 value) in one bytes regex, about a tenth of a full parse."""
+    m = _V00.fullmatch(value)
+    if m is not None:
+        tid = m.group(1)
+        return None if tid == _ZERO_TRACE_ID_BYTES else tid.decode()
+    ctx = parse_traceparent(value)
+    return None if ctx is None else ctx.trace_id
+
+
 def check_traceparent(value: object, field: str) -> TraceContext:
     """parse_traceparent, raising InvalidTraceContextError naming `field` and the rule broken."""
     text = _text(value)
@@ -147,6 +168,8 @@ def is_trace_id(value: str) -> bool:
 def check_trace_id(value: object, field: str) -> str:
     """A W3C trace id given by a person (hex digits in either case) -> its lowercase form; raises
     InvalidTraceContextError naming `field` and the rule."""
+    if type(value) is str and _TRACE_ID.fullmatch(value) and value != _ZERO_TRACE_ID:
+        return value  # the common case, first: the producer checks every id it sends
     if not isinstance(value, str):
         raise InvalidTraceContextError(f"{field} must be a str, got {type(value).__name__}")
     lowered = value.lower()

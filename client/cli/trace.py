@@ -1,7 +1,7 @@
 """`dmq trace TRACE_ID`: every record of the trace, across all topics, in time order. TRACE_ID is a
 W3C trace id (32 hex digits: the records whose ``traceparent`` header carries it), a whole
-traceparent value, or an id written in the older ``dmq.trace`` header. Each broker looks the id up in its segments' trace indexes (no log scan); see
-AdminClient.find_trace.
+traceparent value, or an id written in the older ``dmq.trace`` header. Each broker looks the id
+up in its segments' trace indexes (no log scan); see AdminClient.find_trace.
 
 Exit codes: 0 records found, 1 none (after printing the empty listing), so a script can tell.
 
