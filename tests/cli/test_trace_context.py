@@ -43,6 +43,7 @@ def test_a_w3c_trace_is_followed_through_three_topics_by_consumers_that_produce(
         for t in TOPICS:  # other traces around it (trace_ids=True: a new trace each)
             for i in range(10):
                 p.send(t, b"noise", key=f"{t}-{i}".encode())
+        p.flush()  # so no record of the trace joins a batch made (and timestamped) before it
         first = p.send("orders", b"order 42", key=b"order-42", trace_id=TRACE.upper()).get(WAIT_S)  # either case
         # Two hops: a consumer of one topic produces what it processed to the next, carrying the
         # record's context (same trace id, a new span id).
@@ -109,6 +110,10 @@ def test_bad_traceparents_are_refused_by_the_producer_and_ignored_by_broker_and_
                 p.send("tp", b"x", trace_id=bad_id)
         with pytest.raises(ValueError, match="give trace_id or trace_context, not both"):
             p.send("tp", b"x", trace_id=TRACE, trace_context=TraceContext.new())
+        with pytest.raises(ValueError, match="the headers hold a 'traceparent' already"):
+            p.send("tp", b"x", headers={"traceparent": TraceContext.new().traceparent.encode()}, trace_id=TRACE)
+        with pytest.raises(ValueError, match="trace_context is not a W3C traceparent"):
+            p.send("tp", b"x", trace_context=TraceContext(TRACE, "0" * 16))  # built by hand, checked too
         assert p.send("tp", b"ok", trace_id=TRACE).get(WAIT_S).offset == 0
 
     # Another client's batch: every bad value stored (a foreign header never costs a record), none
