@@ -90,6 +90,13 @@ def test_produce_and_consume_spans_are_linked_through_traceparent(cluster: Clust
     with AdminClient(cluster.bootstrap) as admin:  # and the broker's index follows the same trace
         assert [r.topic for r in admin.find_trace(trace_id)] == ["a", "b"]
 
+    # A producer not asked for spans writes no context, an active span or not (opt-in: no cost).
+    with Producer(cluster.bootstrap) as plain, tracer.start_as_current_span("other"):
+        quiet = plain.send("b", b"untraced").get(WAIT_S)
+    with SimpleConsumer(cluster.bootstrap) as c:
+        (record,) = c.consume("b", 0, quiet.offset, max_records=1)
+    assert record.headers == () and record.trace_context is None
+
 
 def test_a_given_context_is_the_parent_of_the_send_span_and_a_failed_send_ends_it_with_the_error(
     cluster: ClusterThread, spans: InMemorySpanExporter
