@@ -57,7 +57,7 @@ def _tracer() -> trace.Tracer:
 def start_send(topic: str, parent: TraceContext | None) -> tuple[trace.Span, dict[str, str]]:
     """A PRODUCER span for one record to `topic` and the headers carrying its context. Its parent
     is `parent` (a context given to send()) or else the current context. The headers are empty
-    when there is no valid context to carry (no SDK configured and no active span)."""
+    when the span has no context of its own to carry (no SDK configured)."""
     ctx = None
     if parent is not None:
         remote = SpanContext(
@@ -76,7 +76,10 @@ def start_send(topic: str, parent: TraceContext | None) -> tuple[trace.Span, dic
         },
     )
     carrier: dict[str, str] = {}
-    if span.get_span_context().is_valid:
+    made = span.get_span_context()
+    # Without an SDK the API's tracer hands back the parent's own context: carrying it would give
+    # the record its sender's span id, so the producer makes the next hop's context itself.
+    if made.is_valid and (parent is None or made.span_id != int(parent.span_id, 16)):
         propagate.inject(carrier, context=trace.set_span_in_context(span, ctx))
     return span, carrier
 

@@ -148,3 +148,26 @@ print(sorted(m for m in sys.modules if m.startswith("opentelemetry") and sys.mod
         "process_span needs OpenTelemetry: install the OpenTelemetry API: pip install 'dmq-queue[otel]'",
         "[]",
     ]
+
+
+def test_with_the_api_but_no_sdk_a_continued_trace_still_gets_a_new_span_id(cluster: ClusterThread) -> None:
+    # A child process: the API installed, no tracer provider set (the API's tracer makes no spans).
+    upstream = TraceContext.new()
+    code = f"""
+from dmq.client import AdminClient, Producer, SimpleConsumer
+with AdminClient({cluster.bootstrap!r}) as admin:
+    admin.create_topic("noop", 1)
+with Producer({cluster.bootstrap!r}, opentelemetry=True) as p:
+    first = p.send("noop", b"x", trace_context={upstream.traceparent!r}).get(30)
+    second = p.send("noop", b"y").get(30)  # no context at all: nothing to carry
+with SimpleConsumer({cluster.bootstrap!r}) as c:
+    for r in c.consume("noop", 0, 0, max_wait_ms=0):
+        print(r.trace_context)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first.startswith(f"TraceContext(trace_id='{upstream.trace_id}', span_id=")
+    assert f"span_id='{upstream.span_id}'" not in first
+    assert second == "None"
+
