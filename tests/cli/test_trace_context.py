@@ -148,3 +148,15 @@ def test_records_with_the_older_dmq_trace_header_are_still_found(cluster) -> Non
         assert [r.value for r in admin.find_trace(TRACE)] == [b"c"]
     doc = Dmq(cluster.bootstrap).json("trace", "ORDER-42-trace")
     assert sorted(d["value"] for d in doc["records"]) == ["a", "b"]
+
+
+def test_dmq_produce_refuses_a_bad_traceparent_header_naming_the_option(cluster) -> None:  # type: ignore[no-untyped-def]
+    dmq = Dmq(cluster.bootstrap)
+    dmq.ok("topics", "create", "cli-tp")
+    bad = dmq("produce", "cli-tp", "--header", "traceparent=00-bad", input="hello\n")
+    assert bad.returncode == 2, bad  # a usage error, not a traceback
+    assert "--header" in bad.stderr and "is not a W3C traceparent ('00-bad')" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    good = TraceContext.new()
+    dmq.ok("produce", "cli-tp", "--header", f"traceparent={good.traceparent}", input="hello\n")
+    assert [d["value"] for d in dmq.json("trace", good.trace_id)["records"]] == ["hello"]
