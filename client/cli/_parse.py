@@ -43,6 +43,17 @@ def parse_headers(pairs: tuple[str, ...]) -> list[tuple[str, bytes]]:
         k, v = pair.split("=", 1)
         if not k:
             raise click.BadParameter(f"{pair!r} has an empty header name", param_hint="--header")
+        # imported here: most commands take no headers, and the codec is not theirs to load
+        from dmq.proto.records import TRACE_HEADER, TXN_HEADER, check_record_id
+        from dmq.proto.tracecontext import TRACEPARENT_HEADER, check_traceparent
+
+        try:  # a value the producer would refuse fails here, as a usage error naming --header
+            if k == TRACEPARENT_HEADER:
+                check_traceparent(v, f"header {k!r}")
+            elif k in (TXN_HEADER, TRACE_HEADER):
+                check_record_id(v, f"header {k!r}")
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--header") from None
         out.append((k, v.encode()))
     return out
 
