@@ -92,7 +92,7 @@ def sync_consume(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
         clock = Clock()
         started = False
         while seen < n:
-            records = consumer.poll(1.0)
+            records = consumer.poll(1000)
             if not started and records:
                 clock.start()
                 started = True

@@ -92,7 +92,7 @@ def bench_throughput(bootstrap: str, topic: str, n: int, max_poll_records: int) 
         t0 = time.perf_counter()
         first = cpu0 = 0.0
         while seen < n:
-            records = consumer.poll(1.0)
+            records = consumer.poll(1000)
             if not first and records:
                 first, cpu0 = time.perf_counter(), time.process_time()
             for r in records:
@@ -142,7 +142,7 @@ def bench_latency(
     with DMQConsumer(consumer_config(bootstrap, fetch_max_wait_ms=500)) as consumer:
         consumer.subscribe(topic)
         while not consumer.assignment():  # join outside the measurement
-            consumer.poll(0.1)
+            consumer.poll(100)
         consumer.seek_to_end()
         consumer.poll(0)
         producer.stdin.write("go\n")
@@ -150,7 +150,7 @@ def bench_latency(
         expected = int(rate * seconds)
         deadline = time.monotonic() + seconds + 30
         while len(latencies_ms) < expected and time.monotonic() < deadline:
-            records = consumer.poll(0.5)
+            records = consumer.poll(500)
             now = time.time_ns()
             for r in records:
                 latencies_ms.append((now - int.from_bytes(r.value[:8], "little", signed=True)) / 1e6)

@@ -13,7 +13,8 @@ alternating runs of these cases, each to its own topic:
                  (the broker stores the batches as they come: the cost of carrying the ids)
   txn, dedup on  the same with the default window (2 minutes): the broker decodes each batch,
                  checks every id in the partition's map and remembers it
-  trace ids      send(..., trace_id=unique): the broker indexes every record (trace_index.py)
+  trace ids      send(..., trace_id=unique): a traceparent per record, which the broker indexes
+                 (trace_index.py)
 
 "the check" is dedup on against dedup off: the same bytes on the wire, only the broker's work
 differs. "transaction ids on vs off" is dedup on against keyed: what a transaction id costs a
@@ -44,6 +45,7 @@ def run_case(server: ChildServer, case: str, topic: str, values: list[bytes]) ->
     n = len(values)
     ids = [f"ORDER-{topic}-{i:09d}" for i in range(n)]  # built before the clock starts
     keys = [t.encode() for t in ids]
+    traces = [f"{i + 1:032x}" for i in range(n)]  # W3C trace ids (32 hex digits, never all zero)
     with Producer(server.bootstrap, acks="all") as producer:
         send = producer.send
         send(topic, b"warm-up").get(30)
@@ -59,7 +61,7 @@ def run_case(server: ChildServer, case: str, topic: str, values: list[bytes]) ->
             for v, t in zip(values, ids):
                 send(topic, v, transaction_id=t)
         else:
-            for v, t in zip(values, ids):
+            for v, t in zip(values, traces):
                 send(topic, v, trace_id=t)
         producer.flush(600)
         seconds = time.perf_counter() - t0

@@ -7,7 +7,7 @@ Lifecycle (the owner is the process runner or a test fixture):
      with every partition placed here) and start the background tasks;
   3. `await stop()`: stop the tasks, flush and close the logs cleanly (clean-shutdown marker),
      release the lock.
-Until `start()` finishes, requests get UNAVAILABLE ("starting; retry").
+Until `start()` finishes, requests get UNAVAILABLE ("starting; retry"): one gate, dmq.broker.readiness.
 
 `start()` may be cancelled at any point (a SIGTERM while the coordinator is unreachable): the
 registration retries are cancellable, and the local opening of logs and offsets runs to its end
@@ -418,7 +418,15 @@ class BrokerNode:
             )
         except grpc.aio.AioRpcError as e:
             code = e.code()
+            reason = error_details.reason_of(e.trailing_metadata())
+            details = e.details() or "ownership check failed"
             if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED):
                 code = grpc.StatusCode.UNAVAILABLE
+            if code == grpc.StatusCode.UNAVAILABLE and reason is None:
+                # No answer from the coordinator (down, unreachable, too slow): the transport's
+                # text names only addresses, and the client prefixes this broker's, so say whose
+                # it is; otherwise a healthy broker reads as the one that refused.
+                details = (f"the group coordinator at {self.coordinator_address} is unreachable, so the member's "
+                           f"ownership cannot be checked and nothing was committed; retry once it is back ({details})")
             # The coordinator's reason (not-owner, stale-generation) goes on to the committing client.
-            fail(code, e.details() or "ownership check failed", error_details.reason_of(e.trailing_metadata()))
+            fail(code, details, reason)

@@ -54,6 +54,7 @@ from dmq.broker.events.service import EventStoreRpcs
 from dmq.broker.log.errors import DISK_FULL_ERRNOS
 from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
 from dmq.broker.queue.service import QueueRpcs
+from dmq.broker.readiness import require_started
 from dmq.broker.offsets import check_offsets_log_name, is_offsets_log
 from dmq.broker.replication.manager import NotEnoughReplicas, NotLeaderForPartition, Replica
 from dmq.proto import dmq_pb2 as pb
@@ -219,6 +220,9 @@ def _translate(service: BrokerService, e: Exception) -> RpcAbort | None:
 
 # Validation failures become their status, storage failures theirs, anything else INTERNAL.
 _guarded = rpc_handler(log=log, translate=_translate)
+# The same, for the RPCs that answer from state loaded at start: UNAVAILABLE until it is loaded
+# (dmq.broker.readiness). Every RPC here but the controller's CreatePartitions / DeletePartitions.
+_loaded = rpc_handler(log=log, translate=_translate, before=require_started)
 # The event-store RPCs (dmq.broker.events.service) map storage failures the same way.
 translate_storage = _translate
 
@@ -368,8 +372,6 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
 
     async def _log_for(self, topic: str, partition: int) -> PartitionLog:
         node = self._node
-        if not node.ready:
-            _fail(grpc.StatusCode.UNAVAILABLE, f"broker {node.broker_id} is starting; retry")
         try:
             plog = node.logs.get(topic, partition)
         except UnknownPartitionError:
@@ -389,7 +391,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
 
     # -- produce ---------------------------------------------------------------------------------
 
-    @_guarded
+    @_loaded
     async def Produce(self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
         _check_topic(request.topic)
         _check_partition(request.partition)
@@ -613,13 +615,11 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
         result.high_watermark = manager.high_watermark(replica)
         return True
 
-    @_guarded
+    @_loaded
     async def Fetch(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> bytes:
         """Answers a serialised FetchResponse (registered without a response serializer, see
         BrokerNode.add_to_server): framing it by hand copies the records once, not three times."""
         self._validate_fetch(request)
-        if not self._node.ready:
-            _fail(grpc.StatusCode.UNAVAILABLE, f"broker {self._node.broker_id} is starting; retry")
         deadline = time.monotonic() + request.max_wait_ms / 1000
         keys = [(p.topic, p.partition) for p in request.partitions]
         min_bytes = max(request.min_bytes, 1)
@@ -650,7 +650,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
 
     # -- offsets ---------------------------------------------------------------------------------
 
-    @_guarded
+    @_loaded
     async def ListOffsets(self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.ListOffsetsResponse:
         if len(request.queries) > MAX_FETCH_PARTITIONS:
             _fail(
@@ -694,7 +694,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
             answers.append(answer)
         return pb.ListOffsetsResponse(answers=answers)
 
-    @_guarded
+    @_loaded
     async def CommitOffsets(self, request: pb.CommitOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.CommitOffsetsResponse:
         _check_group(request.group_id)
         _checked(names.check_member_id, request.member_id, "member_id")
@@ -731,7 +731,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
         log.debug("offsets committed", group=request.group_id, member=request.member_id, count=len(rows))
         return pb.CommitOffsetsResponse()
 
-    @_guarded
+    @_loaded
     async def FetchCommittedOffsets(
         self, request: pb.FetchCommittedOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> pb.FetchCommittedOffsetsResponse:
@@ -772,7 +772,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                 out.append(pb.PartitionOffset(topic=topic, partition=partition, offset=c.offset, metadata=c.metadata))
         return pb.FetchCommittedOffsetsResponse(offsets=out)
 
-    @_guarded
+    @_loaded
     async def DescribeLogs(self, request: pb.DescribeLogsRequest, context: grpc.aio.ServicerContext) -> pb.DescribeLogsResponse:
         logs = self._node.logs
         if len(request.partitions) > MAX_FETCH_PARTITIONS:
@@ -814,7 +814,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
             out.append(info)
         return pb.DescribeLogsResponse(logs=out)
 
-    @_guarded
+    @_loaded
     async def FindTrace(self, request: pb.FindTraceRequest, context: grpc.aio.ServicerContext) -> pb.FindTraceResponse:
         try:
             trace_id = records.check_record_id(request.trace_id, "trace_id")
@@ -825,8 +825,6 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"max_records must be within 0..{TRACE_RECORDS_MAX} (0 = {TRACE_RECORDS_DEFAULT}), got {request.max_records}",
             )
-        if not self._node.ready:
-            _fail(grpc.StatusCode.UNAVAILABLE, f"broker {self._node.broker_id} is starting; retry")
         # Reads index files and batches: in a thread, so other requests go on meanwhile.
         return await asyncio.to_thread(self._find_trace, trace_id, request.max_records or TRACE_RECORDS_DEFAULT)
 
@@ -871,16 +869,14 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
         self._node.create_partitions(request)
         return pb.CreatePartitionsResponse()
 
-    @_guarded
+    @_loaded
     async def UpdatePartitionStates(
         self, request: pb.UpdatePartitionStatesRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdatePartitionStatesResponse:
         _check_states(request.states)
-        if not self._node.ready:
-            _fail(grpc.StatusCode.UNAVAILABLE, f"broker {self._node.broker_id} is starting; retry")
         return pb.UpdatePartitionStatesResponse(errors=self._node.replication.apply(request.states))
 
-    @_guarded
+    @_loaded
     async def OffsetForLeaderEpoch(
         self, request: pb.OffsetForLeaderEpochRequest, context: grpc.aio.ServicerContext
     ) -> pb.OffsetForLeaderEpochResponse:
@@ -889,8 +885,6 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
             _fail(grpc.StatusCode.INVALID_ARGUMENT,
                   f"queries has {len(request.queries)} entries; the limit is {MAX_FETCH_PARTITIONS}")
         node = self._node
-        if not node.ready:
-            _fail(grpc.StatusCode.UNAVAILABLE, f"broker {node.broker_id} is starting; retry")
         out = []
         for i, q in enumerate(request.queries):
             _check_log_name(q.topic, f"queries[{i}].topic", internal=True)
@@ -919,7 +913,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
         await self._node.delete_partitions(request.topic, set(request.partitions) or None)
         return pb.DeletePartitionsResponse()
 
-    @_guarded
+    @_loaded
     async def DeleteGroupOffsets(
         self, request: pb.DeleteGroupOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteGroupOffsetsResponse:

@@ -37,6 +37,7 @@ _EXPORTS = {
     "ConsumerRecords": "dmq.client.consumer",
     "ConsumerRebalanceListener": "dmq.client.consumer",
     "OffsetAndMetadata": "dmq.client.consumer",
+    "OffsetAndTimestamp": "dmq.client.consumer",
     "TopicPartition": "dmq.client.consumer",
     "json_serializer": "dmq.client.serializers",
     "json_deserializer": "dmq.client.serializers",
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
         ConsumerRecords,
         DMQConsumer,
         OffsetAndMetadata,
+        OffsetAndTimestamp,
         TopicPartition,
     )
     from dmq.client.errors import DMQError

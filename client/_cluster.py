@@ -42,6 +42,7 @@ from dmq.client.errors import (
     DMQError,
     DMQTimeoutError,
     InvalidConfigError,
+    NoBrokersAvailableError,
     TopicNotFoundError,
     UnknownPartitionError,
     from_rpc_error,
@@ -55,7 +56,7 @@ from dmq.proto.wire import FetchPartitionView, WireError, parse_fetch_response
 
 log = get_logger(__name__)
 
-__all__ = ["Cluster", "TopicMetadata", "PartitionMetadata", "BrokerMetadata", "parse_address"]
+__all__ = ["Cluster", "TopicMetadata", "PartitionMetadata", "BrokerMetadata", "parse_address", "unreachable"]
 
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 DEFAULT_METADATA_MAX_AGE_MS = 300_000
@@ -72,6 +73,16 @@ def parse_address(address: str) -> str:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"bootstrap address must be 'host:port' (e.g. '127.0.0.1:9091'), got {address!r}")
     return address
+
+
+def unreachable(address: str, state: str, timeout_s: float) -> NoBrokersAvailableError:
+    """The error of a client that could not connect to its bootstrap address at start-up."""
+    why = ("the connection failed (refused, unresolvable, or the TLS handshake failed)"
+           if state == "TRANSIENT_FAILURE" else f"no connection within request_timeout_ms ({timeout_s * 1000:.0f} ms)")
+    return NoBrokersAvailableError(
+        f"no DMQ coordinator reachable at {address}: {why}; is `dmq server` running there, and is "
+        f"bootstrap_servers its address?"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +187,36 @@ class Cluster:
             return sync_channel(address, self.security, channel_options())
         except SecurityConfigError as e:  # a TLS file that cannot be read
             raise InvalidConfigError(str(e)) from None
+
+    def check_reachable(self, timeout_s: float | None = None) -> None:
+        """Connect to the bootstrap address, or raise NoBrokersAvailableError naming it (as
+        kafka-python's clients do at construction): at once when the connection fails (a closed
+        port is refused in microseconds), else after `timeout_s` (default request_timeout_ms).
+        No RPC is made, so this needs no permission; the connection made is the one later calls
+        use."""
+        wait_s = self.timeout_s if timeout_s is None else timeout_s
+        settled = threading.Event()
+        seen: list[grpc.ChannelConnectivity] = []
+
+        def watch(state: grpc.ChannelConnectivity) -> None:
+            # The first state reported is the current one (IDLE before the first connection).
+            if state in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+                         grpc.ChannelConnectivity.SHUTDOWN):
+                seen.append(state)
+                settled.set()
+
+        channel = self.channel(self.bootstrap)
+        channel.subscribe(watch, try_to_connect=True)
+        try:
+            settled.wait(wait_s)
+        finally:
+            channel.unsubscribe(watch)
+        state = seen[0] if seen else None
+        if state is grpc.ChannelConnectivity.READY:
+            return
+        if state is grpc.ChannelConnectivity.SHUTDOWN:
+            raise ClientClosedError(f"the client for {self.bootstrap} is closed; create a new one")
+        raise unreachable(self.bootstrap, state.name if state is not None else "", wait_s)
 
     def _stub(self, address: str, cls: type) -> Any:
         stub = self._stubs.get((address, cls))

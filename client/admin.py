@@ -67,6 +67,7 @@ from dmq.coordinator.validation import (
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits
 from dmq.proto.offset_markers import EARLIEST, LATEST
+from dmq.proto.values import parse_setting
 from dmq.proto.wire import BROKER_SERVICE
 
 log = get_logger(__name__)
@@ -251,11 +252,17 @@ def _by_partition(p: PartitionDescription) -> int:
     return p.partition
 
 
-def topic_config(config: Mapping[str, int] | None) -> pb.TopicConfig:
-    """A TopicConfig from a dict; Kafka spellings ("retention.ms") are accepted too."""
+def topic_config(config: Mapping[str, int | str] | None) -> pb.TopicConfig:
+    """A TopicConfig from a dict; Kafka spellings ("retention.ms") are accepted too, and values
+    as text in the CLI's grammar ("1s", "64MiB": dmq.proto.values)."""
     if not config:
         return pb.TopicConfig()
-    normalised = {str(k).replace(".", "_"): v for k, v in config.items()}
+    normalised: dict[str, object] = {str(k).replace(".", "_"): v for k, v in config.items()}
+    for name, value in normalised.items():
+        try:
+            normalised[name] = parse_setting(name, value)
+        except ValueError as e:
+            raise InvalidArgumentError(f"config.{name}: {e}") from e
     try:
         settings = TopicSettings.from_dict(normalised)
         settings.validate()
@@ -341,13 +348,14 @@ class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
     # -- topics -------------------------------------------------------------------------------------
 
     def create_topic(
-        self, name: str, partitions: int = 1, config: Mapping[str, int] | None = None, *, kind: str = "log"
+        self, name: str, partitions: int = 1, config: Mapping[str, int | str] | None = None, *, kind: str = "log"
     ) -> TopicDescription:
         """Create a topic; raises TopicAlreadyExistsError if it exists.
 
         ``config`` keys: the names of dmq.proto.limits.TOPIC_CONFIG_RANGES (retention_ms,
         retention_bytes, segment_bytes, segment_ms, max_message_bytes, dedup_window_ms, the queue
-        settings, replication_factor, min_insync_replicas) and unclean_leader_election (bool). ``kind``: "log" or "event-store" (one partition of typed, tagged events).
+        settings, replication_factor, min_insync_replicas) and unclean_leader_election (bool); values
+        are ints or text with units as the CLI takes them ("7d", "64MiB"). ``kind``: "log" or "event-store" (one partition of typed, tagged events).
         """
         check_topic_name(name)
         _check(validate_partition_count, partitions)

@@ -54,6 +54,8 @@ __all__ = [
     "NotLeaderError",
     "NotEnoughReplicasError",
     "CoordinatorUnavailableError",
+    "NoBrokersAvailableError",
+    "NoBrokersAvailable",
     "DMQTimeoutError",
     "RequestCancelledError",
     "AbortedError",
@@ -282,6 +284,16 @@ class NotEnoughReplicasError(BrokerUnavailableError):
 
 class CoordinatorUnavailableError(BrokerUnavailableError):
     """The coordinator cannot be reached: check the bootstrap address and that it is running."""
+
+
+class NoBrokersAvailableError(CoordinatorUnavailableError):
+    """A client could not connect to its bootstrap address when it started (kafka-python's
+    NoBrokersAvailable): a wrong address or a server that is not running. Raised by the
+    constructor (``start()`` for the asyncio clients) within request_timeout_ms, rather than by
+    every later call after its own timeout."""
+
+
+NoBrokersAvailable = NoBrokersAvailableError  # kafka-python's name
 
 
 class DMQTimeoutError(DMQError):

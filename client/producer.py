@@ -10,11 +10,19 @@ Where a record goes: ``partition=`` if given; else, with a key, ``zlib.crc32(key
 UTF-8 bytes (so a resent transaction meets its first copy on one partition, where the broker
 de-duplicates it); else the thread's sticky partition, which moves on each time its batch is sealed.
 
-Transaction and trace ids: ``send(..., transaction_id=..., trace_id=...)`` puts them in the
-reserved headers ``dmq.txn`` / ``dmq.trace`` (dmq.proto.records). A record whose transaction id
-the partition stored within the topic's ``dedup_window_ms`` is not stored again: its
-RecordMetadata.offset is the original's. ``trace_ids=True`` gives every record sent without a
-trace_id a new UUID4 one (AdminClient.find_trace / ``dmq trace`` follow it across topics).
+Transaction ids: ``send(..., transaction_id=...)`` puts it in the reserved header ``dmq.txn``
+(dmq.proto.records). A record whose transaction id the partition stored within the topic's
+``dedup_window_ms`` is not stored again: its RecordMetadata.offset is the original's.
+
+Trace context (W3C, dmq.proto.tracecontext): a record's ``traceparent`` header, written only when
+asked for, so untraced sends cost nothing more. ``send(..., trace_context=record.trace_context)``
+continues a received record's trace (same trace id, a new span id); ``send(..., trace_id=...)``
+(32 hex digits) starts one with that id; ``trace_ids=True`` starts a new trace for every record
+sent without either. ``opentelemetry=True`` (the ``otel`` extra) makes every send an OpenTelemetry
+PRODUCER span, a child of the given context or of the current span, whose context the
+traceparent carries (dmq.client._otel). AdminClient.find_trace / ``dmq trace`` follow a trace id
+across topics. (Clients before traceparent wrote a ``dmq.trace`` header: the broker still
+indexes it, and a header given in ``headers=`` is sent as it is.)
 
 Batching: a partition's batch ships when it is full or ``linger_ms`` old
 and nothing is in flight for that partition; while a Produce is in flight the next batch keeps
@@ -25,7 +33,8 @@ the lock-free fast path of send() and `dmq.client._sender` for retries and idemp
 Batch size: an encoded batch (header, arrays, compression included) is at most
 min(``batch_size``, the topic's ``max_message_bytes``), so a topic never refuses a batch for its
 size. A record that does not fit a batch of ``batch_size`` on its own goes alone, up to the
-topic's limit; above that send() raises RecordTooLargeError naming the limit.
+topic's limit; above that send() raises RecordTooLargeError naming the limit. ``max_record_bytes``
+(default None: the topic's limit alone) bounds a record's key + value + headers below it.
 
 Delivery: acks="all" (default: the broker fsyncs per its flush policy before answering), 1 (the
 leader wrote it), 0 (nobody waits: futures resolve with offset -1 once the batch is sent).
@@ -48,7 +57,6 @@ import concurrent.futures
 import inspect
 import threading
 import time
-import uuid
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import accumulate, repeat
@@ -77,6 +85,7 @@ from dmq.client._cluster import Cluster, TopicMetadata
 from dmq.client._partitioner import Partitioner, StickyChooser, crc32_partition
 from dmq.client._sender import Sender, new_producer_id
 from dmq.client._settings import bootstrap_address, reject_unknown
+from dmq.client.tracing import OTEL_EXTRA_HINT
 from dmq.client.errors import (
     ClientClosedError,
     DMQError,
@@ -88,7 +97,8 @@ from dmq.client.errors import (
     UnknownPartitionError,
 )
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto import records
+from dmq.proto import limits, records
+from dmq.proto.tracecontext import TraceContext, check_traceparent
 
 log = get_logger(__name__)
 
@@ -128,7 +138,9 @@ def check_settings(
     _positive("batch_size", batch_size, MAX_BATCH_SIZE, "the brokers' default max batch bytes is "
               f"{records.DEFAULT_MAX_BATCH_BYTES}; a topic's max_message_bytes caps its batches further")
     _positive("buffer_memory", buffer_memory)
-    _positive("max_record_bytes", max_record_bytes, records.DEFAULT_MAX_BATCH_BYTES // 2)
+    if max_record_bytes is not None:  # None: the topic's max_message_bytes is the only bound
+        _positive("max_record_bytes", max_record_bytes, limits.MAX_MESSAGE_BYTES_MAX,
+                  "the largest max_message_bytes a topic may have")
     _positive("request_timeout_ms", request_timeout_ms)
     _positive("delivery_timeout_ms", delivery_timeout_ms)
     for name, value in (("linger_ms", linger_ms), ("max_block_ms", max_block_ms), ("retries", retries),
@@ -178,7 +190,7 @@ class Producer:
         retry_backoff_max_ms: int = 1_000,
         request_timeout_ms: int = 30_000,
         delivery_timeout_ms: int = 120_000,
-        max_record_bytes: int = records.DEFAULT_MAX_RECORD_BYTES,
+        max_record_bytes: int | None = None,
         partitioner: Partitioner | None = None,
         client_id: str | None = None,
         cluster: Cluster | None = None,
@@ -186,6 +198,7 @@ class Producer:
         value_serializer: Serializer | None = None,
         bootstrap: str | Sequence[str] | None = None,
         trace_ids: bool = False,
+        opentelemetry: bool = False,
         **unknown: Any,
     ) -> None:
         """``bootstrap_servers``: the coordinator's "host:port" (a string, "h:p,h:p" or a list;
@@ -222,10 +235,29 @@ class Producer:
         self._serializing = key_serializer is not None or value_serializer is not None
         if not isinstance(trace_ids, bool):
             raise InvalidConfigError(f"trace_ids must be True or False, got {trace_ids!r}")
-        self._trace_ids = trace_ids  # a UUID4 trace id for every record sent without one
+        self._trace_ids = trace_ids  # a new trace for every record sent without a context
+        if not isinstance(opentelemetry, bool):
+            raise InvalidConfigError(f"opentelemetry must be True or False, got {opentelemetry!r}")
+        self._otel: Any = None  # dmq.client._otel when opentelemetry=True
+        if opentelemetry:
+            try:
+                from dmq.client import _otel
+            except ModuleNotFoundError:
+                raise InvalidConfigError(f"opentelemetry=True: {OTEL_EXTRA_HINT}") from None
+            self._otel = _otel
+        self._traced = trace_ids or opentelemetry  # every send takes the traced path
         self._cluster = cluster or Cluster(
             address, request_timeout_ms=min(request_timeout_ms, max(max_block_ms, METADATA_TIMEOUT_MIN_MS)), security=security
         )
+        if self._own_cluster:
+            # A wrong address fails here, naming it (kafka-python's NoBrokersAvailable), within
+            # the Cluster's timeout (request_timeout_ms, or max_block_ms if shorter): not in
+            # every send() after max_block_ms of metadata retries.
+            try:
+                self._cluster.check_reachable()
+            except BaseException:
+                self._cluster.close()
+                raise
         self._batch_size = batch_size
         self._compressed = _CODECS[codec_name] is not records.Codec.NONE
         # topic max_message_bytes (None = the brokers' default) -> (batch cap, single-record cap)
@@ -252,7 +284,8 @@ class Producer:
             retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=max(retry_backoff_ms, retry_backoff_max_ms),
             producer_id=self.producer_id,
-            max_record_bytes=max_record_bytes,
+            # None: send() already held each record within its topic's max_message_bytes
+            max_record_bytes=max_record_bytes or limits.MAX_MESSAGE_BYTES_MAX,
             name=f"dmq-sender-{self.client_id}",
         )
         self._close_lock = threading.Lock()
@@ -280,11 +313,14 @@ class Producer:
         callback: Callback | None = None,
         transaction_id: str | None = None,
         trace_id: str | None = None,
+        trace_context: TraceContext | str | None = None,
     ) -> RecordFuture:
         """Queue one record; returns a handle whose get() gives its RecordMetadata.
 
-        ``transaction_id`` / ``trace_id``: strings of 1 to 255 characters (else ValueError naming
-        the argument), see the module docstring.
+        ``transaction_id``: a string of 1 to 255 characters. ``trace_id``: a W3C trace id (32 hex
+        digits, not all zero). ``trace_context``: the context to continue (a TraceContext, e.g.
+        a received record's ``trace_context``, or a traceparent string); at most one of the two.
+        Bad values raise ValueError naming the argument; see the module docstring.
 
         Blocks only when buffer_memory is full (up to max_block_ms, then DMQTimeoutError) or on
         the first send to a topic (its metadata). `callback(metadata, error)` runs once the
@@ -293,8 +329,10 @@ class Producer:
         """
         if self._serializing:
             key, value = self._serialize(topic, key, value)
-        if transaction_id is not None or trace_id is not None or self._trace_ids:
-            return self._send_slow(topic, value, key, headers, partition, timestamp_ms, callback, transaction_id, trace_id)
+        if transaction_id is not None or trace_id is not None or trace_context is not None or self._traced:
+            return self._send_ids(
+                topic, value, key, headers, partition, timestamp_ms, callback, transaction_id, trace_id, trace_context
+            )
         # Fast path: a plain value for this thread's sticky batch. No lock: this thread is the
         # batch's only appender (see _accumulator); a seal racing the append is caught by the
         # `sealed` check after it.
@@ -329,6 +367,52 @@ class Producer:
             handle.add_callback(callback)
         return handle
 
+    def _send_ids(
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        headers: Headers | None,
+        partition: int | None,
+        timestamp_ms: int | None,
+        callback: Callback | None,
+        transaction_id: str | None,
+        trace_id: str | None,
+        trace_context: TraceContext | str | None,
+    ) -> RecordFuture:
+        """send() of a record with a transaction id or a trace context: the reserved headers
+        added (and, with opentelemetry=True, its PRODUCER span started, ended with the answer)."""
+        self._check_open()
+        hdrs = _normalise_headers(headers) or []
+        txn_key = None
+        if transaction_id is not None:
+            txn_key = records.check_record_id(transaction_id, "transaction_id").encode()
+            hdrs.append((records.TXN_HEADER, txn_key))
+        parent = _trace_parent(hdrs, trace_id, trace_context)
+        span = None
+        if self._otel is not None and parent is not _USER_HEADER:
+            span, carrier = self._otel.start_send(topic, parent)
+            hdrs += [(name, text.encode()) for name, text in carrier.items()]
+            if records.TRACEPARENT_HEADER in carrier:
+                parent = _USER_HEADER  # written: the span's own context
+        if parent is None and self._trace_ids:
+            parent = TraceContext.new()
+        if isinstance(parent, TraceContext):
+            # a given context is the sender's; this record is its next hop: same trace, new span
+            ctx = parent if trace_context is None else parent.child()
+            hdrs.append((records.TRACEPARENT_HEADER, ctx.traceparent.encode()))
+        try:
+            handle = self._send_slow(
+                topic, value, key, hdrs or None, partition, timestamp_ms, callback, txn_key, normalised=True
+            )
+        except BaseException as e:
+            if span is not None:
+                self._otel.end_send(span, None, e)
+            raise
+        if span is not None:
+            handle.add_callback(lambda metadata, error: self._otel.end_send(span, metadata, error))
+        return handle
+
     def _send_slow(
         self,
         topic: str,
@@ -338,22 +422,23 @@ class Producer:
         partition: int | None,
         timestamp_ms: int | None,
         callback: Callback | None,
-        transaction_id: str | None = None,
-        trace_id: str | None = None,
+        txn_key: bytes | None = None,
+        *,
+        normalised: bool = False,
     ) -> RecordFuture:
+        """send() of every record the fast path does not take; `txn_key`: the transaction id
+        (in the headers already) that places a record without a key; `normalised`: the headers
+        are _normalise_headers' list already (checked once, not twice)."""
         acc = self._acc
         self._check_open()
         value = _as_bytes(value, "value")
         if key is not None:
             key = _as_bytes(key, "key")
-        hdrs = _normalise_headers(headers)
-        txn_key = None
-        if transaction_id is not None or trace_id is not None or self._trace_ids:
-            hdrs, txn_key = _with_ids(hdrs, transaction_id, trace_id, self._trace_ids)
+        hdrs: list[tuple[str, bytes | None]] | None = headers if normalised else _normalise_headers(headers)  # type: ignore[assignment]
         if timestamp_ms is not None and (isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0):
             raise TypeError(f"timestamp_ms must be a non-negative int (ms since the epoch), got {timestamp_ms!r}")
         record_bytes = len(value) + (len(key) if key is not None else 0) + _headers_size(hdrs)
-        if record_bytes > self._max_record_bytes:
+        if self._max_record_bytes is not None and record_bytes > self._max_record_bytes:
             raise RecordTooLargeError(
                 f"record for {topic!r} is {record_bytes} bytes (key + value + headers), above "
                 f"max_record_bytes {self._max_record_bytes}"
@@ -466,7 +551,7 @@ class Producer:
                 keys = [None if k is None else _as_bytes(k, "keys[]") for k in keys]
             sizes = [s + (0 if k is None else len(k)) for s, k in zip(sizes, keys)]
         biggest = max(sizes)
-        if biggest > self._max_record_bytes:
+        if self._max_record_bytes is not None and biggest > self._max_record_bytes:
             i = sizes.index(biggest)
             raise RecordTooLargeError(
                 f"send_many: record {i} is {biggest} bytes, above max_record_bytes {self._max_record_bytes}"
@@ -808,29 +893,36 @@ def _normalise_headers(headers: Headers | None) -> list[tuple[str, bytes | None]
         if k in _RESERVED_HEADERS:
             # the broker refuses a whole batch with a bad id: refuse the one record here instead
             records.check_record_id(b"" if v is None else v, f"header {k!r}")
+        elif k == records.TRACEPARENT_HEADER:
+            # a receiver would ignore it (W3C): refuse it here, where the mistake is made
+            check_traceparent(v, f"header {k!r}")
         out.append((k, v))
     return out or None
 
 
 _RESERVED_HEADERS = frozenset((records.TXN_HEADER, records.TRACE_HEADER))
+_USER_HEADER = object()  # _trace_parent: the headers given carry a traceparent already
 
 
-def _with_ids(
-    headers: list[tuple[str, bytes | None]] | None, transaction_id: str | None, trace_id: str | None,
-    generate_trace: bool,
-) -> tuple[list[tuple[str, bytes | None]], bytes | None]:
-    """The (normalised) headers with the reserved id headers added, and the transaction id's bytes
-    (its partitioning key). Without trace_id, generate_trace (trace_ids=True) makes a UUID4 one."""
-    out = headers or []
-    txn_key = None
-    if transaction_id is not None:
-        txn_key = records.check_record_id(transaction_id, "transaction_id").encode()
-        out.append((records.TXN_HEADER, txn_key))
+def _trace_parent(
+    headers: list[tuple[str, bytes | None]], trace_id: str | None, trace_context: TraceContext | str | None
+) -> TraceContext | object | None:
+    """What send()'s trace arguments ask for: the context to continue or start (a TraceContext),
+    _USER_HEADER when the headers given hold a traceparent (sent as it is), or None."""
+    if trace_id is not None and trace_context is not None:
+        raise ValueError("give trace_id or trace_context, not both (a context holds its trace id)")
+    if any(name == records.TRACEPARENT_HEADER for name, _ in headers):
+        if trace_id is not None or trace_context is not None:
+            raise ValueError(f"the headers hold a {records.TRACEPARENT_HEADER!r} already: leave out trace_id / trace_context")
+        return _USER_HEADER
+    if trace_context is not None:
+        if isinstance(trace_context, TraceContext):
+            # re-checked: a TraceContext can be built by hand
+            return check_traceparent(trace_context.traceparent, "trace_context")
+        return check_traceparent(trace_context, "trace_context")
     if trace_id is not None:
-        out.append((records.TRACE_HEADER, records.check_record_id(trace_id, "trace_id").encode()))
-    elif generate_trace:
-        out.append((records.TRACE_HEADER, str(uuid.uuid4()).encode()))
-    return out, txn_key
+        return TraceContext.new(trace_id)  # checked there, naming trace_id
+    return None
 
 
 def _headers_size(headers: list[tuple[str, bytes | None]] | None) -> int:

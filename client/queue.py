@@ -396,9 +396,13 @@ class QueueConsumer:
     # -- pop ---------------------------------------------------------------------------------------
 
     def pop(
-        self, timeout: float = 1.0, *, max_records: int | None = None, ack: QueueLease | None = None
+        self, timeout: float = 1.0, *, max_records: int | None = None, ack: QueueLease | None = None,
+        lease_ms: int | None = None,
     ) -> QueueLease | None:
         """Lease the next available partition's records; None when none came within `timeout` s.
+
+        ``lease_ms``: this lease's length (default: the consumer's ``lease_ms``, else the topic's);
+        a slice handed out of a prefetched lease keeps that lease's length.
 
         ``ack``: a lease to acknowledge (all of it) first; sent with the pop when it goes to the
         same broker, so one round trip does both. A refused ack raises and nothing is popped.
@@ -408,6 +412,12 @@ class QueueConsumer:
         """
         if timeout < 0 or timeout > MAX_POP_WAIT_MS / 1000:
             raise InvalidArgumentError(f"timeout must be within 0..{MAX_POP_WAIT_MS / 1000:g} s, got {timeout}")
+        if lease_ms is not None and not limits.LEASE_MS_MIN <= lease_ms <= limits.LEASE_MS_MAX:
+            raise InvalidArgumentError(
+                f"lease_ms must be within {limits.LEASE_MS_MIN}..{limits.LEASE_MS_MAX} (or None for the consumer's), "
+                f"got {lease_ms}"
+            )
+        asked_ms = lease_ms or self.lease_ms
         wanted = max_records or self.max_records
         # The ack riding on this pop: (the broker lease, the last offset acknowledged).
         ride = None if ack is None else (ack, ack.end_offset - 1)
@@ -440,20 +450,22 @@ class QueueConsumer:
                     del self._prefetched[q.lease.lease_id]
             self._give_back(stale)
         sent_at = time.monotonic()
-        got = self._pop(timeout, max(wanted, self.prefetch_records), ride)
+        got = self._pop(timeout, max(wanted, self.prefetch_records), ride, asked_ms)
         if got is None:
             return None
         lease, lease_ms = got
         if len(lease.records) <= wanted:
             return lease
         if not lease_ms:  # a broker that does not say: the asked length, else the wall clock's
-            lease_ms = self.lease_ms or max(lease.expiry_ms - int(time.time() * 1000), 0)
+            lease_ms = asked_ms or max(lease.expiry_ms - int(time.time() * 1000), 0)
         p = _Prefetched(lease, lease_ms, sent_at)
         with self._lock:
             self._prefetched[lease.lease_id] = p
             return p.take(wanted)
 
-    def _pop(self, timeout: float, wanted: int, ride: tuple[QueueLease, int] | None) -> tuple[QueueLease, int] | None:
+    def _pop(
+        self, timeout: float, wanted: int, ride: tuple[QueueLease, int] | None, lease_ms: int
+    ) -> tuple[QueueLease, int] | None:
         """Pop from the topic's leaders (the one holding the riding ack's lease first)."""
         deadline = time.monotonic() + timeout
         leaders = self._leaders()
@@ -478,7 +490,7 @@ class QueueConsumer:
                 else:
                     wait_ms = min(remaining_ms, MULTI_BROKER_WAIT_MS)
                 try:
-                    got = self._pop_from(address, wanted, wait_ms, ride)
+                    got = self._pop_from(address, wanted, wait_ms, ride, lease_ms)
                 except BrokerUnavailableError:
                     if ride is None:
                         raise
@@ -497,14 +509,14 @@ class QueueConsumer:
         self._lease_call(lease, "QueueAck", pb.QueueAckRequest(lease_id=lease.lease_id, up_to_offset=up_to))
 
     def _pop_from(
-        self, address: str, max_records: int, wait_ms: int, ride: tuple[QueueLease, int] | None
+        self, address: str, max_records: int, wait_ms: int, ride: tuple[QueueLease, int] | None, lease_ms: int
     ) -> tuple[QueueLease, int] | None:
-        """(the lease, its length in ms) or None."""
+        """(the lease, its length in ms; 0 asks for the topic's) or None."""
         request = pb.QueuePopRequest(
             topic=self.topic,
             group=self.group,
             max_records=max_records,
-            lease_ms=self.lease_ms,
+            lease_ms=lease_ms,
             timeout_ms=wait_ms,
             max_bytes=self.max_bytes,
         )

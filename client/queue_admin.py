@@ -29,7 +29,7 @@ EXPIRING_SOON_S = 5.0
 class QueueLeaseInfo:
     partition: int
     group: str
-    lease_id: str
+    lease_id: str  # "" unless the caller may read the group and the topic
     records: int
     seconds_left: float
 
@@ -82,7 +82,8 @@ class QueueDescription:
 
 def _group_state(row: pb.QueueGroupPartition, now_ms: int) -> QueueGroupState:
     lease = None
-    if row.lease_id:
+    # lease_id is empty for those who may not read the group (a worker's secret): still a lease
+    if row.lease_id or row.lease_expiry_ms:
         lease = QueueLeaseInfo(
             row.partition, row.group, row.lease_id, row.lease_records, max(row.lease_expiry_ms - now_ms, 0) / 1000
         )

@@ -11,6 +11,7 @@ from itertools import chain, islice, repeat
 from typing import NamedTuple, overload
 
 from dmq.proto.records import RecordBatch
+from dmq.proto.tracecontext import TRACEPARENT_HEADER, TraceContext, parse_traceparent
 
 __all__ = ["ConsumerRecord", "RecordMetadata", "RecordSequence", "consumer_records"]
 
@@ -23,6 +24,16 @@ class ConsumerRecord(NamedTuple):
     value: bytes
     timestamp: int  # ms since the epoch: the producer's create time
     headers: tuple[tuple[str, bytes | None], ...]
+
+    @property
+    def trace_context(self) -> TraceContext | None:
+        """The W3C trace context of the record's ``traceparent`` header (the last one), or None
+        when it has none or one the spec says to ignore. Give it to ``Producer.send(...,
+        trace_context=...)`` to carry the trace to the next topic (dmq.client.tracing)."""
+        for name, value in reversed(self.headers):
+            if name == TRACEPARENT_HEADER:
+                return parse_traceparent(value)
+        return None
 
 
 class RecordMetadata(NamedTuple):

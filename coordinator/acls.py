@@ -53,7 +53,16 @@ class AclManager:
 
     async def load(self) -> None:
         version, rows = await self.store.load_acls()
-        self.view.replace(AclSet((Acl.parse(p, rt, name, op, perm, pt) for p, rt, pt, name, op, perm in rows), version))
+        acls = []
+        for p, rt, pt, name, op, perm in rows:
+            try:
+                acls.append(Acl.parse(p, rt, name, op, perm, pt))
+            except ValueError as e:
+                # Stored before the names were checked (issue 26): it could never match anything,
+                # so leaving it out changes no decision; the coordinator still starts.
+                log.warning("stored acl ignored: it can never match", principal=p, resource_type=rt,
+                            resource_name=name, error=str(e))
+        self.view.replace(AclSet(acls, version))
 
     def _parse(self, entries: Iterable[pb.AclEntry]) -> list[Acl]:
         entries = list(entries)

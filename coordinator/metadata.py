@@ -54,7 +54,8 @@ pushed to the brokers (dmq.coordinator.controller.pushes):
   - the preferred leader (the first replica), alive and back in sync, takes the lead back (a
     periodic check, at most MAX_PREFERRED_MOVES_PER_CHECK partitions each time);
   - ReassignPartition: the new replicas are added as followers, and once the leader's AlterIsr shows
-    them in sync the old ones are dropped (a background task per partition, owned by this manager).
+    them in sync the old ones are dropped and the first listed replica leads (a background task per
+    partition, owned by this manager; a new order of replicas all in sync is finished at once).
 State changes are serialized by their own lock, not the admin lock, so an election never waits for
 a topic creation's broker calls. An unreplicated partition (one replica) keeps its broker as leader
 while it is down (leader_alive=false) and its broker is sent no states, as before replication.
@@ -721,9 +722,16 @@ class MetadataManager:
             except StateRefused as e:
                 raise _refusal(e) from e
             before = self._existing_state(topic, partition)
-            await self._change_states(
-                self._partition_change(topic, partition, lambda st, live: partition_states.reassignment_started(st, replicas))
-            )
+
+            def start(st: PartitionRecord, live: list[int]) -> PartitionRecord:
+                after = partition_states.reassignment_started(st, replicas)
+                # Only a new order (no replica added or leaving), all in sync: finished at once, so
+                # the answer already names the elected leader; the task below then finds nothing to do.
+                if after.replicas == tuple(replicas) and partition_states.reassignment_ready(after, replicas):
+                    return partition_states.reassignment_finished(after, replicas, live)
+                return after
+
+            await self._change_states(self._partition_change(topic, partition, start))
             state = self._existing_state(topic, partition)
             added = [b for b in state.replicas if b not in before.replicas]
             if added:

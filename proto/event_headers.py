@@ -50,7 +50,9 @@ __all__ = [
     "attribute_of",
     "attributes_of",
     "partition_key",
+    "check_partition_key",
     "check_attribute_names",
+    "PARTITION_KEY_SEPARATOR",
 ]
 
 KIND_LOG = "log"
@@ -72,6 +74,9 @@ ITEM_TAGS_MAX = 16
 READ_LIMIT_MAX = 100_000
 
 ATTRIBUTE_SEPARATOR = ":"
+# Between the attributes of a partition key: the one control character a key holds, because no
+# tag holds one (check_tag), so splitting a key at it gives back exactly its attributes.
+PARTITION_KEY_SEPARATOR = "\n"
 
 
 def check_topic_kind(kind: object, *, field: str = "config.kind") -> None:
@@ -156,8 +161,34 @@ def attributes_of(tags: Iterable[str]) -> dict[str, str]:
 
 def partition_key(values: dict[str, str]) -> str:
     """The canonical key of an attribute partition: its attributes as tags, sorted by name,
-    joined by newlines (which a tag never contains: control characters are refused)."""
-    return "\n".join(f"{name}{ATTRIBUTE_SEPARATOR}{values[name]}" for name in sorted(values))
+    joined by newlines (which a tag never contains: control characters are refused). Keys are
+    durable (group progress records), so this encoding stays; check_partition_key checks one."""
+    return PARTITION_KEY_SEPARATOR.join(f"{name}{ATTRIBUTE_SEPARATOR}{values[name]}" for name in sorted(values))
+
+
+def check_partition_key(key: object, *, field: str = "partition_key") -> None:
+    """A key as partition_key() makes it: 1..ITEM_TAGS_MAX attributes "name:value", each one a
+    valid tag (the id rules: no control characters, at most TAG_MAX_BYTES), in ascending name
+    order and each name once, joined by PARTITION_KEY_SEPARATOR. Each attribute is checked on its
+    own, so the separator is accepted between attributes and nowhere else."""
+    if not isinstance(key, str):
+        raise FieldError(field, f"partition key must be a string, got {type(key).__name__}")
+    if not key:
+        raise FieldError(field, "partition key must not be empty")
+    count = key.count(PARTITION_KEY_SEPARATOR) + 1
+    if count > ITEM_TAGS_MAX:  # counted before splitting: a huge key is refused without copying it
+        raise FieldError(field, f"partition key has {count} attributes; the limit is {ITEM_TAGS_MAX}")
+    previous = ""
+    for i, tag in enumerate(key.split(PARTITION_KEY_SEPARATOR)):
+        what = f"attribute {i} of the partition key"
+        check_id(tag, field, what, TAG_MAX_BYTES)
+        attr = attribute_of(tag)
+        if attr is None:
+            raise FieldError(field, f"{what} is {shorten(tag)}, not an attribute name{ATTRIBUTE_SEPARATOR}value")
+        if i and attr[0] <= previous:
+            raise FieldError(field, f"{what} is {shorten(attr[0])}, after {shorten(previous)}: a partition key "
+                                    "names its attributes in ascending order, each once (use the key claim_next returned)")
+        previous = attr[0]
 
 
 def check_attribute_names(names: Sequence[object], *, field: str) -> None:

@@ -17,6 +17,7 @@ Header (``HEADER = struct.Struct("<qiBIhiqqqhii")``)::
                                       bit 5    some record carries a transaction id (header
                                                TXN_HEADER): the leader de-duplicates them
                                       bit 6    some record carries a trace id (header
+                                               TRACEPARENT_HEADER, or the older
                                                TRACE_HEADER): the leader indexes them
                                       bits 7-15 reserved, must be 0
     19  4    record_count     int32   >= 1; records have offsets base_offset .. base_offset+count-1
@@ -62,8 +63,11 @@ unsigned LEB128 (7 bits per byte, low group first, high bit = more follows, at m
 
 Reserved headers: names starting with ``dmq.`` belong to DMQ. ``dmq.txn`` (TXN_HEADER) is a
 record's transaction id and ``dmq.trace`` (TRACE_HEADER) its trace id, each a UTF-8 string of 1 to
-RECORD_ID_MAX_CHARS characters. encode() sets attribute bits 5 / 6 when a record has them, so the
-broker decodes the records of exactly those batches (and no other: bits clear, it never does).
+RECORD_ID_MAX_CHARS characters. A record's trace context is the W3C ``traceparent`` header
+(TRACEPARENT_HEADER, dmq.proto.tracecontext), whose trace id is the record's trace id; clients
+write it instead of ``dmq.trace`` now, which is still read for records written before
+(trace_ids). encode() sets attribute bits 5 / 6 when a record has them, so the broker decodes the
+records of exactly those batches (and no other: bits clear, it never does).
 
 Limits: a batch (total size and uncompressed body_length) is at most ``max_batch_bytes``
 (default 16 MiB, never above 2**31 - 1 so every offset fits int32); on encode a record's
@@ -94,6 +98,8 @@ from itertools import accumulate, compress, islice, pairwise, repeat
 from operator import add, sub
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple, Sequence
 
+from dmq.proto.tracecontext import TRACEPARENT_HEADER, traceparent_trace_id
+
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow
 
@@ -112,11 +118,14 @@ __all__ = [
     "InvalidRecordIdError",
     "TXN_HEADER",
     "TRACE_HEADER",
+    "TRACEPARENT_HEADER",
     "RECORD_ID_MAX_CHARS",
     "ATTR_HAS_TXN_IDS",
     "ATTR_HAS_TRACE_IDS",
     "check_record_id",
     "record_ids",
+    "header_values",
+    "trace_ids",
     "BatchHeader",
     "Record",
     "RecordBatch",
@@ -167,10 +176,12 @@ ATTR_HAS_TRACE_IDS = 0x40
 _ATTR_KNOWN = ATTR_CODEC_MASK | ATTR_LOG_APPEND_TIME | ATTR_HAS_HEADERS | ATTR_HAS_TXN_IDS | ATTR_HAS_TRACE_IDS
 
 TXN_HEADER = "dmq.txn"
-TRACE_HEADER = "dmq.trace"
+TRACE_HEADER = "dmq.trace"  # the trace id header before traceparent: read for data written then
 RECORD_ID_MAX_CHARS = 255
 # encode(): header name -> the attribute bit it sets
-_RESERVED_BITS = {TXN_HEADER: ATTR_HAS_TXN_IDS, TRACE_HEADER: ATTR_HAS_TRACE_IDS}
+_RESERVED_BITS = {
+    TXN_HEADER: ATTR_HAS_TXN_IDS, TRACE_HEADER: ATTR_HAS_TRACE_IDS, TRACEPARENT_HEADER: ATTR_HAS_TRACE_IDS
+}
 # each name as it is encoded in a header entry: its uvarint length (< 128), then the UTF-8 bytes
 _RESERVED_KEYS = {name: bytes((len(name),)) + name.encode() for name in _RESERVED_BITS}
 
@@ -1192,10 +1203,9 @@ def slice_batch(batch: RecordBatch, start_offset: int, stop_offset: int) -> byte
     return b"".join((_PREFIX.pack(h.base_offset + lo, HEADER_SIZE + len(body) - 12, MAGIC, crc), tail, body))
 
 
-def record_ids(batch: RecordBatch, name: str, field: str) -> list[str | None]:
-    """Per record of `batch`, the value of its reserved header `name` (TXN_HEADER or TRACE_HEADER)
-    checked by check_record_id, or None. Raises InvalidRecordIdError naming the record and `field`,
-    CorruptBatchError for a malformed header entry.
+def header_values(batch: RecordBatch, name: str) -> list[bytes | None]:
+    """Per record of `batch`, the value of its header `name` (the last one when repeated; b"" for a
+    None value), or None when it has none. Raises CorruptBatchError for a malformed header entry.
 
     The broker runs this on every batch flagged with ids, so it walks each header entry's key
     lengths and compares key bytes, without building the header tuples (decode's headers() would
@@ -1207,7 +1217,7 @@ def record_ids(batch: RecordBatch, name: str, field: str) -> list[str | None]:
     offs = batch._offsets("header_offsets")
     key = name.encode()
     klen_wanted = len(key)
-    out: list[str | None] = []
+    out: list[bytes | None] = []
     r = 0
     try:
         for r in range(n):
@@ -1238,19 +1248,43 @@ def record_ids(batch: RecordBatch, name: str, field: str) -> list[str | None]:
                     i += vlen - 1
             if i != end:
                 raise CorruptBatchError(f"record {r}: its headers take {i - offs[r]} bytes, its entry {end - offs[r]}")
-            if found < 0:
-                out.append(None)
-                continue
-            value = blob[found : found + flen]
-            try:
-                text = value.decode("utf-8")
-            except UnicodeDecodeError:
-                text = ""
-            if not 0 < len(text) <= RECORD_ID_MAX_CHARS:
-                check_record_id(value, f"record {r}: {field}")  # raises, naming the rule broken
-            out.append(text)
+            out.append(None if found < 0 else blob[found : found + flen])
     except IndexError:
         raise CorruptBatchError(f"record {r}: headers run past the end of the batch") from None
+    return out
+
+
+def record_ids(batch: RecordBatch, name: str, field: str) -> list[str | None]:
+    """Per record of `batch`, the value of its reserved header `name` (TXN_HEADER or TRACE_HEADER)
+    checked by check_record_id, or None. Raises InvalidRecordIdError naming the record and `field`,
+    CorruptBatchError for a malformed header entry."""
+    out: list[str | None] = []
+    for r, value in enumerate(header_values(batch, name)):
+        if value is None:
+            out.append(None)
+            continue
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError:
+            text = ""
+        if not 0 < len(text) <= RECORD_ID_MAX_CHARS:
+            check_record_id(value, f"record {r}: {field}")  # raises, naming the rule broken
+        out.append(text)
+    return out
+
+
+def trace_ids(batch: RecordBatch) -> list[str | None]:
+    """Per record of `batch`, its trace id: the trace-id of its ``traceparent`` header, else (data
+    written before traceparent, or by hand) its ``dmq.trace`` header, else None. A traceparent
+    the W3C spec says to ignore is ignored (the record is stored, not indexed by it); a bad
+    ``dmq.trace`` raises InvalidRecordIdError as it always did (the broker refuses the batch).
+
+    The old header is looked for only when the batch's header bytes hold its name (one C
+    substring search), so batches of current clients are walked once."""
+    out = [None if v is None else traceparent_trace_id(v) for v in header_values(batch, TRACEPARENT_HEADER)]
+    if batch.header_offsets is not None and _RESERVED_KEYS[TRACE_HEADER] in bytes(batch.header_blob):
+        legacy = record_ids(batch, TRACE_HEADER, "trace_id")
+        out = [t if t is not None else old for t, old in zip(out, legacy)]
     return out
 
 

@@ -17,9 +17,10 @@ claim_next, in three steps:
      So a claim costs O(log partitions), not a scan of the log;
   3. fetch that partition's events: those of the handled types after its acknowledged position
      that carry one of its attribute tags (the index), filtered by the conditional AND, each once.
-The guard (an append condition over all handled types after the last returned position) is built
-by the client from its event types' declared attributes (to_conditions); the answer carries the
-last position for it.
+The guard (an append condition after the last returned position: for every handled type, one
+item per attribute of the partition that the type declares, any of which fails the append, as
+CCC's to_conditions) is built by the client from its event types' declared attributes; the answer
+carries the last position for it.
 
 Claims carry the worker id and expire `claim_timeout_ms` after their last renewal; an expired
 claim is released the next time anything looks at it (claim, ack, renew, describe): the same

@@ -40,6 +40,7 @@ from dmq.broker.events.registry import NotAnEventStoreError
 from dmq.broker.events.index import EventColumns, split_tags
 from dmq.broker.events.store import Condition, EventStore, NewEvent
 from dmq.broker.log import UnknownPartitionError
+from dmq.broker.readiness import require_started
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, event_headers, records
 from dmq.proto.names import GROUP_ID_MAX_BYTES, MEMBER_ID_MAX_BYTES, FieldError, check_id, check_topic_name
@@ -65,7 +66,6 @@ SUBSCRIPTIONS_MAX = 1_000
 # A subscription with nothing new re-checks this often even without a wake-up (a store closing).
 SUBSCRIBE_IDLE_S = 1.0
 DESCRIBE_PARTITIONS_MAX = 1_000
-PARTITION_KEY_MAX_BYTES = event_headers.ITEM_TAGS_MAX * (event_headers.TAG_MAX_BYTES + 1)
 
 _STATUS: list[tuple[type[Exception], grpc.StatusCode]] = [
     (InvalidEventRequest, grpc.StatusCode.INVALID_ARGUMENT),
@@ -93,7 +93,9 @@ def _translate(service: Any, e: Exception) -> RpcAbort | None:
     return broker_service.translate_storage(service, e)
 
 
-_guarded = rpc_handler(log=log, translate=_translate)
+# Every event-store RPC reads what is loaded at start (the logs, group progress): UNAVAILABLE until
+# then (dmq.broker.readiness).
+_guarded = rpc_handler(log=log, translate=_translate, before=require_started)
 
 
 def _checked(check: Callable[[], None]) -> None:
@@ -162,7 +164,8 @@ def _check_worker(worker_id: str) -> None:
 def _check_ref(ref: pb.EventClaimRef, field: str = "") -> None:
     _checked(lambda: check_topic_name(ref.topic, field=f"{field}topic"))
     _check_group(ref.group)
-    _checked(lambda: check_id(ref.partition_key, f"{field}partition_key", "partition key", PARTITION_KEY_MAX_BYTES))
+    # a composite key joins its attributes with PARTITION_KEY_SEPARATOR: checked attribute by attribute
+    _checked(lambda: event_headers.check_partition_key(ref.partition_key, field=f"{field}partition_key"))
     _check_worker(ref.worker_id)
 
 
@@ -174,8 +177,6 @@ class EventStoreRpcs:
     async def _store(self, topic: str) -> EventStore:
         _checked(lambda: check_topic_name(topic, field="topic"))
         node = self._node
-        if not node.ready:
-            _fail(grpc.StatusCode.UNAVAILABLE, f"broker {node.broker_id} is starting; retry")
         try:
             store = node.event_stores.get(topic)
         except UnknownPartitionError:

@@ -2,8 +2,9 @@
 
 Part of PartitionLog (it works under the log's lock on its state), kept apart so that the path
 of every other batch stays as it was: PartitionLog.append sends a batch here only when its
-attribute bits 5 or 6 say some record carries a ``dmq.txn`` or ``dmq.trace`` header (set by the
-encoder, see dmq.proto.records); those batches alone are decoded on the broker.
+attribute bits 5 or 6 say some record carries a ``dmq.txn`` header or a trace id (a W3C
+``traceparent`` header, or the older ``dmq.trace``; set by the encoder, see dmq.proto.records);
+those batches alone are decoded on the broker.
 
 A batch with transaction ids (de-duplication on, see dedup.py), record by record:
   1. its id was stored within the window (or earlier in this batch): a duplicate, answered with
@@ -26,8 +27,9 @@ The answer then carries every record's offset (AppendInfo.record_offsets, Produc
 record_offsets): stored ones in order from the written batch's base offset, duplicates at their
 originals. A retry of an idempotent batch is answered the same way, from the transaction ids.
 
-Trace ids: after the write, the traced records of the batch are added to the active segment's
-trace index (trace_index.py). A lookup reads the trace index of every segment and keeps the
+Trace ids (records.trace_ids: the traceparent's trace-id, else the dmq.trace value): after the
+write, the traced records of the batch are added to the active segment's trace index
+(trace_index.py). A lookup reads the trace index of every segment and keeps the
 candidate records that do carry the trace id.
 """
 
@@ -46,7 +48,6 @@ from dmq.broker.log.trace_index import trace_hash
 from dmq.proto.records import (
     ATTR_HAS_TRACE_IDS,
     ATTR_HAS_TXN_IDS,
-    TRACE_HEADER,
     TXN_HEADER,
     BatchHeader,
     RecordBatch,
@@ -55,6 +56,7 @@ from dmq.proto.records import (
     encode,
     read_header,
     record_ids,
+    trace_ids,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,7 +100,7 @@ class RecordIds:
         txns = None
         if h.attributes & ATTR_HAS_TXN_IDS and cfg.dedup_window_ms > 0:
             txns = record_ids(decoded, TXN_HEADER, "transaction_id")
-        traces = record_ids(decoded, TRACE_HEADER, "trace_id") if h.attributes & ATTR_HAS_TRACE_IDS else None
+        traces = trace_ids(decoded) if h.attributes & ATTR_HAS_TRACE_IDS else None
         n = h.record_count
         with plog._lock:
             plog._check_writable()
@@ -163,7 +165,7 @@ class RecordIds:
         txns = None
         if h.attributes & ATTR_HAS_TXN_IDS and cfg.dedup_window_ms > 0:
             txns = record_ids(decoded, TXN_HEADER, "transaction_id")
-        traces = record_ids(decoded, TRACE_HEADER, "trace_id") if h.attributes & ATTR_HAS_TRACE_IDS else None
+        traces = trace_ids(decoded) if h.attributes & ATTR_HAS_TRACE_IDS else None
         with plog._lock:
             info = plog._write_replica_locked(batch, h)
             stored = range(info.base_offset, info.base_offset + h.record_count)
@@ -332,7 +334,7 @@ class RecordIds:
                     continue  # beyond what readers see yet
                 try:
                     batch = decode(data)
-                    traces = record_ids(batch, TRACE_HEADER, "trace_id")
+                    traces = trace_ids(batch)
                 except RecordsError:
                     continue
                 raw = data[: batch.header.total_size]

@@ -43,12 +43,11 @@ from dmq.proto.records import (
     HEADER,
     HEADER_SIZE,
     BatchHeader,
-    TRACE_HEADER,
     RecordsError,
     crc32,
     decode,
     read_header,
-    record_ids,
+    trace_ids,
 )
 
 __all__ = ["Segment", "ScanResult", "SegmentCorruptError", "LOG_SUFFIX", "segment_name"]
@@ -248,7 +247,7 @@ class Segment:
             if not h[4] & ATTR_HAS_TRACE_IDS:
                 continue
             try:
-                ids = record_ids(decode(os.pread(fd, 12 + h[1], pos)), TRACE_HEADER, "trace_id")
+                ids = trace_ids(decode(os.pread(fd, 12 + h[1], pos)))
             except RecordsError as e:  # damage: the read path reports it; nothing to index
                 log.warning("trace index: batch not indexed", segment=self.log_path, position=pos, error=str(e))
                 continue

@@ -515,6 +515,10 @@ class QueueManager:
 
     # -- finishing ---------------------------------------------------------------------------------
 
+    def lease_of(self, lease_id: str) -> Lease | None:
+        """The live lease of this id, to see whose it is (None: the call will find it not live)."""
+        return self.leases.get(lease_id, time.monotonic())
+
     def _live(self, lease_id: str) -> Lease:
         now = time.monotonic()
         lease = self.leases.get(lease_id, now)

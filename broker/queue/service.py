@@ -4,6 +4,14 @@
 the manager sees it, so a bad request gets INVALID_ARGUMENT naming the field and the limit. The
 manager refuses with RpcAbort itself (a lease that is not live, a full queue); storage failures are
 mapped by the broker's one mapping (BrokerService.storage_error).
+
+Who may use a lease (dmq.proto.security.rpc_table, Access.HANDLER): a request that acks, nacks,
+rejects or renews names only the lease id, so the lease's topic and group are looked up here and
+checked with the call's `current_access` before the manager acts, with no await in between: read
+on both, what QueuePop needs (its riding ack included); a reject also write on the dead-letter
+topic. A lease id is a worker's secret: QueueDescribe shows it only to the group's readers.
+Dead letters written because a record ran out of delivery attempts (a nack, an expiry) are the
+broker's own writes, as the cluster principal: the topic's max_delivery_attempts asked for them.
 """
 
 from __future__ import annotations
@@ -13,11 +21,16 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 
+from dmq.broker.queue.dead_letters import DLQ_SUFFIX
 from dmq.broker.queue.progress import MAX_ERROR_CHARS, QUEUE_GROUP_PREFIX
+from dmq.broker.readiness import require_started
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits, names
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 from dmq.proto.names import FieldError
+from dmq.proto.security.acls import Operation, ResourceType
+from dmq.proto.security.interceptor import current_access
+from dmq.proto.security.rpc_table import Need
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 from dmq.proto.server_errors import fail
 
@@ -41,7 +54,8 @@ def _translate(servicer: Any, e: Exception) -> RpcAbort | None:
     return result
 
 
-_guarded = rpc_handler(log=log, translate=_translate)
+# Every queue RPC reads progress and leases loaded at start: UNAVAILABLE until then (dmq.broker.readiness).
+_guarded = rpc_handler(log=log, translate=_translate, before=require_started)
 
 
 def _check(check: Any, value: object, field: str) -> None:
@@ -82,6 +96,11 @@ def _check_error(error: str) -> None:
         )
 
 
+def _readers(topic: str, group: str) -> list[Need]:
+    """What QueuePop needs, and so whoever finishes or renews a lease of (topic, group)."""
+    return [Need(ResourceType.TOPIC, topic, Operation.READ), Need(ResourceType.GROUP, group, Operation.READ)]
+
+
 class QueueRpcs:
     """QueuePop / QueueAck / QueueNack / QueueReject / QueueRenew / QueueDescribe."""
 
@@ -91,10 +110,18 @@ class QueueRpcs:
         raise NotImplementedError
 
     def _queues(self) -> QueueManager:
-        node = self._node
-        if not node.ready:
-            fail(grpc.StatusCode.UNAVAILABLE, f"broker {node.broker_id} is starting; retry")
-        return node.queues
+        return self._node.queues
+
+    def _may_use_lease(self, lease_id: str, rpc: str, *, dead_letters: bool = False) -> None:
+        """PERMISSION_DENIED unless the caller may read the lease's topic and group (and, for a
+        reject, write its dead-letter topic). A lease not live is left to the manager to refuse."""
+        lease = self._queues().lease_of(lease_id)
+        if lease is None:
+            return
+        needs = _readers(lease.topic, lease.group)
+        if dead_letters:
+            needs.append(Need(ResourceType.TOPIC, lease.topic + DLQ_SUFFIX, Operation.WRITE))
+        current_access.get().require(needs, rpc)
 
     @_guarded
     async def QueuePop(self, request: pb.QueuePopRequest, context: grpc.aio.ServicerContext) -> pb.QueuePopResponse:
@@ -114,6 +141,7 @@ class QueueRpcs:
         timeout_s = request.timeout_ms / 1000
         max_bytes = request.max_bytes or DEFAULT_POP_MAX_BYTES
         if request.ack_lease_id:
+            self._may_use_lease(request.ack_lease_id, "QueuePop")  # may be another group's lease
             up_to = request.ack_up_to_offset if request.HasField("ack_up_to_offset") else None
             response.acked_offset, popped = await queues.ack_and_pop(
                 request.ack_lease_id, request.topic, request.group, request.max_records, lease_ms, timeout_s, max_bytes,
@@ -137,6 +165,7 @@ class QueueRpcs:
     @_guarded
     async def QueueAck(self, request: pb.QueueAckRequest, context: grpc.aio.ServicerContext) -> pb.QueueAckResponse:
         _check_lease_id(request.lease_id)
+        self._may_use_lease(request.lease_id, "QueueAck")
         up_to = request.up_to_offset if request.HasField("up_to_offset") else None
         acked = await self._queues().ack(request.lease_id, up_to, request.keep_lease)
         return pb.QueueAckResponse(acked_offset=acked)
@@ -144,6 +173,7 @@ class QueueRpcs:
     @_guarded
     async def QueueNack(self, request: pb.QueueNackRequest, context: grpc.aio.ServicerContext) -> pb.QueueNackResponse:
         _check_lease_id(request.lease_id)
+        self._may_use_lease(request.lease_id, "QueueNack")
         _check_error(request.error)
         failed = request.failed_offset if request.HasField("failed_offset") else None
         acked, count, dead = await self._queues().nack(request.lease_id, request.error, failed)
@@ -152,6 +182,7 @@ class QueueRpcs:
     @_guarded
     async def QueueReject(self, request: pb.QueueRejectRequest, context: grpc.aio.ServicerContext) -> pb.QueueRejectResponse:
         _check_lease_id(request.lease_id)
+        self._may_use_lease(request.lease_id, "QueueReject", dead_letters=True)
         _check_error(request.error)
         acked, written = await self._queues().reject(request.lease_id, request.offset, request.error)
         return pb.QueueRejectResponse(
@@ -161,6 +192,7 @@ class QueueRpcs:
     @_guarded
     async def QueueRenew(self, request: pb.QueueRenewRequest, context: grpc.aio.ServicerContext) -> pb.QueueRenewResponse:
         _check_lease_id(request.lease_id)
+        self._may_use_lease(request.lease_id, "QueueRenew")
         _check_range(request.lease_ms, limits.LEASE_MS_MIN, limits.LEASE_MS_MAX, "lease_ms", zero_ok=True)
         return pb.QueueRenewResponse(expiry_ms=await self._queues().renew(request.lease_id, request.lease_ms))
 
@@ -172,4 +204,9 @@ class QueueRpcs:
             _check(names.check_topic_name, request.topic, "topic")
         if request.group:
             _check_group(request.group)
-        return self._queues().describe(request.topic, request.group)
+        described = self._queues().describe(request.topic, request.group)
+        access = current_access.get()
+        for row in described.groups:
+            if row.lease_id and not access.allows(_readers(row.topic, row.group)):
+                row.lease_id = ""  # the worker's secret: the lease's size and expiry stay shown
+        return described

@@ -33,7 +33,7 @@ from typing import Any
 
 import grpc
 
-from dmq.client._cluster import Cluster, TopicMetadata, parse_address
+from dmq.client._cluster import Cluster, TopicMetadata, parse_address, unreachable
 from dmq.client.errors import ClientClosedError, DMQError, DMQTimeoutError, InvalidConfigError
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.security.settings import SecurityConfigError, aio_channel
@@ -246,6 +246,30 @@ class AsyncCluster(Cluster):
                 f"GetMetadata from the coordinator at {self.bootstrap} did not answer within {wait_s:.3g} s; "
                 "is the coordinator up and is that its address?"
             ) from None
+
+    async def acheck_reachable(self, timeout_s: float | None = None) -> None:
+        """Cluster.check_reachable() without blocking the loop: connect to the bootstrap
+        address, or raise NoBrokersAvailableError naming it (at once when refused)."""
+        wait_s = self.timeout_s if timeout_s is None else timeout_s
+        channel = self.channel(self.bootstrap)
+        done = (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+                grpc.ChannelConnectivity.SHUTDOWN)
+        state = channel.get_state(try_to_connect=True)
+        deadline = time.monotonic() + wait_s
+        while state not in done:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
+            except TimeoutError:
+                break
+            state = channel.get_state(try_to_connect=True)
+        if state is grpc.ChannelConnectivity.READY:
+            return
+        if state is grpc.ChannelConnectivity.SHUTDOWN:
+            raise ClientClosedError(f"the client for {self.bootstrap} is closed; create a new one")
+        raise unreachable(self.bootstrap, state.name if state in done else "", wait_s)
 
     async def aclose(self) -> None:
         """Close every channel (their calls end CANCELLED). Safe to call twice."""

@@ -64,7 +64,8 @@ from dmq.client.consumer._heartbeat import HeartbeatThread
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
 from dmq.client.consumer._positions import PositionFinder
-from dmq.client.consumer._records import OffsetAndMetadata, TopicPartition
+from dmq.client.consumer._records import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from dmq.client.consumer._times import timestamp_of, timestamp_request
 from dmq.client.consumer._subscription import EARLIEST, LATEST, SubscriptionState
 from dmq.client.errors import (
     ClientClosedError,
@@ -252,6 +253,11 @@ class AsyncConsumer:
         self._lock = asyncio.Lock()
         self._next_auto_commit = time.monotonic() + c.auto_commit_interval_ms / 1000
         self._started = True
+        try:
+            await self._cluster.acheck_reachable()
+        except BaseException:
+            await self.stop()
+            raise
         if self._initial_topics:
             try:
                 await self.subscribe(self._initial_topics, self._initial_listener)
@@ -747,21 +753,116 @@ class AsyncConsumer:
                     m.assignment_stale = True
 
     async def committed(self, partition: TopicPartition) -> int | None:
-        """The group's committed offset of a partition (the next offset to consume), or None."""
+        """The group's committed offset of a partition (the next offset to consume), or None.
+
+        Retriable answers (a broker starting, which answers UNAVAILABLE until its commits are
+        loaded; a leader that moved) are retried until request_timeout_ms, as the synchronous
+        consumer's committed() does."""
         self._check_open()
         tp = _tp(partition)
         m = self._memberships.get(tp.topic)
         group_id = m.group_id if m is not None else group_id_for(tp.topic, self.config.group_id)
-        await self._cluster.metadata(tp.topic, self.config.request_timeout_ms / 1000)
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        delay_s = self.config.retry_backoff_ms / 1000
+        while True:
+            try:
+                return await self._committed_once(tp, group_id, deadline)
+            except DMQError as e:
+                if not e.retriable or time.monotonic() + delay_s >= deadline:
+                    raise
+                if e.invalid_metadata:
+                    self._cluster.invalidate(tp.topic)
+                log.info("reading the committed offset of %s failed; retrying in %d ms: %s", tp, delay_s * 1000, e)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, MAX_GROUP_BACKOFF_S)
+
+    async def _committed_once(self, tp: TopicPartition, group_id: str, deadline: float) -> int | None:
+        await self._cluster.metadata(tp.topic, max(0.001, deadline - time.monotonic()))
         address = self._cluster.leader_for(tp.topic, tp.partition)
-        future = await self._rpc(self._offsets.start_fetch_committed(address, group_id, [tp]),
-                                 f"FetchCommittedOffsets of {tp}")
+        future = await self._rpc(
+            self._offsets.start_fetch_committed(address, group_id, [tp], max(0.001, deadline - time.monotonic())),
+            f"FetchCommittedOffsets of {tp}")
         try:
             response = future.result()
         except grpc.RpcError as e:
             raise from_rpc_error(e, context=f"FetchCommittedOffsets of {tp} from broker {address}") from e
         found = OffsetClient.parse_committed(response).get(tp)
         return None if found is None else found.offset
+
+    # -- look-ups (aiokafka's) --------------------------------------------------------------------
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        """The topic's partition numbers from the metadata known (None: not known, as aiokafka's,
+        which also answers from its cache; ``await topics()`` refreshes it)."""
+        self._check_open()
+        if not self._cluster.knows(topic):
+            return None
+        return set(range(self._cluster.topic_metadata(topic).partition_count))
+
+    async def topics(self) -> set[str]:
+        """The names of every topic, asked of the coordinator now."""
+        self._check_open()
+        await self._cluster.wait_refresh(None)
+        return set(self._cluster.topic_names())
+
+    async def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The first offset still in each partition's log (its log start)."""
+        return await self._list_offsets({tp: EARLIEST for tp in _tps((partitions,))})
+
+    async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The offset the next record produced to each partition will get (its log end)."""
+        return await self._list_offsets({tp: LATEST for tp in _tps((partitions,))})
+
+    async def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """Per partition, OffsetAndTimestamp(the first record appended at or after the time
+        (epoch ms), that record's timestamp); None when no record is that recent (aiokafka's)."""
+        queries = {}
+        for tp, ts in timestamps.items():
+            if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
+                raise InvalidArgumentError(f"offsets_for_times(): timestamp of {tp} must be epoch ms (int >= 0), got {ts!r}")
+            queries[_tp(tp)] = ts
+        found = await self._list_offsets(queries)
+        ends = await self._list_offsets(dict.fromkeys(queries, LATEST))
+        out: dict[TopicPartition, OffsetAndTimestamp | None] = dict.fromkeys(queries)
+        for tp in queries:
+            if found[tp] < ends[tp]:
+                out[tp] = OffsetAndTimestamp(found[tp], await self._timestamp_at(tp, found[tp]))
+        return out
+
+    async def _timestamp_at(self, tp: TopicPartition, offset: int) -> int:
+        address = self._cluster.leader_for(tp.topic, tp.partition)
+        try:
+            answer = await self._cluster.raw_fetch(address)(timestamp_request(tp, offset), timeout=self._cluster.timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, context=f"Fetch of {tp} offset {offset} from broker {address}") from e
+        return timestamp_of(answer, tp, offset, address)
+
+    async def _list_offsets(self, queries: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """ListOffsets of each partition from its leader, the brokers asked in parallel."""
+        self._check_open()
+        by_leader: dict[str, dict[TopicPartition, int]] = {}
+        for tp, ts in queries.items():
+            await self._cluster.metadata(tp.topic, self.config.request_timeout_ms / 1000)
+            by_leader.setdefault(self._cluster.leader_for(tp.topic, tp.partition), {})[tp] = ts
+        calls = {address: self._offsets.start_list_offsets(address, part) for address, part in by_leader.items()}
+        await settle(calls.values(), self.config.request_timeout_ms / 1000 + 1)
+        out: dict[TopicPartition, int] = {}
+        for address, future in calls.items():
+            if not future.done():
+                future.cancel()
+                raise DMQTimeoutError(f"ListOffsets from broker {address}: no answer within request_timeout_ms "
+                                      f"({self.config.request_timeout_ms})")
+            try:
+                response = future.result()
+            except grpc.RpcError as e:
+                raise from_rpc_error(e, context=f"ListOffsets from broker {address}") from e
+            for tp, value in OffsetClient.parse_list_offsets(response).items():
+                if isinstance(value, DMQError):
+                    raise value
+                out[tp] = value
+        return out
 
     # -- positions -------------------------------------------------------------------------------
 

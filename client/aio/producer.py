@@ -228,6 +228,7 @@ class AsyncProducer:
         self._sender = AsyncSender(self._acc, self._cluster, **self._settings)
         self._sender.start()
         try:
+            await self._cluster.acheck_reachable()  # as the sync Producer, max_block_ms bounds it too
             await self._cluster.wait_refresh(None, self._max_block_s)
         except BaseException:
             await self.stop()

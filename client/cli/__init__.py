@@ -140,4 +140,9 @@ cli.add_command(broker_cmd)
 
 
 def main() -> None:
+    # gRPC's C core writes its own lines to stderr ("I1127 ... chttp2_transport.cc ... Got goaway",
+    # TLS handshake failures), outside structlog in a server's log and around the CLI's one-line
+    # errors; whatever matters reaches us as a call's status. It reads the level once, when grpc
+    # loads, so it is set here before any command imports grpc; an operator's own value wins.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     cli(obj={})

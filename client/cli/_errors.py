@@ -10,6 +10,7 @@ reported as one line rather than a traceback.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -91,6 +92,10 @@ def explain(e: BaseException, bootstrap_address: str, timeout: float | None = No
 
 def _unreachable(text: str, bootstrap_address: str) -> str:
     where = _WHERE.search(text)
+    mismatch = _tls_mismatch(text, where.group(1) if where else "coordinator",
+                             where.group(2) if where else bootstrap_address)
+    if mismatch is not None:
+        return mismatch
     if where is not None and where.group(1) == "coordinator":
         return coordinator_unreachable(where.group(2)).message
     addresses = re.findall(r"\bat (\S+:\d+)", text)
@@ -100,6 +105,45 @@ def _unreachable(text: str, bootstrap_address: str) -> str:
     what = re.match(r"^(?:[^:]*: )?(\w+ to \S+|\w+ \S+\[\d+\])", text)
     doing = f" ({what.group(1)})" if what else ""
     return f"cannot reach the broker at {address}{doing} — is it running? (see `dmq brokers list`)"
+
+
+def _tls_mismatch(text: str, role: str, address: str) -> str | None:
+    """The sentence for a connection that failed in the TLS handshake, else None. Two cases:
+    1. this client speaks TLS (--ca-file) and the server does not, or its certificate is not
+       trusted: gRPC says "Tls handshake failed" / "Ssl handshake failed";
+    2. this client speaks plaintext to a TLS port: the server closes the connection and gRPC says
+       only "Socket closed", as it would for a server dying mid-connect, so the address is asked
+       for a TLS handshake to tell which."""
+    low = text.lower()
+    if "handshake failed" in low:
+        return (f"the TLS handshake with the {role} at {address} failed: it serves plaintext, or its certificate is "
+                "not signed by the CA of --ca-file / DMQ_SSL_CAFILE (drop them for a plaintext server)")
+    if "socket closed" in low and not os.environ.get("DMQ_SSL_CAFILE") and _serves_tls(address):
+        return (f"the {role} at {address} serves TLS and this client connected in plaintext, so the TLS handshake "
+                "failed: give the cluster's CA with --ca-file or DMQ_SSL_CAFILE")
+    return None
+
+
+def _serves_tls(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether a TLS handshake (certificate unchecked: only the protocol is in question) gets a
+    server's answer at `address`."""
+    import socket
+    import ssl
+
+    host, _, port = address.rpartition(":")
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as raw, \
+                context.wrap_socket(raw, server_hostname=host.strip("[]") or None):
+            return True
+    except ssl.SSLError as e:
+        # An alert from the server (a client certificate required, say) is TLS too; a reply that
+        # is no TLS record is not.
+        return "alert" in str(e).lower()
+    except (OSError, ValueError):
+        return False
 
 
 def client_error(e: BaseException, address: str, timeout: float | None = None) -> CLIError:

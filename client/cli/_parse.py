@@ -12,37 +12,10 @@ from typing import Any
 import click
 
 from dmq.proto import limits
+# The grammar is dmq.proto.values's, shared with the client library's config dicts.
+from dmq.proto.values import parse_duration_ms, parse_size_bytes
 
 CONFIG_KEYS = tuple(limits.TOPIC_CONFIG_RANGES)
-
-_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_SIZE_UNITS = {
-    "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}
-_NUM_UNIT = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_duration_ms(text: str) -> int:
-    """'604800000', '7d', '12h', '30m', '45s', '500ms', '-1' (forever)."""
-    m = _NUM_UNIT.match(text)
-    if not m:
-        raise ValueError(f"{text!r} is not a duration (e.g. 604800000, 7d, 12h, 30m, 45s, -1)")
-    number, unit = m.group(1), m.group(2).lower() or "ms"
-    if unit not in _DURATION_UNITS_MS:
-        raise ValueError(f"unknown unit {m.group(2)!r} in {text!r}; use ms, s, m, h, d or w")
-    return int(float(number) * _DURATION_UNITS_MS[unit])
-
-
-def parse_size_bytes(text: str) -> int:
-    """'1073741824', '1GiB', '64MiB', '500MB', '-1' (no limit)."""
-    m = _NUM_UNIT.match(text)
-    if not m:
-        raise ValueError(f"{text!r} is not a size (e.g. 1073741824, 1GiB, 64MiB, 500MB, -1)")
-    number, unit = m.group(1), m.group(2).lower() or "b"
-    if unit not in _SIZE_UNITS:
-        raise ValueError(f"unknown unit {m.group(2)!r} in {text!r}; use B, KiB, MiB, GiB, KB, MB or GB")
-    return int(float(number) * _SIZE_UNITS[unit])
 
 
 def parse_topic_config(pairs: tuple[str, ...]) -> dict[str, int]:
@@ -70,6 +43,17 @@ def parse_headers(pairs: tuple[str, ...]) -> list[tuple[str, bytes]]:
         k, v = pair.split("=", 1)
         if not k:
             raise click.BadParameter(f"{pair!r} has an empty header name", param_hint="--header")
+        # imported here: most commands take no headers, and the codec is not theirs to load
+        from dmq.proto.records import TRACE_HEADER, TXN_HEADER, check_record_id
+        from dmq.proto.tracecontext import TRACEPARENT_HEADER, check_traceparent
+
+        try:  # a value the producer would refuse fails here, as a usage error naming --header
+            if k == TRACEPARENT_HEADER:
+                check_traceparent(v, f"header {k!r}")
+            elif k in (TXN_HEADER, TRACE_HEADER):
+                check_record_id(v, f"header {k!r}")
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--header") from None
         out.append((k, v.encode()))
     return out
 

@@ -308,7 +308,7 @@ def bench_consume(ctx: click.Context, topic: str, messages: int | None, app: str
                 last_data = perf()
                 while count < target:
                     t0 = perf()
-                    batch = consumer.poll(0.5)
+                    batch = consumer.poll(500)
                     latencies_ms.append((perf() - t0) * 1000)
                     if batch:
                         last_data = perf()

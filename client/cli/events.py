@@ -4,7 +4,10 @@ An event as a JSON line (append reads them, read writes them):
   {"type": "course.created", "tags": ["course_name:Algebra"], "payload": ..., "metadata": ...}
   payload / metadata: a string is stored as its UTF-8 bytes, any other JSON value as its compact
   JSON text; "payload_base64" / "metadata_base64" carry arbitrary bytes. `read` writes a payload
-  as a string when it is UTF-8, else as payload_base64, plus "position" and "append_time_ms".
+  that is JSON text other than a string (an object, array, number, true, false, null) as that
+  JSON value, so what append took as JSON reads back as the same JSON; any other UTF-8 payload as
+  a string (all of them with --payload-as text), else as payload_base64; plus "position" and
+  "append_time_ms". (A string payload that is itself such JSON text, "42", reads back as 42.)
 
 append sends the lines in appends of --batch events (each one atomic); with a condition
 (--fail-if-events-match, a JSON list of {"types": [...], "tags": [...]} items, and --after) all
@@ -103,13 +106,36 @@ def parse_query(text: str | None, types: tuple[str, ...], tags: tuple[str, ...],
     return items
 
 
-def event_document(e: SequencedEvent) -> dict[str, Any]:
+_JSON_STARTS = frozenset(b'{[-0123456789tfn')  # no '"': a JSON string stays text
+_NOT_JSON = object()
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: Python's extension, not JSON
+
+
+def _json_value(text: str) -> Any:
+    """The JSON value `text` holds, unless it is none or a string (_NOT_JSON): the inverse of
+    append's `_bytes_field` for every value it encodes as JSON."""
+    stripped = text.strip()
+    if not stripped or ord(stripped[0]) not in _JSON_STARTS:
+        return _NOT_JSON  # most text payloads: no parse attempted
+    try:
+        return json.loads(stripped, parse_constant=_no_constants)
+    except ValueError:
+        return _NOT_JSON
+
+
+def event_document(e: SequencedEvent, *, json_values: bool = True) -> dict[str, Any]:
     doc: dict[str, Any] = {"position": e.position, "type": e.type, "tags": list(e.tags)}
     for name, value in (("payload", e.payload), ("metadata", e.event.metadata)):
         try:
-            doc[name] = value.decode("utf-8")
+            text = value.decode("utf-8")
         except UnicodeDecodeError:
             doc[f"{name}_base64"] = base64.b64encode(value).decode()
+            continue
+        parsed = _json_value(text) if json_values else _NOT_JSON
+        doc[name] = text if parsed is _NOT_JSON else parsed
     doc["append_time_ms"] = e.append_time_ms
     return doc
 
@@ -182,9 +208,12 @@ def append(ctx: click.Context, topic: str, source: IO[str], batch: int, conditio
 @click.option("--after", type=click.IntRange(0), default=0, show_default=True, help="Start after this position.")
 @click.option("-n", "--limit", type=click.IntRange(1), default=None, help="Stop after this many events.")
 @click.option("--follow", is_flag=True, help="Keep printing matching events as they are appended (Ctrl-C ends).")
+@click.option("--payload-as", "payload_as", type=click.Choice(["json", "text"]), default="json", show_default=True,
+              help="json: a payload (or metadata) holding a JSON object, array, number, true, false or null "
+                   "is written as that value; text: always as a string.")
 @click.pass_context
 def read(ctx: click.Context, topic: str, types: tuple[str, ...], tags: tuple[str, ...], query: str | None,
-         after: int, limit: int | None, follow: bool) -> None:
+         after: int, limit: int | None, follow: bool, payload_as: str) -> None:
     """Print the matching events of event-store TOPIC as JSON lines, in position order.
 
     \b
@@ -198,14 +227,14 @@ def read(ctx: click.Context, topic: str, types: tuple[str, ...], tags: tuple[str
             count = 0
             with store.subscribe(items, after) as sub:
                 for event in sub:
-                    out.write(json.dumps(event_document(event)) + "\n")
+                    out.write(json.dumps(event_document(event, json_values=payload_as == "json")) + "\n")
                     out.flush()
                     count += 1
                     if limit is not None and count >= limit:
                         return
             return
         for event in store.read(items, after, limit):
-            out.write(json.dumps(event_document(event)) + "\n")
+            out.write(json.dumps(event_document(event, json_values=payload_as == "json")) + "\n")
 
 
 @events.group("group")

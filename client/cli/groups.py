@@ -12,6 +12,8 @@ JSON schemas (`-o json`; fields may be added, never renamed or removed):
              "partitions": [{"partition", "committed_offset" (null = none), "log_end_offset", "lag",
                              "owner_member_id" (null = unowned), "owner_client_id"}],
              "total_lag"}
+            an application name (`dmq groups describe billing`): {"app_id", "groups": [describe, ...]};
+            --all-groups: {"groups": [describe, ...]}
   reset-offsets  {"group_id", "topic", "executed", "strategy",
                   "partitions": [{"partition", "current_offset", "new_offset", "log_start_offset",
                                   "log_end_offset", "lag_after", "clamped"}]}
@@ -28,12 +30,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from dmq.client.cli._errors import admin
+from dmq.client.cli._session import CLIError
 from dmq.client.cli._output import human_time_ms, note, output_option, print_json, show, table
 from dmq.client.cli._parse import parse_datetime_ms, parse_partitions
 from dmq.client.errors import DMQError, GroupNotFoundError
 
+from dmq.proto.names import group_id_for
+
 if TYPE_CHECKING:
-    from dmq.client.admin import GroupDescription, OffsetReset
+    from dmq.client.admin import AdminClient, GroupDescription, OffsetReset
 
 
 @click.group("groups")
@@ -90,10 +95,11 @@ def _lag_style(lag: int) -> str:
 
 @groups.command("list")
 @click.option("--topic", default=None, help="Only the groups reading this topic.")
+@click.option("--all-groups", is_flag=True, help="Every group (the default; as Kafka's tools spell it).")
 @click.option("--no-lag", is_flag=True, help="Skip the per-group lag (one DescribeGroup per group).")
 @output_option
 @click.pass_context
-def list_(ctx: click.Context, topic: str | None, no_lag: bool, output: str) -> None:
+def list_(ctx: click.Context, topic: str | None, all_groups: bool, no_lag: bool, output: str) -> None:
     """Every consumer group with its state, members and total lag."""
     client = admin(ctx)
     summaries = [g for g in client.list_groups() if topic is None or g.topic == topic]
@@ -120,23 +126,74 @@ def list_(ctx: click.Context, topic: str | None, no_lag: bool, output: str) -> N
 
 
 @groups.command("describe")
-@click.argument("group")
+@click.argument("group", required=False)
+@click.option("--all-groups", is_flag=True, help="Describe every group (instead of GROUP).")
 @click.option("--event-store", "event_store", metavar="TOPIC",
               help="GROUP is an event-store consumer group on TOPIC (see `dmq events group describe`).")
 @output_option
 @click.pass_context
-def describe(ctx: click.Context, group: str, event_store: str | None, output: str) -> None:
-    """State, subscription, members and per-partition lag of GROUP."""
+def describe(ctx: click.Context, group: str | None, all_groups: bool, event_store: str | None, output: str) -> None:
+    """State, subscription, members and per-partition lag of GROUP.
+
+    GROUP is a group id (G_orders_billing) or an application's name, as given to
+    `dmq consume --group billing` or DMQConsumer(group_id="billing"): then every group of that
+    application (one per topic it reads) is described.
+    """
+    if all_groups == (group is not None):
+        raise click.UsageError("give GROUP or --all-groups (one of them)")
     if event_store is not None:
+        if group is None:
+            raise click.UsageError("--event-store describes one GROUP: --all-groups does not apply")
         from dmq.client.cli.events import describe_event_group
 
         describe_event_group(ctx, event_store, group, output)
         return
+    client = admin(ctx)
+    if group is None:
+        docs = [group_document(d) for d in _describe_each(client, [g.group_id for g in client.list_groups()])]
+        _show_many({"groups": docs}, output, "No consumer groups yet.")
+        return
     _check_group(group)
-    doc = group_document(admin(ctx).describe_group(group))
+    try:
+        doc = group_document(client.describe_group(group))
+    except GroupNotFoundError:
+        # Not a group id: the application's groups, G_<topic>_<group> for each topic it reads.
+        ids = [g.group_id for g in client.list_groups() if g.group_id == group_id_for(g.topic, group)]
+        if not ids:
+            raise CLIError(f"group {group!r} not found, and no application named {group!r} has groups: a group "
+                           f"appears when a consumer subscribes, e.g. `dmq consume TOPIC --group {group}` "
+                           "(see `dmq groups list`)") from None
+        _show_many({"app_id": group, "groups": [group_document(d) for d in _describe_each(client, ids)]}, output, "")
+        return
     if output == "json":
         print_json(doc)
         return
+    _show_group(doc)
+
+
+def _describe_each(client: AdminClient, group_ids: list[str]) -> list[GroupDescription]:
+    out = []
+    for group_id in group_ids:
+        try:
+            out.append(client.describe_group(group_id))
+        except GroupNotFoundError:
+            continue  # deleted since it was listed
+    return out
+
+
+def _show_many(doc: dict[str, Any], output: str, none: str) -> None:
+    if output == "json":
+        print_json(doc)
+        return
+    if not doc["groups"]:
+        note(none)
+    for i, one in enumerate(doc["groups"]):
+        if i:
+            show("")
+        _show_group(one)
+
+
+def _show_group(doc: dict[str, Any]) -> None:
     from rich.text import Text
 
     sub = doc["subscription"]

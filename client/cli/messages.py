@@ -30,7 +30,7 @@ import click
 from dmq.client.admin import check_topic_name
 from dmq.client.cli._errors import bootstrap, explain, session
 from dmq.client.cli._output import err_console, human_bytes, note, print_json
-from dmq.client.cli._parse import jsonable_text, parse_headers
+from dmq.client.cli._parse import jsonable_text, parse_headers, parse_size_bytes
 from dmq.client.cli._session import CLIError
 from dmq.proto.offset_markers import EARLIEST, LATEST
 
@@ -204,6 +204,16 @@ def _send_lines(producer: Any, topic: str, stream: IO[bytes], sep: bytes | None,
             return
 
 
+def _size_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """A size option in the topic settings' grammar (dmq.proto.values): 2097152, 2MiB, 2MB."""
+    if value is None:
+        return None
+    try:
+        return parse_size_bytes(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 @click.command("produce")
 @click.argument("topic")
 @click.option("-f", "--file", "path", type=click.Path(exists=True, dir_okay=False, allow_dash=True), default="-",
@@ -223,6 +233,9 @@ def _send_lines(producer: Any, topic: str, stream: IO[bytes], sep: bytes | None,
               help="Wait up to this long to fill a batch.")
 @click.option("--batch-size", type=click.IntRange(1024, 8 * 1024 * 1024), default=1024 * 1024, show_default=True,
               help="Bytes per batch at most (encoded; a topic's max_message_bytes caps it further).")
+@click.option("--max-record-bytes", default=None, metavar="SIZE", callback=_size_option,
+              help="Refuse a line whose key + value + headers exceed SIZE (e.g. 2MiB). "
+                   "Default: the topic's max_message_bytes alone.")
 @click.option("--progress/--no-progress", default=None,
               help="Show a progress bar of the records stored. Default: for files, when stderr is a terminal.")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
@@ -230,7 +243,7 @@ def _send_lines(producer: Any, topic: str, stream: IO[bytes], sep: bytes | None,
 @click.pass_context
 def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None, headers: tuple[str, ...],
             partition: int | None, acks: str, compression: str, linger_ms: float, batch_size: int,
-            progress: bool | None, output: str) -> None:
+            max_record_bytes: int | None, progress: bool | None, output: str) -> None:
     """Send lines from stdin (or --file) to TOPIC, one message per line.
 
     A line the topic cannot take (too large) is reported and skipped; the others are sent. On
@@ -263,7 +276,8 @@ def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None
     tally = _Tally()
     try:
         producer = Producer(bootstrap(ctx), acks=ACKS[acks], compression=None if compression == "none" else compression,
-                            linger_ms=linger_ms, batch_size=batch_size, client_id="dmq-cli-produce",
+                            linger_ms=linger_ms, batch_size=batch_size, max_record_bytes=max_record_bytes,
+                            client_id="dmq-cli-produce",
                             request_timeout_ms=int(sess.timeout_s * 1000),
                             # send() waits for metadata or buffer space at most one --timeout
                             max_block_ms=int(sess.timeout_s * 1000),
@@ -271,7 +285,8 @@ def produce(ctx: click.Context, topic: str, path: str, key_separator: str | None
                             # broker that went away.
                             delivery_timeout_ms=int(sess.timeout_s * 2000 + linger_ms))
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--batch-size" if "batch_size" in str(e) else None) from None
+        hint = next((f"--{name.replace('_', '-')}" for name in ("batch_size", "max_record_bytes") if name in str(e)), None)
+        raise click.BadParameter(str(e), param_hint=hint) from None
     read = _ReadState()
     interrupted = False
     started = time.monotonic()
@@ -658,7 +673,7 @@ def _consume_group(ctx: click.Context, topic: str, app: str, from_beginning: boo
         last_data = time.monotonic()
         while not done():
             wait_s = 0.5 if idle_s is None else max(0.0, min(0.5, idle_s - (time.monotonic() - last_data)))
-            batch = list(consumer.poll(wait_s))
+            batch = list(consumer.poll(wait_s * 1000))
             if batch:
                 for r in emit(batch):
                     pending[TopicPartition(r.topic, r.partition)] = r.offset + 1

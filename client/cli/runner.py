@@ -16,8 +16,9 @@ background thread, so synchronous clients (Producer, DMQConsumer) can talk to it
 own thread without sharing its loop.
 
 Process lifecycle, the same for every runner here:
-  - the data directories are locked (dmq.proto.dirlock) right after the ports are bound and
-    before anything is read, written or started, so a second server on them fails at once;
+  - the data directories are locked (dmq.proto.dirlock) before the ports are bound and before
+    anything is read, written or started, so a second server on them fails at once, never having
+    listened on its port;
   - a port that cannot be bound raises `PortUnavailable` (an OSError with one line to print);
   - every gRPC server carries the standard health service (grpc.health.v1.Health): NOT_SERVING
     until its nodes have started, SERVING then, NOT_SERVING again from the first moment of
@@ -52,6 +53,7 @@ from dmq.coordinator.metadata import DEFAULT_BROKER_SESSION_TIMEOUT_MS, Principa
 from dmq.coordinator.node import CoordinatorNode
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.connections import PerAddressConnectionLimit
+from dmq.proto.decoding import DecodeGuard
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import server_options
 from dmq.proto.malloc_tuning import keep_large_buffers
@@ -103,12 +105,13 @@ def _new_server(
     security: ServerSecurity | None = None, acls: AclView | None = None, quotas: QuotaSettings | None = None
 ) -> grpc.aio.Server:
     # Connection limits: per server and idle timeout in the options, per client address by the
-    # interceptor (see dmq.proto.grpc_options and dmq.proto.connections). Then security: who
-    # calls, may they, how fast (dmq.proto.security.interceptor), after the connection limit so
-    # a flood of bad credentials is bounded like any other flood.
+    # interceptor (see dmq.proto.grpc_options and dmq.proto.connections). Then requests that do
+    # not decode: INVALID_ARGUMENT before any rule reads them (dmq.proto.decoding). Then security:
+    # who calls, may they, how fast (dmq.proto.security.interceptor), after the connection limit
+    # so a flood of bad credentials is bounded like any other flood.
     return grpc.aio.server(
         options=server_options(),
-        interceptors=[PerAddressConnectionLimit(), SecurityInterceptor(security, acls, quotas)],
+        interceptors=[PerAddressConnectionLimit(), DecodeGuard(), SecurityInterceptor(security, acls, quotas)],
         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
     )
 
@@ -248,6 +251,7 @@ class LocalCluster:
         self._servers: list[grpc.aio.Server] = []
         self._health: list[ServerHealth] = []
         self._locked = False  # the data directories are ours: the nodes may be started and stopped
+        self._locks: list[DataDirLock] = []  # taken first by start(), then held by the nodes
         self.bootstrap = ""
 
     def __repr__(self) -> str:
@@ -265,6 +269,12 @@ class LocalCluster:
         o = self.options
         check_bind_security(o.host, o.security)
         cluster_client = o.security.cluster_client() if o.security is not None else None
+        # Every data directory is locked before any port is bound: a second server on them must
+        # refuse without ever listening (it accepted connections for ~50 ms, then exited). Each
+        # node is handed the lock already held (acquire() on a held lock does nothing).
+        locks = [DataDirLock(o.data_dir / "coordinator"), *(DataDirLock(o.data_dir / f"broker-{i}") for i in range(o.brokers))]
+        _lock_all(locks)
+        self._locks = locks
         coord_acls = AclView()
         coord_server = _new_server(o.security, coord_acls, o.quotas)
         self._servers.append(coord_server)
@@ -281,6 +291,7 @@ class LocalCluster:
             rebalance_debounce_ms=o.rebalance_debounce_ms,
             **{"default_replication_factor": o.replication_factor, **o.coordinator_kwargs},  # type: ignore[arg-type]
         )
+        self.coordinator.dir_lock = locks[0]
         self.coordinator.add_to_server(coord_server)
         coord_health = ServerHealth(coord_server)
         self._health.append(coord_health)
@@ -311,9 +322,9 @@ class LocalCluster:
                 acls=broker_acls,
                 client_security=cluster_client,
             )
+            broker.dir_lock = locks[1 + i]
             broker.add_to_server(server)
             self.brokers.append(broker)
-        _lock_all([self.coordinator.dir_lock, *(b.dir_lock for b in self.brokers)])
         self._locked = True
         for server in self._servers:
             await server.start()
@@ -334,6 +345,10 @@ class LocalCluster:
                 self._servers.clear()
         except Exception:  # noqa: BLE001 - the start failure is what the caller must see
             log.exception("cleaning up after a failed start failed")
+        finally:
+            for lock in self._locks:  # those no node released (its start never came)
+                lock.release()
+            self._locks.clear()
 
     async def stop(self) -> None:
         for h in self._health:
@@ -506,13 +521,15 @@ async def run_coordinator_only(
     check_bind_security(host, security)
     acls = AclView()
     server = _new_server(security, acls, quotas)
-    bound = bind(server, host, port, security)
+    lock = DataDirLock(data_dir)
+    bound = _locked_then_bound(lock, server, host, port, security)
     node = CoordinatorNode(
         data_dir, advertised_address=f"{host}:{bound}", acls=acls,
         client_security=security.cluster_client() if security is not None else None,
         principal_limits=exempting(principal_limits, security),
         **kwargs,  # type: ignore[arg-type]
     )
+    node.dir_lock = lock
     node.add_to_server(server)
     server_health = ServerHealth(server)
     services = [SERVICE_METADATA, SERVICE_GROUPS]
@@ -559,7 +576,8 @@ async def run_broker_only(
     _keep_large_buffers()
     acls = AclView()
     server = _new_server(security, acls, quotas)
-    bound = bind(server, host, port, security)
+    lock = DataDirLock(data_dir)
+    bound = _locked_then_bound(lock, server, host, port, security)
     node = BrokerNode(
         data_dir,
         broker_id=broker_id,
@@ -573,6 +591,7 @@ async def run_broker_only(
         replica_lag_time_max_ms=replica_lag_time_max_ms,
         replica_ack_timeout_ms=replica_ack_timeout_ms,
     )
+    node.dir_lock = lock
     node.add_to_server(server)
     server_health = ServerHealth(server)
 
@@ -597,6 +616,19 @@ async def run_broker_only(
             await node.stop()
 
     await serve_until_signalled(start, stop, lambda: on_ready(f"{host}:{bound}"))
+
+
+def _locked_then_bound(
+    lock: DataDirLock, server: grpc.aio.Server, host: str, port: int, security: ServerSecurity | None
+) -> int:
+    """Lock the data directory, then bind (see the module docstring): a server refused its
+    directory never listens. The lock is released again if the bind fails."""
+    lock.acquire()
+    try:
+        return bind(server, host, port, security)
+    except BaseException:
+        lock.release()
+        raise
 
 
 def _keep_large_buffers() -> None:

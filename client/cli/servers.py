@@ -66,6 +66,8 @@ def _security_options(f):
                      help="File holding the HS256 secret tokens are signed with (or env DMQ_TOKEN_SECRET)."),
         click.option("--token-public-key", type=click.Path(dir_okay=False, exists=True), default=None, show_default="none",
                      help="PEM public key (RS256/ES256) tokens are verified with; tokens are issued elsewhere."),
+        click.option("--token-leeway-s", type=click.IntRange(0, 600), default=30, show_default=True,
+                     help="Accept a token until its exp plus this many seconds (issuer's and server's clocks differ)."),
         click.option("--super-users", default="", show_default="none", metavar="NAMES",
                      help="Comma-separated principals allowed everything a client may do (bootstrap the ACLs)."),
         click.option("--cluster-principal", default="dmq-cluster", show_default=True,
@@ -87,7 +89,7 @@ def _security_options(f):
 
 
 SECURITY_PARAMS = ("tls_cert", "tls_key", "tls_ca", "require_client_cert", "token_secret_file", "token_public_key",
-                   "super_users", "cluster_principal", "cluster_token_file", "insecure", "quota_produce_bytes_per_s",
+                   "token_leeway_s", "super_users", "cluster_principal", "cluster_token_file", "insecure", "quota_produce_bytes_per_s",
                    "quota_fetch_bytes_per_s", "quota_requests_per_s")
 
 
@@ -105,6 +107,8 @@ def _pop_security(kwargs: dict):
         value, flag = v[name], "--" + name.replace("_", "-")
         if isinstance(value, bool):
             argv += [flag] if value else []
+        elif name == "token_leeway_s":
+            argv += [flag, str(value)] if value != 30 else []  # 0 is a setting here, not "unset"
         elif value not in (None, "", 0) and not (name == "cluster_principal" and value == "dmq-cluster"):
             argv += [flag, str(value)]
 
@@ -123,6 +127,7 @@ def _pop_security(kwargs: dict):
             cluster_principal=v["cluster_principal"],
             cluster_token=read(v["cluster_token_file"], "DMQ_CLUSTER_TOKEN"),
             insecure=v["insecure"],
+            token_leeway_s=v["token_leeway_s"],
         )
         security.cluster_client()  # the nodes' own credentials: refused now rather than at the first call
     except (SecurityConfigError, OSError) as e:
@@ -276,6 +281,45 @@ def _storage_argv(flush: str, flush_interval_ms: int, segment_bytes: int, retent
 
 CHILD_STOP_TIMEOUT_S = 10.0  # each child stops cleanly well within this (see serve_until_signalled)
 _POLL_S = 0.2
+# A member that dies is restarted after RESTART_BACKOFF_S, doubled for each death in a row that
+# came within STABLE_S of its start, up to RESTART_BACKOFF_MAX_S. After QUICK_DEATHS_MAX such
+# deaths in a row it cannot run here (its port or directory taken, a broken disk): the cluster
+# is stopped and the command exits 1 naming it, as a supervisor above would want to know.
+RESTART_BACKOFF_S = 0.5
+RESTART_BACKOFF_MAX_S = 10.0
+STABLE_S = 30.0
+QUICK_DEATHS_MAX = 5
+
+
+class _Member:
+    """One child of `dmq server --brokers N`: its command line, its process (None while it
+    waits to be restarted) and its deaths in a row."""
+
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name = name
+        self.argv = argv
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.restart_at = 0.0
+        self.quick_deaths = 0
+
+    def __repr__(self) -> str:
+        pid = None if self.proc is None else self.proc.pid
+        return f"<_Member {self.name} pid={pid} quick_deaths={self.quick_deaths}>"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.argv)
+        self.started_at = time.monotonic()
+
+    def reap(self, now: float) -> str | None:
+        """If the process has exited: how (and it is forgotten, to be restarted), else None."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        status = f"{self.name} (pid {self.proc.pid}) exited with {_exit_status(self.proc.returncode)}"
+        self.quick_deaths = self.quick_deaths + 1 if now - self.started_at < STABLE_S else 1
+        self.proc = None
+        self.restart_at = now + min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** (self.quick_deaths - 1))
+        return status
 
 
 def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: int, mode: str, log_level: str,
@@ -284,13 +328,16 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
                          coordinator_argv: list[str] | None = None) -> None:
     """A coordinator process and N broker processes; SIGINT/SIGTERM stop them all cleanly.
 
-    A cluster with a dead member is not the cluster that was asked for: when any child exits
-    (killed, crashed, or failed to start: a locked data directory, a busy port) the others are
-    stopped and the command exits 1 naming it, so scripts and supervisors see the failure.
+    A member that dies (killed, crashed) is restarted with backoff and the others keep running,
+    so a broker killed in a failover demo comes back and catches up (see RESTART_BACKOFF_S for
+    when it gives up: then the others are stopped and the command exits 1 naming it).
     """
+    import structlog
+
     from dmq.client.cli.runner import PortUnavailable, bind_probe
     from dmq.proto.dirlock import DataDirLock, DataDirLocked
 
+    log = structlog.get_logger("dmq.client.cli.servers")
     # One line now rather than a child failing a moment later (each child still takes its own
     # lock and binds its own port: these are only probes).
     try:
@@ -303,10 +350,23 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
         raise click.ClickException(str(e)) from None
     exe = [sys.executable, "-m", "dmq.client.cli"]
     bootstrap = f"{host}:{port}"
-    names = ["coordinator"] + [f"broker {i}" for i in range(brokers)]
     from_args = [] if from_ms is None else ["--default-subscription-from", str(from_ms)]
     session_args = ([] if broker_session_timeout_ms is None
                     else ["--broker-session-timeout-ms", str(broker_session_timeout_ms)])
+    members = [_Member("coordinator", exe + ["coordinator", "--host", host, "--port", str(port),
+                                             "--data-dir", str(data_dir / "coordinator"),
+                                             "--default-subscription-mode", mode, *from_args, *session_args,
+                                             "--log-level", log_level, *(security_argv or []),
+                                             # replicated by default, also for a topic created
+                                             # before every broker registered (retried meanwhile)
+                                             "--default-replication-factor", str(min(3, brokers)),
+                                             *(coordinator_argv or [])])]
+    # A restarted broker gets a new port (0): it registers its new address under its id.
+    members += [_Member(f"broker {i}", exe + ["broker", "--host", host, "--port", "0", "--broker-id", str(i),
+                                              "--coordinator", bootstrap,
+                                              "--data-dir", str(data_dir / f"broker-{i}"),
+                                              "--log-level", log_level, *storage, *(security_argv or [])])
+                for i in range(brokers)]
     stop = {"signal": 0}
 
     def handle(signum: int, frame: object) -> None:
@@ -314,34 +374,36 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
 
     signal.signal(signal.SIGINT, handle)
     signal.signal(signal.SIGTERM, handle)
-    children: list[subprocess.Popen[bytes]] = []
     failed: str | None = None
     try:
-        children.append(subprocess.Popen(exe + ["coordinator", "--host", host, "--port", str(port),
-                                                "--data-dir", str(data_dir / "coordinator"),
-                                                "--default-subscription-mode", mode, *from_args, *session_args,
-                                                "--log-level", log_level, *(security_argv or []),
-                                                # replicated by default, also for a topic created
-                                                # before every broker registered (retried meanwhile)
-                                                "--default-replication-factor", str(min(3, brokers)),
-                                                *(coordinator_argv or [])]))
-        for i in range(brokers):
-            children.append(subprocess.Popen(exe + ["broker", "--host", host, "--port", "0", "--broker-id", str(i),
-                                                    "--coordinator", bootstrap,
-                                                    "--data-dir", str(data_dir / f"broker-{i}"),
-                                                    "--log-level", log_level, *storage,
-                                                    *(security_argv or [])]))
+        for member in members:
+            member.start()
         click.echo(f"DMQ cluster: coordinator on {bootstrap}, {brokers} broker processes; "
-                   f"bootstrap=\"{bootstrap}\"; Ctrl-C stops", err=True)
+                   f"bootstrap=\"{bootstrap}\"; a member that dies is restarted; Ctrl-C stops", err=True)
         while not stop["signal"] and failed is None:
-            for name, child in zip(names, children):
-                if child.poll() is not None:
-                    failed = f"{name} (pid {child.pid}) exited with {_exit_status(child.returncode)}"
+            now = time.monotonic()
+            for member in members:
+                if stop["signal"]:
+                    break  # Ctrl-C reaches the children too: their exits are the stop, not deaths
+                if member.proc is None:
+                    if now >= member.restart_at:
+                        member.start()
+                        assert member.proc is not None
+                        log.info("cluster member restarted", member=member.name, pid=member.proc.pid)
+                    continue
+                status = member.reap(now)
+                if status is None:
+                    continue
+                if member.quick_deaths > QUICK_DEATHS_MAX:
+                    failed = (f"{status}, its {member.quick_deaths}th exit in a row within {STABLE_S:g}s of "
+                              f"starting")
                     break
+                log.warning(f"{status}; restarting it", member=member.name,
+                            restart_in_s=round(member.restart_at - now, 3), deaths_in_a_row=member.quick_deaths)
             else:
                 time.sleep(_POLL_S)
     finally:
-        unclean = _stop_children(dict(zip(names, children)))
+        unclean = _stop_children({m.name: m.proc for m in members if m.proc is not None})
     if failed is not None:
         raise click.ClickException(f"{failed}; stopped the rest of the cluster")
     if unclean:

@@ -383,7 +383,7 @@ def _broker_ids(ctx: click.Context, param: click.Parameter, value: str) -> tuple
 @click.option("--partition", type=click.IntRange(0, limits.PARTITIONS_PER_TOPIC_MAX - 1), required=True,
               help="The partition to move.")
 @click.option("--replicas", required=True, callback=_broker_ids, metavar="IDS",
-              help="The broker ids to hold it, comma-separated; the first is the preferred leader.")
+              help="The broker ids to hold it, comma-separated; the first leads once it is in sync.")
 @click.option("--timeout", "wait_s", type=click.FloatRange(0.1), default=60.0, show_default=True, metavar="SECONDS",
               help="How long to wait for the new replicas to catch up and the old ones to be dropped.")
 @output_option

@@ -1,6 +1,7 @@
-"""`dmq trace TRACE_ID`: every record carrying the trace id (header dmq.trace), across all topics,
-in time order. Each broker looks the id up in its segments' trace indexes (no log scan); see
-AdminClient.find_trace.
+"""`dmq trace TRACE_ID`: every record of the trace, across all topics, in time order. TRACE_ID is a
+W3C trace id (32 hex digits: the records whose ``traceparent`` header carries it), a whole
+traceparent value, or an id written in the older ``dmq.trace`` header. Each broker looks the id
+up in its segments' trace indexes (no log scan); see AdminClient.find_trace.
 
 Exit codes: 0 records found, 1 none (after printing the empty listing), so a script can tell.
 
@@ -22,12 +23,16 @@ from dmq.client.cli._output import human_time_ms, note, output_option, print_jso
 @output_option
 @click.pass_context
 def trace(ctx: click.Context, trace_id: str, max_records: int, output: str) -> None:
-    """Every record with TRACE_ID, across all topics, oldest first.
+    """Every record of the trace TRACE_ID, across all topics, oldest first.
+
+    TRACE_ID: a W3C trace id (32 hex digits), a traceparent value, or an id of the older dmq.trace
+    header.
 
     \b
-      dmq trace 4bf92f35-77b3-4da6-a3ce-929d0e0e4736
-      dmq trace ORDER-42-trace -o json
+      dmq trace 4bf92f3577b34da6a3ce929d0e0e4736
+      dmq trace 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 -o json
     """
+    from dmq.client._trace import lookup_id
     from dmq.client.admin import AdminClient
     from dmq.client.cli.messages import record_doc
 
@@ -37,7 +42,7 @@ def trace(ctx: click.Context, trace_id: str, max_records: int, output: str) -> N
         found = admin.find_trace(trace_id, max_records=max_records)
     docs = [record_doc(r) for r in found]
     if output == "json":
-        print_json({"trace_id": trace_id, "truncated": found.truncated, "records": docs})
+        print_json({"trace_id": lookup_id(trace_id), "truncated": found.truncated, "records": docs})
     elif docs:
         rows = [
             [human_time_ms(d["timestamp"]), d["topic"], str(d["partition"]), str(d["offset"]),

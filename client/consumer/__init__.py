@@ -4,7 +4,13 @@ from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._consumer import DMQConsumer
 from dmq.client.errors import CorruptRecordError, InvalidConfigError
 from dmq.client.consumer._listener import ConsumerRebalanceListener
-from dmq.client.consumer._records import ConsumerRecord, ConsumerRecords, OffsetAndMetadata, TopicPartition
+from dmq.client.consumer._records import (
+    ConsumerRecord,
+    ConsumerRecords,
+    OffsetAndMetadata,
+    OffsetAndTimestamp,
+    TopicPartition,
+)
 
 __all__ = [
     "DMQConsumer",
@@ -14,6 +20,7 @@ __all__ = [
     "ConsumerRebalanceListener",
     "TopicPartition",
     "OffsetAndMetadata",
+    "OffsetAndTimestamp",
     "InvalidConfigError",
     "CorruptRecordError",
 ]

@@ -76,6 +76,9 @@ class ConsumerConfig:
     """Applied to every record's value (bytes, not None) before poll() returns it."""
     metadata_max_age_ms: int = 300_000
     """How often a pattern subscription (subscribe(pattern=...)) lists the topics again."""
+    consumer_timeout_ms: float = float("inf")
+    """``for record in consumer`` ends (StopIteration) once no record came for this long
+    (kafka-python's setting; default: never)."""
     security_protocol: str | None = None
     """"PLAINTEXT" or "SSL" (implied by any ssl_* setting); see dmq.client._security."""
     ssl_cafile: str | None = None
@@ -121,7 +124,8 @@ class ConsumerConfig:
             if not f.init:
                 continue
             value = getattr(self, f.name)
-            if f.name.endswith(("_ms", "_bytes", "_records")) and f.name != "subscription_from":
+            if f.name.endswith(("_ms", "_bytes", "_records")) and f.name not in ("subscription_from",
+                                                                                   "consumer_timeout_ms"):
                 if isinstance(value, bool) or not isinstance(value, int):
                     out.append(f"{f.name} must be an int, got {type(value).__name__}")
         if out:
@@ -140,6 +144,9 @@ class ConsumerConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 out.append(f"{name} must be > 0, got {getattr(self, name)}")
+        timeout = self.consumer_timeout_ms
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+            out.append(f"consumer_timeout_ms must be milliseconds >= 0 (float('inf'): iterate forever), got {timeout!r}")
         for name in ("fetch_min_bytes", "retry_backoff_ms"):
             if getattr(self, name) < 0:
                 out.append(f"{name} must be >= 0, got {getattr(self, name)}")

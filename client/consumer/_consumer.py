@@ -58,7 +58,7 @@ from dmq.client.consumer._heartbeat import HeartbeatThread
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
 from dmq.client.consumer._positions import PositionFinder
-from dmq.client.consumer._records import ConsumerRecords, OffsetAndMetadata, TopicPartition
+from dmq.client.consumer._records import ConsumerRecords, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from dmq.client.consumer._subscription import (
     EARLIEST,
     LATEST,
@@ -66,6 +66,7 @@ from dmq.client.consumer._subscription import (
     START_BY_TIMESTAMP,
     SubscriptionState,
 )
+from dmq.client.consumer._times import record_timestamps
 from dmq.client.errors import (
     ClientClosedError,
     CommitFailedError,
@@ -76,6 +77,7 @@ from dmq.client.errors import (
     InvalidArgumentError,
     ResourceExhaustedError,
     SerializationError,
+    TopicNotFoundError,
     UnknownMemberError,
 )
 
@@ -140,6 +142,13 @@ class DMQConsumer:
         self.consumer_id = f"{config.client_id}-{uuid.uuid4().hex[:12]}"
         self._log = log.bind(consumer=self.consumer_id)
         self._cluster = Cluster(config.address, request_timeout_ms=config.request_timeout_ms, security=config.security)
+        try:
+            # A wrong address fails here, naming it (kafka-python's NoBrokersAvailable), not as
+            # poll() after poll() returning nothing.
+            self._cluster.check_reachable()
+        except BaseException:
+            self._cluster.close()
+            raise
         self._wakeup = threading.Event()
         self._subs = SubscriptionState()
         self._fetcher = Fetcher(self._cluster, self._subs, config, self._wakeup, name=self.consumer_id)
@@ -165,6 +174,10 @@ class DMQConsumer:
         self._pattern_listener: ConsumerRebalanceListener | None = None
         self._next_pattern_listing = 0.0
         self._counters = {"polls": 0, "records_returned": 0}
+        # ``for record in consumer``: the records of the last poll() and the index of the next
+        # one to hand out (see __next__ and _hand_back_unreturned).
+        self._iter_batch: list[Any] = []
+        self._iter_next = 0
         if topics:
             try:
                 self.subscribe(list(topics))  # type: ignore[arg-type]
@@ -186,6 +199,47 @@ class DMQConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- iteration (kafka-python's ``for record in consumer``) -----------------------------------
+
+    def __iter__(self) -> DMQConsumer:
+        return self
+
+    def __next__(self) -> Any:
+        """The next record; StopIteration once none came for consumer_timeout_ms (default:
+        never), or when the consumer is closed. Records are fetched a poll() at a time and
+        handed out one by one: a record counts as consumed (positions, commits) only once
+        handed out, so leaving the loop and committing or closing never covers the rest."""
+        i = self._iter_next
+        if i < len(self._iter_batch):
+            self._iter_next = i + 1
+            return self._iter_batch[i]
+        if self._closed:
+            raise StopIteration
+        deadline = time.monotonic() + self.config.consumer_timeout_ms / 1000
+        while True:
+            batch = list(self.poll(max(0.0, deadline - time.monotonic()) * 1000))
+            if batch:
+                self._iter_batch, self._iter_next = batch, 1
+                return batch[0]
+            if time.monotonic() >= deadline:
+                raise StopIteration
+
+    def _hand_back_unreturned(self) -> None:
+        """Move each partition back to the first record of the iterator's batch not handed out
+        yet (poll() advanced it past the whole batch): called before anything reads, commits or
+        sets positions, and by poll(), which then returns those records again."""
+        if self._iter_next >= len(self._iter_batch):
+            return
+        rest = self._iter_batch[self._iter_next:]
+        self._iter_batch, self._iter_next = [], 0
+        firsts: dict[TopicPartition, int] = {}
+        for r in rest:
+            firsts.setdefault(TopicPartition(r.topic, r.partition), r.offset)
+        for tp, offset in firsts.items():
+            if self._subs.get(tp) is not None:
+                self._subs.seek(tp, offset)
+                self._fetcher.drop(tp)
 
     # -- subscription ----------------------------------------------------------------------------
 
@@ -209,6 +263,7 @@ class DMQConsumer:
         must fix (no such topic, bad setting) are raised here.
         """
         self._check_open()
+        self._hand_back_unreturned()
         if self._manual:
             raise IllegalStateError("subscribe() after assign(): call unsubscribe() first (a consumer either "
                                     "assigns its partitions itself or is given them by a group)")
@@ -255,6 +310,7 @@ class DMQConsumer:
         """Commit (with auto-commit), hand back every partition and leave every group, within
         request_timeout_ms."""
         self._check_open()
+        self._hand_back_unreturned()
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
         for topic in list(self._memberships):
             self._leave_topic(topic, call_listener=True, deadline=deadline)
@@ -274,22 +330,25 @@ class DMQConsumer:
 
     # -- poll ------------------------------------------------------------------------------------
 
-    def poll(self, timeout: float = 0.0, *, timeout_ms: int | None = None, max_records: int | None = None) -> ConsumerRecords:
+    def poll(self, timeout_ms: float = 0, max_records: int | None = None, *, timeout: object = None) -> ConsumerRecords:
         """Records fetched for the owned partitions, at most max_poll_records (or `max_records`),
-        waiting up to `timeout` seconds (or `timeout_ms` milliseconds, kafka-python's name) for
-        some. Rebalances are carried out here, on this thread.
+        waiting up to `timeout_ms` milliseconds for some: kafka-python's poll(timeout_ms=0,
+        max_records=None), the first positional argument included (``poll(1000)`` waits 1 s).
+        Rebalances are carried out here, on this thread.
 
-        poll() returns within `timeout` (plus the time of the rebalance listener's callbacks)
+        poll() returns within `timeout_ms` (plus the time of the rebalance listener's callbacks)
         whatever the cluster does: group, commit, position and metadata calls are started here
         and finished by a later poll() when they answer; nothing waits for a dead broker or an
         absent coordinator."""
         self._check_open()
-        timeout, limit = self._poll_arguments(timeout, timeout_ms, max_records)
+        timeout_s, limit = self._poll_arguments(timeout_ms, max_records, timeout)
+        if self._iter_next < len(self._iter_batch):
+            self._hand_back_unreturned()
         if not self._memberships and not self._manual and self._pattern is None:
             raise IllegalStateError("poll() needs a subscription: call subscribe(topic) or assign(partitions) first")
         self._counters["polls"] += 1
         now = time.monotonic()
-        deadline = now + max(0.0, timeout)
+        deadline = now + timeout_s
         self._in_poll = True
         self._last_poll = now
         try:
@@ -567,6 +626,7 @@ class DMQConsumer:
     def position(self, partition: TopicPartition) -> int:
         """The offset of the next record poll() will return for an assigned partition."""
         self._check_open()
+        self._hand_back_unreturned()
         tp, state = self._assigned_state(partition, "position()")
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
         while state.position is None:
@@ -588,6 +648,7 @@ class DMQConsumer:
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """Make the next poll() return records of `partition` from `offset` on."""
         self._check_open()
+        self._hand_back_unreturned()
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise InvalidArgumentError(f"seek() offset must be an int >= 0, got {offset!r}")
         tp, _ = self._assigned_state(partition, "seek()")
@@ -604,6 +665,7 @@ class DMQConsumer:
 
     def _seek_to(self, where: int, partitions: tuple[Any, ...], what: str) -> None:
         self._check_open()
+        self._hand_back_unreturned()
         tps = _tps(partitions) or self._subs.assigned()
         checked = [self._assigned_state(tp, what)[0] for tp in tps]
         for tp in checked:
@@ -613,6 +675,7 @@ class DMQConsumer:
     def pause(self, *partitions: TopicPartition | Iterable[TopicPartition]) -> None:
         """Stop fetching and returning records of these partitions until resume()."""
         self._check_open()
+        self._hand_back_unreturned()
         for tp in [self._assigned_state(tp, "pause()")[0] for tp in _tps(partitions)]:
             self._subs.pause(tp)
             self._fetcher.drop(tp)
@@ -686,6 +749,7 @@ class DMQConsumer:
     def _commit_offsets(
         self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None
     ) -> dict[TopicPartition, OffsetAndMetadata]:
+        self._hand_back_unreturned()
         if offsets is None:
             # Positions already committed are left out: re-committing them changes nothing, and
             # would make commit_sync() wait on a dead broker whose partitions did not move.
@@ -816,6 +880,7 @@ class DMQConsumer:
             return
         deadline = time.monotonic() + (DEFAULT_CLOSE_TIMEOUT_S if timeout is None else max(0.0, timeout))
         try:
+            self._hand_back_unreturned()
             self._wait_for_async_commits(deadline)
             for topic in list(self._memberships):
                 try:
@@ -836,20 +901,22 @@ class DMQConsumer:
 
     # -- the Kafka-style API: manual assignment, patterns, offsets look-ups, metrics -------------
 
-    def _poll_arguments(self, timeout: float, timeout_ms: int | None, max_records: int | None) -> tuple[float, int]:
-        if timeout_ms is not None:
-            if timeout:
-                raise InvalidArgumentError("poll(): give timeout (seconds) or timeout_ms, not both")
-            if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or timeout_ms < 0:
-                raise InvalidArgumentError(f"poll(): timeout_ms must be a number >= 0, got {timeout_ms!r}")
-            timeout = timeout_ms / 1000
-        elif isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise InvalidArgumentError(f"poll(): timeout must be seconds (a number), got {timeout!r}")
+    def _poll_arguments(self, timeout_ms: Any, max_records: Any, timeout: object) -> tuple[float, int]:
+        """poll()'s arguments checked: (seconds to wait, most records to return)."""
+        if timeout is not None:
+            # poll(timeout=) took seconds before poll() took kafka-python's timeout_ms: a caller
+            # still passing seconds is told, rather than waiting a thousandth of what it meant.
+            raise InvalidArgumentError(
+                f"poll() takes timeout_ms (milliseconds, as kafka-python's), not timeout=; "
+                f"poll(timeout={timeout!r}) is poll(timeout_ms={timeout!r} * 1000)"
+            )
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not timeout_ms >= 0:
+            raise InvalidArgumentError(f"poll(): timeout_ms must be milliseconds (a number >= 0), got {timeout_ms!r}")
         if max_records is None:
-            return timeout, self.config.max_poll_records
+            return timeout_ms / 1000, self.config.max_poll_records
         if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records <= 0:
             raise InvalidArgumentError(f"poll(): max_records must be an int > 0, got {max_records!r}")
-        return timeout, max_records
+        return timeout_ms / 1000, max_records
 
     def _deserialize(self, records: dict[TopicPartition, list[Any]]) -> dict[TopicPartition, list[Any]]:
         """Apply the deserializers. A record that fails is not skipped (Kafka's rule): the records
@@ -938,6 +1005,7 @@ class DMQConsumer:
         (auto_offset_reset='latest': the log end); seek() moves it. An empty list unassigns.
         Commits need group membership (subscribe()), so they are refused for these partitions."""
         self._check_open()
+        self._hand_back_unreturned()
         if self._memberships or self._pattern is not None:
             raise IllegalStateError("assign() after subscribe(): call unsubscribe() first")
         wanted = set(_tps((partitions,)))
@@ -966,17 +1034,35 @@ class DMQConsumer:
 
     def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int], timeout: float | None = None
-    ) -> dict[TopicPartition, int | None]:
-        """Per partition, the first offset whose record was appended at or after the time
-        (epoch ms); None when no record is that recent (kafka-python's None)."""
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """Per partition, the first record appended at or after the time (epoch ms), as
+        kafka-python's OffsetAndTimestamp(offset, timestamp of that record); None when no
+        record is that recent. Within `timeout` seconds (default request_timeout_ms)."""
         queries = {}
         for tp, ts in timestamps.items():
             if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
                 raise InvalidArgumentError(f"offsets_for_times(): timestamp of {tp} must be epoch ms (int >= 0), got {ts!r}")
             queries[_tp(tp)] = ts
+        deadline = time.monotonic() + (self.config.request_timeout_ms / 1000 if timeout is None else max(0.0, timeout))
         found = self._list_offsets(queries, timeout)
-        ends = self._list_offsets(dict.fromkeys(queries, LATEST), timeout)
-        return {tp: (None if found[tp] >= ends[tp] else found[tp]) for tp in queries}
+        ends = self._list_offsets(dict.fromkeys(queries, LATEST), max(0.0, deadline - time.monotonic()))
+        offsets = {tp: found[tp] for tp in queries if found[tp] < ends[tp]}
+        stamps = record_timestamps(self._cluster, offsets, max(0.0, deadline - time.monotonic()))
+        return {tp: (OffsetAndTimestamp(offsets[tp], stamps[tp]) if tp in offsets else None) for tp in queries}
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        """The topic's partition numbers; None when there is no such topic (kafka-python's)."""
+        self._check_open()
+        try:
+            return set(range(self._cluster.topic_metadata(topic).partition_count))
+        except TopicNotFoundError:
+            return None
+
+    def topics(self) -> set[str]:
+        """The names of every topic, asked of the coordinator now (kafka-python's topics())."""
+        self._check_open()
+        self._cluster.refresh(None)
+        return set(self._cluster.topic_names())
 
     def _list_offsets(self, queries: dict[TopicPartition, int], timeout: float | None) -> dict[TopicPartition, int]:
         self._check_open()

@@ -3,17 +3,23 @@
 poll() hands over lists of ``dmq.client.records.ConsumerRecord`` (NamedTuples built in C from a
 batch's columns) grouped by partition; ConsumerRecords only wraps that dict, so iterating it is
 ``chain.from_iterable`` over the lists and costs no Python code per record.
+
+Two habits meet in it. kafka-python's poll() returns a dict {TopicPartition: [records]}, read
+with ``.items()``, ``[tp]``, ``.get(tp)``, ``tp in``; Java's ConsumerRecords is iterated for
+its records. ConsumerRecords answers both: the mapping methods are the dict's (``[tp]`` of a
+partition without records raises KeyError, as the dict does), while iterating it and len()
+give records (Java's), not partitions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import ItemsView, Iterator, KeysView, ValuesView
 from itertools import chain
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from dmq.client.records import ConsumerRecord
 
-__all__ = ["TopicPartition", "OffsetAndMetadata", "ConsumerRecords", "ConsumerRecord"]
+__all__ = ["TopicPartition", "OffsetAndMetadata", "OffsetAndTimestamp", "ConsumerRecords", "ConsumerRecord"]
 
 
 class TopicPartition(NamedTuple):
@@ -29,6 +35,14 @@ class OffsetAndMetadata(NamedTuple):
 
     offset: int
     metadata: str = ""
+
+
+class OffsetAndTimestamp(NamedTuple):
+    """What offsets_for_times() finds (kafka-python's): the first record appended at or after the
+    time asked, and that record's own timestamp (ms)."""
+
+    offset: int
+    timestamp: int
 
 
 class ConsumerRecords:
@@ -63,7 +77,27 @@ class ConsumerRecords:
         """The records of one partition (empty when it has none in this poll)."""
         return self._by_partition.get(partition, [])
 
-    __getitem__ = records
+    # The dict kafka-python's poll() returns: {TopicPartition: [records]}.
+
+    def __getitem__(self, partition: TopicPartition) -> list[ConsumerRecord]:
+        """The records of one partition; KeyError when it has none in this poll (the dict's rule)."""
+        return self._by_partition[partition]
+
+    def get(self, partition: TopicPartition, default: Any = None) -> Any:
+        return self._by_partition.get(partition, default)
+
+    def __contains__(self, partition: object) -> bool:
+        """Whether a TopicPartition has records in this poll (a dict's key test)."""
+        return partition in self._by_partition
+
+    def keys(self) -> KeysView[TopicPartition]:
+        return self._by_partition.keys()
+
+    def values(self) -> ValuesView[list[ConsumerRecord]]:
+        return self._by_partition.values()
+
+    def items(self) -> ItemsView[TopicPartition, list[ConsumerRecord]]:
+        return self._by_partition.items()
 
     def by_partition(self) -> dict[TopicPartition, list[ConsumerRecord]]:
         return dict(self._by_partition)

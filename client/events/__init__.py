@@ -16,7 +16,8 @@
 - Consumer groups over attribute partitions: `register_group`, `group_active`, `stop_group`,
   `start_group`, `reset_group`, `claim_next(group, partition_by, handled_types, worker_id)` ->
   `Claim | None` (its ``guard`` is the append condition built from every handled type's
-  `to_conditions` after the last returned position), `ack`, `release`, `renew`,
+  `to_conditions` after the last returned position, as CCC's; `exact_guard=True` builds it
+  from `to_exact_conditions`), `ack`, `release`, `renew`,
   `describe_group`. `claim_next(..., ack=(claim, position))` acknowledges the previous claim in
   the same round trip. With `claim_next(..., prefetch=N)` one round trip claims up to N
   partitions; later calls hand them out one at a time and record their riding acks locally, sent
@@ -24,8 +25,9 @@
   consumer does (see claim_next).
 
 An `EventType` declares the attributes its payload carries; its events carry them as tags
-"name:value", and `to_conditions(**attributes)` yields a query item only over the attributes the
-type declares.
+"name:value", and `to_conditions(**attributes)` yields one query item per attribute the type
+declares (alternatives: an event of the type with any one of the values matches), as CCC's
+`to_conditions`; `to_exact_conditions` yields one item needing all of them.
 
 Thread-safe as the gRPC channel is; errors are `dmq.client.errors` classes, never grpc's.
 """
@@ -330,8 +332,19 @@ class EventType:
         return Event(self.name, (*attr_tags, *tags), payload, metadata)
 
     def to_conditions(self, **attributes: str) -> list[QueryItem]:
-        """Query items for events of this type with these attribute values, over only the
-        attributes this type declares (none when it declares none of them)."""
+        """One query item per attribute this type declares and `attributes` gives: events of this
+        type carrying that one value (none when it declares none of them). The items are
+        alternatives, so as an append condition an event of this type that shares any one of the
+        values fails the append: CCC's guard, which treats an entity's facts as touched by any
+        event naming one of its attributes (a stock.received for (Berlin, SKU-9) touches the
+        decision about (Berlin, SKU-7): same warehouse)."""
+        return [QueryItem(types=(self.name,), tags=(f"{n}:{attributes[n]}",))
+                for n in self.payload_attribute_names if n in attributes]
+
+    def to_exact_conditions(self, **attributes: str) -> list[QueryItem]:
+        """One query item for events of this type carrying all these values of the attributes it
+        declares (none when it declares none of them): a stricter guard than to_conditions', which
+        lets through an event that shares only some of the values."""
         tags = [f"{n}:{attributes[n]}" for n in self.payload_attribute_names if n in attributes]
         return [QueryItem(types=(self.name,), tags=tuple(tags))] if tags else []
 
@@ -672,6 +685,7 @@ class EventStore:
         claim_timeout_ms: int | None = None,
         ack: tuple[Claim, int] | None = None,
         prefetch: int = 0,
+        exact_guard: bool = False,
     ) -> Claim | None:
         """Claim the partition whose earliest pending event is oldest (None: nothing pending, all
         claimed, or the group is stopped). `ack=(claim, position)` acknowledges first, in the
@@ -683,14 +697,20 @@ class EventStore:
         back). Their `ack=` is then recorded locally and sent with the group's next call that
         reaches the broker, or by `commit()` / `close()`: it is durable only once that call is
         answered, and a worker that crashes before loses those acks and the events come back
-        (at least once, as with Kafka's share consumer)."""
+        (at least once, as with Kafka's share consumer).
+
+        The claim's ``guard`` fails an append if, after the claim's last position, an event of a
+        handled type carries any one of the claim's attribute values that its type declares (each
+        type's `to_conditions`, as CCC's). `exact_guard=True`: only if it carries all of them
+        (`to_exact_conditions`)."""
         if isinstance(partition_by, str) or isinstance(handled_types, str):
             raise InvalidArgumentError("partition_by and handled_types are lists, not single strings")
         if prefetch < 0 or prefetch > PREFETCH_MAX:
             raise InvalidArgumentError(f"prefetch must be within 0..{PREFETCH_MAX}, got {prefetch}")
         types = _as_types(handled_types, partition_by)
         if prefetch > 1:
-            return self._claim_prefetched(group, partition_by, types, worker_id, limit, claim_timeout_ms, ack, prefetch)
+            return self._claim_prefetched(group, partition_by, types, worker_id, limit, claim_timeout_ms, ack, prefetch,
+                                          exact_guard)
         request = pb.EventClaimRequest(
             topic=self.topic, group=group, partition_by=list(partition_by), handled_types=[t.name for t in types],
             worker_id=worker_id, claim_timeout_ms=claim_timeout_ms or 0, limit=limit or 0,
@@ -702,12 +722,14 @@ class EventStore:
         if not answer.claimed:
             return None
         return self._claim(group, worker_id, types, answer.partition_key, answer.values, answer.events,
-                           answer.last_position, answer.head)
+                           answer.last_position, answer.head, exact_guard)
 
     def _claim(self, group: str, worker_id: str, types: Sequence[EventType], key: str,
-               attributes: Iterable[pb.Attribute], events: Iterable[pb.SequencedEvent], last: int, head: int) -> Claim:
+               attributes: Iterable[pb.Attribute], events: Iterable[pb.SequencedEvent], last: int, head: int,
+               exact_guard: bool) -> Claim:
         values = {a.name: a.value for a in attributes}
-        items = [item for t in types for item in t.to_conditions(**values)]
+        items = [item for t in types
+                 for item in (t.to_exact_conditions(**values) if exact_guard else t.to_conditions(**values))]
         return Claim(
             group=group,
             worker_id=worker_id,
@@ -722,8 +744,11 @@ class EventStore:
     def _claim_prefetched(
         self, group: str, partition_by: Sequence[str], types: list[EventType], worker_id: str,
         limit: int | None, claim_timeout_ms: int | None, ack: tuple[Claim, int] | None, prefetch: int,
+        exact_guard: bool,
     ) -> Claim | None:
-        key = (group, tuple(partition_by), tuple(t.name for t in types), worker_id, limit, claim_timeout_ms)
+        # the guard kind is part of the key: a prefetched claim's guard is built when it is fetched
+        key = (group, tuple(partition_by), tuple(t.name for t in types), worker_id, limit, claim_timeout_ms,
+               exact_guard)
         fresh_s = (claim_timeout_ms or DEFAULT_CLAIM_TIMEOUT_MS) / 1000 * PREFETCH_FRESH_SHARE
         with self._lock:
             if ack is not None:
@@ -747,8 +772,9 @@ class EventStore:
         if not answer.claimed:
             return None
         first = self._claim(group, worker_id, types, answer.partition_key, answer.values, answer.events,
-                            answer.last_position, answer.head)
-        more = [self._claim(group, worker_id, types, c.partition_key, c.values, c.events, c.last_position, answer.head)
+                            answer.last_position, answer.head, exact_guard)
+        more = [self._claim(group, worker_id, types, c.partition_key, c.values, c.events, c.last_position, answer.head,
+                            exact_guard)
                 for c in answer.more_claims]
         if more:
             with self._lock:

@@ -21,8 +21,9 @@ Transitions (event => next state):
   reassignment start              the target's new brokers join the replicas (target first, then
                                   the ones leaving), as followers; the ISR is unchanged.
   reassignment finish             once every target replica is in sync: replicas = target, the ISR
-                                  loses the others, a leader outside the target hands over to the
-                                  first in-sync target replica.
+                                  loses the others; the preferred (first) target replica leads when
+                                  alive and in sync, else a leader leaving hands over to the first
+                                  live in-sync target replica (leader_epoch + 1 when it changed).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import grpc
 
 from dmq.coordinator.controller.election import (
     PartitionLeadership,
+    elect_leader,
     on_broker_back,
     on_broker_failed,
     restore_preferred,
@@ -166,14 +168,24 @@ def reassignment_ready(state: PartitionRecord, target: Sequence[int]) -> bool:
 
 
 def reassignment_finished(state: PartitionRecord, target: Sequence[int], live: Collection[int]) -> PartitionRecord:
-    """replicas = target; call once reassignment_ready. A leader leaving hands over to the first
-    live in-sync target replica."""
+    """replicas = target; call once reassignment_ready. Who leads, in order:
+      1. the preferred replica (the target's first) when it is alive and in sync: the operator chose
+         it, and an in-sync replica holds every acknowledged record (Kafka's controller elects it
+         once a reassignment is in sync);
+      2. else the current leader when it stays a replica (no needless change; the preferred-leader
+         check moves it once the preferred replica can lead);
+      3. else the first live in-sync target replica, or none (offline)."""
     replicas = tuple(target)
     isr = _ordered(replicas, set(state.isr))
     leader, leader_epoch = state.leader, state.leader_epoch
-    if leader not in replicas:
-        leader = next((b for b in replicas if b in isr and b in live), NO_LEADER)
-        leader_epoch += 1
+    preferred = replicas[0]
+    if preferred != leader and preferred in isr and preferred in live:
+        leader, leader_epoch = preferred, leader_epoch + 1
+    elif leader not in replicas:
+        elected = elect_leader(replicas, isr, live)
+        elected_or_none = NO_LEADER if elected is None else elected
+        if elected_or_none != leader:  # an offline partition staying offline keeps its epoch
+            leader, leader_epoch = elected_or_none, leader_epoch + 1
     after = PartitionRecord(replicas, isr, leader, leader_epoch, state.partition_epoch)
     if after == state:
         return state

@@ -35,7 +35,12 @@ class GroupNotFoundError(GroupError):
     code = "NOT_FOUND"
 
     def __init__(self, group_id: str) -> None:
-        super().__init__(f"group {group_id!r} not found: call FindOrCreateGroup first")
+        # Read by people (`dmq groups describe`), so no RPC names: the group appears when a
+        # consumer subscribes (a client's FindOrCreateGroup).
+        super().__init__(
+            f"group {group_id!r} not found: a group id is G_<topic>_<app_id>, and a group appears when a "
+            "consumer of that application subscribes to the topic"
+        )
         self.group_id = group_id
 
 

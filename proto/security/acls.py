@@ -23,6 +23,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from dmq.proto import names
 from dmq.proto.security.tokens import check_principal
 
 __all__ = ["Acl", "AclSet", "Operation", "PatternType", "Permission", "ResourceType", "CLUSTER_RESOURCE"]
@@ -69,6 +70,20 @@ def _choice(enum_type: type[enum.StrEnum], value: str, field: str) -> str:
         raise ValueError(f"{field} must be one of {choices}, got {str(value)[:40]!r}") from None
 
 
+def _check_resource_name(rtype: ResourceType, ptype: PatternType, name: str) -> None:
+    """A name (or prefix) some resource can have, by the rules of dmq.proto.names: an entry no
+    resource can ever match (the topic "\\u202e" or "%s%n") would be listed as if it granted
+    something."""
+    field = "resource_name"
+    if rtype is ResourceType.TOPIC:
+        if ptype is PatternType.LITERAL:
+            names.check_topic_name(name, field=field)
+        else:  # a prefix: the characters and length of a topic name ("." starts ".internal")
+            names.check_topic_name(name if name not in (".", "..") else name + "x", field=field)
+    elif rtype is ResourceType.GROUP:
+        names.check_group_id(name, field=field)
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class Acl:
     principal: str
@@ -100,6 +115,8 @@ class Acl:
             raise ValueError(f"the cluster resource is named {CLUSTER_RESOURCE!r}, got {resource_name[:40]!r}")
         if ptype is PatternType.PREFIXED and resource_name == "*":
             raise ValueError("a prefixed ACL needs a prefix; '*' is the literal name matching every name")
+        if resource_name != "*":
+            _check_resource_name(rtype, ptype, resource_name)
         return cls(
             principal, rtype, ptype, resource_name,
             Operation(_choice(Operation, operation, "operation")),

@@ -19,7 +19,9 @@ neither admin operations nor subject to a quota are not wrapped at all, so the p
 one dict lookup.
 
 The principal of the call in progress is in `current_principal` (a ContextVar), for handlers that
-bind what they create to it.
+bind what they create to it; and what it may do is `current_access`, for handlers that learn the
+resources a call touches only from their own state (a queue lease id's topic and group: the
+table's Access.HANDLER rules), which decide with the same ACLs, super-users and cluster principal.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from dmq.proto.security.quotas import Quotas, QuotaSettings
 from dmq.proto.security.rpc_table import Access, Need, RpcRule, rule_for
 from dmq.proto.security.settings import AUTHORIZATION_KEY, BEARER, ServerSecurity, read_pem
 from dmq.proto.security.tokens import AuthenticationError, TokenVerifier, check_principal
+from dmq.proto.server_errors import fail
 
-__all__ = ["ANONYMOUS", "AclView", "SecurityInterceptor", "current_principal"]
+__all__ = ["ANONYMOUS", "AclView", "CallAccess", "SecurityInterceptor", "current_access", "current_principal"]
 
 ANONYMOUS = "ANONYMOUS"
 current_principal: contextvars.ContextVar[str] = contextvars.ContextVar("dmq_principal", default=ANONYMOUS)
@@ -70,6 +73,42 @@ class AclView:
             self.current = acls
 
 
+class CallAccess:
+    """What the principal of the call in progress may do (`current_access`): `allows(needs)`, or
+    `require(needs, rpc)` raising PERMISSION_DENIED (RpcAbort) as the interceptor words it."""
+
+    __slots__ = ("principal", "_interceptor")
+
+    def __init__(self, principal: str, interceptor: SecurityInterceptor | None) -> None:
+        self.principal = principal
+        self._interceptor = interceptor  # None: security off, everything allowed
+
+    def __repr__(self) -> str:
+        return f"<CallAccess principal={self.principal!r} open={self._interceptor is None}>"
+
+    def denied(self, needs: Sequence[Need]) -> Need | None:
+        """The first need refused, or None when all are allowed."""
+        return None if self._interceptor is None else self._interceptor.denied(self.principal, needs)
+
+    def allows(self, needs: Sequence[Need]) -> bool:
+        return self.denied(needs) is None
+
+    def require(self, needs: Sequence[Need], rpc: str) -> None:
+        need = self.denied(needs)
+        if need is not None:
+            fail(grpc.StatusCode.PERMISSION_DENIED, _denial(self.principal, need, rpc))
+
+
+# Security off (or a call the interceptor did not wrap because nothing is checked): all allowed.
+OPEN_ACCESS = CallAccess(ANONYMOUS, None)
+current_access: contextvars.ContextVar[CallAccess] = contextvars.ContextVar("dmq_access", default=OPEN_ACCESS)
+
+
+def _denial(principal: str, need: Need, rpc: str) -> str:
+    return (f"principal {principal!r} may not {need.operation} {need.resource_type} "
+            f"{need.name!r} ({rpc}): no ACL allows it, or one denies it")
+
+
 class Refusal(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
@@ -91,9 +130,10 @@ class SecurityInterceptor(ServerInterceptorBase):
         self.quotas = Quotas(quotas) if quotas is not None and quotas.enabled else None
         self._verifier: TokenVerifier | None = None
         if self.security.token_secret is not None:
-            self._verifier = TokenVerifier(secret=self.security.token_secret)
+            self._verifier = TokenVerifier(secret=self.security.token_secret, leeway_s=self.security.token_leeway_s)
         elif self.security.token_public_key is not None:
-            self._verifier = TokenVerifier(public_key_pem=read_pem(self.security.token_public_key, "token_public_key"))
+            self._verifier = TokenVerifier(public_key_pem=read_pem(self.security.token_public_key, "token_public_key"),
+                                           leeway_s=self.security.token_leeway_s)
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
 
     def __repr__(self) -> str:
@@ -141,14 +181,22 @@ class SecurityInterceptor(ServerInterceptorBase):
             raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
                           f"{name} is cluster-internal: only the cluster's own principal may call it, "
                           f"not {principal!r}")
-        if rule.access is Access.AUTHENTICATED or principal in self.security.super_users:
+        if rule.access in (Access.AUTHENTICATED, Access.HANDLER):  # HANDLER: the handler decides
             return
+        need = self.denied(principal, needs)
+        if need is not None:
+            raise Refusal(grpc.StatusCode.PERMISSION_DENIED, _denial(principal, need, name))
+
+    def denied(self, principal: str, needs: Sequence[Need]) -> Need | None:
+        """The first of `needs` the ACLs refuse `principal` (None: all allowed; the cluster
+        principal and super-users are allowed everything but cluster-internal RPCs)."""
+        if principal == self.security.cluster_principal or principal in self.security.super_users:
+            return None
         acls = self.acls.current
         for need in needs:
             if not acls.allows(principal, need.resource_type, need.name, need.operation):
-                raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
-                              f"principal {principal!r} may not {need.operation} {need.resource_type} "
-                              f"{need.name!r} ({name}): no ACL allows it, or one denies it")
+                return need
+        return None
 
     # -- the interceptor -------------------------------------------------------------------------
 
@@ -228,6 +276,7 @@ class SecurityInterceptor(ServerInterceptorBase):
                 self._audit(method, rule, request, r.principal, r.needs, r.code.name)
                 await context.abort(r.code, str(r))
             token = current_principal.set(principal)
+            access = current_access.set(CallAccess(principal, self)) if self.security.authenticates else None
             outcome = "UNKNOWN"
             try:
                 answer = await call_behavior(behavior, request, context)
@@ -239,6 +288,8 @@ class SecurityInterceptor(ServerInterceptorBase):
                 raise
             finally:
                 current_principal.reset(token)
+                if access is not None:
+                    current_access.reset(access)
                 self._audit(method, rule, request, principal, needs, outcome)
 
         return wrapped
@@ -252,6 +303,8 @@ class SecurityInterceptor(ServerInterceptorBase):
             del needs
             # Not reset: the call's task (and with it this context) ends with the stream.
             current_principal.set(principal)
+            if self.security.authenticates:
+                current_access.set(CallAccess(principal, self))
             async for item in stream_behavior(behavior, request, context):
                 yield item
 

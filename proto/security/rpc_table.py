@@ -9,6 +9,10 @@ through unguarded. Each rule says:
                      partition and offset management, ownership checks);
       AUTHENTICATED  any principal (health checks);
       ACL            the principal needs every permission `needs(request)` lists;
+      HANDLER        the request names no resource, only something the server holds (a queue
+                     lease id): the interceptor authenticates, and the handler looks up what it
+                     belongs to and checks the permissions with `current_access` before acting
+                     (dmq.proto.security.interceptor), the same ACL decision;
   - `needs(request)`: the (resource type, name, operation) triples, read from the request;
   - `admin`: an administrative change (or a test of the request telling one: an offset reset is a
     commit with no member), logged as an audit event with its outcome;
@@ -39,6 +43,7 @@ class Access(enum.Enum):
     CLUSTER = "cluster"
     AUTHENTICATED = "authenticated"
     ACL = "acl"
+    HANDLER = "handler"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,13 +165,16 @@ RULES: dict[str, RpcRule] = {
     # replication (the controller's pushes and a follower's epoch questions): the cluster only
     _B + "UpdatePartitionStates": _INTERNAL,
     _B + "OffsetForLeaderEpoch": _INTERNAL,
-    # queue mode: a pop takes a lease (read on the topic and the group); its id, 128 random bits
-    # given only to the popper, is the capability that finishes it, as a member secret is
+    # queue mode: a pop takes a lease (read on the topic and the group). A request that finishes
+    # or renews a lease names only its id, so the broker's handler checks the lease's own topic
+    # and group (dmq.broker.queue.service): read on both, as a pop (an ack riding on a pop too);
+    # a reject also write on the dead-letter topic it writes to. A lease id is shown by
+    # QueueDescribe only to those who may read the group and the topic.
     _B + "QueuePop": RpcRule(Access.ACL, _topic_and_group(Operation.READ)),
-    _B + "QueueAck": RpcRule(Access.AUTHENTICATED),
-    _B + "QueueNack": RpcRule(Access.AUTHENTICATED),
-    _B + "QueueReject": RpcRule(Access.AUTHENTICATED),
-    _B + "QueueRenew": RpcRule(Access.AUTHENTICATED),
+    _B + "QueueAck": RpcRule(Access.HANDLER),
+    _B + "QueueNack": RpcRule(Access.HANDLER),
+    _B + "QueueReject": RpcRule(Access.HANDLER),
+    _B + "QueueRenew": RpcRule(Access.HANDLER),
     _B + "QueueDescribe": RpcRule(Access.ACL, _queue_describe),
     # a trace search answers records of every topic: read on the cluster (granted explicitly)
     _B + "FindTrace": RpcRule(Access.ACL, _cluster(Operation.READ)),

@@ -25,6 +25,8 @@ ServerSecurity (what a server port requires):
     without a certificate reach the interceptor, is not reachable from Python.) So on a mutual-TLS
     port every client presents a certificate, and a token it also sends names its principal;
   - token_secret (HS256) or token_public_key (a PEM file: RS256 / ES256): tokens are accepted;
+    token_leeway_s (default 30): a token is accepted until its exp plus this many seconds, for
+    clocks of issuer and server that differ;
   - super_users: principals allowed everything a client may do (bootstrap ACLs with them);
   - cluster_principal: the nodes' own principal, the only one that may call the cluster-internal
     RPCs. Nodes present it with the server certificate (mutual TLS: its common name) or a token
@@ -48,7 +50,7 @@ from typing import Any
 import grpc
 
 from dmq.proto.security.token_channels import AUTHORIZATION_KEY, BEARER, AioTokenChannel, CallToken, SyncTokenChannel
-from dmq.proto.security.tokens import DEFAULT_CLUSTER_TOKEN_TTL_S, create_token
+from dmq.proto.security.tokens import DEFAULT_CLUSTER_TOKEN_TTL_S, LEEWAY_S, check_leeway, create_token
 
 __all__ = [
     "AUTHORIZATION_KEY",
@@ -236,6 +238,7 @@ class ServerSecurity:
     cluster_principal: str = DEFAULT_CLUSTER_PRINCIPAL
     cluster_token: str | None = field(default=None, repr=False)
     insecure: bool = False
+    token_leeway_s: int = LEEWAY_S
     _tokens: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -250,6 +253,10 @@ class ServerSecurity:
             raise SecurityConfigError("give token_secret (HS256) or token_public_key (RS256/ES256), not both")
         if self.token_secret is not None and len(self.token_secret) < 32:
             raise SecurityConfigError("token_secret must be at least 32 characters (an HS256 key shorter is guessable)")
+        try:
+            check_leeway(self.token_leeway_s)
+        except ValueError as e:
+            raise SecurityConfigError(str(e)) from None
         if not self.cluster_principal:
             raise SecurityConfigError("cluster_principal must not be empty")
         if self.cluster_principal in self.super_users:

@@ -49,9 +49,13 @@ __all__ = [
 MAX_TOKEN_CHARS = 8192  # a JWT with a few claims is ~300 characters; more is not a token of ours
 MAX_PRINCIPAL_CHARS = 256
 DEFAULT_CLUSTER_TOKEN_TTL_S = 3600
-LEEWAY_S = 30  # clocks of issuer and server may differ this much
+# Clocks of issuer and server may differ this much: a token is accepted until exp + leeway.
+# A setting (ServerSecurity.token_leeway_s, `--token-leeway-s`); the bound keeps an expired token
+# from living on for long by mistake.
+LEEWAY_S = 30
+LEEWAY_S_MAX = 600
 VERIFIED_CACHE_ENTRIES = 1024  # distinct live tokens remembered; more are verified again
-_PRINCIPAL = re.compile(r"^[^\s\x00-\x1f\x7f]{1,256}$")
+_PRINCIPAL = re.compile(r"[^\s\x00-\x1f\x7f]{1,256}")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
 _UNITS_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 PUBLIC_KEY_ALGORITHMS = ("RS256", "ES256")
@@ -62,12 +66,18 @@ class AuthenticationError(Exception):
 
 
 def check_principal(name: Any, what: str = "principal") -> str:
-    if not isinstance(name, str) or not _PRINCIPAL.match(name) or name == "*":
+    # fullmatch: `$` would let a trailing newline through ("q\n", a principal no token names)
+    if not isinstance(name, str) or not _PRINCIPAL.fullmatch(name) or name == "*":
         raise ValueError(
             f"{what} must be 1..{MAX_PRINCIPAL_CHARS} printable characters without spaces (and not '*'), "
             f"got {str(name)[:40]!r}"
         )
     return name
+
+
+def check_leeway(leeway_s: object, what: str = "token_leeway_s") -> None:
+    if isinstance(leeway_s, bool) or not isinstance(leeway_s, int) or not 0 <= leeway_s <= LEEWAY_S_MAX:
+        raise ValueError(f"{what} must be whole seconds within 0..{LEEWAY_S_MAX}, got {leeway_s!r}")
 
 
 def parse_duration_s(text: str) -> int:
@@ -126,11 +136,14 @@ class TokenVerifier:
         public_key_pem: bytes | None = None,
         cache_entries: int = VERIFIED_CACHE_ENTRIES,
         clock: Callable[[], float] = time.time,
+        leeway_s: int = LEEWAY_S,
     ) -> None:
         if (secret is None) == (public_key_pem is None):
             raise ValueError("give exactly one of secret (HS256) or public_key_pem (RS256/ES256)")
         if cache_entries < 0:
             raise ValueError(f"cache_entries must be >= 0, got {cache_entries}")
+        check_leeway(leeway_s)
+        self.leeway_s = leeway_s
         self._key: Any
         if secret is not None:
             self._key, self._algorithms = secret, ["HS256"]
@@ -148,7 +161,7 @@ class TokenVerifier:
         self.cache_entries = cache_entries
         self._clock = clock
         self._lock = threading.Lock()
-        # token -> (principal, the instant it stops being accepted: exp + LEEWAY_S); oldest use first
+        # token -> (principal, the instant it stops being accepted: exp + leeway_s); oldest use first
         self._verified: collections.OrderedDict[str, tuple[str, float]] = collections.OrderedDict()
 
     def __repr__(self) -> str:
@@ -170,7 +183,7 @@ class TokenVerifier:
                     return hit[0]
                 del self._verified[token]
         if hit is not None:  # verified once, expired since: what the full check would say now
-            raise _expired(hit[1] - LEEWAY_S)
+            raise _expired(hit[1] - self.leeway_s)
         principal, until = self._verify(token, now)
         if self.cache_entries:
             with self._lock:
@@ -186,7 +199,7 @@ class TokenVerifier:
         leeway): one clock decides, whether the token comes from the cache or not."""
         try:
             claims = jwt.decode(
-                token, self._key, algorithms=self._algorithms, leeway=LEEWAY_S,
+                token, self._key, algorithms=self._algorithms, leeway=self.leeway_s,
                 options={"require": ["exp", "sub"], "verify_exp": False},
             )
         except jwt.InvalidSignatureError:
@@ -201,13 +214,13 @@ class TokenVerifier:
             exp = int(claims["exp"])
         except (ValueError, TypeError, OverflowError):
             raise AuthenticationError("the token's 'exp' claim is not a time (seconds since the epoch)") from None
-        if now >= exp + LEEWAY_S:
+        if now >= exp + self.leeway_s:
             raise _expired(exp)
         try:
             principal = check_principal(claims.get("sub"), "the token's 'sub' claim")
         except ValueError as e:
             raise AuthenticationError(str(e)) from None
-        return principal, float(exp + LEEWAY_S)
+        return principal, float(exp + self.leeway_s)
 
 
 def _expired(exp: float) -> AuthenticationError:

@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 
+import grpc
 import pytest
 
 from dmq.proto.wire import frame_produce_request
@@ -260,12 +261,26 @@ async def test_listener_seek_and_partition_filter(server):
         assert await c.position(tp0) == 10 and await c.position(tp1) == 10
 
 
+class _NeverAnswer(grpc.GenericRpcHandler):
+    """Every unary call is accepted and never answered (a hung coordinator)."""
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        async def hang(_request: bytes, _context: grpc.aio.ServicerContext) -> bytes:
+            await asyncio.Event().wait()
+            return b""
+
+        return grpc.unary_unary_rpc_method_handler(hang)
+
+
 async def test_getmany_keeps_its_timeout_while_the_coordinator_hangs():
-    """A coordinator that accepts connections but never answers: each group call waits for its
-    request_timeout_ms, in the background; getmany() still returns within its own timeout."""
-    writers = []
-    hung = await asyncio.start_server(lambda _r, w: writers.append(w), "127.0.0.1", 0)
-    port = hung.sockets[0].getsockname()[1]
+    """A coordinator that accepts connections and calls but never answers: each group call waits
+    for its request_timeout_ms, in the background; getmany() still returns within its own
+    timeout. (One that never completes a connection fails start() with NoBrokersAvailableError:
+    test_wrong_address.py.)"""
+    hung = grpc.aio.server()
+    hung.add_generic_rpc_handlers((_NeverAnswer(),))
+    port = hung.add_insecure_port("127.0.0.1:0")
+    await hung.start()
     consumer = AsyncConsumer("t", bootstrap_servers=f"127.0.0.1:{port}", group_id="g", request_timeout_ms=1_500,
                              fetch_max_wait_ms=100, heartbeat_interval_ms=300, retry_backoff_ms=20)
     try:
@@ -276,7 +291,4 @@ async def test_getmany_keeps_its_timeout_while_the_coordinator_hangs():
             assert time.monotonic() - started < 1.0  # not a group call's 1.5 s
     finally:
         await asyncio.wait_for(consumer.stop(timeout=2), 10)
-        for w in writers:
-            w.close()
-        hung.close()
-        await hung.wait_closed()
+        await hung.stop(0)

@@ -173,3 +173,37 @@ def test_group_json_schemas_are_stable(dmq: Dmq) -> None:
     assert all(set(p) == {"partition", "current_offset", "new_offset", "log_start_offset", "log_end_offset",
                           "lag_after", "clamped"} for p in plan["partitions"])
     assert dmq.json("groups", "delete", group) == {"deleted": group}
+
+
+def test_describe_takes_the_app_name_that_consume_takes(dmq: Dmq) -> None:
+    for topic in ("g-app-a", "g-app-b"):
+        dmq.ok("topics", "create", topic)
+        dmq.ok("produce", topic, input="x\n")
+        dmq.ok("consume", topic, "--group", "billing2", "--max-messages", "1")
+    by_app = dmq.json("groups", "describe", "billing2")
+    assert by_app["app_id"] == "billing2"
+    assert [g["group_id"] for g in by_app["groups"]] == ["G_g-app-a_billing2", "G_g-app-b_billing2"]
+    assert by_app["groups"][0] == dmq.json("groups", "describe", "G_g-app-a_billing2")
+    human = dmq.ok("groups", "describe", "billing2")
+    assert "Group G_g-app-a_billing2" in human.stdout and "Group G_g-app-b_billing2" in human.stdout
+
+    # neither a group nor an application: a sentence for people, no internal RPC names
+    for args in (("groups", "describe", "nobody-here"), ("groups", "delete", "G_nothing_here"),
+                 ("groups", "reset-offsets", "G_nothing_here", "--to-earliest")):
+        missing = dmq(*args)
+        assert missing.returncode == 1 and "not found" in missing.stderr, missing
+        assert "FindOrCreateGroup" not in missing.stderr and "dmq groups list" in missing.stderr, missing
+
+
+def test_all_groups_for_list_and_describe(dmq: Dmq) -> None:
+    dmq.ok("topics", "create", "g-all")
+    dmq.ok("produce", "g-all", input="x\n")
+    dmq.ok("consume", "g-all", "--group", "every", "--max-messages", "1")
+    listed = dmq.json("groups", "list", "--all-groups")
+    assert listed == dmq.json("groups", "list")
+    described = dmq.json("groups", "describe", "--all-groups")
+    assert [g["group_id"] for g in described["groups"]] == [g["group_id"] for g in listed["groups"]]
+    assert "G_g-all_every" in [g["group_id"] for g in described["groups"]]
+    assert "Group G_g-all_every" in dmq.ok("groups", "describe", "--all-groups").stdout
+    both = dmq("groups", "describe", "G_g-all_every", "--all-groups")
+    assert both.returncode == 2 and "GROUP or --all-groups" in both.stderr

@@ -67,6 +67,8 @@ def test_quickstart_runs_command_by_command(server: ServerProcess, dmq: Dmq) -> 
     listed = next(out for cmd, out in outputs if cmd.startswith("dmq groups list"))
     row = next(line.split() for line in listed.splitlines() if line.startswith("G_orders_billing "))
     assert row[:3] == ["G_orders_billing", "orders", "EMPTY"] and row[-1] == "1", listed
+    by_app = next(out for cmd, out in outputs if cmd.startswith("dmq groups describe billing"))
+    assert "Group G_orders_billing" in by_app, by_app
     # "these three keys land on partitions 2, 0 and 1"
     described = next(out for cmd, out in outputs if cmd.startswith("dmq topics describe"))
     ends = {int(cols[0]): int(cols[5]) for cols in (line.split() for line in described.splitlines())

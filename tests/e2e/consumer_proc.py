@@ -92,7 +92,7 @@ def main() -> None:
             except CommitFailedError as e:
                 emit(ev="commit_failed", error=str(e), type=type(e).__name__)
             continue
-        records = consumer.poll(0.2)
+        records = consumer.poll(200)
         if not records:
             continue
         emit(ev="records", items=[[r.partition, r.offset, r.value.decode()] for r in records], t=time.time())

@@ -47,7 +47,7 @@ class GroupReader:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                for r in self._consumer.poll(0.2):
+                for r in self._consumer.poll(200):
                     self.arrivals[r.partition].append(time.monotonic())
         except BaseException as e:  # noqa: BLE001 - reported by the test
             self.error = e
@@ -175,7 +175,7 @@ def test_commits_and_positions_of_healthy_partitions_do_not_wait_on_a_dead_broke
             deadline = time.monotonic() + READY_TIMEOUT_S
             while len(positions) < 3:
                 assert time.monotonic() < deadline, f"records only from {sorted(positions)}"
-                for r in first.poll(0.2):
+                for r in first.poll(200):
                     positions[(r.topic, r.partition)] = r.offset + 1
             cluster.signal_broker(1, signal.SIGKILL)
             started = time.monotonic()
@@ -203,7 +203,7 @@ def test_commits_and_positions_of_healthy_partitions_do_not_wait_on_a_dead_broke
             deadline = time.monotonic() + 15.0
             while len(firsts) < 2:
                 assert time.monotonic() < deadline, f"the new member read only {sorted(firsts)} with broker 1 dead"
-                for r in second.poll(0.2):
+                for r in second.poll(200):
                     firsts.setdefault((r.topic, r.partition), r.offset)
             assert firsts == {tp: positions[tp] for tp in healthy}
         finally:

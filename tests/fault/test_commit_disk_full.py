@@ -36,7 +36,7 @@ def poll_until(consumer, count: int) -> list[bytes]:  # type: ignore[no-untyped-
     got: list[bytes] = []
     deadline = time.monotonic() + 20
     while len(got) < count and time.monotonic() < deadline:
-        got += [r.value for r in consumer.poll(0.5)]
+        got += [r.value for r in consumer.poll(500)]
     return got
 
 

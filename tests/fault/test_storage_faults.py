@@ -272,7 +272,7 @@ def consume_around_the_damage(bootstrap: str, topic: str, values: list[bytes]) -
         deadline = time.monotonic() + 30
         while (len(got[1]) < 61 or len(got[0]) < 59) and time.monotonic() < deadline:
             try:
-                for rec in consumer.poll(0.5):
+                for rec in consumer.poll(500):
                     got[rec.partition].append(rec.value)
             except CorruptRecordError as e:
                 corrupt_errors.append(str(e))

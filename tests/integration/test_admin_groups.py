@@ -57,7 +57,7 @@ def _member_commits(bootstrap: str, offsets: dict[int, int]) -> DMQConsumer:
     """A member of GROUP that owns both partitions and has committed `offsets` (still running)."""
     consumer = DMQConsumer(bootstrap_servers=bootstrap, group_id="billing", enable_auto_commit=False, **FAST)
     consumer.subscribe(TOPIC)
-    _wait_for(lambda: consumer.poll(0.2) is not None and len(consumer.assignment()) == 2, "the assignment")
+    _wait_for(lambda: consumer.poll(200) is not None and len(consumer.assignment()) == 2, "the assignment")
     consumer.commit_sync({TopicPartition(TOPIC, p): o for p, o in offsets.items()})
     return consumer
 
@@ -138,7 +138,7 @@ def test_reset_offsets_to_each_target_and_dry_runs_change_nothing(cluster: Clust
                      **FAST) as consumer:
         consumer.subscribe(TOPIC)
         got: list[tuple[int, int]] = []
-        _wait_for(lambda: got.extend((r.partition, r.offset) for r in consumer.poll(0.2)) or len(got) >= 4,
+        _wait_for(lambda: got.extend((r.partition, r.offset) for r in consumer.poll(200)) or len(got) >= 4,
                   "the records after the reset")
         assert sorted(got) == [(0, 3), (0, 4), (1, 3), (1, 4)]
 

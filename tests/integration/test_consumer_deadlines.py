@@ -1,15 +1,18 @@
-"""Client calls keep their deadlines when the coordinator's address is wrong (nothing listens
-there): subscribe() and poll(timeout) return in time, and metadata look-ups fail fast with an
-error naming the address they tried."""
+"""Client calls keep their deadlines when nothing listens at the coordinator's address any more
+(it was there when the consumer was made: a wrong address from the start fails the constructor,
+see test_wrong_address.py): subscribe() and poll(timeout) return in time, and metadata look-ups
+fail fast with an error naming the address they tried."""
 
 from __future__ import annotations
 
+import pathlib
 import socket
 import time
 
 import pytest
 
 from dmq.client._cluster import Cluster
+from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.client.consumer import DMQConsumer
 from dmq.client.errors import CoordinatorUnavailableError
 
@@ -22,15 +25,20 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_poll_keeps_its_timeout_with_a_wrong_coordinator_port() -> None:
-    address = f"127.0.0.1:{closed_port()}"
-    consumer = DMQConsumer(metadata_service_url=address, group_id="g")
+def gone_coordinator_consumer(data_dir: pathlib.Path) -> DMQConsumer:
+    """A consumer made while its coordinator ran, which then stopped (its port now refuses)."""
+    with ClusterThread(ClusterOptions(data_dir=data_dir)) as cluster:
+        return DMQConsumer(metadata_service_url=cluster.bootstrap, group_id="g")
+
+
+def test_poll_keeps_its_timeout_with_a_wrong_coordinator_port(tmp_path: pathlib.Path) -> None:
+    consumer = gone_coordinator_consumer(tmp_path)
     try:
         started = time.monotonic()
         consumer.subscribe("t")
         subscribe_s = time.monotonic() - started
         started = time.monotonic()
-        records = consumer.poll(2.0)
+        records = consumer.poll(2000)
         poll_s = time.monotonic() - started
     finally:
         started = time.monotonic()
@@ -42,8 +50,8 @@ def test_poll_keeps_its_timeout_with_a_wrong_coordinator_port() -> None:
     assert close_s <= 2.5, f"close(timeout=2.0) took {close_s:.2f}s"
 
 
-def test_poll_zero_returns_at_once_with_a_wrong_coordinator_port() -> None:
-    consumer = DMQConsumer(metadata_service_url=f"127.0.0.1:{closed_port()}", group_id="g")
+def test_poll_zero_returns_at_once_with_a_wrong_coordinator_port(tmp_path: pathlib.Path) -> None:
+    consumer = gone_coordinator_consumer(tmp_path)
     try:
         consumer.subscribe("t")
         for _ in range(5):

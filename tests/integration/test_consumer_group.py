@@ -102,7 +102,7 @@ def pump(
     while not until():
         assert time.monotonic() < deadline, "condition not reached in time"
         for c in consumers:
-            records = c.poll(0.05)
+            records = c.poll(50)
             if sink is not None:
                 sink.setdefault(c, []).extend((r.partition, r.offset) for r in records)
 
@@ -141,7 +141,7 @@ def test_records_come_per_partition_in_order_with_their_fields(server: ClusterTh
     records: list[ConsumerRecords] = []
     deadline = time.monotonic() + TIMEOUT_S
     while not records and time.monotonic() < deadline:
-        r = c.poll(0.5)
+        r = c.poll(500)
         if r:
             records.append(r)
     (batch,) = records
@@ -199,7 +199,7 @@ def test_seek_and_seek_to_beginning_and_end(server: ClusterThread, consumers: An
     assert c.position(tp) == 7
     c.pause([TopicPartition(TOPIC, p) for p in range(6) if p != 1])
     got = _drain(c, 3)
-    assert got == [(1, 7), (1, 8), (1, 9)] and list(c.poll(0.1)) == []
+    assert got == [(1, 7), (1, 8), (1, 9)] and list(c.poll(100)) == []
     c.seek_to_beginning(tp)
     assert c.position(tp) == 0
     c.seek_to_end(tp)
@@ -216,7 +216,7 @@ def _drain(c: DMQConsumer, n: int) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     deadline = time.monotonic() + TIMEOUT_S
     while len(out) < n and time.monotonic() < deadline:
-        out += [(r.partition, r.offset) for r in c.poll(0.2)]
+        out += [(r.partition, r.offset) for r in c.poll(200)]
     return out
 
 
@@ -227,10 +227,10 @@ def test_pause_stops_records_and_resume_restarts_them(server: ClusterThread, con
     c.pause(*c.assignment())
     assert c.paused() == c.assignment()
     produce(server, 12)
-    assert list(c.poll(0.5)) == []
+    assert list(c.poll(500)) == []
     c.resume(TopicPartition(TOPIC, 3))
     assert sorted(_drain(c, 2)) == [(3, 0), (3, 1)]
-    assert list(c.poll(0.2)) == []
+    assert list(c.poll(200)) == []
     c.resume(c.assignment())
     assert len(_drain(c, 10)) == 10
 
@@ -247,7 +247,7 @@ def test_a_new_group_starts_where_its_subscription_mode_says(server: ClusterThre
     c.subscribe(TOPIC)  # the group (and a `new` snapshot) is recorded here
     produce(server, 6, start=12)  # 1 more per partition
     got = _drain(c, 18 if mode == "all" else 6)
-    assert list(c.poll(0.3)) == []
+    assert list(c.poll(300)) == []
     if mode == "all":
         assert sorted(got) == sorted((p, o) for p in range(6) for o in range(3))
     else:
@@ -261,7 +261,7 @@ def test_the_first_subscribers_mode_wins(server: ClusterThread, consumers: Any) 
     first.close()
     later = consumers(group="shared", subscription_mode="all")
     later.subscribe(TOPIC)
-    assert list(later.poll(1.0)) == [] and list(later.poll(0.5)) == []
+    assert list(later.poll(1000)) == [] and list(later.poll(500)) == []
 
 
 def test_a_consumer_that_stops_polling_loses_its_partitions_and_cannot_commit(
@@ -328,7 +328,7 @@ def test_auto_commit_commits_what_earlier_polls_returned(server: ClusterThread, 
     c.poll(0)
     deadline = time.monotonic() + TIMEOUT_S
     while c.committed(TopicPartition(TOPIC, 0)) != OffsetAndMetadata(5) and time.monotonic() < deadline:
-        c.poll(0.1)
+        c.poll(100)
     assert c.committed(c.assignment()) == {TopicPartition(TOPIC, p): OffsetAndMetadata(5) for p in range(6)}
 
 
@@ -341,7 +341,7 @@ def test_restarted_group_resumes_from_the_committed_offsets(server: ClusterThrea
     second = consumers()
     second.subscribe(TOPIC)
     rest = _drain(second, 60 - len(seen))
-    assert list(second.poll(0.3)) == []
+    assert list(second.poll(300)) == []
     assert sorted(seen + rest) == sorted((p, o) for p in range(6) for o in range(10))
 
 

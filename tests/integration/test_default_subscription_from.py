@@ -28,7 +28,7 @@ def _poll_values(consumer: DMQConsumer, want: int) -> list[bytes]:
     got: list[bytes] = []
     deadline = time.monotonic() + WAIT_S
     while len(got) < want and time.monotonic() < deadline:
-        got.extend(r.value for r in consumer.poll(0.2))
+        got.extend(r.value for r in consumer.poll(200))
     return got
 
 

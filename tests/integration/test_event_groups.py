@@ -179,12 +179,13 @@ def test_guard_conditions_only_for_attributes_each_type_has(store: EventStore) -
     store.append(UserJoined.new(course_name="Algebra", user_id="joe"))
     claim = store.claim_next("g", ["course_name", "user_id"], ALL, "w1")
     assert claim is not None
-    assert {i.types[0]: sorted(i.tags) for i in claim.guard.fail_if_events_match} == {
-        "course.created": ["course_name:Algebra"],
-        "user.registered": ["user_id:joe"],
-        "user.joined_course": ["course_name:Algebra", "user_id:joe"],
-    }
-    assert CourseCreated.to_conditions(user_id="joe") == []
+    assert [(list(i.types), list(i.tags)) for i in claim.guard.fail_if_events_match] == [
+        (["course.created"], ["course_name:Algebra"]),
+        (["user.registered"], ["user_id:joe"]),
+        (["user.joined_course"], ["course_name:Algebra"]),  # one item per attribute: alternatives
+        (["user.joined_course"], ["user_id:joe"]),
+    ]
+    assert CourseCreated.to_conditions(user_id="joe") == CourseCreated.to_exact_conditions(user_id="joe") == []
 
 
 def test_the_guard_lets_a_clean_append_through_and_stops_a_conflicting_one(store: EventStore) -> None:
@@ -330,3 +331,115 @@ def test_a_renewing_workers_claim_is_never_reaped(store: EventStore) -> None:
         time.sleep(0.2)
     assert store.describe_group("g").partitions[0].claimed_by == "w1"
     store.ack(claim)
+
+
+# -- claims over two or more attributes (issue 26 item 3) --------------------------------------------
+
+StockReceived = EventType("stock.received", ["sku", "warehouse"])
+StockShipped = EventType("stock.shipped", ["sku", "warehouse"])
+SkuListed = EventType("sku.listed", ["sku"])
+STOCK = [StockReceived, StockShipped, SkuListed]
+
+
+def by_stock(store: EventStore, worker: str = "w1", **kwargs: object) -> Claim | None:
+    return store.claim_next("g", ["sku", "warehouse"], STOCK, worker, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_composite_claim_is_acked_released_and_renewed(store: EventStore) -> None:
+    """Its key joins the attributes with a newline; every call naming it is accepted (was refused:
+    "partition key ... contains the control character '\\n'")."""
+    store.append([StockReceived.new(sku="SKU-7", warehouse="Berlin"), StockReceived.new(sku="SKU-9", warehouse="Paris")])
+    claim = by_stock(store)
+    assert claim is not None and claim.partition_key == "sku:SKU-7\nwarehouse:Berlin"
+    store.renew(claim)
+    store.release(claim)
+    again = by_stock(store, "w2")
+    assert again is not None and again.partition_key == claim.partition_key and positions(again) == [1]
+    store.ack(again)
+    acked = {p.partition_key: p.acked_position for p in store.describe_group("g").partitions}
+    assert acked == {"sku:SKU-7\nwarehouse:Berlin": 1, "sku:SKU-9\nwarehouse:Paris": 0}
+
+
+def test_a_composite_claim_is_acked_riding_on_the_next_claim(store: EventStore) -> None:
+    store.append([StockReceived.new(sku="SKU-7", warehouse="Berlin"), StockReceived.new(sku="SKU-9", warehouse="Paris"),
+                  StockShipped.new(sku="SKU-1", warehouse="Rome")])
+    first = by_stock(store)
+    assert first is not None
+    second = by_stock(store, ack=(first, first.last_position))
+    assert second is not None and second.partition_key == "sku:SKU-9\nwarehouse:Paris"
+    # prefetched: acks and the release of what was not handed out go as more_acks / releases
+    third = by_stock(store, ack=(second, second.last_position), prefetch=2)
+    assert third is not None and third.partition_key == "sku:SKU-1\nwarehouse:Rome"
+    store.commit("g", release_prefetched=True)
+    acked = {p.partition_key: p.acked_position for p in store.describe_group("g").partitions}
+    assert acked == {"sku:SKU-1\nwarehouse:Rome": 0, "sku:SKU-7\nwarehouse:Berlin": 1, "sku:SKU-9\nwarehouse:Paris": 2}
+    store.ack(third)
+    assert by_stock(store) is None
+
+
+# -- the guard follows CCC's to_conditions (issue 26 item 4) -----------------------------------------
+
+
+def test_the_guard_has_one_condition_per_type_and_declared_attribute(store: EventStore) -> None:
+    store.append(StockReceived.new(sku="SKU-7", warehouse="Berlin"))
+    claim = by_stock(store)
+    assert claim is not None
+    assert [(list(i.types), list(i.tags)) for i in claim.guard.fail_if_events_match] == [
+        (["stock.received"], ["sku:SKU-7"]),
+        (["stock.received"], ["warehouse:Berlin"]),
+        (["stock.shipped"], ["sku:SKU-7"]),
+        (["stock.shipped"], ["warehouse:Berlin"]),
+        (["sku.listed"], ["sku:SKU-7"]),  # sku.listed declares no warehouse
+    ]
+    assert claim.guard.after == 1
+
+
+def test_the_guard_conflicts_with_an_event_sharing_any_one_attribute(store: EventStore) -> None:
+    """(Berlin, SKU-9) shares the warehouse with the claim (Berlin, SKU-7): its guard fails, as
+    CCC's does (the conditions are alternatives, not one item that needs both tags)."""
+    store.append(StockReceived.new(sku="SKU-7", warehouse="Berlin"))
+    claim = by_stock(store)
+    assert claim is not None
+    store.append(StockReceived.new(sku="SKU-9", warehouse="Berlin"))
+    with pytest.raises(AppendConditionError) as info:
+        store.append(StockShipped.new(sku="SKU-7", warehouse="Berlin"), claim.guard)
+    assert info.value.position == 2
+
+
+@pytest.mark.parametrize(("concurrent", "conflicts"), [
+    (StockReceived.new(sku="SKU-7", warehouse="Paris"), True),  # same sku
+    (SkuListed.new(sku="SKU-7"), True),  # a type that declares only one of the attributes
+    (StockReceived.new(sku="SKU-9", warehouse="Paris"), False),  # neither attribute
+    (SkuListed.new(sku="SKU-9"), False),
+    (CourseCreated.new(course_name="Berlin"), False),  # not a handled type
+    (EventType("stock.counted", ["sku", "warehouse"]).new(sku="SKU-7", warehouse="Berlin"), False),  # not handled
+])
+def test_the_guard_conflicts_exactly_when_a_handled_type_shares_a_declared_attribute(
+    store: EventStore, concurrent: object, conflicts: bool
+) -> None:
+    store.append(StockReceived.new(sku="SKU-7", warehouse="Berlin"))
+    claim = by_stock(store)
+    assert claim is not None
+    store.append(concurrent)  # type: ignore[arg-type]
+    decision = StockShipped.new(sku="SKU-7", warehouse="Berlin")
+    if conflicts:
+        with pytest.raises(AppendConditionError):
+            store.append(decision, claim.guard)
+    else:
+        assert store.append(decision, claim.guard) == 3
+
+
+def test_an_exact_guard_is_an_option(store: EventStore) -> None:
+    """exact_guard=True: one item per type over all its declared attributes (all must match)."""
+    store.append(StockReceived.new(sku="SKU-7", warehouse="Berlin"))
+    claim = by_stock(store, exact_guard=True)
+    assert claim is not None
+    assert [(list(i.types), list(i.tags)) for i in claim.guard.fail_if_events_match] == [
+        (["stock.received"], ["sku:SKU-7", "warehouse:Berlin"]),
+        (["stock.shipped"], ["sku:SKU-7", "warehouse:Berlin"]),
+        (["sku.listed"], ["sku:SKU-7"]),
+    ]
+    store.append(StockReceived.new(sku="SKU-9", warehouse="Berlin"))
+    assert store.append(StockShipped.new(sku="SKU-7", warehouse="Berlin"), claim.guard) == 3
+    with pytest.raises(AppendConditionError):
+        store.append(StockShipped.new(sku="SKU-7", warehouse="Berlin"), claim.guard)

@@ -196,6 +196,23 @@ def test_bad_requests_get_invalid_argument_naming_the_field(cluster: ClusterThre
             (stub.EventClaimNext, pb.EventClaimRequest(topic="es", group="g", worker_id="w", partition_by=["a"],
                                                        handled_types=["a"], claim_timeout_ms=5), "claim_timeout_ms"),
         ]
+        # a composite partition key: each attribute checked, the newline only between attributes
+        def ref(key: str) -> pb.EventClaimRef:
+            return pb.EventClaimRef(topic="es", group="g", partition_key=key, worker_id="w")
+
+        for key, message in [("", "partition key must not be empty"),
+                             ("a:1\n", "attribute 1 of the partition key must not be empty"),
+                             ("a:1\nb:\t2", "attribute 1 of the partition key 'b:\\t2' contains the control character"),
+                             ("a:1\nplain", "attribute 1 of the partition key is 'plain', not an attribute"),
+                             ("b:1\na:2", "attribute 1 of the partition key is 'a', after 'b'"),
+                             ("a:1\na:2", "attribute 1 of the partition key is 'a', after 'a'"),
+                             ("\n".join(f"a{i:02}:1" for i in range(17)), "partition key has 17 attributes; the limit is 16"),
+                             ("a:1\nb:" + "x" * 600, "attribute 1 of the partition key is 602 bytes long, the limit is 512")]:
+            for call in (stub.EventAck, stub.EventRelease, stub.EventRenewClaim):
+                cases.append((call, ref(key), f"partition_key: {message}"))
+            cases.append((stub.EventClaimNext, pb.EventClaimRequest(topic="es", group="g", worker_id="w", max_claims=0,
+                                                                    releases=[ref(key)]),
+                          "releases[0].partition_key: "))
         for call, request, field in cases:
             with pytest.raises(grpc.RpcError) as info:
                 call(request, timeout=10)
@@ -237,7 +254,8 @@ _requests = st.one_of(
         st.sampled_from(["a", "", "b"]), st.sampled_from([["course_name"], []]), _text, _ints,
         st.lists(st.builds(lambda g, key, pos: pb.EventClaimRef(topic="es", group=g, partition_key=key, worker_id="w",
                                                                 position=pos),
-                           st.sampled_from(["a", "b"]), st.sampled_from(["course_name:Algebra", "x"]), _ints), max_size=3),
+                           st.sampled_from(["a", "b"]), st.sampled_from(["course_name:Algebra", "x", "course_name:Algebra\nuser_id:joe"]), _ints),
+                           max_size=3),
         st.lists(st.builds(lambda key: pb.EventClaimRef(topic="es", group="a", partition_key=key, worker_id="w"),
                            st.sampled_from(["course_name:Algebra", "", "x" * 600])), max_size=2)),
     st.builds(lambda g, key, w, pos, m: (m, pb.EventClaimRef(topic="es", group=g, partition_key=key, worker_id=w, position=pos)),

@@ -1,6 +1,7 @@
 """Property tests over real gRPC: on random logs and queries, `read` and the consumer groups'
-conditional-AND fetch return exactly what a brute-force filter over all events returns; and many
-clients appending with conditions over overlapping tags never violate a condition."""
+conditional-AND fetch return exactly what a brute-force filter over all events returns, as does a
+claim's guard (CCC's, and the exact one); and many clients appending with conditions over
+overlapping tags never violate a condition."""
 
 from __future__ import annotations
 
@@ -132,6 +133,55 @@ def test_conditional_and_fetch_equals_a_brute_force_filter(bootstrap: str, log: 
             first_positions.append(claim.events[0].position)
         assert got == expected
         assert first_positions == sorted(first_positions)  # earliest pending first
+
+
+def touches(guarded: dict[str, str], declared: dict[str, list[str]], e: Event, exact: bool) -> bool:
+    """Whether a claim's guard over the values `guarded` matches `e` (brute force): CCC's guard
+    matches an event of a handled type that carries any one of the values its type declares;
+    the exact guard one that carries all of them."""
+    if e.type not in declared:
+        return False
+    wanted = {f"{n}:{guarded[n]}" for n in declared[e.type] if n in guarded}
+    return bool(wanted) and (wanted <= set(e.tags) if exact else bool(wanted & set(e.tags)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(log=logs, partition_by=st.sampled_from([["x"], ["y"], ["x", "y"]]),
+       declared=st.fixed_dictionaries({t: st.lists(st.sampled_from(sorted(ATTRS)), unique=True) for t in TYPES}),
+       handled=st.lists(st.sampled_from(TYPES), unique=True, min_size=1, max_size=3),
+       concurrent=st.lists(events(), max_size=2), exact=st.booleans())
+def test_a_claims_guard_fails_exactly_when_a_later_event_touches_its_values(
+    bootstrap: str, log: list[list[Event]], partition_by: list[str], declared: dict[str, list[str]],
+    handled: list[str], concurrent: list[Event], exact: bool,
+) -> None:
+    with new_store(bootstrap) as store:
+        stored: list[Event] = []
+        for batch in log:
+            store.append(batch)
+            stored += batch
+        store.register_group("g")
+        types = [EventType(t, declared[t]) for t in handled]
+        claim = store.claim_next("g", partition_by, types, "w", exact_guard=exact)
+        if claim is None:  # nothing pending for these types: no guard to check in this example
+            return
+        if concurrent:
+            store.append(concurrent)
+        # every event after the claim's last position counts: also those of other partitions that
+        # share a value (they do not belong to the claim, yet they touch its decision)
+        later = (stored + concurrent)[claim.last_position:]
+        handled_declared = {t: declared[t] for t in handled}
+        guarded = dict(claim.values)
+        # no handled type declares a claimed attribute: the guard has no items, and an empty query
+        # matches every event (DCB), so any later event fails it
+        empty = not any(n in guarded for t in handled for n in declared[t])
+        expected = next((p for p, e in enumerate(later, claim.last_position + 1)
+                         if empty or touches(guarded, handled_declared, e, exact)), None)
+        try:
+            store.append(Event("decided", ()), claim.guard)
+            conflict = None
+        except AppendConditionError as e:
+            conflict = e.position
+        assert conflict == expected, (dict(claim.values), claim.guard, later)
 
 
 def test_racing_conditional_appends_never_violate_a_condition(bootstrap: str) -> None:

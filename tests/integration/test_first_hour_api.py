@@ -33,7 +33,7 @@ def _drain(c: DMQConsumer, n: int) -> list[Any]:
     got: list[Any] = []
     deadline = time.monotonic() + TIMEOUT_S
     while len(got) < n and time.monotonic() < deadline:
-        got.extend(c.poll(0.2))
+        got.extend(c.poll(200))
     return got
 
 

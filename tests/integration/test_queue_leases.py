@@ -282,3 +282,18 @@ def test_leases_that_end_inside_stored_batches_hand_out_every_record_once_in_ord
                 break
     want = [b"c%d" % i for i in range(100)]
     assert seen["a"] == want and seen["b"] == want and nacked
+
+
+def test_pop_sets_the_lease_length_per_call(cluster: ClusterThread) -> None:
+    create_topic(cluster.bootstrap, "per-call")
+    produce(cluster.bootstrap, "per-call", [b"p0"])
+    # The consumer's own lease is an hour: only the pop's 200 ms lets the other worker in.
+    with QueueConsumer(cluster.bootstrap, "per-call", "g", lease_ms=3_600_000) as short, \
+            QueueConsumer(cluster.bootstrap, "per-call", "g") as other:
+        lease = short.pop(timeout=WAIT_S, lease_ms=200)
+        assert lease is not None
+        again = other.pop(timeout=WAIT_S)
+        assert again is not None and again.start_offset == 0 and again.delivery_count == 1
+        assert other.ack(again) == 1
+        with pytest.raises(InvalidArgumentError, match=r"lease_ms must be within 100\.\.3600000"):
+            short.pop(timeout=0, lease_ms=50)

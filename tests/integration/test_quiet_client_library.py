@@ -46,13 +46,13 @@ SCRIPT = textwrap.dedent(
     except errors.ClientClosedError:
         pass
 
-    # A coordinator that is not there: send() gives up after max_block_ms.
-    dead = Producer("127.0.0.1:9", max_block_ms=200, request_timeout_ms=300, delivery_timeout_ms=400, linger_ms=0)
+    # A coordinator that is not there: the constructor (before: send(), after max_block_ms) gives up.
     try:
+        dead = Producer("127.0.0.1:9", max_block_ms=200, request_timeout_ms=300, delivery_timeout_ms=400, linger_ms=0)
         dead.send("quiet", b"x")
+        dead.close(0.5)
     except errors.DMQError:
         pass
-    dead.close(0.5)
 
     with DMQConsumer(metadata_service_url=bootstrap, group_id="app", heartbeat_interval_ms=200,
                      session_timeout_ms=3000, auto_commit_interval_ms=100) as c:
@@ -60,7 +60,7 @@ SCRIPT = textwrap.dedent(
         got = 0
         deadline = time.monotonic() + 15
         while got < 20 and time.monotonic() < deadline:
-            got += len(c.poll(0.2))
+            got += len(c.poll(200))
         assert got == 20, got
         c.commit_sync()
         c.committed(TopicPartition("quiet", 0))

@@ -19,7 +19,7 @@ def test_readme_python_examples_run(cluster: ClusterThread) -> None:
     script = section_script("Python client")
     assert "Producer(" in script and "DMQConsumer(" in script
     lines = run_section("Python client", cluster.bootstrap)
-    assert len(lines) == 8, lines  # every print of the README's examples, and nothing else
+    assert len(lines) == 15, lines  # every print of the README's examples, and nothing else
     assert re.fullmatch(r"RecordMetadata\(topic='payments', partition=\d, offset=\d+.*\)", lines[0]), lines
     assert lines[1] == "total 450"
     assert lines[2] == "3 acknowledged"
@@ -27,3 +27,6 @@ def test_readme_python_examples_run(cluster: ClusterThread) -> None:
     assert re.fullmatch(r"\{TopicPartition\(topic='payments', partition=0\): \d+\}", lines[4]), lines
     assert lines[5] == "3 new records"
     assert lines[6:8] == ["0 members", "[0, 0, 0]"], lines
+    # kafka-python's habits, then aiokafka's (issue 26 item 11)
+    assert lines[8:12] == ["[0, 1, 2]", "True", "13 records", "0"], lines
+    assert lines[12:15] == ["payments True", "[0, 1, 2]", "0"], lines

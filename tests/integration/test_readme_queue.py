@@ -7,9 +7,14 @@ promise and nothing on stderr, and leave the state the text describes (one dead 
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
+
 from dmq.client import SimpleConsumer
 from dmq.client.cli.runner import ClusterThread
-from tests.readme_examples import run_section, section_script
+from tests.cli.conftest import run_dmq
+from tests.readme_examples import README, run_section, section_script
 
 
 def test_readme_queue_example_runs(cluster: ClusterThread) -> None:
@@ -19,3 +24,11 @@ def test_readme_queue_example_runs(cluster: ClusterThread) -> None:
     with SimpleConsumer(cluster.bootstrap) as c:
         [dead] = c.consume("jobs.dlq", 0, 0)
     assert dict(dead.headers)["dmq.dlq.reason"] == b"rejected"
+
+    # the section's command that shows why each dead letter failed, as written
+    [command] = re.findall(r"`(dmq consume jobs\.dlq[^`]*)`", README.read_text())
+    shown = run_dmq(*shlex.split(command)[1:], bootstrap=cluster.bootstrap, timeout_s=30)
+    assert shown.returncode == 0, shown
+    [letter] = [json.loads(line) for line in shown.stdout.splitlines()]
+    headers = {h["name"]: h["value"] for h in letter["headers"]}
+    assert letter["value"].startswith("job-") and headers["dmq.dlq.error"] == "bad input", shown

@@ -377,6 +377,34 @@ async def test_reassign_adds_waits_for_sync_then_drops(h: Harness) -> None:
                            == final.partition_epoch)
 
 
+async def test_reassign_elects_the_preferred_replica_once_in_sync(tmp_path: pathlib.Path) -> None:
+    # The periodic preferred-leader check would move the leader too; an hour keeps it out of the
+    # way, so the election seen here is the reassignment's.
+    h = Harness(tmp_path / "coordinator", node_kwargs={"preferred_leader_check_interval_ms": 3_600_000})
+    await h.start_coordinator()
+    try:
+        brokers = {b: await add(h, b) for b in (1, 2, 3)}
+        await h.create("o", 1)
+        s = await current_state(h, "o")
+        leader, second, third = s.replicas
+        # the broker to lead is out of sync: the new order is recorded, the leader stays for now
+        shrunk = (await alter_isr(h, s, [leader, third])).state
+        target = [second, leader, third]
+        started = (await h.stub.ReassignPartition(
+            pb.ReassignPartitionRequest(topic="o", partition=0, replicas=target), timeout=5)).state
+        assert list(started.replicas) == target and started.leader_id == leader
+        assert started.leader_epoch == shrunk.leader_epoch
+        # it joins the in-sync set: it leads at the next leader epoch, and every replica is told
+        await alter_isr(h, started, [leader, third, second])
+        assert await until(lambda: h.node.metadata.partition_state("o", 0).leader == second)
+        final = await current_state(h, "o")
+        assert final.leader_epoch == started.leader_epoch + 1 and list(final.replicas) == target
+        for b in target:
+            assert await until(lambda b=b: (brokers[b].latest("o", 0) or pb.PartitionState()).leader_id == second)
+    finally:
+        await h.close()
+
+
 async def test_a_lost_push_is_sent_again_at_the_next_heartbeat(h: Harness) -> None:
     brokers = {b: await add(h, b) for b in (1, 2, 3)}
     await h.create("lost", 1)

@@ -230,12 +230,12 @@ def test_new_mode_through_the_dmq_consumer(fast: ClusterThread) -> None:
             consumer.subscribe("t")
             deadline = time.monotonic() + TIMEOUT_S
             while len(consumer.assignment()) < 2 and time.monotonic() < deadline:
-                assert list(consumer.poll(0.2)) == []
+                assert list(consumer.poll(200)) == []
             produce(0, b"new-0")
             produce(1, b"new-1")
             got: list[bytes] = []
             while len(got) < 2 and time.monotonic() < deadline:
-                got += [r.value for r in consumer.poll(0.5)]
+                got += [r.value for r in consumer.poll(500)]
         assert sorted(got) == [b"new-0", b"new-1"]
     finally:
         channel.close()

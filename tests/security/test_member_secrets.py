@@ -114,7 +114,7 @@ def test_a_consumer_group_works_end_to_end_with_tokens_and_acls(secure_cluster, 
     with DMQConsumer(config) as consumer:
         consumer.subscribe("orders")
         for _ in range(100):
-            got += [r.value for r in consumer.poll(0.2)]
+            got += [r.value for r in consumer.poll(200)]
             if len(got) >= 10:
                 break
         consumer.commit_sync()

@@ -153,14 +153,17 @@ CASES: dict[str, Case] = {
     "/dmq.v1.Broker/UpdatePartitionStates": Case(lambda a, n: pb.UpdatePartitionStatesRequest(states=[])),
     "/dmq.v1.Broker/OffsetForLeaderEpoch": Case(lambda a, n: pb.OffsetForLeaderEpochRequest(
         queries=[pb.EpochQuery(topic=_topic(a, n), partition=0, leader_epoch=0)], replica_id=0)),
-    # Broker: queue mode (finishing a lease needs only its id, the capability a pop hands out)
+    # Broker: queue mode (finishing a lease needs what popping it did, on the lease's topic and
+    # group; a reject also write on the dead-letter topic)
     "/dmq.v1.Broker/QueuePop": Case(lambda a, n: pb.QueuePopRequest(topic=_queue_topic(a, n), group=n + "q", max_records=1,
                                                                     timeout_ms=2000),
                                     _read_topic_and_group("q")),
-    "/dmq.v1.Broker/QueueAck": Case(lambda a, n: pb.QueueAckRequest(lease_id=_lease(a, n))),
-    "/dmq.v1.Broker/QueueNack": Case(lambda a, n: pb.QueueNackRequest(lease_id=_lease(a, n), error="test")),
-    "/dmq.v1.Broker/QueueReject": Case(lambda a, n: pb.QueueRejectRequest(lease_id=_lease(a, n), offset=0, error="test")),
-    "/dmq.v1.Broker/QueueRenew": Case(lambda a, n: pb.QueueRenewRequest(lease_id=_lease(a, n))),
+    "/dmq.v1.Broker/QueueAck": Case(lambda a, n: pb.QueueAckRequest(lease_id=_lease(a, n)), _read_topic_and_group("q")),
+    "/dmq.v1.Broker/QueueNack": Case(lambda a, n: pb.QueueNackRequest(lease_id=_lease(a, n), error="test"),
+                                     _read_topic_and_group("q")),
+    "/dmq.v1.Broker/QueueReject": Case(lambda a, n: pb.QueueRejectRequest(lease_id=_lease(a, n), offset=0, error="test"),
+                                       lambda n: [*_read_topic_and_group("q")(n), ("topic", n + ".dlq", "write", False)]),
+    "/dmq.v1.Broker/QueueRenew": Case(lambda a, n: pb.QueueRenewRequest(lease_id=_lease(a, n)), _read_topic_and_group("q")),
     "/dmq.v1.Broker/QueueDescribe": Case(lambda a, n: pb.QueueDescribeRequest(topic=_queue_topic(a, n)),
                                          lambda n: [("topic", n, "describe", False)]),
     "/dmq.v1.Broker/FindTrace": Case(lambda a, n: pb.FindTraceRequest(trace_id=n),

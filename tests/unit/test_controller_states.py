@@ -170,3 +170,23 @@ def test_reassignment_adds_first_and_drops_once_in_sync() -> None:
     assert ps.reassignment_started(done, [3, 2]) is done  # nothing to add
     kept = ps.reassignment_finished(S((2, 3, 1), (2, 3, 1), 2, 3, 8), [2, 3], [1, 2, 3])
     assert kept == S((2, 3), (2, 3), 2, 3, 9)  # the leader stays: same leader epoch
+
+
+@pytest.mark.parametrize(
+    ("state", "target", "live", "expected"),
+    [
+        # a new order, all in sync: the first listed leads at the next leader epoch
+        (S((1, 2, 0), (0, 1, 2), 0, 3, 6), [1, 2, 0], [0, 1, 2], S((1, 2, 0), (1, 2, 0), 1, 4, 7)),
+        # the preferred replica is down: the leader stays (no needless move), the order is kept
+        (S((1, 2, 0), (0, 1, 2), 0, 3, 6), [1, 2, 0], [0, 2], S((1, 2, 0), (1, 2, 0), 0, 3, 7)),
+        # the preferred replica is down and the leader leaves: the next live in-sync target replica
+        (S((1, 2, 0), (0, 1, 2), 0, 3, 6), [1, 2], [0, 2], S((1, 2), (1, 2), 2, 4, 7)),
+        # the preferred replica already leads: nothing moves but the replica list
+        (S((1, 2, 0), (0, 1, 2), 1, 3, 6), [1, 2], [0, 1, 2], S((1, 2), (1, 2), 1, 3, 7)),
+        # nothing in sync is alive and the leader leaves: offline
+        (S((1, 2, 0), (0, 1, 2), 0, 3, 6), [1, 2], [0], S((1, 2), (1, 2), NO_LEADER, 4, 7)),
+    ],
+)
+def test_reassignment_finish_elects_the_preferred_replica(state, target, live, expected) -> None:  # noqa: ANN001
+    assert ps.reassignment_finished(state, target, live) == expected
+    assert ps.reassignment_finished(expected, target, live) is expected  # done: nothing more to change

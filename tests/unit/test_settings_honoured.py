@@ -3,7 +3,9 @@ instead of failing (or silently doing nothing) later."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import socket
+import threading
 import time
 from typing import Any
 
@@ -11,7 +13,7 @@ import grpc
 import pytest
 
 from dmq.client.consumer import ConsumerConfig
-from dmq.client.errors import DMQError, InvalidConfigError
+from dmq.client.errors import DMQError, InvalidConfigError, NoBrokersAvailableError
 from dmq.client.producer import Producer
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
@@ -93,17 +95,45 @@ def test_the_producer_counts_every_failed_record() -> None:
         assert p.metrics()["records_failed"] == 3
 
 
+class _NeverAnswer(grpc.GenericRpcHandler):
+    """Every unary call is accepted and never answered, until `release` is set."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        def hang(_request: bytes, _context: grpc.ServicerContext) -> bytes:
+            self.release.wait()
+            return b""
+
+        return grpc.unary_unary_rpc_method_handler(hang)
+
+
 def test_max_block_ms_bounds_send_when_the_coordinator_does_not_answer() -> None:
     """Before: the first metadata look-up waited a whole request_timeout_ms (10 s here) before
-    max_block_ms (0.5 s) was looked at. A listening socket that never answers stands in for a
-    hung coordinator (the kernel completes the TCP handshake; gRPC then waits for HTTP/2)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as hole:
-        hole.bind(("127.0.0.1", 0))
-        hole.listen(16)
-        address = "127.0.0.1:%d" % hole.getsockname()[1]
-        with Producer(address, max_block_ms=500, request_timeout_ms=10_000) as p:
+    max_block_ms (0.5 s) was looked at. A gRPC server whose calls never answer stands in for a
+    hung coordinator. (A socket that never completes a connection fails the constructor with
+    NoBrokersAvailableError, bounded by max_block_ms as well: the second half.)"""
+    handler = _NeverAnswer()
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with Producer(f"127.0.0.1:{port}", max_block_ms=500, request_timeout_ms=10_000) as p:
             started = time.monotonic()
             with pytest.raises(DMQError):
                 p.send("t", b"x")
             elapsed = time.monotonic() - started
+    finally:
+        handler.release.set()
+        server.stop(0)
     assert elapsed < 3.0, f"send() blocked {elapsed:.1f} s with max_block_ms=500"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(16)
+        started = time.monotonic()
+        with pytest.raises(NoBrokersAvailableError):
+            Producer("127.0.0.1:%d" % hole.getsockname()[1], max_block_ms=500, request_timeout_ms=10_000)
+        elapsed = time.monotonic() - started
+    assert elapsed < 3.0, f"the constructor blocked {elapsed:.1f} s with max_block_ms=500"

@@ -1,0 +1,127 @@
+"""Requests that do not decode: INVALID_ARGUMENT naming the message type, on every method.
+
+grpc.aio decodes a request (its handler's `request_deserializer`) before any interceptor
+behaviour or servicer runs, and answers an exception there UNKNOWN ("Unexpected <class
+'google.protobuf.message.DecodeError'>..."), a status no request may get from a DMQ server. So
+`DecodeGuard`, an interceptor every server has (dmq.client.cli.runner), swaps each method's
+deserializer for one that never raises: bytes that do not decode become an `Undecodable` naming
+the message type, and the guard's behaviour, outside the security interceptor's (no rule reads
+the resources of a request that has none), answers it INVALID_ARGUMENT:
+
+    request: the bytes do not decode as a dmq.v1.QueuePopRequest (Error parsing message ...)
+
+Every service the servers register goes through it, the health service included. A method whose
+requests arrive as a stream would get Undecodable items in its iterator; no service of ours has
+one, so such handlers are left as they are (and so are raw-bytes methods, nothing to decode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from dmq.proto.handlers import Behavior, ServerInterceptorBase, call_behavior, stream_behavior
+from dmq.proto.names import cap_message
+
+__all__ = ["DecodeGuard", "Undecodable"]
+
+# Wrapped handlers kept per method name (a few dozen methods; the bound is against a generic
+# handler that would answer arbitrary names).
+MAX_WRAPPED_METHODS = 1024
+
+
+class Undecodable:
+    """What a request that did not decode is handed on as; `message` is its status message."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message_type: str, error: Exception) -> None:
+        self.message = cap_message(f"request: the bytes do not decode as a {message_type} ({error})")
+
+    def __repr__(self) -> str:
+        return f"<Undecodable {self.message!r}>"
+
+
+def message_type_of(deserializer: Callable[[bytes], Any], method: str) -> str:
+    """The full protobuf name of what `deserializer` makes (a generated class's FromString)."""
+    cls = getattr(deserializer, "__self__", None)
+    descriptor = getattr(cls, "DESCRIPTOR", None)
+    name = getattr(descriptor, "full_name", None)
+    return name if isinstance(name, str) else f"request of {method}"
+
+
+def tolerant(deserializer: Callable[[bytes], Any], message_type: str) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as e:  # noqa: BLE001 - whatever the parser raises, the bytes are the client's
+            return Undecodable(message_type, e)
+
+    return deserialize
+
+
+def _guard_unary(behavior: Behavior) -> Callable[..., Awaitable[Any]]:
+    async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if type(request) is Undecodable:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        return await call_behavior(behavior, request, context)
+
+    return guarded
+
+
+def _guard_stream(behavior: Behavior) -> Callable[..., AsyncIterator[Any]]:
+    async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        if type(request) is Undecodable:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        async for item in stream_behavior(behavior, request, context):
+            yield item
+
+    return guarded
+
+
+def guard(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
+    """`handler` with a deserializer that never raises and a behaviour refusing what it could not
+    decode; unchanged when its requests are a stream or raw bytes."""
+    deserializer = handler.request_deserializer
+    if deserializer is None or handler.request_streaming:
+        return handler
+    decode = tolerant(deserializer, message_type_of(deserializer, method))
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(_guard_unary(handler.unary_unary), decode,
+                                                   handler.response_serializer)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(_guard_stream(handler.unary_stream), decode,
+                                                    handler.response_serializer)
+    return handler
+
+
+class DecodeGuard(ServerInterceptorBase):
+    """The interceptor of `guard`: put it before the security interceptor, so an undecodable
+    request is refused before any rule reads its fields."""
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
+
+    def __repr__(self) -> str:
+        return f"<DecodeGuard methods={len(self._wrapped)}>"
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+        # The handler below is the same object call after call (the security interceptor keeps
+        # its wrapping too): the guarded one is made once per method.
+        known = self._wrapped.get(method)
+        if known is not None and known[0] is handler:
+            return known[1]
+        guarded = guard(handler, method)
+        if len(self._wrapped) < MAX_WRAPPED_METHODS:
+            self._wrapped[method] = (handler, guarded)
+        return guarded
