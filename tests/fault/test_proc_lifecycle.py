@@ -198,14 +198,13 @@ def test_a_server_refused_its_data_dir_never_listens(tmp_path, servers, command)
     """Issue 26 item 2: the directory is locked before the port is bound. The second server
     accepted connections for 35-70 ms, then exited 1 with the right message."""
     data = tmp_path / "data"
-    port = free_port()
-    first = Server(["server", "--port", str(port), "--data-dir", str(data)], tmp_path / "first.log")
+    first = Server(["server", "--port", "0", "--data-dir", str(data)], tmp_path / "first.log")
     servers.append(first)
-    first.wait_for_text("DMQ is running")
-    second_port = free_port()
+    bootstrap = first.bound_address(EMBEDDED_READY)
+    second_port = free_port()  # picked: the test watches it while the second server runs
     argv = {"server": ["server", "--data-dir", str(data)],
             "coordinator": ["coordinator", "--data-dir", str(data / "coordinator")],
-            "broker": ["broker", "--coordinator", f"127.0.0.1:{port}", "--broker-id", "7",
+            "broker": ["broker", "--coordinator", bootstrap, "--broker-id", "7",
                        "--data-dir", str(data / "broker-0")]}[command] + ["--port", str(second_port)]
     accepted, done = _connections_accepted_while_running(argv, second_port)
     assert done.returncode == 1 and "is in use by pid" in done.stderr, done
