@@ -85,6 +85,14 @@ class Forker:
             except ProcessLookupError:
                 pass
         self.proc.wait(10)
+        # Its pipes too: left to the garbage collector, their ResourceWarning (an error here)
+        # failed whichever test was running when it ran (seen in a random-order run).
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except BrokenPipeError:  # stdin's flush, the reader being dead
+                    pass
 
 
 @pytest.fixture
