@@ -165,3 +165,43 @@ def test_separate_servers_have_their_own_endpoints(cluster_factory: Callable[...
     assert "dmq_broker_bytes_in_total" not in coordinator  # each registry answers for its own server
     assert [value(b, "dmq_coordinator_brokers_alive") for b in brokers] == [0, 0]
     assert all("dmq_broker_under_replicated_partitions" in b for b in brokers)
+
+
+def test_client_metrics_count_what_was_sent_and_consumed(cluster: ClusterThread) -> None:
+    with AdminClient(cluster.bootstrap) as admin:
+        admin.create_topic(TOPIC, 2)
+    with Producer(cluster.bootstrap, linger_ms=0) as producer:
+        for i in range(20):
+            producer.send(TOPIC, b"value-%02d" % i, partition=i % 2)
+        producer.flush(WAIT_S)
+        sent = producer.metrics()
+    assert sent["record_send_total"] == 20 and sent["records_failed"] == 0
+    assert sent["bytes_send_total"] > 20 * 8  # the batches' bytes: headers and values
+    assert sent["request_total"] >= 2 and sent["request_error_total"] == 0
+    assert 0 < sent["request_latency_avg_ms"] <= sent["request_latency_max_ms"]
+    assert sent["record_send_rate"] > 0 and sent["request_rate"] > 0
+
+    consumer = DMQConsumer(bootstrap_servers=cluster.bootstrap, group_id="metered", enable_auto_commit=False,
+                           max_poll_records=5, **FAST)
+    try:
+        consumer.subscribe(TOPIC)
+        got: list[Any] = []
+        first: dict[str, float] = {}
+
+        def read() -> bool:
+            got.extend(consumer.poll(0.2))
+            if got and not first:
+                first.update(consumer.metrics())
+            return len(got) >= 20
+
+        wait_for(read, "20 records")
+        consumer.commit_sync()
+        m = consumer.metrics()
+    finally:
+        consumer.close()
+    assert m["record_consumed_total"] == 20 and m["bytes_consumed_total"] > 20 * 8
+    assert m["request_total"] >= 1 and m["request_latency_max_ms"] > 0
+    assert m["commit_total"] == 1 and m["commit_rate"] > 0
+    assert m["rebalance_total"] >= 1  # the first assignment
+    assert m["records_lag_max"] == 0  # read to the end
+    assert 0 <= first["records_lag_max"] <= 10
