@@ -137,8 +137,8 @@ class BrokerCollector(Collector):
     def _replication(self, broker: str) -> Iterator[Metric]:
         replication = self._node.replication
         replicas = [r for r in replication.replicas() if not is_offsets_log(r.topic)]
-        led = [r for r in replicas if r.leading is not None]
-        under = sum(1 for r in led if len(r.leading.isr) < len(r.leading.replicas))  # type: ignore[union-attr]
+        led = [(r, r.leading) for r in replicas if r.leading is not None]
+        under = sum(1 for _r, leading in led if len(leading.isr) < len(leading.replicas))
         offline = sum(1 for r in replicas if r.state.leader_id < 0)
         yield _gauge("dmq_broker_partitions_led", "Replicated partitions this broker leads", broker, len(led))
         yield _gauge("dmq_broker_under_replicated_partitions",
@@ -156,15 +156,14 @@ class BrokerCollector(Collector):
         lag = GaugeMetricFamily("dmq_broker_follower_lag_records",
                                 "Records a follower is behind the leader's log end (on the leader)",
                                 labels=["broker", "topic", "partition", "follower"])
-        rows = [(r, f, st) for r in led for f, st in sorted(r.leading.followers.items())]  # type: ignore[union-attr]
+        rows = [(r, f, max(0, leading.log_end_offset - st.log_end_offset))
+                for r, leading in led for f, st in sorted(leading.followers.items())]
         if len(rows) <= self.max_partition_series:
-            for r, follower, st in rows:
-                behind = max(0, r.leading.log_end_offset - st.log_end_offset)  # type: ignore[union-attr]
+            for r, follower, behind in rows:
                 lag.add_metric([broker, r.topic, str(r.partition), str(follower)], behind)
         else:
             worst: dict[str, int] = {}
-            for r, _follower, st in rows:
-                behind = max(0, r.leading.log_end_offset - st.log_end_offset)  # type: ignore[union-attr]
+            for r, _follower, behind in rows:
                 worst[r.topic] = max(worst.get(r.topic, 0), behind)
             for topic, behind in sorted(worst.items()):
                 lag.add_metric([broker, topic, "*", "*"], behind)
