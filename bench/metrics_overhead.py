@@ -69,8 +69,9 @@ class Scraper:
         self._thread.join(15)
 
 
-def one(mode: str, values: list[bytes], partitions: int, interval_s: float) -> tuple[float, float, int]:
-    """(produce msgs/s, consume msgs/s, scrapes) against a fresh server with metrics `mode`."""
+def one(mode: str, values: list[bytes], partitions: int, interval_s: float) -> tuple[float, float, int, float]:
+    """(produce msgs/s, consume msgs/s, scrapes, the server's CPU seconds for both) against a fresh
+    server with metrics `mode`. CPU time is steadier than throughput on a shared machine."""
     from dmq.client import AdminClient
 
     with tempfile.TemporaryDirectory(prefix=f"dmq-bench-metrics-{mode}-") as tmp:
@@ -82,14 +83,16 @@ def one(mode: str, values: list[bytes], partitions: int, interval_s: float) -> t
                 scraper = Scraper(metrics_url, interval_s)
             with AdminClient(server.bootstrap) as admin:
                 admin.create_topic("perf", partitions)
+            cpu0 = server.cpu_s()
             produce_s, _loop = bench_send(server.bootstrap, "perf", values)
             got, consume_s = bench_consume_batches(server.bootstrap, "perf", partitions)
             assert got == len(values) + 1, (got, len(values))  # bench_send sends one first, off the clock
+            cpu = server.cpu_s() - cpu0
             scrapes = 0
             if scraper is not None:
                 scraper.stop()
                 scrapes = scraper.scrapes
-            return len(values) / produce_s, got / consume_s, scrapes
+            return len(values) / produce_s, got / consume_s, scrapes, cpu
         finally:
             server.stop()
 
@@ -108,21 +111,22 @@ def main() -> None:
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     values = make_values(args.records, 100)
-    results: dict[str, list[tuple[float, float, int]]] = {"off": [], "on": []}
+    results: dict[str, list[tuple[float, float, int, float]]] = {"off": [], "on": []}
     print(f"{args.records:,} records of 100 B, {args.partitions} partitions, acks=all, fsync flush, "
           f"{args.rounds} rounds, scrapes every {args.scrape_interval:g} s with metrics on")
     for r in range(args.rounds):
         for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
-            produce, consume, scrapes = one(mode, values, args.partitions, args.scrape_interval)
-            results[mode].append((produce, consume, scrapes))
+            produce, consume, scrapes, cpu = one(mode, values, args.partitions, args.scrape_interval)
+            results[mode].append((produce, consume, scrapes, cpu))
             print(f"  round {r + 1} metrics {mode:<3}: produce {produce:>10,.0f} msgs/s   consume {consume:>10,.0f} msgs/s"
-                  + (f"   ({scrapes} scrapes)" if mode == "on" else ""))
+                  f"   server CPU {cpu:6.2f} s" + (f"   ({scrapes} scrapes)" if mode == "on" else ""))
             os.sync()  # the next server starts without the last one's dirty pages to write back
-    med = {m: (statistics.median(p for p, _c, _s in rs), statistics.median(c for _p, c, _s in rs))
-           for m, rs in results.items()}
-    print(f"median  off: produce {med['off'][0]:>10,.0f} msgs/s   consume {med['off'][1]:>10,.0f} msgs/s")
-    print(f"median  on : produce {med['on'][0]:>10,.0f} msgs/s   consume {med['on'][1]:>10,.0f} msgs/s")
-    print(f"on / off   : produce {med['on'][0] / med['off'][0]:.3f}          consume {med['on'][1] / med['off'][1]:.3f}")
+    med = {m: [statistics.median(row[i] for row in rs) for i in (0, 1, 3)] for m, rs in results.items()}
+    for m in ("off", "on"):
+        print(f"median  {m:<3}: produce {med[m][0]:>10,.0f} msgs/s   consume {med[m][1]:>10,.0f} msgs/s"
+              f"   server CPU {med[m][2]:6.2f} s")
+    print(f"on / off   : produce {med['on'][0] / med['off'][0]:.3f}          consume {med['on'][1] / med['off'][1]:.3f}"
+          f"          server CPU {med['on'][2] / med['off'][2]:.3f}")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,9 @@ class RpcMetrics(ServerInterceptorBase):
             "dmq_auth_failures_total", "Calls refused: authentication (UNAUTHENTICATED) or authorization (PERMISSION_DENIED)",
             ["kind"], registry=registry,
         )
+        # both kinds exported from the start (0 until a refusal), as a rate() over them needs
+        self._auth_failures = {"UNAUTHENTICATED": self.auth_failures.labels("authentication"),
+                               "PERMISSION_DENIED": self.auth_failures.labels("authorization")}
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
         self._children: dict[tuple[str, str], Any] = {}
 
@@ -90,15 +93,10 @@ class RpcMetrics(ServerInterceptorBase):
         child = self._children.get((method, code))
         if child is None:
             child = self._children[(method, code)] = self.duration.labels(method, code)
-            if code == "UNAUTHENTICATED":
-                self.auth_failures.labels("authentication")
-            elif code == "PERMISSION_DENIED":
-                self.auth_failures.labels("authorization")
         child.observe(seconds)
-        if code == "UNAUTHENTICATED":
-            self.auth_failures.labels("authentication").inc()
-        elif code == "PERMISSION_DENIED":
-            self.auth_failures.labels("authorization").inc()
+        failure = self._auth_failures.get(code)
+        if failure is not None:
+            failure.inc()
 
     def _unary(self, method: str) -> Callable[[Behavior], Callable[..., Awaitable[Any]]]:
         def wrap(behavior: Behavior) -> Callable[..., Awaitable[Any]]:
@@ -200,7 +198,12 @@ class MetricsEndpoint:
         self._refresh.append(hook)
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._serve, self.host, self.requested_port)
+        try:
+            self._server = await asyncio.start_server(self._serve, self.host, self.requested_port)
+        except OSError as e:  # the operator's next step: another port, or none
+            raise OSError(e.errno, f"metrics endpoint (--metrics-port): cannot listen on {self.host}:"
+                                   f"{self.requested_port}: {e.strerror or e}; choose another port, or 0 to turn "
+                                   "it off") from None
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("metrics endpoint listening", url=self.url)
         return self.port

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import socket
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -50,3 +51,14 @@ def test_metrics_port_refusals(dmq_bare, tmp_path: pathlib.Path) -> None:  # typ
     high = dmq_bare("broker", "--coordinator", "127.0.0.1:1", "--broker-id", "0", "--data-dir", str(tmp_path / "b"),
                     "--metrics-port", "70000")
     assert high.returncode == 2 and "70000 is not a port" in high.stderr
+
+
+def test_a_busy_metrics_port_is_named(dmq_bare, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = dmq_bare("server", "--port", "0", "--data-dir", str(tmp_path / "d"), "--metrics-port", str(port))
+    assert result.returncode == 1, result
+    assert f"--metrics-port): cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "or 0 to turn it off" in result.stderr
