@@ -37,14 +37,18 @@ FSYNC_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
 
 
 class TopicTraffic:
-    """Records and bytes in, bytes out, per topic, since the broker started."""
+    """Records and bytes in, bytes out, per topic, since the broker started; for event stores,
+    events appended, appends refused by their condition, and partitions claimed by groups."""
 
-    __slots__ = ("records_in", "bytes_in", "bytes_out")
+    __slots__ = ("records_in", "bytes_in", "bytes_out", "event_appends", "event_conflicts", "event_claims")
 
     def __init__(self) -> None:
         self.records_in: dict[str, int] = {}
         self.bytes_in: dict[str, int] = {}
         self.bytes_out: dict[str, int] = {}
+        self.event_appends: dict[str, int] = {}
+        self.event_conflicts: dict[str, int] = {}
+        self.event_claims: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"<TopicTraffic topics={len(self.bytes_in)} bytes_in={sum(self.bytes_in.values())}>"
@@ -56,8 +60,18 @@ class TopicTraffic:
     def fetched(self, topic: str, size: int) -> None:
         self.bytes_out[topic] = self.bytes_out.get(topic, 0) + size
 
+    def events_appended(self, topic: str, events: int) -> None:
+        self.event_appends[topic] = self.event_appends.get(topic, 0) + events
+
+    def event_conflict(self, topic: str) -> None:
+        self.event_conflicts[topic] = self.event_conflicts.get(topic, 0) + 1
+
+    def events_claimed(self, topic: str, claims: int) -> None:
+        self.event_claims[topic] = self.event_claims.get(topic, 0) + claims
+
     def forget(self, topic: str) -> None:
-        for counts in (self.records_in, self.bytes_in, self.bytes_out):
+        for counts in (self.records_in, self.bytes_in, self.bytes_out, self.event_appends, self.event_conflicts,
+                       self.event_claims):
             counts.pop(topic, None)
 
 
@@ -103,6 +117,11 @@ class BrokerCollector(Collector):
             ("dmq_broker_bytes_in", "Batch bytes appended by produce requests, per topic", traffic.bytes_in),
             ("dmq_broker_bytes_out", "Record bytes answered to consumer fetches (not followers'), per topic",
              traffic.bytes_out),
+            ("dmq_event_store_appended_events", "Events appended to an event store", traffic.event_appends),
+            ("dmq_event_store_condition_conflicts", "Event appends refused because their condition matched "
+             "a later event", traffic.event_conflicts),
+            ("dmq_event_store_claims", "Partitions (attribute values) claimed by event-store groups",
+             traffic.event_claims),
         ):
             family = CounterMetricFamily(name, doc, labels=["broker", "topic"])
             for topic, value in sorted(counts.items()):

@@ -205,3 +205,26 @@ def test_client_metrics_count_what_was_sent_and_consumed(cluster: ClusterThread)
     assert m["rebalance_total"] >= 1  # the first assignment
     assert m["records_lag_max"] == 0  # read to the end
     assert 0 <= first["records_lag_max"] <= 10
+
+
+def test_event_store_appends_conflicts_and_claims(metered: ClusterThread) -> None:
+    from dmq.client.errors import AppendConditionError
+    from dmq.client.events import EventStore, EventType
+
+    created = EventType("course.created", ["course_name"])
+    renamed = EventType("course.renamed", ["course_name"])
+    [endpoint] = metered.cluster.metrics_endpoints
+    with AdminClient(metered.bootstrap) as admin:
+        admin.create_topic("courses", 1, kind="event-store")
+    with EventStore(metered.bootstrap, "courses") as store:
+        store.register_group("g")
+        store.append([created.new(course_name="Algebra"), created.new(course_name="History")])
+        claim = store.claim_next("g", ["course_name"], [created, renamed], "w1")
+        assert claim is not None
+        store.append(renamed.new(course_name="Algebra"), claim.guard)
+        with pytest.raises(AppendConditionError):
+            store.append(renamed.new(course_name="Algebra"), claim.guard)  # the rename conflicts now
+    samples = scrape(endpoint.url)
+    assert value(samples, "dmq_event_store_appended_events_total", topic="courses") == 3
+    assert value(samples, "dmq_event_store_condition_conflicts_total", topic="courses") == 1
+    assert value(samples, "dmq_event_store_claims_total", topic="courses") == 1
