@@ -106,6 +106,8 @@ class BrokerCollector(Collector):
         node = self._node
         broker = str(node.broker_id)
         yield from self._traffic(broker)
+        yield _gauge("dmq_broker_bytes_in_flight", "Request and answer bytes held in memory now (produce batches "
+                     "being appended, fetch answers not yet sent)", broker, node.service.budget.in_use)
         yield from self._logs(broker)
         yield from self._replication(broker)
         yield from self._queues(broker)

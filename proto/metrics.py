@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dmq.proto.handlers import Behavior, ServerInterceptorBase, call_behavior, rewrap, stream_behavior
@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_METRICS_PORT",
     "ConnectionsCollector",
     "MetricsEndpoint",
+    "QuotaCollector",
     "RpcMetrics",
     "new_registry",
 ]
@@ -173,6 +174,20 @@ class ConnectionsCollector(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         yield GaugeMetricFamily("dmq_open_connections", "Client connections (peers) with a call in the last minute",
                                 value=self._count())
+
+
+class QuotaCollector(Collector):
+    """Seconds calls were delayed by quotas, per kind (requests, produce, fetch)."""
+
+    def __init__(self, throttled_s: Callable[[], Mapping[str, float]]) -> None:
+        self._throttled_s = throttled_s
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        family = CounterMetricFamily("dmq_quota_throttle_seconds", "Time calls were delayed by quotas, by kind",
+                                     labels=["kind"])
+        for kind, seconds in sorted(self._throttled_s().items()):
+            family.add_metric([kind], seconds)
+        yield family
 
 
 class MetricsEndpoint:

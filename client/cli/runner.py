@@ -58,7 +58,7 @@ from dmq.proto.decoding import DecodeGuard
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import server_options
 from dmq.proto.malloc_tuning import keep_large_buffers
-from dmq.proto.metrics import ConnectionsCollector, MetricsEndpoint, RpcMetrics, new_registry
+from dmq.proto.metrics import ConnectionsCollector, MetricsEndpoint, QuotaCollector, RpcMetrics, new_registry
 from dmq.proto.security.interceptor import AclView, SecurityInterceptor
 from dmq.proto.security.quotas import QuotaSettings
 from dmq.proto.security.settings import ServerSecurity
@@ -119,11 +119,15 @@ def _new_server(
     # who calls, may they, how fast (dmq.proto.security.interceptor), after the connection limit
     # so a flood of bad credentials is bounded like any other flood.
     connections = PerAddressConnectionLimit()
+    guard = SecurityInterceptor(security, acls, quotas)
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if metrics is not None:
         interceptors.append(RpcMetrics(metrics))
         metrics.register(ConnectionsCollector(connections.connection_count))
-    interceptors += [connections, DecodeGuard(), SecurityInterceptor(security, acls, quotas)]
+        quota = guard.quotas
+        if quota is not None:
+            metrics.register(QuotaCollector(lambda: quota.throttled_s))
+    interceptors += [connections, DecodeGuard(), guard]
     return grpc.aio.server(
         options=server_options(),
         interceptors=interceptors,

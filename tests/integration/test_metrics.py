@@ -228,3 +228,9 @@ def test_event_store_appends_conflicts_and_claims(metered: ClusterThread) -> Non
     assert value(samples, "dmq_event_store_appended_events_total", topic="courses") == 3
     assert value(samples, "dmq_event_store_condition_conflicts_total", topic="courses") == 1
     assert value(samples, "dmq_event_store_claims_total", topic="courses") == 1
+
+
+def test_bytes_in_flight_is_exported_and_idle_at_zero(metered: ClusterThread) -> None:
+    [endpoint] = metered.cluster.metrics_endpoints
+    samples = scrape(endpoint.url)
+    assert value(samples, "dmq_broker_bytes_in_flight") == 0  # nothing held between calls

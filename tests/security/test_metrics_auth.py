@@ -55,3 +55,23 @@ def test_auth_failures_are_counted_by_kind(secure_cluster, certs):  # type: igno
     assert after[(count, (("code", "UNAUTHENTICATED"), ("method", "ListTopics")))] == 2
     assert after[(count, (("code", "PERMISSION_DENIED"), ("method", "ListTopics")))] == 1
     assert after[(count, (("code", "OK"), ("method", "ListTopics")))] == 1
+
+
+def test_quota_throttle_time_is_counted(secure_cluster, certs):  # type: ignore[no-untyped-def]
+    from dmq.proto.security.quotas import QuotaSettings, Rates
+
+    # One request a second, a bucket of one: on one channel, calls after the first two each wait
+    # about a second (the debt grows by what each arrives early), however fast the machine is.
+    c = secure_cluster("tokens", metrics_port=0, quotas=QuotaSettings(principals={"admin": Rates(requests_per_s=1)}))
+    [endpoint] = c.cluster.metrics_endpoints
+    assert _samples(endpoint.url)[("dmq_quota_throttle_seconds_total", (("kind", "requests"),))] == 0
+    channel = sync_channel(c.bootstrap, tls_client(certs, token=token_for("admin")), channel_options())
+    try:
+        stub = pb_grpc.MetadataStub(channel)
+        for _ in range(3):
+            stub.ListTopics(pb.ListTopicsRequest(), timeout=10)  # delayed, never refused
+    finally:
+        channel.close()
+    after = _samples(endpoint.url)
+    assert after[("dmq_quota_throttle_seconds_total", (("kind", "requests"),))] > 0
+    assert after[("dmq_quota_throttle_seconds_total", (("kind", "produce"),))] == 0
