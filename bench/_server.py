@@ -51,6 +51,7 @@ class ChildServer:
             self.proc.kill()
             raise SystemExit(f"server did not start: {line!r}")
         self.bootstrap = line.split()[1]
+        self.ready_fields = line.split()[1:]  # what else the script printed after READY
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system) the server process has used so far (Linux /proc)."""

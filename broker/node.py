@@ -32,9 +32,11 @@ from typing import Any
 
 import grpc
 import structlog
+from prometheus_client import CollectorRegistry
 
 from dmq.broker.events.registry import EventStores
 from dmq.broker.log import LogConfig, LogManager
+from dmq.broker.metrics import DEFAULT_MAX_PARTITION_SERIES, BrokerCollector, timed_fsync
 from dmq.broker.offsets import OffsetStore
 from dmq.broker.queue.manager import QueueManager
 from dmq.broker.replication.manager import ReplicaManager, ReplicatedDurability
@@ -46,6 +48,7 @@ from dmq.proto import error_details
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.event_headers import KIND_EVENT_STORE
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.metrics import new_registry
 from dmq.proto.security.acls import Acl, AclSet
 from dmq.proto.security.interceptor import AclView
 from dmq.proto.security.settings import ClientSecurity, aio_channel
@@ -94,7 +97,12 @@ class BrokerNode:
         replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT,
         replica_ack_timeout_ms: int = REPLICA_ACK_TIMEOUT_MS_DEFAULT,
         rack: str = "",
+        metrics: CollectorRegistry | None = None,
+        max_partition_series: int = DEFAULT_MAX_PARTITION_SERIES,
     ) -> None:
+        # The server's Prometheus registry (dmq.proto.metrics): shared with the coordinator when
+        # both sit on one server (`dmq server`), never the process-global one.
+        self.metrics = metrics if metrics is not None else new_registry()
         self.data_dir = pathlib.Path(data_dir)
         self.broker_id = broker_id
         self.coordinator_address = coordinator_address
@@ -108,7 +116,8 @@ class BrokerNode:
         # coordinator (TLS, and the cluster principal's certificate or token).
         self.acls = acls or AclView()
         self.client_security = client_security
-        self.logs = LogManager(self.data_dir / "logs", self.log_config, max_open_files=max_open_files)
+        self.logs = LogManager(self.data_dir / "logs", self.log_config, max_open_files=max_open_files,
+                               fsync=timed_fsync(self.metrics))
         self.offsets = OffsetStore(self.logs, self.data_dir)
         self.queues = QueueManager(self)  # queue mode: leases, acks, dead letters (broker/queue)
         # Replicated partitions: roles from the controller's states, followers' fetch loops,
@@ -122,6 +131,7 @@ class BrokerNode:
         self.dir_lock = DataDirLock(self.data_dir)
         self._opening: asyncio.Future[None] | None = None
         self.service = BrokerService(self)
+        self.metrics.register(BrokerCollector(self, max_partition_series))
         self.ready = False
         self._channel: grpc.aio.Channel | None = None
         self._metadata: pb_grpc.MetadataStub | None = None
@@ -361,6 +371,8 @@ class BrokerNode:
                 self.logs.delete(t, p)
         self.queues.forget(topic, partitions)
         self._leader_cache.pop(topic, None)
+        if partitions is None:
+            self.service.traffic.forget(topic)
         log.info("partitions deleted", topic=topic, partitions=sorted(partitions) if partitions else "all")
 
     async def leader_hint(self, topic: str, partition: int) -> str | None:

@@ -52,6 +52,7 @@ from dmq.broker.log import (
 )
 from dmq.broker.events.service import EventStoreRpcs
 from dmq.broker.log.errors import DISK_FULL_ERRNOS
+from dmq.broker.metrics import TopicTraffic
 from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
 from dmq.broker.queue.service import QueueRpcs
 from dmq.broker.readiness import require_started
@@ -335,6 +336,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
     def __init__(self, node: BrokerNode, budget: ByteBudget | None = None) -> None:
         self._node = node
         self.notifier = AppendNotifier()
+        self.traffic = TopicTraffic()  # records / bytes in and out per topic (dmq.broker.metrics)
         self.appender = _Appender()
         # Fetch answers and produce requests in flight, together (see memory_budget.py).
         self.budget = budget or ByteBudget()
@@ -445,6 +447,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
         finally:
             lease.release()
         if not info.duplicate:
+            self.traffic.produced(request.topic, info.last_offset - info.base_offset + 1, len(batch))
             self.notifier.notify(request.topic, request.partition)
             self._node.queues.on_append(request.topic, request.partition)
         if replica is not None and acks_all:
@@ -637,6 +640,10 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                 remaining_s = deadline - time.monotonic()
                 if total >= min_bytes or remaining_s <= 0 or any(r.error for r, _ in results):
                     answer = frame_fetch_response(results)
+                    if not request.HasField("replica_id"):  # followers' fetches are replication, not bytes out
+                        for result, data in results:
+                            if data:
+                                self.traffic.fetched(result.topic, len(data))
                     # Held until gRPC is done with the answer (sent, or the call ended), not just
                     # until this handler returns: an unread answer still occupies memory.
                     # grpc-stubs 1.53 declares DoneCallback a class, not a Protocol: no function matches it

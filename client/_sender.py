@@ -50,6 +50,7 @@ import grpc
 from dmq.client._log import get_logger
 from dmq.client._accumulator import Accumulator, PartitionQueue, ProducerBatch
 from dmq.client._cluster import Cluster
+from dmq.client._metrics import ClientStats
 from dmq.client.errors import (
     rpc_error_reason,
     ClientClosedError,
@@ -118,7 +119,9 @@ class Sender:
         self._producer_id = producer_id  # -1: not idempotent
         self._max_record_bytes = max_record_bytes
         self._wakeup = acc.wakeup
-        self._completions: deque[tuple[ProducerBatch, str, Any]] = deque()
+        self._completions: deque[tuple[ProducerBatch, str, Any, float]] = deque()
+        # Producer.metrics(): one recording per answered request (dmq.client._metrics)
+        self.stats = ClientStats()
         self._active: set[PartitionQueue] = set()
         self._stopping = False
         self._rng = random.Random()
@@ -167,8 +170,8 @@ class Sender:
     def _step(self, now: float) -> float:
         acc = self._acc
         while self._completions:
-            batch, address, call = self._completions.popleft()
-            self._on_response(batch, address, call, now)
+            batch, address, call, sent = self._completions.popleft()
+            self._on_response(batch, address, call, now, sent)
         next_at = now + IDLE_WAKE_S
         with acc.lock:
             if acc.open:
@@ -279,19 +282,20 @@ class Sender:
         q.inflight = b
         if not self._wait_for_ack and not b.future.done():
             b.resolve(-1)  # acks=0: nobody waits for the broker
-        call.add_done_callback(functools.partial(self._queue_response, b, address))
+        call.add_done_callback(functools.partial(self._queue_response, b, address, time.monotonic()))
 
-    def _queue_response(self, b: ProducerBatch, address: str, call: Any) -> None:
-        # On a gRPC thread: hand over to the sender, touch nothing else.
-        self._completions.append((b, address, call))
+    def _queue_response(self, b: ProducerBatch, address: str, sent: float, call: Any) -> None:
+        # On a gRPC thread: hand over to the sender, touch nothing else (the latency ends here).
+        self._completions.append((b, address, call, time.monotonic() - sent))
         self._wakeup.set()
 
-    def _on_response(self, b: ProducerBatch, address: str, call: Any, now: float) -> None:
+    def _on_response(self, b: ProducerBatch, address: str, call: Any, now: float, latency_s: float = 0.0) -> None:
         q = self._acc.queue(b.topic, b.partition)
         q.inflight = None
         try:
             response = call.result()
         except grpc.RpcError as e:
+            self.stats.request(latency_s, ok=False)
             overrides = _PRODUCE_ERRORS if rpc_error_reason(e) is None else _PRODUCE_ERRORS_WITH_REASON
             err = from_rpc_error(e, context=f"Produce to {b.topic}[{b.partition}] at {address}", overrides=overrides)
             if isinstance(err, RecordTooLargeError):
@@ -320,6 +324,8 @@ class Sender:
                     attempts=b.attempts,
                 )
             q.failed_leader, q.failures = None, 0
+            self.stats.request(latency_s)
+            self.stats.transferred(b.count, len(b.payload or b""))
             self._done(b, response.base_offset)
         self._active.add(q)
 

@@ -844,10 +844,14 @@ class Producer:
             raise SerializationError(f"value_serializer failed for a record to {topic!r}: {e!r}") from e
         return key, value
 
-    def metrics(self) -> dict[str, int]:
-        """A few gauges for monitoring and tests; records_failed counts every record that failed
-        for good (not only those whose handle or callback someone looked at)."""
+    def metrics(self) -> dict[str, float]:
+        """Kafka's producer metrics in snake_case (README "Metrics"): record_send_rate / _total,
+        bytes_send_rate / _total (acknowledged batches), request_rate, request_total,
+        request_error_total, request_latency_avg_ms / _max_ms (rates and latencies over the last
+        30 s); and gauges: records_failed counts every record that failed for good (not only those
+        whose handle or callback someone looked at), open / incomplete batches, buffer bytes free."""
         return {
+            **self._sender.stats.snapshot("send"),
             "records_failed": self._acc.records_failed,
             "open_batches": len(self._acc.open),
             "incomplete_batches": len(self._acc.incomplete),

@@ -110,6 +110,9 @@ _MODE_FROM_PROTO = {
 }
 
 
+MAX_TRACKED_REBALANCES = 100_000
+
+
 def build(node: CoordinatorNode) -> GroupService:
     """The node's plug-in point (see coordinator/node.py): the service gets its collaborators."""
     return GroupService(
@@ -267,6 +270,11 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self.max_tick_interval_ms = max_tick_interval_ms
         self._lock = asyncio.Lock()
         self._signals = Signals()
+        # Rebalances for the metrics (dmq.coordinator.metrics): generations started, and each one's
+        # time from the group's first scheduled rebalance, handed to on_rebalance when set.
+        self.rebalances = 0
+        self.on_rebalance: Callable[[float], None] | None = None
+        self._rebalance_started: dict[str, float] = {}
         self._ack_seq: dict[tuple[str, str], int] = {}  # GetAssignment calls per member
         self._watches = WatchStreams(self.registry, self._signals, self._ack_seq, lambda: self._stopping)
         self._creating: dict[str, asyncio.Future[None]] = {}
@@ -275,6 +283,11 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self._ticker_wake: asyncio.Event | None = None
         self._serving = False
         self._stopping = False
+
+    @property
+    def brokers(self) -> GroupBrokers:
+        """The broker calls DescribeGroup makes (the metrics' lag uses the same)."""
+        return self._brokers
 
     def __repr__(self) -> str:
         return (
@@ -387,8 +400,17 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             self._log_event(group, event)
             if isinstance(event, MemberRemoved):
                 self._ack_seq.pop((event.group_id, event.member_id), None)
-            elif isinstance(event, RebalanceScheduled) and self._ticker_wake is not None:
-                self._ticker_wake.set()
+            elif isinstance(event, RebalanceScheduled):
+                if len(self._rebalance_started) >= MAX_TRACKED_REBALANCES:  # groups deleted mid-rebalance
+                    self._rebalance_started.clear()
+                self._rebalance_started.setdefault(event.group_id, time.monotonic())
+                if self._ticker_wake is not None:
+                    self._ticker_wake.set()
+            elif isinstance(event, GenerationStarted):
+                self.rebalances += 1
+                started = self._rebalance_started.pop(event.group_id, None)
+                if started is not None and self.on_rebalance is not None:
+                    self.on_rebalance(time.monotonic() - started)
             members = affected(group, event)
             if members:
                 self._signals.fire(event.group_id, members)

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 import grpc
 import structlog
+from prometheus_client import CollectorRegistry
 
 from dmq.coordinator.acls import AclManager
 from dmq.coordinator.broker_pool import BrokerPool
@@ -48,10 +49,13 @@ from dmq.coordinator.metadata import (
     PrincipalLimits,
     wall_clock_ms,
 )
+from dmq.coordinator.metrics import DEFAULT_MAX_PARTITION_SERIES
+from dmq.coordinator.metrics import install as install_metrics
 from dmq.coordinator.store import CoordinatorStore
 from dmq.coordinator.validation import TopicConfigDefaults
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.dirlock import DataDirLock
+from dmq.proto.metrics import new_registry
 from dmq.proto.security.interceptor import AclView
 from dmq.proto.security.settings import ClientSecurity
 
@@ -90,6 +94,8 @@ class CoordinatorNode:
         principal_limits: PrincipalLimits | None = None,
         default_replication_factor: int | None = None,
         preferred_leader_check_interval_ms: int = DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS,
+        metrics: CollectorRegistry | None = None,
+        max_partition_series: int = DEFAULT_MAX_PARTITION_SERIES,
     ) -> None:
         if default_subscription_mode not in SUBSCRIPTION_MODES:
             raise ValueError(
@@ -149,6 +155,10 @@ class CoordinatorNode:
         self._started = False
         self.groups = build_group_service(self)
         self.attach(self.groups)
+        # The server's Prometheus registry (dmq.proto.metrics), never the process-global one; the
+        # endpoint awaits lag_cache.refresh before each scrape (consumer lag asks the brokers).
+        self.metrics = metrics if metrics is not None else new_registry()
+        self.lag_cache = install_metrics(self, self.metrics, max_partition_series=max_partition_series)
 
     def __repr__(self) -> str:
         return (

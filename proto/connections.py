@@ -69,6 +69,10 @@ class PerAddressConnectionLimit(ServerInterceptorBase):
         self._by_address: dict[str, dict[str, _Connection]] = {}
         self._entries = 0
 
+    def connection_count(self) -> int:
+        """The connections tracked now (dmq_open_connections)."""
+        return self._entries
+
     def __repr__(self) -> str:
         return (
             f"<PerAddressConnectionLimit max_per_address={self.max_per_address} "

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 
+from dmq.proto.limits import TOPIC_CONFIG_RANGES
+
 __all__ = ["parse_duration_ms", "parse_size_bytes", "parse_setting"]
 
 _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
@@ -54,7 +56,8 @@ def parse_size_bytes(text: str) -> int:
 def parse_setting(name: str, value: object) -> object:
     """A setting's value as the wire takes it: text read by the grammar of `name` (a duration for
     names ending in _ms, else a size or count); anything else is returned as given, for the
-    limits to judge (an int, a bool, or a wrong type they name)."""
-    if not isinstance(value, str):
+    limits to judge (an int, a bool, or a wrong type they name). Only the numeric settings have a
+    grammar: a text setting (`kind`: "event-store") or an unknown name is returned as given."""
+    if not isinstance(value, str) or name not in TOPIC_CONFIG_RANGES:
         return value
     return parse_duration_ms(value) if name.endswith("_ms") else parse_size_bytes(value)

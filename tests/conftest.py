@@ -17,6 +17,11 @@ import pytest
 
 from dmq.client.cli.runner import ClusterOptions, ClusterThread
 
+# `dmq server` serves /metrics on port 9464 by default. The suite starts many `dmq server`
+# processes (and other engineers' suites may run beside it): they inherit this and serve none,
+# so no two fight over the port. A test that wants the endpoint passes --metrics-port.
+os.environ["DMQ_METRICS_PORT"] = "0"
+
 
 @pytest.fixture
 def cluster_factory(tmp_path: pathlib.Path) -> Iterator[Callable[..., ClusterThread]]:

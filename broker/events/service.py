@@ -210,6 +210,7 @@ class EventStoreRpcs:
         try:
             last, append_ms = await store.append(events, condition)
         except ConditionFailedError as e:
+            self._node.service.traffic.event_conflict(request.topic)
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 str(e),
@@ -219,6 +220,7 @@ class EventStoreRpcs:
                 ),
             )
             raise AssertionError("unreachable: context.abort raises") from e
+        self._node.service.traffic.events_appended(request.topic, len(events))
         return pb.EventAppendResponse(last_position=last, append_time_ms=append_ms)
 
     @_guarded
@@ -357,6 +359,7 @@ class EventStoreRpcs:
         head = store.readable_end()
         if not claims:
             return pb.EventClaimResponse(claimed=False, head=head)
+        self._node.service.traffic.events_claimed(request.topic, len(claims))
         first, *more = claims
         return pb.EventClaimResponse(
             claimed=True,

@@ -120,6 +120,9 @@ class ReplicaManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._checker: asyncio.Task[None] | None = None
         self._stopped = False
+        # In-sync set changes proposed (dmq_broker_isr_shrinks / _expands), read by the metrics.
+        self.isr_shrinks = 0
+        self.isr_expands = 0
 
     def __repr__(self) -> str:
         led = sum(1 for r in self._replicas.values() if r.leading is not None)
@@ -442,6 +445,10 @@ class ReplicaManager:
                     self._alter_isr(r, leading.isr - lagging, f"followers {sorted(lagging)} lagging")
 
     def _alter_isr(self, r: Replica, isr: set[int], why: str) -> None:
+        if r.leading is not None and len(isr) < len(r.leading.isr):
+            self.isr_shrinks += 1
+        else:
+            self.isr_expands += 1
         r.alter_pending = True
         self._spawn(self._send_alter_isr(r, sorted(isr), why), f"alter isr {r.topic}[{r.partition}]")
 

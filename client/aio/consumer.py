@@ -311,6 +311,11 @@ class AsyncConsumer:
     def subscription(self) -> set[str]:
         return set(self._memberships)
 
+    def metrics(self) -> dict[str, float]:
+        """As DMQConsumer.metrics()'s Kafka-style keys (README "Metrics"): record / bytes consumed,
+        Fetch request latency, records_lag_max, commit_rate / _total, rebalance_total."""
+        return self._fetcher.stats.consumer_snapshot()
+
     def assignment(self) -> set[TopicPartition]:
         return set(self._subs.assigned()) if self._started else set()
 
@@ -587,6 +592,7 @@ class AsyncConsumer:
         for tp in sorted(added):
             self._subs.add(tp, starts.get(tp.partition, EARLIEST))
         if revoked or added:
+            self._fetcher.stats.rebalanced()  # an assignment that changed: Kafka's rebalance count
             log.info("assignment changed: group=%s member=%s generation=%d revoked=%s assigned=%s",
                      m.group_id, m.member_id, response.generation, sorted(tp.partition for tp in revoked),
                      sorted(tp.partition for tp in added))
@@ -683,6 +689,7 @@ class AsyncConsumer:
                 if not self._cluster.knows(topic):
                     return dict.fromkeys(offsets, e)
         calls, errors = self._offsets.commit_calls(offsets, memberships, timeout_s=0)
+        self._fetcher.stats.committed()
         futures = {asyncio.wrap_future(self._offsets.send_commit(call, max(0.001, timeout_s))): call for call in calls}
         if futures:
             await asyncio.wait(futures, timeout=max(0.0, timeout_s))

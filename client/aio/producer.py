@@ -452,9 +452,11 @@ class AsyncProducer:
             raise ClientClosedError("send() after stop(): create a new AsyncProducer")
         return acc
 
-    def metrics(self) -> dict[str, int]:
+    def metrics(self) -> dict[str, float]:
+        """Producer.metrics()'s keys (README "Metrics"); {} before start()."""
         acc = self._acc
         if acc is None:
             return {}
-        return {"records_failed": acc.records_failed, "open_batches": len(acc.open),
+        sent = self._sender.stats.snapshot("send") if self._sender is not None else {}
+        return {**sent, "records_failed": acc.records_failed, "open_batches": len(acc.open),
                 "incomplete_batches": len(acc.incomplete), "buffer_available_bytes": acc.pool.available}

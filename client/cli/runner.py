@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from dmq.broker.log import LogConfig
 from dmq.broker.node import BrokerNode
@@ -57,6 +58,7 @@ from dmq.proto.decoding import DecodeGuard
 from dmq.proto.dirlock import DataDirLock
 from dmq.proto.grpc_options import server_options
 from dmq.proto.malloc_tuning import keep_large_buffers
+from dmq.proto.metrics import ConnectionsCollector, MetricsEndpoint, QuotaCollector, RpcMetrics, new_registry
 from dmq.proto.security.interceptor import AclView, SecurityInterceptor
 from dmq.proto.security.quotas import QuotaSettings
 from dmq.proto.security.settings import ServerSecurity
@@ -94,6 +96,11 @@ class ClusterOptions:
     # 1 by default here: the embedded server has one broker, and the in-process multi-broker
     # clusters (tests) keep the unreplicated placement their tests were written for unless asked.
     replication_factor: int | None = 1
+    # Prometheus /metrics (dmq.proto.metrics): None off; 0 a free port per server (tests); P > 0:
+    # the coordinator's server on P and broker server i (when brokers have their own) on P + 1 + i.
+    metrics_port: int | None = None
+    # Per-partition series up to this many partitions, then per topic (dmq.broker.metrics).
+    max_partition_series: int = 1000
 
 
 # Bounds the calls a process serves at once (long polls and watch streams included); past it
@@ -102,18 +109,37 @@ MAX_CONCURRENT_RPCS = 50_000
 
 
 def _new_server(
-    security: ServerSecurity | None = None, acls: AclView | None = None, quotas: QuotaSettings | None = None
+    security: ServerSecurity | None = None, acls: AclView | None = None, quotas: QuotaSettings | None = None,
+    metrics: CollectorRegistry | None = None,
 ) -> grpc.aio.Server:
+    # Timing first (dmq.proto.metrics), so calls refused by any later interceptor are counted.
     # Connection limits: per server and idle timeout in the options, per client address by the
     # interceptor (see dmq.proto.grpc_options and dmq.proto.connections). Then requests that do
     # not decode: INVALID_ARGUMENT before any rule reads them (dmq.proto.decoding). Then security:
     # who calls, may they, how fast (dmq.proto.security.interceptor), after the connection limit
     # so a flood of bad credentials is bounded like any other flood.
+    connections = PerAddressConnectionLimit()
+    guard = SecurityInterceptor(security, acls, quotas)
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if metrics is not None:
+        interceptors.append(RpcMetrics(metrics))
+        metrics.register(ConnectionsCollector(connections.connection_count))
+        quota = guard.quotas
+        if quota is not None:
+            metrics.register(QuotaCollector(lambda: quota.throttled_s))
+    interceptors += [connections, DecodeGuard(), guard]
     return grpc.aio.server(
         options=server_options(),
-        interceptors=[PerAddressConnectionLimit(), DecodeGuard(), SecurityInterceptor(security, acls, quotas)],
+        interceptors=interceptors,
         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
     )
+
+
+def _metrics_port(base: int | None, index: int) -> int | None:
+    """Server `index`'s metrics port (0: the coordinator's server): see ClusterOptions.metrics_port."""
+    if base is None or base == 0:
+        return base
+    return base + index
 
 
 def exempting(limits: PrincipalLimits | None, security: ServerSecurity | None) -> PrincipalLimits | None:
@@ -253,6 +279,8 @@ class LocalCluster:
         self._locked = False  # the data directories are ours: the nodes may be started and stopped
         self._locks: list[DataDirLock] = []  # taken first by start(), then held by the nodes
         self.bootstrap = ""
+        # One /metrics endpoint per gRPC server (coordinator's first), when options.metrics_port is set.
+        self.metrics_endpoints: list[MetricsEndpoint] = []
 
     def __repr__(self) -> str:
         return f"<LocalCluster bootstrap={self.bootstrap!r} brokers={len(self.brokers)}>"
@@ -276,7 +304,8 @@ class LocalCluster:
         _lock_all(locks)
         self._locks = locks
         coord_acls = AclView()
-        coord_server = _new_server(o.security, coord_acls, o.quotas)
+        coord_metrics = new_registry() if o.metrics_port is not None else None
+        coord_server = _new_server(o.security, coord_acls, o.quotas, coord_metrics)
         self._servers.append(coord_server)
         port = bind(coord_server, o.host, o.port, o.security)
         self.bootstrap = f"{o.host}:{port}"
@@ -289,10 +318,16 @@ class LocalCluster:
             broker_session_timeout_ms=o.broker_session_timeout_ms,
             default_subscription_mode=o.default_subscription_mode,
             rebalance_debounce_ms=o.rebalance_debounce_ms,
+            metrics=coord_metrics,
+            max_partition_series=o.max_partition_series,
             **{"default_replication_factor": o.replication_factor, **o.coordinator_kwargs},  # type: ignore[arg-type]
         )
         self.coordinator.dir_lock = locks[0]
         self.coordinator.add_to_server(coord_server)
+        if coord_metrics is not None:
+            endpoint = MetricsEndpoint(coord_metrics, o.host, _metrics_port(o.metrics_port, 0) or 0)
+            endpoint.add_refresh(self.coordinator.lag_cache.refresh)
+            self.metrics_endpoints.append(endpoint)
         coord_health = ServerHealth(coord_server)
         self._health.append(coord_health)
         await coord_health.starting([SERVICE_METADATA, SERVICE_GROUPS])
@@ -303,9 +338,14 @@ class LocalCluster:
                 # One server: its interceptor decides with the coordinator's own ACLs; the broker's
                 # copy (a separate view, so its refresh can never roll the coordinator's back) is unused.
                 server, broker_port, h = coord_server, port, coord_health
+                registry = coord_metrics
             else:
-                server = _new_server(o.security, broker_acls, o.quotas)
+                registry = new_registry() if o.metrics_port is not None else None
+                server = _new_server(o.security, broker_acls, o.quotas, registry)
                 self._servers.append(server)
+                if registry is not None:
+                    self.metrics_endpoints.append(
+                        MetricsEndpoint(registry, o.host, _metrics_port(o.metrics_port, 1 + i) or 0))
                 broker_port = bind(server, o.host, 0, o.security)
                 h = ServerHealth(server)
                 self._health.append(h)
@@ -321,11 +361,15 @@ class LocalCluster:
                 retention_check_interval_ms=o.retention_check_interval_ms,
                 acls=broker_acls,
                 client_security=cluster_client,
+                metrics=registry,
+                max_partition_series=o.max_partition_series,
             )
             broker.dir_lock = locks[1 + i]
             broker.add_to_server(server)
             self.brokers.append(broker)
         self._locked = True
+        for endpoint in self.metrics_endpoints:
+            await endpoint.start()
         for server in self._servers:
             await server.start()
         await self.coordinator.start()
@@ -375,6 +419,8 @@ class LocalCluster:
                 finally:
                     if self.coordinator is not None:
                         await self.coordinator.stop()
+                    for endpoint in self.metrics_endpoints:
+                        await endpoint.stop()
                     self._servers.clear()
                     self._health.clear()
                     self._locked = False
@@ -516,23 +562,30 @@ def _arm_stop_watchdog(deadline_s: float) -> None:
 async def run_coordinator_only(
     data_dir: pathlib.Path, host: str, port: int, on_ready: Callable[[str], None], *,
     security: ServerSecurity | None = None, quotas: QuotaSettings | None = None,
-    principal_limits: PrincipalLimits | None = None, **kwargs: object
+    principal_limits: PrincipalLimits | None = None, metrics_port: int | None = None,
+    on_metrics: Callable[[str], None] | None = None, **kwargs: object
 ) -> None:
+    """`metrics_port`: None no /metrics endpoint, 0 a free port, else that port; `on_metrics` gets its URL."""
     check_bind_security(host, security)
     acls = AclView()
-    server = _new_server(security, acls, quotas)
+    registry = new_registry() if metrics_port is not None else None
+    server = _new_server(security, acls, quotas, registry)
     lock = DataDirLock(data_dir)
     bound = _locked_then_bound(lock, server, host, port, security)
     node = CoordinatorNode(
         data_dir, advertised_address=f"{host}:{bound}", acls=acls,
         client_security=security.cluster_client() if security is not None else None,
         principal_limits=exempting(principal_limits, security),
+        metrics=registry,
         **kwargs,  # type: ignore[arg-type]
     )
     node.dir_lock = lock
     node.add_to_server(server)
     server_health = ServerHealth(server)
     services = [SERVICE_METADATA, SERVICE_GROUPS]
+    endpoint = MetricsEndpoint(registry, host, metrics_port or 0) if registry is not None else None
+    if endpoint is not None:
+        endpoint.add_refresh(node.lag_cache.refresh)
 
     async def start() -> None:
         node.dir_lock.acquire()
@@ -540,8 +593,12 @@ async def run_coordinator_only(
             await server_health.starting(services)
             await server.start()
             await node.start()
+            if endpoint is not None:
+                await endpoint.start()
+                if on_metrics is not None:
+                    on_metrics(endpoint.url)
         except BaseException:
-            await _stop_quietly(node.stop(), server.stop(0))
+            await _stop_quietly(node.stop(), server.stop(0), *([endpoint.stop()] if endpoint else []))
             raise
         await server_health.serving(services)
 
@@ -553,7 +610,11 @@ async def run_coordinator_only(
             try:
                 await server.stop(SHUTDOWN_GRACE_S)
             finally:
-                await node.stop()
+                try:
+                    await node.stop()
+                finally:
+                    if endpoint is not None:
+                        await endpoint.stop()
 
     await serve_until_signalled(start, stop, lambda: on_ready(f"{host}:{bound}"))
 
@@ -571,11 +632,14 @@ async def run_broker_only(
     rack: str = "",
     replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT,
     replica_ack_timeout_ms: int = REPLICA_ACK_TIMEOUT_MS_DEFAULT,
+    metrics_port: int | None = None,
+    on_metrics: Callable[[str], None] | None = None,
 ) -> None:
     check_bind_security(host, security)
     _keep_large_buffers()
     acls = AclView()
-    server = _new_server(security, acls, quotas)
+    registry = new_registry() if metrics_port is not None else None
+    server = _new_server(security, acls, quotas, registry)
     lock = DataDirLock(data_dir)
     bound = _locked_then_bound(lock, server, host, port, security)
     node = BrokerNode(
@@ -590,20 +654,26 @@ async def run_broker_only(
         rack=rack,
         replica_lag_time_max_ms=replica_lag_time_max_ms,
         replica_ack_timeout_ms=replica_ack_timeout_ms,
+        metrics=registry,
     )
     node.dir_lock = lock
     node.add_to_server(server)
     server_health = ServerHealth(server)
+    endpoint = MetricsEndpoint(registry, host, metrics_port or 0) if registry is not None else None
 
     async def start() -> None:
         node.dir_lock.acquire()
         try:
             await server_health.starting([SERVICE_BROKER])
             await server.start()
+            if endpoint is not None:  # before registering: a broker waiting for its coordinator is worth watching
+                await endpoint.start()
+                if on_metrics is not None:
+                    on_metrics(endpoint.url)
             # Waits (cancellably) until the coordinator has taken the registration.
             await node.start()
         except BaseException:
-            await _stop_quietly(server.stop(0), node.stop())
+            await _stop_quietly(server.stop(0), node.stop(), *([endpoint.stop()] if endpoint else []))
             raise
         await server_health.serving([SERVICE_BROKER])
 
@@ -613,7 +683,11 @@ async def run_broker_only(
         try:
             await server.stop(SHUTDOWN_GRACE_S)
         finally:
-            await node.stop()
+            try:
+                await node.stop()
+            finally:
+                if endpoint is not None:
+                    await endpoint.stop()
 
     await serve_until_signalled(start, stop, lambda: on_ready(f"{host}:{bound}"))
 

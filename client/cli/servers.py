@@ -16,6 +16,43 @@ from dmq.client.cli.logging_setup import configure_logging
 
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"])
 SUBSCRIPTION_MODES = click.Choice(["all", "new", "timestamp"])
+DEFAULT_METRICS_PORT = 9464  # dmq.proto.metrics.DEFAULT_METRICS_PORT (not imported: `dmq --help` stays light)
+
+
+class MetricsPort(click.ParamType):
+    """--metrics-port: a port, 0 for no endpoint, or `auto` for a free port (printed at start).
+    Converted to what the runners take: None (off), 0 (a free port) or the port."""
+
+    name = "PORT|0|auto"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            port = value
+        elif str(value).strip().lower() == "auto":
+            return 0
+        else:
+            try:
+                port = int(str(value))
+            except ValueError:
+                self.fail(f"{value!r} is not a port (1-65535), 0 (off) or auto", param, ctx)
+        if port is None or port == 0:
+            return None
+        if not 1 <= port <= 65535:
+            self.fail(f"{port} is not a port (1-65535), 0 (off) or auto", param, ctx)
+        return port
+
+
+def _metrics_option(default: str, help_text: str, envvar: str | None = None):
+    return click.option("--metrics-port", "metrics_port", type=MetricsPort(), default=default, show_default=True,
+                        envvar=envvar, show_envvar=envvar is not None,
+                        help=help_text + " Prometheus text at http://HOST:PORT/metrics; 0: off; auto: a free port.")
+
+
+def _metrics_argv(port: int | None, offset: int) -> list[str]:
+    """--metrics-port for child `offset` of a process cluster: coordinator PORT, broker i PORT + 1 + i."""
+    if port is None:
+        return ["--metrics-port", "0"]
+    return ["--metrics-port", "auto" if port == 0 else str(port + offset)]
 
 
 def _log_config(flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int):
@@ -223,10 +260,13 @@ def _default_subscription_from_ms(mode: str, text: str | None) -> int | None:
 @_broker_session_option
 @_security_options
 @_principal_limit_options
+@_metrics_option(str(DEFAULT_METRICS_PORT), "The metrics endpoint (with --brokers N: the coordinator's; broker i "
+                 "gets PORT+1+i).", envvar="DMQ_METRICS_PORT")
 def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, default_subscription_mode: str,
                default_subscription_from: str | None, log_level: str, flush: str, flush_interval_ms: int,
                segment_bytes: int, retention_ms: int, retention_bytes: int, broker_session_timeout_ms: int,
-               max_topics_per_principal: int, max_partitions_per_principal: int, **security_options) -> None:
+               max_topics_per_principal: int, max_partitions_per_principal: int, metrics_port: int | None,
+               **security_options) -> None:
     """Run DMQ for development: a coordinator and broker(s), data under --data-dir.
 
     Security is off by default, on 127.0.0.1; see README "Securing a cluster"."""
@@ -239,7 +279,7 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
         storage = _storage_argv(flush, flush_interval_ms, segment_bytes, retention_ms, retention_bytes)
         _run_process_cluster(host, port, data_dir, brokers, default_subscription_mode, log_level, storage, from_ms,
                              broker_session_timeout_ms=broker_session_timeout_ms, security_argv=security_argv,
-                             coordinator_argv=limits_argv)
+                             coordinator_argv=limits_argv, metrics_port=metrics_port)
         return
     from dmq.client.cli.runner import ClusterOptions, run_embedded
 
@@ -254,11 +294,13 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
         security=security,
         quotas=quotas,
         principal_limits=limits,
+        metrics_port=metrics_port,
     )
 
     def ready(cluster) -> None:
+        metrics = "".join(f"  metrics at {e.url}\n" for e in cluster.metrics_endpoints)
         click.echo(
-            f"DMQ is running: coordinator and broker on {cluster.bootstrap}, data in {data_dir.resolve()}\n"
+            f"DMQ is running: coordinator and broker on {cluster.bootstrap}, data in {data_dir.resolve()}\n{metrics}"
             f"  connect with bootstrap=\"{cluster.bootstrap}\", e.g.  dmq --bootstrap {cluster.bootstrap} topics list\n"
             f"  stop with Ctrl-C",
             err=True,
@@ -325,7 +367,7 @@ class _Member:
 def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: int, mode: str, log_level: str,
                          storage: list[str], from_ms: int | None = None, *,
                          broker_session_timeout_ms: int | None = None, security_argv: list[str] | None = None,
-                         coordinator_argv: list[str] | None = None) -> None:
+                         coordinator_argv: list[str] | None = None, metrics_port: int | None = None) -> None:
     """A coordinator process and N broker processes; SIGINT/SIGTERM stop them all cleanly.
 
     A member that dies (killed, crashed) is restarted with backoff and the others keep running,
@@ -360,12 +402,13 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
                                              # replicated by default, also for a topic created
                                              # before every broker registered (retried meanwhile)
                                              "--default-replication-factor", str(min(3, brokers)),
-                                             *(coordinator_argv or [])])]
+                                             *_metrics_argv(metrics_port, 0), *(coordinator_argv or [])])]
     # A restarted broker gets a new port (0): it registers its new address under its id.
     members += [_Member(f"broker {i}", exe + ["broker", "--host", host, "--port", "0", "--broker-id", str(i),
                                               "--coordinator", bootstrap,
                                               "--data-dir", str(data_dir / f"broker-{i}"),
-                                              "--log-level", log_level, *storage, *(security_argv or [])])
+                                              "--log-level", log_level, *storage,
+                                              *_metrics_argv(metrics_port, 1 + i), *(security_argv or [])])
                 for i in range(brokers)]
     stop = {"signal": 0}
 
@@ -461,10 +504,12 @@ def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> list[str]:
                    "brokers are live, such creations are refused as retriable.")
 @_security_options
 @_principal_limit_options
+@_metrics_option("0", "The coordinator's metrics endpoint.")
 def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str,
                     default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int,
                     default_replication_factor: int | None,
-                    max_topics_per_principal: int, max_partitions_per_principal: int, **security_options) -> None:
+                    max_topics_per_principal: int, max_partitions_per_principal: int, metrics_port: int | None,
+                    **security_options) -> None:
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups."""
     security, quotas, _argv = _pop_security(security_options)
     limits, _limits_argv = _principal_limits(max_topics_per_principal, max_partitions_per_principal)
@@ -481,6 +526,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
             broker_session_timeout_ms=broker_session_timeout_ms,
             default_replication_factor=default_replication_factor,
             security=security, quotas=quotas, principal_limits=limits,
+            metrics_port=metrics_port, on_metrics=lambda url: click.echo(f"coordinator metrics at {url}", err=True),
         ))
     except (OSError, ValueError) as e:  # a busy port; security settings refused (SecurityConfigError)
         raise click.ClickException(str(e)) from None
@@ -505,10 +551,11 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
               help="An acks=all produce waits at most this long for the in-sync replicas (then fails, retriable).")
 @_storage_options
 @_security_options
+@_metrics_option("0", "This broker's metrics endpoint.")
 def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir: pathlib.Path, log_level: str,
                rack: str, replica_lag_time_max_ms: int, replica_ack_timeout_ms: int,
                flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int,
-               **security_options) -> None:
+               metrics_port: int | None, **security_options) -> None:
     """Run one storage broker that registers with --coordinator."""
     security, quotas, _argv = _pop_security(security_options)
     _check_flush_interval(flush)
@@ -524,6 +571,8 @@ def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir:
             log_config=_log_config(flush, flush_interval_ms, segment_bytes, retention_ms, retention_bytes),
             security=security, quotas=quotas, rack=rack,
             replica_lag_time_max_ms=replica_lag_time_max_ms, replica_ack_timeout_ms=replica_ack_timeout_ms,
+            metrics_port=metrics_port,
+            on_metrics=lambda url: click.echo(f"broker {broker_id} metrics at {url}", err=True),
         ))
     except (OSError, ValueError) as e:  # a busy port; security settings refused (SecurityConfigError)
         raise click.ClickException(str(e)) from None

@@ -557,6 +557,7 @@ class DMQConsumer:
         for tp in sorted(added):
             self._subs.add(tp, starts.get(tp.partition, EARLIEST))
         if revoked or added:
+            self._fetcher.stats.rebalanced()  # an assignment that changed: Kafka's rebalance count
             self._log.info(
                 "assignment changed", group=m.group_id, member=m.member_id, generation=response.generation,
                 revoked=sorted(tp.partition for tp in revoked), assigned=sorted(tp.partition for tp in added),
@@ -785,6 +786,7 @@ class DMQConsumer:
         # An older async commit landing after this one would move the offset backwards.
         self._wait_for_async_commits(deadline)
         outcome = self._offsets.commit_sync(offsets, memberships, timeout_s=deadline - time.monotonic())
+        self._fetcher.stats.committed()
         self._subs.mark_committed({tp: o.offset for tp, o in outcome.done.items()})
         error = outcome.error("commit")
         if error is None:
@@ -810,6 +812,7 @@ class DMQConsumer:
             future.set_exception(e)
         else:
             future = self._offsets.commit_async(offsets, self._memberships, timeout_s=0)
+            self._fetcher.stats.committed()
         self._track_commit(future, callback)
         return future
 
@@ -1068,9 +1071,14 @@ class DMQConsumer:
         self._check_open()
         return self._offsets.list_offsets(queries, timeout_s=timeout)
 
-    def metrics(self) -> dict[str, int]:
-        """A few counters and gauges of this consumer, for monitoring and tests."""
+    def metrics(self) -> dict[str, float]:
+        """Kafka's consumer metrics in snake_case (README "Metrics"): record_consumed_rate / _total,
+        bytes_consumed_rate / _total (fetched), request_rate / _total / _error_total and
+        request_latency_avg_ms / _max_ms of the Fetch calls, records_lag_max (the largest lag of an
+        assigned partition, as of its last fetch), commit_rate / _total, rebalance_total (assignment
+        changes); rates and latencies over the last 30 s. Then counters and gauges of this consumer."""
         return {
+            **self._fetcher.stats.consumer_snapshot(),
             **self._counters,
             "assigned_partitions": len(self._subs.assigned()),
             "paused_partitions": len(self._subs.paused()),

@@ -39,6 +39,7 @@ from typing import Final
 
 from dmq.client._cluster import Cluster
 from dmq.client._log import get_logger
+from dmq.client._metrics import ClientStats
 from dmq.client._reader import FetchAnswer, FetchWant, PartitionReader
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._records import TopicPartition
@@ -143,6 +144,9 @@ class Fetcher:
             name=name,
         )
         self._closed = False
+        # the consumer's metrics() (dmq.client._metrics): per Fetch answer and per partition result
+        self.stats = ClientStats()
+        self._lags: dict[TopicPartition, int] = {}
 
     def __repr__(self) -> str:
         return (
@@ -181,9 +185,14 @@ class Fetcher:
 
     def harvest(self) -> None:
         """Move the answers of finished fetches into the partition buffers."""
+        stats = self.stats
+        lags = self._lags
         for answer in self._reader.answers():
+            stats.request(answer.answered_at - answer.sent_at, ok=answer.error is None)
             for result in answer.results:
                 self._take_result(result, answer)
+            if answer.results:
+                stats.lag(max(lags.values(), default=0))
 
     def _take_result(self, result: FetchPartitionView, answer: FetchAnswer) -> None:
         tp = TopicPartition(result.topic, result.partition)
@@ -197,6 +206,7 @@ class Fetcher:
             return
         data = result.records
         if not data:
+            self._lags[tp] = max(0, result.high_watermark - offset)
             return
         buf = self._buffers.get(tp)
         if buf is None or buf.epoch != epoch:
@@ -213,6 +223,8 @@ class Fetcher:
         if last >= offset:
             buf.chunks.append(data)
             buf.next_fetch_offset = last + 1
+            self.stats.transferred(last + 1 - offset, len(data))
+            self._lags[tp] = max(0, result.high_watermark - (last + 1))
 
     def _partition_error(
         self, tp: TopicPartition, state: PartitionState, result: FetchPartitionView, offset: int
@@ -303,6 +315,7 @@ class Fetcher:
     def drop(self, tp: TopicPartition) -> None:
         """Forget everything fetched for tp (revoked, sought): it must never be returned."""
         self._buffers.pop(tp, None)
+        self._lags.pop(tp, None)
 
     def close(self) -> None:
         """Drop everything; calls still running end when the owner closes the channels."""

@@ -96,6 +96,8 @@ class Quotas:
         self._clock = clock
         self.max_principals = max_principals
         self._buckets: dict[tuple[str, str], _Bucket] = {}
+        # Seconds of delay imposed so far, per kind (dmq_quota_throttle_seconds_total).
+        self.throttled_s: dict[str, float] = dict.fromkeys(KINDS, 0.0)
 
     def __repr__(self) -> str:
         return f"<Quotas default={self.settings.default} buckets={len(self._buckets)}>"
@@ -113,4 +115,7 @@ class Quotas:
             if len(self._buckets) >= self.max_principals * len(KINDS):
                 self._buckets = {k: b for k, b in self._buckets.items() if not b.full(now)}
             bucket = self._buckets[key] = _Bucket(rate, now)
-        return min(bucket.charge(amount, now), self.settings.max_delay_ms / 1000)
+        delay = min(bucket.charge(amount, now), self.settings.max_delay_ms / 1000)
+        if delay > 0:
+            self.throttled_s[kind] = self.throttled_s.get(kind, 0.0) + delay
+        return delay

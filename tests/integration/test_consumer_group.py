@@ -163,8 +163,11 @@ def test_listener_order_when_a_member_joins_and_another_closes(server: ClusterTh
     pump([a, b], lambda: len(partitions(a)) == 3 and len(partitions(b)) == 3)
     events = [(n, k, p) for _, n, k, p in log[1:]]
     moved = partitions(b)
-    # a gives the moved half back first (after committing), then b gets exactly that half
-    assert events == [("a", "revoked", moved), ("b", "assigned", moved)]
+    # a gives back exactly the half b gets. The two callbacks are not ordered across consumers:
+    # the hand-off is a's commit and GetAssignment at the coordinator, and a's on_partitions_revoked
+    # runs when a poll() of a's handles that answer, which may come after b's poll() got the half
+    # (seen under load; the listener is documented as called after the hand-back)
+    assert sorted(events) == [("a", "revoked", moved), ("b", "assigned", moved)]
     assert partitions(a) == set(range(6)) - moved
 
     before = len(log)

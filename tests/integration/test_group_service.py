@@ -358,7 +358,7 @@ async def test_membership_rpcs_refuse_bad_requests(client: Client) -> None:
     cases = [
         (g.JoinGroup(pb.JoinGroupRequest(group_id="")), Code.INVALID_ARGUMENT, "group_id"),
         (g.JoinGroup(pb.JoinGroupRequest(group_id="x" * 600)), Code.INVALID_ARGUMENT, "group_id"),
-        (g.JoinGroup(pb.JoinGroupRequest(group_id="G_none_x")), Code.NOT_FOUND, "FindOrCreateGroup"),
+        (g.JoinGroup(pb.JoinGroupRequest(group_id="G_none_x")), Code.NOT_FOUND, "a group appears when a consumer"),
         (g.JoinGroup(pb.JoinGroupRequest(group_id=gid, session_timeout_ms=10)), Code.INVALID_ARGUMENT,
          "session_timeout_ms"),
         (g.JoinGroup(pb.JoinGroupRequest(group_id=gid, max_poll_interval_ms=-5)), Code.INVALID_ARGUMENT,
