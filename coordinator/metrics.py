@@ -92,6 +92,11 @@ class CoordinatorCollector(Collector):
     def __repr__(self) -> str:
         return f"<CoordinatorCollector max_partition_series={self.max_partition_series}>"
 
+    def describe(self) -> Iterator[Metric]:
+        # Registering must not read the node: the registry's auto_describe would otherwise run
+        # collect() at install time, before the group service is built and its state loaded.
+        return iter(())
+
     def collect(self) -> Iterator[Metric]:
         metadata = self._node.metadata
         yield _gauge("dmq_coordinator_brokers_alive", "Brokers with a live session", len(metadata.live_broker_ids()))
