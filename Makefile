@@ -9,7 +9,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 DMQ_PORT ?= 9091
 DMQ_DATA_DIR ?= ./dmq-data
 
-.PHONY: run test proto bench lint clean venv
+.PHONY: run test check proto bench lint clean venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ run: $(STAMP)
 ## test: install the test and Spark extras, lint, and run the whole suite
 test: lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests
+
+## check: the fast inner loop: ruff and the unit tests (about a minute; no server processes, no Spark)
+check: $(DEV_STAMP)
+	$(VENV)/bin/ruff check proto broker coordinator client tests bench
+	$(PY) -m pytest -q -p no:cacheprovider -x tests/unit
 
 ## proto: regenerate the committed gRPC stubs from proto/dmq.proto
 proto: $(DEV_STAMP)
