@@ -38,5 +38,5 @@ def run_section(title: str, bootstrap: str) -> list[str]:
         capture_output=True, text=True, timeout=90, check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
+    assert done.stderr == "", done.stderr
     return done.stdout.splitlines()
