@@ -19,6 +19,11 @@ the next poll() joins again.
 What it never does: commit, fetch an assignment, or touch the SubscriptionState. It only sets
 Membership flags and the consumer's wake-up event; poll() acts on them on the caller's thread.
 The owner (DMQConsumer) calls stop(), which returns within about a second.
+
+Ending a task never abandons a call in flight (see _end): grpc.aio delivers each call's completion
+to the loop that started it, and one arriving after this thread closed its loop is dispatched by
+whichever other loop of the process polls grpc next (an application's asyncio.run, say), which
+fails and prints "RuntimeError: Event loop is closed" on its stderr.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -63,6 +69,9 @@ class HeartbeatThread:
         self._stopping: asyncio.Event | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}  # topic -> its two tasks
+        self._live: set[asyncio.Task[None]] = set()  # every task started here and not finished, untracked ones too
+        self._ending: set[asyncio.Task[None]] = set()  # tasks told to end (see _end)
+        self._calls: dict[asyncio.Task[None], grpc.aio.Call] = {}  # task -> the call it awaits now
         self._tracked: dict[str, Membership] = {}
         self.heartbeats_sent = 0  # for tests and __repr__
         self.heartbeat_failures = 0
@@ -115,6 +124,11 @@ class HeartbeatThread:
         self._loop = loop
         try:
             loop.run_until_complete(self._main())
+            # grpc.aio's own tasks of the calls ended above (their final status) finish before the
+            # loop closes, so no completion of theirs arrives for a closed loop.
+            leftover = asyncio.all_tasks(loop)
+            if leftover:
+                loop.run_until_complete(asyncio.wait(leftover, timeout=STOP_TIMEOUT_S / 4))
         except Exception:  # noqa: BLE001 - a dying heartbeat thread must say why
             log.exception("heartbeat thread failed", thread=self.name)
         finally:
@@ -125,19 +139,63 @@ class HeartbeatThread:
     async def _main(self) -> None:
         self._stopping = asyncio.Event()
         self._ready.set()
-        watchdog = asyncio.create_task(self._watchdog(), name=f"{self.name}-watchdog")
+        self._start(self._watchdog(), f"{self.name}-watchdog")
         try:
             await self._stopping.wait()
         finally:
-            tasks = [watchdog, *(t for ts in self._tasks.values() for t in ts)]
-            for t in tasks:
-                t.cancel()
-            await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S / 2)
             self._tasks.clear()
+            tasks = set(self._live)  # untracked tasks still ending included
+            for t in tasks:
+                self._end(t)
+            if tasks:
+                _, late = await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S / 2)
+                for t in late:  # a call that outlives the wait is abandoned rather than the stop held
+                    t.cancel()
+                if late:
+                    await asyncio.wait(late, timeout=STOP_TIMEOUT_S / 4)
             for ch in self._channels.values():
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(ch.close(grace=None), STOP_TIMEOUT_S / 4)
             self._channels.clear()
+
+    def _start(self, coro: Any, name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self._live.add(task)
+        task.add_done_callback(self._forget)
+        return task
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._live.discard(task)
+        self._ending.discard(task)
+        self._calls.pop(task, None)
+
+    def _end(self, task: asyncio.Task[None]) -> None:
+        """Make `task` end without abandoning a call: cancelling a task that awaits a call would
+        leave the call's completion to arrive later, perhaps after the loop closed (see the module
+        comment). A sleeping task is cancelled; a WatchGroup stream is cancelled through gRPC, so
+        its pending read completes and the task ends; a unary call is left to answer (or reach
+        its deadline) and the task ends after it."""
+        if task.done():
+            return
+        self._ending.add(task)
+        call = self._calls.get(task)
+        if call is None:
+            task.cancel()
+        elif isinstance(call, grpc.aio.UnaryStreamCall):
+            call.cancel()
+
+    async def _await_call(self, call: Any) -> Any:
+        """Await a unary call, registered so _end lets it finish."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._calls[task] = call
+        try:
+            return await call
+        finally:
+            self._calls.pop(task, None)
+
+    def _told_to_end(self) -> bool:
+        return asyncio.current_task() in self._ending
 
     def _stub(self, address: str) -> pb_grpc.GroupCoordinatorStub:
         ch = self._channels.get(address)
@@ -152,14 +210,14 @@ class HeartbeatThread:
         self._tracked[m.topic] = m
         member_id = m.member_id
         self._tasks[m.topic] = [
-            asyncio.create_task(self._heartbeat_loop(m, member_id), name=f"{self.name}-heartbeat-{m.topic}"),
-            asyncio.create_task(self._watch_loop(m, member_id), name=f"{self.name}-watch-{m.topic}"),
+            self._start(self._heartbeat_loop(m, member_id), f"{self.name}-heartbeat-{m.topic}"),
+            self._start(self._watch_loop(m, member_id), f"{self.name}-watch-{m.topic}"),
         ]
 
     def _untrack(self, topic: str) -> None:
         self._tracked.pop(topic, None)
         for t in self._tasks.pop(topic, ()):
-            t.cancel()
+            self._end(t)  # _main's stop still waits for it
 
     # -- flags ----------------------------------------------------------------------------------------
 
@@ -180,9 +238,9 @@ class HeartbeatThread:
         c = self._config
         interval_s = c.heartbeat_interval_ms / 1000
         stub = self._stub(m.coordinator)
-        while m.member_id == member_id and m.rejoin_reason is None:
+        while m.member_id == member_id and m.rejoin_reason is None and not self._told_to_end():
             await asyncio.sleep(interval_s)
-            if m.member_id != member_id or m.rejoin_reason is not None:
+            if m.member_id != member_id or m.rejoin_reason is not None or self._told_to_end():
                 return
             # The poll age lets the coordinator remove this member if the application is stuck,
             # even should this thread's own watchdog fail to leave in time.
@@ -194,7 +252,7 @@ class HeartbeatThread:
                 member_secret=m.member_secret,
             )
             try:
-                response = await stub.Heartbeat(request, timeout=max(interval_s, 1.0))
+                response = await self._await_call(stub.Heartbeat(request, timeout=max(interval_s, 1.0)))
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND:
                     log.warning("coordinator forgot this member; re-joining at the next poll()",
@@ -206,6 +264,8 @@ class HeartbeatThread:
                             code=e.code().name, error=e.details())
                 continue
             self.heartbeats_sent += 1
+            if self._told_to_end():
+                return
             if response.assignment_changed or response.generation != m.generation:
                 self._flag_stale(m, member_id, f"heartbeat: generation {response.generation}")
 
@@ -213,9 +273,12 @@ class HeartbeatThread:
         c = self._config
         backoff_s = c.retry_backoff_ms / 1000
         stub = self._stub(m.coordinator)
-        while m.member_id == member_id and m.rejoin_reason is None:
+        me = asyncio.current_task()
+        assert me is not None
+        while m.member_id == member_id and m.rejoin_reason is None and not self._told_to_end():
             call = stub.WatchGroup(pb.WatchGroupRequest(group_id=m.group_id, member_id=member_id,
                                                         member_secret=m.member_secret))
+            self._calls[me] = call
             try:
                 async for event in call:
                     backoff_s = c.retry_backoff_ms / 1000
@@ -232,7 +295,10 @@ class HeartbeatThread:
                 log.debug("group watch broke; reopening", group=m.group_id, member=member_id,
                           code=code.name, error=e.details())
             finally:
+                self._calls.pop(me, None)
                 call.cancel()
+            if self._told_to_end():
+                return
             await asyncio.sleep(backoff_s)
             # Capped at a second: when a restarted coordinator answers the reopened watch with
             # NOT_FOUND, the member re-joins at once instead of after a heartbeat interval.
@@ -241,7 +307,7 @@ class HeartbeatThread:
     async def _watchdog(self) -> None:
         limit_s = self._config.max_poll_interval_ms / 1000
         check_s = min(0.5, limit_s / 10)
-        while True:
+        while not self._told_to_end():
             await asyncio.sleep(check_s)
             age_s = self._poll_age_s()
             if age_s <= limit_s:
@@ -260,10 +326,10 @@ class HeartbeatThread:
                 self._flag_rejoin(m, member_id, f"poll() not called for {age_s:.1f}s (max_poll_interval_ms)")
                 self._untrack(topic)
                 try:
-                    await self._stub(m.coordinator).LeaveGroup(
+                    await self._await_call(self._stub(m.coordinator).LeaveGroup(
                         pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id, member_secret=m.member_secret),
                         timeout=5.0,
-                    )
+                    ))
                 except grpc.aio.AioRpcError as e:
                     log.warning("leave after poll timeout failed; the coordinator will expire the member",
                                 group=m.group_id, member=member_id, error=e.details())
