@@ -7,10 +7,11 @@ cancelled) completed after the thread closed its loop, and the application's nex
 then printed "Exception in callback PollerCompletionQueue._handle_events ... RuntimeError: Event
 loop is closed" on stderr (the README's Python examples did, in a full run under load).
 
-The child process closes group consumers (a WatchGroup stream and heartbeats each), every close
+Each child process closes group consumers (a WatchGroup stream and heartbeats each), every close
 followed at once by an asyncio loop using grpc.aio: the loop that would dispatch an abandoned
-completion. Its stderr must stay empty. (On the unfixed code about one round in seven printed the
-error.)
+completion. Their stderr must stay empty. The defect is a race the close loses now and then: on
+the unfixed code this test failed in 2 of 5 runs, so a pass there proves little, but a failure
+always means a completion was abandoned.
 """
 
 from __future__ import annotations
