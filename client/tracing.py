@@ -3,7 +3,7 @@
 A record's trace context is its ``traceparent`` header (dmq.proto.tracecontext). A consumer that
 processes a record and produces to the next topic continues the trace::
 
-    for record in consumer.poll(1.0):
+    for record in consumer.poll(1000):
         producer.send("next", transform(record.value), trace_context=record.trace_context)
 
 The record sent carries the same trace id and a new span id, so ``AdminClient.find_trace`` /

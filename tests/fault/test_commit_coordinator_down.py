@@ -31,7 +31,7 @@ def test_a_commit_during_a_coordinator_outage_names_the_coordinator(tmp_path: pa
             got: list = []  # type: ignore[type-arg]
             while not got:
                 assert time.monotonic() < deadline, "the record was not consumed"
-                got.extend(consumer.poll(0.2))
+                got.extend(consumer.poll(200))
             cluster.kill_coordinator()
             with pytest.raises(DMQError) as refused:
                 consumer.commit_sync({(got[0].topic, got[0].partition): got[0].offset + 1}, timeout=3.0)

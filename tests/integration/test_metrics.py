@@ -125,7 +125,7 @@ def test_lag_gauges_equal_describe_group(metered: ClusterThread) -> None:
                                **FAST)
         try:
             consumer.subscribe(TOPIC)
-            wait_for(lambda: consumer.poll(0.2) is not None and len(consumer.assignment()) == 2, "the assignment")
+            wait_for(lambda: consumer.poll(200) is not None and len(consumer.assignment()) == 2, "the assignment")
             consumer.commit_sync({TopicPartition(TOPIC, 0): 3, TopicPartition(TOPIC, 1): 1})
         finally:
             consumer.close()
@@ -189,7 +189,7 @@ def test_client_metrics_count_what_was_sent_and_consumed(cluster: ClusterThread)
         first: dict[str, float] = {}
 
         def read() -> bool:
-            got.extend(consumer.poll(0.2))
+            got.extend(consumer.poll(200))
             if got and not first:
                 first.update(consumer.metrics())
             return len(got) >= 20
