@@ -15,7 +15,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from dmq.client.cli.runner import ClusterOptions, ClusterThread
+# Before grpc is imported (the import below loads it): grpcio >= 1.80 with fork support on runs
+# its fork handlers in a child of subprocess.Popen, whose poller thread then finds its epoll fd
+# closed by close_fds and aborts the child before exec (grpc/grpc#43055). Seen in a full run: a
+# `dmq server` started by a test died at once with SIGABRT, "epoll_wait error: Bad file descriptor".
+# The suite forks children while its in-process servers' channels are live, so it turns that off.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+from dmq.client.cli.runner import ClusterOptions, ClusterThread  # noqa: E402
 
 # `dmq server` serves /metrics on port 9464 by default. The suite starts many `dmq server`
 # processes (and other engineers' suites may run beside it): they inherit this and serve none,

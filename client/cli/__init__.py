@@ -145,4 +145,8 @@ def main() -> None:
     # errors; whatever matters reaches us as a call's status. It reads the level once, when grpc
     # loads, so it is set here before any command imports grpc; an operator's own value wins.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    # `dmq server --brokers N` starts and restarts its members with subprocess while its own
+    # channels are live: grpcio >= 1.80's fork handlers can abort such a child before exec
+    # (grpc/grpc#43055, epoll EBADF). DMQ never forks without exec, so fork support is off.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     cli(obj={})
