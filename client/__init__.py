@@ -22,6 +22,7 @@ _EXPORTS = {
     "EventStore": "dmq.client.events",
     "EventType": "dmq.client.events",
     "Event": "dmq.client.events",
+    "Query": "dmq.client.events",
     "QueryItem": "dmq.client.events",
     "AppendCondition": "dmq.client.events",
     "Producer": "dmq.client.producer",
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
         TopicPartition,
     )
     from dmq.client.errors import DMQError
-    from dmq.client.events import AppendCondition, Event, EventStore, EventType, QueryItem
+    from dmq.client.events import AppendCondition, Event, EventStore, EventType, Query, QueryItem
     from dmq.client.producer import Producer, RecordFuture, SendManyFuture
     from dmq.client.records import ConsumerRecord, RecordMetadata
     from dmq.client.serializers import json_deserializer, json_serializer, str_deserializer, str_serializer

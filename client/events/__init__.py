@@ -2,10 +2,14 @@
 
     with EventStore("127.0.0.1:9091", "courses") as store:
         CourseCreated = EventType("course.created", ["course_name"])
-        result = store.read([QueryItem(tags=["course_name:Algebra"])])
+        facts = Query([QueryItem(tags=["course_name:Algebra"])])
+        result = store.read(facts)
         ...decide on result.events...
         store.append([CourseCreated.new(b"{}", course_name="Algebra")],
-                     AppendCondition([QueryItem(tags=["course_name:Algebra"])], after=result.head))
+                     AppendCondition(facts, after=result.head))
+
+The names are the DCB specification's (`Event(type, data, tags)`, `Query`, `QueryItem`,
+`AppendCondition(fail_if_events_match, after)`); DMQ's earlier ones stay accepted (_model.py).
 
 - `append(events, condition=None)` stores the events atomically and returns the last position; a
   failed condition raises `AppendConditionError` (its ``position`` is the first conflicting event)
@@ -55,13 +59,15 @@ from dmq.client.errors import (
     TopicNotFoundError,
     from_rpc_error,
 )
+from dmq.client.events._model import AppendCondition, Event, EventType, Query, QueryItem, _query_proto
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto.event_headers import READ_LIMIT_MAX, attribute_of
+from dmq.proto.event_headers import READ_LIMIT_MAX
 
 __all__ = [
     "EventStore",
     "Event",
     "SequencedEvent",
+    "Query",
     "QueryItem",
     "AppendCondition",
     "EventType",
@@ -82,26 +88,6 @@ DEFAULT_CLAIM_TIMEOUT_MS = 30_000
 # the worker gets most of the timeout (it renews, as with any claim, when it needs longer).
 PREFETCH_FRESH_SHARE = 1 / 3
 PREFETCH_MAX = 1_000
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    type: str
-    tags: Sequence[str] = ()
-    payload: bytes = b""
-    metadata: bytes = b""
-
-    @property
-    def attributes(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for tag in self.tags:
-            attr = attribute_of(tag)
-            if attr is not None:
-                out.setdefault(*attr)
-        return out
-
-    def to_proto(self) -> pb.Event:
-        return pb.Event(type=self.type, tags=list(self.tags), payload=self.payload, metadata=self.metadata)
 
 
 class _Columns(Protocol):
@@ -173,7 +159,7 @@ class SequencedEvent:
     _event: Event  # unset until first built (a view of a read's answer)
 
     def __init__(self, position: int, event: Event, append_time_ms: int = 0) -> None:
-        _set_columns(self, _OneEvent((position,), (event.type,), ("",), (event.payload,), (event.metadata,),
+        _set_columns(self, _OneEvent((position,), (event.type,), ("",), (event.data,), (event.metadata,),
                                      (append_time_ms,)))
         _set_i(self, 0)
         _set_event(self, event)
@@ -193,7 +179,7 @@ class SequencedEvent:
         except AttributeError:
             c, i = self._columns, self._i
             joined = c.tags[i]
-            e = Event(c.types[i], tuple(joined.split("\n")) if joined else (), c.payloads[i], c.metadata[i])
+            e = Event._of(c.types[i], c.payloads[i], tuple(joined.split("\n")) if joined else (), c.metadata[i])
             _set_event(self, e)
             return e
 
@@ -206,7 +192,12 @@ class SequencedEvent:
         return self.event.tags
 
     @property
+    def data(self) -> bytes:
+        return self._columns.payloads[self._i]
+
+    @property
     def payload(self) -> bytes:
+        """`data`, by DMQ's earlier name."""
         return self._columns.payloads[self._i]
 
     @property
@@ -237,7 +228,7 @@ class SequencedEvent:
     @classmethod
     def from_proto(cls, e: pb.SequencedEvent) -> SequencedEvent:
         ev = e.event
-        return cls(e.position, Event(ev.type, tuple(ev.tags), ev.payload, ev.metadata), e.append_time_ms)
+        return cls(e.position, Event._of(ev.type, ev.payload, tuple(ev.tags), ev.metadata), e.append_time_ms)
 
     @staticmethod
     def _views(page: _Columns, start: int, stop: int) -> list[SequencedEvent]:
@@ -270,83 +261,6 @@ def _slot_setter(name: str) -> Callable[[SequencedEvent, Any], None]:
 _set_columns = _slot_setter("_columns")
 _set_i = _slot_setter("_i")
 _set_event = _slot_setter("_event")
-
-
-@dataclass(frozen=True, slots=True)
-class QueryItem:
-    """Matches an event whose type is one of `types` (any type when empty) and that carries every
-    tag of `tags`. A query is a list of items, OR'd; no query (or an empty one) matches all."""
-
-    types: Sequence[str] = ()
-    tags: Sequence[str] = ()
-
-    def to_proto(self) -> pb.EventQueryItem:
-        return pb.EventQueryItem(types=list(self.types), tags=list(self.tags))
-
-
-def _query_proto(query: Iterable[QueryItem] | None) -> pb.EventQuery:
-    items = list(query or ())
-    for i, item in enumerate(items):
-        if not isinstance(item, QueryItem):
-            raise InvalidArgumentError(f"query[{i}] must be a QueryItem, got {type(item).__name__}")
-        for name in ("types", "tags"):
-            if isinstance(getattr(item, name), str):
-                raise InvalidArgumentError(f"query[{i}].{name} must be a list of strings, not one string")
-    return pb.EventQuery(items=[i.to_proto() for i in items])
-
-
-@dataclass(frozen=True, slots=True)
-class AppendCondition:
-    """Fail the append if an event after position `after` (None: any event) matches the query."""
-
-    fail_if_events_match: Sequence[QueryItem]
-    after: int | None = None
-
-    def to_proto(self) -> pb.AppendCondition:
-        return pb.AppendCondition(fail_if_events_match=_query_proto(self.fail_if_events_match), after=self.after or 0)
-
-
-@dataclass(frozen=True, slots=True)
-class EventType:
-    """An event type and the attributes its payload carries (e.g. "user.joined_course" with
-    course_name and user_id)."""
-
-    name: str
-    payload_attribute_names: Sequence[str] = ()
-
-    def __post_init__(self) -> None:
-        if isinstance(self.payload_attribute_names, str):
-            raise InvalidArgumentError("payload_attribute_names must be a list of names, not one string")
-        object.__setattr__(self, "payload_attribute_names", tuple(self.payload_attribute_names))
-
-    def new(self, payload: bytes = b"", *, tags: Sequence[str] = (), metadata: bytes = b"", **attributes: str) -> Event:
-        """An event of this type, tagged "name:value" with every declared attribute (all required)."""
-        missing = [n for n in self.payload_attribute_names if n not in attributes]
-        extra = sorted(set(attributes) - set(self.payload_attribute_names))
-        if missing or extra:
-            raise InvalidArgumentError(
-                f"{self.name} declares attributes {list(self.payload_attribute_names)}: "
-                + (f"missing {missing}" if missing else f"not declared {extra}")
-            )
-        attr_tags = [f"{n}:{attributes[n]}" for n in self.payload_attribute_names]
-        return Event(self.name, (*attr_tags, *tags), payload, metadata)
-
-    def to_conditions(self, **attributes: str) -> list[QueryItem]:
-        """One query item per attribute this type declares and `attributes` gives: events of this
-        type carrying that one value (none when it declares none of them). The items are
-        alternatives, so as an append condition an event of this type that shares any one of the
-        values fails the append: CCC's guard, which treats an entity's facts as touched by any
-        event naming one of its attributes (a stock.received for (Berlin, SKU-9) touches the
-        decision about (Berlin, SKU-7): same warehouse)."""
-        return [QueryItem(types=(self.name,), tags=(f"{n}:{attributes[n]}",))
-                for n in self.payload_attribute_names if n in attributes]
-
-    def to_exact_conditions(self, **attributes: str) -> list[QueryItem]:
-        """One query item for events of this type carrying all these values of the attributes it
-        declares (none when it declares none of them): a stricter guard than to_conditions', which
-        lets through an event that shares only some of the values."""
-        tags = [f"{n}:{attributes[n]}" for n in self.payload_attribute_names if n in attributes]
-        return [QueryItem(types=(self.name,), tags=tuple(tags))] if tags else []
 
 
 class ReadResult:
@@ -591,7 +505,8 @@ class EventStore:
             request.condition.CopyFrom(condition.to_proto())
         return int(self._call("EventAppend", request).last_position)
 
-    def read(self, query: Sequence[QueryItem] | None = None, after: int | None = None, limit: int | None = None) -> ReadResult:
+    def read(self, query: Query | Sequence[QueryItem] | None = None, after: int | None = None,
+             limit: int | None = None) -> ReadResult:
         """Matching events after position `after`, in position order, at most `limit` (None: all
         up to the head), and the head position when the read began."""
         if limit is not None and limit < 0:
@@ -633,7 +548,7 @@ class EventStore:
         return int(self._call("EventRead", pb.EventReadRequest(topic=self.topic, after=2**62, limit=1),
                               attempts=READ_ATTEMPTS).head)
 
-    def subscribe(self, query: Sequence[QueryItem] | None = None, after: int | None = None) -> EventSubscription:
+    def subscribe(self, query: Query | Sequence[QueryItem] | None = None, after: int | None = None) -> EventSubscription:
         """Matching events after `after`, then each one as it is appended, until close()."""
         address = self._cluster.leader_for(self.topic, 0)
         call = self._cluster.broker_stub(address).EventSubscribe(
