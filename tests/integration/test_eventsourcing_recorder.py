@@ -4,13 +4,17 @@ environment alone (PERSISTENCE_MODULE), as its other stores are chosen."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import eventsourcing.dcb.tests as library_tests
 import pytest
 from eventsourcing.dcb.api import DCBAppendCondition, DCBEvent, DCBQuery, DCBQueryItem
 from eventsourcing.dcb.application import DCBApplication
+from eventsourcing.dcb.domain import Decision, Selector, Tagged
+from eventsourcing.dcb.persistence import DCBMapper
 from eventsourcing.persistence import DataError, IntegrityError, ProgrammingError
+from eventsourcing.utils import get_topic, resolve_topic
 
 from dmq.client import AdminClient
 from dmq.client.cli.runner import ClusterThread
@@ -58,6 +62,47 @@ def test_an_application_switches_to_dmq_by_its_environment(cluster: ClusterThrea
     # the topic the factory created is an ordinary DMQ event store, read by DMQ's own client
     with AdminClient(cluster.bootstrap) as admin:
         assert admin.describe_topic("courses-events").partition_count == 1
+
+
+class CourseRegistered(Decision):
+    def __init__(self, name: str, places: int) -> None:
+        self.name = name
+        self.places = places
+
+
+class JSONMapper(DCBMapper[Decision]):
+    """Decisions as JSON, their class's topic as the event type ("module:Class", as the library's
+    own mappers name types)."""
+
+    def to_dcb_event(self, event: Tagged[Decision]) -> DCBEvent:
+        return DCBEvent(type=get_topic(type(event.decision)), data=json.dumps(event.decision.as_dict()).encode(),
+                        tags=list(event.tags))
+
+    def to_domain_event(self, event: DCBEvent) -> Tagged[Decision]:
+        decision = object.__new__(resolve_topic(event.type))
+        decision.__dict__.update(json.loads(event.data))
+        return Tagged(tags=event.tags, decision=decision)
+
+
+def test_the_librarys_event_store_decides_on_dmq(cluster: ClusterThread) -> None:
+    """The library's own DCBEventStore (selectors of decision classes, a mapper) over the
+    recorder: what a DCBApplication configured with MAPPER_TOPIC reads and appends."""
+    env = {"PERSISTENCE_MODULE": MODULE, "DMQ_BOOTSTRAP_SERVERS": cluster.bootstrap,
+           "MAPPER_TOPIC": get_topic(JSONMapper)}
+    with DCBApplication(env) as app:
+        course = Selector(types=[CourseRegistered], tags=["course-1"])
+        assert list(app.events.read(course)) == [] and app.events.read(course).head is None
+        registered = Tagged(tags=["course-1"], decision=CourseRegistered("Algebra", 30))
+        assert app.events.append([registered], cb=course, after=None) == 1
+        seen = app.events.read(course)
+        decisions = [t.decision for t in seen]
+        assert [(type(d), d.as_dict()) for d in decisions] == [(CourseRegistered, {"name": "Algebra", "places": 30})]
+        assert seen.head == 1
+        # a second registration decided on the empty store conflicts; one decided on what was seen does not
+        with pytest.raises(IntegrityError):
+            app.events.append([registered], cb=course, after=None)
+        assert app.events.append([Tagged(tags=["course-2"], decision=CourseRegistered("History", 9))],
+                                 cb=course, after=seen.head) == 2
 
 
 def test_the_recorder_refuses_bad_input_with_the_librarys_errors(cluster: ClusterThread) -> None:
