@@ -24,6 +24,7 @@ from dmq.proto.event_headers import attribute_of
 __all__ = ["Event", "QueryItem", "Query", "AppendCondition", "EventType"]
 
 _BYTES_LIKE = (bytes, bytearray, memoryview)
+_TAG_SEQUENCES = (list, tuple)
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -47,6 +48,10 @@ class Event:
         *,
         payload: bytes | None = None,
     ) -> None:
+        if data.__class__ is bytes and payload is None and tags.__class__ in _TAG_SEQUENCES:
+            # the usual call, in the specification's order: nothing to tell apart or convert
+            _init_event(self, type, data, tags, metadata)
+            return
         if not isinstance(data, _BYTES_LIKE):
             if isinstance(data, str):
                 raise InvalidArgumentError(
@@ -86,12 +91,19 @@ class Event:
         return pb.Event(type=self.type, tags=list(self.tags), payload=self.data, metadata=self.metadata)
 
 
+# The slots' own setters: they bypass the frozen __setattr__, as the generated __init__ of a
+# frozen dataclass does (cheaper than object.__setattr__ per field, as SequencedEvent's setters).
+_set_type = vars(Event)["type"].__set__
+_set_data = vars(Event)["data"].__set__
+_set_tags = vars(Event)["tags"].__set__
+_set_metadata = vars(Event)["metadata"].__set__
+
+
 def _init_event(event: Event, type: str, data: bytes, tags: Sequence[str], metadata: bytes) -> None:  # noqa: A002
-    # the frozen dataclass's fields are set as its generated __init__ would
-    object.__setattr__(event, "type", type)
-    object.__setattr__(event, "data", data)
-    object.__setattr__(event, "tags", tags)
-    object.__setattr__(event, "metadata", metadata)
+    _set_type(event, type)
+    _set_data(event, data)
+    _set_tags(event, tags)
+    _set_metadata(event, metadata)
 
 
 @dataclass(frozen=True, slots=True)
