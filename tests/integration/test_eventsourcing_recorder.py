@@ -5,6 +5,7 @@ environment alone (PERSISTENCE_MODULE), as its other stores are chosen."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 
 import eventsourcing.dcb.tests as library_tests
@@ -114,6 +115,32 @@ def test_the_recorder_refuses_bad_input_with_the_librarys_errors(cluster: Cluste
         with pytest.raises(DataError, match="type"):
             recorder.append([DCBEvent(type="", data=b"")])
         assert recorder.read().head is None  # nothing stored: the bad appends stored nothing
+    finally:
+        factory.close()
+
+
+def test_stop_ends_a_subscription_that_another_thread_waits_on(cluster: ClusterThread) -> None:
+    """The subscription's owner stops it from its own thread: the thread iterating it, waiting
+    for the next event after the first, returns (StopIteration ends its loop)."""
+    factory = DMQDCBFactory({"DMQ_BOOTSTRAP_SERVERS": cluster.bootstrap, "DMQ_EVENT_STORE_TOPIC": "es"})
+    try:
+        recorder = factory.dcb_recorder()
+        subscription = recorder.subscribe()
+        seen: list[int] = []
+        first = threading.Event()
+
+        def iterate() -> None:
+            for e in subscription:
+                seen.append(e.position)
+                first.set()
+
+        waiter = threading.Thread(target=iterate)
+        waiter.start()
+        recorder.append([DCBEvent(type="t", data=b"")])
+        assert first.wait(timeout=30)  # the thread has the first event and goes on to wait for the next
+        subscription.stop()
+        waiter.join(timeout=30)
+        assert not waiter.is_alive() and seen == [1]
     finally:
         factory.close()
 
