@@ -5,6 +5,8 @@ environment alone (PERSISTENCE_MODULE), as its other stores are chosen."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -148,3 +150,11 @@ def test_stop_ends_a_subscription_that_another_thread_waits_on(cluster: ClusterT
 def test_the_factory_needs_the_coordinators_address() -> None:
     with pytest.raises(ProgrammingError, match="DMQ_BOOTSTRAP_SERVERS"):
         DMQDCBFactory({"PERSISTENCE_MODULE": MODULE})
+
+
+def test_without_the_extra_the_import_error_names_it() -> None:
+    """dmq-queue installed without [eventsourcing]: importing the recorder says what to install."""
+    code = "import sys; sys.modules['eventsourcing'] = None; import dmq.client.events.eventsourcing"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "pip install 'dmq-queue[eventsourcing]'" in result.stderr.splitlines()[-1]
