@@ -39,7 +39,7 @@ def join(parts: Iterable[object], sep: str = "") -> Html:
     return Html(esc(sep).join(esc(p) for p in parts))
 
 
-def tag(name: str, *children: object, **attrs: object) -> Html:
+def tag(element: str, /, *children: object, **attrs: object) -> Html:
     """<name attrs>children</name>; `class_` for class, `data_x` for data-x; None/False attrs left out."""
     rendered = []
     for key, value in attrs.items():
@@ -47,10 +47,10 @@ def tag(name: str, *children: object, **attrs: object) -> Html:
             continue
         attr = key.rstrip("_").replace("_", "-")
         rendered.append(f" {attr}" if value is True else f' {attr}="{esc(value)}"')
-    head = f"<{name}{''.join(rendered)}>"
-    if name in ("input", "br", "meta", "hr"):
+    head = f"<{element}{''.join(rendered)}>"
+    if element in ("input", "br", "meta", "hr"):
         return Html(head)
-    return Html(head + join(children) + f"</{name}>")
+    return Html(head + join(children) + f"</{element}>")
 
 
 def url(path: str, *segments: str, **query: object) -> str:
