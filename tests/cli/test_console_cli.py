@@ -14,6 +14,11 @@ from tests.cli._console import ConsoleProcess, make_group
 from tests.cli.conftest import Dmq, ServerProcess
 
 
+def _committed(dmq: Dmq, group: str) -> list[int | None]:
+    with AdminClient(dmq.bootstrap) as admin:
+        return [p.committed_offset for p in admin.describe_group(group).partitions]
+
+
 @pytest.fixture(scope="module")
 def console(server: ServerProcess) -> Iterator[ConsoleProcess]:
     proc = ConsoleProcess(server.bootstrap)
@@ -24,7 +29,8 @@ def console(server: ServerProcess) -> Iterator[ConsoleProcess]:
 
 
 def test_user_bytes_are_escaped_or_shown_as_hex(dmq: Dmq, console: ConsoleProcess) -> None:
-    dmq.ok("topics", "create", "escapes", "--partitions", "1")
+    with AdminClient(dmq.bootstrap) as admin:
+        admin.create_topic("escapes", partitions=1)
     with Producer(dmq.bootstrap) as p:
         p.send("escapes", b"<script>alert('v')</script>", key=b"\xff\xfe<k>",
                headers=[("<h>\"x", b"<img src=x onerror=alert(1)>")], partition=0).get(30)
@@ -37,7 +43,8 @@ def test_user_bytes_are_escaped_or_shown_as_hex(dmq: Dmq, console: ConsoleProces
 
 
 def test_read_only_by_default_refuses_writes(dmq: Dmq, console: ConsoleProcess) -> None:
-    dmq.ok("topics", "create", "ro", "--partitions", "1")
+    with AdminClient(dmq.bootstrap) as admin:
+        admin.create_topic("ro", partitions=1)
     with Producer(dmq.bootstrap) as p:
         for i in range(5):
             p.send("ro", b"v%d" % i, partition=0).get(30)
@@ -46,11 +53,12 @@ def test_read_only_by_default_refuses_writes(dmq: Dmq, console: ConsoleProcess) 
     assert status == 200 and "read-only" in page and 'id="reset"' not in page
     status, body = console.post(f"/groups/{group}/reset", {"to": "earliest", "execute": "yes"})
     assert status == 403 and "--allow-writes" in body
-    assert dmq.json("groups", "describe", group)["partitions"][0]["committed_offset"] == 3
+    assert _committed(dmq, group) == [3]
 
 
 def test_writes_when_enabled_preview_first_and_need_the_form_token(server: ServerProcess, dmq: Dmq) -> None:
-    dmq.ok("topics", "create", "rw", "--partitions", "2")
+    with AdminClient(dmq.bootstrap) as admin:
+        admin.create_topic("rw", partitions=2)
     with Producer(dmq.bootstrap) as p:
         for i in range(6):
             p.send("rw", b"v%d" % i, partition=i % 2).get(30)
@@ -65,11 +73,11 @@ def test_writes_when_enabled_preview_first_and_need_the_form_token(server: Serve
         assert status == 403 and "form_token" in body  # a form not made by this console
         status, body = writer.post(f"/groups/{group}/reset", {"to": "earliest", "form_token": token.group(1)})
         assert status == 200 and "Dry run" in body and 'id="plan"' in body
-        assert [p["committed_offset"] for p in dmq.json("groups", "describe", group)["partitions"]] == [3, 3]
+        assert _committed(dmq, group) == [3, 3]
         status, body = writer.post(f"/groups/{group}/reset", {"to": "offset", "value": "1", "partitions": "1",
                                                               "execute": "yes", "form_token": token.group(1)})
         assert status == 200 and "Done" in body, body
-        assert [p["committed_offset"] for p in dmq.json("groups", "describe", group)["partitions"]] == [3, 1]
+        assert _committed(dmq, group) == [3, 1]
         status, body = writer.post(f"/groups/{group}/reset", {"to": "offset", "value": "-1",
                                                               "form_token": token.group(1)})
         assert status == 400 and "value" in body

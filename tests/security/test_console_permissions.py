@@ -1,0 +1,53 @@
+"""`dmq console` with security on: it authenticates with its token and shows only what that
+principal may describe (the servers decide; the console adds no path of its own)."""
+
+from __future__ import annotations
+
+from dmq.client import AdminClient
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto.security.acls import CLUSTER_RESOURCE, Acl
+from tests.cli._console import ConsoleProcess
+from tests.security.conftest import token_for
+
+
+def test_a_principal_sees_neither_the_topic_nor_the_group_it_may_not_describe(secure_cluster, certs):
+    c = secure_cluster("tokens")
+    ca = str(certs / "ca.pem")
+    with AdminClient(c.bootstrap, ssl_cafile=ca, token=token_for("admin")) as admin:
+        for topic in ("open-orders", "hidden-orders"):
+            admin.create_topic(topic, partitions=1)
+            admin.cluster.group_stub().FindOrCreateGroup(pb.FindOrCreateGroupRequest(topic=topic, app_id="app"),
+                                                          timeout=10)
+        admin.add_acls([
+            Acl.parse("alice", "cluster", CLUSTER_RESOURCE, "describe"),
+            Acl.parse("alice", "topic", "open-orders", "describe"),
+            Acl.parse("alice", "group", "G_open-orders_app", "describe"),
+        ])
+        # Both groups exist and the admin sees both: what alice misses is hidden from her only.
+        assert {"G_open-orders_app", "G_hidden-orders_app"} <= {g.group_id for g in admin.list_groups()}
+    console = ConsoleProcess(c.bootstrap, env={"DMQ_SSL_CAFILE": ca, "DMQ_TOKEN": token_for("alice")})
+    try:
+        status, topics = console.get("/topics")
+        assert status == 200 and "open-orders" in topics and "hidden-orders" not in topics
+        status, groups = console.get("/groups")
+        assert status == 200 and "G_open-orders_app" in groups and "hidden-orders" not in groups
+        status, body = console.get("/topics/hidden-orders")
+        assert status == 403 and "may not" in body
+        assert console.get("/groups/G_hidden-orders_app")[0] == 403
+        assert console.get("/topics/hidden-orders/messages")[0] == 403
+        assert console.get("/topics/open-orders")[0] == 200
+        assert console.get("/groups/G_open-orders_app")[0] == 200
+    finally:
+        assert console.stop() == 0, console.stderr
+
+
+def test_a_console_without_a_token_is_refused_not_broken(secure_cluster, certs):
+    c = secure_cluster("tokens")
+    console = ConsoleProcess(c.bootstrap, env={"DMQ_SSL_CAFILE": str(certs / "ca.pem")})
+    try:
+        for path in ("/topics", "/groups", "/topics/anything"):
+            status, body = console.get(path)
+            assert status in (403, 200) and "Traceback" not in body, (path, status, body)
+            assert "anything" not in body or status == 403
+    finally:
+        assert console.stop() == 0, console.stderr
