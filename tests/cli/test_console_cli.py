@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dmq.client import AdminClient, Producer
+from dmq.client import AdminClient, EventStore, EventType, Producer, QueueConsumer
 from tests.cli._console import ConsoleProcess, make_group
 from tests.cli.conftest import Dmq, ServerProcess
 
@@ -100,3 +100,75 @@ def test_bad_browser_input_is_400_naming_the_field(dmq: Dmq, console: ConsolePro
 def test_unknown_topic_and_group_are_404(console: ConsoleProcess) -> None:
     assert console.get("/topics/no-such-topic")[0] == 404
     assert console.get("/groups/G_no-such_group")[0] == 404
+
+
+def test_overview_shows_the_coordinator_and_brokers(server: ServerProcess, console: ConsoleProcess) -> None:
+    status, body = console.get("/")
+    assert status == 200 and "healthy" in body
+    coordinator = re.search(r'<table id="coordinator">.*?</table>', body, re.S)
+    brokers = re.search(r'<table id="brokers">.*?</table>', body, re.S)
+    assert coordinator is not None and server.bootstrap in coordinator.group(0)
+    assert brokers is not None and f"<td>0</td><td>{server.bootstrap}</td>" in brokers.group(0)
+
+
+def test_message_trace_ids_link_to_the_trace_view(dmq: Dmq, console: ConsoleProcess) -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    with AdminClient(dmq.bootstrap) as admin:
+        admin.create_topic("traced-a", partitions=1)
+        admin.create_topic("traced-b", partitions=1)
+    with Producer(dmq.bootstrap) as p:
+        p.send("traced-a", b"first hop", trace_id=trace_id).get(30)
+        p.send("traced-b", b"second hop", trace_id=trace_id).get(30)
+    status, body = console.get("/topics/traced-a/messages")
+    assert status == 200 and f'href="/trace?id={trace_id}"' in body
+    status, body = console.get(f"/trace?id={trace_id}")
+    trace = re.search(r'<table id="trace">.*?</table>', body, re.S)
+    assert status == 200 and trace is not None
+    assert "traced-a" in trace.group(0) and "traced-b" in trace.group(0)
+    assert "first hop" in body and "second hop" in body
+    assert console.get("/trace?id=" + "x" * 300)[0] == 400
+
+
+def test_queue_page_shows_live_leases_and_why_each_dead_letter_failed(dmq: Dmq, console: ConsoleProcess) -> None:
+    with AdminClient(dmq.bootstrap) as admin:
+        admin.create_topic("jobs", partitions=2, config={"max_queue_size": 100})
+    with Producer(dmq.bootstrap) as p:
+        for i in range(6):
+            p.send("jobs", b"job-%d" % i, partition=i % 2).get(30)
+    with QueueConsumer(dmq.bootstrap, "jobs", "workers", max_records=3, lease_ms=60_000) as queue:
+        lease = queue.pop(timeout=10)
+        assert lease is not None
+        queue.reject(lease, lease.start_offset, "bad <input>")
+        status, listing = console.get("/queues")
+        assert status == 200 and 'href="/queues/jobs"' in listing
+        status, body = console.get("/queues/jobs")
+        assert status == 200, body
+        leases = re.search(r'<table id="leases">.*?</table>', body, re.S)
+        assert leases is not None
+        seconds = [float(s) for s in re.findall(r"<td>(\d+\.\d)</td>", leases.group(0))]
+        assert seconds and all(0 < s <= 60 for s in seconds), leases.group(0)  # the live lease, seconds left
+        assert "bad &lt;input&gt;" in body and "rejected" in body  # why it failed, escaped
+        assert "job-" in body  # the dead letter's own value
+
+
+def test_event_store_page_shows_types_tags_and_a_groups_claims(dmq: Dmq, console: ConsoleProcess) -> None:
+    with AdminClient(dmq.bootstrap) as admin:
+        admin.create_topic("courses", kind="event-store")
+    created = EventType("course.created", ["course_name"])
+    joined = EventType("student.joined", ["course_name", "user_id"])
+    with EventStore(dmq.bootstrap, "courses") as store:
+        store.append(created.new(b'{"seats": 1}', course_name="Algebra"))
+        store.append(joined.new(b"", course_name="Algebra", user_id="joe"))
+        store.register_group("mailer")
+        claim = store.claim_next("mailer", ["course_name"], [created, joined], worker_id="w<1>")
+        assert claim is not None
+        status, listing = console.get("/events")
+        assert status == 200 and 'href="/events/courses"' in listing
+        status, body = console.get("/events/courses?group=mailer")
+    assert status == 200, body
+    types = re.search(r'<table id="types">.*?</table>', body, re.S)
+    tags = re.search(r'<table id="tags">.*?</table>', body, re.S)
+    claims = re.search(r'<table id="claims">.*?</table>', body, re.S)
+    assert types is not None and "course.created" in types.group(0) and "student.joined" in types.group(0)
+    assert tags is not None and "course_name:Algebra" in tags.group(0) and "user_id:joe" in tags.group(0)
+    assert claims is not None and "course_name=Algebra" in claims.group(0) and "w&lt;1&gt;" in claims.group(0)
