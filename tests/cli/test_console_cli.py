@@ -81,6 +81,9 @@ def test_writes_when_enabled_preview_first_and_need_the_form_token(server: Serve
         status, body = writer.post(f"/groups/{group}/reset", {"to": "offset", "value": "-1",
                                                               "form_token": token.group(1)})
         assert status == 400 and "value" in body
+        status, body = writer.post(f"/groups/{group}/reset", {"to": "timestamp", "value": "9" * 20,
+                                                              "form_token": token.group(1)})
+        assert status == 400 and "value" in body
     finally:
         assert writer.stop() == 0, writer.stderr
 
@@ -88,6 +91,7 @@ def test_writes_when_enabled_preview_first_and_need_the_form_token(server: Serve
 @pytest.mark.parametrize("query, field", [
     ("limit=100000", "limit"), ("limit=x", "limit"), ("partition=7", "partition"), ("from=sideways", "from"),
     ("from=offset", "partition"), ("from=time&time=yesterday-ish", "time"),
+    ("from=time&time=99999999999999999999", "time"), ("from=offset&partition=0&offset=-1", "offset"),
 ])
 def test_bad_browser_input_is_400_naming_the_field(dmq: Dmq, console: ConsoleProcess, query: str, field: str) -> None:
     with AdminClient(dmq.bootstrap) as admin:
@@ -100,6 +104,10 @@ def test_bad_browser_input_is_400_naming_the_field(dmq: Dmq, console: ConsolePro
 def test_unknown_topic_and_group_are_404(console: ConsoleProcess) -> None:
     assert console.get("/topics/no-such-topic")[0] == 404
     assert console.get("/groups/G_no-such_group")[0] == 404
+    assert console.get("/queues/no-such-topic")[0] == 404
+    assert console.get("/events/no-such-topic")[0] == 404
+    status, body = console.get("/topics/" + "x" * 300)
+    assert status == 400 and "249" in body  # the topic name limit
 
 
 def test_overview_shows_the_coordinator_and_brokers(server: ServerProcess, console: ConsoleProcess) -> None:
@@ -154,6 +162,7 @@ def test_queue_page_shows_live_leases_and_why_each_dead_letter_failed(dmq: Dmq, 
 def test_event_store_page_shows_types_tags_and_a_groups_claims(dmq: Dmq, console: ConsoleProcess) -> None:
     with AdminClient(dmq.bootstrap) as admin:
         admin.create_topic("courses", kind="event-store")
+        admin.create_topic("not-events", partitions=1)
     created = EventType("course.created", ["course_name"])
     joined = EventType("student.joined", ["course_name", "user_id"])
     with EventStore(dmq.bootstrap, "courses") as store:
@@ -172,3 +181,5 @@ def test_event_store_page_shows_types_tags_and_a_groups_claims(dmq: Dmq, console
     assert types is not None and "course.created" in types.group(0) and "student.joined" in types.group(0)
     assert tags is not None and "course_name:Algebra" in tags.group(0) and "user_id:joe" in tags.group(0)
     assert claims is not None and "course_name=Algebra" in claims.group(0) and "w&lt;1&gt;" in claims.group(0)
+    status, body = console.get("/events/not-events")  # an ordinary log
+    assert status == 400 and "not an event store" in body

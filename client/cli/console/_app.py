@@ -10,6 +10,7 @@ cleanup.
 Failures become pages with a status, never a traceback:
   - AuthorizationError: 403, the server's reason (the principal may not describe it);
   - NotFoundError: 404;  BadRequest / InvalidArgumentError: 400 naming the field;
+  - FailedPreconditionError (a reset of a group that has members): 409;
   - any other DMQError (a broker down, a timeout): 502 with the client's one-line message.
 Writes (offset resets) are POSTs, refused with 403 unless the console was started with
 --allow-writes, and carry a per-process form token so that another site cannot post them.
@@ -30,7 +31,13 @@ from aiohttp import web
 
 from dmq.client.admin import AdminClient
 from dmq.client.cli.console._html import Html, page, tag
-from dmq.client.errors import AuthorizationError, DMQError, InvalidArgumentError, NotFoundError
+from dmq.client.errors import (
+    AuthorizationError,
+    DMQError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -123,6 +130,8 @@ def handler(fn: Page) -> Callable[[web.Request], Any]:
             return _error_page(403, "Not permitted", f"the console's principal may not do this: {e}", writes)
         except NotFoundError as e:
             return _error_page(404, "Not found", str(e), writes)
+        except FailedPreconditionError as e:  # e.g. a reset while the group has members
+            return _error_page(409, "Not possible now", str(e), writes)
         except DMQError as e:
             log.warning("console page failed", path=request.path, error=str(e))
             return _error_page(502, "The cluster did not answer", str(e), writes)

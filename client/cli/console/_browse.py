@@ -22,9 +22,13 @@ from dmq.client.simple_consumer import SimpleConsumer
 from dmq.proto.records import TRACE_HEADER
 from dmq.proto.tracecontext import TRACEPARENT_HEADER, traceparent_trace_id
 
-__all__ = ["Browse", "parse_browse", "read_records", "records_table", "trace_id_of", "LIMIT_MAX"]
+__all__ = ["Browse", "parse_browse", "read_records", "records_table", "trace_id_of", "LIMIT_MAX", "OFFSET_MAX",
+           "TIME_MS_MAX"]
 
 LIMIT_MAX = 500
+# Offsets and times are int64 on the wire; a time past the year 9999 is a typo, not a time.
+OFFSET_MAX = 2**63 - 1
+TIME_MS_MAX = 253_402_300_799_999
 LIMIT_DEFAULT = 50
 # Fetches per partition for one page: each answers up to SimpleConsumer's max_bytes.
 FETCHES_MAX = 20
@@ -63,7 +67,7 @@ def parse_browse(query: Mapping[str, str], partition_count: int) -> Browse:
     if how == "offset":
         if partition is None:
             raise BadRequest("from=offset reads one partition: choose a partition")
-        return Browse(how, partition, offset=_int_field(query, "offset", 0, 0, 2**63 - 1), limit=limit)
+        return Browse(how, partition, offset=_int_field(query, "offset", 0, 0, OFFSET_MAX), limit=limit)
     if how == "time":
         text = query.get("time", "").strip()
         if not text:
@@ -72,6 +76,8 @@ def parse_browse(query: Mapping[str, str], partition_count: int) -> Browse:
             time_ms = parse_datetime_ms(text, "time")
         except click.BadParameter as e:
             raise BadRequest(f"time: {e.message}") from None
+        if not 0 <= time_ms <= TIME_MS_MAX:
+            raise BadRequest(f"time must be within 0..{TIME_MS_MAX} ms since the epoch (the year 9999), got {time_ms}")
         return Browse(how, partition, time_ms=time_ms, limit=limit)
     return Browse(how, partition, limit=limit)
 

@@ -11,6 +11,7 @@ import time
 
 from dmq.client._groups import GroupDescription
 from dmq.client.cli.console._app import BadRequest, Console, Request
+from dmq.client.cli.console._browse import OFFSET_MAX, TIME_MS_MAX
 from dmq.client.cli.console._cluster_pages import LISTED_MAX
 from dmq.client.cli.console._html import Html, badge, definition, join, link, page, table, tag, url, when_ms, ago_ms
 from dmq.client.cli._parse import parse_datetime_ms
@@ -124,15 +125,19 @@ def _reset_value(to: str, raw: str) -> int | None:
         raise BadRequest(f"value is needed with to={to}")
     if to == "timestamp":
         try:
-            return parse_datetime_ms(raw, "value")
+            value = parse_datetime_ms(raw, "value")
         except click.BadParameter as e:
             raise BadRequest(f"value: {e.message}") from None
+        if not 0 <= value <= TIME_MS_MAX:
+            raise BadRequest(f"value for to=timestamp must be within 0..{TIME_MS_MAX} ms (the year 9999), got {value}")
+        return value
     try:
         value = int(raw)
     except ValueError:
         raise BadRequest(f"value must be a whole number for to={to}, got {raw!r}") from None
-    if to == "offset" and value < 0:
-        raise BadRequest(f"value for to=offset must be >= 0, got {value}")
+    low = 0 if to == "offset" else -OFFSET_MAX
+    if not low <= value <= OFFSET_MAX:
+        raise BadRequest(f"value for to={to} must be within {low}..{OFFSET_MAX}, got {value}")
     return value
 
 

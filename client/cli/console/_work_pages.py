@@ -89,6 +89,8 @@ def event_store(c: Console, req: Request) -> Html:
     group_name = req.query.get("group", "").strip()
     if len(group_name) > EVENT_GROUP_NAME_MAX:
         raise BadRequest(f"group must be at most {EVENT_GROUP_NAME_MAX} characters, got {len(group_name)}")
+    if c.admin.describe_topic(topic).kind != "event-store":
+        raise BadRequest(f"topic {topic!r} is an ordinary log, not an event store (see its messages under Topics)")
     store = EventStore(topic=topic, cluster=c.admin.cluster)
     try:
         head = store.head()
