@@ -67,6 +67,10 @@ class ConsoleProcess:
     def get(self, path: str) -> tuple[int, str]:
         return self._call(urllib.request.Request(self.url.rstrip("/") + path))
 
+    def headers(self, path: str) -> Mapping[str, str]:
+        with urllib.request.urlopen(self.url.rstrip("/") + path, timeout=HTTP_TIMEOUT_S) as answer:
+            return dict(answer.headers)
+
     def post(self, path: str, form: Mapping[str, str]) -> tuple[int, str]:
         data = urllib.parse.urlencode(form).encode()
         return self._call(urllib.request.Request(self.url.rstrip("/") + path, data=data, method="POST"))

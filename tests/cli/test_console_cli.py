@@ -40,6 +40,10 @@ def test_user_bytes_are_escaped_or_shown_as_hex(dmq: Dmq, console: ConsoleProces
     assert "&lt;script&gt;alert(&#x27;v&#x27;)&lt;/script&gt;" in body
     assert "&lt;img src=x onerror=alert(1)&gt;" in body and "&lt;h&gt;&quot;x" in body
     assert "hex:fffe3c6b3e" in body  # not UTF-8: shown as hex, never decoded into markup
+    # Behind the escaping, the browser is told to run no script at all.
+    headers = console.headers("/topics/escapes/messages")
+    assert "default-src 'none'" in headers["Content-Security-Policy"] and "script-src" not in headers["Content-Security-Policy"]
+    assert headers["X-Content-Type-Options"] == "nosniff"
 
 
 def test_read_only_by_default_refuses_writes(dmq: Dmq, console: ConsoleProcess) -> None:

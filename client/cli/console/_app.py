@@ -43,8 +43,19 @@ log = structlog.get_logger(__name__)
 
 __all__ = ["ConsoleSettings", "Console", "Request", "BadRequest", "Forbidden", "CONSOLE_KEY"]
 
-# Pages served at once; more wait in aiohttp's queue (each holds a thread for up to a request timeout).
+# Pages served at once (each holds a thread for up to a request timeout), and pages that may wait
+# for a thread; past that a request is answered 503 at once instead of queueing without limit.
 PAGE_THREADS = 8
+PAGES_PENDING_MAX = 64
+# Defence in depth behind the escaping: no script runs, nothing loads from elsewhere, forms post
+# only here, no other site frames the console.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
+                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,7 @@ class Console:
                                  **dict(settings.client_settings))
         self.pool = concurrent.futures.ThreadPoolExecutor(PAGE_THREADS, thread_name_prefix="dmq-console")
         self.form_token = secrets.token_urlsafe(24)
+        self.pending = 0  # pages taken and not yet answered (read and written on the event loop only)
 
     def __repr__(self) -> str:
         return f"<Console bootstrap={self.settings.bootstrap!r} writes={self.settings.allow_writes}>"
@@ -106,35 +118,50 @@ CONSOLE_KEY = web.AppKey("console", Console)
 Page = Callable[[Console, Request], Html]
 
 
+def _html(body: str, status: int = 200) -> web.Response:
+    return web.Response(status=status, text=body, content_type="text/html", charset="utf-8",
+                        headers=SECURITY_HEADERS)
+
+
 def _error_page(status: int, title: str, message: str, writes: bool) -> web.Response:
-    body = page(title, tag("p", message, class_="error"), writes=writes)
-    return web.Response(status=status, text=body, content_type="text/html", charset="utf-8")
+    return _html(page(title, tag("p", message, class_="error"), writes=writes), status)
 
 
 def handler(fn: Page) -> Callable[[web.Request], Any]:
     async def handle(request: web.Request) -> web.StreamResponse:
         console = request.app[CONSOLE_KEY]
-        form: Mapping[str, str] = {}
-        if request.method == "POST":
-            posted = await request.post()
-            form = {k: v for k, v in posted.items() if isinstance(v, str)}
-        req = Request(dict(request.match_info), dict(request.query), form)
-        writes = console.settings.allow_writes
+        if console.pending >= PAGES_PENDING_MAX:
+            return _error_page(503, "Busy", f"{PAGES_PENDING_MAX} pages are being served: try again shortly",
+                               console.settings.allow_writes)
+        console.pending += 1
         try:
-            body = await asyncio.get_running_loop().run_in_executor(console.pool, fn, console, req)
-        except (BadRequest, InvalidArgumentError) as e:
-            return _error_page(400, "Bad request", str(e), writes)
-        except Forbidden as e:
-            return _error_page(403, "Refused", str(e), writes)
-        except AuthorizationError as e:
-            return _error_page(403, "Not permitted", f"the console's principal may not do this: {e}", writes)
-        except NotFoundError as e:
-            return _error_page(404, "Not found", str(e), writes)
-        except FailedPreconditionError as e:  # e.g. a reset while the group has members
-            return _error_page(409, "Not possible now", str(e), writes)
-        except DMQError as e:
-            log.warning("console page failed", path=request.path, error=str(e))
-            return _error_page(502, "The cluster did not answer", str(e), writes)
-        return web.Response(text=body, content_type="text/html", charset="utf-8")
+            return await _serve(fn, console, request)
+        finally:
+            console.pending -= 1
 
     return handle
+
+
+async def _serve(fn: Page, console: Console, request: web.Request) -> web.StreamResponse:
+    form: Mapping[str, str] = {}
+    if request.method == "POST":
+        posted = await request.post()
+        form = {k: v for k, v in posted.items() if isinstance(v, str)}
+    req = Request(dict(request.match_info), dict(request.query), form)
+    writes = console.settings.allow_writes
+    try:
+        body = await asyncio.get_running_loop().run_in_executor(console.pool, fn, console, req)
+    except (BadRequest, InvalidArgumentError) as e:
+        return _error_page(400, "Bad request", str(e), writes)
+    except Forbidden as e:
+        return _error_page(403, "Refused", str(e), writes)
+    except AuthorizationError as e:
+        return _error_page(403, "Not permitted", f"the console's principal may not do this: {e}", writes)
+    except NotFoundError as e:
+        return _error_page(404, "Not found", str(e), writes)
+    except FailedPreconditionError as e:  # e.g. a reset while the group has members
+        return _error_page(409, "Not possible now", str(e), writes)
+    except DMQError as e:
+        log.warning("console page failed", path=request.path, error=str(e))
+        return _error_page(502, "The cluster did not answer", str(e), writes)
+    return _html(body)
