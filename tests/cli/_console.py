@@ -31,14 +31,16 @@ MODES = {"all": pb.SUBSCRIPTION_MODE_ALL, "new": pb.SUBSCRIPTION_MODE_NEW, "time
 class ConsoleProcess:
     """`dmq console --port 0` in a subprocess; the bound URL comes from its ready line."""
 
-    def __init__(self, bootstrap: str, *args: str, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, bootstrap: str, *args: str, env: Mapping[str, str] | None = None,
+                 argv: list[str] | None = None) -> None:
+        """`argv` (the arguments after `dmq`) replaces the default command line."""
         full_env = {k: v for k, v in os.environ.items() if k not in ("DMQ_BOOTSTRAP", "DMQ_TOKEN")}
         full_env.update(env or {})
-        self.proc = subprocess.Popen(
-            [dmq_executable(), "--bootstrap", bootstrap, "--timeout", "10", "console", "--port", "0",
-             "--log-level", "warning", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
-        )
+        if argv is None:
+            argv = ["--bootstrap", bootstrap, "--timeout", "10", "console", "--port", "0", "--log-level", "warning",
+                    *args]
+        self.proc = subprocess.Popen([dmq_executable(), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=full_env)
         self.url = self._wait_ready()
 
     def __repr__(self) -> str:

@@ -1,10 +1,14 @@
 """`dmq console` as a process over a real `dmq server`, checked at the HTML level (no browser):
 user bytes are escaped, the console is read-only unless --allow-writes, bad input gets 400.
-The browser tests are in test_console_browser.py; permissions in tests/security."""
+The module's console is started with the README's command line ("Web console"), the address
+and port swapped for the test server's and 0. The browser tests are in
+test_console_browser.py; permissions in tests/security."""
 
 from __future__ import annotations
 
+import pathlib
 import re
+import shlex
 from collections.abc import Iterator
 
 import pytest
@@ -19,9 +23,23 @@ def _committed(dmq: Dmq, group: str) -> list[int | None]:
         return [p.committed_offset for p in admin.describe_group(group).partitions]
 
 
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_command() -> list[str]:
+    """The arguments after `dmq` of the README's example console command."""
+    section = re.search(r"^## Web console$(.*?)(?=^## )", README.read_text(), re.M | re.S)
+    assert section, "README.md has no '## Web console' section"
+    line = re.search(r"^dmq ([^#\n]*\bconsole\b[^#\n]*?)\s*(?:#.*)?$", section.group(1), re.M)
+    assert line, "the Web console section has no `dmq ... console` example"
+    return shlex.split(line.group(1))
+
+
 @pytest.fixture(scope="module")
 def console(server: ServerProcess) -> Iterator[ConsoleProcess]:
-    proc = ConsoleProcess(server.bootstrap)
+    argv = [{"127.0.0.1:9091": server.bootstrap, "9480": "0"}.get(a, a) for a in readme_command()]
+    assert argv != readme_command() and "0" in argv, argv  # both the address and the port were swapped
+    proc = ConsoleProcess(server.bootstrap, argv=argv)
     try:
         yield proc
     finally:
@@ -187,3 +205,24 @@ def test_event_store_page_shows_types_tags_and_a_groups_claims(dmq: Dmq, console
     assert claims is not None and "course_name=Algebra" in claims.group(0) and "w&lt;1&gt;" in claims.group(0)
     status, body = console.get("/events/not-events")  # an ordinary log
     assert status == 400 and "not an event store" in body
+
+
+def test_message_browser_from_an_offset_and_from_a_time(dmq: Dmq, console: ConsoleProcess) -> None:
+    with AdminClient(dmq.bootstrap) as admin:
+        admin.create_topic("browse-from", partitions=2)
+    with Producer(dmq.bootstrap) as p:
+        for i in range(8):
+            p.send("browse-from", b"rec-%d" % i, partition=i % 2).get(30)
+
+    def values(query: str) -> list[str]:
+        status, body = console.get(f"/topics/browse-from/messages?{query}")
+        assert status == 200, body
+        return re.findall(r'<span class="value">(rec-\d)</span>', body)
+
+    # Partition 0 holds rec-0, rec-2, rec-4, rec-6 at offsets 0..3.
+    assert values("from=offset&partition=0&offset=2&limit=10") == ["rec-4", "rec-6"]
+    assert values("from=offset&partition=0&offset=1&limit=1") == ["rec-2"]
+    # Times far before and after any append (no clock is compared with a record's timestamp).
+    assert sorted(values("from=time&time=2000-01-01T00:00:00Z&limit=100")) == [f"rec-{i}" for i in range(8)]
+    assert values("from=time&time=9999-01-01T00:00:00Z") == []
+    assert sorted(values("from=latest&partition=1&limit=2")) == ["rec-5", "rec-7"]
