@@ -7,7 +7,7 @@ Selenium, over a real `dmq server` and a real `dmq console` process.
   - the group page shows the subscription card (mode, subscribed at, time since);
   - a topic's message browser shows the values produced.
 
-Screenshots of each page go to build/test-artifacts/console/. One browser session for the module.
+Screenshots of each page (and of the overview) go to build/test-artifacts/console/. One browser session for the module.
 `.ci/run` installs chromium and chromium-driver; elsewhere, without them, the module is skipped.
 """
 
@@ -120,6 +120,14 @@ def test_group_page_shows_the_subscription_card(browser: webdriver.Chrome, conso
     assert "From" in text
     partitions = browser.find_element(By.ID, "partitions").text
     assert "COMMITTED" in partitions and "LAG" in partitions
+
+
+def test_overview_shows_a_healthy_cluster(browser: webdriver.Chrome, console: ConsoleProcess,
+                                          server: ServerProcess) -> None:
+    browser.get(console.url)
+    browser.save_screenshot(str(ARTIFACTS / "overview.png"))
+    assert browser.find_element(By.CSS_SELECTOR, ".health").text == "healthy"
+    assert server.bootstrap in browser.find_element(By.ID, "brokers").text
 
 
 def test_message_browser_shows_the_produced_values(browser: webdriver.Chrome, console: ConsoleProcess,
