@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import time
 
-from dmq.client._groups import GroupDescription
+import click
+
+from dmq.client.admin import RESET_TARGETS, GroupDescription
 from dmq.client.cli.console._app import BadRequest, Console, Request
 from dmq.client.cli.console._browse import OFFSET_MAX, TIME_MS_MAX
 from dmq.client.cli.console._cluster_pages import LISTED_MAX
-from dmq.client.cli.console._html import Html, badge, definition, join, link, page, table, tag, url, when_ms, ago_ms
 from dmq.client.cli._parse import parse_datetime_ms
+from dmq.client.cli.console._html import Html, ago_ms, badge, definition, join, link, page, table, tag, url, when_ms
 from dmq.client.errors import AuthorizationError, DMQError, GroupNotFoundError
 
-import click
-
 __all__ = ["groups", "group", "reset"]
-
-RESET_TARGETS = ("earliest", "latest", "offset", "timestamp", "shift")
 
 
 def _lag(value: int | None) -> Html:
