@@ -11,9 +11,12 @@ import re
 import shlex
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from dmq.client import AdminClient, EventStore, EventType, Producer, QueueConsumer
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
 from tests.cli._console import ConsoleProcess, make_group
 from tests.cli.conftest import Dmq, ServerProcess
 
@@ -106,6 +109,14 @@ def test_writes_when_enabled_preview_first_and_need_the_form_token(server: Serve
         status, body = writer.post(f"/groups/{group}/reset", {"to": "timestamp", "value": "9" * 20,
                                                               "form_token": token.group(1)})
         assert status == 400 and "value" in body
+        # A group with a live member is refused by the coordinator: a 409 that says why.
+        with grpc.insecure_channel(dmq.bootstrap) as channel:
+            pb_grpc.GroupCoordinatorStub(channel).JoinGroup(pb.JoinGroupRequest(group_id=group, client_id="live"),
+                                                            timeout=30)
+        status, body = writer.post(f"/groups/{group}/reset", {"to": "earliest", "execute": "yes",
+                                                              "form_token": token.group(1)})
+        assert status == 409 and "member" in body, body
+        assert _committed(dmq, group) == [3, 1]
     finally:
         assert writer.stop() == 0, writer.stderr
 
