@@ -27,6 +27,8 @@ _LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("dmq.client.cli.bench", "bench", "Measure produce and consume throughput and latency."),
     "trace": ("dmq.client.cli.trace", "trace", "List every record with a trace id, across all topics, in time order."),
     "events": ("dmq.client.cli.events", "events", "Event-store topics: append / read events (JSON lines), event groups."),
+    "console": ("dmq.client.cli.console.command", "console",
+                "A web console: brokers, topics, messages, groups with lag, queues, event stores."),
     "certs": ("dmq.client.cli.security", "certs", "Make a development CA and TLS certificates."),
     "tokens": ("dmq.client.cli.security", "tokens", "Issue a signed token naming a principal."),
     "acls": ("dmq.client.cli.security", "acls", "Add, list and remove access-control entries."),

@@ -1,0 +1,142 @@
+"""The web console in a real headless browser: Debian's chromium driven by chromedriver through
+Selenium, over a real `dmq server` and a real `dmq console` process.
+
+  - the groups page shows each group's subscription badge in its colour (NEW green, ALL blue,
+    TIMESTAMP yellow: the computed background colour, as the browser paints it) and the total
+    lag `dmq groups describe` prints for it;
+  - the group page shows the subscription card (mode, subscribed at, time since);
+  - a topic's message browser shows the values produced.
+
+Screenshots of each page (and of the overview) go to build/test-artifacts/console/. One browser session for the module.
+`.ci/run` installs chromium and chromium-driver; elsewhere, without them, the module is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import time
+from collections.abc import Iterator
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)) and not os.environ.get("CI"):
+    pytest.skip("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)",
+                allow_module_level=True)
+
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+
+from dmq.client import AdminClient, Producer  # noqa: E402
+from tests.cli._console import ConsoleProcess, make_group  # noqa: E402
+from tests.cli.conftest import Dmq, ServerProcess  # noqa: E402
+
+ARTIFACTS = pathlib.Path(__file__).resolve().parents[2] / "build" / "test-artifacts" / "console"
+PAGE_LOAD_TIMEOUT_S = 30
+TOPIC = "browser-orders"
+
+
+def _rgb(colour: str) -> tuple[int, int, int]:
+    """'rgba(45, 164, 78, 1)' or 'rgb(45, 164, 78)' as numbers."""
+    inside = colour[colour.index("(") + 1: colour.index(")")]
+    r, g, b = (int(float(x)) for x in inside.split(",")[:3])
+    return r, g, b
+
+
+@pytest.fixture(scope="module")
+def console(server: ServerProcess) -> Iterator[ConsoleProcess]:
+    proc = ConsoleProcess(server.bootstrap)
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[webdriver.Chrome]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(PAGE_LOAD_TIMEOUT_S)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def groups(dmq: Dmq) -> dict[str, str]:
+    """Three groups of TOPIC, one per subscription mode, each with its own lag: mode -> group id."""
+    with AdminClient(dmq.bootstrap) as admin:
+        admin.create_topic(TOPIC, partitions=2)
+    with Producer(dmq.bootstrap) as p:
+        for i in range(10):
+            p.send(TOPIC, f"order-{i}".encode(), partition=i % 2).get(30)
+    return {
+        "new": make_group(dmq.bootstrap, TOPIC, "fresh", "new", {0: 5, 1: 5}),
+        "all": make_group(dmq.bootstrap, TOPIC, "everything", "all", {0: 1, 1: 2}),
+        "timestamp": make_group(dmq.bootstrap, TOPIC, "since", "timestamp", {0: 4},
+                                from_ms=int(time.time() * 1000) - 60_000),
+    }
+
+
+def test_groups_page_badges_in_colour_with_the_cli_lag(browser: webdriver.Chrome, console: ConsoleProcess,
+                                                        dmq: Dmq, groups: dict[str, str]) -> None:
+    browser.get(console.url + "groups")
+    browser.save_screenshot(str(ARTIFACTS / "groups.png"))
+    # `dmq groups describe` once for every group (one process: each costs a second or more here).
+    described = {d["group_id"]: d["total_lag"] for d in dmq.json("groups", "describe", "--all-groups")["groups"]}
+    cli_lags = {mode: described[group] for mode, group in groups.items()}
+    # The three lags differ, so a page showing one group's lag on another's row cannot pass.
+    assert len(set(cli_lags.values())) == 3, cli_lags
+    for mode, group in groups.items():
+        row = browser.find_element(By.CSS_SELECTOR, f'tr[data-group="{group}"]')
+        shown = row.find_element(By.CSS_SELECTOR, ".badge")
+        assert shown.text == mode.upper()
+        r, g, b = _rgb(shown.value_of_css_property("background-color"))
+        if mode == "new":
+            assert g > r + 60 and g > b + 60, (mode, r, g, b)  # green
+        elif mode == "all":
+            assert b > r + 100 and b > g + 60, (mode, r, g, b)  # blue
+        else:
+            assert r > 150 and g > 120 and b < 100, (mode, r, g, b)  # yellow
+        assert row.find_element(By.CSS_SELECTOR, "td.lag").text == str(cli_lags[mode])
+
+
+def test_group_page_shows_the_subscription_card(browser: webdriver.Chrome, console: ConsoleProcess,
+                                                 groups: dict[str, str]) -> None:
+    browser.get(console.url + "groups/" + groups["timestamp"])
+    browser.save_screenshot(str(ARTIFACTS / "group.png"))
+    card = browser.find_element(By.ID, "subscription")
+    assert card.find_element(By.CSS_SELECTOR, ".badge").text == "TIMESTAMP"
+    text = card.text
+    assert "Subscribed at" in text and "UTC" in text and "Since subscription" in text and " ago" in text
+    assert "From" in text
+    partitions = browser.find_element(By.ID, "partitions").text
+    assert "COMMITTED" in partitions and "LAG" in partitions
+
+
+def test_overview_shows_a_healthy_cluster(browser: webdriver.Chrome, console: ConsoleProcess,
+                                          server: ServerProcess) -> None:
+    browser.get(console.url)
+    browser.save_screenshot(str(ARTIFACTS / "overview.png"))
+    assert browser.find_element(By.CSS_SELECTOR, ".health").text == "healthy"
+    assert server.bootstrap in browser.find_element(By.ID, "brokers").text
+
+
+def test_message_browser_shows_the_produced_values(browser: webdriver.Chrome, console: ConsoleProcess,
+                                                    groups: dict[str, str]) -> None:
+    browser.get(console.url + f"topics/{TOPIC}")
+    browser.find_element(By.CSS_SELECTOR, "#browser button[type=submit]").click()
+    browser.find_element(By.ID, "summary")  # the results page has loaded
+    browser.save_screenshot(str(ARTIFACTS / "messages.png"))
+    values = {e.text for e in browser.find_elements(By.CSS_SELECTOR, "table.records .value")}
+    assert {f"order-{i}" for i in range(10)} <= values
