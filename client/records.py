@@ -127,6 +127,11 @@ class RecordSequence(Sequence[ConsumerRecord]):
     def __len__(self) -> int:
         return len(self._values)
 
+    @property
+    def next_offset(self) -> int:
+        """The offset after the last record; only for a sequence with records."""
+        return self._offsets[-1] + 1
+
     def __iter__(self) -> Iterator[ConsumerRecord]:
         return self._rows(self._offsets, self._keys, self._values, self._timestamps, self._headers)
 
