@@ -16,7 +16,8 @@ prefetched is ever returned for an offset not asked for). The fetched data is no
 again when handed out later: records that retention deletes meanwhile may still be returned,
 as a buffered Kafka consumer does.
 
-Bounds: per partition one answer buffered and one in flight (2 x max_bytes); at most
+Bounds: per partition one answer buffered (with the columns decoded from it: about twice its
+size) and one in flight (max_bytes each); at most
 MAX_PREFETCH_PARTITIONS partitions, the least recently read dropped first; the Fetch calls run
 on the SimpleConsumer's pool (PREFETCH_THREADS threads), which close() shuts down.
 """

@@ -13,6 +13,7 @@ import pytest
 
 from dmq.client import AdminClient, Producer, SimpleConsumer
 from dmq.client._cluster import Cluster
+from dmq.client._prefetch import MAX_PREFETCH_PARTITIONS
 from dmq.client.records import RecordSequence
 
 WAIT_S = 20.0
@@ -139,3 +140,24 @@ def test_close_ends_the_read_ahead_threads(cluster) -> None:  # type: ignore[no-
     while any(t.name.startswith(PREFETCH_THREAD) for t in threading.enumerate()):
         assert time.monotonic() < deadline, [t.name for t in threading.enumerate()]
         time.sleep(0.01)
+
+
+def test_read_ahead_is_kept_for_at_most_max_prefetch_partitions(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Each partition read leaves its rest buffered; the least recently read is dropped beyond
+    MAX_PREFETCH_PARTITIONS, and reading it again fetches afresh (exactly the records asked)."""
+    partitions = MAX_PREFETCH_PARTITIONS + 2
+    with AdminClient(cluster.bootstrap) as admin:
+        admin.create_topic("many", partitions)
+    with Producer(cluster.bootstrap, linger_ms=60_000) as p:
+        for part in range(partitions):
+            p.send_many("many", [b"%d-0" % part, b"%d-1" % part], partition=part)
+        p.flush(WAIT_S)
+    with Cluster(cluster.bootstrap) as own:
+        log = FetchLog(own)
+        with SimpleConsumer(cluster=own) as c:
+            for part in range(partitions):
+                assert [r.value for r in c.consume("many", part, 0, max_records=1)] == [b"%d-0" % part]
+            assert len(c._prefetches) == MAX_PREFETCH_PARTITIONS
+            assert [r.value for r in c.consume("many", partitions - 1, 1)] == [b"%d-1" % (partitions - 1)]
+            assert [r.value for r in c.consume("many", 0, 1)] == [b"0-1"]  # dropped: fetched again
+            assert len(log.offsets()) == partitions + 1 and log.offsets()[-1] == 1
