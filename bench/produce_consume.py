@@ -9,13 +9,19 @@ real deployment, then in this process measures:
   1. one Producer, acks=all, --records 100-byte values through send(), then flush (msgs/s, MB/s);
   2. the same through send_many() in chunks of --chunk values;
   3. one SimpleConsumer reading all of them back with consume_batches() and iterating every
-     record (msgs/s, MB/s), and consume() building ConsumerRecords;
+     record (msgs/s, MB/s), and consume() building ConsumerRecords (the list API), then one
+     DMQConsumer (a fresh group) reading them with a poll() loop and with `for record in
+     consumer`; every consume path touches every value (len(record.value));
   4. 1-2 again with 1 KB values (--records-1k of them);
   5. latency from send() to its callback at a steady --rate msgs/s for --latency-seconds
      (p50 / p99 / max), with the default linger_ms=5 and with linger_ms=0.
 
 Values are distinct random bytes generated before the clock starts. MB/s counts value bytes.
-Figures vary run to run on a shared machine: compare within one run.
+Figures vary run to run on a shared machine: compare within one run. `--runs N` repeats the
+100 B produce / consume paths N times and prints each run and the median; `--redis-json` names
+the results file of the Redis peer run in the same sitting
+(`/work/shared/peers/bench_redis.py --parser hiredis` writes results/redis_aof-no_hiredis.json)
+and prints DMQ's medians as ratios to its medians. `--only throughput` skips 1 KB and latency.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import statistics
 import sys
 import tempfile
 import time
@@ -83,20 +90,76 @@ def bench_consume_batches(bootstrap: str, topic: str, partitions: int) -> tuple[
         return n, time.perf_counter() - t0
 
 
-def bench_consume(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]:
+def bench_consume(bootstrap: str, topic: str, partitions: int, max_records: int = 100_000) -> tuple[int, float]:
+    """The list API: consume() calls, each record's value touched."""
     from dmq.client import SimpleConsumer
 
     with SimpleConsumer(bootstrap, max_wait_ms=0) as consumer:
         ends = [consumer.offsets(topic, p)[1] for p in range(partitions)]
-        n = 0
+        n = touched = 0
         t0 = time.perf_counter()
         for p in range(partitions):
             offset = 0
             while offset < ends[p]:
-                recs = consumer.consume(topic, p, offset, max_records=100_000)
+                recs = consumer.consume(topic, p, offset, max_records=max_records)
+                for r in recs:
+                    touched += len(r.value)
                 n += len(recs)
                 offset = recs[-1].offset + 1
-        return n, time.perf_counter() - t0
+        secs = time.perf_counter() - t0
+    assert touched > 0 and n == sum(ends), "every record read"
+    return n, secs
+
+
+def bench_group(bootstrap: str, topic: str, n: int, iterate: bool) -> tuple[int, float]:
+    """A DMQConsumer of a fresh group reads n records with a poll() loop or by iteration, each
+    value touched; the clock starts at the first record (join and first assignment excluded)."""
+    import uuid
+
+    from dmq.client.consumer import ConsumerConfig, DMQConsumer
+
+    config = ConsumerConfig(
+        metadata_service_url=bootstrap, group_id=f"bench-{uuid.uuid4().hex[:8]}", subscription_mode="all",
+        consumer_timeout_ms=30_000,
+    )
+    seen = touched = 0
+    with DMQConsumer(config) as consumer:
+        consumer.subscribe(topic)
+        if iterate:
+            it = iter(consumer)
+            touched += len(next(it).value)
+            seen = 1
+            t0 = time.perf_counter()
+            for r in it:
+                touched += len(r.value)
+                seen += 1
+                if seen >= n:
+                    break
+        else:
+            first = consumer.poll(30_000)
+            seen = len(first)
+            t0 = time.perf_counter()
+            while seen < n:
+                for r in consumer.poll(1000):
+                    touched += len(r.value)
+                    seen += 1
+        secs = time.perf_counter() - t0
+    assert seen >= n, (seen, n)  # send() topics hold one more: the warm-up record
+    return seen, secs
+
+
+def redis_medians(path: str) -> dict[str, float]:
+    """The Redis peer's medians (msgs/s) of 100 B produce and group consume from its results file."""
+    import json
+    import statistics
+
+    rows = json.loads(pathlib.Path(path).read_text())["rows"]
+    out = {}
+    for row in rows:
+        if row["unit"] == "msgs/s" and "x 100B" in row["what"]:
+            kind = "produce" if "XADD" in row["what"] else "consume"
+            out[kind] = row.get("median") or statistics.median(row["values"])
+    return out
 
 
 def bench_latency(
@@ -147,7 +210,12 @@ def main() -> None:
                     help="latency test: seconds sent at --rate before measuring")
     ap.add_argument("--latency-seconds", type=float, default=5.0)
     ap.add_argument("--skip-1k", action="store_true")
+    ap.add_argument("--runs", type=int, default=1, help="runs of the 100 B produce / consume paths (median shown)")
+    ap.add_argument("--only", choices=["throughput"], help="100 B throughput only (no 1 KB, no latency)")
+    ap.add_argument("--redis-json", help="the Redis peer's results file: print ratios to its medians")
     args = ap.parse_args()
+    if args.only:
+        args.skip_1k = True
 
     import logging
 
@@ -159,25 +227,50 @@ def main() -> None:
         try:
             print(f"server {server.bootstrap} (subprocess), {args.partitions} partitions, acks=all, fsync flush")
             admin = AdminClient(server.bootstrap)
+            medians: dict[str, float] = {}
             for size, n, label in ((100, args.records, "100 B"), (1024, args.records_1k, "1 KB")):
                 if size == 1024 and args.skip_1k:
                     continue
                 values = make_values(n, size)
                 print(f"{label} values, {n:,} records")
-                t_send = f"send-{size}"
-                admin.create_topic(t_send, args.partitions)
-                total_s, loop_s = bench_send(server.bootstrap, t_send, values)
-                report("produce send()", n, size, total_s)
-                print(f"    (time inside the send() loop: {loop_s / n * 1e6:.2f} us per call, incl. the sender thread and any wait for buffer_memory)")
-                t_many = f"send-many-{size}"
-                admin.create_topic(t_many, args.partitions)
-                report(f"produce send_many() x{args.chunk}", n, size,
-                       bench_send_many(server.bootstrap, t_many, values, args.chunk))
-                got, secs = bench_consume_batches(server.bootstrap, t_send, args.partitions)
-                report("consume_batches() + iterate", got, size, secs)
-                got, secs = bench_consume(server.bootstrap, t_many, args.partitions)
-                report("consume() -> ConsumerRecord", got, size, secs)
+                rates: dict[str, list[float]] = {}
+                for run in range(args.runs if size == 100 else 1):
+                    t_send = f"send-{size}-{run}"
+                    admin.create_topic(t_send, args.partitions)
+                    total_s, loop_s = bench_send(server.bootstrap, t_send, values)
+                    report("produce send()", n, size, total_s)
+                    rates.setdefault("produce send()", []).append(n / total_s)
+                    print(f"    (time inside the send() loop: {loop_s / n * 1e6:.2f} us per call, incl. the sender thread and any wait for buffer_memory)")
+                    t_many = f"send-many-{size}-{run}"
+                    admin.create_topic(t_many, args.partitions)
+                    report(f"produce send_many() x{args.chunk}", n, size,
+                           bench_send_many(server.bootstrap, t_many, values, args.chunk))
+                    for name, (got, secs) in (
+                        ("consume_batches() + iterate", bench_consume_batches(server.bootstrap, t_send, args.partitions)),
+                        ("consume() lists (max_records 100000)", bench_consume(server.bootstrap, t_many, args.partitions)),
+                        ("consume() lists (max_records 500)", bench_consume(server.bootstrap, t_send, args.partitions, 500)),
+                        ("group poll() loop", bench_group(server.bootstrap, t_send, n, iterate=False)),
+                        ("group iteration", bench_group(server.bootstrap, t_many, n, iterate=True)),
+                    ):
+                        report(name, got, size, secs)
+                        rates.setdefault(name, []).append(got / secs)
+                if size == 100:
+                    medians = {name: statistics.median(xs) for name, xs in rates.items()}
+                    if args.runs > 1:
+                        print(f"  medians of {args.runs} runs:")
+                        for name, rate in medians.items():
+                            print(f"    {name:<38} {rate:>12,.0f} msgs/s")
                 del values
+            if args.redis_json:
+                peer = redis_medians(args.redis_json)
+                print(f"ratios to Redis Streams ({args.redis_json}: produce {peer['produce']:,.0f}, "
+                      f"group consume {peer['consume']:,.0f} msgs/s, medians):")
+                for name, rate in medians.items():
+                    kind = "produce" if name.startswith("produce") else "consume"
+                    print(f"    {name:<38} {rate / peer[kind]:>6.2f}x")
+            if args.only:
+                admin.close()
+                return
             # The throughput runs above leave gigabytes of dirty pages; writing them back makes
             # fsyncs stall for seconds. Latency is measured in a steady state at the given rate:
             # write the backlog out first, then warm up at the rate before counting.

@@ -85,9 +85,10 @@ class RecordSequence(Sequence[ConsumerRecord]):
     them, each is freed before the next is made: no collection runs, and the columns themselves
     are a few lists of untracked bytes and ints.
 
-    Immutable and compared like the tuple of its records (``==`` a tuple with the same records,
-    the same hash); a slice is a RecordSequence too. Records are equal each time they are built,
-    not identical.
+    Immutable and compared like the tuple of its records (``==`` a tuple or a list with the same
+    records, the same hash as the tuple); a slice is a RecordSequence too. Records are equal each
+    time they are built, not identical. SimpleConsumer.consume() and DMQConsumer.poll() hand
+    records out in these too (the same collections, for the same reason).
     """
 
     __slots__ = ("_topic", "_partition", "_offsets", "_keys", "_values", "_timestamps", "_headers")
@@ -108,16 +109,28 @@ class RecordSequence(Sequence[ConsumerRecord]):
             if lo >= hi:
                 continue
             offsets.append(range(h.base_offset + lo, h.base_offset + hi))
-            keys += batch.keys()[lo:hi]
-            values += batch.values()[lo:hi]
-            timestamps += batch.timestamps()[lo:hi]
-            headers += batch.headers()[lo:hi]
+            bkeys, bvalues, btimestamps, bheaders = batch.columns()  # decoded once per batch
+            if lo == 0 and hi == h.record_count:
+                keys += bkeys
+                values += bvalues
+                timestamps += btimestamps
+                headers += bheaders
+            else:
+                keys += bkeys[lo:hi]
+                values += bvalues[lo:hi]
+                timestamps += btimestamps[lo:hi]
+                headers += bheaders[lo:hi]
         # one batch (the common case): its offsets stay a range
         self._offsets: Sequence[int] = offsets[0] if len(offsets) == 1 else list(chain.from_iterable(offsets))
         self._keys, self._values, self._timestamps, self._headers = keys, values, timestamps, headers
 
     def __len__(self) -> int:
         return len(self._values)
+
+    @property
+    def next_offset(self) -> int:
+        """The offset after the last record; only for a sequence with records."""
+        return self._offsets[-1] + 1
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         return self._rows(self._offsets, self._keys, self._values, self._timestamps, self._headers)
@@ -143,7 +156,7 @@ class RecordSequence(Sequence[ConsumerRecord]):
         return ConsumerRecord(self._topic, self._partition, *(c[index] for c in columns))  # type: ignore[arg-type]
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, RecordSequence | tuple):
+        if isinstance(other, RecordSequence | tuple | list):
             return len(self) == len(other) and tuple(self) == tuple(other)
         return NotImplemented
 

@@ -812,6 +812,12 @@ def _int32_view(mv: memoryview) -> memoryview:
     return memoryview(a)
 
 
+# A batch's record columns: keys, values, timestamps, headers (RecordBatch.columns()).
+Columns = tuple[
+    list[bytes | None], list[bytes], list[int], list[tuple[tuple[str, bytes | None], ...]]
+]
+
+
 class RecordBatch:
     """A decoded batch: the header plus views of the body arrays; records are built on iteration.
 
@@ -831,6 +837,7 @@ class RecordBatch:
         "header_blob",
         "_checked",
         "_where",
+        "_columns",
     )
 
     def __init__(self, header: BatchHeader, body: memoryview, pos: int = 0) -> None:
@@ -878,6 +885,7 @@ class RecordBatch:
         self.key_blob, self.value_blob, self.header_blob = blobs
         self._checked: set[str] = set()  # offset arrays already proven monotonic
         self._where = where
+        self._columns: Columns | None = None
 
     def __len__(self) -> int:
         return self.header.record_count
@@ -979,6 +987,15 @@ class RecordBatch:
 
     def headers(self) -> list[tuple[tuple[str, bytes | None], ...]]:
         return list(self._iter_headers())
+
+    def columns(self) -> Columns:
+        """(keys, values, timestamps, headers) of every record, built once and kept: readers
+        that hand a batch out in several slices (max_records below the batch's count) cut each
+        slice from these instead of decoding the batch again."""
+        cols = self._columns
+        if cols is None:
+            cols = self._columns = (self.keys(), self.values(), self.timestamps(), self.headers())
+        return cols
 
     def __iter__(self) -> Iterator[Record]:
         h = self.header

@@ -461,9 +461,11 @@ class AsyncConsumer:
                 if error is not None:
                     raise error
             hold = frozenset(tp for tp in self._subs.assigned() if tp not in only) if only is not None else frozenset()
-            records = fetcher.collect(limit, hold)
+            collected = fetcher.collect(limit, hold)
             fetcher.send_fetches()
-            if records:
+            if collected:
+                # lists: the chunks of getone() / ``async for`` read their iterators' length_hint
+                records = {tp: list(rs) for tp, rs in collected.items()}
                 if self._deserializing:  # only records new from the fetcher: buffered ones already are
                     records = DMQConsumer._deserialize(self, records)  # type: ignore[arg-type]
                 return records

@@ -44,7 +44,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -174,9 +174,12 @@ class DMQConsumer:
         self._pattern_listener: ConsumerRebalanceListener | None = None
         self._next_pattern_listing = 0.0
         self._counters = {"polls": 0, "records_returned": 0}
-        # ``for record in consumer``: the records of the last poll() and the index of the next
-        # one to hand out (see __next__ and _hand_back_unreturned).
-        self._iter_batch: list[Any] = []
+        # ``for record in consumer``: the records of the last poll() per partition, an iterator
+        # over them all, how many there are and how many were handed out (see __next__ and
+        # _hand_back_unreturned). The records are built as the iterator reaches them.
+        self._iter_parts: list[Sequence[Any]] = []
+        self._iter_records: Iterator[Any] = iter(())
+        self._iter_count = 0
         self._iter_next = 0
         if topics:
             try:
@@ -211,17 +214,19 @@ class DMQConsumer:
         handed out one by one: a record counts as consumed (positions, commits) only once
         handed out, so leaving the loop and committing or closing never covers the rest."""
         i = self._iter_next
-        if i < len(self._iter_batch):
+        if i < self._iter_count:
             self._iter_next = i + 1
-            return self._iter_batch[i]
+            return next(self._iter_records)
         if self._closed:
             raise StopIteration
         deadline = time.monotonic() + self.config.consumer_timeout_ms / 1000
         while True:
-            batch = list(self.poll(max(0.0, deadline - time.monotonic()) * 1000))
+            batch = self.poll(max(0.0, deadline - time.monotonic()) * 1000)
             if batch:
-                self._iter_batch, self._iter_next = batch, 1
-                return batch[0]
+                self._iter_parts = list(batch.values())
+                self._iter_records = iter(batch)
+                self._iter_count, self._iter_next = len(batch), 1
+                return next(self._iter_records)
             if time.monotonic() >= deadline:
                 raise StopIteration
 
@@ -229,12 +234,17 @@ class DMQConsumer:
         """Move each partition back to the first record of the iterator's batch not handed out
         yet (poll() advanced it past the whole batch): called before anything reads, commits or
         sets positions, and by poll(), which then returns those records again."""
-        if self._iter_next >= len(self._iter_batch):
+        if self._iter_next >= self._iter_count:
             return
-        rest = self._iter_batch[self._iter_next:]
-        self._iter_batch, self._iter_next = [], 0
+        skip, parts = self._iter_next, self._iter_parts
+        self._iter_parts, self._iter_records, self._iter_count, self._iter_next = [], iter(()), 0, 0
         firsts: dict[TopicPartition, int] = {}
-        for r in rest:
+        for part in parts:  # handed out in order: the first `skip` records, then none
+            if skip >= len(part):
+                skip -= len(part)
+                continue
+            r = part[skip]
+            skip = 0
             firsts.setdefault(TopicPartition(r.topic, r.partition), r.offset)
         for tp, offset in firsts.items():
             if self._subs.get(tp) is not None:
@@ -342,7 +352,7 @@ class DMQConsumer:
         absent coordinator."""
         self._check_open()
         timeout_s, limit = self._poll_arguments(timeout_ms, max_records, timeout)
-        if self._iter_next < len(self._iter_batch):
+        if self._iter_next < self._iter_count:
             self._hand_back_unreturned()
         if not self._memberships and not self._manual and self._pattern is None:
             raise IllegalStateError("poll() needs a subscription: call subscribe(topic) or assign(partitions) first")
@@ -362,7 +372,7 @@ class DMQConsumer:
                 self._coordinate()
                 if self._subs.needing_position():
                     self._update_positions()
-                records = fetcher.collect(limit, self._held())
+                records: Mapping[TopicPartition, Sequence[Any]] = fetcher.collect(limit, self._held())
                 fetcher.send_fetches()
                 if records:
                     if self.config.key_deserializer is not None or self.config.value_deserializer is not None:
@@ -921,7 +931,7 @@ class DMQConsumer:
             raise InvalidArgumentError(f"poll(): max_records must be an int > 0, got {max_records!r}")
         return timeout_ms / 1000, max_records
 
-    def _deserialize(self, records: dict[TopicPartition, list[Any]]) -> dict[TopicPartition, list[Any]]:
+    def _deserialize(self, records: Mapping[TopicPartition, Sequence[Any]]) -> dict[TopicPartition, list[Any]]:
         """Apply the deserializers. A record that fails is not skipped (Kafka's rule): the records
         before it are returned, and the next poll() raises SerializationError with the partition's
         position at the failed record, which the application may seek() past."""

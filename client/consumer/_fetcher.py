@@ -7,8 +7,10 @@ small pool of I/O threads whose only other act is setting the consumer's wake-up
                     one Fetch naming those partitions at their next fetch offset
     harvest()       done futures -> per-partition buffers of raw batch bytes (undecoded)
     collect(n)      up to n records: decodes a buffered answer only when its records are
-                    needed, builds the ConsumerRecords of one batch at a time (in C, from the
-                    batch's columns), slices them, and advances the positions
+                    needed, hands them out as RecordSequences over the batches' columns (each
+                    ConsumerRecord built in C when the application's loop reaches it, and
+                    freed before the next: no garbage collection over kept records), and
+                    advances the positions
 
 The fetching itself is the client's PartitionReader (dmq.client._reader): one Fetch in flight per
 broker with its own deadline, answers taken as they come, so records of healthy brokers flow while
@@ -33,9 +35,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 from collections import deque
-from collections.abc import Iterator
-from itertools import islice
-from typing import Final
+from collections.abc import Sequence
 
 from dmq.client._cluster import Cluster
 from dmq.client._log import get_logger
@@ -45,71 +45,67 @@ from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._records import TopicPartition
 from dmq.client.consumer._subscription import PartitionState, SubscriptionState
 from dmq.client.errors import CorruptRecordError, DMQError, from_partition_error
-from dmq.client.records import ConsumerRecord, consumer_records
+from dmq.client.records import ConsumerRecord, RecordSequence
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.wire import FetchPartitionView
 from dmq.proto import records as codec
 
 log = get_logger(__name__)
 
-# A literal, so the type checker knows record[_OFFSET_INDEX] is the int offset (indexing is the
-# hot path's cheaper read); the check keeps it in step with ConsumerRecord's fields.
-_OFFSET_INDEX: Final = 2
-if ConsumerRecord._fields[_OFFSET_INDEX] != "offset":  # pragma: no cover - a ConsumerRecord change
-    raise RuntimeError("_OFFSET_INDEX no longer points at ConsumerRecord.offset")
-
 
 class _PartitionBuffer:
     """Fetched data of one partition that the application has not been given yet."""
 
-    __slots__ = ("tp", "epoch", "chunks", "batches", "current", "next_fetch_offset", "error")
+    __slots__ = ("tp", "epoch", "chunks", "batches", "next_fetch_offset", "error")
 
     def __init__(self, tp: TopicPartition, epoch: int, fetch_offset: int) -> None:
         self.tp = tp
         self.epoch = epoch
         self.chunks: deque[bytes | memoryview] = deque()  # raw answers, not decoded yet
-        self.batches: deque[codec.RecordBatch] = deque()  # decoded headers, records not built
-        # records of the batch being drained, built in C as they are taken
-        self.current: Iterator[ConsumerRecord] | None = None
+        # decoded batches, records not built; the first may be partly handed out already
+        self.batches: deque[codec.RecordBatch] = deque()
         self.next_fetch_offset = fetch_offset
         self.error: DMQError | None = None
 
     def empty(self) -> bool:
-        return not self.chunks and not self.batches and self.current is None
+        return not self.chunks and not self.batches
 
-    def take(self, n: int, position: int, verify_crc: bool) -> list[ConsumerRecord]:
-        out: list[ConsumerRecord] = []
+    def take(self, n: int, position: int, verify_crc: bool) -> RecordSequence | None:
+        """Up to n records from `position` on, as a RecordSequence over the batches' columns
+        (records built as the application's loop reaches them); None when none is buffered."""
+        start = position
+        taken: list[codec.RecordBatch] = []
+        batches = self.batches
         while n > 0:
-            it = self.current
-            if it is None:
-                if not self.batches:
-                    if not self.chunks:
-                        break
-                    raw = self.chunks.popleft()
-                    try:
-                        self.batches.extend(codec.decode_batches(raw, verify_crc=verify_crc))
-                    except codec.RecordsError as e:
-                        raise CorruptRecordError(
-                            f"fetched data of {self.tp} at offset {position} is corrupt: {e}; "
-                            f"seek() past it to skip it"
-                        ) from e
-                    continue
-                batch = self.batches.popleft()
-                if batch.header.last_offset < position:
-                    continue
-                it = self.current = consumer_records(self.tp.topic, self.tp.partition, batch, position)
-            # islice over the batch's record iterator: only the records handed out are built
-            chunk = list(islice(it, n))
-            if len(chunk) < n:
-                self.current = None
-            if chunk:
-                if out:
-                    out += chunk
-                else:
-                    out = chunk
-                n -= len(chunk)
-                position = chunk[-1][_OFFSET_INDEX] + 1
-        return out
+            if not batches:
+                if not self.chunks:
+                    break
+                raw = self.chunks.popleft()
+                try:
+                    batches.extend(codec.decode_batches(raw, verify_crc=verify_crc))
+                except codec.RecordsError as e:
+                    raise CorruptRecordError(
+                        f"fetched data of {self.tp} at offset {position} is corrupt: {e}; "
+                        f"seek() past it to skip it"
+                    ) from e
+                continue
+            batch = batches[0]
+            last = batch.header.last_offset
+            if last < position:
+                batches.popleft()
+                continue
+            first = max(position, batch.header.base_offset)
+            taken.append(batch)
+            if last - first + 1 <= n:  # all of the rest of this batch
+                batches.popleft()
+                n -= last - first + 1
+                position = last + 1
+            else:  # a part: the batch stays first, its columns decoded once (columns())
+                position = first + n
+                n = 0
+        if not taken:
+            return None
+        return RecordSequence(self.tp.topic, self.tp.partition, taken, start, position)
 
 
 class Fetcher:
@@ -269,11 +265,11 @@ class Fetcher:
 
     def collect(
         self, max_records: int, hold: frozenset[TopicPartition] | set[TopicPartition] = frozenset()
-    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+    ) -> dict[TopicPartition, Sequence[ConsumerRecord]]:
         """Up to max_records buffered records, advancing the positions past them. Partitions in
         `hold` keep their buffers but give nothing now (their hand-off commit is in flight)."""
         self.harvest()
-        out: dict[TopicPartition, list[ConsumerRecord]] = {}
+        out: dict[TopicPartition, Sequence[ConsumerRecord]] = {}
         if not self._buffers:
             return out
         tps = list(self._buffers)
@@ -298,9 +294,9 @@ class Fetcher:
                 if out:
                     break  # hand over what is good; the error comes again on the next fetch
                 raise
-            if recs:
+            if recs is not None:
                 out[tp] = recs
-                state.position = recs[-1][_OFFSET_INDEX] + 1
+                state.position = recs.next_offset
                 remaining -= len(recs)
             if buf.empty():
                 if buf.error is not None and not out:

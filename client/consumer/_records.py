@@ -1,8 +1,9 @@
 """ConsumerRecords: what poll() returns, and the small value types of the consumer API.
 
-poll() hands over lists of ``dmq.client.records.ConsumerRecord`` (NamedTuples built in C from a
-batch's columns) grouped by partition; ConsumerRecords only wraps that dict, so iterating it is
-``chain.from_iterable`` over the lists and costs no Python code per record.
+poll() hands over sequences of ``dmq.client.records.ConsumerRecord`` (NamedTuples built in C from
+a batch's columns as a loop or an index reaches them: ``RecordSequence``, which compares equal to
+a list of the same records) grouped by partition; ConsumerRecords only wraps that dict, so
+iterating it is ``chain.from_iterable`` over the sequences and costs no Python code per record.
 
 Two habits meet in it. kafka-python's poll() returns a dict {TopicPartition: [records]}, read
 with ``.items()``, ``[tp]``, ``.get(tp)``, ``tp in``; Java's ConsumerRecords is iterated for
@@ -13,7 +14,7 @@ give records (Java's), not partitions.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, KeysView, ValuesView
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
 from itertools import chain
 from typing import Any, NamedTuple
 
@@ -50,8 +51,8 @@ class ConsumerRecords:
 
     __slots__ = ("_by_partition", "_count")
 
-    def __init__(self, by_partition: dict[TopicPartition, list[ConsumerRecord]] | None = None) -> None:
-        self._by_partition = by_partition or {}
+    def __init__(self, by_partition: Mapping[TopicPartition, Sequence[ConsumerRecord]] | None = None) -> None:
+        self._by_partition = dict(by_partition or {})
         self._count = sum(map(len, self._by_partition.values()))
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
@@ -73,13 +74,13 @@ class ConsumerRecords:
         """The partitions that have records in this poll."""
         return list(self._by_partition)
 
-    def records(self, partition: TopicPartition) -> list[ConsumerRecord]:
+    def records(self, partition: TopicPartition) -> Sequence[ConsumerRecord]:
         """The records of one partition (empty when it has none in this poll)."""
         return self._by_partition.get(partition, [])
 
     # The dict kafka-python's poll() returns: {TopicPartition: [records]}.
 
-    def __getitem__(self, partition: TopicPartition) -> list[ConsumerRecord]:
+    def __getitem__(self, partition: TopicPartition) -> Sequence[ConsumerRecord]:
         """The records of one partition; KeyError when it has none in this poll (the dict's rule)."""
         return self._by_partition[partition]
 
@@ -93,13 +94,13 @@ class ConsumerRecords:
     def keys(self) -> KeysView[TopicPartition]:
         return self._by_partition.keys()
 
-    def values(self) -> ValuesView[list[ConsumerRecord]]:
+    def values(self) -> ValuesView[Sequence[ConsumerRecord]]:
         return self._by_partition.values()
 
-    def items(self) -> ItemsView[TopicPartition, list[ConsumerRecord]]:
+    def items(self) -> ItemsView[TopicPartition, Sequence[ConsumerRecord]]:
         return self._by_partition.items()
 
-    def by_partition(self) -> dict[TopicPartition, list[ConsumerRecord]]:
+    def by_partition(self) -> dict[TopicPartition, Sequence[ConsumerRecord]]:
         return dict(self._by_partition)
 
     def __repr__(self) -> str:

@@ -71,7 +71,9 @@ def test_out_of_range_index_and_comparisons() -> None:
     with pytest.raises(IndexError):
         seq[2]
     assert seq[-2].value == b"a" and seq[1].offset == 8
-    assert seq != [seq[0], seq[1]]  # as a tuple: not equal to a list
+    # equal to a list of the same records too: consume() and poll() returned lists before
+    assert seq == [seq[0], seq[1]] and [seq[0], seq[1]] == seq and seq != [seq[0]] and seq != [seq[1], seq[0]]
+    assert RecordSequence("t", 0, [], 0, 0) == [] and [] == RecordSequence("t", 0, [], 0, 0)
     assert seq == RecordSequence("t", 0, [batch()], 7, 9)
     assert seq != RecordSequence("t", 0, [batch()], 7, 8)
     assert not RecordSequence("t", 0, [], 0, 0) and "2 records of t[0], offsets 7..8" in repr(seq)
