@@ -82,6 +82,7 @@ from dmq.coordinator.controller import partition_states
 from dmq.coordinator.controller.partition_states import StateRefused
 from dmq.coordinator.controller.placement import place_partitions
 from dmq.coordinator.controller.pushes import StatePusher, partition_state
+from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.store import (
     NO_LEADER,
     BrokerRecord,
@@ -280,6 +281,9 @@ class _BrokerState:
     last_heartbeat_ms: int = -1
     principal: str | None = None  # who registered it (this coordinator process): the id is bound to it
     shutting_down: bool = False  # said so in a heartbeat: leads nothing, joins no ISR until it registers again
+    # Known from the store and not re-registered since this coordinator started: given one session
+    # from the start (last_heartbeat_ms) to do so, then declared dead like an expired one.
+    awaited: bool = False
 
 
 def broker_address(host: str, port: int) -> str:
@@ -347,6 +351,7 @@ class MetadataManager:
         clock_ms: Callable[[], int] = wall_clock_ms,
         default_replication_factor: int | None = None,
         reassignment_timeout_ms: int = DEFAULT_REASSIGNMENT_TIMEOUT_MS,
+        pause_watch: PauseWatch | None = None,
     ) -> None:
         if broker_session_timeout_ms <= 0:
             raise ValueError(f"broker_session_timeout_ms must be > 0, got {broker_session_timeout_ms}")
@@ -367,6 +372,9 @@ class MetadataManager:
         self.clock_ms = clock_ms
         self.default_replication_factor = default_replication_factor
         self.reassignment_timeout_ms = reassignment_timeout_ms
+        # Armed by the node's monitor; a pause shorter than half a session cannot expire a broker
+        # that heartbeats four times per session.
+        self.pause_watch = pause_watch or PauseWatch(max(1, broker_session_timeout_ms // 2))
         # Plain attributes: an operator (or a test) may change them on a running coordinator.
         self.max_partitions_per_broker = MAX_PARTITIONS_PER_BROKER
         self.max_partitions_total = MAX_PARTITIONS_TOTAL
@@ -392,7 +400,9 @@ class MetadataManager:
 
     async def load(self) -> None:
         """Load brokers and topics from the store (called once by the node's start())."""
-        self._brokers = {b.broker_id: _BrokerState(b) for b in await self.store.load_brokers()}
+        now = self.clock_ms()
+        self._brokers = {b.broker_id: _BrokerState(b, last_heartbeat_ms=now, awaited=True)
+                         for b in await self.store.load_brokers()}
         self._topics = {t.name: t for t in await self.store.load_topics()}
         self.ready = True
         log.info("metadata loaded", topics=len(self._topics), brokers=len(self._brokers))
@@ -432,11 +442,11 @@ class MetadataManager:
 
     def is_broker_alive(self, broker_id: int) -> bool:
         state = self._brokers.get(broker_id)
-        return state is not None and self._alive(state, self.clock_ms())
+        return state is not None and self._alive(state, self._now())
 
     def live_broker_ids(self) -> list[int]:
         """The brokers that may lead and hold new replicas: alive and not shutting down."""
-        now = self.clock_ms()
+        now = self._now()
         return sorted(i for i, s in self._brokers.items() if self._alive(s, now) and not s.shutting_down)
 
     def racks(self) -> dict[int, str]:
@@ -455,6 +465,21 @@ class MetadataManager:
 
     def _alive(self, state: _BrokerState, now_ms: int) -> bool:
         return state.registered and now_ms - state.last_heartbeat_ms <= self.broker_session_timeout_ms
+
+    def _now(self) -> int:
+        """The session clock, after forgiving a pause of this process (dmq.coordinator.pause_watch):
+        a broker whose session was running when the coordinator stopped gets a new one from now."""
+        now = self.clock_ms()
+        paused_ms = self.pause_watch.observe()
+        if paused_ms:
+            stopped_ms = now - paused_ms
+            forgiven = [i for i, s in self._brokers.items() if (s.registered or s.awaited)
+                        and stopped_ms - s.last_heartbeat_ms <= self.broker_session_timeout_ms]
+            for broker_id in forgiven:
+                self._brokers[broker_id].last_heartbeat_ms = max(self._brokers[broker_id].last_heartbeat_ms, now)
+            log.warning("coordinator was not running: broker sessions restart now", paused_ms=paused_ms,
+                        brokers=forgiven)
+        return now
 
     # -- listeners -------------------------------------------------------------------------------
 
@@ -498,7 +523,7 @@ class MetadataManager:
         _validate_broker(broker_id, host, port)
         if len(rack) > RACK_MAX_CHARS or any(c.isspace() or not c.isprintable() for c in rack):
             raise InvalidArgument(f"rack: must be up to {RACK_MAX_CHARS} printable characters without spaces, got {rack[:80]!r}")
-        now = self.clock_ms()
+        now = self._now()
         previous = self._brokers.get(broker_id)
         if previous is not None:
             if previous.principal is not None and principal is not None and previous.principal != principal:
@@ -583,7 +608,7 @@ class MetadataManager:
         States it missed are sent again now (StatePusher.on_heartbeat)."""
         self.check_ready()
         state = self._brokers.get(broker_id)
-        now = self.clock_ms()
+        now = self._now()
         if state is None or not self._alive(state, now):
             if state is not None and state.registered:
                 state.registered = False
@@ -841,15 +866,17 @@ class MetadataManager:
         self._states_changed = asyncio.Event()
 
     def expire_brokers(self) -> list[int]:
-        """End the sessions that timed out; the ids. Called periodically by the node's monitor."""
-        now = self.clock_ms()
+        """End the sessions that timed out, and those of brokers that did not re-register within a
+        session of this coordinator's start; the ids. Called periodically by the node's monitor."""
+        now = self._now()
         expired = []
         for broker_id, state in sorted(self._brokers.items()):
-            if state.registered and not self._alive(state, now):
-                state.registered = False
+            if (state.registered or state.awaited) and now - state.last_heartbeat_ms > self.broker_session_timeout_ms:
+                why = "broker session expired" if state.registered else "broker did not re-register after the coordinator started"
+                state.registered = state.awaited = False
                 expired.append(broker_id)
                 log.warning(
-                    "broker session expired",
+                    why,
                     broker_id=broker_id,
                     address=broker_address(state.record.host, state.record.port),
                     last_heartbeat_ms=state.last_heartbeat_ms,
