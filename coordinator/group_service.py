@@ -80,11 +80,12 @@ from dmq.coordinator.group import (
 from dmq.coordinator.group_admin import GroupBrokers, describe_to_proto, subscription_to_proto, summaries_to_proto
 from dmq.coordinator.group_wakeups import ALL_MEMBERS, Signals, WatchStreams, affected, wait_or_timeout
 from dmq.coordinator.metadata import MetadataManager, complete_even_if_cancelled
+from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.store import CoordinatorStore, GroupRecord, StoreFullError
 from dmq.coordinator.validation import ValidationError, validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from dmq.proto import error_details
+from dmq.proto import error_details, limits
 from dmq.proto.names import FieldError, check_app_id, check_id
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 from dmq.proto.server_errors import fail as _fail
@@ -268,6 +269,9 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         )
         self.registry = GroupRegistry(self.config)
         self.max_tick_interval_ms = max_tick_interval_ms
+        # Armed by the ticker, which observes at least every max_tick_interval_ms: a longer gap means
+        # the coordinator was not running, and the members' sessions restart (dmq.coordinator.pause_watch).
+        self.pause_watch = PauseWatch(max(limits.SESSION_TIMEOUT_MS_MIN // 2, 4 * max_tick_interval_ms))
         self._lock = asyncio.Lock()
         self._signals = Signals()
         # Rebalances for the metrics (dmq.coordinator.metrics): generations started, and each one's
@@ -355,10 +359,12 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
     async def _tick_loop(self) -> None:
         assert self._ticker_wake is not None
         wake = self._ticker_wake
+        self.pause_watch.arm()
         while not self._stopping:
             wake.clear()
             try:
                 async with self._lock:
+                    self._forgive_pause()
                     deadline_ms = self.registry.next_deadline_ms()
                     due = deadline_ms is not None and deadline_ms <= self.clock.now_ms()
                     events = self._tick() if due else []
@@ -375,6 +381,16 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 await wait_or_timeout(wake, sleep_ms / 1000)
             else:
                 await asyncio.sleep(0)  # let requests in between back-to-back deadlines
+
+    def _forgive_pause(self) -> None:
+        """Before any timer fires: if the coordinator was not running, members' sessions restart now."""
+        paused_ms = self.pause_watch.observe()
+        if paused_ms:
+            now_ms = self.clock.now_ms()
+            for group in self.registry.groups():
+                machine.handle_coordinator_pause(group, paused_ms, now_ms)
+            log.warning("coordinator was not running: member sessions restart now", paused_ms=paused_ms,
+                        groups=len(self.registry))
 
     def _tick(self) -> list[Event]:
         """Fire the due timers, each group on its own so one group's failure cannot stall the
