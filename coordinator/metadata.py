@@ -82,6 +82,8 @@ from dmq.coordinator.controller import partition_states
 from dmq.coordinator.controller.partition_states import StateRefused
 from dmq.coordinator.controller.placement import place_partitions
 from dmq.coordinator.controller.pushes import StatePusher, partition_state
+from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, restart_after_pause, wall_clock_ms
+from dmq.coordinator.controller.sessions import BrokerSession as _BrokerState
 from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.store import (
     NO_LEADER,
@@ -274,18 +276,6 @@ class NotReady(MetadataError):
 # -- state ----------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _BrokerState:
-    record: BrokerRecord
-    registered: bool = False  # registered with this coordinator process (and not expired since)
-    last_heartbeat_ms: int = -1
-    principal: str | None = None  # who registered it (this coordinator process): the id is bound to it
-    shutting_down: bool = False  # said so in a heartbeat: leads nothing, joins no ISR until it registers again
-    # Known from the store and not re-registered since this coordinator started: given one session
-    # from the start (last_heartbeat_ms) to do so, then declared dead like an expired one.
-    awaited: bool = False
-
-
 def broker_address(host: str, port: int) -> str:
     """ "host:port", with IPv6 literals bracketed as gRPC expects."""
     if ":" in host and not host.startswith("["):
@@ -311,10 +301,6 @@ def is_replicated(record: TopicRecord) -> bool:
     return any(len(s.replicas) > 1 or s.partition_epoch > 0 for s in record.states.values())
 
 
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 async def complete_even_if_cancelled(coro: Coroutine[Any, Any, T]) -> T:
     """Run coro to its end even when the caller is cancelled; then re-raise the cancellation.
 
@@ -330,12 +316,6 @@ async def complete_even_if_cancelled(coro: Coroutine[Any, Any, T]) -> T:
     if cancelled:
         raise asyncio.CancelledError
     return task.result()
-
-
-# A dead broker is declared dead at most this long after its last heartbeat. Kafka's KRaft
-# default (broker.session.timeout.ms) is 9 s; ours is shorter because a local cluster's brokers
-# heartbeat over loopback, and the issue's bound for declaring a broker dead is 6 s.
-DEFAULT_BROKER_SESSION_TIMEOUT_MS = 6_000
 
 
 class MetadataManager:
@@ -472,13 +452,7 @@ class MetadataManager:
         now = self.clock_ms()
         paused_ms = self.pause_watch.observe()
         if paused_ms:
-            stopped_ms = now - paused_ms
-            forgiven = [i for i, s in self._brokers.items() if (s.registered or s.awaited)
-                        and stopped_ms - s.last_heartbeat_ms <= self.broker_session_timeout_ms]
-            for broker_id in forgiven:
-                self._brokers[broker_id].last_heartbeat_ms = max(self._brokers[broker_id].last_heartbeat_ms, now)
-            log.warning("coordinator was not running: broker sessions restart now", paused_ms=paused_ms,
-                        brokers=forgiven)
+            restart_after_pause(self._brokers, paused_ms, now, self.broker_session_timeout_ms)
         return now
 
     # -- listeners -------------------------------------------------------------------------------
