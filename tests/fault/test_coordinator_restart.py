@@ -6,12 +6,14 @@ session (2 s) so each test stays short.
    coordinator is back (it is given that long to re-register), and its partitions get a live
    leader from the ISR, without it. Before the fix the restarted coordinator started no session
    for a broker that never re-registered: its partitions kept it as their (dead) leader for as
-   long as it stayed dead.
+   long as it stayed dead. The test also prints, without asserting it, the issue's finding that
+   is not fixed here: while the coordinator is down and a broker is dead, acks=all produce to the
+   other leaders' partitions waits (no in-sync set can shrink without the controller).
 2. Brokers re-register within about a second of the coordinator being back, however long it was
    down: their channel to it retries its connection at most every
    COORDINATOR_RECONNECT_BACKOFF_MAX_MS (jittered), and a failed heartbeat is retried as soon as
    the channel connects. Before the fix gRPC's default reconnect backoff (1 s growing 1.6x to
-   120 s) kept them away for 9.5-18 s after a 30 s outage (3-5 s after the 8 s one here).
+   120 s) kept them away for 9.5-18 s after a 30 s outage (9.9 s after the 8 s one here).
 
 Each test prints what it measured.
 """
@@ -76,7 +78,9 @@ def test_a_broker_that_died_while_the_coordinator_was_down_is_failed_over(tmp_pa
             probe.close()
         cluster.start_coordinator()  # same port; returns once it listens
         back = time.monotonic()
-        bound_s = SESSION_MS / 1000 + SLACK_S
+        # The session the coordinator gives it from its start, the survivors' re-registration (they
+        # must be live to lead), the election and its push, and the polling admin calls.
+        bound_s = SESSION_MS / 1000 + SLACK_S + 1.0
         with AdminClient(cluster.bootstrap) as admin:
             def failed_over() -> bool:
                 try:

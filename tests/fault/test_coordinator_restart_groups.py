@@ -32,7 +32,10 @@ APP = "restart-app"
 RECORDS = 1_500
 RATE = 150.0
 MAX_POLL_RECORDS = 20
-MEMBER_SESSION_MS = 6_000  # the members' gRPC channel reconnects on its own backoff (1 s, 1.6x)
+# The members' gRPC channel to the coordinator reconnects on gRPC's default backoff (1 s growing
+# 1.6x): after a restart that takes a few seconds on a loaded machine, their first heartbeat may
+# come several seconds after the coordinator is back. The default session leaves room for it.
+MEMBER_SESSION_MS = 10_000
 MEMBER_CONFIG = {"session_timeout_ms": MEMBER_SESSION_MS, "heartbeat_interval_ms": 1_000,
                  "max_poll_records": MAX_POLL_RECORDS, "fetch_max_wait_ms": 200}
 
