@@ -116,6 +116,16 @@ def test_a_coordinator_pause_restarts_the_sessions_that_were_running() -> None:
     assert a not in ctx.group.members  # a session after the resume, it was not heard: it expires
 
 
+def test_a_pause_of_at_most_half_a_session_changes_nothing() -> None:
+    ctx = Ctx(partitions=2)
+    a = ctx.join("a", session_timeout_ms=1_000)
+    ctx.settle()
+    deadline = ctx.group.timer.deadline_ms((SESSION_TIMER, a))
+    ctx.clock.advance(500)
+    handle_coordinator_pause(ctx.group, 500, ctx.now)
+    assert ctx.group.timer.deadline_ms((SESSION_TIMER, a)) == deadline
+
+
 def test_a_session_that_had_lapsed_before_the_pause_is_not_revived() -> None:
     ctx = Ctx(partitions=2)
     a = ctx.join("a", session_timeout_ms=1_000)
