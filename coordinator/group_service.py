@@ -83,8 +83,8 @@ from dmq.coordinator.group import (
     SubscriptionMode,
     group_id_for,
 )
-from dmq.coordinator.group_rows import group_to_row, record_to_row, row_to_record
 from dmq.coordinator.group_admin import GroupBrokers, describe_to_proto, subscription_to_proto, summaries_to_proto
+from dmq.coordinator.group_rows import group_to_row, record_to_row, row_to_record
 from dmq.coordinator.group_wakeups import ALL_MEMBERS, Signals, WatchStreams, affected, wait_or_timeout
 from dmq.coordinator.metadata import MetadataManager, complete_even_if_cancelled
 from dmq.coordinator.pause_watch import PauseWatch
@@ -377,14 +377,15 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 await asyncio.sleep(0)  # let requests in between back-to-back deadlines
 
     def _forgive_pause(self) -> None:
-        """Before any timer fires: if the coordinator was not running, members' sessions restart now."""
+        """Before any timer fires: if the coordinator was not running, members' sessions restart now
+        (machine.handle_coordinator_pause says which)."""
         paused_ms = self.pause_watch.observe()
         if paused_ms:
             now_ms = self.clock.now_ms()
             for group in self.registry.groups():
                 machine.handle_coordinator_pause(group, paused_ms, now_ms)
-            log.warning("coordinator was not running: member sessions restart now", paused_ms=paused_ms,
-                        groups=len(self.registry))
+            log.warning("coordinator was not running: member sessions it could have expired restart now",
+                        paused_ms=paused_ms, groups=len(self.registry))
 
     def _tick(self) -> list[Event]:
         """Fire the due timers, each group on its own so one group's failure cannot stall the

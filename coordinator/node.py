@@ -14,8 +14,8 @@ of the broker session) it ends expired sessions and elects new leaders for what
 those brokers led, so a new leader is pushed within session + one interval of a broker's last
 heartbeat (a broker known from the store that does not re-register within a session of the start
 is declared dead the same way; a pause of the coordinator itself restarts the sessions instead:
-dmq.coordinator.pause_watch); every preferred_leader_check_interval_ms it hands leadership back to preferred replicas
-that are in sync again.
+dmq.coordinator.controller.sessions); every preferred_leader_check_interval_ms it hands leadership
+back to preferred replicas that are in sync again.
 Until `start()` has loaded the state, metadata RPCs are answered UNAVAILABLE ("coordinator is
 starting: retry"), since the server may already be taking calls (`dmq server` shares its port).
 
