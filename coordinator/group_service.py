@@ -23,10 +23,15 @@ Lock: every call into the registry or a Group happens under `_lock` with no awai
 decision and the state it was made on are one atomic step; persisting, broker calls and stream
 writes happen after it is released.
 
-Persistence (coordinator.sqlite, table groups; see store.py): a group's existence and subscription
-only. GroupCreated is saved before FindOrCreateGroup answers; if the save fails the group is
-undone (replay GroupDeleted) and the caller gets UNAVAILABLE. Membership is in memory: after a
-restart every old member id gets NOT_FOUND and the client re-joins (DESIGN.md "Processes").
+Persistence (coordinator.sqlite, table groups; see store.py): a group's existence and subscription.
+GroupCreated is saved before FindOrCreateGroup answers; if the save fails the group is
+undone (replay GroupDeleted) and the caller gets UNAVAILABLE. Its membership too (generation,
+members, targets, owners: dmq.coordinator.group.durable), rewritten after every change of it
+(DURABLE_EVENTS) before the change is answered or published, so a restarted coordinator resumes
+each group where it was: the generation keeps increasing, member ids and secrets stay valid,
+commits are fenced as before, and members get one session from the start to be heard again
+(issue 28). All group writes go one at a time (`_save_lock`), each of the group as it is when the
+write starts, so a later write never records an older state.
 
 Clocks: the machine runs on a monotonic clock (`Clock.now_ms()`, injectable); wall-clock time
 (`node.clock_ms()`) is only stored, as a group's created_ms.
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -52,6 +58,7 @@ import grpc
 import structlog
 
 from dmq.coordinator import group as machine
+from dmq.coordinator.group import durable
 from dmq.coordinator.group import (
     Clock,
     Event,
@@ -73,18 +80,19 @@ from dmq.coordinator.group import (
     Record,
     RemovalReason,
     StateChanged,
-    Subscription,
     SubscriptionMode,
     group_id_for,
 )
 from dmq.coordinator.group_admin import GroupBrokers, describe_to_proto, subscription_to_proto, summaries_to_proto
+from dmq.coordinator.group_rows import group_to_row, record_to_row, row_to_record
 from dmq.coordinator.group_wakeups import ALL_MEMBERS, Signals, WatchStreams, affected, wait_or_timeout
 from dmq.coordinator.metadata import MetadataManager, complete_even_if_cancelled
-from dmq.coordinator.store import CoordinatorStore, GroupRecord, StoreFullError
+from dmq.coordinator.pause_watch import PauseWatch
+from dmq.coordinator.store import CoordinatorStore, StoreFullError
 from dmq.coordinator.validation import ValidationError, validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from dmq.proto import error_details
+from dmq.proto import error_details, limits
 from dmq.proto.names import FieldError, check_app_id, check_id
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 from dmq.proto.server_errors import fail as _fail
@@ -111,6 +119,9 @@ _MODE_FROM_PROTO = {
 
 
 MAX_TRACKED_REBALANCES = 100_000
+# The machine's events that change what durable.snapshot records: the group is saved after them.
+DURABLE_EVENTS = (MemberJoined, MemberRemoved, GenerationStarted, PartitionsReleased, PartitionsAcquired,
+                  StateChanged, PartitionCountChanged)
 
 
 def build(node: CoordinatorNode) -> GroupService:
@@ -186,37 +197,6 @@ def _translate(service: GroupService, e: Exception) -> RpcAbort | None:
 _rpc = rpc_handler(log=log, translate=_translate, before=lambda service: service._check_serving())
 
 
-# -- conversions ------------------------------------------------------------------------------
-
-
-def record_to_row(record: GroupCreated) -> GroupRecord:
-    sub = record.subscription
-    return GroupRecord(
-        group_id=record.group_id,
-        topic=record.topic,
-        app_id=record.app_id,
-        subscription_mode=sub.mode.value,
-        subscription_from_ms=sub.from_ms,
-        created_ms=sub.created_ms,
-        start_offsets=dict(sub.snapshot_offsets),
-    )
-
-
-def row_to_record(row: GroupRecord, partition_count: int) -> GroupCreated:
-    return GroupCreated(
-        group_id=row.group_id,
-        topic=row.topic,
-        app_id=row.app_id,
-        partition_count=partition_count,
-        subscription=Subscription(
-            mode=SubscriptionMode(row.subscription_mode),
-            from_ms=row.subscription_from_ms,
-            created_ms=row.created_ms,
-            snapshot_offsets=dict(row.start_offsets),
-        ),
-    )
-
-
 def _peer_host(context: grpc.aio.ServicerContext) -> str:
     """"ipv4:127.0.0.1:5000" -> "127.0.0.1"; "ipv6:[::1]:5000" -> "::1" (the member's host, for
     describe)."""
@@ -268,7 +248,11 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         )
         self.registry = GroupRegistry(self.config)
         self.max_tick_interval_ms = max_tick_interval_ms
+        # Armed by the ticker, which observes at least every max_tick_interval_ms: a longer gap means
+        # the coordinator was not running, and the members' sessions restart (dmq.coordinator.pause_watch).
+        self.pause_watch = PauseWatch(max(limits.SESSION_TIMEOUT_MS_MIN // 2, 4 * max_tick_interval_ms))
         self._lock = asyncio.Lock()
+        self._save_lock = asyncio.Lock()  # group rows are written one at a time (see Persistence)
         self._signals = Signals()
         # Rebalances for the metrics (dmq.coordinator.metrics): generations started, and each one's
         # time from the group's first scheduled rebalance, handed to on_rebalance when set.
@@ -349,21 +333,37 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 self.registry.replay(row_to_record(row, topic.partition_count))
             except (ValueError, KeyError) as e:
                 log.error("skipping unreadable group row", group=row.group_id, topic=row.topic, error=str(e))
+                continue
+            try:
+                durable.restore(self.registry.get(row.group_id), json.loads(row.state_json or "{}"), self.clock.now_ms())
+            except (ValueError, KeyError, TypeError) as e:  # the members re-join, as before membership was kept
+                log.error("skipping unreadable group membership", group=row.group_id, error=str(e))
+                continue
+            group = self.registry.get(row.group_id)
+            if group.members:
+                log.info("group resumed", group=group.group_id, generation=group.generation, state=group.state.name,
+                         members=len(group.members))
 
     # -- the ticker ------------------------------------------------------------------------------
 
     async def _tick_loop(self) -> None:
         assert self._ticker_wake is not None
         wake = self._ticker_wake
+        self.pause_watch.arm()
         while not self._stopping:
             wake.clear()
             try:
                 async with self._lock:
+                    self._forgive_pause()
                     deadline_ms = self.registry.next_deadline_ms()
                     due = deadline_ms is not None and deadline_ms <= self.clock.now_ms()
                     events = self._tick() if due else []
                     if due:
                         deadline_ms = self.registry.next_deadline_ms()
+                try:
+                    await self._record(events)
+                except Exception:  # noqa: BLE001 - the next change of the group writes it again
+                    log.exception("could not record group membership")
                 self._publish(events)
             except Exception:  # noqa: BLE001 - the ticker must keep running; say what broke
                 log.exception("group timer tick failed")
@@ -375,6 +375,17 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 await wait_or_timeout(wake, sleep_ms / 1000)
             else:
                 await asyncio.sleep(0)  # let requests in between back-to-back deadlines
+
+    def _forgive_pause(self) -> None:
+        """Before any timer fires: if the coordinator was not running, members' sessions restart now
+        (machine.handle_coordinator_pause says which)."""
+        paused_ms = self.pause_watch.observe()
+        if paused_ms:
+            now_ms = self.clock.now_ms()
+            for group in self.registry.groups():
+                machine.handle_coordinator_pause(group, paused_ms, now_ms)
+            log.warning("coordinator was not running: member sessions it could have expired restart now",
+                        paused_ms=paused_ms, groups=len(self.registry))
 
     def _tick(self) -> list[Event]:
         """Fire the due timers, each group on its own so one group's failure cannot stall the
@@ -448,11 +459,33 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
     # -- persistence -----------------------------------------------------------------------------
 
     async def _persist(self, records: Iterable[Record]) -> None:
-        for record in records:
-            if isinstance(record, GroupCreated):
-                await self._store.save_group(record_to_row(record))
-            else:
-                await self._store.delete_group(record.group_id)
+        async with self._save_lock:
+            for record in records:
+                if isinstance(record, GroupCreated):
+                    await self._store.save_group(record_to_row(record))
+                else:
+                    await self._store.delete_group(record.group_id)
+
+    async def _record(self, events: Iterable[Event]) -> None:
+        """Save the membership of the groups these events changed (before they are answered or
+        published): each group as it is when its write starts; a group deleted meanwhile is not."""
+        for group_id in sorted({e.group_id for e in events if isinstance(e, DURABLE_EVENTS)}):
+            async with self._save_lock:
+                async with self._lock:
+                    group = self.registry.find(group_id)
+                    row = None if group is None else group_to_row(group)
+                if row is not None:
+                    await complete_even_if_cancelled(self._store.save_group(row))
+
+    async def _recorded(self, events: Iterable[Event], what: str) -> None:
+        """_record for an RPC: a failed write answers it with a retriable error (its retry finds the
+        change made and records it); the change itself stands in memory and is published."""
+        try:
+            await self._record(events)
+        except Exception as e:
+            log.exception("could not record group membership", what=what)
+            self._publish(events)
+            _not_recorded(what, e)
 
     # -- RPCs: membership ------------------------------------------------------------------------
 
@@ -505,6 +538,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                     result = self._find_or_create(request, mode, from_ms, record.partition_count, None)
             if result is None and group_id not in self._creating:
                 result = await self._create(request, mode, from_ms, record.partition_count)
+        await self._recorded(result.events, "record the group's partition count")
         self._publish(result.events)
 
         found = result.response
@@ -619,6 +653,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         )
         async with self._lock:
             result = machine.handle_join(self.registry.get(group_id), pure, self.clock.now_ms())
+        await self._recorded(result.events, f"record member of group {group_id!r}")
         self._publish(result.events)
         return pb.JoinGroupResponse(member_id=result.response.member_id, generation=result.response.generation,
                                     member_secret=result.response.member_secret)
@@ -642,6 +677,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         while True:
             async with self._lock:
                 result = machine.handle_get_assignment(self.registry.get(group_id), pure, self.clock.now_ms())
+            # Before the member learns it owns a partition: a restart must fence as this answer does.
+            await self._recorded(result.events, f"record the assignment of group {group_id!r}")
             self._ack_seq[key] = self._ack_seq.get(key, 0) + 1
             self._publish(result.events, wake=(key,))
             response = result.response
@@ -704,6 +741,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             _check_secret(request.member_secret)
             leave = machine.LeaveGroupRequest(member_id, member_secret=request.member_secret)
             result = machine.handle_leave(self.registry.get(group_id), leave, self.clock.now_ms())
+        await self._recorded(result.events, f"record the leave from group {group_id!r}")
         self._publish(result.events)
         return pb.LeaveGroupResponse()
 
@@ -822,6 +860,10 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             return
         async with self._lock:
             result = self.registry.partition_count_changed(topic, partition_count, self.clock.now_ms())
+        try:
+            await self._record(result.events)
+        except Exception:  # noqa: BLE001 - the next change of the group writes it again
+            log.exception("could not record group membership", topic=topic)
         self._publish(result.events)
 
 

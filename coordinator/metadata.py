@@ -82,6 +82,9 @@ from dmq.coordinator.controller import partition_states
 from dmq.coordinator.controller.partition_states import StateRefused
 from dmq.coordinator.controller.placement import place_partitions
 from dmq.coordinator.controller.pushes import StatePusher, partition_state
+from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, restart_after_pause, wall_clock_ms
+from dmq.coordinator.controller.sessions import BrokerSession as _BrokerState
+from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.store import (
     NO_LEADER,
     BrokerRecord,
@@ -273,15 +276,6 @@ class NotReady(MetadataError):
 # -- state ----------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _BrokerState:
-    record: BrokerRecord
-    registered: bool = False  # registered with this coordinator process (and not expired since)
-    last_heartbeat_ms: int = -1
-    principal: str | None = None  # who registered it (this coordinator process): the id is bound to it
-    shutting_down: bool = False  # said so in a heartbeat: leads nothing, joins no ISR until it registers again
-
-
 def broker_address(host: str, port: int) -> str:
     """ "host:port", with IPv6 literals bracketed as gRPC expects."""
     if ":" in host and not host.startswith("["):
@@ -307,10 +301,6 @@ def is_replicated(record: TopicRecord) -> bool:
     return any(len(s.replicas) > 1 or s.partition_epoch > 0 for s in record.states.values())
 
 
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 async def complete_even_if_cancelled(coro: Coroutine[Any, Any, T]) -> T:
     """Run coro to its end even when the caller is cancelled; then re-raise the cancellation.
 
@@ -328,12 +318,6 @@ async def complete_even_if_cancelled(coro: Coroutine[Any, Any, T]) -> T:
     return task.result()
 
 
-# A dead broker is declared dead at most this long after its last heartbeat. Kafka's KRaft
-# default (broker.session.timeout.ms) is 9 s; ours is shorter because a local cluster's brokers
-# heartbeat over loopback, and the issue's bound for declaring a broker dead is 6 s.
-DEFAULT_BROKER_SESSION_TIMEOUT_MS = 6_000
-
-
 class MetadataManager:
     def __init__(
         self,
@@ -347,6 +331,7 @@ class MetadataManager:
         clock_ms: Callable[[], int] = wall_clock_ms,
         default_replication_factor: int | None = None,
         reassignment_timeout_ms: int = DEFAULT_REASSIGNMENT_TIMEOUT_MS,
+        pause_watch: PauseWatch | None = None,
     ) -> None:
         if broker_session_timeout_ms <= 0:
             raise ValueError(f"broker_session_timeout_ms must be > 0, got {broker_session_timeout_ms}")
@@ -367,6 +352,9 @@ class MetadataManager:
         self.clock_ms = clock_ms
         self.default_replication_factor = default_replication_factor
         self.reassignment_timeout_ms = reassignment_timeout_ms
+        # Armed by the node's monitor; a pause shorter than half a session cannot expire a broker
+        # that heartbeats four times per session.
+        self.pause_watch = pause_watch or PauseWatch(max(1, broker_session_timeout_ms // 2))
         # Plain attributes: an operator (or a test) may change them on a running coordinator.
         self.max_partitions_per_broker = MAX_PARTITIONS_PER_BROKER
         self.max_partitions_total = MAX_PARTITIONS_TOTAL
@@ -392,7 +380,9 @@ class MetadataManager:
 
     async def load(self) -> None:
         """Load brokers and topics from the store (called once by the node's start())."""
-        self._brokers = {b.broker_id: _BrokerState(b) for b in await self.store.load_brokers()}
+        now = self.clock_ms()
+        self._brokers = {b.broker_id: _BrokerState(b, last_heartbeat_ms=now, awaited=True)
+                         for b in await self.store.load_brokers()}
         self._topics = {t.name: t for t in await self.store.load_topics()}
         self.ready = True
         log.info("metadata loaded", topics=len(self._topics), brokers=len(self._brokers))
@@ -432,11 +422,11 @@ class MetadataManager:
 
     def is_broker_alive(self, broker_id: int) -> bool:
         state = self._brokers.get(broker_id)
-        return state is not None and self._alive(state, self.clock_ms())
+        return state is not None and self._alive(state, self._now())
 
     def live_broker_ids(self) -> list[int]:
         """The brokers that may lead and hold new replicas: alive and not shutting down."""
-        now = self.clock_ms()
+        now = self._now()
         return sorted(i for i, s in self._brokers.items() if self._alive(s, now) and not s.shutting_down)
 
     def racks(self) -> dict[int, str]:
@@ -455,6 +445,15 @@ class MetadataManager:
 
     def _alive(self, state: _BrokerState, now_ms: int) -> bool:
         return state.registered and now_ms - state.last_heartbeat_ms <= self.broker_session_timeout_ms
+
+    def _now(self) -> int:
+        """The session clock, after forgiving a pause of this process (dmq.coordinator.pause_watch):
+        a broker whose session was running when the coordinator stopped gets a new one from now."""
+        now = self.clock_ms()
+        paused_ms = self.pause_watch.observe()
+        if paused_ms:
+            restart_after_pause(self._brokers, paused_ms, now, self.broker_session_timeout_ms)
+        return now
 
     # -- listeners -------------------------------------------------------------------------------
 
@@ -498,7 +497,7 @@ class MetadataManager:
         _validate_broker(broker_id, host, port)
         if len(rack) > RACK_MAX_CHARS or any(c.isspace() or not c.isprintable() for c in rack):
             raise InvalidArgument(f"rack: must be up to {RACK_MAX_CHARS} printable characters without spaces, got {rack[:80]!r}")
-        now = self.clock_ms()
+        now = self._now()
         previous = self._brokers.get(broker_id)
         if previous is not None:
             if previous.principal is not None and principal is not None and previous.principal != principal:
@@ -583,7 +582,7 @@ class MetadataManager:
         States it missed are sent again now (StatePusher.on_heartbeat)."""
         self.check_ready()
         state = self._brokers.get(broker_id)
-        now = self.clock_ms()
+        now = self._now()
         if state is None or not self._alive(state, now):
             if state is not None and state.registered:
                 state.registered = False
@@ -841,15 +840,17 @@ class MetadataManager:
         self._states_changed = asyncio.Event()
 
     def expire_brokers(self) -> list[int]:
-        """End the sessions that timed out; the ids. Called periodically by the node's monitor."""
-        now = self.clock_ms()
+        """End the sessions that timed out, and those of brokers that did not re-register within a
+        session of this coordinator's start; the ids. Called periodically by the node's monitor."""
+        now = self._now()
         expired = []
         for broker_id, state in sorted(self._brokers.items()):
-            if state.registered and not self._alive(state, now):
-                state.registered = False
+            if (state.registered or state.awaited) and now - state.last_heartbeat_ms > self.broker_session_timeout_ms:
+                why = "broker session expired" if state.registered else "broker did not re-register after the coordinator started"
+                state.registered = state.awaited = False
                 expired.append(broker_id)
                 log.warning(
-                    "broker session expired",
+                    why,
                     broker_id=broker_id,
                     address=broker_address(state.record.host, state.record.port),
                     last_heartbeat_ms=state.last_heartbeat_ms,

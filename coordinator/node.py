@@ -12,8 +12,10 @@ Lifecycle (the owner is the process runner or a test fixture):
 The monitor (one task) is also the controller's clock: every liveness_check_interval_ms (a tenth
 of the broker session) it ends expired sessions and elects new leaders for what
 those brokers led, so a new leader is pushed within session + one interval of a broker's last
-heartbeat; every preferred_leader_check_interval_ms it hands leadership back to preferred replicas
-that are in sync again.
+heartbeat (a broker known from the store that does not re-register within a session of the start
+is declared dead the same way; a pause of the coordinator itself restarts the sessions instead:
+dmq.coordinator.controller.sessions); every preferred_leader_check_interval_ms it hands leadership
+back to preferred replicas that are in sync again.
 Until `start()` has loaded the state, metadata RPCs are answered UNAVAILABLE ("coordinator is
 starting: retry"), since the server may already be taking calls (`dmq server` shares its port).
 
@@ -51,6 +53,7 @@ from dmq.coordinator.metadata import (
 )
 from dmq.coordinator.metrics import DEFAULT_MAX_PARTITION_SERIES
 from dmq.coordinator.metrics import install as install_metrics
+from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.store import CoordinatorStore
 from dmq.coordinator.validation import TopicConfigDefaults
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -145,6 +148,9 @@ class CoordinatorNode:
             principal_limits=principal_limits,
             clock_ms=clock_ms,
             default_replication_factor=default_replication_factor,
+            # A gap of several checks means the coordinator was not running; half a session at
+            # least, so a broker heartbeating on time is never expired by a shorter pause.
+            pause_watch=PauseWatch(max(broker_session_timeout_ms // 2, 4 * self.liveness_check_interval_ms)),
         )
         self.acl_manager = AclManager(self.store, self.acls)
         self.metadata_service = MetadataServicer(self.metadata, self.acl_manager)
@@ -241,6 +247,7 @@ class CoordinatorNode:
 
     async def _liveness_loop(self) -> None:
         interval_s = self.liveness_check_interval_ms / 1000
+        self.metadata.pause_watch.arm()  # observed from now on at every check (dmq.coordinator.pause_watch)
         next_preferred_s = time.monotonic() + self.preferred_leader_check_interval_ms / 1000
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):

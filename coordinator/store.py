@@ -20,6 +20,9 @@ Schema (PRAGMA user_version = SCHEMA_VERSION):
          subscription_from_ms INTEGER NULL, created_ms INTEGER, start_offsets_json TEXT)
       a consumer group's recorded subscription ("first wins") and the start offsets snapshotted
       for subscription mode `new` ({"<partition>": offset}); owned by the group coordinator.
+      state_json (added column, NULL: none): its membership as dmq.coordinator.group.durable
+      snapshots it (generation, members with their secrets, targets and owners), rewritten at
+      every change of it, so a restarted coordinator resumes the group.
   acls(principal, resource_type, pattern_type, resource_name, operation, permission, PRIMARY KEY all)
       access-control entries (dmq.proto.security.acls), as their words;
   acl_version(id = 1, version INTEGER)
@@ -116,6 +119,7 @@ _ADDED_COLUMNS = (
     ("partitions", "isr", "TEXT"),
     ("partitions", "leader_epoch", "INTEGER"),
     ("partitions", "partition_epoch", "INTEGER"),
+    ("groups", "state_json", "TEXT"),
 )
 
 
@@ -236,6 +240,7 @@ class GroupRecord:
     subscription_from_ms: int | None  # None unless mode is "timestamp"
     created_ms: int
     start_offsets: Mapping[int, int] = field(default_factory=dict)  # partition -> offset (mode "new")
+    state_json: str = ""  # its membership (dmq.coordinator.group.durable); "": none recorded
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "start_offsets", MappingProxyType(dict(self.start_offsets)))
@@ -464,7 +469,7 @@ class CoordinatorStore:
             [
                 (
                     "INSERT OR REPLACE INTO groups (group_id, topic, app_id, subscription_mode, "
-                    "subscription_from_ms, created_ms, start_offsets_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "subscription_from_ms, created_ms, start_offsets_json, state_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         group.group_id,
                         group.topic,
@@ -473,6 +478,7 @@ class CoordinatorStore:
                         group.subscription_from_ms,
                         group.created_ms,
                         offsets_json,
+                        group.state_json or None,
                     ),
                 )
             ]
@@ -481,7 +487,7 @@ class CoordinatorStore:
     async def load_groups(self) -> list[GroupRecord]:
         async with self._conn().execute(
             "SELECT group_id, topic, app_id, subscription_mode, subscription_from_ms, created_ms, "
-            "start_offsets_json FROM groups ORDER BY group_id"
+            "start_offsets_json, state_json FROM groups ORDER BY group_id"
         ) as cur:
             rows = await cur.fetchall()
         return [
@@ -493,6 +499,7 @@ class CoordinatorStore:
                 subscription_from_ms=None if r[4] is None else int(r[4]),
                 created_ms=int(r[5]),
                 start_offsets={int(p): int(o) for p, o in json.loads(r[6] or "{}").items()},
+                state_json=str(r[7] or ""),
             )
             for r in rows
         ]

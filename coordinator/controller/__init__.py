@@ -5,4 +5,5 @@ and runs the controller's events; the rules are here:
   placement         where a new partition's replicas go (round-robin leaders, racks spread)
   partition_states  a partition's state transitions and the checks of AlterIsr / reassignment
   pushes            UpdatePartitionStates to the brokers, with retries at their heartbeats
+  sessions          brokers' sessions: awaited after a coordinator start, restarted after its pause
 """

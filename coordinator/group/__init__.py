@@ -46,6 +46,7 @@ from .errors import (
 from .group import Group, GroupConfig, Member, Ownership, random_member_id
 from .handlers import (
     check_ownership,
+    handle_coordinator_pause,
     handle_get_assignment,
     handle_heartbeat,
     prove_member,
@@ -144,6 +145,7 @@ __all__ = [
     "can_transition",
     "check_ownership",
     "group_id_for",
+    "handle_coordinator_pause",
     "handle_get_assignment",
     "handle_heartbeat",
     "prove_member",

@@ -341,6 +341,27 @@ def tick(group: Group, now_ms: int) -> Result[TickResponse]:
     return Result(TickResponse(group.next_deadline_ms()), events=tuple(events))
 
 
+def handle_coordinator_pause(group: Group, paused_ms: int, now_ms: int) -> Result[TickResponse]:
+    """The coordinator was not running for ``paused_ms`` up to ``now_ms`` (SIGSTOP, a stalled
+    loop): nobody could be heard meanwhile, through no fault of theirs. A member whose session
+    was running when it stopped gets a new session from now, and its poll deadline moves later
+    by the pause (its poll reports could not arrive either). Called before the timers fire.
+
+    A pause of at most half a member's session leaves it alone: a member heartbeating several
+    times per session cannot have expired through it, and a busy event loop's stall (also seen as
+    a pause) must not give a dead member a whole new session."""
+    stopped_ms = now_ms - paused_ms
+    for member in group.members.values():
+        if paused_ms <= member.session_timeout_ms // 2:
+            continue
+        if stopped_ms - member.last_heartbeat_ms > member.session_timeout_ms:
+            continue  # already expired before the pause: its timer fires as it would have
+        _touch_session(group, member, now_ms)
+        member.last_poll_ms = min(now_ms, member.last_poll_ms + paused_ms)
+        group.timer.schedule((POLL_TIMER, member.member_id), member.last_poll_ms + member.max_poll_interval_ms)
+    return Result(TickResponse(group.next_deadline_ms()))
+
+
 # ------------------------------------------------------------------------------- internals
 
 

@@ -659,7 +659,7 @@ async def test_an_unexpected_error_is_internal_and_the_service_keeps_serving(
 # -- lifecycle -----------------------------------------------------------------------------------
 
 
-async def test_coordinator_restart_keeps_groups_and_forgets_members(
+async def test_coordinator_restart_keeps_groups_and_their_members(
     cluster_factory: Callable[..., ClusterThread], tmp_path: pathlib.Path
 ) -> None:
     data_dir = tmp_path / "restart"
@@ -683,17 +683,23 @@ async def test_coordinator_restart_keeps_groups_and_forgets_members(
     try:
         await client.refresh("t")
         groups = (await client.groups.ListGroups(pb.ListGroupsRequest(), timeout=TIMEOUT_S)).groups
+        # The group resumed with its member (issue 28): same id and secret, same generation, same
+        # ownership, so its commits go on; a new member continues the generation count.
         assert sorted((g.group_id, g.state, g.member_count) for g in groups) == [
-            (new_gid, pb.GROUP_STATE_EMPTY, 0), (gid, pb.GROUP_STATE_EMPTY, 0)
+            (new_gid, pb.GROUP_STATE_EMPTY, 0), (gid, pb.GROUP_STATE_STABLE, 1)
         ]
         found = await client.find("t", "fresh", pb.SUBSCRIPTION_MODE_ALL)
         assert not found.created and found.subscription.mode == pb.SUBSCRIPTION_MODE_NEW
-        code, details = await status_of(client.heartbeat(gid, a))
-        assert code == Code.NOT_FOUND and "restarted" in details
-        again = await client.join(gid)
-        (answer,) = await client.settle(gid, [again])
-        assert list(answer.partitions) == [0, 1]
+        assert (await client.heartbeat(gid, a, answer.generation)).generation == answer.generation
         assert [await client.committed(gid, "t", p) for p in (0, 1)] == [3, 4]
+        await client.commit(gid, a, answer.generation, "t", {0: 4})
+        assert await client.committed(gid, "t", 0) == 4
+        code, _ = await status_of(client.commit(gid, a, answer.generation + 1, "t", {0: 5}))
+        assert code == Code.FAILED_PRECONDITION  # a generation it never had is fenced, as before
+        again = await client.join(gid)
+        answers = await client.settle(gid, [a, again])
+        assert {r.generation for r in answers} == {answer.generation + 1}
+        assert sorted(p for r in answers for p in r.partitions) == [0, 1]
         assert await client.fetch("t", 0, 3) == [(3, b"a"), (4, b"a")]
         fresh_member = await client.join(new_gid)
         (fresh,) = await client.settle(new_gid, [fresh_member])
