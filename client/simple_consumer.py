@@ -13,7 +13,7 @@ consume_batches() callers use ``batch.iter_from(offset)`` (or `consumer_records`
 
 Fetches go through the client's PartitionReader (dmq.client._reader): the leader is found
 through the Cluster's metadata; a failed Fetch, NOT_LEADER or UNKNOWN_TOPIC_OR_PARTITION refresh
-it and retry (up to FETCH_ATTEMPTS tries). OFFSET_OUT_OF_RANGE raises OffsetOutOfRangeError
+it and retry (up to FETCH_ATTEMPTS tries, paced by the cluster's RetryPolicy: dmq.client._calls). OFFSET_OUT_OF_RANGE raises OffsetOutOfRangeError
 carrying the log's start and end. consume() makes its one call on the caller's thread; each
 consume_batches() iteration has its own reader, so concurrent reads share nothing but channels.
 """
@@ -45,7 +45,6 @@ __all__ = ["SimpleConsumer"]
 DEFAULT_MAX_WAIT_MS = 500
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 FETCH_ATTEMPTS = 4
-RETRY_BACKOFF_MS = 50  # doubling per retry
 
 
 class SimpleConsumer:
@@ -174,7 +173,7 @@ class SimpleConsumer:
             max_wait_ms=wait,
             max_bytes=limit,
             partition_max_bytes=limit,
-            retry_backoff_ms=RETRY_BACKOFF_MS,
+            retry_backoff_ms=self._cluster.retry.retry_backoff_ms,
             pool=pool,
             name="dmq-simple-consumer",
         )

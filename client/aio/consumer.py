@@ -54,6 +54,7 @@ from typing import Any
 
 import grpc
 
+from dmq.client._calls import RetryPolicy, retry_call_async
 from dmq.client._settings import reject_unknown
 from dmq.client.aio._cluster import AsyncCluster, TaskPool, Wakeup, bootstrap_address, settle
 from dmq.client.consumer._config import ConsumerConfig
@@ -248,6 +249,7 @@ class AsyncConsumer:
                                 pool=TaskPool())  # type: ignore[arg-type]
         self._groups = GroupClient(self._cluster, c, self.consumer_id)
         self._offsets = OffsetClient(self._cluster, c)
+        self._retry = RetryPolicy(retry_backoff_ms=c.retry_backoff_ms, request_timeout_ms=c.request_timeout_ms)
         self._positions = PositionFinder(self._cluster, self._offsets, self._subs, c, self._wakeup)  # type: ignore[arg-type]
         self._heartbeat = _Heartbeats(self.consumer_id, c, self._wakeup, self._poll_age_s)  # type: ignore[arg-type]
         self._lock = asyncio.Lock()
@@ -769,19 +771,15 @@ class AsyncConsumer:
         tp = _tp(partition)
         m = self._memberships.get(tp.topic)
         group_id = m.group_id if m is not None else group_id_for(tp.topic, self.config.group_id)
-        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
-        delay_s = self.config.retry_backoff_ms / 1000
-        while True:
-            try:
-                return await self._committed_once(tp, group_id, deadline)
-            except DMQError as e:
-                if not e.retriable or time.monotonic() + delay_s >= deadline:
-                    raise
-                if e.invalid_metadata:
-                    self._cluster.invalidate(tp.topic)
-                log.info("reading the committed offset of %s failed; retrying in %d ms: %s", tp, delay_s * 1000, e)
-            await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, MAX_GROUP_BACKOFF_S)
+        deadline = self._retry.deadline()
+
+        def on_retry(e: DMQError, pause_s: float) -> None:
+            if e.invalid_metadata:
+                self._cluster.invalidate(tp.topic)
+            log.info("reading the committed offset of %s failed; retrying in %d ms: %s", tp, pause_s * 1000, e)
+
+        return await retry_call_async(lambda: self._committed_once(tp, group_id, deadline), policy=self._retry,
+                                      deadline=deadline, on_retry=on_retry)
 
     async def _committed_once(self, tp: TopicPartition, group_id: str, deadline: float) -> int | None:
         await self._cluster.metadata(tp.topic, max(0.001, deadline - time.monotonic()))
