@@ -115,7 +115,7 @@ class Sender:
         self.request_timeout_s = request_timeout_ms / 1000
         self._retries = retries
         # The client's one retry rule (dmq.client._calls); the deadline is delivery_timeout_ms's.
-        self._retry = RetryPolicy(retry_backoff_ms, retry_backoff_max_ms, request_timeout_ms)
+        self.retry = RetryPolicy(retry_backoff_ms, retry_backoff_max_ms, request_timeout_ms)
         self._producer_id = producer_id  # -1: not idempotent
         self._max_record_bytes = max_record_bytes
         self._wakeup = acc.wakeup
@@ -357,7 +357,7 @@ class Sender:
         # NOT_FOUND from a broker: the partition may have moved; the metadata refresh before the
         # retry raises TopicNotFoundError if the topic itself is gone.
         retriable = err.retriable or (isinstance(err, NotFoundError) and not isinstance(err, TopicNotFoundError))
-        backoff = self._retry.backoff_s(max(1, q.failures))
+        backoff = self.retry.backoff_s(max(1, q.failures))
         if retriable and b.attempts <= self._retries and now + backoff < b.deadline:
             log.warning("produce failed; retrying", error=str(err), backoff_ms=round(backoff * 1000), **where)
             b.last_error = str(err)
