@@ -15,12 +15,12 @@ is printed on failure (DMQ_SIM_SEED replays it).
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 import random
 from collections.abc import Iterator
 
 import pytest
+from _seeded import simulate
 
 from dmq.broker.events.errors import ClaimNotHeldError
 from dmq.broker.events.groups import GroupManager
@@ -186,18 +186,7 @@ def store(tmp_path: pathlib.Path) -> Iterator[EventStore]:
 
 @pytest.mark.parametrize("round_", range(3))
 def test_seeded_claim_simulation(round_: int, store: EventStore) -> None:
-    seed = int(os.environ.get("DMQ_SIM_SEED", random.randrange(1 << 30))) + round_
-    print(f"event claim simulation seed={seed}")
-    sim = Simulation(random.Random(seed), store)
-    for i in range(STEPS):
-        try:
-            sim.step()
-        except AssertionError as e:
-            raise AssertionError(f"seed={seed} step={i} now={sim.now_ms} ms: {e}") from None
-    try:
-        sim.drain()
-    except AssertionError as e:
-        raise AssertionError(f"seed={seed} draining: {e}") from None
+    seed, sim = simulate("event claim simulation", round_, lambda rng: Simulation(rng, store), STEPS)
     assert all(sim.acked.get(k) == sim.positions[k][-1] for k in KEYS if sim.positions[k]), f"seed={seed}"
     for what in ("claim", "ack", "late_ack", "renew", "none"):
         assert sim.counts[what] > 0, f"seed={seed}: no {what} happened in {STEPS} steps: {sim.counts}"

@@ -16,10 +16,11 @@ patient worker drains every group. The seed is printed on failure (DMQ_SIM_SEED 
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 
 import pytest
+
+from _seeded import simulate
 
 from dmq.broker.queue.leases import Lease, LeaseTable
 
@@ -188,18 +189,7 @@ class Simulation:
 
 @pytest.mark.parametrize("round_", range(6))
 def test_seeded_lease_simulation(round_: int) -> None:
-    seed = int(os.environ.get("DMQ_SIM_SEED", random.randrange(1 << 30))) + round_
-    print(f"queue lease simulation seed={seed}")
-    sim = Simulation(random.Random(seed))
-    for i in range(3_000):
-        try:
-            sim.step()
-        except AssertionError as e:
-            raise AssertionError(f"seed={seed} step={i} now={sim.now_ms} ms: {e}") from None
-    try:
-        sim.drain()
-    except AssertionError as e:
-        raise AssertionError(f"seed={seed} draining: {e}") from None
+    seed, sim = simulate("queue lease simulation", round_, Simulation, 3_000)
     # The run exercised what it claims to check.
     for what in ("pop", "ack", "late_ack", "renew", "expired", "refused_grant"):
         assert sim.counts[what] > 0, f"seed={seed}: no {what} happened in 3000 steps: {sim.counts}"
