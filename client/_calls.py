@@ -15,6 +15,7 @@ policy (as aiokafka has one ``retry_backoff_ms``):
   - `call_leader`: one RPC to a partition's leader; a retriable failure marks the topic's
     metadata stale and asks again, at the leader the fresh metadata names (NOT_LEADER, a broker
     gone).
+  - `Backoffs`: the same pauses, per key, for loops that may not sleep (poll()).
   - `fan_out_by_leader`: one RPC per leader (or per (topic, leader)) for many partitions, sent
     together; the partitions that failed retriably are asked again, regrouped by their leaders.
 
@@ -37,7 +38,7 @@ from dmq.client.errors import DMQError, UnknownServerError, from_rpc_error, is_c
 
 log = get_logger(__name__)
 
-__all__ = ["RetryPolicy", "FanOut", "call_coordinator", "call_leader", "fan_out_by_leader", "retry_call",
+__all__ = ["RetryPolicy", "Backoffs", "FanOut", "call_coordinator", "call_leader", "fan_out_by_leader", "retry_call",
            "retry_call_async"]
 
 T = TypeVar("T")
@@ -225,6 +226,33 @@ def call_leader(
 
     return retry_call(attempt, policy=policy, deadline=end, retriable=retriable, on_retry=on_retry,
                       max_attempts=max_attempts, stop=stop)
+
+
+class Backoffs(Generic[K]):
+    """Per-key pauses for loops that must not sleep (poll() and the background calls it drives):
+    each failure of a key in a row sets when it may be tried again, by the policy's pause for
+    that many failures; a success clears the key. Keys are the caller's (topics, brokers), few."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._policy = policy
+        self._state: dict[K, tuple[float, int]] = {}  # key -> (retry at, time.monotonic(); failures)
+
+    def __repr__(self) -> str:
+        return f"<Backoffs waiting={len(self._state)}>"
+
+    def failed(self, key: K) -> tuple[float, int]:
+        """Record a failure: (the pause before the next try, failures in a row)."""
+        failures = self._state.get(key, (0.0, 0))[1] + 1
+        pause_s = self._policy.backoff_s(failures)
+        self._state[key] = (time.monotonic() + pause_s, failures)
+        return pause_s, failures
+
+    def succeeded(self, key: K) -> None:
+        self._state.pop(key, None)
+
+    def retry_at(self, key: K) -> float:
+        """The time.monotonic() before which `key` waits (0.0: it may go now)."""
+        return self._state.get(key, (0.0, 0))[0]
 
 
 @dataclass
