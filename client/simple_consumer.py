@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dmq.client._cluster import Cluster
+from dmq.client.admin import AdminClient
 from dmq.client._security import pop_security
 from dmq.client._log import get_logger
 from dmq.client._reader import INLINE, FetchWant, PartitionReader, partition_error
@@ -149,8 +150,6 @@ class SimpleConsumer:
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start, log end) of the partition: the first offset kept and the next to be written."""
-        from dmq.client.admin import AdminClient  # shares our cluster; avoids an import cycle
-
         info = AdminClient(self._cluster.bootstrap, cluster=self._cluster).list_offsets(topic, partition, "latest")
         return info.log_start_offset, info.log_end_offset
 
