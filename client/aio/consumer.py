@@ -212,10 +212,8 @@ class AsyncConsumer:
         self._initial_listener = listener
         self.consumer_id = f"{self.config.client_id}-{uuid.uuid4().hex[:12]}"
         self._memberships: dict[str, Membership] = {}
-        # Group calls per topic (dmq.client._calls): retry_backoff_ms doubling up to 1 s, so a
-        # returning coordinator is found again within about a second.
-        self._backoff: Backoffs[str] = Backoffs(RetryPolicy(
-            self.config.retry_backoff_ms, MAX_GROUP_BACKOFF_MS, self.config.request_timeout_ms))
+        # group calls per topic: up to 1 s apart, so a returning coordinator is found within about a second
+        self._backoff: Backoffs[str] = Backoffs(RetryPolicy(self.config.retry_backoff_ms, MAX_GROUP_BACKOFF_MS))
         # Records fetched for getone() / async for and not all handed out yet, in fetch order
         self._pending: deque[_Chunk] = deque()
         # The iterator of the chunk __anext__ hands records out of (one of the chunks' own)

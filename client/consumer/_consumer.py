@@ -158,10 +158,8 @@ class DMQConsumer:
         self._positions = PositionFinder(self._cluster, self._offsets, self._subs, config, self._wakeup)
         self._memberships: dict[str, Membership] = {}
         self._ops: dict[str, _GroupOp] = {}  # topic -> the membership's group call in flight
-        # Group calls per topic (dmq.client._calls): retry_backoff_ms doubling up to 1 s, so a
-        # returning coordinator is found again within about a second.
-        self._backoff: Backoffs[str] = Backoffs(RetryPolicy(
-            self.config.retry_backoff_ms, MAX_GROUP_BACKOFF_MS, self.config.request_timeout_ms))
+        # group calls per topic: up to 1 s apart, so a returning coordinator is found within about a second
+        self._backoff: Backoffs[str] = Backoffs(RetryPolicy(self.config.retry_backoff_ms, MAX_GROUP_BACKOFF_MS))
         self._auto_commits: dict[str, concurrent.futures.Future[Any]] = {}  # broker -> last auto-commit
         self._heartbeat = HeartbeatThread(self.consumer_id, config, self._wakeup, self._poll_age_s)
         self._last_poll = time.monotonic()
