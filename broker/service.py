@@ -6,7 +6,7 @@ the header level (size, magic, CRC) and stored as they came, their base offset p
 decodes the records of no batch except those flagged as carrying transaction or trace ids
 (dmq.proto.records attribute bits 5 / 6; see dmq.broker.log.record_ids).
 
-Storage errors (one mapping, `_storage_status`, for every RPC): a full disk (ENOSPC / EDQUOT, or
+Storage errors (one mapping, dmq.broker.storage_status, for every RPC): a full disk (ENOSPC / EDQUOT, or
 SQLite's "database or disk is full") -> RESOURCE_EXHAUSTED "disk full on broker N"; any other
 I/O error -> UNAVAILABLE (the log stays writable, the client retries); damaged log data ->
 DATA_LOSS naming topic, partition and offset. The reason also travels as trailing metadata
@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,17 +45,16 @@ from dmq.broker.log import (
     OutOfOrderSequenceError,
     PartitionLog,
     ProducerFencedError,
-    StorageUnavailableError,
     UnknownPartitionError,
 )
 from dmq.broker.events.service import EventStoreRpcs
-from dmq.broker.log.errors import DISK_FULL_ERRNOS
 from dmq.broker.metrics import TopicTraffic
 from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
 from dmq.broker.queue.service import QueueRpcs
 from dmq.broker.readiness import require_started
 from dmq.broker.offsets import check_offsets_log_name, is_offsets_log
-from dmq.broker.replication.manager import NotEnoughReplicas, NotLeaderForPartition, Replica
+from dmq.broker.replication.manager import NotLeaderForPartition, Replica
+from dmq.broker.storage_status import translate_storage
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits, names, records
@@ -93,47 +90,6 @@ def _checked(check: Callable[..., None], value: object, field: str) -> None:
         check(value, field=field)
     except FieldError as e:
         _fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-
-
-def _is_disk_full(e: BaseException) -> bool:
-    if isinstance(e, StorageUnavailableError):
-        return e.disk_full
-    if isinstance(e, OSError):
-        return e.errno in DISK_FULL_ERRNOS
-    if isinstance(e, sqlite3.Error):  # aiosqlite passes sqlite3's errors through
-        return getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(e)
-    return False
-
-
-def _storage_status(e: BaseException, broker_id: int) -> RpcAbort | None:
-    """The status for a storage failure (see the module docstring) or for a write to a replicated
-    internal log that this broker cannot complete (not the leader, too few in-sync replicas),
-    None if `e` is neither."""
-    if _is_disk_full(e):
-        return RpcAbort(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"disk full on broker {broker_id}: {e}; retry once space is freed",
-            error_details.DISK_FULL,
-        )
-    if isinstance(e, CorruptLogError):
-        return RpcAbort(grpc.StatusCode.DATA_LOSS, f"broker {broker_id}: {e}", error_details.CORRUPT_DATA)
-    # a write to a replicated internal log (committed offsets, queue progress): as a produce's
-    if isinstance(e, NotLeaderForPartition):
-        return RpcAbort(grpc.StatusCode.UNAVAILABLE, f"{e}; nothing acknowledged, retry")
-    if isinstance(e, NotEnoughReplicas):
-        return RpcAbort(grpc.StatusCode.UNAVAILABLE, f"broker {broker_id}: {e}", error_details.NOT_ENOUGH_REPLICAS)
-    if isinstance(e, LogClosedError):
-        return RpcAbort(grpc.StatusCode.UNAVAILABLE, f"broker {broker_id} is shutting down: {e}; retry")
-    if isinstance(e, StorageUnavailableError | OSError):
-        what = str(e)
-        if isinstance(e, OSError) and e.errno:
-            what = f"{errno.errorcode.get(e.errno, e.errno)} ({e.strerror})"
-        return RpcAbort(
-            grpc.StatusCode.UNAVAILABLE,
-            f"broker {broker_id}: storage temporarily unavailable: {what}",
-            error_details.STORAGE_UNAVAILABLE,
-        )
-    return None
 
 
 def _not_enough_replicas(replica: Replica, broker_id: int, *, stored: bool = False) -> str:
@@ -213,10 +169,7 @@ def _check_topic_config(config: pb.TopicConfig) -> None:
 
 def _translate(service: BrokerService, e: Exception) -> RpcAbort | None:
     """A storage failure's status (see the module docstring); None for anything else (a bug)."""
-    status = _storage_status(e, service._node.broker_id)
-    if status is not None:
-        log.warning("storage error", code=status.code.name, error=str(e))
-    return status
+    return translate_storage(service._node.broker_id, e)
 
 
 # Validation failures become their status, storage failures theirs, anything else INTERNAL.
@@ -224,8 +177,6 @@ _guarded = rpc_handler(log=log, translate=_translate)
 # The same, for the RPCs that answer from state loaded at start: UNAVAILABLE until it is loaded
 # (dmq.broker.readiness). Every RPC here but the controller's CreatePartitions / DeletePartitions.
 _loaded = rpc_handler(log=log, translate=_translate, before=require_started)
-# The event-store RPCs (dmq.broker.events.service) map storage failures the same way.
-translate_storage = _translate
 
 
 class AppendNotifier:

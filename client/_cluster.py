@@ -34,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from dmq.client._calls import DEFAULT_RETRY_BACKOFF_MAX_MS, DEFAULT_RETRY_BACKOFF_MS, RetryPolicy
 from dmq.client._log import get_logger
 from dmq.client.errors import (
     ClientClosedError,
@@ -140,6 +141,8 @@ class Cluster:
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
         metadata_max_age_ms: int = DEFAULT_METADATA_MAX_AGE_MS,
         security: ClientSecurity | None = None,
+        retry_backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS,
+        retry_backoff_max_ms: int = DEFAULT_RETRY_BACKOFF_MAX_MS,
     ) -> None:
         self.bootstrap = parse_address(bootstrap)
         # TLS and token for every channel (dmq.client._security); none given: the environment's.
@@ -150,6 +153,11 @@ class Cluster:
                 raise InvalidConfigError(str(e)) from None
         self.security = security
         self.request_timeout_ms = request_timeout_ms
+        # How the client objects sharing this cluster ask again (dmq.client._calls).
+        try:
+            self.retry = RetryPolicy(retry_backoff_ms, retry_backoff_max_ms, request_timeout_ms)
+        except ValueError as e:
+            raise InvalidConfigError(str(e)) from None
         self.metadata_max_age_ms = metadata_max_age_ms
         self._lock = threading.Lock()  # channels, stubs, closed flag
         self._refresh_lock = threading.Lock()  # guards _refreshes (bookkeeping only, no I/O)

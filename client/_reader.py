@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
+from dmq.client._calls import RetryPolicy
 from dmq.client._cluster import Cluster, fetch_results
 from dmq.client._log import get_logger
 from dmq.client.errors import (
@@ -180,6 +181,8 @@ class PartitionReader:
         self.max_bytes = max_bytes
         self.partition_max_bytes = partition_max_bytes
         self._retry_backoff_s = retry_backoff_ms / 1000
+        # result()'s pauses (dmq.client._calls): retry_backoff_ms doubling up to MAX_BACKOFF_S.
+        self._retry = RetryPolicy(retry_backoff_ms, int(MAX_BACKOFF_S * 1000))
         self._leader_wait_s = leader_wait_s
         self._allow_stale = allow_stale
         self._hints = dict(leader_hints or {})
@@ -379,7 +382,7 @@ class PartitionReader:
                     raise err
             if attempts is not None and attempt >= attempts:
                 raise err
-            delay_s = min(MAX_BACKOFF_S, self._retry_backoff_s * 2 ** (attempt - 1))
+            delay_s = self._retry.backoff_s(attempt)
             if deadline is not None and time.monotonic() + delay_s > deadline:
                 raise err
             time.sleep(delay_s)

@@ -38,7 +38,6 @@ sequence, e.g. after producer-state expiry) is handled the same way, then the ba
 from __future__ import annotations
 
 import functools
-import random
 import secrets
 import threading
 import time
@@ -47,6 +46,7 @@ from typing import Any
 
 import grpc
 
+from dmq.client._calls import RetryPolicy
 from dmq.client._log import get_logger
 from dmq.client._accumulator import Accumulator, PartitionQueue, ProducerBatch
 from dmq.client._cluster import Cluster
@@ -114,8 +114,8 @@ class Sender:
         self._linger_s = linger_ms / 1000
         self.request_timeout_s = request_timeout_ms / 1000
         self._retries = retries
-        self._backoff_s = retry_backoff_ms / 1000
-        self._backoff_max_s = retry_backoff_max_ms / 1000
+        # The client's one retry rule (dmq.client._calls); the deadline is delivery_timeout_ms's.
+        self.retry = RetryPolicy(retry_backoff_ms, retry_backoff_max_ms, request_timeout_ms)
         self._producer_id = producer_id  # -1: not idempotent
         self._max_record_bytes = max_record_bytes
         self._wakeup = acc.wakeup
@@ -124,7 +124,6 @@ class Sender:
         self.stats = ClientStats()
         self._active: set[PartitionQueue] = set()
         self._stopping = False
-        self._rng = random.Random()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -358,8 +357,7 @@ class Sender:
         # NOT_FOUND from a broker: the partition may have moved; the metadata refresh before the
         # retry raises TopicNotFoundError if the topic itself is gone.
         retriable = err.retriable or (isinstance(err, NotFoundError) and not isinstance(err, TopicNotFoundError))
-        backoff = min(self._backoff_max_s, self._backoff_s * 2 ** max(0, q.failures - 1))
-        backoff *= self._rng.uniform(0.8, 1.2)
+        backoff = self.retry.backoff_s(max(1, q.failures))
         if retriable and b.attempts <= self._retries and now + backoff < b.deadline:
             log.warning("produce failed; retrying", error=str(err), backoff_ms=round(backoff * 1000), **where)
             b.last_error = str(err)

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 
 from dmq.client._security import pop_security
+from dmq.client._calls import call_coordinator, fan_out_by_leader
 from dmq.client._log import get_logger
 from dmq.client._settings import bootstrap_address, check_positive, reject_unknown
 from dmq.client._cluster import Cluster
@@ -94,9 +95,6 @@ __all__ = [
 ]
 
 TopicPartition = tuple[str, int]
-
-# Pauses between attempts while a server answers UNAVAILABLE or a leader moves (seconds).
-_RETRY_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.0)
 
 _CONFIG_FIELDS = (*limits.TOPIC_CONFIG_RANGES, "unclean_leader_election")
 
@@ -331,19 +329,8 @@ class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
     ) -> Any:
         """One request to the coordinator, asked again while it answers UNAVAILABLE itself, until
         request_timeout_ms; a refused connection fails at once (see the module docstring)."""
-        deadline = time.monotonic() + self._cluster.timeout_s
-        for attempt in range(1_000):  # bounded by the deadline long before this
-            try:
-                return getattr(stub, method)(request, timeout=max(0.05, deadline - time.monotonic()))
-            except grpc.RpcError as e:
-                err = from_rpc_error(e, context=f"{what} (coordinator at {self._cluster.bootstrap})", overrides=overrides)
-                pause = _RETRY_BACKOFF_S[min(attempt, len(_RETRY_BACKOFF_S) - 1)]
-                if (e.code() != grpc.StatusCode.UNAVAILABLE or is_connect_failure(err.details)
-                        or time.monotonic() + pause >= deadline):
-                    raise err from e
-                log.debug("coordinator unavailable, retrying", what=what, error=str(err))
-                time.sleep(pause)
-        raise AssertionError("unreachable")
+        return call_coordinator(stub, method, request, policy=self._cluster.retry,
+                                context=f"{what} (coordinator at {self._cluster.bootstrap})", overrides=overrides)
 
     # -- topics -------------------------------------------------------------------------------------
 
@@ -444,50 +431,49 @@ class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
         list_offsets(). One call per leading broker, sent together; partitions whose leader moved
         or whose broker is unavailable are asked again (fresh metadata) until request_timeout_ms."""
         pending = {(str(t), int(p)): _timestamp(ts) for (t, p), ts in queries.items()}
-        out: dict[TopicPartition, OffsetInfo] = {}
         cluster = self._cluster
-        deadline = time.monotonic() + cluster.timeout_s
-        for attempt in range(1_000):  # bounded by the deadline long before this
+
+        def route(keys: list[TopicPartition], timeout_s: float) -> tuple[dict[str, list[TopicPartition]],
+                                                                          dict[TopicPartition, DMQError]]:
+            by_leader: dict[str, list[TopicPartition]] = {}
             errors: dict[TopicPartition, DMQError] = {}
-            by_leader: dict[str, list[pb.OffsetQuery]] = {}
-            for (topic, partition), ts in sorted(pending.items()):
+            for key in sorted(keys):
                 try:
-                    address = cluster.leader_for(topic, partition)
+                    by_leader.setdefault(cluster.leader_for(*key), []).append(key)
                 except DMQError as e:
-                    errors[(topic, partition)] = e
-                    continue
-                by_leader.setdefault(address, []).append(pb.OffsetQuery(topic=topic, partition=partition, timestamp_ms=ts))
-            calls = [
-                (address, qs, cluster.broker_stub(address).ListOffsets.future(
-                    pb.ListOffsetsRequest(queries=qs), timeout=max(0.05, deadline - time.monotonic())))
-                for address, qs in by_leader.items()
-            ]
-            for address, qs, call in calls:
-                try:
-                    response = call.result()
-                except grpc.RpcError as e:
-                    err = from_rpc_error(e, context=f"ListOffsets (broker at {address})")
-                    errors.update({(q.topic, q.partition): err for q in qs})
-                    continue
-                for a in response.answers:
-                    key = (a.topic, a.partition)
-                    if a.error == pb.NONE:
-                        out[key] = OffsetInfo.from_response(a)
-                    else:
-                        errors[key] = from_partition_error(a.error, a.error_message, a.topic, a.partition)
-            if not errors:
-                return out
+                    errors[key] = e
+            return by_leader, errors
+
+        def send(address: str, keys: list[TopicPartition], timeout_s: float) -> grpc.Future:
+            qs = [pb.OffsetQuery(topic=t, partition=p, timestamp_ms=pending[(t, p)]) for t, p in keys]
+            return cluster.broker_stub(address).ListOffsets.future(pb.ListOffsetsRequest(queries=qs), timeout=timeout_s)
+
+        def parse(response: pb.ListOffsetsResponse, address: str) -> dict[TopicPartition, OffsetInfo | DMQError]:
+            return {
+                (a.topic, a.partition): OffsetInfo.from_response(a) if a.error == pb.NONE
+                else from_partition_error(a.error, a.error_message, a.topic, a.partition)
+                for a in response.answers
+            }
+
+        def error(e: grpc.RpcError, address: str, keys: list[TopicPartition]) -> DMQError:
+            return from_rpc_error(e, context=f"ListOffsets (broker at {address})")
+
+        def retriable(e: DMQError, retry: int) -> bool:
             # A partition the broker does not know yet may just have been added: one more look.
-            again = {k: e for k, e in errors.items() if e.retriable or (e.invalid_metadata and attempt == 0)}
-            pause = _RETRY_BACKOFF_S[min(attempt, len(_RETRY_BACKOFF_S) - 1)]
-            if len(again) < len(errors) or time.monotonic() + pause >= deadline:
-                raise next((e for e in errors.values() if e not in again.values()), next(iter(errors.values())))
-            for topic in {t for t, _ in again}:
+            return e.retriable or (e.invalid_metadata and retry == 0)
+
+        def on_retry(errors: Mapping[TopicPartition, DMQError]) -> None:
+            for topic in {t for t, _ in errors}:
                 cluster.invalidate(topic)
-            log.debug("ListOffsets retrying", partitions=len(again), error=str(next(iter(again.values()))))
-            time.sleep(pause)
-            pending = {k: pending[k] for k in again}
-        raise AssertionError("unreachable")
+
+        got = fan_out_by_leader(pending, route=route, send=send, parse=parse, error=error, policy=cluster.retry,
+                                deadline=cluster.retry.deadline(), what="ListOffsets", retriable=retriable,
+                                on_retry=on_retry)
+        if got.errors:
+            # The first error that asking again could not cure, else the first.
+            errs = list(got.errors.values())
+            raise next((e for e in errs if not (e.retriable or e.invalid_metadata)), errs[0])
+        return got.done
 
     def describe_logs(
         self,

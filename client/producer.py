@@ -81,6 +81,7 @@ from dmq.client._accumulator import (
     accounted_cap,
     encoded_size_bound,
 )
+from dmq.client._calls import retry_call
 from dmq.client._cluster import Cluster, TopicMetadata
 from dmq.client._partitioner import Partitioner, StickyChooser, crc32_partition
 from dmq.client._sender import Sender, new_producer_id
@@ -685,27 +686,16 @@ class Producer:
     # -- metadata --------------------------------------------------------------------------------
 
     def _topic_metadata(self, topic: str) -> TopicMetadata:
-        """The topic's metadata; retriable failures are retried until max_block_ms after the first
-        try (each try is bounded by it too: see the Cluster's timeout in __init__)."""
-        started = time.monotonic()
+        """The topic's metadata; retriable failures are retried (dmq.client._calls, paced by
+        retry_backoff_ms) until max_block_ms after the first try (each try is bounded by it too:
+        see the Cluster's timeout in __init__)."""
+        deadline = time.monotonic() + self._max_block_ms / 1000
         try:
-            return self._cluster.topic_metadata(topic)
-        except DMQError as first:
-            if not first.retriable:
+            return retry_call(lambda: self._cluster.topic_metadata(topic), policy=self._sender.retry, deadline=deadline)
+        except DMQError as e:
+            if not e.retriable:
                 raise
-            err: DMQError = first
-        deadline = started + self._max_block_ms / 1000
-        delay = 0.05
-        while time.monotonic() + delay < deadline:
-            time.sleep(delay)  # bounded by max_block_ms; nothing to wait on but the coordinator
-            delay = min(delay * 2, 1.0)
-            try:
-                return self._cluster.topic_metadata(topic)
-            except DMQError as e:
-                if not e.retriable:
-                    raise
-                err = e
-        raise DMQTimeoutError(f"metadata for topic {topic!r} not available within max_block_ms: {err}") from err
+            raise DMQTimeoutError(f"metadata for topic {topic!r} not available within max_block_ms: {e}") from e
 
     def _check_partition(self, topic: str, partition: Any, meta: TopicMetadata) -> TopicMetadata:
         """`partition` must exist; the topic may have grown since we cached it, so ask once more."""

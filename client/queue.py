@@ -53,6 +53,7 @@ from typing import Any
 
 import grpc
 
+from dmq.client._calls import call_leader
 from dmq.client._cluster import Cluster
 from dmq.client._log import get_logger
 from dmq.client._settings import bootstrap_address, check_positive, reject_unknown
@@ -79,8 +80,6 @@ DEFAULT_MAX_RECORDS = 100
 # asks each in turn with this long a wait.
 MULTI_BROKER_WAIT_MS = 100
 MAX_POP_WAIT_MS = 60_000
-# A call on a lease whose partition has no reachable leader is retried this often (a failover).
-LEASE_RETRY_BACKOFF_S = 0.1
 # A prefetched slice is handed out only while this much of its broker lease's length is left: a
 # handler run under process() is renewed every third of the length, so a slice handed out then has
 # at least that long before the broker could expire it, as a renewed lease has.
@@ -379,19 +378,14 @@ class QueueConsumer:
     def _lease_call(self, lease: QueueLease, method: str, request: Any) -> Any:
         """A call on a lease at its partition's leader; retried at the new one while the broker
         answers that it does not lead the partition (or cannot be reached), up to the request
-        timeout. A broker refuses such a call before it changes anything."""
-        what = f"{method} {lease.topic}[{lease.partition}]"
-        deadline = time.monotonic() + self._cluster.timeout_s
-        while True:
-            address = self._leader_of(lease)
-            try:
-                return self._call(address, method, request, what)
-            except BrokerUnavailableError as e:
-                if time.monotonic() >= deadline or self._closed:
-                    raise
-                log.debug("lease call refused; looking for the partition's leader", broker=address, error=str(e))
-                self._cluster.invalidate(self.topic)
-                time.sleep(LEASE_RETRY_BACKOFF_S)
+        timeout (dmq.client._calls). A broker refuses such a call before it changes anything."""
+        if self._closed:
+            raise ClientClosedError("the QueueConsumer is closed; create a new one")
+        return call_leader(
+            self._cluster, self.topic, lambda: self._leader_of(lease), method, request,
+            policy=self._cluster.retry, what=f"{method} {lease.topic}[{lease.partition}]",
+            retriable=lambda e: isinstance(e, BrokerUnavailableError), stop=lambda: self._closed,
+        )
 
     # -- pop ---------------------------------------------------------------------------------------
 

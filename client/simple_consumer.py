@@ -21,11 +21,11 @@ offset: consume() skips those records, and consume_batches() callers use
 
 Fetches go through the client's PartitionReader (dmq.client._reader): the leader is found
 through the Cluster's metadata; a failed Fetch, NOT_LEADER or UNKNOWN_TOPIC_OR_PARTITION refresh
-it and retry (up to FETCH_ATTEMPTS tries). OFFSET_OUT_OF_RANGE raises OffsetOutOfRangeError
-carrying the log's start and end. consume() makes its own Fetch on the caller's thread (the
-read-ahead's on a small pool); each consume_batches() iteration has its own reader, so concurrent
-reads share nothing but channels (two threads reading one partition at once: one of them reads
-without the read-ahead).
+it and retry (up to FETCH_ATTEMPTS tries, paced by the cluster's RetryPolicy: dmq.client._calls).
+OFFSET_OUT_OF_RANGE raises OffsetOutOfRangeError carrying the log's start and end. consume() makes
+its own Fetch on the caller's thread (the read-ahead's on a small pool); each consume_batches()
+iteration has its own reader, so concurrent reads share nothing but channels (two threads reading
+one partition at once: one of them reads without the read-ahead).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dmq.client._cluster import Cluster
+from dmq.client.admin import AdminClient
 from dmq.client._security import pop_security
 from dmq.client._log import get_logger
 from dmq.client._prefetch import MAX_PREFETCH_PARTITIONS, PREFETCH_THREADS, Prefetch
@@ -57,7 +58,6 @@ __all__ = ["SimpleConsumer"]
 DEFAULT_MAX_WAIT_MS = 500
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 FETCH_ATTEMPTS = 4
-RETRY_BACKOFF_MS = 50  # doubling per retry
 
 
 class SimpleConsumer:
@@ -208,7 +208,7 @@ class SimpleConsumer:
                     max_workers=PREFETCH_THREADS, thread_name_prefix="dmq-simple-consumer-prefetch"
                 )
         if pool is not None and ahead.high_watermark > after:
-            ahead.send(self._cluster, pool, after, max_wait_ms, RETRY_BACKOFF_MS)  # a closed pool: not sent
+            ahead.send(self._cluster, pool, after, max_wait_ms, self._cluster.retry.retry_backoff_ms)  # a closed pool: not sent
         evicted: list[Prefetch] = []
         with self._lock:
             if self._closed or not (rest or ahead.in_flight):
@@ -261,8 +261,6 @@ class SimpleConsumer:
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(log start, log end) of the partition: the first offset kept and the next to be written."""
-        from dmq.client.admin import AdminClient  # shares our cluster; avoids an import cycle
-
         info = AdminClient(self._cluster.bootstrap, cluster=self._cluster).list_offsets(topic, partition, "latest")
         return info.log_start_offset, info.log_end_offset
 
@@ -285,7 +283,7 @@ class SimpleConsumer:
             max_wait_ms=wait,
             max_bytes=limit,
             partition_max_bytes=limit,
-            retry_backoff_ms=RETRY_BACKOFF_MS,
+            retry_backoff_ms=self._cluster.retry.retry_backoff_ms,
             pool=pool,
             name="dmq-simple-consumer",
         )

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from dmq.proto import error_details
-from dmq.proto.handlers import ServerInterceptorBase, call_behavior, rewrap, stream_behavior
+from dmq.proto.handlers import WrappingInterceptor, call_behavior, rewrap, stream_behavior
 
 DEFAULT_MAX_PER_ADDRESS = 1_000
 DEFAULT_RECENT_S = 30.0
@@ -51,7 +51,7 @@ class _Connection:
 
 
 
-class PerAddressConnectionLimit(ServerInterceptorBase):
+class PerAddressConnectionLimit(WrappingInterceptor):
     def __init__(
         self,
         max_per_address: int = DEFAULT_MAX_PER_ADDRESS,
@@ -62,6 +62,7 @@ class PerAddressConnectionLimit(ServerInterceptorBase):
     ) -> None:
         if max_per_address < 1:
             raise ValueError(f"max_per_address must be >= 1, got {max_per_address}")
+        super().__init__()
         self.max_per_address = max_per_address
         self.recent_s = recent_s
         self.max_entries = max_entries
@@ -128,14 +129,7 @@ class PerAddressConnectionLimit(ServerInterceptorBase):
 
     # -- the interceptor -------------------------------------------------------------------------
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
+    def wrap(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
         return rewrap(handler, unary=self._wrap_unary, stream=self._wrap_stream)
 
     async def _admit(self, context: grpc.aio.ServicerContext[Any, Any]) -> _Connection | None:

@@ -22,15 +22,10 @@ from typing import Any
 
 import grpc
 
-from dmq.proto.handlers import Behavior, ServerInterceptorBase, call_behavior, stream_behavior
+from dmq.proto.handlers import Behavior, WrappingInterceptor, call_behavior, stream_behavior
 from dmq.proto.names import cap_message
 
 __all__ = ["DecodeGuard", "Undecodable"]
-
-# Wrapped handlers kept per method name (a few dozen methods; the bound is against a generic
-# handler that would answer arbitrary names).
-MAX_WRAPPED_METHODS = 1024
-
 
 class Undecodable:
     """What a request that did not decode is handed on as; `message` is its status message."""
@@ -97,31 +92,12 @@ def guard(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMeth
     return handler
 
 
-class DecodeGuard(ServerInterceptorBase):
+class DecodeGuard(WrappingInterceptor):
     """The interceptor of `guard`: put it before the security interceptor, so an undecodable
     request is refused before any rule reads its fields."""
 
-    def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
-
     def __repr__(self) -> str:
-        return f"<DecodeGuard methods={len(self._wrapped)}>"
+        return f"<DecodeGuard methods={self.wrapped_count}>"
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
-        # The handler below is the same object call after call (the security interceptor keeps
-        # its wrapping too): the guarded one is made once per method.
-        known = self._wrapped.get(method)
-        if known is not None and known[0] is handler:
-            return known[1]
-        guarded = guard(handler, method)
-        if len(self._wrapped) < MAX_WRAPPED_METHODS:
-            self._wrapped[method] = (handler, guarded)
-        return guarded
+    def wrap(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
+        return guard(handler, method)

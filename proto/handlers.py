@@ -5,7 +5,8 @@ request, the context or the answer it must return a new handler of the same kind
 wraps the original one. `rewrap(handler, unary=..., stream=...)` does the four-way dispatch
 (unary/stream request × unary/stream answer), and `call_behavior` / `stream_behavior` run the
 original behavior whichever way it was written (a coroutine, a plain function, an async or plain
-generator, or a coroutine writing with context.write()).
+generator, or a coroutine writing with context.write()). `WrappingInterceptor` is the interceptor
+that wraps each method's handler once (`wrap`) and hands out that wrapping on every later call.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ if TYPE_CHECKING:
 else:
     ServerInterceptorBase = grpc.aio.ServerInterceptor
 
-__all__ = ["call_behavior", "rewrap", "stream_behavior"]
+__all__ = ["WrappingInterceptor", "call_behavior", "rewrap", "stream_behavior"]
+
+# Wrappings an interceptor keeps (one per method): a server has a few dozen methods; a call naming
+# an unknown one gets no handler and is never wrapped, so the bound is only a backstop.
+MAX_WRAPPED_METHODS = 1024
 
 Behavior = Callable[..., Any]
 
@@ -68,3 +73,40 @@ async def stream_behavior(behavior: Behavior, request: Any, context: Any) -> Asy
     else:  # a plain generator
         for item in result:
             yield item
+
+
+class WrappingInterceptor(ServerInterceptorBase):
+    """A server interceptor that wraps each method's handler with `wrap(handler, method)`.
+
+    grpc.aio passes the same handler object for a method call after call, so the wrapping is made
+    once and reused while the handler is the same; at most `max_wrapped_methods` are kept (beyond
+    that a method is wrapped per call). Subclasses define `wrap`, and may read `wrapped_count`."""
+
+    max_wrapped_methods = MAX_WRAPPED_METHODS
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
+
+    @property
+    def wrapped_count(self) -> int:
+        return len(self._wrapped)
+
+    def wrap(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
+        raise NotImplementedError
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+        known = self._wrapped.get(method)
+        if known is not None and known[0] is handler:
+            return known[1]
+        wrapped = self.wrap(handler, method)
+        if len(self._wrapped) < self.max_wrapped_methods:
+            self._wrapped[method] = (handler, wrapped)
+        return wrapped

@@ -33,7 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from dmq.proto.handlers import Behavior, ServerInterceptorBase, call_behavior, rewrap, stream_behavior
+from dmq.proto.handlers import Behavior, WrappingInterceptor, call_behavior, rewrap, stream_behavior
 
 __all__ = [
     "DEFAULT_METRICS_PORT",
@@ -69,10 +69,13 @@ def _code_name(code: object) -> str:
     return code.name if isinstance(code, grpc.StatusCode) else "OK"
 
 
-class RpcMetrics(ServerInterceptorBase):
+class RpcMetrics(WrappingInterceptor):
     """Times every call of the server; put it first, so refusals by later interceptors count."""
 
+    max_wrapped_methods = MAX_METHOD_LABELS
+
     def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__()
         self.duration = Histogram(
             "dmq_rpc_server_duration_seconds", "Time to answer a gRPC call, by method and status code",
             ["method", "code"], registry=registry, buckets=LATENCY_BUCKETS_S,
@@ -84,11 +87,10 @@ class RpcMetrics(ServerInterceptorBase):
         # both kinds exported from the start (0 until a refusal), as a rate() over them needs
         self._auth_failures = {"UNAUTHENTICATED": self.auth_failures.labels("authentication"),
                                "PERMISSION_DENIED": self.auth_failures.labels("authorization")}
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
         self._children: dict[tuple[str, str], Any] = {}
 
     def __repr__(self) -> str:
-        return f"<RpcMetrics methods={len(self._wrapped)}>"
+        return f"<RpcMetrics methods={self.wrapped_count}>"
 
     def observe(self, method: str, code: str, seconds: float) -> None:
         child = self._children.get((method, code))
@@ -102,22 +104,8 @@ class RpcMetrics(ServerInterceptorBase):
     def _unary(self, method: str) -> Callable[[Behavior], Callable[..., Awaitable[Any]]]:
         def wrap(behavior: Behavior) -> Callable[..., Awaitable[Any]]:
             async def timed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                started = time.perf_counter()
-                code = "UNKNOWN"
-                try:
-                    answer = await call_behavior(behavior, request, context)
-                    code = _code_name(context.code())
-                    return answer
-                except asyncio.CancelledError:
-                    code = "CANCELLED"
-                    raise
-                except BaseException:
-                    # context.abort() set the code before raising; anything else grpc answers UNKNOWN
-                    c = context.code()
-                    code = c.name if isinstance(c, grpc.StatusCode) else "UNKNOWN"
-                    raise
-                finally:
-                    self.observe(method, code, time.perf_counter() - started)
+                with _Timing(self, method, context):
+                    return await call_behavior(behavior, request, context)
 
             return timed
 
@@ -126,43 +114,46 @@ class RpcMetrics(ServerInterceptorBase):
     def _stream(self, method: str) -> Callable[[Behavior], Callable[..., AsyncIterator[Any]]]:
         def wrap(behavior: Behavior) -> Callable[..., AsyncIterator[Any]]:
             async def timed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-                started = time.perf_counter()
-                code = "UNKNOWN"
-                try:
+                with _Timing(self, method, context):
                     async for item in stream_behavior(behavior, request, context):
                         yield item
-                    code = _code_name(context.code())
-                except (asyncio.CancelledError, GeneratorExit):
-                    code = "CANCELLED"
-                    raise
-                except BaseException:
-                    c = context.code()
-                    code = c.name if isinstance(c, grpc.StatusCode) else "UNKNOWN"
-                    raise
-                finally:
-                    self.observe(method, code, time.perf_counter() - started)
 
             return timed
 
         return wrap
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
-        known = self._wrapped.get(method)
-        if known is not None and known[0] is handler:
-            return known[1]
-        label = method.rsplit("/", 1)[-1] if len(self._wrapped) < MAX_METHOD_LABELS else "other"
-        wrapped = rewrap(handler, unary=self._unary(label), stream=self._stream(label))
-        if len(self._wrapped) < MAX_METHOD_LABELS:
-            self._wrapped[method] = (handler, wrapped)
-        return wrapped
+    def wrap(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
+        # Methods past the bound share one label, so the label set stays bounded.
+        label = method.rsplit("/", 1)[-1] if self.wrapped_count < self.max_wrapped_methods else "other"
+        return rewrap(handler, unary=self._unary(label), stream=self._stream(label))
+
+
+class _Timing:
+    """Times one call (unary or streamed) and records it under its status code: the context's
+    code when it ends (OK unless set), CANCELLED when the client went away (or stopped reading a
+    stream), else the code context.abort() set before raising (UNKNOWN for any other error, as
+    grpc answers it)."""
+
+    __slots__ = ("_context", "_method", "_metrics", "_started")
+
+    def __init__(self, metrics: RpcMetrics, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        self._metrics = metrics
+        self._method = method
+        self._context = context
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        self._started = time.perf_counter()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc_type is None:
+            code = _code_name(self._context.code())
+        elif issubclass(exc_type, (asyncio.CancelledError, GeneratorExit)):
+            code = "CANCELLED"
+        else:
+            c = self._context.code()
+            code = c.name if isinstance(c, grpc.StatusCode) else "UNKNOWN"
+        self._metrics.observe(self._method, code, time.perf_counter() - self._started)
 
 
 class ConnectionsCollector(Collector):

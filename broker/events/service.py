@@ -41,6 +41,7 @@ from dmq.broker.events.index import EventColumns, split_tags
 from dmq.broker.events.store import Condition, EventStore, NewEvent
 from dmq.broker.log import UnknownPartitionError
 from dmq.broker.readiness import require_started
+from dmq.broker.storage_status import translate_storage
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, event_headers, records
 from dmq.proto.names import GROUP_ID_MAX_BYTES, MEMBER_ID_MAX_BYTES, FieldError, check_id, check_topic_name
@@ -87,10 +88,8 @@ def _translate(service: Any, e: Exception) -> RpcAbort | None:
             return RpcAbort(code, str(e))
     if isinstance(e, FieldError):
         return RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-    # Storage failures: the broker's one mapping (imported here: broker.service imports this module).
-    from dmq.broker import service as broker_service
-
-    return broker_service.translate_storage(service, e)
+    # Storage failures: the broker's one mapping.
+    return translate_storage(service._node.broker_id, e)
 
 
 # Every event-store RPC reads what is loaded at start (the logs, group progress): UNAVAILABLE until

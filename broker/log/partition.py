@@ -93,6 +93,7 @@ from dmq.broker.log.dedup import DEFAULT_MAX_ENTRIES
 from dmq.broker.log.fsync_placement import FsyncPlacement
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import fsync_path
+from dmq.broker.log.append_info import AppendInfo
 from dmq.broker.log.record_ids import RecordIds
 from dmq.broker.log.producer_state import SNAPSHOT_SUFFIX, ProducerStateManager, list_snapshots, snapshot_path
 from dmq.broker.log.scan import Damaged
@@ -199,16 +200,6 @@ class LogConfig:
     def from_json(cls, text: str) -> LogConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in json.loads(text).items() if k in known})
-
-
-@dataclass(frozen=True, slots=True)
-class AppendInfo:
-    base_offset: int
-    last_offset: int
-    append_time_ms: int
-    duplicate: bool = False  # nothing of the batch was written
-    # Set when some records were duplicate transaction ids: every record's offset, in order.
-    record_offsets: list[int] | None = None
 
 
 @dataclass(slots=True)

@@ -41,6 +41,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from dmq.broker.log.append_info import AppendInfo
 from dmq.broker.log.dedup import TransactionIds
 from dmq.broker.log.errors import LogError
 from dmq.broker.log.producer_state import BatchMetadata
@@ -60,7 +61,7 @@ from dmq.proto.records import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dmq.broker.log.partition import AppendInfo, PartitionLog
+    from dmq.broker.log.partition import PartitionLog
 
 __all__ = ["RecordIds"]
 
@@ -92,8 +93,6 @@ class RecordIds:
     def append(
         self, plog: PartitionLog, batch: bytes | bytearray | memoryview, view: memoryview, h: BatchHeader, *, hold: bool
     ) -> tuple[AppendInfo, int]:
-        from dmq.broker.log.partition import AppendInfo
-
         cfg = plog.config
         # Outside the lock: decoding is the costly part. The CRC was checked by validate_batch.
         decoded = decode(view, verify_crc=False, max_batch_bytes=cfg.max_batch_bytes)
@@ -199,8 +198,6 @@ class RecordIds:
 
     def _all_duplicates(self, plog: PartitionLog, h: BatchHeader) -> AppendInfo:
         """Nothing to write; an idempotent producer's sequence advances all the same."""
-        from dmq.broker.log.partition import AppendInfo
-
         now = max(plog._clock(), plog._last_append_ms)
         end = plog.log_end_offset
         if h.producer_id >= 0:

@@ -54,6 +54,7 @@ from typing import Any
 
 import grpc
 
+from dmq.client._calls import Backoffs, RetryPolicy, retry_call_async
 from dmq.client._settings import reject_unknown
 from dmq.client.aio._cluster import AsyncCluster, TaskPool, Wakeup, bootstrap_address, settle
 from dmq.client.consumer._config import ConsumerConfig
@@ -89,7 +90,7 @@ __all__ = ["AsyncConsumer"]
 DEFAULT_CLOSE_TIMEOUT_S = 30.0
 LEAVE_TIMEOUT_S = 5.0
 HANDOVER_COMMIT_WAIT_S = 1.0  # as DMQConsumer: a stopped broker must not hold the rebalance
-MAX_GROUP_BACKOFF_S = 1.0
+MAX_GROUP_BACKOFF_MS = 1_000
 HEARTBEAT_STOP_TIMEOUT_S = 1.0
 _CONFIG_NAMES = frozenset(f.name for f in fields(ConsumerConfig) if f.init)
 # DMQConsumer._check_can_commit, ._assigned_state and ._deserialize are called with an AsyncConsumer
@@ -211,7 +212,8 @@ class AsyncConsumer:
         self._initial_listener = listener
         self.consumer_id = f"{self.config.client_id}-{uuid.uuid4().hex[:12]}"
         self._memberships: dict[str, Membership] = {}
-        self._backoff: dict[str, tuple[float, float]] = {}  # topic -> (retry at, last delay)
+        # group calls per topic: up to 1 s apart, so a returning coordinator is found within about a second
+        self._backoff: Backoffs[str] = Backoffs(RetryPolicy(self.config.retry_backoff_ms, MAX_GROUP_BACKOFF_MS))
         # Records fetched for getone() / async for and not all handed out yet, in fetch order
         self._pending: deque[_Chunk] = deque()
         # The iterator of the chunk __anext__ hands records out of (one of the chunks' own)
@@ -248,6 +250,7 @@ class AsyncConsumer:
                                 pool=TaskPool())  # type: ignore[arg-type]
         self._groups = GroupClient(self._cluster, c, self.consumer_id)
         self._offsets = OffsetClient(self._cluster, c)
+        self._retry = RetryPolicy(retry_backoff_ms=c.retry_backoff_ms, request_timeout_ms=c.request_timeout_ms)
         self._positions = PositionFinder(self._cluster, self._offsets, self._subs, c, self._wakeup)  # type: ignore[arg-type]
         self._heartbeat = _Heartbeats(self.consumer_id, c, self._wakeup, self._poll_age_s)  # type: ignore[arg-type]
         self._lock = asyncio.Lock()
@@ -500,7 +503,7 @@ class AsyncConsumer:
             task.result()
         now = time.monotonic()
         if not any((not m.found or m.rejoin_reason is not None or not m.joined or m.assignment_stale)
-                   and self._backoff.get(m.topic, (0.0, 0.0))[0] <= now for m in self._memberships.values()):
+                   and self._backoff.retry_at(m.topic) <= now for m in self._memberships.values()):
             return False
         task = self._coordinating = asyncio.ensure_future(self._coordinate())
         for chunk in self._pending:  # held while the work runs, even by an ``async for`` mid-chunk
@@ -517,7 +520,7 @@ class AsyncConsumer:
 
     async def _step(self, m: Membership) -> bool:
         """Do the next group call m needs (find, re-join, hand-off); True when one succeeded."""
-        retry_at, _ = self._backoff.get(m.topic, (0.0, 0.0))
+        retry_at = self._backoff.retry_at(m.topic)
         if retry_at > time.monotonic():
             return False
         what = "finding the group"
@@ -546,7 +549,7 @@ class AsyncConsumer:
                 raise
             self._group_failed(m, what, e)
             return False
-        self._backoff.pop(m.topic, None)
+        self._backoff.succeeded(m.topic)
         return True
 
     async def _rpc(self, future: Any, what: str) -> Any:
@@ -616,9 +619,7 @@ class AsyncConsumer:
         await self._listener_call("on_partitions_lost", lost)
 
     def _group_failed(self, m: Membership, what: str, e: DMQError) -> None:
-        _, last = self._backoff.get(m.topic, (0.0, 0.0))
-        delay_s = min(MAX_GROUP_BACKOFF_S, max(self.config.retry_backoff_ms / 1000, last * 2))
-        self._backoff[m.topic] = (time.monotonic() + delay_s, delay_s)
+        delay_s, failures = self._backoff.failed(m.topic)
         log.warning("group call failed (%s); retrying in %d ms: group=%s error=%s", what, delay_s * 1000, m.group_id, e)
 
     async def _listener_call(self, name: str, partitions: set[TopicPartition]) -> None:
@@ -632,7 +633,7 @@ class AsyncConsumer:
     async def _leave_topic(self, topic: str, deadline: float) -> None:
         """Commit (with auto-commit on), hand the partitions back and leave the topic's group."""
         m = self._memberships.pop(topic)
-        self._backoff.pop(topic, None)
+        self._backoff.succeeded(topic)
         owned = set(self._subs.assigned(topic))
         if owned and self.config.enable_auto_commit and m.rejoin_reason is None and m.joined:
             errors = await self._commit_now(self._to_commit(topic=topic), {topic: m},
@@ -771,19 +772,15 @@ class AsyncConsumer:
         tp = _tp(partition)
         m = self._memberships.get(tp.topic)
         group_id = m.group_id if m is not None else group_id_for(tp.topic, self.config.group_id)
-        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
-        delay_s = self.config.retry_backoff_ms / 1000
-        while True:
-            try:
-                return await self._committed_once(tp, group_id, deadline)
-            except DMQError as e:
-                if not e.retriable or time.monotonic() + delay_s >= deadline:
-                    raise
-                if e.invalid_metadata:
-                    self._cluster.invalidate(tp.topic)
-                log.info("reading the committed offset of %s failed; retrying in %d ms: %s", tp, delay_s * 1000, e)
-            await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, MAX_GROUP_BACKOFF_S)
+        deadline = self._retry.deadline()
+
+        def on_retry(e: DMQError, pause_s: float) -> None:
+            if e.invalid_metadata:
+                self._cluster.invalidate(tp.topic)
+            log.info("reading the committed offset of %s failed; retrying in %d ms: %s", tp, pause_s * 1000, e)
+
+        return await retry_call_async(lambda: self._committed_once(tp, group_id, deadline), policy=self._retry,
+                                      deadline=deadline, on_retry=on_retry)
 
     async def _committed_once(self, tp: TopicPartition, group_id: str, deadline: float) -> int | None:
         await self._cluster.metadata(tp.topic, max(0.001, deadline - time.monotonic()))

@@ -49,6 +49,7 @@ from typing import Any
 
 import grpc
 
+from dmq.client._calls import Backoffs, RetryPolicy
 from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster
 from dmq.client.consumer._config import ConsumerConfig
@@ -93,7 +94,7 @@ LEAVE_TIMEOUT_S = 5.0
 # Healthy brokers answer in milliseconds; a stopped one would otherwise hold the rebalance (and
 # this member's other partitions, held meanwhile) for a whole request timeout.
 HANDOVER_COMMIT_WAIT_S = 1.0
-MAX_GROUP_BACKOFF_S = 1.0
+MAX_GROUP_BACKOFF_MS = 1_000
 _OP_WHAT = {"find": "finding the group", "join": "joining the group", "handover": "committing before the hand-off",
             "assignment": "fetching the assignment"}
 
@@ -157,7 +158,8 @@ class DMQConsumer:
         self._positions = PositionFinder(self._cluster, self._offsets, self._subs, config, self._wakeup)
         self._memberships: dict[str, Membership] = {}
         self._ops: dict[str, _GroupOp] = {}  # topic -> the membership's group call in flight
-        self._backoff: dict[str, tuple[float, float]] = {}  # topic -> (retry at, last delay)
+        # group calls per topic: up to 1 s apart, so a returning coordinator is found within about a second
+        self._backoff: Backoffs[str] = Backoffs(RetryPolicy(self.config.retry_backoff_ms, MAX_GROUP_BACKOFF_MS))
         self._auto_commits: dict[str, concurrent.futures.Future[Any]] = {}  # broker -> last auto-commit
         self._heartbeat = HeartbeatThread(self.consumer_id, config, self._wakeup, self._poll_age_s)
         self._last_poll = time.monotonic()
@@ -411,7 +413,7 @@ class DMQConsumer:
             self._finish(m, op)
             if m.topic in self._ops:
                 return
-        retry_at, _ = self._backoff.get(m.topic, (0.0, 0.0))
+        retry_at = self._backoff.retry_at(m.topic)
         if retry_at > time.monotonic():
             return
         if not m.found:
@@ -457,17 +459,15 @@ class DMQConsumer:
                 m.assignment_stale = True
             self._group_failed(m, _OP_WHAT[op.kind], e)
             return
-        self._backoff.pop(m.topic, None)
+        self._backoff.succeeded(m.topic)
 
     def _group_failed(self, m: Membership, what: str, e: DMQError) -> None:
         """Back off before the next group call of m: retry_backoff_ms, doubling up to 1 s, so a
         returning coordinator is found again within about a second."""
-        _, last = self._backoff.get(m.topic, (0.0, 0.0))
-        delay_s = min(MAX_GROUP_BACKOFF_S, max(self.config.retry_backoff_ms / 1000, last * 2))
-        self._backoff[m.topic] = (time.monotonic() + delay_s, delay_s)
+        delay_s, failures = self._backoff.failed(m.topic)
         # A warning for the first failure in a row, then quieter: the coordinator may be away for
         # minutes, and poll() retries every second meanwhile.
-        emit = self._log.warning if last == 0.0 else self._log.debug
+        emit = self._log.warning if failures == 1 else self._log.debug
         emit("group call failed; retrying", what=what, group=m.group_id, error=str(e), retry_in_ms=int(delay_s * 1000))
 
     def _drop_lost(self, m: Membership) -> None:
@@ -584,7 +584,7 @@ class DMQConsumer:
         if op is not None:
             for f in op.futures:
                 f.cancel()
-        self._backoff.pop(topic, None)
+        self._backoff.succeeded(topic)
         owned = set(self._subs.assigned(topic))
         if owned and self.config.enable_auto_commit and m.rejoin_reason is None and m.joined:
             offsets = {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items() if tp.topic == topic}

@@ -8,8 +8,8 @@ CommitOffsets names one group, and a group is one topic.
 
 Isolation: one broker never holds up the partitions of another. Every call is per broker, sent
 in parallel, with its own deadline; the answers of healthy brokers are used as they come, and
-only the partitions of a failing broker are retried (with retry_backoff_ms pauses, doubling up
-to 1 s) until the caller's deadline. A synchronous call reports which partitions it finished
+only the partitions of a failing broker are retried (dmq.client._calls: retry_backoff_ms pauses,
+doubling up to 1 s) until the caller's deadline. A synchronous call reports which partitions it finished
 (``Outcome``), so a commit to three brokers of which one is dead still records the two others.
 
 The building blocks used by poll() without waiting (`start_*` returning a gRPC future,
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -28,6 +27,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 
 from dmq.client._log import get_logger
+from dmq.client._calls import FanOut, RetryPolicy, fan_out_by_leader
 from dmq.client._cluster import Cluster
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._group import Membership
@@ -51,7 +51,6 @@ from dmq.proto import error_details
 log = get_logger(__name__)
 
 V = TypeVar("V")
-MAX_RETRY_BACKOFF_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +89,7 @@ class OffsetClient:
         self._cluster = cluster
         self._config = config
         self._timeout_s = config.request_timeout_ms / 1000
+        self._retry = RetryPolicy(retry_backoff_ms=config.retry_backoff_ms, request_timeout_ms=config.request_timeout_ms)
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -109,9 +109,6 @@ class OffsetClient:
             out.setdefault((tp.topic, address), []).append(tp)
         return out, errors
 
-    def _call_timeout(self, deadline: float) -> float:
-        return max(0.001, min(self._timeout_s, deadline - time.monotonic()))
-
     def _per_broker(
         self,
         what: str,
@@ -122,51 +119,25 @@ class OffsetClient:
         timeout_s: float | None,
         retry: bool = True,
     ) -> Outcome[V]:
-        """Run one call per (topic, broker) in parallel until every partition is done, a
-        non-retriable error stops it, or the deadline passes. Never raises for a partition:
-        see the Outcome."""
-        deadline = time.monotonic() + (self._timeout_s if timeout_s is None else max(0.0, timeout_s))
-        outcome: Outcome[V] = Outcome()
-        pending = list(dict.fromkeys(tps))
-        delay_s = self._config.retry_backoff_ms / 1000
-        while True:
-            groups, lookup_errors = self._leaders(pending, self._call_timeout(deadline))
-            errors: dict[TopicPartition, DMQError] = dict(lookup_errors)
-            calls = []
-            for (topic, address), part in groups.items():
-                try:
-                    calls.append((address, part, send(topic, address, part, self._call_timeout(deadline))))
-                except (DMQError, ValueError) as e:  # closed client
-                    err = e if isinstance(e, DMQError) else DMQError(f"{what}: not sent ({e})")
-                    errors.update(dict.fromkeys(part, err))
-            for address, part, future in calls:
-                try:
-                    answers = parse(future.result(), address)
-                except grpc.RpcError as e:
-                    errors.update(dict.fromkeys(part, error(e, address, part)))
-                    continue
-                except grpc.FutureCancelledError:
-                    errors.update(dict.fromkeys(part, DMQError(f"{what}: cancelled (the consumer closed)")))
-                    continue
-                for tp in part:
-                    answer = answers.get(tp)
-                    if isinstance(answer, DMQError):
-                        errors[tp] = answer
-                    elif tp in answers:
-                        outcome.done[tp] = answer  # type: ignore[assignment]
-                    else:
-                        errors[tp] = UnknownServerError(f"{what}: broker {address} did not answer for {tp}")
-            outcome.errors = errors
-            retriable = {tp: e for tp, e in errors.items() if e.retriable}
-            if not retriable or not retry or time.monotonic() + delay_s > deadline:
-                return outcome
-            for topic in {tp.topic for tp, e in retriable.items() if e.invalid_metadata}:
+        """Run one call per (topic, broker) in parallel until every partition is done or failed
+        for good, or the deadline passes (dmq.client._calls.fan_out_by_leader). Never raises for
+        a partition: see the Outcome."""
+        deadline = self._retry.deadline(self._timeout_s if timeout_s is None else timeout_s)
+
+        def route(keys: list[TopicPartition], call_timeout_s: float) -> tuple[
+                dict[tuple[str, str], list[TopicPartition]], dict[TopicPartition, DMQError]]:
+            return self._leaders(keys, call_timeout_s)
+
+        def on_retry(errors: Mapping[TopicPartition, DMQError]) -> None:
+            for topic in {tp.topic for tp, e in errors.items() if e.invalid_metadata}:
                 self._cluster.invalidate(topic)
-            log.info("retrying", what=what, partitions=sorted(map(str, retriable)),
-                     error=str(next(iter(retriable.values()))), delay_ms=int(delay_s * 1000))
-            time.sleep(delay_s)
-            delay_s = min(delay_s * 2, MAX_RETRY_BACKOFF_S)
-            pending = list(retriable)
+
+        got: FanOut[TopicPartition, V] = fan_out_by_leader(
+            tps, route=route, send=lambda r, part, t: send(r[0], r[1], part, t), parse=lambda a, r: parse(a, r[1]),
+            error=lambda e, r, part: error(e, r[1], part), policy=self._retry, deadline=deadline, what=what,
+            retriable=lambda e, _: retry and e.retriable, on_retry=on_retry, call_cap_s=self._timeout_s,
+        )
+        return Outcome(got.done, got.errors)
 
     # -- commits -----------------------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ from typing import Any, NamedTuple, Protocol
 
 import grpc
 
+from dmq.client._calls import call_leader
 from dmq.client._cluster import Cluster
 from dmq.client._log import get_logger
 from dmq.client._settings import bootstrap_address, check_positive
@@ -81,7 +82,6 @@ log = get_logger(__name__)
 
 # Read and subscribe retry a lost leader this often (they change nothing); append never retries.
 READ_ATTEMPTS = 3
-RETRY_BACKOFF_S = 0.1
 # The broker's claim timeout when the caller names none (broker/events/service.py).
 DEFAULT_CLAIM_TIMEOUT_MS = 30_000
 # A prefetched claim is handed out only while less than this share of its timeout has passed, so
@@ -475,22 +475,14 @@ class EventStore:
 
     def _call(self, method: str, request: Any, *, attempts: int = 1,
               overrides: Mapping[grpc.StatusCode, type[DMQError]] | None = None) -> Any:
-        """One RPC to the store's leader; retriable failures are retried `attempts` times in all,
-        with the metadata refreshed when it may be stale."""
-        for attempt in range(1, attempts + 1):
-            address = self._cluster.leader_for(self.topic, 0)
-            try:
-                return getattr(self._cluster.broker_stub(address), method)(request, timeout=self._cluster.timeout_s)
-            except grpc.RpcError as e:
-                err = from_rpc_error(e, context=f"{method} on {self.topic} at {address}",
-                                     overrides=overrides or {grpc.StatusCode.NOT_FOUND: TopicNotFoundError})
-                if err.invalid_metadata or e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
-                    self._cluster.invalidate(self.topic)
-                if not err.retriable or attempt == attempts:
-                    raise err from None
-                log.debug("retrying event-store call", method=method, topic=self.topic, error=str(err))
-                time.sleep(RETRY_BACKOFF_S * attempt)
-        raise AssertionError("unreachable")
+        """One RPC to the store's leader; retriable failures are retried `attempts` times in all
+        (dmq.client._calls), with the metadata refreshed when it may be stale."""
+        cluster = self._cluster
+        return call_leader(
+            cluster, self.topic, lambda: cluster.leader_for(self.topic, 0), method, request,
+            policy=cluster.retry, what=f"{method} on {self.topic}",
+            overrides=overrides or {grpc.StatusCode.NOT_FOUND: TopicNotFoundError}, max_attempts=attempts,
+        )
 
     # -- append / read / subscribe -----------------------------------------------------------------
 

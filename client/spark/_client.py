@@ -31,8 +31,6 @@ log = get_logger(__name__)
 
 TopicPartition = tuple[str, int]
 
-RETRY_BACKOFF_S = 0.2
-
 __all__ = ["SourceClient", "PartitionFetcher", "OffsetInfo", "TopicPartition"]
 
 
@@ -138,7 +136,7 @@ class PartitionFetcher:
             self.cluster,
             max_wait_ms=0,
             min_bytes=0,
-            retry_backoff_ms=int(RETRY_BACKOFF_S * 1000),
+            retry_backoff_ms=self.cluster.retry.retry_backoff_ms,
             leader_hints={(topic, partition): leader_hint} if leader_hint else None,
             name="dmq-spark-read",
         )

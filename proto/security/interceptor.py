@@ -34,7 +34,7 @@ from typing import Any
 import grpc
 import structlog
 
-from dmq.proto.handlers import ServerInterceptorBase, Behavior, call_behavior, rewrap, stream_behavior
+from dmq.proto.handlers import Behavior, WrappingInterceptor, call_behavior, rewrap, stream_behavior
 from dmq.proto.security.acls import AclSet
 from dmq.proto.security.quotas import Quotas, QuotaSettings
 from dmq.proto.security.rpc_table import Access, Need, RpcRule, rule_for
@@ -49,11 +49,6 @@ current_principal: contextvars.ContextVar[str] = contextvars.ContextVar("dmq_pri
 audit_log = structlog.get_logger("dmq.audit")
 log = structlog.get_logger(__name__)
 AuthContext = Mapping[str, Sequence[bytes]]
-# Wrapped handlers kept per method name: the servers register a few dozen methods; the bound
-# only matters if a generic handler ever answered for arbitrary names.
-MAX_WRAPPED_METHODS = 1024
-
-
 class AclView:
     """The ACLs a server decides with: replaced whole (immutable sets), read without a lock."""
 
@@ -118,7 +113,7 @@ class Refusal(Exception):
 
 
 
-class SecurityInterceptor(ServerInterceptorBase):
+class SecurityInterceptor(WrappingInterceptor):
     def __init__(
         self,
         security: ServerSecurity | None = None,
@@ -134,7 +129,7 @@ class SecurityInterceptor(ServerInterceptorBase):
         elif self.security.token_public_key is not None:
             self._verifier = TokenVerifier(public_key_pem=read_pem(self.security.token_public_key, "token_public_key"),
                                            leeway_s=self.security.token_leeway_s)
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
+        super().__init__()
 
     def __repr__(self) -> str:
         return (f"<SecurityInterceptor authenticates={self.security.authenticates} tls={self.security.tls} "
@@ -200,28 +195,12 @@ class SecurityInterceptor(ServerInterceptorBase):
 
     # -- the interceptor -------------------------------------------------------------------------
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
-        # A method's handler is the same object call after call, and so is its wrapping: made once.
-        known = self._wrapped.get(method)
-        if known is not None and known[0] is handler:
-            return known[1]
+    def wrap(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
         rule = rule_for(method)
-        wrapped = handler
         if self.security.authenticates or self.quotas is not None or (rule is not None and rule.admin is not False):
-            wrapped = rewrap(handler, unary=lambda b: self._wrap_unary(method, rule, b),
-                             stream=lambda b: self._wrap_stream(method, rule, b))
-        # else the plain path: nothing to check, throttle or record
-        if len(self._wrapped) < MAX_WRAPPED_METHODS:
-            self._wrapped[method] = (handler, wrapped)
-        return wrapped
+            return rewrap(handler, unary=lambda b: self._wrap_unary(method, rule, b),
+                          stream=lambda b: self._wrap_stream(method, rule, b))
+        return handler  # the plain path: nothing to check, throttle or record
 
     async def _admit(self, method: str, rule: RpcRule | None, request: Any, context: Any) -> tuple[str, list[Need]]:
         """Authenticate, authorize and throttle one call; the principal and what it touches."""

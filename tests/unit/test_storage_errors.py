@@ -13,7 +13,7 @@ import pytest
 from test_producer_unit import WAIT_S, FakeBroker, FakeRpcError, make_producer
 
 from dmq.broker.log import CorruptLogError, StorageUnavailableError
-from dmq.broker.service import _storage_status
+from dmq.broker.storage_status import storage_status as _storage_status
 from dmq.client import errors
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details
