@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import grpc
 import structlog
 
-from dmq.coordinator.store import CoordinatorStore
+from dmq.coordinator.metastore.base import MetadataStore
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.security.acls import MAX_ACLS, Acl, AclSet
 from dmq.proto.security.interceptor import AclView
@@ -43,7 +43,7 @@ def _row(acl: Acl) -> tuple[str, ...]:
 
 
 class AclManager:
-    def __init__(self, store: CoordinatorStore, view: AclView) -> None:
+    def __init__(self, store: MetadataStore, view: AclView) -> None:
         self.store = store
         self.view = view
         self._lock = asyncio.Lock()

@@ -80,7 +80,7 @@ from dmq.coordinator.group import (
 from dmq.coordinator.group_admin import GroupBrokers, describe_to_proto, subscription_to_proto, summaries_to_proto
 from dmq.coordinator.group_wakeups import ALL_MEMBERS, Signals, WatchStreams, affected, wait_or_timeout
 from dmq.coordinator.metadata import MetadataManager, complete_even_if_cancelled
-from dmq.coordinator.store import CoordinatorStore, GroupRecord, StoreFullError
+from dmq.coordinator.metastore.base import GroupRecord, MetadataStore, StoreFullError
 from dmq.coordinator.validation import ValidationError, validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -239,7 +239,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self,
         *,
         metadata: MetadataManager,
-        store: CoordinatorStore,
+        store: MetadataStore,
         brokers: GroupBrokers,
         advertised_address: str,
         wall_clock_ms: Callable[[], int],

