@@ -129,7 +129,7 @@ def parse_etcd_url(url: str) -> tuple[tuple[tuple[str, int], ...], str]:
     return tuple(endpoints), prefix
 
 
-class _Client(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type information
+class _Client(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type information: Any
     """aetcd's client, which only opens plaintext channels, with TLS: the channel is made here and
     the rest of aetcd's connect() (stubs, authentication, the watcher) is repeated as it does it."""
 
