@@ -87,6 +87,7 @@ from dmq.coordinator.metastore.base import (
     MetadataStore,
     PartitionRecord,
     StoreConflict,
+    StoreError,
     StoreFullError,
     TopicExists,
     TopicRecord,
@@ -194,23 +195,26 @@ class CoordinatorDiskFull(MetadataError):
     reason = error_details.DISK_FULL
 
 
-class StoreChanged(MetadataError):
-    """A compare-and-swap write of the store lost (dmq.coordinator.metastore.base): another
-    coordinator took control, or this one's view is stale. Nothing changed; retriable elsewhere."""
+class StoreUnavailable(MetadataError):
+    """The metadata store did not confirm a write: a compare-and-swap lost to another coordinator
+    (dmq.coordinator.metastore.base; nothing changed), or etcd unreachable or stalled (nothing
+    changed, or, when the call timed out, the outcome is unknown until the store is read again). Retriable."""
 
     code = grpc.StatusCode.UNAVAILABLE
 
 
 @contextlib.contextmanager
 def _coordinator_disk_full() -> Iterator[None]:
-    """Around a store write: a full disk becomes CoordinatorDiskFull (its message says where), a
-    lost compare-and-swap StoreChanged."""
+    """Around a store write: a full disk becomes CoordinatorDiskFull (its message says where), any
+    other store failure StoreUnavailable."""
     try:
         yield
     except StoreFullError as e:
         raise CoordinatorDiskFull(str(e)) from e
     except StoreConflict as e:
-        raise StoreChanged(f"the cluster metadata changed under this coordinator, nothing was written: {e}") from e
+        raise StoreUnavailable(f"the cluster metadata changed under this coordinator, nothing was written: {e}") from e
+    except StoreError as e:
+        raise StoreUnavailable(f"the metadata store did not confirm the change: {e}: retry") from e
 
 
 @dataclass(frozen=True, slots=True)

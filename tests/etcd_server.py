@@ -66,8 +66,28 @@ class EtcdServer:
     def url(self, prefix: str) -> str:
         return f"etcd://{self.endpoint}/{prefix}"
 
+    def pause(self) -> None:
+        """SIGSTOP, then wait until every thread of it is stopped: the signal is delivered to a
+        multi-threaded process asynchronously, and a request sent meanwhile may still be served."""
+        os.kill(self.process.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        tasks = pathlib.Path(f"/proc/{self.process.pid}/task")
+        while time.monotonic() < deadline:
+            states = []
+            for stat in tasks.glob("*/stat"):
+                with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                    states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+            if states and all(state in ("T", "t") for state in states):
+                return
+            time.sleep(0.01)  # polling a condition (the threads' states) under a deadline
+        raise RuntimeError(f"etcd (pid {self.process.pid}) did not stop within {READY_TIMEOUT_S} s of SIGSTOP")
+
+    def resume(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)  # a paused etcd handles SIGTERM only once resumed
             os.kill(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(STOP_TIMEOUT_S)

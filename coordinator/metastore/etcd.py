@@ -278,8 +278,13 @@ class EtcdMetadataStore:
         client = self._conn()
         try:
             return await call(client)
-        except (aetcd.exceptions.ClientError, grpc.RpcError) as e:
-            raise StoreError(f"etcd at {self._endpoint[0]}:{self._endpoint[1]} failed to {what}: {e}") from e  # type: ignore[index]
+        except grpc.aio.AioRpcError as e:
+            raise StoreError(f"etcd at {self._where()} did not {what}: {e.code().name} {e.details()}") from e
+        except aetcd.exceptions.ClientError as e:
+            raise StoreError(f"etcd at {self._where()} did not {what}: {type(e).__name__} {e}") from e
+
+    def _where(self) -> str:
+        return "?" if self._endpoint is None else f"{self._endpoint[0]}:{self._endpoint[1]}"
 
     async def _txn(self, what: str, compare: list[Any], success: list[Any]) -> tuple[bool, list[Any], int]:
         """One transaction, fenced; (succeeded, responses, the revision it was applied at).

@@ -12,8 +12,14 @@ import subprocess
 import sys
 import time
 
+import grpc
+import pytest
+
 from dmq.client import AdminClient, DMQConsumer, Producer, TopicPartition
 from dmq.coordinator.metastore.config import make_metadata_store
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
+from tests.etcd_server import running_etcd
 
 START_TIMEOUT_S = 30.0  # a child importing grpc on a loaded 2-core machine
 WAIT_S = 30.0
@@ -118,3 +124,36 @@ def test_a_topic_survives_a_coordinator_restart_on_etcd(tmp_path: pathlib.Path, 
     finally:
         for p in reversed(procs):
             p.kill()
+
+
+def test_a_stalled_etcd_is_answered_unavailable_not_internal(tmp_path: pathlib.Path) -> None:
+    """Its own etcd, stopped with SIGSTOP mid-run: a topic creation cannot be recorded, and the
+    answer is a retriable UNAVAILABLE naming etcd (never INTERNAL); after SIGCONT the same request
+    succeeds. (Seen before the fix: INTERNAL, "unexpected error".)"""
+    with running_etcd(tmp_path) as etcd:
+        coordinator = _coordinator(tmp_path, "coordinator", 0, etcd.url("stall"))
+        procs = [coordinator]
+        try:
+            procs.append(_Proc(
+                tmp_path, "broker0",
+                ["broker", "--coordinator", coordinator.address, "--broker-id", "0", "--data-dir", str(tmp_path / "b0"),
+                 "--log-level", "warning"],
+                "broker 0 listening on",
+            ))
+            with AdminClient(bootstrap_servers=coordinator.address) as admin:
+                admin.create_topic("a", partitions=1)  # also: the broker is registered and live
+            with grpc.insecure_channel(coordinator.address) as channel:
+                stub = pb_grpc.MetadataStub(channel)
+                etcd.pause()
+                try:
+                    with pytest.raises(grpc.RpcError) as refused:
+                        stub.CreateTopic(pb.CreateTopicRequest(name="b", partitions=1), timeout=WAIT_S)
+                finally:
+                    etcd.resume()
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
+                assert "etcd" in (refused.value.details() or "")
+                info = stub.CreateTopic(pb.CreateTopicRequest(name="b", partitions=1), timeout=WAIT_S)
+                assert info.name == "b"
+        finally:
+            for p in reversed(procs):
+                p.kill()
