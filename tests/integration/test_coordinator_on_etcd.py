@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from dmq.client import AdminClient, DMQConsumer, Producer, TopicPartition
+from dmq.coordinator.metastore.base import TopicRecord
 from dmq.coordinator.metastore.config import make_metadata_store
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -112,48 +113,94 @@ def test_a_topic_survives_a_coordinator_restart_on_etcd(tmp_path: pathlib.Path, 
         got = _read_all(second.address, "after", "orders", 2, 20)
         assert sorted(got) == sorted([f"before-{i}".encode() for i in range(10)] + [f"after-{i}".encode() for i in range(10)])
 
-        async def epoch() -> int:
-            store = make_metadata_store(etcd_url, tmp_path)
-            await store.open()
-            try:
-                return await store.load_controller_epoch()
-            finally:
-                await store.close()
-
-        assert asyncio.run(epoch()) == 2  # each coordinator claimed control once
+        assert asyncio.run(_stored(etcd_url, tmp_path)) == (2, ["orders"])  # each coordinator claimed control once
     finally:
         for p in reversed(procs):
             p.kill()
 
 
-def test_a_stalled_etcd_is_answered_unavailable_not_internal(tmp_path: pathlib.Path) -> None:
-    """Its own etcd, stopped with SIGSTOP mid-run: a topic creation cannot be recorded, and the
-    answer is a retriable UNAVAILABLE naming etcd (never INTERNAL); after SIGCONT the same request
-    succeeds. (Seen before the fix: INTERNAL, "unexpected error".)"""
-    with running_etcd(tmp_path) as etcd:
-        coordinator = _coordinator(tmp_path, "coordinator", 0, etcd.url("stall"))
-        procs = [coordinator]
+def _seed(url: str, tmp_path: pathlib.Path, topic: str) -> None:
+    """Record a one-partition topic led by broker 0 in the store, as a coordinator would have."""
+
+    async def seed() -> None:
+        store = make_metadata_store(url, tmp_path)
+        await store.open()
         try:
-            procs.append(_Proc(
-                tmp_path, "broker0",
-                ["broker", "--coordinator", coordinator.address, "--broker-id", "0", "--data-dir", str(tmp_path / "b0"),
-                 "--log-level", "warning"],
-                "broker 0 listening on",
-            ))
-            with AdminClient(bootstrap_servers=coordinator.address) as admin:
-                admin.create_topic("a", partitions=1)  # also: the broker is registered and live
+            await store.create_topic(TopicRecord(topic, 1, {0: 0}))
+        finally:
+            await store.close()
+
+    asyncio.run(seed())
+
+
+async def _stored(url: str, tmp_path: pathlib.Path) -> tuple[int, list[str]]:
+    store = make_metadata_store(url, tmp_path)
+    await store.open()
+    try:
+        return await store.load_controller_epoch(), [t.name for t in await store.load_topics()]
+    finally:
+        await store.close()
+
+
+def test_a_stalled_etcd_is_answered_unavailable_not_internal(tmp_path: pathlib.Path) -> None:
+    """Its own etcd, stopped with SIGSTOP mid-run: a topic deletion cannot be recorded, and the
+    answer is a retriable UNAVAILABLE naming etcd (never INTERNAL); after SIGCONT the same request
+    succeeds. (Seen before the fix, with CreateTopic: INTERNAL, "internal error in CreateTopic".)
+    No broker: the store write comes before any broker call, and a lost one is no error."""
+    with running_etcd(tmp_path) as etcd:
+        url = etcd.url("stall")
+        _seed(url, tmp_path, "a")
+        coordinator = _coordinator(tmp_path, "coordinator", 0, url)
+        try:
             with grpc.insecure_channel(coordinator.address) as channel:
                 stub = pb_grpc.MetadataStub(channel)
                 etcd.pause()
                 try:
                     with pytest.raises(grpc.RpcError) as refused:
-                        stub.CreateTopic(pb.CreateTopicRequest(name="b", partitions=1), timeout=WAIT_S)
+                        stub.DeleteTopic(pb.DeleteTopicRequest(name="a"), timeout=WAIT_S)
                 finally:
                     etcd.resume()
                 assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
                 assert "etcd" in (refused.value.details() or "")
-                info = stub.CreateTopic(pb.CreateTopicRequest(name="b", partitions=1), timeout=WAIT_S)
-                assert info.name == "b"
+                stub.DeleteTopic(pb.DeleteTopicRequest(name="a"), timeout=WAIT_S)
+            assert asyncio.run(_stored(url, tmp_path)) == (1, [])
         finally:
-            for p in reversed(procs):
-                p.kill()
+            coordinator.kill()
+
+
+def test_a_second_coordinator_fences_the_first(tmp_path: pathlib.Path, etcd_url: str) -> None:
+    """Two coordinators on one etcd prefix, as after a takeover with the old one still running: the
+    later one claimed the controller epoch at start, so the earlier one's writes are refused
+    (UNAVAILABLE, naming the takeover) and nothing of them reaches etcd."""
+    _seed(etcd_url, tmp_path, "a")
+    first = _coordinator(tmp_path, "coordinator-1", 0, etcd_url)
+    procs = [first]
+    try:
+        procs.append(_coordinator(tmp_path, "coordinator-2", 0, etcd_url))
+        with grpc.insecure_channel(first.address) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                pb_grpc.MetadataStub(channel).DeleteTopic(pb.DeleteTopicRequest(name="a"), timeout=WAIT_S)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
+        assert "another coordinator took control" in (refused.value.details() or "")
+        assert asyncio.run(_stored(etcd_url, tmp_path)) == (2, ["a"])
+    finally:
+        for p in reversed(procs):
+            p.kill()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--metadata-store", "etcd://nohost"], "must be host:port"),
+        (["--metadata-store", "zookeeper://h:1"], "expected 'sqlite' or etcd://"),
+        (["--etcd-user", "u"], "need --metadata-store etcd://"),
+    ],
+)
+def test_bad_metadata_store_options_are_refused_by_the_cli(tmp_path: pathlib.Path, args: list[str], message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dmq.client.cli", "coordinator", "--port", "0", "--data-dir", str(tmp_path / "c"), *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "--metadata-store" in done.stderr
+    assert "Traceback" not in done.stderr
