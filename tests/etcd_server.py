@@ -18,6 +18,7 @@ import pathlib
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -52,12 +53,25 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """etcd serves its client port over TLS with this certificate and requires client certificates
+    signed by `ca` (e.g. the files of `dmq certs create`)."""
+
+    ca: pathlib.Path
+    cert: pathlib.Path
+    key: pathlib.Path
+    client_cert: pathlib.Path
+    client_key: pathlib.Path
+
+
 @dataclass
 class EtcdServer:
     process: subprocess.Popen[bytes]
     client_port: int
     data_dir: pathlib.Path
     log_path: pathlib.Path
+    tls: EtcdTls | None = None
 
     @property
     def endpoint(self) -> str:
@@ -96,21 +110,26 @@ class EtcdServer:
                 self.process.wait(STOP_TIMEOUT_S)
 
 
-def _healthy(client_port: int) -> bool:
+def _healthy(client_port: int, tls: EtcdTls | None) -> bool:
+    context = None
+    if tls is not None:
+        context = ssl.create_default_context(cafile=str(tls.ca))
+        context.load_cert_chain(str(tls.client_cert), str(tls.client_key))
+    scheme = "https" if tls is not None else "http"
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{client_port}/health", timeout=1.0) as response:
+        with urllib.request.urlopen(f"{scheme}://127.0.0.1:{client_port}/health", timeout=1.0, context=context) as response:
             return bool(json.loads(response.read()).get("health") == "true")
     except (urllib.error.URLError, OSError, ValueError):
         return False
 
 
-def _start_once(binary: str, base: pathlib.Path, attempt: int) -> EtcdServer | None:
+def _start_once(binary: str, base: pathlib.Path, attempt: int, tls: EtcdTls | None) -> EtcdServer | None:
     """A started, healthy etcd; None when it could not bind its ports (retry on others)."""
     client_port, peer_port = _free_port(), _free_port()
     data_dir = base / f"etcd-{attempt}"
     log_path = base / f"etcd-{attempt}.log"
     peer = f"http://127.0.0.1:{peer_port}"
-    client = f"http://127.0.0.1:{client_port}"
+    client = f"{'https' if tls else 'http'}://127.0.0.1:{client_port}"
     args = [
         binary,
         "--name", "dmq-test",
@@ -125,9 +144,12 @@ def _start_once(binary: str, base: pathlib.Path, attempt: int) -> EtcdServer | N
         # shared machine; the durability under test is etcd's API, not its disk.
         "--unsafe-no-fsync",
     ]
+    if tls is not None:
+        args += ["--cert-file", str(tls.cert), "--key-file", str(tls.key), "--trusted-ca-file", str(tls.ca),
+                 "--client-cert-auth"]
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    server = EtcdServer(process, client_port, data_dir, log_path)
+    server = EtcdServer(process, client_port, data_dir, log_path, tls)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -135,7 +157,7 @@ def _start_once(binary: str, base: pathlib.Path, attempt: int) -> EtcdServer | N
             if "address already in use" in text:
                 return None
             raise RuntimeError(f"etcd exited with {process.returncode} at start: {text[-2000:]}")
-        if _healthy(client_port):
+        if _healthy(client_port, tls):
             return server
         time.sleep(0.05)  # polling a condition (health) under a deadline, not a readiness guess
     server.stop()
@@ -143,10 +165,10 @@ def _start_once(binary: str, base: pathlib.Path, attempt: int) -> EtcdServer | N
 
 
 @contextlib.contextmanager
-def running_etcd(base: pathlib.Path) -> Iterator[EtcdServer]:
+def running_etcd(base: pathlib.Path, tls: EtcdTls | None = None) -> Iterator[EtcdServer]:
     binary = etcd_binary()
     for attempt in range(START_ATTEMPTS):
-        server = _start_once(binary, base, attempt)
+        server = _start_once(binary, base, attempt, tls)
         if server is not None:
             break
     else:

@@ -276,12 +276,26 @@ class EtcdMetadataStore:
     async def _call(self, what: str, call: Callable[[_Client], Awaitable[T]]) -> T:
         """One call to etcd; its errors become StoreError naming the endpoint."""
         client = self._conn()
-        try:
-            return await call(client)
-        except grpc.aio.AioRpcError as e:
-            raise StoreError(f"etcd at {self._where()} did not {what}: {e.code().name} {e.details()}") from e
-        except aetcd.exceptions.ClientError as e:
-            raise StoreError(f"etcd at {self._where()} did not {what}: {type(e).__name__} {e}") from e
+        for attempt in range(2):
+            try:
+                return await call(client)
+            except grpc.aio.AioRpcError as e:
+                unauthenticated, error = e.code() == grpc.StatusCode.UNAUTHENTICATED, f"{e.code().name} {e.details()}"
+            except aetcd.exceptions.ClientError as e:
+                unauthenticated, error = isinstance(e, aetcd.exceptions.UnauthenticatedError), f"{type(e).__name__} {e}"
+            # etcd's auth token lapses (its --auth-token-ttl while unused, or all at once when auth is
+            # re-enabled) and aetcd does not renew it: connect again, which authenticates again, and
+            # retry once. Safe for a write too: etcd refused it before applying anything.
+            if not (unauthenticated and self.settings.username is not None and attempt == 0):
+                break
+            log.info("etcd auth token refused; authenticating again", endpoint=self._where())
+            await client.close()
+            try:
+                await client.connect()
+            except (aetcd.exceptions.ClientError, grpc.RpcError) as e:
+                error = f"authenticating again failed: {e}"
+                break
+        raise StoreError(f"etcd at {self._where()} did not {what}: {error}")
 
     def _where(self) -> str:
         return "?" if self._endpoint is None else f"{self._endpoint[0]}:{self._endpoint[1]}"
