@@ -94,7 +94,8 @@ CREATE TABLE IF NOT EXISTS topics (
     partition_count INTEGER NOT NULL,
     config_json TEXT NOT NULL,
     created_ms INTEGER NOT NULL,
-    creator TEXT
+    creator TEXT,
+    version INTEGER
 );
 CREATE TABLE IF NOT EXISTS partitions (
     topic TEXT NOT NULL,
@@ -104,6 +105,7 @@ CREATE TABLE IF NOT EXISTS partitions (
     isr TEXT,
     leader_epoch INTEGER,
     partition_epoch INTEGER,
+    version INTEGER,
     PRIMARY KEY (topic, partition)
 );
 CREATE TABLE IF NOT EXISTS acls (
@@ -136,7 +138,8 @@ CREATE TABLE IF NOT EXISTS groups (
     subscription_mode TEXT NOT NULL,
     subscription_from_ms INTEGER,
     created_ms INTEGER NOT NULL,
-    start_offsets_json TEXT NOT NULL
+    start_offsets_json TEXT NOT NULL,
+    generation INTEGER
 );
 """
 

@@ -123,7 +123,7 @@ def _healthy(client_port: int, tls: EtcdTls | None) -> bool:
         return False
 
 
-def _start_once(binary: str, base: pathlib.Path, attempt: int, tls: EtcdTls | None) -> EtcdServer | None:
+def _start_once(binary: str, base: pathlib.Path, attempt: int, tls: EtcdTls | None, fsync: bool) -> EtcdServer | None:
     """A started, healthy etcd; None when it could not bind its ports (retry on others)."""
     client_port, peer_port = _free_port(), _free_port()
     data_dir = base / f"etcd-{attempt}"
@@ -140,10 +140,11 @@ def _start_once(binary: str, base: pathlib.Path, attempt: int, tls: EtcdTls | No
         "--initial-advertise-peer-urls", peer,
         "--initial-cluster", f"dmq-test={peer}",
         "--log-level", "warn",
+    ]
+    if not fsync:
         # Test data only: fsync per write would make every store write cost a disk flush on a
         # shared machine; the durability under test is etcd's API, not its disk.
-        "--unsafe-no-fsync",
-    ]
+        args.append("--unsafe-no-fsync")
     if tls is not None:
         args += ["--cert-file", str(tls.cert), "--key-file", str(tls.key), "--trusted-ca-file", str(tls.ca),
                  "--client-cert-auth"]
@@ -165,10 +166,12 @@ def _start_once(binary: str, base: pathlib.Path, attempt: int, tls: EtcdTls | No
 
 
 @contextlib.contextmanager
-def running_etcd(base: pathlib.Path, tls: EtcdTls | None = None) -> Iterator[EtcdServer]:
+def running_etcd(base: pathlib.Path, tls: EtcdTls | None = None, *, fsync: bool = False) -> Iterator[EtcdServer]:
+    """`fsync`: as in production (the benchmarks); off in tests (see --unsafe-no-fsync above)."""
+    base.mkdir(parents=True, exist_ok=True)
     binary = etcd_binary()
     for attempt in range(START_ATTEMPTS):
-        server = _start_once(binary, base, attempt, tls)
+        server = _start_once(binary, base, attempt, tls, fsync)
         if server is not None:
             break
     else:
