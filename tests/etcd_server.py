@@ -110,7 +110,7 @@ class EtcdServer:
                 self.process.wait(STOP_TIMEOUT_S)
 
 
-def _healthy(client_port: int, tls: EtcdTls | None) -> bool:
+def healthy(client_port: int, tls: EtcdTls | None) -> bool:
     context = None
     if tls is not None:
         context = ssl.create_default_context(cafile=str(tls.ca))
@@ -123,59 +123,87 @@ def _healthy(client_port: int, tls: EtcdTls | None) -> bool:
         return False
 
 
-def _start_once(binary: str, base: pathlib.Path, attempt: int, tls: EtcdTls | None, fsync: bool) -> EtcdServer | None:
-    """A started, healthy etcd; None when it could not bind its ports (retry on others)."""
-    client_port, peer_port = _free_port(), _free_port()
-    data_dir = base / f"etcd-{attempt}"
-    log_path = base / f"etcd-{attempt}.log"
-    peer = f"http://127.0.0.1:{peer_port}"
-    client = f"{'https' if tls else 'http'}://127.0.0.1:{client_port}"
-    args = [
-        binary,
-        "--name", "dmq-test",
-        "--data-dir", str(data_dir),
-        "--listen-client-urls", client,
-        "--advertise-client-urls", client,
-        "--listen-peer-urls", peer,
-        "--initial-advertise-peer-urls", peer,
-        "--initial-cluster", f"dmq-test={peer}",
-        "--log-level", "warn",
-    ]
-    if not fsync:
-        # Test data only: fsync per write would make every store write cost a disk flush on a
-        # shared machine; the durability under test is etcd's API, not its disk.
-        args.append("--unsafe-no-fsync")
-    if tls is not None:
-        args += ["--cert-file", str(tls.cert), "--key-file", str(tls.key), "--trusted-ca-file", str(tls.ca),
-                 "--client-cert-auth"]
-    with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    server = EtcdServer(process, client_port, data_dir, log_path, tls)
+def _start_once(binary: str, base: pathlib.Path, attempt: int, tls: EtcdTls | None, fsync: bool,
+                members: int) -> list[EtcdServer] | None:
+    """`members` started etcds forming one cluster, each healthy (so the cluster has a leader);
+    None when one could not bind its ports (the caller retries on others)."""
+    ports = [(_free_port(), _free_port()) for _ in range(members)]
+    peers = [f"http://127.0.0.1:{peer_port}" for _client_port, peer_port in ports]
+    initial_cluster = ",".join(f"m{i}={peer}" for i, peer in enumerate(peers))
+    servers = []
+    for i, (client_port, _peer_port) in enumerate(ports):
+        data_dir = base / f"etcd-{attempt}-m{i}"
+        log_path = base / f"etcd-{attempt}-m{i}.log"
+        client = f"{'https' if tls else 'http'}://127.0.0.1:{client_port}"
+        args = [
+            binary,
+            "--name", f"m{i}",
+            "--data-dir", str(data_dir),
+            "--listen-client-urls", client,
+            "--advertise-client-urls", client,
+            "--listen-peer-urls", peers[i],
+            "--initial-advertise-peer-urls", peers[i],
+            "--initial-cluster", initial_cluster,
+            "--log-level", "warn",
+        ]
+        if not fsync:
+            # Test data only: fsync per write would make every store write cost a disk flush on a
+            # shared machine; the durability under test is etcd's API, not its disk.
+            args.append("--unsafe-no-fsync")
+        if tls is not None:
+            args += ["--cert-file", str(tls.cert), "--key-file", str(tls.key), "--trusted-ca-file", str(tls.ca),
+                     "--client-cert-auth"]
+        with open(log_path, "wb") as log_file:
+            process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        servers.append(EtcdServer(process, client_port, data_dir, log_path, tls))
     deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            text = log_path.read_text(errors="replace")
-            if "address already in use" in text:
-                return None
-            raise RuntimeError(f"etcd exited with {process.returncode} at start: {text[-2000:]}")
-        if _healthy(client_port, tls):
-            return server
-        time.sleep(0.05)  # polling a condition (health) under a deadline, not a readiness guess
-    server.stop()
-    raise RuntimeError(f"etcd did not become healthy in {READY_TIMEOUT_S} s: {log_path.read_text(errors='replace')[-2000:]}")
+    waiting = list(servers)
+    while waiting and time.monotonic() < deadline:
+        for server in list(waiting):
+            if server.process.poll() is not None:
+                text = server.log_path.read_text(errors="replace")
+                for other in servers:
+                    other.stop()
+                if "address already in use" in text:
+                    return None
+                raise RuntimeError(f"etcd exited with {server.process.returncode} at start: {text[-2000:]}")
+            if healthy(server.client_port, tls):
+                waiting.remove(server)
+        if waiting:
+            time.sleep(0.05)  # polling a condition (health) under a deadline, not a readiness guess
+    if waiting:
+        for server in servers:
+            server.stop()
+        raise RuntimeError(f"etcd did not become healthy in {READY_TIMEOUT_S} s: "
+                           f"{waiting[0].log_path.read_text(errors='replace')[-2000:]}")
+    return servers
+
+
+def _running(base: pathlib.Path, tls: EtcdTls | None, fsync: bool, members: int) -> list[EtcdServer]:
+    base.mkdir(parents=True, exist_ok=True)
+    binary = etcd_binary()
+    for attempt in range(START_ATTEMPTS):
+        servers = _start_once(binary, base, attempt, tls, fsync, members)
+        if servers is not None:
+            return servers
+    raise RuntimeError(f"etcd could not bind free loopback ports in {START_ATTEMPTS} attempts")
+
+
+@contextlib.contextmanager
+def running_etcd_cluster(base: pathlib.Path, members: int = 3) -> Iterator[list[EtcdServer]]:
+    """A cluster of `members` etcds (quorum: a majority), each its own process, stopped by PID."""
+    servers = _running(base, None, False, members)
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
 
 
 @contextlib.contextmanager
 def running_etcd(base: pathlib.Path, tls: EtcdTls | None = None, *, fsync: bool = False) -> Iterator[EtcdServer]:
-    """`fsync`: as in production (the benchmarks); off in tests (see --unsafe-no-fsync above)."""
-    base.mkdir(parents=True, exist_ok=True)
-    binary = etcd_binary()
-    for attempt in range(START_ATTEMPTS):
-        server = _start_once(binary, base, attempt, tls, fsync)
-        if server is not None:
-            break
-    else:
-        raise RuntimeError(f"etcd could not bind free loopback ports in {START_ATTEMPTS} attempts")
+    """One etcd. `fsync`: as in production (the benchmarks); off in tests (see --unsafe-no-fsync above)."""
+    (server,) = _running(base, tls, fsync, 1)
     try:
         yield server
     finally:

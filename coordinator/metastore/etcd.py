@@ -32,7 +32,8 @@ write of more partitions is several transactions, and the topic key is the commi
 Every other write is one transaction. Writes are shielded from the caller's cancellation, as the
 SQLite store's are.
 
-Connection: the endpoints are tried in order at open(); the first that answers is used. TLS (a CA,
+Connection: the endpoints (members of one etcd cluster) are tried in order at open(); the first that
+answers is used, and when it stops answering a call moves to the next (see _call). TLS (a CA,
 optionally a client certificate) and user / password authentication are etcd's own.
 """
 
@@ -81,6 +82,14 @@ PREFIX_MAX_CHARS = 200
 _MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 T = TypeVar("T")
+
+_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# aetcd raises its own exceptions from some calls (those it wraps): their status codes.
+_CODES: dict[type[Exception], grpc.StatusCode] = {
+    aetcd.exceptions.ConnectionFailedError: grpc.StatusCode.UNAVAILABLE,
+    aetcd.exceptions.ConnectionTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
+    aetcd.exceptions.UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
+}
 
 
 class EtcdUrlError(ValueError):
@@ -238,9 +247,13 @@ class EtcdMetadataStore:
     # -- connection ---------------------------------------------------------------------------------
 
     async def open(self) -> None:
+        await self._connect(self.settings.endpoints)
+
+    async def _connect(self, endpoints: Iterable[tuple[str, int]]) -> None:
+        """Use the first of `endpoints` that answers; StoreError naming each one's error if none does."""
         credentials = _credentials(self.settings)
         errors = []
-        for host, port in self.settings.endpoints:
+        for host, port in endpoints:
             client = _Client(
                 host, port, credentials=credentials, username=self.settings.username, password=self.settings.password,
                 timeout=self.settings.call_timeout_s,
@@ -254,9 +267,20 @@ class EtcdMetadataStore:
                 await client.close()
                 continue
             self._client, self._endpoint = client, (host, port)
-            log.info("etcd metadata store open", endpoint=f"{host}:{port}", prefix=self.settings.prefix)
+            log.info("etcd metadata store connected", endpoint=f"{host}:{port}", prefix=self.settings.prefix)
             return
         raise StoreError(f"no etcd endpoint answered ({'; '.join(errors)})")
+
+    async def _fail_over(self) -> None:
+        """Close the current endpoint's client and connect to the next that answers (the others in
+        the order given, starting after the current one)."""
+        endpoints = list(self.settings.endpoints)
+        current = endpoints.index(self._endpoint) if self._endpoint in endpoints else -1
+        order = endpoints[current + 1 :] + endpoints[: current + 1]
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+        await self._connect(order)
 
     @staticmethod
     async def _first_call(client: _Client) -> None:
@@ -274,26 +298,38 @@ class EtcdMetadataStore:
         return self._client
 
     async def _call(self, what: str, call: Callable[[_Client], Awaitable[T]]) -> T:
-        """One call to etcd; its errors become StoreError naming the endpoint."""
+        """One call to etcd, retried once in two cases; its errors become StoreError naming the endpoint.
+          1. etcd refused the auth token: it lapses (--auth-token-ttl while unused, or all at once
+             when auth is enabled again) and aetcd never renews it. Connect again (which
+             authenticates again) and retry: etcd applied nothing.
+          2. The endpoint is unreachable or does not answer in time, and others were given: retry on
+             the next that answers (another member of the same cluster). A write whose first try
+             was applied after all cannot apply twice: a plain put or delete is idempotent, and a
+             compare-and-swap then finds the revision moved and raises StoreConflict."""
         client = self._conn()
+        code: grpc.StatusCode | None
         for attempt in range(2):
             try:
                 return await call(client)
             except grpc.aio.AioRpcError as e:
-                unauthenticated, error = e.code() == grpc.StatusCode.UNAUTHENTICATED, f"{e.code().name} {e.details()}"
+                code, error = e.code(), f"{e.code().name} {e.details()}"
             except aetcd.exceptions.ClientError as e:
-                unauthenticated, error = isinstance(e, aetcd.exceptions.UnauthenticatedError), f"{type(e).__name__} {e}"
-            # etcd's auth token lapses (its --auth-token-ttl while unused, or all at once when auth is
-            # re-enabled) and aetcd does not renew it: connect again, which authenticates again, and
-            # retry once. Safe for a write too: etcd refused it before applying anything.
-            if not (unauthenticated and self.settings.username is not None and attempt == 0):
+                code, error = _CODES.get(type(e)), f"{type(e).__name__} {e}"
+            if attempt > 0:
                 break
-            log.info("etcd auth token refused; authenticating again", endpoint=self._where())
-            await client.close()
             try:
-                await client.connect()
-            except (aetcd.exceptions.ClientError, grpc.RpcError) as e:
-                error = f"authenticating again failed: {e}"
+                if code == grpc.StatusCode.UNAUTHENTICATED and self.settings.username is not None:
+                    log.info("etcd auth token refused; authenticating again", endpoint=self._where())
+                    await client.close()
+                    await client.connect()
+                elif code in _UNREACHABLE and len(self.settings.endpoints) > 1:
+                    log.warning("etcd endpoint failed; trying the next", endpoint=self._where(), error=error)
+                    await self._fail_over()
+                    client = self._conn()
+                else:
+                    break
+            except (aetcd.exceptions.ClientError, grpc.RpcError, StoreError) as e:
+                error = f"{error}; then: {e}"
                 break
         raise StoreError(f"etcd at {self._where()} did not {what}: {error}")
 
