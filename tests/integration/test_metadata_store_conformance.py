@@ -147,6 +147,15 @@ async def test_acls_and_their_version(open_store: Opener) -> None:
     assert await (await open_store()).load_acls() == (2, [a])
 
 
+async def test_more_acl_rows_than_one_etcd_transaction_holds(open_store: Opener) -> None:
+    store = await open_store()
+    rows = [(f"User:u{i:03d}", "TOPIC", "LITERAL", "t", "READ", "ALLOW") for i in range(300)]
+    assert await store.change_acls(rows, [], 1) == 300
+    assert await store.change_acls([], rows[:150], 2) == 150
+    await store.close()
+    assert await (await open_store()).load_acls() == (2, rows[150:])
+
+
 async def test_principal_limits(open_store: Opener) -> None:
     store = await open_store()
     assert await store.load_principal_limits() is None
