@@ -13,6 +13,7 @@ root). Values are UTF-8 JSON unless said otherwise:
   acls/<JSON list of the six words> empty value: one key per ACL entry
   acl_version                      a decimal integer
   principal_limits                 {"max_topics", "max_partitions", "exempt"}
+  leader                           the leading candidate's name, bound to its lease (campaign())
 Partition numbers are zero-padded so that "the partitions from N on" is one key range.
 
 Compare-and-swap (base.py): the version of a topic or partition state is its key's mod_revision,
@@ -76,6 +77,7 @@ TXN_OPS_MAX = 128
 # Each call to etcd is bounded: an unreachable or stalled etcd fails the write instead of hanging it.
 DEFAULT_CALL_TIMEOUT_S = 5.0
 DEFAULT_PREFIX = "default"
+LEASE_TTL_MAX_S = 3600  # a leader that died is replaced within its TTL: an hour is already far too long
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 PREFIX_MAX_CHARS = 200
 # A load of a large cluster's partitions is one range answer: above gRPC's 4 MiB default.
@@ -630,3 +632,43 @@ class EtcdMetadataStore:
             return None
         d = json.loads(got.value)
         return PrincipalLimitsRecord(int(d["max_topics"]), int(d["max_partitions"]), tuple(str(p) for p in d["exempt"]))
+
+    # -- leadership: the seam for standby coordinators (issue 28 item 2) ---------------------------
+    # The etcd election pattern without a background task: the caller owns the renew loop (aetcd
+    # has no keep-alive of its own), renews well within the TTL, and stops acting as soon as a
+    # renewal fails, before the lease can lapse. Key `leader` = the candidate's name, bound to its lease.
+
+    async def campaign(self, candidate: str, ttl_s: int) -> int | None:
+        """One attempt to lead: a lease of `ttl_s` seconds and `leader` created only if absent,
+        bound to it. The lease id when won (then claim_controller_epoch()), None when another
+        candidate leads (the lease just granted is revoked)."""
+        if not 1 <= ttl_s <= LEASE_TTL_MAX_S:
+            raise ValueError(f"ttl_s must be 1..{LEASE_TTL_MAX_S}, got {ttl_s}")
+        key = self._key("leader")
+        lease = await self._call("grant a lease", lambda c: c.lease(ttl_s))
+        client = self._conn()
+        won, _responses, _revision = await self._txn(
+            "campaign", [client.transactions.create(key) == 0], [client.transactions.put(key, candidate.encode(), lease=lease.id)]
+        )
+        if not won:
+            await self._call("revoke a lease", lambda c: c.revoke_lease(lease.id))
+            return None
+        log.info("leadership won", candidate=candidate, ttl_s=ttl_s, prefix=self.settings.prefix)
+        return int(lease.id)
+
+    async def renew_leadership(self, lease_id: int) -> int:
+        """Refresh the lease; the seconds it now has. StoreConflict when it has lapsed (leadership lost)."""
+        reply = await self._call("renew the leadership lease", lambda c: c.refresh_lease(lease_id))
+        ttl = 0 if reply is None else int(reply.TTL)
+        if ttl <= 0:
+            raise StoreConflict("the leadership lease has lapsed: another coordinator may lead now")
+        return ttl
+
+    async def resign(self, lease_id: int) -> None:
+        """Hand leadership over at once (a clean shutdown): revoking the lease deletes `leader`."""
+        await self._call("revoke the leadership lease", lambda c: c.revoke_lease(lease_id))
+
+    async def leader(self) -> str | None:
+        """The leading candidate's name, None when nobody leads."""
+        got = await self._call("read the leader", lambda c: c.get(self._key("leader")))
+        return None if got is None else bytes(got.value).decode()
