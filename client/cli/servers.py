@@ -509,17 +509,17 @@ def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> list[str]:
               metavar="sqlite|etcd://HOST:PORT[,HOST:PORT...][/PREFIX]",
               help="Where the cluster metadata lives: SQLite in --data-dir, or etcd under the key prefix "
                    "/dmq/PREFIX/ (default prefix: default), so several clusters can share one etcd.")
-@click.option("--etcd-user", default=None, show_default="(none)", help="etcd user (etcd's own authentication); with --etcd-password.")
-@click.option("--etcd-password", default=None, envvar="DMQ_ETCD_PASSWORD", show_envvar=True, show_default="(none)",
+@click.option("--etcd-user", default=None, show_default="none", help="etcd user (etcd's own authentication); with --etcd-password.")
+@click.option("--etcd-password", default=None, envvar="DMQ_ETCD_PASSWORD", show_envvar=True, show_default="none",
               help="etcd password; prefer the environment variable (arguments are visible to other users).")
 @click.option("--etcd-ca-file", type=click.Path(dir_okay=False, exists=True, path_type=pathlib.Path), default=None,
-              show_default="(none)",
+              show_default="none",
               help="TLS to etcd: the CA certificate (PEM) that signed etcd's certificate.")
 @click.option("--etcd-cert-file", type=click.Path(dir_okay=False, exists=True, path_type=pathlib.Path), default=None,
-              show_default="(none)",
+              show_default="none",
               help="Mutual TLS to etcd: this coordinator's certificate (PEM); with --etcd-key-file.")
 @click.option("--etcd-key-file", type=click.Path(dir_okay=False, exists=True, path_type=pathlib.Path), default=None,
-              show_default="(none)",
+              show_default="none",
               help="Mutual TLS to etcd: this coordinator's private key (PEM).")
 def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str,
                     default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int,
