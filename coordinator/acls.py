@@ -1,4 +1,4 @@
-"""The ACLs kept by the coordinator: stored in its SQLite file, served to brokers with a version.
+"""The ACLs kept by the coordinator: stored in its metadata store, served to brokers with a version.
 
 Every change (AddAcls / RemoveAcls) is one store transaction that also bumps the version; then the
 AclView the coordinator's server decides with is replaced at once, and brokers, which see the
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import grpc
 import structlog
 
-from dmq.coordinator.store import CoordinatorStore
+from dmq.coordinator.metastore.base import MetadataStore, StoreError, StoreFullError
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.security.acls import MAX_ACLS, Acl, AclSet
 from dmq.proto.security.interceptor import AclView
@@ -43,7 +43,7 @@ def _row(acl: Acl) -> tuple[str, ...]:
 
 
 class AclManager:
-    def __init__(self, store: CoordinatorStore, view: AclView) -> None:
+    def __init__(self, store: MetadataStore, view: AclView) -> None:
         self.store = store
         self.view = view
         self._lock = asyncio.Lock()
@@ -82,7 +82,12 @@ class AclManager:
             if len(after) > MAX_ACLS:
                 fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {MAX_ACLS} ACLs in a cluster; remove some first")
             version = current.version + 1
-            changed = await self.store.change_acls([_row(a) for a in new], [_row(a) for a in gone], version)
+            try:
+                changed = await self.store.change_acls([_row(a) for a in new], [_row(a) for a in gone], version)
+            except StoreFullError as e:
+                fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"ACLs not changed: {e}")
+            except StoreError as e:  # etcd unreachable, or another coordinator took control
+                fail(grpc.StatusCode.UNAVAILABLE, f"ACLs not changed: {e}: retry")
             self.view.replace(AclSet(after, version))
         log.info("acls changed", added=[str(a) for a in new], removed=[str(a) for a in gone], version=version)
         return pb.AclsChangeResponse(version=version, changed=changed)

@@ -1,4 +1,4 @@
-"""A consumer group as its store row (dmq.coordinator.store.GroupRecord): its subscription, and its
+"""A consumer group as its store row (dmq.coordinator.metastore.base.GroupRecord): its subscription, and its
 membership as dmq.coordinator.group.durable snapshots it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 
 from dmq.coordinator.group import Group, GroupCreated, Subscription, SubscriptionMode, durable
-from dmq.coordinator.store import GroupRecord
+from dmq.coordinator.metastore.base import GroupRecord
 
 
 def record_to_row(record: GroupCreated) -> GroupRecord:
@@ -26,7 +26,11 @@ def record_to_row(record: GroupCreated) -> GroupRecord:
 def group_to_row(group: Group) -> GroupRecord:
     """The group's row with its membership (durable.snapshot)."""
     created = GroupCreated(group.group_id, group.topic, group.app_id, group.partition_count, group.subscription)
-    return replace(record_to_row(created), state_json=json.dumps(durable.snapshot(group), separators=(",", ":")))
+    return replace(
+        record_to_row(created),
+        generation=group.generation,
+        state_json=json.dumps(durable.snapshot(group), separators=(",", ":")),
+    )
 
 
 def row_to_record(row: GroupRecord, partition_count: int) -> GroupCreated:

@@ -88,7 +88,7 @@ from dmq.coordinator.group_rows import group_to_row, record_to_row, row_to_recor
 from dmq.coordinator.group_wakeups import ALL_MEMBERS, Signals, WatchStreams, affected, wait_or_timeout
 from dmq.coordinator.metadata import MetadataManager, complete_even_if_cancelled
 from dmq.coordinator.pause_watch import PauseWatch
-from dmq.coordinator.store import CoordinatorStore, StoreFullError
+from dmq.coordinator.metastore.base import MetadataStore, StoreFullError
 from dmq.coordinator.validation import ValidationError, validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -219,7 +219,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self,
         *,
         metadata: MetadataManager,
-        store: CoordinatorStore,
+        store: MetadataStore,
         brokers: GroupBrokers,
         advertised_address: str,
         wall_clock_ms: Callable[[], int],

@@ -67,7 +67,6 @@ import asyncio
 import contextlib
 import functools
 import inspect
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -85,12 +84,15 @@ from dmq.coordinator.controller.pushes import StatePusher, partition_state
 from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, restart_after_pause, wall_clock_ms
 from dmq.coordinator.controller.sessions import BrokerSession as _BrokerState
 from dmq.coordinator.pause_watch import PauseWatch
-from dmq.coordinator.store import (
+from dmq.coordinator.metastore.base import (
     NO_LEADER,
     BrokerRecord,
-    CoordinatorStore,
+    MetadataStore,
     PartitionRecord,
+    StoreConflict,
+    StoreError,
     StoreFullError,
+    TopicExists,
     TopicRecord,
 )
 from dmq.coordinator.validation import (
@@ -196,13 +198,26 @@ class CoordinatorDiskFull(MetadataError):
     reason = error_details.DISK_FULL
 
 
+class StoreUnavailable(MetadataError):
+    """The metadata store did not confirm a write: a compare-and-swap lost to another coordinator
+    (dmq.coordinator.metastore.base; nothing changed), or etcd unreachable or stalled (nothing
+    changed, or, when the call timed out, the outcome is unknown until the store is read again). Retriable."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
 @contextlib.contextmanager
 def _coordinator_disk_full() -> Iterator[None]:
-    """Around a store write: a full disk becomes CoordinatorDiskFull (its message says where)."""
+    """Around a store write: a full disk becomes CoordinatorDiskFull (its message says where), any
+    other store failure StoreUnavailable."""
     try:
         yield
     except StoreFullError as e:
         raise CoordinatorDiskFull(str(e)) from e
+    except StoreConflict as e:
+        raise StoreUnavailable(f"the cluster metadata changed under this coordinator, nothing was written: {e}") from e
+    except StoreError as e:
+        raise StoreUnavailable(f"the metadata store did not confirm the change: {e}: retry") from e
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,7 +336,7 @@ async def complete_even_if_cancelled(coro: Coroutine[Any, Any, T]) -> T:
 class MetadataManager:
     def __init__(
         self,
-        store: CoordinatorStore,
+        store: MetadataStore,
         broker_pool: BrokerPool,
         *,
         broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
@@ -924,7 +939,7 @@ class MetadataManager:
         try:
             with _coordinator_disk_full():
                 await self.store.create_topic(record)
-        except sqlite3.IntegrityError as e:  # only if memory and disk disagree; say which
+        except TopicExists as e:  # only if memory and the store disagree; say which
             raise MetadataError(f"topic {record.name!r} is already in the store but not in memory: {e}") from e
         self._topics[record.name] = record
 

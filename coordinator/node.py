@@ -54,6 +54,7 @@ from dmq.coordinator.metadata import (
 from dmq.coordinator.metrics import DEFAULT_MAX_PARTITION_SERIES
 from dmq.coordinator.metrics import install as install_metrics
 from dmq.coordinator.pause_watch import PauseWatch
+from dmq.coordinator.metastore.base import MetadataStore
 from dmq.coordinator.store import CoordinatorStore
 from dmq.coordinator.validation import TopicConfigDefaults
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -99,6 +100,7 @@ class CoordinatorNode:
         preferred_leader_check_interval_ms: int = DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS,
         metrics: CollectorRegistry | None = None,
         max_partition_series: int = DEFAULT_MAX_PARTITION_SERIES,
+        metadata_store: MetadataStore | None = None,
     ) -> None:
         if default_subscription_mode not in SUBSCRIPTION_MODES:
             raise ValueError(
@@ -134,7 +136,8 @@ class CoordinatorNode:
         self.liveness_check_interval_ms = liveness_check_interval_ms or max(
             10, min(LIVENESS_CHECK_MAX_INTERVAL_MS, broker_session_timeout_ms // 10))
         self.preferred_leader_check_interval_ms = preferred_leader_check_interval_ms
-        self.store = CoordinatorStore(self.data_dir / SQLITE_FILE)
+        # The embedded default is SQLite in the data directory; etcd when given (metastore.config).
+        self.store: MetadataStore = metadata_store or CoordinatorStore(self.data_dir / SQLITE_FILE)
         self.dir_lock = DataDirLock(self.data_dir)
         self.broker_pool = BrokerPool(security=client_security)
         # The ACLs the servers decide with, loaded from the store at start (dmq.coordinator.acls).
@@ -196,6 +199,8 @@ class CoordinatorNode:
             self.dir_lock.release()
             raise
         try:
+            # Fences every write of a coordinator that took control before this one (metastore.base).
+            await self.store.claim_controller_epoch()
             await self.metadata.load()
             await self.acl_manager.load()
             self._started = True

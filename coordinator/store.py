@@ -1,4 +1,7 @@
-"""The coordinator's durable state in one SQLite file (<data_dir>/coordinator.sqlite), via aiosqlite.
+"""The SQLite metadata store (the embedded default): the coordinator's durable state in one file
+(<data_dir>/coordinator.sqlite), via aiosqlite. It implements dmq.coordinator.metastore.base.MetadataStore
+(the records and the compare-and-swap rules are described there); the etcd backend is
+dmq.coordinator.metastore.etcd.
 
 Schema (PRAGMA user_version = SCHEMA_VERSION):
   brokers(broker_id INTEGER PRIMARY KEY, host TEXT, port INTEGER, registered_ms INTEGER, rack TEXT NULL)
@@ -28,6 +31,11 @@ Schema (PRAGMA user_version = SCHEMA_VERSION):
   acl_version(id = 1, version INTEGER)
       bumped by every change, so brokers know when their cached copy is stale. Added without a
       schema version change: both tables are created if missing, and an older file has no ACLs.
+  controller(id = 1, epoch INTEGER)
+      the controller epoch (claim_controller_epoch); absent = 0.
+  principal_limits(id = 1, max_topics INTEGER, max_partitions INTEGER, exempt_json TEXT)
+  Added later, nullable (NULL = 0): partitions.version and topics.version, the row versions that
+  compare-and-swap writes are conditioned on; groups.generation.
 
 Durability: WAL with synchronous=FULL, so a committed topic survives power loss. Each write is one
 transaction, rolled back whole when it fails; a full disk (SQLITE_FULL, ENOSPC / EDQUOT) is raised as
@@ -45,14 +53,30 @@ import itertools
 import json
 import pathlib
 import sqlite3
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import aiosqlite
 import structlog
 
+from dmq.coordinator.metastore.base import (
+    NO_LEADER,
+    AclRow,
+    BrokerRecord,
+    GroupRecord,
+    PartitionRecord,
+    PrincipalLimitsRecord,
+    StoreConflict,
+    StoreError,
+    StoreFullError,
+    TopicExists,
+    TopicRecord,
+)
 from dmq.coordinator.validation import TopicSettings
+
+__all__ = [
+    "NO_LEADER", "BrokerRecord", "CoordinatorStore", "GroupRecord", "PartitionRecord", "PrincipalLimitsRecord",
+    "StoreConflict", "StoreError", "StoreFullError", "TopicExists", "TopicRecord",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +97,8 @@ CREATE TABLE IF NOT EXISTS topics (
     partition_count INTEGER NOT NULL,
     config_json TEXT NOT NULL,
     created_ms INTEGER NOT NULL,
-    creator TEXT
+    creator TEXT,
+    version INTEGER
 );
 CREATE TABLE IF NOT EXISTS partitions (
     topic TEXT NOT NULL,
@@ -83,6 +108,7 @@ CREATE TABLE IF NOT EXISTS partitions (
     isr TEXT,
     leader_epoch INTEGER,
     partition_epoch INTEGER,
+    version INTEGER,
     PRIMARY KEY (topic, partition)
 );
 CREATE TABLE IF NOT EXISTS acls (
@@ -98,6 +124,16 @@ CREATE TABLE IF NOT EXISTS acl_version (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     version INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS controller (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS principal_limits (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    max_topics INTEGER NOT NULL,
+    max_partitions INTEGER NOT NULL,
+    exempt_json TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS groups (
     group_id TEXT PRIMARY KEY,
     topic TEXT NOT NULL,
@@ -105,7 +141,8 @@ CREATE TABLE IF NOT EXISTS groups (
     subscription_mode TEXT NOT NULL,
     subscription_from_ms INTEGER,
     created_ms INTEGER NOT NULL,
-    start_offsets_json TEXT NOT NULL
+    start_offsets_json TEXT NOT NULL,
+    generation INTEGER
 );
 """
 
@@ -120,6 +157,9 @@ _ADDED_COLUMNS = (
     ("partitions", "leader_epoch", "INTEGER"),
     ("partitions", "partition_epoch", "INTEGER"),
     ("groups", "state_json", "TEXT"),
+    ("partitions", "version", "INTEGER"),
+    ("topics", "version", "INTEGER"),
+    ("groups", "generation", "INTEGER"),
 )
 
 
@@ -130,15 +170,6 @@ async def _add_missing_columns(db: aiosqlite.Connection) -> None:
         if column not in present:
             await db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
             log.info("store migrated: column added", table=table, column=column)
-
-
-class StoreError(RuntimeError):
-    """The SQLite file cannot be used (newer schema, closed store)."""
-
-
-class StoreFullError(StoreError):
-    """The disk under the SQLite file is full: the write was rolled back and changed nothing.
-    Transient: the same write succeeds once space is freed."""
 
 
 # ENOSPC: no space; EDQUOT: over quota. Both are a full disk to whoever retries.
@@ -154,96 +185,6 @@ def is_disk_full(e: BaseException) -> bool:
         code = getattr(e, "sqlite_errorcode", None)
         return (code is not None and code & 0xFF == sqlite3.SQLITE_FULL) or "disk is full" in str(e)
     return False
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerRecord:
-    broker_id: int
-    host: str
-    port: int
-    registered_ms: int
-    rack: str = ""  # rack / zone label ("" = none)
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-NO_LEADER = -1
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionRecord:
-    """One partition's replication state, as the controller decided it (proto PartitionState)."""
-
-    replicas: tuple[int, ...]  # the first is the preferred leader
-    isr: tuple[int, ...]  # in the order of `replicas`
-    leader: int  # NO_LEADER: offline
-    leader_epoch: int = 0
-    partition_epoch: int = 0
-
-    @classmethod
-    def unreplicated(cls, broker_id: int) -> PartitionRecord:
-        return cls((broker_id,), (broker_id,), broker_id)
-
-    @property
-    def under_replicated(self) -> bool:
-        return len(self.isr) < len(self.replicas)
-
-
-@dataclass(frozen=True, slots=True)
-class TopicRecord:
-    """A topic as placed. Immutable: a change (AddPartitions, an election) makes a new record, so a
-    caller holding one sees a consistent snapshot.
-
-    `states` is each partition's replication state; when only `placement` is given (partition ->
-    broker) every partition is unreplicated on that broker. `placement` is always partition ->
-    current leader (NO_LEADER when offline)."""
-
-    name: str
-    partition_count: int
-    placement: Mapping[int, int]  # partition -> leader broker_id, for every partition 0..partition_count-1
-    config: TopicSettings = field(default_factory=TopicSettings)
-    created_ms: int = 0
-    creator: str | None = None  # the principal that created it; None with security off
-    states: Mapping[int, PartitionRecord] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        states = dict(self.states) or {p: PartitionRecord.unreplicated(b) for p, b in self.placement.items()}
-        object.__setattr__(self, "states", MappingProxyType(states))
-        object.__setattr__(self, "placement", MappingProxyType({p: s.leader for p, s in states.items()}))
-
-    def leader(self, partition: int) -> int | None:
-        return self.placement.get(partition)
-
-    def partitions_on(self, broker_id: int) -> list[int]:
-        """The partitions the broker leads."""
-        return sorted(p for p, b in self.placement.items() if b == broker_id)
-
-    def replicas_on(self, broker_id: int) -> list[int]:
-        """The partitions of which the broker holds a replica (leading or following)."""
-        return sorted(p for p, s in self.states.items() if broker_id in s.replicas)
-
-    def with_states(self, changed: Mapping[int, PartitionRecord]) -> TopicRecord:
-        return TopicRecord(
-            self.name, self.partition_count, {}, self.config, self.created_ms, self.creator,
-            {**self.states, **changed},
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class GroupRecord:
-    group_id: str
-    topic: str
-    app_id: str
-    subscription_mode: str  # "all" | "new" | "timestamp"
-    subscription_from_ms: int | None  # None unless mode is "timestamp"
-    created_ms: int
-    start_offsets: Mapping[int, int] = field(default_factory=dict)  # partition -> offset (mode "new")
-    state_json: str = ""  # its membership (dmq.coordinator.group.durable); "": none recorded
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "start_offsets", MappingProxyType(dict(self.start_offsets)))
 
 
 def _state_columns(state: PartitionRecord) -> tuple[object, ...]:
@@ -263,11 +204,24 @@ def _insert_partitions(name: str, states: Mapping[int, PartitionRecord]) -> list
     ]
 
 
+_Check = Callable[[aiosqlite.Connection], Awaitable[None]]
+
+
+async def _controller_epoch(db: aiosqlite.Connection) -> int:
+    async with db.execute("SELECT epoch FROM controller WHERE id = 1") as cur:
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
 class CoordinatorStore:
     def __init__(self, path: pathlib.Path) -> None:
         self.path = pathlib.Path(path)
         self._db: aiosqlite.Connection | None = None
         self._lock = asyncio.Lock()
+        # Row versions as last read or written by this store: its compare-and-swap expectations.
+        self._partition_versions: dict[tuple[str, int], int] = {}
+        self._topic_versions: dict[str, int] = {}
+        self._claimed_epoch: int | None = None
 
     def __repr__(self) -> str:
         return f"<CoordinatorStore path={str(self.path)!r} open={self._db is not None}>"
@@ -305,20 +259,31 @@ class CoordinatorStore:
             raise StoreError(f"store {self.path} is not open")
         return self._db
 
-    async def _write(self, statements: Iterable[tuple[str, tuple[object, ...]]]) -> list[int]:
+    async def _write(self, statements: Iterable[tuple[str, tuple[object, ...]]], check: _Check | None = None) -> list[int]:
         """Run the statements in one transaction; their row counts (one per run of the same statement).
+        `check` runs first inside the transaction and raises StoreConflict to write nothing; the
+        controller epoch this store claimed (if any) is checked the same way.
 
         Shielded: once started, a transaction finishes even if the caller is cancelled (a gRPC
         handler is when its client goes away), so the caller never has to guess whether it committed.
         """
-        return await asyncio.shield(self._transaction(list(statements)))
+        return await asyncio.shield(self._transaction(list(statements), check))
 
-    async def _transaction(self, statements: list[tuple[str, tuple[object, ...]]]) -> list[int]:
+    async def _transaction(self, statements: list[tuple[str, tuple[object, ...]]], check: _Check | None) -> list[int]:
         db = self._conn()
         async with self._lock:
             try:
                 await db.execute("BEGIN IMMEDIATE")
                 try:
+                    if self._claimed_epoch is not None:
+                        epoch = await _controller_epoch(db)
+                        if epoch != self._claimed_epoch:
+                            raise StoreConflict(
+                                f"controller epoch is {epoch}, this coordinator claimed {self._claimed_epoch}: "
+                                "another coordinator took control"
+                            )
+                    if check is not None:
+                        await check(db)
                     counts = []
                     # Runs of one statement go as one executemany: one trip to SQLite's thread, not
                     # one per row (a 10,000-partition topic is 10,000 rows). Its count is the run's total.
@@ -367,49 +332,91 @@ class CoordinatorStore:
     # -- topics ----------------------------------------------------------------------------------
 
     async def create_topic(self, topic: TopicRecord) -> None:
-        """Insert the topic and its placement atomically; sqlite3.IntegrityError if it exists."""
+        """Insert the topic and its placement atomically; TopicExists if it exists."""
         statements: list[tuple[str, tuple[object, ...]]] = [
             (
-                "INSERT INTO topics (name, partition_count, config_json, created_ms, creator) VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO topics (name, partition_count, config_json, created_ms, creator, version) VALUES (?, ?, ?, ?, ?, 0)",
                 (topic.name, topic.partition_count, topic.config.to_json(), topic.created_ms, topic.creator),
             )
         ]
         statements += _insert_partitions(topic.name, topic.states)
-        await self._write(statements)
+        try:
+            await self._write(statements)
+        except sqlite3.IntegrityError as e:
+            raise TopicExists(f"topic {topic.name!r} is already stored") from e
+        self._topic_versions[topic.name] = 0
+        self._partition_versions.update({(topic.name, p): 0 for p in topic.states})
+
+    def _topic_check(self, name: str) -> _Check:
+        """Inside the transaction: the topic's row version is still the one this store knows."""
+        expected = self._topic_versions.get(name)
+
+        async def check(db: aiosqlite.Connection) -> None:
+            async with db.execute("SELECT COALESCE(version, 0) FROM topics WHERE name = ?", (name,)) as cur:
+                row = await cur.fetchone()
+            if expected is not None and (row is None or int(row[0]) != expected):
+                raise StoreConflict(f"topic {name!r} changed since this coordinator read it (version {expected})")
+
+        return check
 
     async def add_partitions(
         self, name: str, new_count: int, new_placement: Mapping[int, int] | Mapping[int, PartitionRecord]
     ) -> None:
         """`new_placement`: partition -> its state, or partition -> broker (unreplicated)."""
         statements: list[tuple[str, tuple[object, ...]]] = [
-            ("UPDATE topics SET partition_count = ? WHERE name = ?", (new_count, name))
+            ("UPDATE topics SET partition_count = ?, version = COALESCE(version, 0) + 1 WHERE name = ?", (new_count, name))
         ]
         states = {p: v if isinstance(v, PartitionRecord) else PartitionRecord.unreplicated(v) for p, v in new_placement.items()}
         statements += _insert_partitions(name, states)
-        await self._write(statements)
+        await self._write(statements, self._topic_check(name))
+        self._topic_versions[name] = self._topic_versions.get(name, 0) + 1
+        self._partition_versions.update({(name, p): 0 for p in states})
 
     async def update_partitions(self, states: Mapping[tuple[str, int], PartitionRecord]) -> None:
         """Record new states of existing partitions ((topic, partition) -> state) in one transaction:
-        an election, an ISR change, a reassignment step. Rows of deleted topics match nothing."""
+        an election, an ISR change, a reassignment step. Rows of deleted topics match nothing.
+        StoreConflict (nothing written) if any row's version is not the one this store last saw."""
+        current: dict[tuple[str, int], int] = {}
+
+        async def check(db: aiosqlite.Connection) -> None:
+            for topic in sorted({t for t, _p in states}):
+                async with db.execute(
+                    "SELECT partition, COALESCE(version, 0) FROM partitions WHERE topic = ?", (topic,)
+                ) as cur:
+                    current.update({(topic, int(p)): int(v) for p, v in await cur.fetchall()})
+            for key in sorted(states):
+                expected = self._partition_versions.get(key)
+                if key in current and expected is not None and current[key] != expected:
+                    raise StoreConflict(
+                        f"partition {key[0]}-{key[1]} changed since this coordinator read it "
+                        f"(version {expected}, now {current[key]})"
+                    )
+
         await self._write(
             [
                 (
-                    "UPDATE partitions SET broker_id = ?, replicas = ?, isr = ?, leader_epoch = ?, partition_epoch = ? "
-                    "WHERE topic = ? AND partition = ?",
+                    "UPDATE partitions SET broker_id = ?, replicas = ?, isr = ?, leader_epoch = ?, partition_epoch = ?, "
+                    "version = COALESCE(version, 0) + 1 WHERE topic = ? AND partition = ?",
                     (*_state_columns(s), topic, p),
                 )
                 for (topic, p), s in sorted(states.items())
-            ]
+            ],
+            check,
         )
+        self._partition_versions.update({key: current[key] + 1 for key in states if key in current})
 
     async def remove_partitions(self, name: str, count: int) -> None:
         """Shrink the topic back to `count` partitions: undoes an add_partitions no broker could carry out."""
         await self._write(
             [
                 ("DELETE FROM partitions WHERE topic = ? AND partition >= ?", (name, count)),
-                ("UPDATE topics SET partition_count = ? WHERE name = ?", (count, name)),
-            ]
+                ("UPDATE topics SET partition_count = ?, version = COALESCE(version, 0) + 1 WHERE name = ?", (count, name)),
+            ],
+            self._topic_check(name),
         )
+        self._topic_versions[name] = self._topic_versions.get(name, 0) + 1
+        for key in [k for k in self._partition_versions if k[0] == name and k[1] >= count]:
+            del self._partition_versions[key]
 
     async def delete_topic(self, name: str) -> None:
         await self._write(
@@ -418,14 +425,19 @@ class CoordinatorStore:
                 ("DELETE FROM topics WHERE name = ?", (name,)),
             ]
         )
+        self._topic_versions.pop(name, None)
+        for key in [k for k in self._partition_versions if k[0] == name]:
+            del self._partition_versions[key]
 
     async def load_topics(self) -> list[TopicRecord]:
         db = self._conn()
         placements: dict[str, dict[int, PartitionRecord]] = {}
         async with db.execute(
-            "SELECT topic, partition, broker_id, replicas, isr, leader_epoch, partition_epoch FROM partitions"
+            "SELECT topic, partition, broker_id, replicas, isr, leader_epoch, partition_epoch, COALESCE(version, 0) "
+            "FROM partitions"
         ) as cur:
-            for topic, partition, broker_id, replicas, isr, leader_epoch, partition_epoch in await cur.fetchall():
+            for topic, partition, broker_id, replicas, isr, leader_epoch, partition_epoch, version in await cur.fetchall():
+                self._partition_versions[(str(topic), int(partition))] = int(version)
                 if replicas is None:  # written before replication: the unreplicated partition it was
                     state = PartitionRecord.unreplicated(int(broker_id))
                 else:
@@ -438,11 +450,12 @@ class CoordinatorStore:
                     )
                 placements.setdefault(str(topic), {})[int(partition)] = state
         async with db.execute(
-            "SELECT name, partition_count, config_json, created_ms, creator FROM topics ORDER BY name"
+            "SELECT name, partition_count, config_json, created_ms, creator, COALESCE(version, 0) FROM topics ORDER BY name"
         ) as cur:
             rows = await cur.fetchall()
         topics = []
-        for name, count, config_json, created_ms, creator in rows:
+        for name, count, config_json, created_ms, creator, version in rows:
+            self._topic_versions[str(name)] = int(version)
             placement = placements.get(str(name), {})
             if sorted(placement) != list(range(int(count))):
                 # Cannot happen through this store (one transaction per change); say so if it does.
@@ -469,7 +482,7 @@ class CoordinatorStore:
             [
                 (
                     "INSERT OR REPLACE INTO groups (group_id, topic, app_id, subscription_mode, "
-                    "subscription_from_ms, created_ms, start_offsets_json, state_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "subscription_from_ms, created_ms, start_offsets_json, generation, state_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         group.group_id,
                         group.topic,
@@ -478,6 +491,7 @@ class CoordinatorStore:
                         group.subscription_from_ms,
                         group.created_ms,
                         offsets_json,
+                        group.generation,
                         group.state_json or None,
                     ),
                 )
@@ -487,7 +501,7 @@ class CoordinatorStore:
     async def load_groups(self) -> list[GroupRecord]:
         async with self._conn().execute(
             "SELECT group_id, topic, app_id, subscription_mode, subscription_from_ms, created_ms, "
-            "start_offsets_json, state_json FROM groups ORDER BY group_id"
+            "start_offsets_json, COALESCE(generation, 0), state_json FROM groups ORDER BY group_id"
         ) as cur:
             rows = await cur.fetchall()
         return [
@@ -499,7 +513,8 @@ class CoordinatorStore:
                 subscription_from_ms=None if r[4] is None else int(r[4]),
                 created_ms=int(r[5]),
                 start_offsets={int(p): int(o) for p, o in json.loads(r[6] or "{}").items()},
-                state_json=str(r[7] or ""),
+                generation=int(r[7]),
+                state_json=str(r[8] or ""),
             )
             for r in rows
         ]
@@ -508,7 +523,7 @@ class CoordinatorStore:
 
     _ACL_COLUMNS = "principal, resource_type, pattern_type, resource_name, operation, permission"
 
-    async def change_acls(self, add: Iterable[tuple[str, ...]], remove: Iterable[tuple[str, ...]], version: int) -> int:
+    async def change_acls(self, add: Iterable[AclRow], remove: Iterable[AclRow], version: int) -> int:
         """Insert `add` and delete `remove` (rows of the six ACL words) and set the ACL version,
         in one transaction; how many rows were actually added or removed."""
         statements: list[tuple[str, tuple[object, ...]]] = [
@@ -523,7 +538,7 @@ class CoordinatorStore:
         counts = await self._write(statements)
         return sum(max(0, c) for c in counts[:-1])
 
-    async def load_acls(self) -> tuple[int, list[tuple[str, ...]]]:
+    async def load_acls(self) -> tuple[int, list[AclRow]]:
         """(version, rows of the six ACL words)."""
         async with self._conn().execute("SELECT version FROM acl_version WHERE id = 1") as cur:
             row = await cur.fetchone()
@@ -535,3 +550,46 @@ class CoordinatorStore:
         """Remove the group's row; False when there was none."""
         (count,) = await self._write([("DELETE FROM groups WHERE group_id = ?", (group_id,))])
         return count > 0
+
+    # -- principal limits --------------------------------------------------------------------------
+
+    async def save_principal_limits(self, limits: PrincipalLimitsRecord) -> None:
+        await self._write(
+            [
+                (
+                    "INSERT OR REPLACE INTO principal_limits (id, max_topics, max_partitions, exempt_json) VALUES (1, ?, ?, ?)",
+                    (limits.max_topics, limits.max_partitions, json.dumps(list(limits.exempt))),
+                )
+            ]
+        )
+
+    async def load_principal_limits(self) -> PrincipalLimitsRecord | None:
+        async with self._conn().execute(
+            "SELECT max_topics, max_partitions, exempt_json FROM principal_limits WHERE id = 1"
+        ) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        return PrincipalLimitsRecord(int(row[0]), int(row[1]), tuple(str(p) for p in json.loads(row[2])))
+
+    # -- controller epoch --------------------------------------------------------------------------
+
+    async def load_controller_epoch(self) -> int:
+        return await _controller_epoch(self._conn())
+
+    async def claim_controller_epoch(self) -> int:
+        """The read and the bump are one IMMEDIATE transaction, so two claims are serialized: each
+        gets its own epoch and the earlier claimer is fenced by the later one."""
+        claimed: list[int] = []
+
+        async def bump(db: aiosqlite.Connection) -> None:
+            epoch = await _controller_epoch(db) + 1
+            await db.execute("INSERT OR REPLACE INTO controller (id, epoch) VALUES (1, ?)", (epoch,))
+            claimed.append(epoch)
+
+        # Not fenced by an earlier claim of this same store: claiming again is how it takes control back.
+        self._claimed_epoch = None
+        await self._write([], bump)
+        self._claimed_epoch = claimed[0]
+        log.info("controller epoch claimed", epoch=claimed[0], store=str(self.path))
+        return claimed[0]

@@ -11,6 +11,7 @@ import errno
 import os
 import pathlib
 import subprocess
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -23,6 +24,7 @@ import pytest
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from dmq.client.cli.runner import ClusterOptions, ClusterThread  # noqa: E402
+from tests.etcd_server import EtcdServer, running_etcd  # noqa: E402
 
 # `dmq server` serves /metrics on port 9464 by default. The suite starts many `dmq server`
 # processes (and other engineers' suites may run beside it): they inherit this and serve none,
@@ -104,3 +106,17 @@ def fill_filesystem(path: pathlib.Path, leave_bytes: int = 0) -> None:
 def fill_disk() -> Callable[..., None]:
     """fill_filesystem, for tests in any folder."""
     return fill_filesystem
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """One real etcd for the session (tests/etcd_server.py); tests share it only through etcd_url's
+    fresh key prefixes, so none sees another's keys."""
+    with running_etcd(tmp_path_factory.mktemp("etcd")) as server:
+        yield server
+
+
+@pytest.fixture
+def etcd_url(etcd_server: EtcdServer) -> str:
+    """etcd://127.0.0.1:<port>/<a prefix no other test uses>."""
+    return etcd_server.url(f"test-{uuid.uuid4().hex}")

@@ -505,12 +505,38 @@ def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> list[str]:
 @_security_options
 @_principal_limit_options
 @_metrics_option("0", "The coordinator's metrics endpoint.")
+@click.option("--metadata-store", default="sqlite", show_default=True,
+              metavar="sqlite|etcd://HOST:PORT[,HOST:PORT...][/PREFIX]",
+              help="Where the cluster metadata lives: SQLite in --data-dir, or etcd under the key prefix "
+                   "/dmq/PREFIX/ (default prefix: default), so several clusters can share one etcd.")
+@click.option("--etcd-user", default=None, show_default="none", help="etcd user (etcd's own authentication); with --etcd-password.")
+@click.option("--etcd-password", default=None, envvar="DMQ_ETCD_PASSWORD", show_envvar=True, show_default="none",
+              help="etcd password; prefer the environment variable (arguments are visible to other users).")
+@click.option("--etcd-ca-file", type=click.Path(dir_okay=False, exists=True, path_type=pathlib.Path), default=None,
+              show_default="none",
+              help="TLS to etcd: the CA certificate (PEM) that signed etcd's certificate.")
+@click.option("--etcd-cert-file", type=click.Path(dir_okay=False, exists=True, path_type=pathlib.Path), default=None,
+              show_default="none",
+              help="Mutual TLS to etcd: this coordinator's certificate (PEM); with --etcd-key-file.")
+@click.option("--etcd-key-file", type=click.Path(dir_okay=False, exists=True, path_type=pathlib.Path), default=None,
+              show_default="none",
+              help="Mutual TLS to etcd: this coordinator's private key (PEM).")
 def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str,
                     default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int,
                     default_replication_factor: int | None,
                     max_topics_per_principal: int, max_partitions_per_principal: int, metrics_port: int | None,
-                    **security_options) -> None:
+                    metadata_store: str, etcd_user: str | None, etcd_password: str | None,
+                    etcd_ca_file: pathlib.Path | None, etcd_cert_file: pathlib.Path | None,
+                    etcd_key_file: pathlib.Path | None, **security_options) -> None:
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups."""
+    from dmq.coordinator.metastore.base import StoreError
+    from dmq.coordinator.metastore.config import make_metadata_store
+
+    try:
+        store = make_metadata_store(metadata_store, data_dir, etcd_username=etcd_user, etcd_password=etcd_password,
+                                    etcd_ca_file=etcd_ca_file, etcd_cert_file=etcd_cert_file, etcd_key_file=etcd_key_file)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--metadata-store") from None
     security, quotas, _argv = _pop_security(security_options)
     limits, _limits_argv = _principal_limits(max_topics_per_principal, max_partitions_per_principal)
     from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
@@ -527,9 +553,12 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
             default_replication_factor=default_replication_factor,
             security=security, quotas=quotas, principal_limits=limits,
             metrics_port=metrics_port, on_metrics=lambda url: click.echo(f"coordinator metrics at {url}", err=True),
+            metadata_store=store,
         ))
     except (OSError, ValueError) as e:  # a busy port; security settings refused (SecurityConfigError)
         raise click.ClickException(str(e)) from None
+    except StoreError as e:  # etcd unreachable or refusing; a SQLite file of a newer schema
+        raise click.ClickException(f"metadata store: {e}") from None
 
 
 @click.command("broker")

@@ -41,7 +41,7 @@ from dmq.coordinator.controller.election import (
     on_broker_failed,
     restore_preferred,
 )
-from dmq.coordinator.store import NO_LEADER, PartitionRecord
+from dmq.coordinator.metastore.base import NO_LEADER, PartitionRecord
 from dmq.proto import limits
 
 

@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 
 from dmq.coordinator.controller.election import place_replicas
-from dmq.coordinator.store import PartitionRecord
+from dmq.coordinator.metastore.base import PartitionRecord
 
 
 def place_partitions(

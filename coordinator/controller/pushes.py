@@ -29,7 +29,7 @@ import grpc
 import structlog
 
 from dmq.coordinator.broker_pool import BrokerPool
-from dmq.coordinator.store import NO_LEADER, PartitionRecord
+from dmq.coordinator.metastore.base import NO_LEADER, PartitionRecord
 from dmq.proto import dmq_pb2 as pb
 
 log = structlog.get_logger(__name__)

@@ -15,6 +15,7 @@ from dmq.coordinator.store import (
     CoordinatorStore,
     GroupRecord,
     StoreError,
+    TopicExists,
     TopicRecord,
 )
 from dmq.coordinator.validation import TopicSettings
@@ -62,7 +63,7 @@ async def test_topics_and_placement_survive_reopen(store: CoordinatorStore) -> N
 
 async def test_create_existing_topic_fails_and_writes_nothing(store: CoordinatorStore) -> None:
     await store.create_topic(topic("t", {0: 1}))
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(TopicExists):
         await store.create_topic(topic("t", {0: 2, 1: 2}))
     (loaded,) = await store.load_topics()
     assert dict(loaded.placement) == {0: 1}  # the failed transaction rolled back as a whole
