@@ -292,26 +292,32 @@ class EventIndex:
         self._batches.extend(batches)
         self._tags.extend(tags)
         type_ids, by_type, by_tag = self._type_ids, self._by_type, self._by_tag
+        type_of = self._type_of
+        # one dict lookup per tag in the common case (a known tag): the KeyError path is the rare one
         for p, t, joined in zip(positions, types, tags, strict=True):
-            tid = type_ids.get(t)
-            if tid is None:  # type ids stay when their events are cut (a few names)
+            try:
+                tid = type_ids[t]
+            except KeyError:  # type ids stay when their events are cut (a few names)
                 tid = type_ids[t] = len(self._type_names)
                 self._type_names.append(t)
-            self._type_of.append(tid)
-            arr = by_type.get(t)
-            if arr is None:
-                arr = by_type[t] = array("q")
-            arr.append(p)
+            type_of.append(tid)
+            try:
+                by_type[t].append(p)
+            except KeyError:
+                by_type[t] = array("q", [p])
             if joined:
                 for tag in joined.split("\n"):
-                    arr = by_tag.get(tag)
-                    if arr is None:
-                        arr = by_tag[tag] = array("q")
-                        name, sep, _ = tag.partition(":")
-                        if sep:
-                            self._attr_tags.setdefault(name, set()).add(tag)
-                    arr.append(p)
+                    try:
+                        by_tag[tag].append(p)
+                    except KeyError:
+                        self._new_tag(tag, p)
         self.end = end_offset
+
+    def _new_tag(self, tag: str, p: int) -> None:
+        self._by_tag[tag] = array("q", [p])
+        name, sep, _ = tag.partition(":")
+        if sep:
+            self._attr_tags.setdefault(name, set()).add(tag)
 
     def _forget_from(self, k: int, record: int) -> None:
         """Forget the events from column index k on (they are the last ones of every array) and
