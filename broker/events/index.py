@@ -194,19 +194,19 @@ class EventIndex:
             self._write_all(MAGIC, 0)
             self._file_end = len(MAGIC)
             return
-        with open(self.path, "rb") as f:
-            data = f.read()
         at = len(MAGIC)
         try:
-            while at < len(data):
-                at = self._load_record(data, at)
+            # mapped, not read: a record at a time is copied out (the file holds every event's payload)
+            with mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ) as data:
+                while at < size:
+                    at = self._load_record(data, at)
         except IndexCorruptError as e:
             log.warning("event index file damaged; cut at the bad record and indexed again from the log",
                         path=self.path, at=at, error=str(e), events_kept=len(self._positions))
             self._cut_file(at)
         self._file_end = at
 
-    def _load_record(self, data: bytes, at: int) -> int:
+    def _load_record(self, data: mmap.mmap, at: int) -> int:
         if len(data) - at < HEAD.size:
             raise IndexCorruptError(f"a record header at {at} is cut short")
         body_len, crc, first, end, count, meta_len = HEAD.unpack_from(data, at)
