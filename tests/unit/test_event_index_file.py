@@ -84,11 +84,15 @@ def test_a_cut_to_a_record_boundary_and_to_nothing(tmp_path: pathlib.Path) -> No
 
 
 @pytest.mark.parametrize("record", [0, 1, 2])
-def test_a_damaged_record_is_detected_cut_off_and_rebuilt_from_the_log(tmp_path: pathlib.Path, record: int) -> None:
+@pytest.mark.parametrize("where", ["positions", "payload"])
+def test_a_damaged_record_is_detected_cut_off_and_rebuilt_from_the_log(tmp_path: pathlib.Path, record: int,
+                                                                      where: str) -> None:
     plog, path, rows = _store_of_three_appends(tmp_path)
     offsets = _record_offsets(path)
     data = bytearray(path.read_bytes())
-    data[offsets[record] + HEAD.size + 3] ^= 0x40  # one bit of the record's body
+    # one bit of the record's first position, or of its last event's fragment (only the crc tells)
+    ends = [*offsets[1:], len(data)]
+    data[offsets[record] + HEAD.size + 3 if where == "positions" else ends[record] - 3] ^= 0x40
     path.write_bytes(bytes(data))
     again = EventIndex(str(path.parent))
     kept = [0, 4, 7][record]
