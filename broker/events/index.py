@@ -24,8 +24,9 @@ again from the log.
 
 The log is the truth: every field is derived from the log (catch_up() writes the same records as
 the appends), so an index rebuilt from the log answers as the one the appends wrote. A record is
-written (no fsync) before its append is acknowledged; the file is fsynced at most once per
-SYNC_INTERVAL_S, after the log's group commit, and at close: after a crash the index may lag the
+written (no fsync) before its append is acknowledged, which waits for the log's group commit
+only; the writer fsyncs the file at the end of a job at most once per SYNC_INTERVAL_S, and at
+close (that bounds what a restart indexes again, nothing more): after a crash the index may lag the
 log (catch_up() indexes the rest) or, when the log lost a torn or rolled-back tail, run ahead of
 it (catch_up() cuts it back). A cut (truncate_to) is fsynced at once: a cut a crash undid could
 leave events the log no longer has at positions it then fills with others.
