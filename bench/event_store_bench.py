@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/event_store_bench.py [--n 1000000] [--cond-n 4000] [--clients 16] [--cycles 3000]
                                                [--claim-prefetch 100] [--only-claims]
+                                               [--peer [--peer-python P] [--peer-script S]]
 
 The same workload as the PostgreSQL DCB peer (/work/shared/peers/bench_dcb.py), against the
 embedded server (coordinator + one broker, flush policy fsync: every append acknowledged after
@@ -24,12 +25,16 @@ process (and, for the concurrent conditional appends, in --clients processes):
       final commit() is timed).
 
 Figures vary run to run on a shared machine: compare within one run (and with the peer run in
-the same sitting).
+the same sitting). `--peer` runs the PostgreSQL DCB peer (one run of bench_dcb.py with the same
+--n, --cond-n, --clients and --reads, in its own virtualenv: /work/shared/peers/README.md) right
+after DMQ's workloads and prints DMQ / PostgreSQL for each; the peer's packages never enter DMQ's.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 import multiprocessing as mp
 import os
@@ -214,16 +219,59 @@ def run_claims(bootstrap: str, partitions: int, workers: int, prefetch: int) -> 
               f"{cycles / seconds:,.0f} cycles/s")
 
 
-def run_appends(server: Any, bootstrap: str, clients: int, total: int) -> None:
+def run_appends(server: Any, bootstrap: str, clients: int, total: int) -> dict[int, dict[str, Any]]:
     """(a) from 1 and from `clients` processes, with the CPU each append costs the server and a client
     (the server's includes the clients' warm-up appends, a few per cent)."""
+    out = {}
     for k in (1, clients):
         cpu0 = server.cpu_s()
         r = run_cond(bootstrap, "store", k, total)
         server_ms = (server.cpu_s() - cpu0) / (r["n"] + k * WARMUP) * 1e3
+        out[k] = {**r, "server_cpu_ms": server_ms}
         print(f"(a) conditional append, 1 event, {k} client process(es): {r['rate']:,.0f} appends/s "
               f"(p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, conflicts {r['conflicts']}); CPU per append: "
               f"server {server_ms:.2f} ms, client {r['client_cpu_ms']:.2f} ms; load average {os.getloadavg()[0]:.1f}")
+    return out
+
+
+PEER_PYTHON = "/tmp/peers-venv/bin/python"
+PEER_SCRIPT = "/work/shared/peers/bench_dcb.py"
+
+
+def run_peer(args: argparse.Namespace) -> dict[str, Any]:
+    """One run of the PostgreSQL DCB peer with this run's sizes; its figures (the results file it writes)."""
+    cmd = [args.peer_python, args.peer_script, "--runs", "1", "--n", str(args.n), "--cond-n", str(args.cond_n),
+           "--clients", str(args.clients), "--reads", str(args.reads), "--tag", "dmq_event_store_bench"]
+    print(f"peer: {' '.join(cmd)}", flush=True)
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True,
+                          cwd=os.path.dirname(os.path.abspath(args.peer_script)))
+    lines = done.stdout.splitlines()
+    for line in lines:
+        if line.startswith("run 0 "):
+            print(f"peer {line[6:]}", flush=True)
+    path = next(line.split("results: ", 1)[1] for line in lines if line.startswith("results: "))
+    with open(path) as f:
+        raw = json.load(f)["raw"][0]
+    cond = raw["cond"]
+    return {"fill_rate": args.n / raw["fill"]["s"],
+            "read_rate": raw["read"]["matches"] / statistics.median(raw["read"]["one_read_s"]),
+            "cond": {int(k): {"rate": v["n"] / v["wall_s"], "p50_ms": v["p50_ms"]} for k, v in cond.items()}}
+
+
+def print_ratios(dmq: dict[str, Any], peer: dict[str, Any], clients: int) -> None:
+    """DMQ / PostgreSQL per workload, beside the issue's targets (issue 30)."""
+    print("DMQ / PostgreSQL DCB peer, this run:")
+    rows = [("(b) unconditional append x100", dmq["fill_rate"], peer["fill_rate"], 5.0, ""),
+            ("(a) conditional append, 1 client", dmq["cond"][1]["rate"], peer["cond"][1]["rate"], 1.5,
+             f"; p50 {dmq['cond'][1]['p50_ms']:.2f} ms vs {peer['cond'][1]['p50_ms']:.2f} ms; "
+             f"server CPU per append {dmq['cond'][1]['server_cpu_ms']:.3f} ms (target <= 0.2)"),
+            (f"(a) conditional append, {clients} client processes", dmq["cond"][clients]["rate"],
+             peer["cond"][clients]["rate"], 2.0, ""),
+            ("(c) 1% tag read, one read", dmq["read_rate"], peer["read_rate"], 10.0, "")]
+    for what, mine, theirs, target, note in rows:
+        ratio = mine / theirs
+        print(f"  {what}: {mine:,.0f} vs {theirs:,.0f} /s = {ratio:.2f}x (target >= {target}x: "
+              f"{'met' if ratio >= target else 'missed'}){note}")
 
 
 def main() -> None:
@@ -240,9 +288,14 @@ def main() -> None:
     ap.add_argument("--only-claims", action="store_true", help="run (e) only")
     ap.add_argument("--only-reads", action="store_true", help="run (b) and (c) only")
     ap.add_argument("--only-appends", action="store_true", help="run (b) and (a) only")
+    ap.add_argument("--peer", action="store_true",
+                    help="then run the PostgreSQL DCB peer (one run, same sizes) and print the ratios")
+    ap.add_argument("--peer-python", default=PEER_PYTHON, help="the peer's virtualenv python")
+    ap.add_argument("--peer-script", default=PEER_SCRIPT)
     args = ap.parse_args()
     print(f"event store bench: n={args.n:,} cond-n={args.cond_n:,} clients={args.clients} cycles={args.cycles:,} "
           f"load average {os.getloadavg()[0]:.1f}")
+    figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="dmq-events-bench-") as tmp:
         server = embedded_server(pathlib.Path(tmp) / "data")
         try:
@@ -253,6 +306,7 @@ def main() -> None:
             create_topic(b, "store")
             s = fill(b, "store", args.n, seed=1)
             print(f"(b) unconditional append x{BATCH}, store 0 -> {args.n:,}: {args.n / s:,.0f} events/s ({s:.1f} s)")
+            figures["fill_rate"] = args.n / s
             expected = args.n // HOT_EVERY
             if args.only_appends:
                 run_appends(server, b, args.clients, args.cond_n)
@@ -261,14 +315,18 @@ def main() -> None:
             print(f"(c) tag query {HOT_TAG}: {expected:,} of {args.n:,} events, one read: "
                   f"{expected / statistics.median(whole):,.0f} events/s (median of {args.reads}: "
                   f"{statistics.median(whole) * 1e3:.0f} ms); pages of {PAGE}: {expected / statistics.median(paged):,.0f} events/s")
+            figures["read_rate"] = expected / statistics.median(whole)
             if args.only_reads:
                 print(f"server CPU {server.cpu_s():.1f} s; load average {os.getloadavg()[0]:.1f}")
                 return
-            run_appends(server, b, args.clients, args.cond_n)
+            figures["cond"] = run_appends(server, b, args.clients, args.cond_n)
             run_claims(b, args.cycles, args.claim_workers, args.claim_prefetch)
             print(f"server CPU {server.cpu_s():.1f} s; load average {os.getloadavg()[0]:.1f}")
         finally:
             server.stop()
+    if args.peer and figures.get("cond"):
+        # after DMQ's server has stopped, so the two never share the machine
+        print_ratios(figures, run_peer(args), args.clients)
 
 
 if __name__ == "__main__":

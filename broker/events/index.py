@@ -1,93 +1,82 @@
-"""The types-and-tags index of an event store: SQLite beside the partition log.
+"""The types-and-tags index of an event store: in memory, persisted as one append-only file.
 
-File `<partition dir>/events.index.sqlite`:
+What conditions and reads need is kept in memory, so checking a condition costs microseconds:
 
-  meta(key, value)           'end': the log end offset indexed so far (positions <= end are in);
-                             'fragments_end': the fragments file's length the rows point into
-  events(position PK, type, tags, batch, at)
-                             tags joined by "\\n" (a tag has no control characters); batch = the
-                             offset of the record batch holding the event
-  events_by_type(type, position)
-  tags(tag, position) PK, type, at
-                             one row per (tag, event); a prefix range over 'name:' finds the
-                             events carrying an attribute
-  at (events, tags)          where the event's encoded read answer lies in the fragments file
-                             (fragments.py): the whole event (payload, metadata and the record's
-                             timestamp too, copies of the log's), so a read or a claim's events
-                             need no record parsed: a read is one query whose matches' `at`
-                             SQLite concatenates, and the answer those fragments joined
-                             (read_packed)
-  PRAGMA user_version        LAYOUT: an index of another layout is rebuilt from the log
+  per tag, per type   the positions carrying it, ascending (array('q'): positions only grow);
+                      the last one answers "nothing after P" at once
+  per event           position, batch offset, type, tags (joined by "\\n"; a tag has no control
+                      characters) and where its read answer lies in the file (fragments.py)
 
-The log is the truth: every column and fragment is derived from the log (catch_up() writes the
-same rows as an append), so an index rebuilt from the log equals the one written by the appends.
-The index is written before an append is acknowledged (same writer thread and connection, see
-store.py, so every later query sees it) and committed in groups, without fsync (WAL,
-synchronous=NORMAL; see COMMIT_ROWS): after a crash it may lag the log or, when the
-log lost a torn or rolled-back tail, run ahead of it. `catch_up()` deletes what lies beyond the log
-end and indexes the log from `end` to the log end, so an open index always equals the log. A file
-SQLite cannot read is deleted and rebuilt from the log.
+File `<partition dir>/events.index`, beside the segments: MAGIC, then one record per append (per
+batch, and per catch-up read of the log), never per event. A record, little-endian:
 
-One EventIndex is one connection, used by one thread only (the store's writer): it alone sees
-the staged, not yet committed rows.
+  body_len u32 | crc32 u32 | first_position i64 | end_offset i64 | count u32 | meta_len u32   (HEAD)
+  positions  i64 x count
+  batches    i64 x count      the offset of the record batch holding each event
+  lengths    u32 x count      each event's fragment length
+  meta       meta_len bytes   UTF-8: type "\\x01" tags-joined, per event, "\\x00" between events
+  fragments  each event's read answer, encoded (fragments.answer_fragment), in position order
+
+The crc covers the header after it and the body. `end_offset` is the log end indexed once the
+record is in; the last record's is the index's `end`. A record whose crc or length does not hold
+(a torn write, a damaged file) ends the file: it and everything after it is cut off and indexed
+again from the log.
+
+The log is the truth: every field is derived from the log (catch_up() writes the same records as
+the appends), so an index rebuilt from the log answers as the one the appends wrote. A record is
+written (no fsync) before its append is acknowledged, which waits for the log's group commit
+only; the writer fsyncs the file at the end of a job at most once per SYNC_INTERVAL_S, and at
+close (that bounds what a restart indexes again, nothing more): after a crash the index may lag the
+log (catch_up() indexes the rest) or, when the log lost a torn or rolled-back tail, run ahead of
+it (catch_up() cuts it back). A cut (truncate_to) is fsynced at once: a cut a crash undid could
+leave events the log no longer has at positions it then fills with others.
+
+One EventIndex is used by one thread only (the store's writer).
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
+import mmap
 import os
-import sqlite3
+import struct
 import time
+import zlib
 from array import array
-from bisect import bisect_right
-from collections.abc import Callable, Iterator, Sequence
-from itertools import accumulate
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import accumulate, islice
 from typing import NamedTuple
 
 import structlog
 
+from dmq.broker.events.fragments import answer_fragment
 from dmq.broker.events.query import QueryItem
 from dmq.broker.log import PartitionLog
-from dmq.broker.events.fragments import AT, FragmentsFile, FragmentsLostError, answer_fragment
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
 from dmq.proto.event_headers import parse_event_headers
 
-__all__ = ["EventIndex", "INDEX_FILE", "IndexedEvent"]
+__all__ = ["EventIndex", "INDEX_FILE", "EventColumns", "PackedEvents", "columns_of", "split_tags"]
 
 log = structlog.get_logger(__name__)
 
-INDEX_FILE = "events.index.sqlite"
-# How much of the log one catch-up read takes.
+INDEX_FILE = "events.index"
+# Files of the SQLite index this one replaced: removed at open (the new file is rebuilt from the log).
+OLD_FILES = ("events.index.sqlite", "events.index.sqlite-wal", "events.index.sqlite-shm", "events.fragments")
+MAGIC = b"DMQEIX01"
+HEAD = struct.Struct("<IIqqII")
+# How much of the log one catch-up read takes (one record each).
 CATCH_UP_READ_BYTES = 8 * 1024 * 1024
-# The index commits after this many staged rows (events + tags) or this long after the last commit,
-# not per append: an append of 100 random tags dirties ~100 pages of the (tag, position) tree, and
-# committing each wrote them all to the WAL again (5 ms a commit at 1M events, under load).
-# Uncommitted rows are as safe as committed ones: the log holds the events and catch_up() indexes
-# whatever a crash took from the index.
-COMMIT_ROWS = 200_000
-COMMIT_INTERVAL_S = 1.0
-INDEX_CACHE_KIB = 64 * 1024
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS events(position INTEGER PRIMARY KEY, type TEXT NOT NULL, tags TEXT NOT NULL,
-                                  batch INTEGER NOT NULL, at BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS events_by_type ON events(type, position);
-CREATE TABLE IF NOT EXISTS tags(tag TEXT NOT NULL, position INTEGER NOT NULL, type TEXT NOT NULL,
-                                at BLOB NOT NULL, PRIMARY KEY(tag, position)) WITHOUT ROWID;
-"""
-# The index's layout (PRAGMA user_version); 0 was the layout before it was recorded.
-LAYOUT = 3
-# (position, type, tags, batch offset)
-IndexedEvent = tuple[int, str, str, int]
-# What stage() takes: (position, type, tags, batch offset, payload, metadata, record timestamp ms)
-EventRow = tuple[int, str, Sequence[str], int, bytes, bytes, int]
+# The file is fsynced at most this often (the log is the truth; this bounds what a restart re-reads).
+SYNC_INTERVAL_S = 1.0
 # One read answer holds at most this many bytes of payloads, metadata, types and tags (and at
 # least one event): with the per-event framing it stays well under the gRPC message limit
 # (dmq.proto.grpc_options.MAX_MESSAGE_BYTES, 64 MiB; one event is at most a batch, <= 60 MiB).
 READ_ANSWER_BYTES = 32 * 1024 * 1024
-# events_at() looks positions up this many at a time (SQLite's bound on a statement's parameters).
-POSITIONS_PER_QUERY = 500
+# What stage() takes: (position, type, tags, batch offset, payload, metadata, record timestamp ms)
+EventRow = tuple[int, str, Sequence[str], int, bytes, bytes, int]
 
 
 class EventColumns(NamedTuple):
@@ -125,64 +114,259 @@ def split_tags(joined: str) -> list[str]:
     return joined.split("\n") if joined else []
 
 
-def _prefix_range(name: str) -> tuple[str, str]:
-    """Tags 'name:...' are exactly those in [name + ':', name + ';') (';' follows ':' in ASCII)."""
-    return name + ":", name + ";"
+def _range(arr: array[int], after: int, until: int) -> tuple[int, int]:
+    """The slice of an ascending array holding the values in (after, until]."""
+    if not arr or arr[-1] <= after:  # the last position: nothing after `after`, no search
+        return 0, 0
+    return bisect_right(arr, after), bisect_right(arr, until)
+
+
+def _values(arr: array[int], lo: int, hi: int) -> Iterator[int]:
+    return islice(arr, lo, hi) if lo == 0 else (arr[i] for i in range(lo, hi))
+
+
+def _contains(arr: array[int], value: int) -> bool:
+    i = bisect_left(arr, value)
+    return i < len(arr) and arr[i] == value
+
+
+def _distinct(merged: Iterable[int]) -> Iterator[int]:
+    last = -1
+    for p in merged:
+        if p != last:
+            yield p
+            last = p
+
+
+class IndexCorruptError(Exception):
+    """A record of the index file does not hold (its crc, its length): see the module docstring."""
 
 
 class EventIndex:
     def __init__(self, directory: str, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = os.path.join(directory, INDEX_FILE)
         self._clock = clock
-        self._db = self._connect()
+        for name in OLD_FILES:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, name))
+                log.info("old event index file removed; the index is rebuilt from the log", path=name)
+        self._reset_memory()
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._map: mmap.mmap | None = None
+        self._view = memoryview(b"")
         try:
-            self._fragments = FragmentsFile(directory, self._read_meta("fragments_end"))
-        except FragmentsLostError as e:
-            # rows point at fragments a crash took (never once their commit was fsynced, see
-            # commit(); a file lost or cut by hand): rebuilt from the log
-            log.warning("event index fragments missing; rebuilding the index from the log", path=self.path, error=str(e))
-            self._db.executescript("DELETE FROM tags; DELETE FROM events; DELETE FROM meta;")
-            self._fragments = FragmentsFile(directory, 0)
-        self.end = self._read_end()
-        self._in_transaction = False
-        self._staged_rows = 0
-        self._committed_at = clock()
+            self._load()
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._synced_at = clock()
+        self._dirty = False
+
+    def _reset_memory(self) -> None:
+        self.end = 0  # the log end indexed: positions <= end are in
+        self._positions = array("q")
+        self._batches = array("q")
+        self._starts = array("Q")  # each event's fragment in the file: [start, end)
+        self._ends = array("Q")
+        self._type_of = array("I")  # the event's type, as an index into _type_names
+        self._tags: list[str] = []  # joined by "\n"
+        self._type_names: list[str] = []
+        self._type_ids: dict[str, int] = {}
+        self._by_type: dict[str, array[int]] = {}
+        self._by_tag: dict[str, array[int]] = {}
+        self._attr_tags: dict[str, set[str]] = {}  # attribute name -> its tags 'name:value'
+        self._records = array("Q")  # each record's offset in the file
+        self._record_first = array("q")  # each record's first event, as an index into the columns
+        self._file_end = len(MAGIC)
 
     def __repr__(self) -> str:
-        return f"<EventIndex {self.path} end={self.end} uncommitted_rows={self._staged_rows}>"
+        return (f"<EventIndex {self.path} end={self.end} events={len(self._positions)} tags={len(self._by_tag)} "
+                f"types={len(self._by_type)} file_bytes={self._file_end}>")
 
-    def _connect(self) -> sqlite3.Connection:
-        # isolation_level None: transactions are begun and committed explicitly.
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        # The tag rows of new events land all over the (tag, position) tree: with SQLite's
-        # default 2 MB page cache most inserts read pages back from the OS.
-        db.execute(f"PRAGMA cache_size=-{INDEX_CACHE_KIB}")
-        layout = db.execute("PRAGMA user_version").fetchone()[0]
-        if layout != LAYOUT and db.execute("SELECT 1 FROM sqlite_master WHERE name = 'events'").fetchone():
-            # An index of another layout: rebuilt from the log (end 0).
-            log.info("event index has another layout; rebuilding it from the log", path=self.path, layout=layout)
-            db.executescript("DROP TABLE IF EXISTS tags; DROP TABLE IF EXISTS events; DROP TABLE IF EXISTS meta;")
-        db.executescript(_SCHEMA)
-        db.execute(f"PRAGMA user_version={LAYOUT}")
-        return db
+    # -- the file -----------------------------------------------------------------------------------
 
-    def _read_meta(self, key: str) -> int:
-        row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return int(row[0]) if row else 0
+    def _load(self) -> None:
+        """Read the file into memory; a bad record ends it (cut off, durably)."""
+        size = os.fstat(self._fd).st_size
+        if size < len(MAGIC) or os.pread(self._fd, len(MAGIC), 0) != MAGIC:
+            if size:
+                log.warning("event index file has no valid header; rebuilding it from the log", path=self.path)
+            self._cut_file(0)
+            self._write_all(MAGIC, 0)
+            self._file_end = len(MAGIC)
+            return
+        at = len(MAGIC)
+        try:
+            # mapped, not read: a record at a time is copied out (the file holds every event's payload)
+            with mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ) as data:
+                while at < size:
+                    at = self._load_record(data, at)
+        except IndexCorruptError as e:
+            log.warning("event index file damaged; cut at the bad record and indexed again from the log",
+                        path=self.path, at=at, error=str(e), events_kept=len(self._positions))
+            self._cut_file(at)
+        self._file_end = at
 
-    def _read_end(self) -> int:
-        return self._read_meta("end")
+    def _load_record(self, data: mmap.mmap, at: int) -> int:
+        if len(data) - at < HEAD.size:
+            raise IndexCorruptError(f"a record header at {at} is cut short")
+        body_len, crc, first, end, count, meta_len = HEAD.unpack_from(data, at)
+        body_at = at + HEAD.size
+        if body_at + body_len > len(data):
+            raise IndexCorruptError(f"the record at {at} claims {body_len} bytes; the file ends before")
+        if zlib.crc32(data[body_at : body_at + body_len], zlib.crc32(data[at + 8 : body_at])) != crc:
+            raise IndexCorruptError(f"the record at {at} fails its crc")
+        fixed = 20 * count
+        if fixed + meta_len > body_len:
+            raise IndexCorruptError(f"the record at {at} is inconsistent ({count} events, {body_len} bytes)")
+        positions = array("q", data[body_at : body_at + 8 * count])
+        batches = array("q", data[body_at + 8 * count : body_at + 16 * count])
+        lengths = array("I", data[body_at + 16 * count : body_at + fixed])
+        meta_at = body_at + fixed
+        meta = data[meta_at : meta_at + meta_len].decode()
+        entries = meta.split("\x00") if count else []
+        frag_at = meta_at + meta_len
+        if len(entries) != count or frag_at + sum(lengths) != body_at + body_len or (count and positions[0] != first):
+            raise IndexCorruptError(f"the record at {at} is inconsistent")
+        types, tags = [], []
+        for entry in entries:
+            t, _, j = entry.partition("\x01")
+            types.append(t)
+            tags.append(j)
+        self._remember(at, positions, batches, types, tags, frag_at, lengths, end)
+        return body_at + body_len
+
+    def _write_all(self, data: bytes | memoryview, at: int) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self._fd, view, at)
+            view, at = view[written:], at + written
+
+    def _cut_file(self, at: int) -> None:
+        self._unmap()  # a map past the new end would fault on access
+        os.ftruncate(self._fd, at)
+        os.fsync(self._fd)
+
+    def _write_record(self, positions: array[int], batches: array[int], types: Sequence[str],
+                      tags: Sequence[str], fragments: Sequence[bytes], end_offset: int) -> None:
+        """Append one record and take it into memory (after the write: a failed write changes
+        nothing; its bytes past the old end are cut off)."""
+        count = len(positions)
+        meta = "\x00".join([f"{t}\x01{j}" for t, j in zip(types, tags, strict=True)]).encode()
+        lengths = array("I", map(len, fragments))
+        body = b"".join([positions.tobytes(), batches.tobytes(), lengths.tobytes(), meta, *fragments])
+        rest = HEAD.pack(len(body), 0, positions[0] if count else end_offset, end_offset, count, len(meta))[8:]
+        head = HEAD.pack(len(body), zlib.crc32(body, zlib.crc32(rest)), positions[0] if count else end_offset,
+                         end_offset, count, len(meta))
+        at = self._file_end
+        try:
+            self._write_all(head + body, at)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, at)
+            raise
+        self._file_end = at + HEAD.size + len(body)
+        self._dirty = True
+        self._remember(at, positions, batches, types, tags, at + HEAD.size + 20 * count + len(meta), lengths,
+                       end_offset)
+
+    def sync(self) -> None:
+        if self._dirty:
+            os.fdatasync(self._fd)
+            self._dirty = False
+        self._synced_at = self._clock()
+
+    def commit(self) -> None:
+        """Make what is written durable (an alias the store calls at the end of a job)."""
+        self.sync()
+
+    # -- memory --------------------------------------------------------------------------------------
+
+    def _remember(self, record_at: int, positions: array[int], batches: array[int], types: Sequence[str],
+                  tags: Sequence[str], fragments_at: int, lengths: array[int], end_offset: int) -> None:
+        self._records.append(record_at)
+        self._record_first.append(len(self._positions))
+        bounds = array("Q", accumulate(lengths, initial=fragments_at))
+        self._starts.extend(bounds[:-1])
+        self._ends.extend(bounds[1:])
+        self._positions.extend(positions)
+        self._batches.extend(batches)
+        self._tags.extend(tags)
+        type_ids, by_type, by_tag = self._type_ids, self._by_type, self._by_tag
+        type_of = self._type_of
+        # one dict lookup per tag in the common case (a known tag): the KeyError path is the rare one
+        for p, t, joined in zip(positions, types, tags, strict=True):
+            try:
+                tid = type_ids[t]
+            except KeyError:  # type ids stay when their events are cut (a few names)
+                tid = type_ids[t] = len(self._type_names)
+                self._type_names.append(t)
+            type_of.append(tid)
+            try:
+                by_type[t].append(p)
+            except KeyError:
+                by_type[t] = array("q", [p])
+            if joined:
+                for tag in joined.split("\n"):
+                    try:
+                        by_tag[tag].append(p)
+                    except KeyError:
+                        self._new_tag(tag, p)
+        self.end = end_offset
+
+    def _new_tag(self, tag: str, p: int) -> None:
+        self._by_tag[tag] = array("q", [p])
+        name, sep, _ = tag.partition(":")
+        if sep:
+            self._attr_tags.setdefault(name, set()).add(tag)
+
+    def _forget_from(self, k: int, record: int) -> None:
+        """Forget the events from column index k on (they are the last ones of every array) and
+        the records from `record` on (the records holding them)."""
+        for i in range(len(self._positions) - 1, k - 1, -1):
+            t = self._type_names[self._type_of[i]]
+            self._pop(self._by_type, t)
+            if self._tags[i]:
+                for tag in self._tags[i].split("\n"):
+                    if self._pop(self._by_tag, tag):
+                        name, sep, _ = tag.partition(":")
+                        if sep:
+                            tags = self._attr_tags[name]
+                            tags.discard(tag)
+                            if not tags:
+                                del self._attr_tags[name]
+        for column in (self._positions, self._batches, self._starts, self._ends, self._type_of):
+            del column[k:]
+        del self._tags[k:]
+        del self._records[record:]
+        del self._record_first[record:]
+
+    @staticmethod
+    def _pop(arrays: dict[str, array[int]], key: str) -> bool:
+        """Drop the last position of arrays[key]; whether the array went empty (and was removed)."""
+        arr = arrays[key]
+        arr.pop()
+        if not arr:
+            del arrays[key]
+            return True
+        return False
+
+    def _slot(self, position: int) -> int:
+        """The column index of an indexed position (positions are dense unless the log had a gap)."""
+        positions = self._positions
+        first = positions[0]
+        if positions[-1] - first == len(positions) - 1:
+            return position - first
+        return bisect_left(positions, position)
+
+    # -- writing ---------------------------------------------------------------------------------
 
     def close(self) -> None:
         try:
-            self.commit()
+            self.sync()
         finally:
-            self._db.close()
-            self._fragments.close()
-
-    # -- writing (the writer's connection) ----------------------------------------------------
+            self._unmap()
+            os.close(self._fd)
 
     def catch_up(self, plog: PartitionLog) -> int:
         """Make the index equal the log (see the module docstring); the events indexed."""
@@ -207,98 +391,65 @@ class EventIndex:
                 offset = batch.last_offset + 1
             self.add(rows, offset)
             indexed += len(rows)
-        self.commit()
+        self.sync()
         if indexed:
             log.info("event index caught up with the log", path=self.path, events=indexed, end=self.end)
         return indexed
 
     def truncate_to(self, end_offset: int) -> None:
         """Forget events at positions above `end_offset` (the log lost them, or is about to: a
-        replica cut to its new leader's history). Committed with an fsync (synchronous=FULL for
-        this commit), unlike additions: a cut that a crash undid could leave rows of events the
-        log no longer has, at positions the log then fills with others."""
+        replica cut to its new leader's history), durably (see the module docstring). The file is
+        cut at the record holding the first event dropped; that record's events that stay are
+        written again as a record of their own."""
         was = self.end
-        self.commit()  # what is staged first (outside a transaction the setting below applies)
-        self._db.execute("PRAGMA synchronous=FULL")
-        try:
-            with self.transaction():
-                # fragments are appended in position order: those of the events cut start at the
-                # first one's start; the file is cut there once the rows are gone for good
-                row = self._db.execute("SELECT at FROM events WHERE position > ? ORDER BY position LIMIT 1",
-                                       (end_offset,)).fetchone()
-                fragments_end = AT.unpack(row[0])[0] if row else self._fragments.end
-                self._db.execute("DELETE FROM tags WHERE position > ?", (end_offset,))
-                self._db.execute("DELETE FROM events WHERE position > ?", (end_offset,))
-                self.end = end_offset
-                self._fragments.end = fragments_end  # what commit() records
-            self.commit()
-            self._fragments.cut(fragments_end)
-        finally:
-            self._db.execute("PRAGMA synchronous=NORMAL")
+        k = bisect_right(self._positions, end_offset)
+        r = bisect_right(self._record_first, k) - 1 if k < len(self._positions) else len(self._records)
+        if r < len(self._records):
+            keep_from = self._record_first[r]
+            kept = self._kept(keep_from, k)
+            cut_at = self._records[r]
+            self._forget_from(keep_from, r)
+            self._cut_file(cut_at)
+            self._file_end = cut_at
+            self._write_record(*kept, end_offset)
+        else:
+            self._write_record(array("q"), array("q"), [], [], [], end_offset)  # `end` moves back
+        self.sync()
         log.warning("event index cut back to the log end", path=self.path, was=was, end=end_offset)
+
+    def _kept(self, lo: int, hi: int) -> tuple[array[int], array[int], list[str], list[str], list[bytes]]:
+        """The columns of events lo..hi-1, as _write_record takes them (fragments read back)."""
+        view = self._mapped(self._ends[hi - 1]) if hi > lo else memoryview(b"")
+        return (self._positions[lo:hi], self._batches[lo:hi], [self._type_names[t] for t in self._type_of[lo:hi]],
+                self._tags[lo:hi], [bytes(view[self._starts[i] : self._ends[i]]) for i in range(lo, hi)])
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        """Stage changes; on an error everything not yet committed is rolled back (`end` goes back
-        to the last commit: catch_up() indexes those events again from the log). Commits are
-        grouped (see commit_due)."""
-        if not self._in_transaction:
-            self._db.execute("BEGIN")
-            self._in_transaction = True
+        """Stage records; on an error what was staged inside is forgotten and cut from the file
+        (catch_up() indexes those events again from the log). The file is fsynced at most once
+        per SYNC_INTERVAL_S, here."""
+        events, records, file_end, end = len(self._positions), len(self._records), self._file_end, self.end
         try:
             yield
         except BaseException:
-            self._rollback()
+            if len(self._positions) != events or self._file_end != file_end:
+                self._forget_from(events, records)
+                with contextlib.suppress(OSError):
+                    self._cut_file(file_end)
+                self._file_end = file_end
+            self.end = end
             raise
-        if self._staged_rows >= COMMIT_ROWS or self._clock() - self._committed_at >= COMMIT_INTERVAL_S:
-            self.commit()
-
-    def _rollback(self) -> None:
-        if self._in_transaction:
-            self._in_transaction = False
-            self._staged_rows = 0
-            self._db.execute("ROLLBACK")
-            self.end = self._read_end()
-            self._fragments.cut(self._read_meta("fragments_end"))
-
-    def commit(self) -> None:
-        """Commit what is staged (and `end` with it)."""
-        if not self._in_transaction:
-            return
-        try:
-            # the fragments the rows point at are durable before the rows can be (once a second
-            # or COMMIT_ROWS rows: cheap)
-            self._fragments.sync()
-            self._db.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
-                                 (("end", self.end), ("fragments_end", self._fragments.end)))
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._rollback()
-            raise
-        self._in_transaction = False
-        self._staged_rows = 0
-        self._committed_at = self._clock()
+        if self._dirty and self._clock() - self._synced_at >= SYNC_INTERVAL_S:
+            self.sync()
 
     def stage(self, rows: Sequence[EventRow], end_offset: int) -> None:
         """Index events (position, type, tags, batch offset, payload, metadata, record timestamp)
-        and move `end` to end_offset, inside a transaction(); queries on this connection see them
-        at once."""
-        db = self._db
+        and move `end` to end_offset: one record, written, seen by queries at once."""
         joined = ["\n".join(row[2]) for row in rows]
-        # the fragments first: a row never points at bytes not yet written
-        ats = self._fragments.append([answer_fragment(p, t, j, payload, meta, ms)
-                                      for (p, t, _, _, payload, meta, ms), j in zip(rows, joined, strict=True)])
-        at_of = [ats[i : i + AT.size] for i in range(0, len(ats), AT.size)]
-        db.executemany(
-            "INSERT OR REPLACE INTO events(position, type, tags, batch, at) VALUES (?, ?, ?, ?, ?)",
-            [(p, t, j, b, at) for (p, t, _, b, _, _, _), j, at in zip(rows, joined, at_of, strict=True)],
-        )
-        db.executemany(
-            "INSERT OR IGNORE INTO tags(tag, position, type, at) VALUES (?, ?, ?, ?)",
-            [(tag, row[0], row[1], at) for row, at in zip(rows, at_of, strict=True) for tag in row[2]],
-        )
-        self._staged_rows += len(rows) + sum(len(row[2]) for row in rows)
-        self.end = end_offset
+        fragments = [answer_fragment(p, t, j, payload, meta, ms)
+                     for (p, t, _, _, payload, meta, ms), j in zip(rows, joined, strict=True)]
+        self._write_record(array("q", [row[0] for row in rows]), array("q", [row[3] for row in rows]),
+                           [row[1] for row in rows], joined, fragments, end_offset)
 
     def add(self, rows: Sequence[EventRow], end_offset: int) -> None:
         """stage() in a transaction of its own."""
@@ -307,131 +458,162 @@ class EventIndex:
 
     # -- queries -----------------------------------------------------------------------------------
 
+    def _item_positions(self, item: QueryItem, after: int, until: int) -> Iterator[int]:
+        """The positions in (after, until] of the events matching one item, ascending."""
+        if item.tags:
+            ranges = []
+            for tag in item.tags:
+                arr = self._by_tag.get(tag)
+                if arr is None:
+                    return iter(())
+                lo, hi = _range(arr, after, until)
+                if lo >= hi:
+                    return iter(())
+                ranges.append((hi - lo, lo, hi, arr))
+            ranges.sort(key=lambda r: r[0])
+            _, lo, hi, driver = ranges[0]
+            candidates = _values(driver, lo, hi)
+            others = [r[3] for r in ranges[1:]]
+            if others:
+                candidates = (p for p in candidates if all(_contains(a, p) for a in others))
+            if item.types:
+                type_ids = {self._type_ids[t] for t in item.types if t in self._type_ids}
+                type_of, slot = self._type_of, self._slot
+                candidates = (p for p in candidates if type_of[slot(p)] in type_ids)
+            return candidates
+        if item.types:
+            sources = []
+            for t in item.types:
+                arr = self._by_type.get(t)
+                if arr is not None:
+                    lo, hi = _range(arr, after, until)
+                    if lo < hi:
+                        sources.append(_values(arr, lo, hi))
+            return sources[0] if len(sources) == 1 else _distinct(heapq.merge(*sources))
+        lo, hi = _range(self._positions, after, until)
+        return _values(self._positions, lo, hi)
+
+    def _query_positions(self, query: Sequence[QueryItem], after: int, until: int) -> Iterator[int]:
+        items = list(query) or [QueryItem()]
+        if len(items) == 1:
+            return self._item_positions(items[0], after, until)
+        return _distinct(heapq.merge(*(self._item_positions(item, after, until) for item in items)))
+
     def matching(self, query: Sequence[QueryItem], after: int, until: int, limit: int) -> list[int]:
         """The positions of the first `limit` events in (after, until] that match."""
-        params: list[object] = []
-        sql = self._matches_sql(list(query) or [QueryItem()], after, until, params)
-        return [row[0] for row in self._db.execute(sql, [*params, limit])]
+        items = list(query)
+        if len(items) == 1 and len(items[0].tags) == 1 and not items[0].types:
+            # one tag: a slice of its array (C speed, the reads' common case)
+            arr = self._by_tag.get(items[0].tags[0])
+            if arr is None:
+                return []
+            lo, hi = _range(arr, after, until)
+            return arr[lo : min(hi, lo + limit)].tolist()
+        return list(islice(self._query_positions(query, after, until), limit))
+
+    def first_match(self, query: Sequence[QueryItem], after: int, until: int) -> int | None:
+        return next(self._query_positions(query, after, until), None)
 
     def read(self, query: Sequence[QueryItem], after: int, until: int, limit: int,
              max_bytes: int = READ_ANSWER_BYTES) -> EventColumns:
         """read_packed(), as columns (subscriptions, and clients that ask for one message per event)."""
         return columns_of(self.read_packed(query, after, until, limit, max_bytes).answer)
 
-    @staticmethod
-    def _item_sql(item: QueryItem, after: int, until: int, params: list[object]) -> str:
-        """SELECT position, at of the events matching one item in (after, until]: from the tags
-        table alone when the item names a tag (no lookup of the events table), else from the
-        events table."""
-        if not item.tags:
-            sql = "SELECT position, at FROM events WHERE position > ? AND position <= ?"
-            params += [after, until]
-            if item.types:
-                sql += f" AND type IN ({','.join('?' * len(item.types))})"
-                params += item.types
-            return sql
-        first, *rest = item.tags
-        sql = "SELECT t0.position AS position, t0.at AS at FROM tags t0"
-        for i, _ in enumerate(rest, 1):
-            sql += f" JOIN tags t{i} ON t{i}.tag = ? AND t{i}.position = t0.position"
-        params += rest
-        sql += " WHERE t0.tag = ? AND t0.position > ? AND t0.position <= ?"
-        params += [first, after, until]
-        if item.types:
-            sql += f" AND t0.type IN ({','.join('?' * len(item.types))})"
-            params += item.types
-        return sql
+    def _pairs(self, positions: Sequence[int]) -> array[int]:
+        """The (start, end) of these events' fragments, flat."""
+        slots = list(map(self._slot, positions))
+        pairs = array("Q", bytes(16 * len(slots)))
+        pairs[0::2] = array("Q", map(self._starts.__getitem__, slots))
+        pairs[1::2] = array("Q", map(self._ends.__getitem__, slots))
+        return pairs
 
     def read_packed(self, query: Sequence[QueryItem], after: int, until: int, limit: int,
                     max_bytes: int = READ_ANSWER_BYTES) -> PackedEvents:
         """read() as its encoded columnar answer, head `until`: the fragments (fragments.py) of
         the first `limit` matches, concatenated, cut before the fragment that would take them past
-        `max_bytes` (never before the first). SQLite concatenates the matches' (start, end)
-        pairs, so no row becomes a Python object."""
-        items = list(query) or [QueryItem()]
-        params: list[object] = []
-        inner = self._matches_sql(items, after, until, params)
-        # group_concat takes the rows in the order the subquery yields them (position order). The
-        # CAST keeps the bytes as they are: the result is a blob, not text to decode.
-        sql = f"SELECT CAST(group_concat(at, '') AS BLOB), count(*), max(position) FROM ({inner})"
-        ats, count, last = self._db.execute(sql, [*params, limit]).fetchone()
+        `max_bytes` (never before the first)."""
+        positions = self.matching(query, after, until, limit)
+        count = len(positions)
         if count == 0:
             return PackedEvents(_answer_head(until, until), 0, until)
-        pairs = array("Q", ats)
-        if len(pairs) != 2 * count:
-            raise ValueError(f"event index: {count} matches gave {len(ats)} bytes of fragment addresses")
+        pairs = self._pairs(positions)
         starts, ends = pairs[0::2], pairs[1::2]
         if sum(ends) - sum(starts) > max_bytes:
             sizes = list(accumulate(map(int.__sub__, ends, starts)))
             count = max(1, bisect_right(sizes, max_bytes))
             del pairs[2 * count :]
             read_to = 0  # not known past the last event kept
-        elif count < limit or not self._match_after(items, last, until):
+        elif count < limit or self.first_match(query, positions[-1], until) is None:
             # no match lies beyond the last event: the client needs no further call to learn
             # that the read is complete
             read_to = until
         else:
-            read_to = last
-        return PackedEvents(self._fragments.gather(pairs, prefix=_answer_head(until, read_to)), count, read_to)
-
-    def _matches_sql(self, items: Sequence[QueryItem], after: int, until: int, params: list[object]) -> str:
-        """SELECT position, at of the first (LIMIT ?, the caller's last parameter) events in
-        (after, until] that match one of `items`, in position order."""
-        if len(items) == 1:
-            # the driving rows are already in position order: SQLite stops at the limit, no sort
-            return self._item_sql(items[0], after, until, params) + " ORDER BY position LIMIT ?"
-        union = " UNION ".join(self._item_sql(item, after, until, params) for item in items)
-        return f"SELECT position, at FROM ({union}) ORDER BY position LIMIT ?"
-
-    def _match_after(self, items: Sequence[QueryItem], after: int, until: int) -> bool:
-        """Whether an event in (after, until] matches: the first row found ends the scan."""
-        params: list[object] = []
-        union = " UNION ALL ".join(self._item_sql(item, after, until, params) for item in items)
-        return self._db.execute(f"SELECT 1 FROM ({union}) LIMIT 1", params).fetchone() is not None
+            read_to = positions[-1]
+        return PackedEvents(self._gather(pairs, prefix=_answer_head(until, read_to)), count, read_to)
 
     def events_at(self, positions: Sequence[int]) -> EventColumns:
         """The events at these positions (ascending, indexed), whole, from the index alone: what a
         claim returns (its positions come from the group's fetch)."""
-        ats = []
-        for i in range(0, len(positions), POSITIONS_PER_QUERY):
-            chunk = positions[i : i + POSITIONS_PER_QUERY]
-            ats.append(self._db.execute(
-                "SELECT CAST(group_concat(at, '') AS BLOB) FROM"
-                f" (SELECT at FROM events WHERE position IN ({','.join('?' * len(chunk))}) ORDER BY position)",
-                chunk,
-            ).fetchone()[0] or b"")
-        return columns_of(self._fragments.gather(array("Q", b"".join(ats))))
+        return columns_of(self._gather(self._pairs(positions)))
 
-    def first_match(self, query: Sequence[QueryItem], after: int, until: int) -> int | None:
-        positions = self.matching(query, after, until, 1)
-        return positions[0] if positions else None
+    def _mapped(self, needed: int) -> memoryview:
+        if self._map is None or len(self._map) < needed:
+            self._unmap()
+            self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+            self._view = memoryview(self._map)
+            if len(self._map) < needed:
+                raise OSError(f"{self.path} holds {len(self._map)} bytes, a fragment ends at {needed}")
+        return self._view
+
+    def _gather(self, pairs: array[int], prefix: bytes = b"") -> bytes:
+        """`prefix`, then the fragments at these (start, end) pairs, concatenated: protobuf
+        appends repeated fields of concatenated messages, so this is the columnar answer."""
+        starts, ends = pairs[0::2], pairs[1::2]
+        if not starts:
+            return prefix
+        view = self._mapped(max(ends))
+        parts: list[bytes | memoryview] = [prefix]
+        parts += map(view.__getitem__, map(slice, starts, ends))
+        # the slices of the view are released as soon as the join has copied them
+        return b"".join(parts)
+
+    def _unmap(self) -> None:
+        if self._map is not None:
+            self._view.release()
+            self._map.close()
+            self._map = None
 
     # -- consumer groups -------------------------------------------------------------------------
+
+    def _tags_positions(self, tags: Iterable[str], after: int, until: int) -> Iterator[int]:
+        """The positions in (after, until] of the events carrying any of `tags`, each once, ascending."""
+        sources = []
+        for tag in tags:
+            arr = self._by_tag.get(tag)
+            if arr is not None:
+                lo, hi = _range(arr, after, until)
+                if lo < hi:
+                    sources.append(_values(arr, lo, hi))
+        return sources[0] if len(sources) == 1 else _distinct(heapq.merge(*sources))
 
     def with_attribute(self, name: str, after: int, until: int) -> Iterator[tuple[int, str]]:
         """(position, tags) of the events in (after, until] carrying attribute `name`, in
         position order (the caller checks the other attributes on `tags`)."""
-        low, high = _prefix_range(name)
-        return iter(self._db.execute(
-            "SELECT DISTINCT t.position, e.tags FROM tags t JOIN events e ON e.position = t.position"
-            " WHERE t.tag >= ? AND t.tag < ? AND t.position > ? AND t.position <= ? ORDER BY t.position",
-            (low, high, after, until),
-        ))
+        tags, slot = self._tags, self._slot
+        return ((p, tags[slot(p)]) for p in self._tags_positions(sorted(self._attr_tags.get(name, ())), after, until))
 
     def of_types(self, types: Sequence[str], after: int, until: int, limit: int) -> list[tuple[int, str]]:
         """(position, tags) of the next `limit` events of `types` in (after, until]."""
-        sql = (f"SELECT position, tags FROM events WHERE type IN ({','.join('?' * len(types))})"
-               " AND position > ? AND position <= ? ORDER BY position LIMIT ?")
-        return self._db.execute(sql, [*types, after, until, limit]).fetchall()
+        tags, slot = self._tags, self._slot
+        return [(p, tags[slot(p)]) for p in islice(self._item_positions(QueryItem(tuple(types)), after, until), limit)]
 
     def with_any_tag(
         self, tags: Sequence[str], types: Sequence[str], after: int, until: int
     ) -> Iterator[tuple[int, str, int]]:
         """(position, tags, batch) of the events of `types` in (after, until] carrying at least
         one of `tags`, each once, in position order (the candidates of a partition's fetch)."""
-        # driven by the tags' rows ("+e.type", "ORDER BY t.position": see _item_sql)
-        sql = (f"SELECT DISTINCT e.position, e.tags, e.batch FROM tags t JOIN events e ON e.position = t.position"
-               f" WHERE t.tag IN ({','.join('?' * len(tags))}) AND t.position > ? AND t.position <= ?"
-               f" AND +e.type IN ({','.join('?' * len(types))}) ORDER BY t.position")
-        return iter(self._db.execute(sql, [*tags, after, until, *types]))
-
+        type_ids = {self._type_ids[t] for t in types if t in self._type_ids}
+        for p in self._tags_positions(tags, after, until):
+            i = self._slot(p)
+            if self._type_of[i] in type_ids:
+                yield p, self._tags[i], self._batches[i]

@@ -7,14 +7,15 @@ The writer thread (owned here, stopped by close()):
     already holds every earlier append, and nothing else appends to the partition (Produce to an
     event-store topic is refused), so check and append happen under one append lock - this
     thread - with nothing between them. Appends that arrive while the writer is busy are handed
-    to it together, as one job: each is still checked, appended and indexed in turn (the index
-    rows of the earlier ones are staged in the same SQLite transaction, so later checks see
-    them), and the transaction is committed once for all of them.
-Reads run in the writer too: its connection alone sees the index rows staged but not yet
-committed (index.py groups commits). A read is one index query: the index keeps a copy of each
-event's payload, metadata and time beside its type and tags (copied from the log, so catch_up()
-derives the same rows), and no record is read or parsed. The price: a large read delays the
-appends queued behind it (a read answer is bounded: limit events, index.READ_ANSWER_BYTES).
+    to it together, as one job: each is still checked, appended and indexed in turn (the index is
+    in memory, index.py: a check costs microseconds and sees the appends before it), and the
+    index file is written once per append, never fsynced on this path (the log's group commit
+    is the fsync; the log is the truth).
+Reads run in the writer too: the index's memory is the writer's alone. A read is one index
+lookup: the index file keeps a copy of each event's payload, metadata and time beside its type
+and tags (copied from the log, so catch_up() derives the same records), and no record is read or
+parsed. The price: a large read delays the appends queued behind it (a read answer is bounded:
+limit events, index.READ_ANSWER_BYTES).
 
 An append is acknowledged once its events are in the log and the index, (flush policy "fsync")
 the log is fsynced past them, and (a replicated topic) every in-sync replica has them, as an
@@ -37,8 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -49,7 +48,7 @@ import structlog
 
 from dmq.broker.events.errors import ClaimNotHeldError, ConditionFailedError, EventStoreError
 from dmq.broker.events.groups import Claimed, GroupManager
-from dmq.broker.events.index import INDEX_FILE, EventColumns, EventIndex, PackedEvents, columns_of
+from dmq.broker.events.index import EventColumns, EventIndex, PackedEvents, columns_of
 from dmq.broker.events.progress import AckWrite, ProgressStore
 from dmq.broker.events.query import QueryItem
 from dmq.broker.log import LogClosedError, LogError, PartitionLog, StorageUnavailableError
@@ -75,7 +74,7 @@ class NewEvent:
 class _IndexWriteFailed(Exception):
     """The batch is in the log (`result`), its index rows could not be written (`cause`)."""
 
-    def __init__(self, result: tuple[int, int], cause: sqlite3.Error) -> None:
+    def __init__(self, result: tuple[int, int], cause: OSError) -> None:
         super().__init__(str(cause))
         self.result = result
         self.cause = cause
@@ -188,15 +187,8 @@ class EventStore:
         await asyncio.shield(self._opened)
 
     def _open(self) -> None:
-        directory = self.plog.directory
-        try:
-            index = EventIndex(directory)
-        except sqlite3.DatabaseError as e:
-            log.warning("event index unreadable: rebuilding it from the log", topic=self.topic, error=str(e))
-            for suffix in ("", "-wal", "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(directory, INDEX_FILE + suffix))
-            index = EventIndex(directory)
+        # a damaged index file is cut at its first bad record (EventIndex), and caught up here
+        index = EventIndex(str(self.plog.directory))
         self._index = index
         index.catch_up(self.plog)
         self._progress = self._progress_factory()
@@ -278,7 +270,7 @@ class EventStore:
             if index.end > end_offset:
                 try:
                     index.truncate_to(end_offset)
-                except sqlite3.Error as e:  # the fetcher retries; the log is not cut before the index
+                except OSError as e:  # the fetcher retries; the log is not cut before the index
                     raise StorageUnavailableError(f"{self.topic}: the event index could not be cut to "
                                                   f"{end_offset}: {e}") from e
 
@@ -380,7 +372,7 @@ class EventStore:
         """In the writer: each job's condition checked against the index, which already holds the
         jobs before it (staged in the same transaction), then its batch appended and indexed.
 
-        When the index fails (SQLite), the jobs not yet done get a retriable error: checking them
+        When the index fails (its file cannot be written), the jobs not yet done get a retriable error: checking them
         against an index that lacks events would be wrong. The events already appended are in
         the log (the truth) and are reported stored; they are indexed again from the log."""
         if self._closed:
@@ -401,9 +393,9 @@ class EventStore:
                     except _IndexWriteFailed as e:
                         out.append(e.result)
                         raise e.cause from None
-        except sqlite3.Error as e:
+        except OSError as e:
             log.warning("event index write failed; re-indexing from the log", topic=self.topic, error=str(e))
-            with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(OSError):
                 index.catch_up(self.plog)
             out += [StorageUnavailableError(f"{self.topic}: the event index is unavailable ({e}); nothing of this "
                                             "append was stored; retry") for _ in jobs[len(out):]]
@@ -429,7 +421,7 @@ class EventStore:
             base = info.base_offset
             index.stage([(base + 1 + i, e.type, e.tags, base, e.payload, e.metadata, ms) for i, e in enumerate(events)],
                         info.last_offset + 1)
-        except sqlite3.Error as e:
+        except OSError as e:
             raise _IndexWriteFailed(result, e) from e
         return result
 

@@ -1,13 +1,11 @@
 """The event index against its log (the log is the truth): caught up when behind, cut back when
-ahead (a torn or rolled-back tail), and the pure matching rules it implements in SQL."""
+ahead (a torn or rolled-back tail), and the pure matching rules it implements in memory."""
 
 from __future__ import annotations
 
 import pathlib
 
-import sqlite3
-
-from dmq.broker.events.index import INDEX_FILE, EventColumns, EventIndex
+from dmq.broker.events.index import INDEX_FILE, OLD_FILES, EventColumns, EventIndex
 from dmq.broker.events.progress import SqliteProgressStore
 from dmq.broker.events.query import QueryItem, belongs, partition_values, query_matches
 from dmq.broker.events.store import EventStore, NewEvent
@@ -91,8 +89,10 @@ def test_a_reopened_index_needs_no_catch_up(tmp_path: pathlib.Path) -> None:
 
 
 def _all_rows(index: EventIndex) -> list[tuple[object, ...]]:
-    return index._db.execute("SELECT * FROM events ORDER BY position").fetchall() + \
-        index._db.execute("SELECT * FROM tags ORDER BY tag, position").fetchall()
+    """Every event the index holds, with its fragment (the bytes a read answers with)."""
+    view = index._mapped(index._file_end)
+    return [(p, b, index._type_names[t], j, bytes(view[s:e])) for p, b, t, j, s, e in
+            zip(index._positions, index._batches, index._type_of, index._tags, index._starts, index._ends, strict=True)]
 
 
 def _events_in_log(plog: PartitionLog) -> list[tuple[int, str, str, bytes, bytes, int]]:
@@ -115,7 +115,6 @@ def test_an_index_rebuilt_from_the_log_carries_the_same_columns(tmp_path: pathli
     append(store, [NewEvent("t", ("a:2",), b"p3" * 100, b"")], timestamp_ms=2_000)
     index = store._index
     assert index is not None
-    index.commit()
     appended = _all_rows(index)
     from_log = _events_in_log(plog)
     index.truncate_to(0)  # as if the whole index was lost
@@ -129,17 +128,17 @@ def test_an_index_rebuilt_from_the_log_carries_the_same_columns(tmp_path: pathli
     plog.close()
 
 
-def test_an_index_of_the_older_layout_is_rebuilt_from_the_log(tmp_path: pathlib.Path) -> None:
+def test_the_old_sqlite_index_files_are_removed_and_the_index_rebuilt_from_the_log(tmp_path: pathlib.Path) -> None:
     plog, store = open_store(tmp_path)
     append(store, [NewEvent("t", ("k",), b"x", b"m")] * 2, timestamp_ms=5)
     assert store._index is not None
     store._index.close()
-    path = tmp_path / "es-0" / INDEX_FILE
-    db = sqlite3.connect(path)  # the layout before the read columns: events without payloads, no user_version
-    db.executescript("DROP TABLE events; CREATE TABLE events(position INTEGER PRIMARY KEY, type TEXT NOT NULL,"
-                     " tags TEXT NOT NULL, batch INTEGER NOT NULL); PRAGMA user_version=0;")
-    db.close()
-    again = EventIndex(str(tmp_path / "es-0"))
+    directory = tmp_path / "es-0"
+    (directory / INDEX_FILE).unlink()
+    for name in OLD_FILES:  # as a broker of the SQLite layout left them
+        (directory / name).write_bytes(b"old")
+    again = EventIndex(str(directory))
+    assert not [name for name in OLD_FILES if (directory / name).exists()]
     assert again.end == 0 and again.catch_up(plog) == 2
     assert again.read((QueryItem((), ("k",)),), 0, 2, 10) == EventColumns([1, 2], ["t", "t"], ["k", "k"], [b"x", b"x"],
                                                                            [b"m", b"m"], [5, 5])
