@@ -104,3 +104,28 @@ def fill_filesystem(path: pathlib.Path, leave_bytes: int = 0) -> None:
 def fill_disk() -> Callable[..., None]:
     """fill_filesystem, for tests in any folder."""
     return fill_filesystem
+
+
+# Under pytest-xdist, these folders' tests are handed out first: they hold the longest tests
+# (process faults, the twenty-fault run, `dmq` subprocesses), which would otherwise start last and
+# leave the other workers idle at the end.
+_FIRST_UNDER_XDIST = ("tests/fault/", "tests/e2e/", "tests/cli/")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist with --dist loadgroup (`make test`): tests are handed to the workers one
+    by one, longest folders first; the Spark tests form one group, so one worker runs them all
+    with one SparkSession (~10 s and a JVM each). A module fixture starts once in each worker that
+    runs a test of its module; each worker has its own, so no state is shared between workers."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return next((i for i, first in enumerate(_FIRST_UNDER_XDIST) if path.startswith(first)), len(_FIRST_UNDER_XDIST))
+
+    items.sort(key=rank)  # stable: file order within each rank
+    for item in items:
+        if item.nodeid.startswith("tests/spark/") and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("spark"))
