@@ -234,9 +234,17 @@ def test_sigterm_stops_server_and_broker_normally(tmp_path, servers):
     assert rc == 0 and "broker stopped" in server.text(), server.text()[-2000:]
 
 
+@pytest.fixture
+def nowhere() -> Iterator[str]:
+    """A coordinator address that refuses connections for the whole test: its port is bound (no
+    other process, such as another suite's server, can take it) but not listened on."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{held.getsockname()[1]}"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_broker_stops_on_signal_while_its_coordinator_is_unreachable(tmp_path, servers, sig):
-    nowhere = f"127.0.0.1:{free_port()}"
+def test_broker_stops_on_signal_while_its_coordinator_is_unreachable(tmp_path, servers, sig, nowhere):
     broker = Server(["broker", "--coordinator", nowhere, "--broker-id", "0", "--data-dir", str(tmp_path / "b")],
                     tmp_path / "b.log")
     servers.append(broker)
@@ -303,9 +311,8 @@ def test_server_stops_cleanly_when_its_log_pipe_is_closed(tmp_path, servers):
     assert sorted(e["topic"] for e in opened) == ["__offsets+piped"] * 2 + ["piped"] * 2
 
 
-def test_broker_with_a_closed_log_pipe_keeps_running_and_stops_on_sigterm(tmp_path, servers):
+def test_broker_with_a_closed_log_pipe_keeps_running_and_stops_on_sigterm(tmp_path, servers, nowhere):
     """Its log lines ("coordinator cannot register this broker yet") go to a closed pipe from the first retry on."""
-    nowhere = f"127.0.0.1:{free_port()}"
     broker = Server(["broker", "--coordinator", nowhere, "--broker-id", "0", "--data-dir", str(tmp_path / "b")],
                     None, pipe=True)
     servers.append(broker)
