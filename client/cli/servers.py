@@ -540,7 +540,8 @@ def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> list[str]:
 @_principal_limit_options
 @_metrics_option("0", "The coordinator's metrics endpoint.")
 # For `dmq server --brokers N --port 0`: the parent learns the port the coordinator bound here.
-@click.option("--address-file", type=click.Path(dir_okay=False, path_type=pathlib.Path), default=None, hidden=True)
+@click.option("--address-file", type=click.Path(dir_okay=False, path_type=pathlib.Path), default=None, hidden=True,
+              show_default="(none)", help="Write the address this coordinator listens on to this file once it listens.")
 def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str,
                     default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int,
                     default_replication_factor: int | None,
