@@ -32,8 +32,12 @@ run: $(STAMP)
 	exec $(VENV)/bin/dmq server --port $(DMQ_PORT) --data-dir $(DMQ_DATA_DIR)
 
 ## test: install the test and Spark extras, lint, and run the whole suite
+# In TEST_WORKERS pytest-xdist workers: most tests wait on servers, timers and child processes,
+# so three share two cores well. --dist loadgroup: tests are handed out one by one (the longest
+# folders first), the Spark tests as one group sharing a SparkSession (tests/conftest.py).
+TEST_WORKERS ?= 3
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests
 
 ## check: the fast inner loop: ruff and the unit tests (about a minute; no server processes, no Spark)
 check: $(DEV_STAMP)

@@ -120,3 +120,28 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer
 def etcd_url(etcd_server: EtcdServer) -> str:
     """etcd://127.0.0.1:<port>/<a prefix no other test uses>."""
     return etcd_server.url(f"test-{uuid.uuid4().hex}")
+
+
+# Under pytest-xdist, these folders' tests are handed out first: they hold the longest tests
+# (process faults, the twenty-fault run, `dmq` subprocesses), which would otherwise start last and
+# leave the other workers idle at the end.
+_FIRST_UNDER_XDIST = ("tests/fault/", "tests/e2e/", "tests/cli/")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist with --dist loadgroup (`make test`): tests are handed to the workers one
+    by one, longest folders first; the Spark tests form one group, so one worker runs them all
+    with one SparkSession (~10 s and a JVM each). A module fixture starts once in each worker that
+    runs a test of its module; each worker has its own, so no state is shared between workers."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return next((i for i, first in enumerate(_FIRST_UNDER_XDIST) if path.startswith(first)), len(_FIRST_UNDER_XDIST))
+
+    items.sort(key=rank)  # stable: file order within each rank
+    for item in items:
+        if item.nodeid.startswith("tests/spark/") and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("spark"))

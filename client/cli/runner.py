@@ -670,6 +670,10 @@ async def run_broker_only(
                 await endpoint.start()
                 if on_metrics is not None:
                     on_metrics(endpoint.url)
+            # Where it listens before it is ready (`listening on` comes after the registration):
+            # health checks can watch a broker that waits for its coordinator.
+            log.info("broker started, registering with its coordinator", address=f"{host}:{bound}",
+                     coordinator=coordinator)
             # Waits (cancellably) until the coordinator has taken the registration.
             await node.start()
         except BaseException:

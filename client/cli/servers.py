@@ -245,7 +245,7 @@ def _default_subscription_from_ms(mode: str, text: str | None) -> int | None:
 @click.command("server")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on and advertise.")
 @click.option("--port", type=click.IntRange(0, 65535), default=9091, show_default=True,
-              help="Port of the coordinator (and of the broker, with one broker).")
+              help="Port of the coordinator (and of the broker, with one broker); 0 picks a free port (printed).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=pathlib.Path), default=pathlib.Path("dmq-data"),
               show_default=True, help="Where logs, offsets and metadata are kept.")
 @click.option("--brokers", type=click.IntRange(1, 64), default=1, show_default=True,
@@ -331,6 +331,9 @@ RESTART_BACKOFF_S = 0.5
 RESTART_BACKOFF_MAX_S = 10.0
 STABLE_S = 30.0
 QUICK_DEATHS_MAX = 5
+# `dmq server --brokers N --port 0` waits this long for the coordinator to say its port (a child
+# importing grpc on a loaded machine takes seconds).
+COORDINATOR_START_TIMEOUT_S = 60.0
 
 
 class _Member:
@@ -391,7 +394,16 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
     except (PortUnavailable, DataDirLocked) as e:
         raise click.ClickException(str(e)) from None
     exe = [sys.executable, "-m", "dmq.client.cli"]
-    bootstrap = f"{host}:{port}"
+    # --port 0: the coordinator binds a free port and writes it to this file; the brokers are
+    # started with its address once it is there, and a restarted coordinator binds it again.
+    address_file = data_dir / "coordinator.address" if port == 0 else None
+    stop = {"signal": 0}
+
+    def handle(signum: int, frame: object) -> None:
+        stop["signal"] = signum
+
+    if address_file is not None:
+        address_file.unlink(missing_ok=True)
     from_args = [] if from_ms is None else ["--default-subscription-from", str(from_ms)]
     session_args = ([] if broker_session_timeout_ms is None
                     else ["--broker-session-timeout-ms", str(broker_session_timeout_ms)])
@@ -402,7 +414,18 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
                                              # replicated by default, also for a topic created
                                              # before every broker registered (retried meanwhile)
                                              "--default-replication-factor", str(min(3, brokers)),
-                                             *_metrics_argv(metrics_port, 0), *(coordinator_argv or [])])]
+                                             *_metrics_argv(metrics_port, 0), *(coordinator_argv or []),
+                                             *([] if address_file is None else ["--address-file", str(address_file)])])]
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
+    if address_file is not None:
+        try:
+            port = _await_coordinator_port(members[0], address_file, stop)
+        except BaseException:
+            _stop_children({m.name: m.proc for m in members if m.proc is not None})
+            raise
+        members[0].argv[members[0].argv.index("--port") + 1] = str(port)
+    bootstrap = f"{host}:{port}"
     # A restarted broker gets a new port (0): it registers its new address under its id.
     members += [_Member(f"broker {i}", exe + ["broker", "--host", host, "--port", "0", "--broker-id", str(i),
                                               "--coordinator", bootstrap,
@@ -410,17 +433,11 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
                                               "--log-level", log_level, *storage,
                                               *_metrics_argv(metrics_port, 1 + i), *(security_argv or [])])
                 for i in range(brokers)]
-    stop = {"signal": 0}
-
-    def handle(signum: int, frame: object) -> None:
-        stop["signal"] = signum
-
-    signal.signal(signal.SIGINT, handle)
-    signal.signal(signal.SIGTERM, handle)
     failed: str | None = None
     try:
         for member in members:
-            member.start()
+            if member.proc is None:  # the coordinator may be running already (--port 0)
+                member.start()
         click.echo(f"DMQ cluster: coordinator on {bootstrap}, {brokers} broker processes; "
                    f"bootstrap=\"{bootstrap}\"; a member that dies is restarted; Ctrl-C stops", err=True)
         while not stop["signal"] and failed is None:
@@ -451,6 +468,23 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
         raise click.ClickException(f"{failed}; stopped the rest of the cluster")
     if unclean:
         raise click.ClickException("the cluster did not stop cleanly: " + "; ".join(unclean))
+
+
+def _await_coordinator_port(coordinator: _Member, address_file: pathlib.Path, stop: dict[str, int]) -> int:
+    """Start the coordinator on port 0 and return the port it bound (from its address file)."""
+    coordinator.start()
+    assert coordinator.proc is not None
+    deadline = time.monotonic() + COORDINATOR_START_TIMEOUT_S
+    while not address_file.exists():
+        if stop["signal"]:
+            raise click.ClickException("stopped before the coordinator listened")
+        if coordinator.proc.poll() is not None:
+            raise click.ClickException(f"the coordinator exited with {_exit_status(coordinator.proc.returncode)} "
+                                       "before it listened")
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"the coordinator did not listen within {COORDINATOR_START_TIMEOUT_S:g}s")
+        time.sleep(0.05)
+    return int(address_file.read_text().rsplit(":", 1)[1])
 
 
 def _exit_status(returncode: int) -> str:
@@ -521,13 +555,17 @@ def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> list[str]:
 @click.option("--etcd-key-file", type=click.Path(dir_okay=False, exists=True, path_type=pathlib.Path), default=None,
               show_default="none",
               help="Mutual TLS to etcd: this coordinator's private key (PEM).")
+# For `dmq server --brokers N --port 0`: the parent learns the port the coordinator bound here.
+@click.option("--address-file", type=click.Path(dir_okay=False, path_type=pathlib.Path), default=None, hidden=True,
+              show_default="(none)", help="Write the address this coordinator listens on to this file once it listens.")
 def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str,
                     default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int,
                     default_replication_factor: int | None,
                     max_topics_per_principal: int, max_partitions_per_principal: int, metrics_port: int | None,
                     metadata_store: str, etcd_user: str | None, etcd_password: str | None,
                     etcd_ca_file: pathlib.Path | None, etcd_cert_file: pathlib.Path | None,
-                    etcd_key_file: pathlib.Path | None, **security_options) -> None:
+                    etcd_key_file: pathlib.Path | None, address_file: pathlib.Path | None,
+                    **security_options) -> None:
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups."""
     from dmq.coordinator.metastore.base import StoreError
     from dmq.coordinator.metastore.config import make_metadata_store
@@ -546,7 +584,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
         asyncio.run(run_coordinator_only(
-            data_dir, host, port, lambda addr: click.echo(f"coordinator listening on {addr}", err=True),
+            data_dir, host, port, lambda addr: _listening("coordinator", addr, address_file),
             default_subscription_mode=default_subscription_mode,
             default_subscription_from_ms=from_ms,
             broker_session_timeout_ms=broker_session_timeout_ms,
@@ -559,6 +597,14 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
         raise click.ClickException(str(e)) from None
     except StoreError as e:  # etcd unreachable or refusing; a SQLite file of a newer schema
         raise click.ClickException(f"metadata store: {e}") from None
+
+
+def _listening(name: str, address: str, address_file: pathlib.Path | None) -> None:
+    click.echo(f"{name} listening on {address}", err=True)
+    if address_file is not None:  # whole or absent for its reader: written aside, then renamed
+        part = address_file.with_name(address_file.name + ".part")
+        part.write_text(address)
+        part.replace(address_file)
 
 
 @click.command("broker")

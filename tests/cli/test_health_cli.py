@@ -7,6 +7,8 @@ and shorten the broker session; `dmq` runs as a subprocess, as an operator would
 from __future__ import annotations
 
 import json
+import re
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,7 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dmq.client.cli.runner import ClusterOptions, ClusterThread
-from tests.cli.conftest import dmq_executable, free_port, run_dmq
+from tests.cli.conftest import dmq_executable, run_dmq
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -60,20 +62,34 @@ def test_health_is_not_serving_while_shutting_down(tmp_path):
         thread.stop()
 
 
-def test_broker_waiting_for_its_coordinator_is_not_serving(tmp_path):
-    port = free_port()
-    proc = subprocess.Popen([dmq_executable(), "broker", "--coordinator", f"127.0.0.1:{free_port()}", "--broker-id", "0",
-                             "--port", str(port), "--data-dir", str(tmp_path / "b")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+@pytest.fixture
+def refusing_address() -> Iterator[str]:
+    """A loopback address that refuses connections for the whole test: its port is bound (so no
+    other process can take it) but not listened on."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{held.getsockname()[1]}"
+
+
+def test_broker_waiting_for_its_coordinator_is_not_serving(tmp_path, refusing_address):
+    # Port 0: the broker logs the address it bound before it registers (its `listening on`
+    # line comes after the registration, which never happens here).
+    log_path = tmp_path / "broker.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([dmq_executable(), "broker", "--coordinator", refusing_address, "--broker-id", "0",
+                                 "--port", "0", "--data-dir", str(tmp_path / "b"), "--log-level", "info"],
+                                stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 20
-        status = None
-        while time.monotonic() < deadline and status is None:
-            try:
-                status = check(f"127.0.0.1:{port}", "dmq.v1.Broker")
-            except grpc.RpcError:
-                time.sleep(0.1)
-        assert status == NOT_SERVING
+        address = None
+        while address is None:
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text(errors="replace")[-2000:]
+            found = re.search(r'"address": "([0-9.]+:[0-9]+)", "coordinator"', log_path.read_text(errors="replace"))
+            if found:
+                address = found.group(1)
+            else:
+                time.sleep(0.05)
+        assert check(address, "dmq.v1.Broker") == NOT_SERVING
     finally:
         proc.terminate()
         try:
@@ -101,11 +117,10 @@ def test_dmq_health_passes_then_names_the_broker_that_is_down(cluster):
         ("coordinator", None, "up"), ("broker", 0, "up"), ("broker", 1, "down")}
 
 
-def test_dmq_health_fails_when_the_coordinator_is_down():
-    address = f"127.0.0.1:{free_port()}"
-    result = run_dmq("health", bootstrap=address)
+def test_dmq_health_fails_when_the_coordinator_is_down(refusing_address):
+    result = run_dmq("health", bootstrap=refusing_address)
     assert result.returncode == 1, result
-    assert f"coordinator at {address} is down" in result.stderr, result
+    assert f"coordinator at {refusing_address} is down" in result.stderr, result
 
 
 def test_brokers_list_exits_nonzero_once_a_broker_is_down(cluster):

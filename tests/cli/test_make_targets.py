@@ -46,8 +46,8 @@ def test_make_run_installs_no_extras_and_make_test_installs_test_and_spark(tmp_p
     extras = set(re.fullmatch(r"'?\.\[([a-z,]+)\]'?", spec).group(1).split(","))  # type: ignore[union-attr]
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     wanted = set().union(*(requirements_of(extra, declared) for extra in extras))
-    assert {"pytest", "pyspark", "ruff"} <= wanted, (spec, wanted)
-    assert any("pytest" in line for line in test), test
+    assert {"pytest", "pytest-xdist", "pyspark", "ruff"} <= wanted, (spec, wanted)
+    assert any("pytest" in line and " -n " in line for line in test), test  # in xdist's workers
 
 
 def requirements_of(extra: str, declared: dict[str, list[str]]) -> set[str]:

@@ -75,7 +75,7 @@ def run_dmq(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("command", ["server", "broker"])
 def test_flush_interval_without_interval_flushing_is_refused(tmp_path: pathlib.Path, command: str,
                                                              flush: str | None) -> None:
-    args = [command, "--port", str(free_port()), "--data-dir", str(tmp_path / "data"), "--flush-interval-ms", "50"]
+    args = [command, "--port", "0", "--data-dir", str(tmp_path / "data"), "--flush-interval-ms", "50"]  # refused before it binds
     if command == "broker":
         args += ["--broker-id", "0", "--coordinator", f"127.0.0.1:{free_port()}"]
     if flush is not None:

@@ -24,6 +24,7 @@ from _isolation_procs import CliReader, PartitionWriter, ProcCluster
 
 from dmq.client import AdminClient
 from dmq.client.consumer import DMQConsumer
+from dmq.proto.names import group_id_for
 
 TOPIC = "iso"
 MAX_GAP_S = 2.0
@@ -63,6 +64,11 @@ def max_gap(times: list[float], start: float, end: float) -> float:
     return max(b - a for a, b in zip(points, points[1:], strict=False))
 
 
+def committed_everywhere(admin: AdminClient, app: str) -> bool:
+    committed = admin.describe_group(group_id_for(TOPIC, app)).committed()
+    return len(committed) == 3 and None not in committed.values()
+
+
 def wait_for(predicate, timeout_s: float, what: str) -> float:  # type: ignore[no-untyped-def]
     started = time.monotonic()
     while not predicate():
@@ -88,7 +94,10 @@ def test_group_keeps_reading_healthy_partitions_through_sigkill_and_sigstop(tmp_
         try:
             wait_for(lambda: all(len(r.arrivals) == 3 for r in readers.values()), READY_TIMEOUT_S,
                      "records from every partition")
-            time.sleep(1.0)  # both have committed
+            # Both groups have committed every partition: the gaps below are measured from here.
+            with AdminClient(cluster.bootstrap) as admin:
+                wait_for(lambda: all(committed_everywhere(admin, app) for app in ("iso-app", "iso-cli")),
+                         READY_TIMEOUT_S, "commits of both groups on every partition")
 
             # -- SIGKILL broker 1 -----------------------------------------------------------------
             killed_at = time.monotonic()

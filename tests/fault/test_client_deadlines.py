@@ -12,6 +12,7 @@ process, SIGKILLed), and consumption of owned partitions goes on through its out
 from __future__ import annotations
 
 import pathlib
+import threading
 import time
 
 import pytest
@@ -20,6 +21,7 @@ from _isolation_procs import CliReader, PartitionWriter, ProcCluster
 from dmq.client import AdminClient
 from dmq.client.consumer import DMQConsumer
 from dmq.client.errors import DMQError
+from dmq.proto.names import group_id_for
 
 TOPIC = "dl"
 POLL_SLACK_S = 0.1
@@ -41,6 +43,11 @@ def consume_until(c: DMQConsumer, predicate, timeout_s: float) -> list:  # type:
         assert time.monotonic() < deadline, f"consumed only {len(got)} records in {timeout_s}s"
         got.extend(c.poll(200))
     return got
+
+
+def committed_everywhere(admin: AdminClient, app: str) -> bool:
+    committed = admin.describe_group(group_id_for(TOPIC, app)).committed()
+    return len(committed) == 2 and None not in committed.values()
 
 
 @pytest.fixture
@@ -90,28 +97,37 @@ def test_consumption_goes_on_through_a_coordinator_restart(cluster: ProcCluster)
     c = consumer_for(cluster.bootstrap)
     arrivals: list[float] = []
     slowest_poll_s = 0.0
+    restarter = CoordinatorRestart(cluster)
     try:
         consume_until(c, lambda got: len({r.partition for r in got}) == 2, READY_TIMEOUT_S)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while len(cli.arrivals) < 2:
             assert time.monotonic() < deadline, "dmq consume --group printed nothing"
             time.sleep(0.1)
-        time.sleep(1.5)  # the CLI has committed what it printed
+        with AdminClient(cluster.bootstrap) as admin:  # the CLI has committed what it printed
+            while not committed_everywhere(admin, "dl-cli"):
+                assert time.monotonic() < deadline, "dmq consume --group committed nothing on some partition"
+                time.sleep(0.05)
         killed_at = time.monotonic()
         cluster.kill_coordinator()
-        restarted_at = None
+        # The restart runs beside the polls: start_coordinator() returns once the new process
+        # listens (seconds on a loaded machine), and polls held up meanwhile were a gap of the
+        # test's own making (5.6 s 'coordinator down' in a full run under load).
         end = killed_at + 10.0
-        while time.monotonic() < end:
-            if restarted_at is None and time.monotonic() >= killed_at + 3.0:
-                cluster.start_coordinator()
-                restarted_at = time.monotonic()
+        while restarter.restarted_at is None or time.monotonic() < max(end, restarter.restarted_at + 5.0):
+            if not restarter.begun and time.monotonic() >= killed_at + 3.0:
+                restarter.begin()
+            assert restarter.error is None, restarter.error
             started = time.monotonic()
             got = c.poll(500)
             slowest_poll_s = max(slowest_poll_s, time.monotonic() - started)
             arrivals.extend(time.monotonic() for _ in got)
+        end = time.monotonic()
     finally:
+        restarter.join()
         c.close(timeout=5.0)
         cli_err = cli.stop()
+    restarted_at = restarter.restarted_at
     assert restarted_at is not None
     cli_arrivals = sorted(t for ts in cli.arrivals.values() for t in ts)
     gaps = {}
@@ -121,6 +137,31 @@ def test_consumption_goes_on_through_a_coordinator_restart(cluster: ProcCluster)
     print("largest gaps", {k: round(v, 2) for k, v in gaps.items()}, f"slowest poll(0.5) {slowest_poll_s:.2f}s")
     assert slowest_poll_s <= 0.5 + POLL_SLACK_S
     assert all(g <= 3.0 for g in gaps.values()), ({k: round(v, 2) for k, v in gaps.items()}, cli_err[-1000:])
+
+
+class CoordinatorRestart:
+    """cluster.start_coordinator() in a thread (begun once, joined by the test); when it listened."""
+
+    def __init__(self, cluster: ProcCluster) -> None:
+        self._thread = threading.Thread(target=self._run, args=(cluster,), name="coordinator-restart", daemon=True)
+        self.begun = False
+        self.restarted_at: float | None = None
+        self.error: BaseException | None = None
+
+    def _run(self, cluster: ProcCluster) -> None:
+        try:
+            cluster.start_coordinator()
+            self.restarted_at = time.monotonic()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+
+    def begin(self) -> None:
+        self.begun = True
+        self._thread.start()
+
+    def join(self) -> None:
+        if self.begun:
+            self._thread.join(60)
 
 
 def gap(times: list[float], start: float, end: float) -> float:

@@ -28,6 +28,7 @@ from tests.cli.conftest import dmq_executable, free_port, run_dmq
 STOP_LIMIT_S = 10.0
 EMBEDDED_READY = "DMQ is running: coordinator and broker on "  # then the address it bound
 COORDINATOR_READY = "coordinator listening on "
+CLUSTER_READY = "DMQ cluster: coordinator on "  # `dmq server --brokers N`, then the address it bound
 START_TIMEOUT_S = 30.0
 REFUSAL_TIMEOUT_S = 15.0  # a refused start must end by itself well within this
 
@@ -233,9 +234,17 @@ def test_sigterm_stops_server_and_broker_normally(tmp_path, servers):
     assert rc == 0 and "broker stopped" in server.text(), server.text()[-2000:]
 
 
+@pytest.fixture
+def nowhere() -> Iterator[str]:
+    """A coordinator address that refuses connections for the whole test: its port is bound (no
+    other process, such as another suite's server, can take it) but not listened on."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{held.getsockname()[1]}"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_broker_stops_on_signal_while_its_coordinator_is_unreachable(tmp_path, servers, sig):
-    nowhere = f"127.0.0.1:{free_port()}"
+def test_broker_stops_on_signal_while_its_coordinator_is_unreachable(tmp_path, servers, sig, nowhere):
     broker = Server(["broker", "--coordinator", nowhere, "--broker-id", "0", "--data-dir", str(tmp_path / "b")],
                     tmp_path / "b.log")
     servers.append(broker)
@@ -302,9 +311,8 @@ def test_server_stops_cleanly_when_its_log_pipe_is_closed(tmp_path, servers):
     assert sorted(e["topic"] for e in opened) == ["__offsets+piped"] * 2 + ["piped"] * 2
 
 
-def test_broker_with_a_closed_log_pipe_keeps_running_and_stops_on_sigterm(tmp_path, servers):
+def test_broker_with_a_closed_log_pipe_keeps_running_and_stops_on_sigterm(tmp_path, servers, nowhere):
     """Its log lines ("coordinator cannot register this broker yet") go to a closed pipe from the first retry on."""
-    nowhere = f"127.0.0.1:{free_port()}"
     broker = Server(["broker", "--coordinator", nowhere, "--broker-id", "0", "--data-dir", str(tmp_path / "b")],
                     None, pipe=True)
     servers.append(broker)
@@ -373,13 +381,12 @@ STORAGE = {"--flush": "interval", "--flush-interval-ms": "250", "--segment-bytes
 
 
 def test_brokers_n_passes_every_storage_setting_to_its_brokers(tmp_path, servers):
-    port = free_port()
-    bootstrap = f"127.0.0.1:{port}"
-    argv = ["server", "--brokers", "2", "--port", str(port), "--data-dir", str(tmp_path / "data"), "--log-level", "warning"]
+    argv = ["server", "--brokers", "2", "--port", "0", "--data-dir", str(tmp_path / "data"), "--log-level", "warning"]
     for option, value in STORAGE.items():
         argv += [option, value]
     cluster = Server(argv, tmp_path / "cluster.log")
     servers.append(cluster)
+    bootstrap = cluster.bound_address(CLUSTER_READY)
     wait_brokers(bootstrap, 2)
 
     # Every broker child got every setting...
@@ -432,13 +439,12 @@ def _wait(predicate, what: str, timeout_s: float = START_TIMEOUT_S):  # type: ig
 def test_brokers_n_restarts_a_killed_member_and_keeps_serving(tmp_path, servers, victim):
     """Issue 26 item 9: one dead member stopped the whole cluster (the README's failover demo
     ended the demo). Now it is restarted, logged, and the rest keep running."""
-    port = free_port()
-    bootstrap = f"127.0.0.1:{port}"
     # A short broker session: a restarted broker registers its new address under its id once
-    # the old session is over.
-    cluster = Server(["server", "--brokers", "3", "--port", str(port), "--data-dir", str(tmp_path / "data"),
+    # the old session is over. Port 0: a restarted coordinator binds the port it got at first.
+    cluster = Server(["server", "--brokers", "3", "--port", "0", "--data-dir", str(tmp_path / "data"),
                       "--log-level", "warning", "--broker-session-timeout-ms", "2000"], tmp_path / "cluster.log")
     servers.append(cluster)
+    bootstrap = cluster.bound_address(CLUSTER_READY)
     wait_brokers(bootstrap, 3)
     assert run_dmq("topics", "create", "demo", "-p", "1", bootstrap=bootstrap).returncode == 0
     assert run_dmq("produce", "demo", bootstrap=bootstrap, input="a\nb\n").returncode == 0
