@@ -386,8 +386,9 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                 self._node.replication.sync_leader(replica)
                 self.notifier.notify(request.topic, request.partition)
             if acks_all and plog.config.flush_policy == "fsync":
-                # PartitionLog.append_durable() in two steps, the turn released in between
-                await plog.wait_durable(info.last_offset + 1)
+                # PartitionLog.append_durable() in two steps, the turn released in between; a
+                # leader's fsync off the loop, so that the followers' fetches run beside it
+                await plog.wait_durable(info.last_offset + 1, may_block_loop=replica is None)
                 trace.mark("leader_durable", request.topic, request.partition, info.last_offset + 1)
         except records.BatchTooLargeError as e:
             _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"batch: {e}")
