@@ -22,6 +22,9 @@ policy, data in a temporary directory) and, in one run, prints:
      linger and send, leader append and fsync, each follower's fetch wake-up, append + fsync and
      report back, the high watermark's advance, the consumer's long-poll wake-up, the answer's
      transit and decoding), p50 / p99 per stage.
+
+With --profile it runs only the RF 3 throughput with each broker under cProfile and prints, for the
+leader and a follower, the functions that take the most time of their own (the event loop's thread).
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ import argparse
 import bisect
 import collections
 import contextlib
+import io
 import os
 import pathlib
+import pstats
 import signal
 import socket
 import statistics
@@ -71,8 +76,9 @@ def _cpu_s(pid: int) -> float:
 class Cluster:
     """A coordinator and three brokers, each its own `python -m dmq.client.cli` process."""
 
-    def __init__(self, root: pathlib.Path, session_timeout_ms: int, brokers: int = 3) -> None:
+    def __init__(self, root: pathlib.Path, session_timeout_ms: int, brokers: int = 3, profile: bool = False) -> None:
         self.root = root
+        self.profile = profile
         self.port = _free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.session_timeout_ms = session_timeout_ms
@@ -94,7 +100,10 @@ class Cluster:
         offset = log_path.stat().st_size if log_path.exists() else 0
         env = {**os.environ, TRACE_ENV: str(self.root / f"{name}.trace")}
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "dmq.client.cli", *args], stdout=log, stderr=log, env=env)
+            python = [sys.executable]
+            if self.profile and name.startswith("broker"):
+                python += ["-m", "cProfile", "-o", str(self.root / f"{name}.prof")]
+            proc = subprocess.Popen([*python, "-m", "dmq.client.cli", *args], stdout=log, stderr=log, env=env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if ready in log_path.read_bytes()[offset:].decode(errors="replace"):
@@ -292,6 +301,37 @@ def breakdown(root: pathlib.Path, topic: str, leader: int, followers: list[int],
     return sorted(rows.items())
 
 
+def print_profile(path: pathlib.Path, title: str, top: int = 25) -> None:
+    out = io.StringIO()
+    stats = pstats.Stats(str(path), stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    lines = out.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+    total = next((line.strip() for line in lines if "function calls" in line), "")
+    print(f"{title}: {total}", flush=True)
+    for line in lines[start:]:
+        if line.strip():
+            print(f"  {line}", flush=True)
+
+
+def profile(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="dmq-repl-bench-") as tmp:
+        root = pathlib.Path(tmp)
+        cluster = Cluster(root, args.session_timeout_ms, profile=True)
+        try:
+            cluster.create_topic("rf3", 3, 2)
+            info = cluster.partition("rf3")
+            rate, cpu = throughput(cluster, "rf3", args.records, b"v" * args.value_bytes)
+            shares = ", ".join(f"{role} {s:.1f}" for role, s in cpu.items())
+            print(f"produce rf3 acks=all under cProfile: {rate:10,.0f} msgs/s   CPU s per 1M records: {shares}",
+                  flush=True)
+        finally:
+            cluster.close()  # the brokers write their profiles as they exit
+        follower = next(b for b in info.replicas if b != info.leader_id)
+        print_profile(root / f"broker{info.leader_id}.prof", f"leader (broker {info.leader_id})")
+        print_profile(root / f"broker{follower}.prof", f"follower (broker {follower})")
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -305,7 +345,11 @@ def main() -> None:
     parser.add_argument("--session-timeout-ms", type=int, default=1000)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--profile", action="store_true", help="profile the RF 3 brokers instead (see above)")
     args = parser.parse_args()
+    if args.profile:
+        profile(args)
+        return
 
     print(f"replication_bench: {os.cpu_count()} cpus, {time.strftime('%Y-%m-%d %H:%M:%S')}, "
           f"{args.records} records of {args.value_bytes} B, session timeout {args.session_timeout_ms} ms", flush=True)
