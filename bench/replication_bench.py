@@ -17,15 +17,26 @@ policy, data in a temporary directory) and, in one run, prints:
      partition is fully in sync again. p50 / p99 / max. Target: p99 <= session timeout + 1 s, and
      <= 2 s with --session-timeout-ms 1000.
   3. end-to-end latency (send -> a consumer receives it) at --rate msgs/s for --latency-seconds on
-     an RF 3 partition: p50 / p99.
+     an RF 3 partition: p50 / p99, and where it goes: the brokers run with DMQ_STAGE_TRACE (see
+     dmq.broker.replication.stage_trace), so each record's path is timed stage by stage (producer
+     linger and send, leader append and fsync, each follower's fetch wake-up, append + fsync and
+     report back, the high watermark's advance, the consumer's long-poll wake-up, the answer's
+     transit and decoding), p50 / p99 per stage.
+
+With --profile it runs only the RF 3 throughput with each broker under cProfile and prints, for the
+leader and a follower, the functions that take the most time of their own (the event loop's thread).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import collections
 import contextlib
+import io
 import os
 import pathlib
+import pstats
 import signal
 import socket
 import statistics
@@ -38,6 +49,7 @@ import time
 
 import grpc
 
+from dmq.broker.replication.stage_trace import TRACE_ENV
 from dmq.client import Producer, SimpleConsumer
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -64,8 +76,9 @@ def _cpu_s(pid: int) -> float:
 class Cluster:
     """A coordinator and three brokers, each its own `python -m dmq.client.cli` process."""
 
-    def __init__(self, root: pathlib.Path, session_timeout_ms: int, brokers: int = 3) -> None:
+    def __init__(self, root: pathlib.Path, session_timeout_ms: int, brokers: int = 3, profile: bool = False) -> None:
         self.root = root
+        self.profile = profile
         self.port = _free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.session_timeout_ms = session_timeout_ms
@@ -85,8 +98,12 @@ class Cluster:
     def _spawn(self, name: str, args: list[str], ready: str) -> subprocess.Popen[bytes]:
         log_path = self.root / f"{name}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
+        env = {**os.environ, TRACE_ENV: str(self.root / f"{name}.trace")}
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "dmq.client.cli", *args], stdout=log, stderr=log)
+            python = [sys.executable]
+            if self.profile and name.startswith("broker"):
+                python += ["-m", "cProfile", "-o", str(self.root / f"{name}.prof")]
+            proc = subprocess.Popen([*python, "-m", "dmq.client.cli", *args], stdout=log, stderr=log, env=env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if ready in log_path.read_bytes()[offset:].decode(errors="replace"):
@@ -179,9 +196,10 @@ def failover(cluster: Cluster, topic: str, trials: int) -> list[float]:
     return times
 
 
-def end_to_end(cluster: Cluster, topic: str, rate: int, seconds: float) -> list[float]:
-    """Latencies (s) from send to receipt at `rate` msgs/s; the value carries the send time."""
-    latencies: list[float] = []
+def end_to_end(cluster: Cluster, topic: str, rate: int, seconds: float) -> list[tuple[int, float, float]]:
+    """(offset, send time, receipt time) per record sent at `rate` msgs/s; the value carries the
+    send time (wall clock, as the brokers' stage trace)."""
+    latencies: list[tuple[int, float, float]] = []
     stop = threading.Event()
     total = int(rate * seconds)
 
@@ -190,8 +208,8 @@ def end_to_end(cluster: Cluster, topic: str, rate: int, seconds: float) -> list[
             _, end = consumer.offsets(topic, 0)
             for batch in consumer.consume_batches(topic, 0, end, max_wait_ms=100):
                 received = time.time()
-                for value in batch.values():
-                    latencies.append(received - struct.unpack("<d", value[:8])[0])
+                for i, value in enumerate(batch.values()):
+                    latencies.append((batch.base_offset + i, struct.unpack("<d", value[:8])[0], received))
                 if len(latencies) >= total or stop.is_set():
                     return
 
@@ -213,6 +231,107 @@ def end_to_end(cluster: Cluster, topic: str, rate: int, seconds: float) -> list[
     return latencies
 
 
+def _read_trace(path: pathlib.Path, topic: str) -> dict[str, tuple[list[int], list[float]]]:
+    """stage -> (offsets, wall times in s), in the order written (time order within a process)."""
+    stages: dict[str, tuple[list[int], list[float]]] = collections.defaultdict(lambda: ([], []))
+    if not path.exists():
+        return stages
+    with open(path) as f:
+        for line in f:
+            ns, stage, t, _, offset = line.split()
+            if t == topic:
+                offsets, times = stages[stage]
+                offsets.append(int(offset))
+                times.append(int(ns) / 1e9)
+    return stages
+
+
+def _first_past(stage: tuple[list[int], list[float]], offset: int) -> float | None:
+    """When the stage first reached past `offset` (its offsets made monotonic by breakdown())."""
+    offsets, times = stage
+    i = bisect.bisect_right(offsets, offset)
+    return times[i] if i < len(offsets) else None
+
+
+def breakdown(root: pathlib.Path, topic: str, leader: int, followers: list[int],
+              records: list[tuple[int, float, float]]) -> list[tuple[str, list[float]]]:
+    """Per stage of the replicated path, its duration (s) for each record."""
+    lead = _read_trace(root / f"broker{leader}.trace", topic)
+    follow = {b: _read_trace(root / f"broker{b}.trace", topic) for b in followers}
+    for stages in (lead, *follow.values()):
+        for offsets, _ in stages.values():
+            for i in range(1, len(offsets)):  # two tasks' lines may interleave: a running maximum
+                offsets[i] = max(offsets[i], offsets[i - 1])
+    received_offsets, received_times = lead["produce_received"]
+    rows: dict[str, list[float]] = collections.defaultdict(list)
+    for offset, sent, got in records:
+        appended = _first_past(lead["leader_appended"], offset)
+        if appended is None:
+            continue
+        # the last Produce that arrived at a log end at or below the record's offset, before it
+        # was appended: the one that carried it
+        i = bisect.bisect_right(received_offsets, offset) - 1
+        arrived = min(received_times[i], appended) if i >= 0 else appended
+        marks = {
+            "1 producer: send() -> Produce at the leader (linger, batching, transit)": (sent, arrived),
+            "2 leader: Produce -> appended": (arrived, appended),
+            "3 leader: appended -> fsynced (group commit)": (appended, _first_past(lead["leader_durable"], offset)),
+        }
+        reported = []
+        for b, stages in follow.items():
+            fetched = _first_past(stages["follower_received"], offset)
+            durable = _first_past(stages["follower_durable"], offset)
+            back = _first_past(lead[f"replica_fetch.{b}"], offset)
+            reported.append(back)
+            marks[f"4 follower {b}: appended on leader -> fetch answer taken (wake-up, transit)"] = (appended, fetched)
+            marks[f"5 follower {b}: taken -> appended + fsynced"] = (fetched, durable)
+            marks[f"6 follower {b}: fsynced -> next fetch seen by the leader"] = (durable, back)
+        hw = _first_past(lead["high_watermark"], offset)
+        last_report = max((t for t in reported if t is not None), default=None)
+        answered = _first_past(lead["consumer_answer"], offset)
+        marks["7 leader: last follower's fetch -> high watermark past it"] = (last_report, hw)
+        marks["8 leader: high watermark -> consumer fetch answered (long-poll wake-up, read)"] = (hw, answered)
+        marks["9 consumer: answered -> record in the application (transit, decode)"] = (answered, got)
+        marks["  producer: send() -> acks=all acknowledged at the leader"] = (
+            sent, _first_past(lead["produce_acked"], offset))
+        marks["  end to end: send() -> record in the application"] = (sent, got)
+        for name, (start, end) in marks.items():
+            if start is not None and end is not None:
+                rows[name].append(end - start)
+    return sorted(rows.items())
+
+
+def print_profile(path: pathlib.Path, title: str, top: int = 25) -> None:
+    out = io.StringIO()
+    stats = pstats.Stats(str(path), stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    lines = out.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+    total = next((line.strip() for line in lines if "function calls" in line), "")
+    print(f"{title}: {total}", flush=True)
+    for line in lines[start:]:
+        if line.strip():
+            print(f"  {line}", flush=True)
+
+
+def profile(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="dmq-repl-bench-") as tmp:
+        root = pathlib.Path(tmp)
+        cluster = Cluster(root, args.session_timeout_ms, profile=True)
+        try:
+            cluster.create_topic("rf3", 3, 2)
+            info = cluster.partition("rf3")
+            rate, cpu = throughput(cluster, "rf3", args.records, b"v" * args.value_bytes)
+            shares = ", ".join(f"{role} {s:.1f}" for role, s in cpu.items())
+            print(f"produce rf3 acks=all under cProfile: {rate:10,.0f} msgs/s   CPU s per 1M records: {shares}",
+                  flush=True)
+        finally:
+            cluster.close()  # the brokers write their profiles as they exit
+        follower = next(b for b in info.replicas if b != info.leader_id)
+        print_profile(root / f"broker{info.leader_id}.prof", f"leader (broker {info.leader_id})")
+        print_profile(root / f"broker{follower}.prof", f"follower (broker {follower})")
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -226,7 +345,11 @@ def main() -> None:
     parser.add_argument("--session-timeout-ms", type=int, default=1000)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--profile", action="store_true", help="profile the RF 3 brokers instead (see above)")
     args = parser.parse_args()
+    if args.profile:
+        profile(args)
+        return
 
     print(f"replication_bench: {os.cpu_count()} cpus, {time.strftime('%Y-%m-%d %H:%M:%S')}, "
           f"{args.records} records of {args.value_bytes} B, session timeout {args.session_timeout_ms} ms", flush=True)
@@ -251,7 +374,9 @@ def main() -> None:
                   f"(target p99 <= {args.session_timeout_ms + 1000} ms)", flush=True)
 
             cluster.create_topic("latency", 3, 2)
-            latencies = end_to_end(cluster, "latency", args.rate, args.latency_seconds)
+            info = cluster.partition("latency")
+            records = end_to_end(cluster, "latency", args.rate, args.latency_seconds)
+            latencies = [got - sent for _, sent, got in records]
             if latencies:
                 print(f"end-to-end at {args.rate:,} msgs/s RF 3: {len(latencies)} records, "
                       f"p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {_percentile(latencies, 0.99) * 1000:.1f} ms",
@@ -259,7 +384,14 @@ def main() -> None:
             else:
                 print("end-to-end: no record received", flush=True)
         finally:
-            cluster.close()
+            cluster.close()  # the brokers write out their stage traces as they stop
+        if latencies:
+            followers = [b for b in info.replicas if b != info.leader_id]
+            print(f"where it goes (leader broker {info.leader_id}; ms per record, p50 / p99; stages overlap: "
+                  "the leader's fsync runs beside the followers' fetches):", flush=True)
+            for name, values in breakdown(pathlib.Path(tmp), "latency", info.leader_id, followers, records):
+                print(f"  {name:<80} {statistics.median(values) * 1000:6.2f} / "
+                      f"{_percentile(values, 0.99) * 1000:6.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from dmq.broker.metrics import DEFAULT_MAX_PARTITION_SERIES, BrokerCollector, ti
 from dmq.broker.offsets import OffsetStore
 from dmq.broker.queue.manager import QueueManager
 from dmq.broker.replication.manager import ReplicaManager, ReplicatedDurability
+from dmq.broker.replication.stage_trace import StageTrace
 from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
 from dmq.broker.service import BrokerService
 from dmq.proto import dmq_pb2 as pb
@@ -135,6 +136,8 @@ class BrokerNode:
         self.event_stores = EventStores(self.logs, self.offsets, self.replication)
         self.dir_lock = DataDirLock(self.data_dir)
         self._opening: asyncio.Future[None] | None = None
+        # bench/replication_bench.py's latency breakdown; off unless DMQ_STAGE_TRACE is set
+        self.stage_trace = StageTrace.from_environment()
         self.service = BrokerService(self)
         self.metrics.register(BrokerCollector(self, max_partition_series))
         self.ready = False
@@ -238,6 +241,7 @@ class BrokerNode:
                 await self.offsets.close()  # its compactions use the logs
                 await asyncio.to_thread(self.logs.close)
             finally:
+                self.stage_trace.close()
                 self.dir_lock.release()
         log.info("broker stopped", broker_id=self.broker_id)
 

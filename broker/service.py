@@ -372,19 +372,24 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
         # of produces wait (or be refused) instead of piling up in the broker.
         what = f"produce to {request.topic}[{request.partition}]"
         lease = await self._reserve(len(batch), context, what)
+        trace = self._node.stage_trace
+        trace.mark("produce_received", request.topic, request.partition, plog.log_end_offset)
         try:
             # The turn covers the append (checks, write; in a thread when large), not the wait
             # for the fsync: large acks=all batches still share group commits.
             async with self._turn(len(batch), context, what):
                 with self._node.queues.admission(request.topic, batch):  # max_queue_size: refused whole
                     info = await self.appender.append(plog, batch)
+            trace.mark("leader_appended", request.topic, request.partition, info.last_offset + 1)
             if replica is not None:
                 # the followers' parked fetches take it now, while the leader fsyncs
                 self._node.replication.sync_leader(replica)
                 self.notifier.notify(request.topic, request.partition)
             if acks_all and plog.config.flush_policy == "fsync":
-                # PartitionLog.append_durable() in two steps, the turn released in between
-                await plog.wait_durable(info.last_offset + 1)
+                # PartitionLog.append_durable() in two steps, the turn released in between; a
+                # leader's fsync off the loop, so that the followers' fetches run beside it
+                await plog.wait_durable(info.last_offset + 1, may_block_loop=replica is None)
+                trace.mark("leader_durable", request.topic, request.partition, info.last_offset + 1)
         except records.BatchTooLargeError as e:
             _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"batch: {e}")
         except records.RecordsError as e:
@@ -403,6 +408,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
             self._node.queues.on_append(request.topic, request.partition)
         if replica is not None and acks_all:
             await self._wait_replicated(replica, info.last_offset + 1, context)
+        trace.mark("produce_acked", request.topic, request.partition, info.last_offset + 1)
         return pb.ProduceResponse(
             base_offset=info.base_offset,
             log_append_time_ms=info.append_time_ms,
@@ -595,6 +601,8 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                         for result, data in results:
                             if data:
                                 self.traffic.fetched(result.topic, len(data))
+                                self._node.stage_trace.mark("consumer_answer", result.topic, result.partition,
+                                                            result.high_watermark)
                     # Held until gRPC is done with the answer (sent, or the call ended), not just
                     # until this handler returns: an unread answer still occupies memory.
                     # grpc-stubs 1.53 declares DoneCallback a class, not a Protocol: no function matches it

@@ -1082,9 +1082,9 @@ class PartitionLog:
                 errno_=self._rollback_errno,
             )
 
-    async def wait_durable(self, end_offset: int, *, epoch: int | None = None) -> None:
-        """Return once every offset below end_offset is fsynced (sharing fsyncs between callers).
-        `epoch` (from _append): raise if a rollback removed the batch meanwhile."""
+    async def wait_durable(self, end_offset: int, *, epoch: int | None = None, may_block_loop: bool = True) -> None:
+        """Return once every offset below end_offset is fsynced (sharing fsyncs; never on the loop's thread
+        unless may_block_loop). `epoch` (from _append): raise if a rollback removed the batch meanwhile."""
         if epoch is None:
             epoch = self._rollback_epoch
         loop = asyncio.get_running_loop()
@@ -1095,7 +1095,7 @@ class PartitionLog:
             try:
                 fut = self._inflight
                 if fut is None or fut.done() or fut.get_loop() is not loop:
-                    if self._placement is not None and self._placement.inline_ok():
+                    if may_block_loop and self._placement is not None and self._placement.inline_ok():
                         await self._flush_inline(end_offset)
                         continue
                     job = self._prepare_or_rollback()

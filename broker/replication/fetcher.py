@@ -255,6 +255,7 @@ class LeaderFetcher:
         finally:
             self._call = None
         by_key = {r.key: r for r in ready}
+        trace = self._node.stage_trace
         appended: list[tuple[Replica, int]] = []
         for result in response.partitions:
             r = by_key.get((result.topic, result.partition))
@@ -262,6 +263,8 @@ class LeaderFetcher:
                 continue  # moved elsewhere meanwhile
             if await self._take(r, result):
                 appended.append((r, result.high_watermark))
+                if trace.enabled and result.records:
+                    trace.mark("follower_received", r.topic, r.partition, r.plog.log_end_offset)
         # Durable before the next fetch reports the new log ends to the leader; the partitions'
         # fsyncs run together.
         synced = await asyncio.gather(*(self._sync(r) for r, _ in appended), return_exceptions=True)
@@ -270,6 +273,8 @@ class LeaderFetcher:
                 self._back_off(r, f"fsync failed: {outcome}")  # the log rolled back; fetched again
             elif isinstance(outcome, BaseException):
                 raise outcome
+            elif trace.enabled:
+                trace.mark("follower_durable", r.topic, r.partition, r.plog.log_end_offset)
             r.high_watermark = min(leader_hw, r.plog.log_end_offset)
 
     @staticmethod

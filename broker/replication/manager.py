@@ -355,6 +355,7 @@ class ReplicaManager:
         leading = r.leading
         assert leading is not None
         self.sync_leader(r)
+        self._node.stage_trace.mark(f"replica_fetch.{replica_id}", r.topic, r.partition, offset)
         expanded, moved = leading.on_fetch(replica_id, offset, _now_ms())
         if moved:
             self._hw_moved(r)
@@ -380,6 +381,7 @@ class ReplicaManager:
         assert r.leading is not None
         hw = r.leading.high_watermark
         r.high_watermark = hw
+        self._node.stage_trace.mark("high_watermark", r.topic, r.partition, hw)
         if r.waiters:
             keep = []
             for end, fut in r.waiters:
