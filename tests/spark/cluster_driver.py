@@ -1,11 +1,12 @@
 """A Spark driver for the standalone-cluster tests, run as its own process (a process holds one
 SparkContext; the test process already holds its local one).
 
-    python cluster_driver.py SPARK_URL BOOTSTRAP read TOPIC            -> prints a JSON summary
-    python cluster_driver.py SPARK_URL BOOTSTRAP copy TOPIC OUT_TOPIC  -> reads TOPIC, writes OUT_TOPIC
+    python cluster_driver.py SPARK_URL BOOTSTRAP TOPIC SOURCE TARGET
 
-The summary says what was read (per partition: rows, first and last offset; rows in all, distinct
-values, the sum of the values' CRC32) and where Spark ran the tasks (its REST API's executor list).
+reads TOPIC, then copies SOURCE to TARGET with the sink, in one application (a JVM start costs
+tens of seconds on a loaded machine), and prints a JSON summary: what was read (per partition:
+rows, first and last offset; rows in all, distinct values, the sum of the values' CRC32) and
+where Spark ran the tasks after each step (its REST API's executor list).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def tasks_by_executor(spark: SparkSession) -> dict[str, int]:
         return {e["id"]: int(e["totalTasks"]) for e in json.load(r)}
 
 
-def main(master: str, bootstrap: str, mode: str, topic: str, out_topic: str = "") -> None:
-    builder = SparkSession.builder.master(master).appName(f"dmq-cluster-{mode}")
+def main(master: str, bootstrap: str, topic: str, source: str, target: str) -> None:
+    builder = SparkSession.builder.master(master).appName("dmq-cluster-test")
     for key, value in {
         **python_worker_conf(),
         "spark.driver.host": "127.0.0.1",
@@ -43,23 +44,22 @@ def main(master: str, bootstrap: str, mode: str, topic: str, out_topic: str = ""
     try:
         register(spark)
         df = spark.read.format("dmq").option("bootstrap", bootstrap).option("subscribe", topic).load()
-        if mode == "read":
-            # one pass over the data: values carry their partition, so distinct values add up
-            stats = df.groupBy("partition").agg(
-                F.count("*").alias("rows"), F.min("offset").alias("first"), F.max("offset").alias("last"),
-                F.countDistinct("value").alias("distinct_values"), F.sum(F.crc32("value")).alias("crc_sum"),
-            ).collect()
-            summary = {
-                "partitions": {str(r["partition"]): [r["rows"], r["first"], r["last"]] for r in stats},
-                "rows": sum(r["rows"] for r in stats),
-                "distinct_values": sum(r["distinct_values"] for r in stats),
-                "crc_sum": sum(int(r["crc_sum"]) for r in stats),
-            }
-        else:
-            df.select("key", "value").write.format("dmq").mode("append").option("bootstrap", bootstrap) \
-                .option("topic", out_topic).save()
-            summary = {}
-        summary["tasks_by_executor"] = tasks_by_executor(spark)
+        # one pass over the data: values carry their partition, so distinct values add up
+        stats = df.groupBy("partition").agg(
+            F.count("*").alias("rows"), F.min("offset").alias("first"), F.max("offset").alias("last"),
+            F.countDistinct("value").alias("distinct_values"), F.sum(F.crc32("value")).alias("crc_sum"),
+        ).collect()
+        summary = {
+            "partitions": {str(r["partition"]): [r["rows"], r["first"], r["last"]] for r in stats},
+            "rows": sum(r["rows"] for r in stats),
+            "distinct_values": sum(r["distinct_values"] for r in stats),
+            "crc_sum": sum(int(r["crc_sum"]) for r in stats),
+        }
+        summary["tasks_after_read"] = tasks_by_executor(spark)
+        copy = spark.read.format("dmq").option("bootstrap", bootstrap).option("subscribe", source).load()
+        copy.select("key", "value").write.format("dmq").mode("append").option("bootstrap", bootstrap) \
+            .option("topic", target).save()
+        summary["tasks_after_copy"] = tasks_by_executor(spark)
         print("SUMMARY " + json.dumps(summary), flush=True)
     finally:
         spark.stop()
