@@ -10,12 +10,16 @@ Source options::
     bootstrap              coordinator address host:port                      required
                            (also bootstrap_servers, kafka.bootstrap.servers)
     subscribe              topic[,topic...]                                   one of subscribe /
+    subscribePattern       a regex matching whole topic names (a stream      subscribePattern /
+                           reads matching topics created later from offset 0)
     assign                 {"topic": [0, 1], ...}                             assign
     startingOffsets        earliest | latest | {"topic": {"0": 23, "1": -2}}  batch: earliest (default);
                            (-2 = earliest, -1 = latest in the JSON form)     stream: latest (default)
     endingOffsets          latest | {"topic": {"0": 50, "1": -1}}             batch only; default latest
-    startingTimestamp      ms since the epoch, for every partition            excludes startingOffsets
-    endingTimestamp        ms since the epoch, exclusive                      batch only
+    startingTimestamp      ms since the epoch, for every partition            one of the starting
+    startingOffsetsByTimestamp  {"topic": {"0": ms, "1": ms}}, every partition  options
+    endingTimestamp        ms since the epoch, exclusive                      batch only; one of the
+    endingOffsetsByTimestamp    {"topic": {"0": ms}}, every partition         ending options
     maxOffsetsPerTrigger   records per micro-batch, spread over partitions    stream only
     minPartitions          split offset ranges into at least this many tasks
     includeHeaders         true | false (default false)
@@ -35,7 +39,15 @@ DMQ_TOKEN) setting by setting, in the driver and in every executor: an option tr
 plan, what it leaves out is taken from each process's own environment (spark.executorEnv.*), and
 files are opened where the task runs, so they must exist there. The token is never shown in a repr.
 
-Timestamps select by the broker's append time (ListOffsets), the one time index DMQ keeps.
+Timestamps select by the broker's append time (ListOffsets), the one time index DMQ keeps: the
+first offset appended at or after the time, or the log end when no record is that recent (so a
+start after every record reads nothing; Spark's startingOffsetsByTimestampStrategy has no use).
+
+Kafka's names (`kafka.` prefix, as Spark's Kafka source passes them to the Kafka client) are
+aliases of the DMQ options of the same meaning (KAFKA_ALIASES); a few more are checked for
+agreement (kafka.security.protocol PLAINTEXT | SSL, kafka.sasl.mechanism OAUTHBEARER,
+kafka.ssl.truststore.type PEM). Kafka options that have no meaning for DMQ fail with the reason
+(NOT_APPLICABLE), as does any other `kafka.` setting.
 
 Sink options::
 
@@ -49,6 +61,7 @@ Sink options::
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,11 +82,14 @@ SECURITY_OPTIONS = {"sslCafile": "ssl_cafile", "sslCertfile": "ssl_certfile", "s
 SOURCE_OPTIONS = (
     "bootstrap",
     "subscribe",
+    "subscribePattern",
     "assign",
     "startingOffsets",
     "endingOffsets",
     "startingTimestamp",
     "endingTimestamp",
+    "startingOffsetsByTimestamp",
+    "endingOffsetsByTimestamp",
     "maxOffsetsPerTrigger",
     "minPartitions",
     "includeHeaders",
@@ -85,6 +101,54 @@ SOURCE_OPTIONS = (
 )
 SINK_OPTIONS = ("bootstrap", "topic", "compression", "lingerMs", "batchSize", *SECURITY_OPTIONS)
 _CANONICAL = {name.lower(): name for name in SOURCE_OPTIONS + SINK_OPTIONS}
+
+# Kafka's name -> the DMQ option it stands for. Files are PEM: librdkafka's (confluent-kafka's)
+# names say so; Java's truststore is accepted only when its type says PEM. Kafka has no static
+# token setting (OAUTHBEARER tokens come from a login callback), so DMQ's token takes the name a
+# Kafka user looks for beside kafka.sasl.mechanism=OAUTHBEARER.
+KAFKA_ALIASES = {
+    "kafka.ssl.ca.location": "sslCafile",
+    "kafka.ssl.truststore.location": "sslCafile",
+    "kafka.ssl.certificate.location": "sslCertfile",
+    "kafka.ssl.key.location": "sslKeyfile",
+    "kafka.sasl.oauthbearer.token": "token",
+    "kafka.fetch.max.bytes": "fetchMaxBytes",
+    "kafkaConsumer.pollTimeoutMs": "pollTimeoutMs",
+    "kafka.linger.ms": "lingerMs",
+    "kafka.batch.size": "batchSize",
+    "kafka.compression.type": "compression",
+}
+# Kafka settings with no DMQ option of their own, checked against what DMQ does.
+_KAFKA_CHECKED = ("kafka.security.protocol", "kafka.sasl.mechanism", "kafka.ssl.truststore.type")
+_KAFKA_CANONICAL = {name.lower(): name for name in (*KAFKA_ALIASES, *_KAFKA_CHECKED)}
+# Options of Spark's Kafka source (or Kafka client settings) that mean nothing for DMQ: why.
+NOT_APPLICABLE = {
+    "kafka.group.id": "DMQ's source reads by offset ranges, not as a group member; give 'groupId' to have "
+                      "the stream's finished offsets committed to that app's consumer group",
+    "groupIdPrefix": "no consumer group is used for reading; 'groupId' names the group offsets are committed to",
+    "kafka.ssl.keystore.location": "Java keystores are not read; give the PEM files as "
+                                   "kafka.ssl.certificate.location and kafka.ssl.key.location",
+    "kafka.ssl.keystore.type": "Java keystores are not read; give kafka.ssl.certificate.location and "
+                               "kafka.ssl.key.location",
+    "kafka.ssl.truststore.password": "the CA is a PEM file (kafka.ssl.truststore.type=PEM), it has no password",
+    "kafka.ssl.keystore.password": "the client key is a PEM file (kafka.ssl.key.location) without a password",
+    "kafka.ssl.key.password": "the client key is a PEM file (kafka.ssl.key.location) without a password",
+    "kafka.sasl.jaas.config": "DMQ takes a token: kafka.sasl.oauthbearer.token (or 'token')",
+    "kafka.key.deserializer": "the source's key and value columns are binary; cast or decode them in Spark",
+    "kafka.value.deserializer": "the source's key and value columns are binary; cast or decode them in Spark",
+    "kafka.key.serializer": "the sink writes the binary or string key and value columns as they are",
+    "kafka.value.serializer": "the sink writes the binary or string key and value columns as they are",
+    "kafka.auto.offset.reset": "give startingOffsets (earliest | latest | JSON)",
+    "kafka.enable.auto.commit": "progress lives in the checkpoint; 'groupId' mirrors it into a group",
+    "kafka.interceptor.classes": "there are no Kafka client classes to load",
+    "fetchOffset.numRetries": "offsets are looked up with the client's own retries while leaders move",
+    "fetchOffset.retryIntervalMs": "offsets are looked up with the client's own retries while leaders move",
+    "startingOffsetsByTimestampStrategy": "a time after every record starts at the log end (reads nothing)",
+    "minOffsetsPerTrigger": "not supported; give maxOffsetsPerTrigger",
+    "maxTriggerDelay": "not supported (it goes with minOffsetsPerTrigger)",
+    "kafkaConsumer.cache.capacity": "DMQ keeps no consumer pool: each task fetches with its own client",
+}
+_NOT_APPLICABLE = {name.lower(): (name, why) for name, why in NOT_APPLICABLE.items()}
 # Options Spark itself puts among the data source's (a streaming query's checkpoint): not ours.
 _SPARK_OWNED = {"checkpointlocation"}
 
@@ -118,7 +182,8 @@ class OffsetSpec:
     """Where a range starts or ends: earliest, latest, per-partition offsets, or a time.
 
     kind: "earliest" | "latest" | "specific" (offsets: (topic, partition) -> offset, where -2 and
-    -1 mean earliest / latest) | "timestamp" (timestamp_ms for every partition).
+    -1 mean earliest / latest) | "timestamp" (timestamp_ms for every partition) | "timestamps"
+    (offsets: (topic, partition) -> timestamp_ms, from the *OffsetsByTimestamp options).
     """
 
     kind: str
@@ -130,6 +195,8 @@ class OffsetSpec:
             return f"specific offsets for {len(self.offsets)} partitions"
         if self.kind == "timestamp":
             return f"timestamp {self.timestamp_ms}"
+        if self.kind == "timestamps":
+            return f"timestamps for {len(self.offsets)} partitions"
         return self.kind
 
 
@@ -138,6 +205,7 @@ class SourceOptions:
     bootstrap: str
     topics: tuple[str, ...] = ()  # subscribe
     assign: dict[str, tuple[int, ...]] | None = None
+    pattern: str | None = None  # subscribePattern: matched against whole topic names when planning
     starting: OffsetSpec = OffsetSpec("earliest")
     ending: OffsetSpec = OffsetSpec("latest")
     max_offsets_per_trigger: int | None = None
@@ -152,6 +220,7 @@ class SourceOptions:
 
     @property
     def subscribed_topics(self) -> tuple[str, ...]:
+        """The topics named by subscribe or assign (a pattern's are known only when planning)."""
         return tuple(sorted(self.assign)) if self.assign is not None else self.topics
 
 
@@ -174,8 +243,35 @@ _BOOTSTRAP_ALIASES = {"bootstrap_servers": "bootstrap", "bootstrap.servers": "bo
 def _normalise(options: Mapping[str, Any], allowed: tuple[str, ...], what: str) -> dict[str, str]:
     allowed_lower = {a.lower() for a in allowed}
     out: dict[str, str] = {}
+    given_as: dict[str, str] = {}  # DMQ option -> the Kafka name it was given as
+    kafka_checked: dict[str, str] = {}
     for key, value in options.items():
         k = str(key).lower()
+        if k in _NOT_APPLICABLE:
+            name, why = _NOT_APPLICABLE[k]
+            raise OptionError(f"option {name!r} of Spark's Kafka source does not apply to DMQ: {why}")
+        if k in (c.lower() for c in _KAFKA_CHECKED):
+            if value is not None:
+                kafka_checked[_KAFKA_CANONICAL[k]] = str(value).strip()
+            continue
+        alias = _KAFKA_CANONICAL.get(k)
+        if alias in KAFKA_ALIASES and KAFKA_ALIASES[alias].lower() in allowed_lower:
+            if value is None:
+                continue
+            target = KAFKA_ALIASES[alias]
+            if target in out:
+                other = given_as.get(target, target)
+                raise OptionError(f"option {alias!r} repeats {target!r}" + (f" (given as {other!r})" if other != target else "")
+                                  + ": give the setting once")
+            given_as[target] = alias
+            out[target] = str(value).strip()
+            continue
+        if k.startswith("kafka.") and k not in _BOOTSTRAP_ALIASES:
+            known = sorted(a for a, target in KAFKA_ALIASES.items() if target.lower() in allowed_lower)
+            raise OptionError(
+                f"unknown option {key!r}: DMQ takes these Kafka settings in the {what}: kafka.bootstrap.servers, "
+                f"{', '.join(known + list(_KAFKA_CHECKED))}"
+            )
         if k in _BOOTSTRAP_ALIASES and "bootstrap" in allowed_lower:
             if value is not None and "bootstrap" in out:
                 raise OptionError(f"option {key!r} repeats 'bootstrap': give the coordinator address once")
@@ -193,8 +289,37 @@ def _normalise(options: Mapping[str, Any], allowed: tuple[str, ...], what: str) 
             continue
         if k == "bootstrap" and "bootstrap" in out:
             raise OptionError(f"option {key!r} repeats 'bootstrap': give the coordinator address once")
+        if _CANONICAL[k] in given_as:
+            raise OptionError(f"option {given_as[_CANONICAL[k]]!r} repeats {_CANONICAL[k]!r}: give the setting once")
         out[_CANONICAL[k]] = str(value).strip()
+    _check_kafka_settings(kafka_checked, out, given_as)
     return out
+
+
+def _check_kafka_settings(kafka: dict[str, str], opts: dict[str, str], given_as: dict[str, str]) -> None:
+    """Kafka settings DMQ has no option for must agree with what it does."""
+    protocol = kafka.get("kafka.security.protocol")
+    if protocol is not None:
+        if protocol.upper() not in ("PLAINTEXT", "SSL"):
+            raise OptionError(
+                f"option 'kafka.security.protocol' must be PLAINTEXT or SSL, got {protocol!r}: DMQ authenticates "
+                f"with a token (kafka.sasl.oauthbearer.token) over either"
+            )
+        tls = [given_as.get(n, n) for n in ("sslCafile", "sslCertfile", "sslKeyfile") if n in opts]
+        if protocol.upper() == "PLAINTEXT" and tls:
+            raise OptionError(f"option 'kafka.security.protocol'=PLAINTEXT contradicts the TLS option {tls[0]!r}")
+    mechanism = kafka.get("kafka.sasl.mechanism")
+    if mechanism is not None and mechanism.upper() != "OAUTHBEARER":
+        raise OptionError(
+            f"option 'kafka.sasl.mechanism' must be OAUTHBEARER (DMQ's token, kafka.sasl.oauthbearer.token), got {mechanism!r}"
+        )
+    if given_as.get("sslCafile") == "kafka.ssl.truststore.location" or "kafka.ssl.truststore.type" in kafka:
+        kind = kafka.get("kafka.ssl.truststore.type")
+        if kind is None or kind.upper() != "PEM":
+            raise OptionError(
+                "DMQ reads the CA as a PEM file: give kafka.ssl.truststore.type=PEM with kafka.ssl.truststore.location "
+                f"(Kafka's default type is JKS), or kafka.ssl.ca.location; got type {kind!r}"
+            )
 
 
 def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
@@ -316,13 +441,52 @@ def _not_allowed(name: str, what: str) -> str:
     return f"option 'endingOffsets' cannot be {what} (it would read nothing); use 'latest', offsets or endingTimestamp"
 
 
+def _parse_pattern(raw: str) -> str:
+    if not raw:
+        raise OptionError("option 'subscribePattern' must not be empty")
+    try:
+        re.compile(raw)
+    except re.error as e:
+        raise OptionError(f"option 'subscribePattern' is not a valid regular expression ({e}): {raw!r}") from None
+    return raw
+
+
+def _parse_timestamps(name: str, raw: str) -> OffsetSpec:
+    example = '{"orders": {"0": 1700000000000, "1": 1700000000000}}'
+    data = _json(name, raw, example)
+    if not isinstance(data, dict) or not data:
+        raise OptionError(f"option {name!r} must be a JSON object of topic -> {{partition: timestamp_ms}}, e.g. {example}")
+    stamps: dict[tuple[str, int], int] = {}
+    for topic, parts in data.items():
+        if not isinstance(parts, dict) or not parts:
+            raise OptionError(f"option {name!r}: topic {topic!r} must map to an object of partition -> timestamp_ms")
+        for p, ts in parts.items():
+            try:
+                partition = int(p)
+            except ValueError:
+                raise OptionError(f"option {name!r}: partition {p!r} of topic {topic!r} is not a number") from None
+            if partition < 0:
+                raise OptionError(f"option {name!r}: partition {partition} of topic {topic!r} must be >= 0")
+            if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
+                raise OptionError(
+                    f"option {name!r}: timestamp of {topic}[{partition}] must be an integer >= 0 (ms since the "
+                    f"epoch), got {ts!r}"
+                )
+            stamps[(topic, partition)] = ts
+    return OffsetSpec("timestamps", stamps)
+
+
 def _position(
     opts: dict[str, str], offsets_name: str, ts_name: str, default: OffsetSpec, allow: tuple[str, ...]
 ) -> OffsetSpec:
-    if offsets_name in opts and ts_name in opts:
+    by_ts_name = f"{offsets_name}ByTimestamp"
+    given = [n for n in (offsets_name, by_ts_name, ts_name) if n in opts]
+    if len(given) > 1:
         raise OptionError(
-            f"options {offsets_name!r} and {ts_name!r} contradict each other: give only one of them"
+            f"options {given[0]!r} and {given[1]!r} contradict each other: give only one of them"
         )
+    if by_ts_name in opts:
+        return _parse_timestamps(by_ts_name, opts[by_ts_name])
     if ts_name in opts:
         ts = _int(opts, ts_name, minimum=0)
         assert ts is not None
@@ -337,16 +501,18 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool) -> Sour
     opts = _normalise(options, SOURCE_OPTIONS, "source")
     bootstrap = _parse_bootstrap(opts.get("bootstrap"))
 
-    if ("subscribe" in opts) == ("assign" in opts):
+    ways = [n for n in ("subscribe", "subscribePattern", "assign") if n in opts]
+    if len(ways) != 1:
         raise OptionError(
-            "give exactly one of the options 'subscribe' (topic names) or 'assign' (JSON topic -> partitions)"
-            + ("; both were given" if "subscribe" in opts else "")
+            "give exactly one of the options 'subscribe', 'subscribePattern' or 'assign' (topic names, a regex "
+            "over topic names, JSON topic -> partitions)" + (f"; {' and '.join(ways)} were given" if ways else "")
         )
     topics = _parse_subscribe(opts["subscribe"]) if "subscribe" in opts else ()
     assign = _parse_assign(opts["assign"]) if "assign" in opts else None
+    pattern = _parse_pattern(opts["subscribePattern"]) if "subscribePattern" in opts else None
 
     if streaming:
-        for name in ("endingOffsets", "endingTimestamp"):
+        for name in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"):
             if name in opts:
                 raise OptionError(f"option {name!r} is for batch queries only; a streaming query has no end")
         starting = _position(
@@ -364,8 +530,8 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool) -> Sour
         ending = _position(opts, "endingOffsets", "endingTimestamp", OffsetSpec("latest"), ("latest",))
 
     for spec in (starting, ending):
-        if spec.kind == "specific":
-            _check_spec_topics(spec, topics, assign)
+        if spec.kind in ("specific", "timestamps"):
+            _check_spec_topics(spec, topics, assign, pattern)
 
     group_id = opts.get("groupId")
     if group_id is not None and not group_id:
@@ -376,6 +542,7 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool) -> Sour
         bootstrap=bootstrap,
         topics=topics,
         assign=assign,
+        pattern=pattern,
         starting=starting,
         ending=ending,
         max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", minimum=1),
@@ -389,13 +556,20 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool) -> Sour
     )
 
 
-def _check_spec_topics(spec: OffsetSpec, topics: tuple[str, ...], assign: dict[str, tuple[int, ...]] | None) -> None:
+def _check_spec_topics(
+    spec: OffsetSpec, topics: tuple[str, ...], assign: dict[str, tuple[int, ...]] | None, pattern: str | None
+) -> None:
     """Offsets JSON may only name what is read; with `assign` it must name exactly that.
 
     With `subscribe` the partition count is only known from metadata, so completeness is checked
-    when offsets are resolved (resolve_spec).
+    when offsets are resolved (resolve_spec); with `subscribePattern` the topics too.
     """
     named = {t for t, _ in spec.offsets}
+    if pattern is not None:
+        unmatched = sorted(t for t in named if not re.fullmatch(pattern, t))
+        if unmatched:
+            raise OptionError(f"offsets JSON names topics that subscribePattern {pattern!r} does not match: {unmatched}")
+        return
     wanted = set(assign) if assign is not None else set(topics)
     extra = named - wanted
     if extra:

@@ -1,7 +1,8 @@
 """Batch and streaming readers of the `dmq` source: planning offset ranges, reading them.
 
-Planning (driver): the topic-partitions come from `subscribe` (every partition, from metadata) or
-`assign`; start and end positions are resolved with ListOffsets (earliest / latest / by append
+Planning (driver): the topic-partitions come from `subscribe` (every partition, from metadata),
+`subscribePattern` (every partition of each topic whose whole name matches, listed afresh at each
+plan, so a stream picks up new topics) or `assign`; start and end positions are resolved with ListOffsets (earliest / latest / by append
 time) or taken from the offsets JSON. Each non-empty range [start, until) of one partition is one
 input partition; with `minPartitions` the large ones are split like Spark's Kafka source does
 (pieces proportional to the range's share of all rows).
@@ -20,6 +21,7 @@ data - below the log start after retention, a shorter log, a deleted partition, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,8 +107,13 @@ def current_partitions(
     """The topic-partitions the query reads now.
 
     A subscribed topic that does not exist fails a batch query; a stream waits for it (it is read
-    from offset 0 once created), warning once per topic in `warned`.
+    from offset 0 once created), warning once per topic in `warned`. A pattern matches whole topic
+    names (Kafka's), never the internal `__` topics; matching none reads nothing.
     """
+    if opts.pattern is not None:
+        matched = [t for t in client.admin.list_topics()
+                   if not t.name.startswith("__") and re.fullmatch(opts.pattern, t.name)]
+        return [(t.name, p) for t in matched for p in range(t.partition_count)]
     if opts.assign is not None:
         counts = client.partition_counts(opts.assign)
         tps: list[TopicPartition] = []
@@ -135,6 +142,15 @@ def resolve(client: SourceClient, spec: OffsetSpec, tps: Sequence[TopicPartition
     if spec.kind in ("earliest", "latest", "timestamp"):
         ts = {"earliest": EARLIEST, "latest": LATEST}.get(spec.kind, spec.timestamp_ms)
         answers = client.list_offsets({tp: ts for tp in tps})
+        return {tp: answers[tp].offset for tp in tps}
+    if spec.kind == "timestamps":
+        missing = [tp for tp in tps if tp not in spec.offsets]
+        if missing:
+            raise OptionError(
+                f"option {option + 'ByTimestamp'!r} must give a timestamp for every partition read; missing: "
+                + ", ".join(f"{t}[{p}]" for t, p in missing)
+            )
+        answers = client.list_offsets({tp: spec.offsets[tp] for tp in tps})
         return {tp: answers[tp].offset for tp in tps}
     missing = [tp for tp in tps if tp not in spec.offsets]
     if missing:
