@@ -594,7 +594,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                     if not request.HasField("replica_id"):  # followers' fetches are replication, not bytes out
                         for result, data in results:
                             if data:
-                                self.traffic.fetched(result.topic, len(data))
+                                self.traffic.fetched(result.topic, data)
                     # Held until gRPC is done with the answer (sent, or the call ended), not just
                     # until this handler returns: an unread answer still occupies memory.
                     # grpc-stubs 1.53 declares DoneCallback a class, not a Protocol: no function matches it
