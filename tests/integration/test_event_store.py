@@ -260,6 +260,8 @@ _requests = st.one_of(
     st.builds(lambda g, a: ("EventGroupControl", pb.EventGroupControlRequest(topic="es", group=g, action=a)),
               _text, st.integers(0, 7)),
     st.builds(lambda g: ("EventGroupDescribe", pb.EventGroupDescribeRequest(topic="es", group=g)), _text),
+    st.builds(lambda t, limit: ("EventStoreDescribe", pb.EventStoreDescribeRequest(topic=t, limit=limit)),
+              st.sampled_from(["es", "", "no-such", "bad/name"]), _ints),
 )
 
 
