@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dmq.broker.offsets import is_offsets_log
+from dmq.proto.records import count_records
 
 if TYPE_CHECKING:
     from dmq.broker.node import BrokerNode
@@ -37,14 +38,15 @@ FSYNC_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
 
 
 class TopicTraffic:
-    """Records and bytes in, bytes out, per topic, since the broker started; for event stores,
+    """Records and bytes in and out, per topic, since the broker started; for event stores,
     events appended, appends refused by their condition, and partitions claimed by groups."""
 
-    __slots__ = ("records_in", "bytes_in", "bytes_out", "event_appends", "event_conflicts", "event_claims")
+    __slots__ = ("records_in", "bytes_in", "records_out", "bytes_out", "event_appends", "event_conflicts", "event_claims")
 
     def __init__(self) -> None:
         self.records_in: dict[str, int] = {}
         self.bytes_in: dict[str, int] = {}
+        self.records_out: dict[str, int] = {}
         self.bytes_out: dict[str, int] = {}
         self.event_appends: dict[str, int] = {}
         self.event_conflicts: dict[str, int] = {}
@@ -57,8 +59,10 @@ class TopicTraffic:
         self.records_in[topic] = self.records_in.get(topic, 0) + records
         self.bytes_in[topic] = self.bytes_in.get(topic, 0) + size
 
-    def fetched(self, topic: str, size: int) -> None:
-        self.bytes_out[topic] = self.bytes_out.get(topic, 0) + size
+    def fetched(self, topic: str, data: bytes) -> None:
+        """`data`: the whole batches answered; their records are counted from the batch headers."""
+        self.records_out[topic] = self.records_out.get(topic, 0) + count_records(data)
+        self.bytes_out[topic] = self.bytes_out.get(topic, 0) + len(data)
 
     def events_appended(self, topic: str, events: int) -> None:
         self.event_appends[topic] = self.event_appends.get(topic, 0) + events
@@ -70,8 +74,8 @@ class TopicTraffic:
         self.event_claims[topic] = self.event_claims.get(topic, 0) + claims
 
     def forget(self, topic: str) -> None:
-        for counts in (self.records_in, self.bytes_in, self.bytes_out, self.event_appends, self.event_conflicts,
-                       self.event_claims):
+        for counts in (self.records_in, self.bytes_in, self.records_out, self.bytes_out, self.event_appends,
+                       self.event_conflicts, self.event_claims):
             counts.pop(topic, None)
 
 
@@ -117,6 +121,8 @@ class BrokerCollector(Collector):
         for name, doc, counts in (
             ("dmq_broker_records_in", "Records appended by produce requests, per topic", traffic.records_in),
             ("dmq_broker_bytes_in", "Batch bytes appended by produce requests, per topic", traffic.bytes_in),
+            ("dmq_broker_records_out", "Records answered to consumer fetches (not followers'), per topic; "
+             "counted per whole batch, as fetches answer whole batches", traffic.records_out),
             ("dmq_broker_bytes_out", "Record bytes answered to consumer fetches (not followers'), per topic",
              traffic.bytes_out),
             ("dmq_event_store_appended_events", "Events appended to an event store", traffic.event_appends),

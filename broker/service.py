@@ -600,7 +600,7 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
                     if not request.HasField("replica_id"):  # followers' fetches are replication, not bytes out
                         for result, data in results:
                             if data:
-                                self.traffic.fetched(result.topic, len(data))
+                                self.traffic.fetched(result.topic, data)
                                 self._node.stage_trace.mark("consumer_answer", result.topic, result.partition,
                                                             result.high_watermark)
                     # Held until gRPC is done with the answer (sent, or the call ended), not just

@@ -44,6 +44,7 @@ from dmq.client._groups import (
 from dmq.client._acl_admin import AclAdminMixin
 from dmq.client.queue_admin import QueueAdminMixin
 from dmq.client._trace import TraceMixin
+from dmq.client.events import STORE_DESCRIBE_LIMIT_DEFAULT, EventStore, StoreDescription
 from dmq.client.errors import (
     CommitFailedError,
     CoordinatorUnavailableError,
@@ -368,6 +369,15 @@ class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
         check_topic_name(name)
         info = self._metadata_call("DescribeTopic", pb.DescribeTopicRequest(name=name), f"describe topic {name!r}")
         return TopicDescription.from_response(info)
+
+    def describe_event_store(self, name: str, limit: int = STORE_DESCRIBE_LIMIT_DEFAULT) -> StoreDescription:
+        """An event store's types and tags with their event counts and its consumer groups with
+        their claims and progress (`EventStore.describe`; each list at most `limit` long)."""
+        store = EventStore(topic=name, cluster=self._cluster)
+        try:
+            return store.describe(limit)
+        finally:
+            store.close()
 
     def add_partitions(self, name: str, total: int) -> TopicDescription:
         """Grow `name` to `total` partitions (the new total, not the number to add)."""

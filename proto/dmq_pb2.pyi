@@ -794,6 +794,40 @@ class EventGroupDescription(_message.Message):
     head: int
     def __init__(self, group: _Optional[str] = ..., active: _Optional[bool] = ..., partition_by: _Optional[_Iterable[str]] = ..., handled_types: _Optional[_Iterable[str]] = ..., partitions: _Optional[_Iterable[_Union[EventPartitionState, _Mapping]]] = ..., head: _Optional[int] = ...) -> None: ...
 
+class EventStoreDescribeRequest(_message.Message):
+    __slots__ = ("topic", "limit")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    limit: int
+    def __init__(self, topic: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class EventCount(_message.Message):
+    __slots__ = ("name", "events")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    events: int
+    def __init__(self, name: _Optional[str] = ..., events: _Optional[int] = ...) -> None: ...
+
+class EventStoreDescription(_message.Message):
+    __slots__ = ("head", "types", "type_count", "tags", "tag_count", "groups", "group_count")
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    TYPES_FIELD_NUMBER: _ClassVar[int]
+    TYPE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    TAG_COUNT_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_COUNT_FIELD_NUMBER: _ClassVar[int]
+    head: int
+    types: _containers.RepeatedCompositeFieldContainer[EventCount]
+    type_count: int
+    tags: _containers.RepeatedCompositeFieldContainer[EventCount]
+    tag_count: int
+    groups: _containers.RepeatedCompositeFieldContainer[EventGroupDescription]
+    group_count: int
+    def __init__(self, head: _Optional[int] = ..., types: _Optional[_Iterable[_Union[EventCount, _Mapping]]] = ..., type_count: _Optional[int] = ..., tags: _Optional[_Iterable[_Union[EventCount, _Mapping]]] = ..., tag_count: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[EventGroupDescription, _Mapping]]] = ..., group_count: _Optional[int] = ...) -> None: ...
+
 class RegisterBrokerRequest(_message.Message):
     __slots__ = ("broker_id", "host", "port", "rack")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]

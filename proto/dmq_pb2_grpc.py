@@ -169,6 +169,11 @@ class BrokerStub:
                 request_serializer=dmq_dot_proto_dot_dmq__pb2.EventGroupDescribeRequest.SerializeToString,
                 response_deserializer=dmq_dot_proto_dot_dmq__pb2.EventGroupDescription.FromString,
                 _registered_method=True)
+        self.EventStoreDescribe = channel.unary_unary(
+                '/dmq.v1.Broker/EventStoreDescribe',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.EventStoreDescribeRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.EventStoreDescription.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -339,6 +344,14 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EventStoreDescribe(self, request, context):
+        """The store's types and tags with their event counts (from its index, up to the high
+        watermark) and its consumer groups with their claims and progress, each list bounded by limit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -476,6 +489,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.EventGroupDescribe,
                     request_deserializer=dmq_dot_proto_dot_dmq__pb2.EventGroupDescribeRequest.FromString,
                     response_serializer=dmq_dot_proto_dot_dmq__pb2.EventGroupDescription.SerializeToString,
+            ),
+            'EventStoreDescribe': grpc.unary_unary_rpc_method_handler(
+                    servicer.EventStoreDescribe,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.EventStoreDescribeRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.EventStoreDescription.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1207,6 +1225,33 @@ class Broker:
             '/dmq.v1.Broker/EventGroupDescribe',
             dmq_dot_proto_dot_dmq__pb2.EventGroupDescribeRequest.SerializeToString,
             dmq_dot_proto_dot_dmq__pb2.EventGroupDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EventStoreDescribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.Broker/EventStoreDescribe',
+            dmq_dot_proto_dot_dmq__pb2.EventStoreDescribeRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.EventStoreDescription.FromString,
             options,
             channel_credentials,
             insecure,

@@ -150,6 +150,7 @@ _PREFIX = struct.Struct("<qiBI")  # base_offset, batch_length, magic, crc
 _TAIL = struct.Struct("<hiqqqhii")  # attributes .. body_length, CRC-covered
 assert _PREFIX.size == CRC_START and _PREFIX.size + _TAIL.size == HEADER_SIZE
 _INT64 = struct.Struct("<q")
+_INT32 = struct.Struct("<i")
 
 # batch_length counts the bytes after itself, so a batch without body has this batch_length.
 _MIN_BATCH_LENGTH = HEADER_SIZE - 12
@@ -414,6 +415,25 @@ def iter_headers(
         yield pos, h
         pos += h.total_size
 
+
+
+_LENGTH_AT = 8  # batch_length's offset in the header
+_COUNT_AT = 19  # record_count's
+
+
+def count_records(buf: Any) -> int:
+    """The records of concatenated batches, summed from their headers' record_count: O(batches),
+    nothing decoded or checked (for batches already validated, e.g. a log's, as metrics count
+    them). A trailing partial header or batch counts what its header holds, if the header is whole."""
+    mv = _as_bytes_view(buf)
+    end = len(mv) - HEADER_SIZE
+    pos = count = 0
+    int32 = _INT32.unpack_from
+    while pos <= end:
+        count += int32(mv, pos + _COUNT_AT)[0]
+        # never a step back or in place, whatever the bytes say: this loop must end
+        pos += 12 + max(int32(mv, pos + _LENGTH_AT)[0], _MIN_BATCH_LENGTH)
+    return count
 
 # ---------------------------------------------------------------------------------------------
 # Compression. The libraries are imported on first use so the header-level API (the broker's)

@@ -136,6 +136,9 @@ class GroupManager:
     def record(self, group: str) -> GroupRecord | None:
         return self._groups.get(group)
 
+    def names(self) -> list[str]:
+        return sorted(self._groups)
+
     def status(self, group: str) -> tuple[bool, bool]:
         """(known, active)."""
         g = self._groups.get(group)

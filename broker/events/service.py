@@ -37,7 +37,7 @@ from dmq.broker.events.groups import Claimed, GroupManager, PartitionView
 from dmq.broker.events.progress import AckWrite, GroupRecord
 from dmq.broker.events.query import QueryItem
 from dmq.broker.events.registry import NotAnEventStoreError
-from dmq.broker.events.index import EventColumns, split_tags
+from dmq.broker.events.index import EventColumns, EventIndex, split_tags
 from dmq.broker.events.store import Condition, EventStore, NewEvent
 from dmq.broker.log import UnknownPartitionError
 from dmq.broker.readiness import require_started
@@ -67,6 +67,9 @@ SUBSCRIPTIONS_MAX = 1_000
 # A subscription with nothing new re-checks this often even without a wake-up (a store closing).
 SUBSCRIBE_IDLE_S = 1.0
 DESCRIBE_PARTITIONS_MAX = 1_000
+# EventStoreDescribe's limit: types, tags and groups answered, and partitions per group.
+STORE_DESCRIBE_LIMIT_DEFAULT = 100
+STORE_DESCRIBE_LIMIT_MAX = 1_000
 
 _STATUS: list[tuple[type[Exception], grpc.StatusCode]] = [
     (InvalidEventRequest, grpc.StatusCode.INVALID_ARGUMENT),
@@ -150,6 +153,27 @@ def _events_from_proto(events: Sequence[pb.Event]) -> list[NewEvent]:
 
 def _attributes(values: dict[str, str]) -> list[pb.Attribute]:
     return [pb.Attribute(name=n, value=v) for n, v in sorted(values.items())]
+
+
+def _group_description(g: GroupRecord, views: list[PartitionView], head: int) -> pb.EventGroupDescription:
+    return pb.EventGroupDescription(
+        group=g.name,
+        active=g.active,
+        partition_by=list(g.partition_by),
+        handled_types=list(g.handled_types),
+        partitions=[
+            pb.EventPartitionState(
+                partition_key=v.key,
+                values=[pb.Attribute(name=n, value=val) for n, val in sorted(v.values.items())],
+                acked_position=v.acked,
+                claimed_by=v.claimed_by,
+                claimed_since_ms=v.claimed_since_ms,
+                pending=v.pending,
+            )
+            for v in views
+        ],
+        head=head,
+    )
 
 
 def _check_group(group: str) -> None:
@@ -412,22 +436,30 @@ class EventStoreRpcs:
             return groups.describe(request.group, until, now, DESCRIBE_PARTITIONS_MAX)
 
         g, views = await store.groups(run)
-        return pb.EventGroupDescription(
-            group=g.name,
-            active=g.active,
-            partition_by=list(g.partition_by),
-            handled_types=list(g.handled_types),
-            partitions=[
-                pb.EventPartitionState(
-                    partition_key=v.key,
-                    values=[pb.Attribute(name=n, value=val) for n, val in sorted(v.values.items())],
-                    acked_position=v.acked,
-                    claimed_by=v.claimed_by,
-                    claimed_since_ms=v.claimed_since_ms,
-                    pending=v.pending,
-                )
-                for v in views
-            ],
-            head=store.readable_end(),
-        )
+        return _group_description(g, views, store.readable_end())
+
+    @_guarded
+    async def EventStoreDescribe(
+        self, request: pb.EventStoreDescribeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EventStoreDescription:
+        if not 0 <= request.limit <= STORE_DESCRIBE_LIMIT_MAX:
+            _fail(grpc.StatusCode.INVALID_ARGUMENT, f"limit must be within 0..{STORE_DESCRIBE_LIMIT_MAX} "
+                  f"(0 = {STORE_DESCRIBE_LIMIT_DEFAULT}), got {request.limit}")
+        limit = request.limit or STORE_DESCRIBE_LIMIT_DEFAULT
+        store = await self._store(request.topic)
+
+        def run(index: EventIndex, groups: GroupManager, until: int, now: int) -> pb.EventStoreDescription:
+            types, type_count = index.type_counts(until, limit)
+            tags, tag_count = index.tag_counts(until, limit)
+            names = groups.names()
+            described = [(name, groups.describe(name, until, now, limit)) for name in names[:limit]]
+            return pb.EventStoreDescription(
+                head=until,
+                types=[pb.EventCount(name=n, events=c) for n, c in types], type_count=type_count,
+                tags=[pb.EventCount(name=n, events=c) for n, c in tags], tag_count=tag_count,
+                groups=[_group_description(g, views, until) for _name, (g, views) in described],
+                group_count=len(names),
+            )
+
+        return await store.describe(run)
 

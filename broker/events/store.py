@@ -462,6 +462,19 @@ class EventStore:
 
         return await self.on_writer(run)
 
+    async def describe(self, fn: Callable[[EventIndex, GroupManager, int, int], T]) -> T:
+        """Run fn(index, groups, readable end, now) in the writer thread (the index and the groups
+        change only there)."""
+        until = self.readable_end()
+        now = self._clock()
+
+        def run() -> T:
+            index = self._writer_index()
+            assert self._groups is not None
+            return fn(index, self._groups, until, now)
+
+        return await self.on_writer(run)
+
     async def write_acks(self, acks: list[AckWrite]) -> None:
         """Make the acks that groups.py applied in memory (`unwritten`) durable, on the loop, where
         concurrent ones share the offsets log's fsync. If the write fails, the groups are reloaded

@@ -75,6 +75,7 @@ __all__ = [
     "ReadResult",
     "Claim",
     "GroupDescription",
+    "StoreDescription",
     "EventSubscription",
 ]
 
@@ -88,6 +89,9 @@ DEFAULT_CLAIM_TIMEOUT_MS = 30_000
 # the worker gets most of the timeout (it renews, as with any claim, when it needs longer).
 PREFETCH_FRESH_SHARE = 1 / 3
 PREFETCH_MAX = 1_000
+# EventStore.describe's limit (the broker's: broker/events/service.py).
+STORE_DESCRIBE_LIMIT_DEFAULT = 100
+STORE_DESCRIBE_LIMIT_MAX = 1_000
 
 
 class _Columns(Protocol):
@@ -382,6 +386,43 @@ class GroupDescription:
     handled_types: list[str]
     head: int
     partitions: list[PartitionState] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreDescription:
+    """An event store as its index and groups know it (`EventStore.describe`): the types and tags
+    with their events, the most frequent first, at most `limit` of each (`type_count` /
+    `tag_count` say how many there are), and its groups (by name, at most `limit`, each with at
+    most `limit` partitions; `group_count` in all)."""
+
+    head: int
+    types: dict[str, int]
+    type_count: int
+    tags: dict[str, int]
+    tag_count: int
+    groups: list[GroupDescription]
+    group_count: int
+
+
+def _group_description(d: pb.EventGroupDescription) -> GroupDescription:
+    return GroupDescription(
+        group=d.group,
+        active=d.active,
+        partition_by=list(d.partition_by),
+        handled_types=list(d.handled_types),
+        head=d.head,
+        partitions=[
+            PartitionState(
+                partition_key=p.partition_key,
+                values={a.name: a.value for a in p.values},
+                acked_position=p.acked_position,
+                claimed_by=p.claimed_by or None,
+                claimed_since_ms=p.claimed_since_ms or None,
+                pending=p.pending,
+            )
+            for p in d.partitions
+        ],
+    )
 
 
 def _as_types(handled_types: Sequence[EventType | str], partition_by: Sequence[str]) -> list[EventType]:
@@ -726,22 +767,20 @@ class EventStore:
         self._group_call("EventRenewClaim", self._ref(claim))
 
     def describe_group(self, group: str) -> GroupDescription:
-        d = self._group_call("EventGroupDescribe", pb.EventGroupDescribeRequest(topic=self.topic, group=group))
-        return GroupDescription(
-            group=d.group,
-            active=d.active,
-            partition_by=list(d.partition_by),
-            handled_types=list(d.handled_types),
+        return _group_description(
+            self._group_call("EventGroupDescribe", pb.EventGroupDescribeRequest(topic=self.topic, group=group)))
+
+    def describe(self, limit: int = STORE_DESCRIBE_LIMIT_DEFAULT) -> StoreDescription:
+        """The store's types and tags with their event counts (all events up to the head, from the
+        leader's index) and its consumer groups with their claims and progress; each list holds
+        at most `limit` (1 to STORE_DESCRIBE_LIMIT_MAX) entries."""
+        if not 1 <= limit <= STORE_DESCRIBE_LIMIT_MAX:
+            raise InvalidArgumentError(f"limit must be within 1..{STORE_DESCRIBE_LIMIT_MAX}, got {limit}")
+        d = self._call("EventStoreDescribe", pb.EventStoreDescribeRequest(topic=self.topic, limit=limit),
+                       attempts=READ_ATTEMPTS)
+        return StoreDescription(
             head=d.head,
-            partitions=[
-                PartitionState(
-                    partition_key=p.partition_key,
-                    values={a.name: a.value for a in p.values},
-                    acked_position=p.acked_position,
-                    claimed_by=p.claimed_by or None,
-                    claimed_since_ms=p.claimed_since_ms or None,
-                    pending=p.pending,
-                )
-                for p in d.partitions
-            ],
+            types={c.name: c.events for c in d.types}, type_count=d.type_count,
+            tags={c.name: c.events for c in d.tags}, tag_count=d.tag_count,
+            groups=[_group_description(g) for g in d.groups], group_count=d.group_count,
         )

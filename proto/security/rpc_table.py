@@ -189,6 +189,8 @@ RULES: dict[str, RpcRule] = {
     _B + "EventRelease": RpcRule(Access.ACL, _topic_and_group(Operation.READ)),
     _B + "EventRenewClaim": RpcRule(Access.ACL, _topic_and_group(Operation.READ)),
     _B + "EventGroupDescribe": RpcRule(Access.ACL, _topic_and_group(Operation.DESCRIBE)),
+    # the store's types, tags and every group's progress, as QueueDescribe answers a topic's groups
+    _B + "EventStoreDescribe": RpcRule(Access.ACL, _topic(Operation.DESCRIBE)),
     # -- Metadata ----------------------------------------------------------------------------------
     _M + "RegisterBroker": _INTERNAL,
     _M + "BrokerHeartbeat": _INTERNAL,

@@ -5,7 +5,8 @@ Selenium, over a real `dmq server` and a real `dmq console` process.
     TIMESTAMP yellow: the computed background colour, as the browser paints it) and the total
     lag `dmq groups describe` prints for it;
   - the group page shows the subscription card (mode, subscribed at, time since);
-  - a topic's message browser shows the values produced.
+  - a topic's message browser shows the values produced;
+  - an event store's page lists its groups (no name to type) and counts every event's type and tag.
 
 Screenshots of each page (and of the overview) go to build/test-artifacts/console/. One browser session for the module.
 `.ci/run` installs chromium and chromium-driver; elsewhere, without them, the module is skipped.
@@ -31,7 +32,7 @@ from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
-from dmq.client import AdminClient, Producer  # noqa: E402
+from dmq.client import AdminClient, Event, EventStore, Producer  # noqa: E402
 from tests.cli._console import ConsoleProcess, make_group  # noqa: E402
 from tests.cli.conftest import Dmq, ServerProcess  # noqa: E402
 
@@ -140,3 +141,34 @@ def test_message_browser_shows_the_produced_values(browser: webdriver.Chrome, co
     browser.save_screenshot(str(ARTIFACTS / "messages.png"))
     values = {e.text for e in browser.find_elements(By.CSS_SELECTOR, "table.records .value")}
     assert {f"order-{i}" for i in range(10)} <= values
+
+
+def test_event_store_page_lists_groups_and_counts_every_event(browser: webdriver.Chrome, console: ConsoleProcess,
+                                                               dmq: Dmq) -> None:
+    store_name = "browser-orders-events"
+    with AdminClient(dmq.bootstrap) as admin:
+        admin.create_topic(store_name, kind="event-store")
+    # 150 events, so counts over the latest 100 would be wrong: order.placed 70 not 120, customer:ann 10 not 60.
+    with EventStore(dmq.bootstrap, store_name) as store:
+        store.append([Event("order.placed", b"", [f"customer:{'ann' if i < 60 else 'bob'}"]) for i in range(120)])
+        store.append([Event("order.shipped", b"", ["customer:bob"]) for _ in range(30)])
+        store.register_group("billing")
+        store.register_group("shipping")
+        claim = store.claim_next("billing", ["customer"], ["order.placed"], worker_id="biller-1")
+        assert claim is not None
+        browser.get(console.url + "events/" + store_name)
+        browser.save_screenshot(str(ARTIFACTS / "event-store.png"))
+
+        def counts(table_id: str) -> dict[str, str]:
+            rows = browser.find_elements(By.CSS_SELECTOR, f"#{table_id} tbody tr")
+            return dict(tuple(td.text for td in row.find_elements(By.TAG_NAME, "td")) for row in rows)
+
+        assert counts("types") == {"order.placed": "120", "order.shipped": "30"}
+        assert counts("tags") == {"customer:ann": "60", "customer:bob": "90"}
+        groups = {row.find_element(By.TAG_NAME, "td").text: row.text
+                  for row in browser.find_elements(By.CSS_SELECTOR, "#event-groups tbody tr")}
+        assert set(groups) == {"billing", "shipping"}, groups
+        browser.find_element(By.LINK_TEXT, "billing").click()  # the group's claims, no name typed
+        claims = browser.find_element(By.ID, "claims").text
+        browser.save_screenshot(str(ARTIFACTS / "event-group.png"))
+        assert f"customer={claim.values['customer']}" in claims and "biller-1" in claims

@@ -260,6 +260,8 @@ _requests = st.one_of(
     st.builds(lambda g, a: ("EventGroupControl", pb.EventGroupControlRequest(topic="es", group=g, action=a)),
               _text, st.integers(0, 7)),
     st.builds(lambda g: ("EventGroupDescribe", pb.EventGroupDescribeRequest(topic="es", group=g)), _text),
+    st.builds(lambda t, limit: ("EventStoreDescribe", pb.EventStoreDescribeRequest(topic=t, limit=limit)),
+              st.sampled_from(["es", "", "no-such", "bad/name"]), _ints),
 )
 
 
@@ -303,3 +305,40 @@ def test_group_progress_kept_in_sqlite_by_an_older_broker_is_imported_once(tmp_p
             assert s.group_active("old")
         assert not (partition_dir / PROGRESS_FILE).exists()
         assert (partition_dir / (PROGRESS_FILE + ".migrated")).exists()
+
+
+def test_describe_counts_every_type_and_tag_lists_groups_and_bounds_each_list(cluster: ClusterThread,
+                                                                               store: EventStore) -> None:
+    # 7 types with 1..7 events each (28 in all), each event tagged by its type and by its parity
+    store.append([Event(f"t{n}", b"", [f"n:{n}", f"odd:{n % 2}"]) for n in range(1, 8) for _ in range(n)])
+    for group in ("g-b", "g-a", "g-c"):
+        store.register_group(group)
+    claim = store.claim_next("g-a", ["n"], ["t7"], worker_id="w1")
+    assert claim is not None and claim.values == {"n": "7"}
+
+    full = store.describe()
+    assert full.head == 28
+    assert full.types == {f"t{n}": n for n in range(7, 0, -1)} and full.type_count == 7
+    assert list(full.types) == [f"t{n}" for n in range(7, 0, -1)]  # the most frequent first
+    assert full.tags == {"odd:0": 12, "odd:1": 16} | {f"n:{n}": n for n in range(1, 8)} and full.tag_count == 9
+    assert [g.group for g in full.groups] == ["g-a", "g-b", "g-c"] and full.group_count == 3
+    claimed = {p.partition_key: p for p in full.groups[0].partitions if p.claimed_by}
+    assert [(p.values, p.claimed_by, p.pending) for p in claimed.values()] == [({"n": "7"}, "w1", 7)]
+
+    cut = store.describe(limit=2)
+    assert cut.types == {"t7": 7, "t6": 6} and cut.type_count == 7
+    assert cut.tags == {"odd:1": 16, "odd:0": 12} and cut.tag_count == 9
+    assert [g.group for g in cut.groups] == ["g-a", "g-b"] and cut.group_count == 3
+    with AdminClient(cluster.bootstrap) as admin:
+        assert admin.describe_event_store("es", limit=2) == cut
+
+    with grpc.insecure_channel(cluster.bootstrap) as ch:
+        stub = pb_grpc.BrokerStub(ch)
+        for limit in (-1, 1001):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.EventStoreDescribe(pb.EventStoreDescribeRequest(topic="es", limit=limit), timeout=10)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "limit must be within 0..1000" in str(
+                e.value.details())
+        with pytest.raises(grpc.RpcError) as e:
+            stub.EventStoreDescribe(pb.EventStoreDescribeRequest(topic="no-such-store"), timeout=10)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dmq.client import AdminClient, Producer
 from dmq.client.cli.runner import ClusterThread
 from dmq.client.consumer import DMQConsumer, TopicPartition
+from dmq.client.simple_consumer import SimpleConsumer
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
@@ -89,6 +90,31 @@ def test_bytes_in_grows_by_what_was_produced_and_the_text_parses(metered: Cluste
     assert value(after, "dmq_rpc_server_duration_seconds_count", method="Produce", code="OK") == 3
     assert value(after, "dmq_log_fsync_duration_seconds_count") >= 3  # acks=all under the fsync policy
     assert value(after, "dmq_open_connections") >= 1
+
+
+def test_records_out_grows_by_what_was_consumed(metered: ClusterThread) -> None:
+    [endpoint] = metered.cluster.metrics_endpoints
+    with AdminClient(metered.bootstrap) as admin:
+        admin.create_topic(TOPIC, 2)
+    # Batches of different sizes in both partitions, so a count of batches or of partitions is wrong.
+    batches = [records.encode([b"v%d" % i] * (3 + i)) for i in range(4)]
+    channel = grpc.insecure_channel(metered.bootstrap)
+    try:
+        stub = pb_grpc.BrokerStub(channel)
+        for i, batch in enumerate(batches):
+            stub.Produce(pb.ProduceRequest(topic=TOPIC, partition=i % 2, batch=batch, acks=pb.ACKS_ALL), timeout=10)
+    finally:
+        channel.close()
+    assert value(scrape(endpoint.url), "dmq_broker_records_out_total", topic=TOPIC) == 0
+    consumed = 0
+    with SimpleConsumer(metered.bootstrap, prefetch=False) as consumer:
+        for partition, end in ((0, 3 + 5), (1, 4 + 6)):
+            got = consumer.consume(TOPIC, partition, 0, max_records=100, max_wait_ms=0)
+            assert len(got) == end  # one Fetch answered every batch of the partition
+            consumed += len(got)
+    after = scrape(endpoint.url)
+    assert value(after, "dmq_broker_records_out_total", topic=TOPIC) == consumed == 18
+    assert value(after, "dmq_broker_bytes_out_total", topic=TOPIC) == sum(len(b) for b in batches)
 
 
 def test_refused_calls_are_timed_with_their_code_never_unknown(metered: ClusterThread) -> None:

@@ -188,6 +188,8 @@ CASES: dict[str, Case] = {
     "/dmq.v1.Broker/EventGroupDescribe": Case(
         lambda a, n: pb.EventGroupDescribeRequest(topic=_event_group(a, n)[0], group=n + "g"),
         _read_topic_and_group("g", "describe")),
+    "/dmq.v1.Broker/EventStoreDescribe": Case(lambda a, n: pb.EventStoreDescribeRequest(topic=_event_topic(a, n)),
+                                              lambda n: [("topic", n, "describe", False)]),
     # Metadata
     "/dmq.v1.Metadata/RegisterBroker": Case(lambda a, n: _same_registration(a)),
     "/dmq.v1.Metadata/BrokerHeartbeat": Case(lambda a, n: pb.BrokerHeartbeatRequest(broker_id=0)),

@@ -264,6 +264,13 @@ def test_patch_base_offset_keeps_the_crc_valid():
         r.patch_base_offset(bytearray(7), 0, 1)
 
 
+def test_count_records_sums_the_headers_of_concatenated_batches():
+    batches = [r.encode([b"a"] * n) for n in (1, 7, 3)]
+    assert r.count_records(b"".join(batches)) == 11
+    assert r.count_records(b"") == 0
+    assert r.count_records(batches[0][: r.HEADER_SIZE - 1]) == 0  # no whole header: nothing to count
+
+
 def test_iter_headers_walks_concatenated_batches():
     parts = [r.encode([b"v"] * k, base_offset=10 * k, codec=Codec(k % 3)) for k in (1, 2, 3)]
     buf = b"".join(parts)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 from dmq.client.cli.console._app import BadRequest, Console, Request
 from dmq.client.cli.console._browse import Browse, read_records, records_table
@@ -19,6 +18,9 @@ DEAD_LETTERS_SHOWN = 50
 # Dead-letter headers (dmq.broker.queue.dead_letters) start so: reason, error, attempts, ...
 DLQ_HEADER_PREFIX = "dmq.dlq."
 EVENTS_SHOWN = 100
+# Types, tags and groups listed on an event store's page (EventStore.describe's limit), and each
+# group's partitions there.
+EVENT_STORE_LIST_MAX = 200
 EVENT_GROUP_NAME_MAX = 255
 
 
@@ -93,38 +95,51 @@ def event_store(c: Console, req: Request) -> Html:
         raise BadRequest(f"topic {topic!r} is an ordinary log, not an event store (see its messages under Topics)")
     store = EventStore(topic=topic, cluster=c.admin.cluster)
     try:
-        head = store.head()
+        described = store.describe(EVENT_STORE_LIST_MAX)
+        head = described.head
         events = list(store.read(after=max(0, head - EVENTS_SHOWN), limit=EVENTS_SHOWN))
-        described = store.describe_group(group_name) if group_name else None
+        group = store.describe_group(group_name) if group_name else None
     finally:
         store.close()
-    types = Counter(e.type for e in events)
-    tags = Counter(t for e in events for t in e.tags)
     rows = [[e.position, when_ms(e.append_time_ms), e.type, ", ".join(e.tags) or "-", show_bytes(e.payload)]
             for e in reversed(events)]
-    form = tag("form", tag("label", "Consumer group", tag("input", type="text", name="group", value=group_name)),
-               tag("button", "Show claims and progress", type="submit"), action=url("/events", topic), method="get",
-               class_="inline")
+    groups = [[link(url("/events", topic, group=g.group), g.group), "active" if g.active else "stopped",
+               ", ".join(g.partition_by) or "-", ", ".join(g.handled_types) or "-", len(g.partitions),
+               sum(1 for p in g.partitions if p.claimed_by), sum(p.pending for p in g.partitions)]
+              for g in described.groups]
     group_part: Html = Html("")
-    if described is not None:
+    if group is not None:
         claims = [[" ".join(f"{k}={v}" for k, v in sorted(p.values.items())) or p.partition_key, p.acked_position,
-                   p.pending, p.claimed_by or "-", when_ms(p.claimed_since_ms)] for p in described.partitions]
+                   p.pending, p.claimed_by or "-", when_ms(p.claimed_since_ms)] for p in group.partitions]
         group_part = join([
-            definition({"Group": described.group, "State": "active" if described.active else "stopped",
-                        "Partitioned by": ", ".join(described.partition_by) or "-",
-                        "Handles": ", ".join(described.handled_types) or "-", "Head": described.head},
+            tag("h2", f"Group {group.group}"),
+            definition({"Group": group.group, "State": "active" if group.active else "stopped",
+                        "Partitioned by": ", ".join(group.partition_by) or "-",
+                        "Handles": ", ".join(group.handled_types) or "-", "Head": group.head},
                        class_="card", id="event-group"),
             table(["PARTITION", "ACKED POSITION", "PENDING", "CLAIMED BY", "CLAIMED SINCE"], claims, id="claims"),
         ])
     body = join([
         definition({"Head position": head, "Now": when_ms(int(time.time() * 1000))}, class_="card"),
-        tag("h2", f"Types and tags (the latest {len(events)} events)"),
-        table(["TYPE", "EVENTS"], sorted(types.items()), id="types"),
-        table(["TAG", "EVENTS"], sorted(tags.items()), id="tags"),
-        tag("h2", "Consumer group"),
-        form,
+        tag("h2", f"Types and tags (all {head} events)"),
+        _shown_of("types", len(described.types), described.type_count),
+        table(["TYPE", "EVENTS"], described.types.items(), id="types"),
+        _shown_of("tags", len(described.tags), described.tag_count),
+        table(["TAG", "EVENTS"], described.tags.items(), id="tags"),
+        tag("h2", "Consumer groups"),
+        _shown_of("groups", len(described.groups), described.group_count),
+        table(["GROUP", "STATE", "PARTITIONED BY", "HANDLES", "PARTITIONS", "CLAIMED", "PENDING"], groups,
+              id="event-groups"),
         group_part,
-        tag("h2", "Latest events"),
+        tag("h2", f"Latest events (up to {EVENTS_SHOWN})"),
         table(["POSITION", "APPENDED", "TYPE", "TAGS", "PAYLOAD"], rows, id="events"),
     ])
     return page(f"Event store {topic}", body, writes=c.settings.allow_writes)
+
+
+def _shown_of(what: str, shown: int, total: int) -> Html:
+    """A note when a list was cut at EVENT_STORE_LIST_MAX (the most frequent are shown)."""
+    if shown >= total:
+        return Html("")
+    return tag("p", f"The {shown} most frequent of {total} {what} shown." if what != "groups" else
+               f"The first {shown} of {total} groups shown.", class_="muted")
