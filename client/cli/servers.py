@@ -586,7 +586,9 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
 
 
 @click.command("broker")
-@click.option("--coordinator", "coordinator", required=True, metavar="HOST:PORT", help="The coordinator to register with.")
+@click.option("--coordinator", "coordinator", required=True, metavar="HOST:PORT[,HOST:PORT...]",
+              help="The coordinator to register with; several (one active, the others standing by): the "
+                   "broker finds the active one and follows it when it changes.")
 @click.option("--broker-id", type=click.IntRange(0), required=True, help="This broker's stable id.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on and advertise.")
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0 picks a free port.")

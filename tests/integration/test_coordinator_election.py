@@ -16,6 +16,8 @@ import time
 import grpc
 import pytest
 
+from dmq.client import AdminClient, DMQConsumer, Producer
+from dmq.client.errors import DMQError
 from dmq.coordinator.metastore.config import make_metadata_store
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -170,3 +172,72 @@ def test_a_paused_coordinator_is_deposed_and_steps_down_when_resumed(
     assert "deposed" in first.log(), first.log()[-2000:]
     assert _epoch(etcd_url, tmp_path) == 2
     assert _list_topics(second.address) is None
+
+
+def _broker(root: pathlib.Path, coordinators: list[_Coordinator]) -> subprocess.Popen[bytes]:
+    log_path = root / "broker0.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dmq.client.cli", "broker", "--coordinator", ",".join(c.address for c in coordinators),
+             "--broker-id", "0", "--data-dir", str(root / "b0"), "--log-level", "warning"],
+            stdout=log, stderr=log,
+        )
+    return proc
+
+
+def test_a_client_and_a_broker_given_every_address_follow_a_takeover(
+    tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator]
+) -> None:
+    """`dmq broker --coordinator a,b` and clients with bootstrap_servers="a,b": topic creation,
+    produce and a group's consumption work before and after the active coordinator is killed."""
+    coordinators += [_Coordinator(tmp_path, f"c{i}", etcd_url) for i in range(2)]
+    first = _one_active(coordinators, WAIT_S)
+    broker = _broker(tmp_path, coordinators)
+    bootstrap = ",".join(c.address for c in reversed(coordinators))  # a standby first, as likely as not
+    try:
+        with AdminClient(bootstrap_servers=bootstrap) as admin:
+            _wait(lambda: _alive_brokers(admin) == {0}, WAIT_S, "broker registered")
+            admin.create_topic("orders", partitions=2)
+        with Producer(bootstrap_servers=bootstrap) as producer, DMQConsumer(
+            bootstrap_servers=bootstrap, group_id="app", auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=1000,
+        ) as consumer:
+            for i in range(10):
+                producer.send("orders", f"before-{i}".encode(), partition=i % 2).get(WAIT_S)
+            consumer.subscribe("orders")
+            got = _consume(consumer, 10)
+            consumer.commit_sync()
+
+            first.proc.send_signal(signal.SIGKILL)
+            first.proc.wait(10)
+            second = _one_active([c for c in coordinators if c is not first], WAIT_S)
+            with AdminClient(bootstrap_servers=bootstrap) as admin:
+                took_s = _wait(lambda: _alive_brokers(admin) == {0}, WAIT_S, "broker re-registered with the new active one")
+                print(f"broker alive at the new active coordinator {took_s:.2f}s after it took over")
+                admin.create_topic("after", partitions=1)
+                assert {t.name for t in admin.list_topics()} >= {"orders", "after"}
+            for i in range(10):
+                producer.send("orders", f"after-{i}".encode(), partition=i % 2).get(WAIT_S)
+            got += _consume(consumer, 10)
+            consumer.commit_sync()
+        assert sorted(got) == sorted([f"before-{i}".encode() for i in range(10)] + [f"after-{i}".encode() for i in range(10)])
+        assert second.proc.poll() is None
+    finally:
+        if broker.poll() is None:
+            broker.send_signal(signal.SIGKILL)
+        broker.wait(10)
+
+
+def _alive_brokers(admin: AdminClient) -> set[int]:
+    try:
+        return {b.broker_id for b in admin.list_brokers() if b.alive}
+    except DMQError:  # no coordinator active yet: not yet
+        return set()
+
+
+def _consume(consumer: DMQConsumer, count: int) -> list[bytes]:
+    values: list[bytes] = []
+    deadline = time.monotonic() + WAIT_S
+    while len(values) < count and time.monotonic() < deadline:
+        values += [r.value for r in consumer.poll(timeout_ms=200)]
+    assert len(values) == count, values
+    return values
