@@ -147,6 +147,8 @@ class BrokerNode:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self._heartbeat_interval_ms = 1000
+        # The newest controller epoch heard of: UpdatePartitionStates of an older one is refused.
+        self.controller_epoch = 0
         self._leader_cache: dict[str, tuple[float, dict[int, str]]] = {}
 
     def __repr__(self) -> str:
@@ -303,6 +305,9 @@ class BrokerNode:
                 continue
             if response.heartbeat_interval_ms > 0:
                 self._heartbeat_interval_ms = response.heartbeat_interval_ms
+            # The coordinator registered with is the authority, even at a lower epoch (one whose
+            # store was replaced); a deposed one answers nothing (it refuses every call).
+            self.controller_epoch = response.controller_epoch
             for create in response.partitions:
                 self.create_partitions(create)
             await self._refresh_acls(-1)
@@ -331,6 +336,7 @@ class BrokerNode:
                     log.info("coordinator asked to re-register", broker_id=self.broker_id)
                     await self._register()
                 else:
+                    self.controller_epoch = max(self.controller_epoch, response.controller_epoch)
                     await self._refresh_acls(response.acl_version)
             except grpc.aio.AioRpcError as e:
                 log.warning("broker heartbeat failed", broker_id=self.broker_id, error=e.details())

@@ -315,7 +315,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
     def _check_serving(self) -> None:
         if not self._serving and not self._stopping:  # starting, or a standby: says so, naming the active one
             e = self._metadata.not_ready_error()
-            _fail(e.code, f"group {e}", e.reason, getattr(e, "extra", ()))
+            _fail(e.code, str(e) if e.reason else f"group {e}", e.reason, getattr(e, "extra", ()))
         if not self._serving:
             _fail(grpc.StatusCode.UNAVAILABLE, "group coordinator is stopping: retry")
 

@@ -1305,7 +1305,8 @@ class MetadataServicer(pb_grpc.MetadataServicer):
             request.broker_id, request.host, request.port, principal=current_principal.get(), rack=request.rack
         )
         return pb.RegisterBrokerResponse(
-            partitions=partitions, heartbeat_interval_ms=self.metadata.heartbeat_interval_ms
+            partitions=partitions, heartbeat_interval_ms=self.metadata.heartbeat_interval_ms,
+            controller_epoch=self.metadata.pusher.controller_epoch,
         )
 
     @_handler
@@ -1316,7 +1317,8 @@ class MetadataServicer(pb_grpc.MetadataServicer):
             reregister = await self.metadata.broker_shutting_down(request.broker_id)
         else:
             reregister = self.metadata.heartbeat(request.broker_id)
-        return pb.BrokerHeartbeatResponse(reregister=reregister, acl_version=self.acls.view.version)
+        return pb.BrokerHeartbeatResponse(reregister=reregister, acl_version=self.acls.view.version,
+                                          controller_epoch=self.metadata.pusher.controller_epoch)
 
     @_handler
     async def AlterIsr(self, request: pb.AlterIsrRequest, context: grpc.aio.ServicerContext) -> pb.AlterIsrResponse:

@@ -230,7 +230,7 @@ class CoordinatorNode:
                 log.info("coordinator standing by", address=self.advertised_address, lease_ttl_s=self.leadership.ttl_s)
                 return
             # Fences every write of a coordinator that took control before this one (metastore.base).
-            self.controller_epoch = await self.store.claim_controller_epoch()
+            self.controller_epoch = self.metadata.pusher.controller_epoch = await self.store.claim_controller_epoch()
             await self._take_control()
         except BaseException:
             await self.stop()
@@ -322,7 +322,7 @@ class CoordinatorNode:
 
     async def _elected(self) -> None:
         # Fences every write of the coordinator that led before (metastore.base).
-        self.controller_epoch = await self.store.claim_controller_epoch()
+        self.controller_epoch = self.metadata.pusher.controller_epoch = await self.store.claim_controller_epoch()
         await self._take_control()
         log.info("coordinator active", address=self.advertised_address, controller_epoch=self.controller_epoch)
         if self._on_active is not None:

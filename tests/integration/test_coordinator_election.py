@@ -189,7 +189,8 @@ def test_a_client_and_a_broker_given_every_address_follow_a_takeover(
     tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator]
 ) -> None:
     """`dmq broker --coordinator a,b` and clients with bootstrap_servers="a,b": topic creation,
-    produce and a group's consumption work before and after the active coordinator is killed."""
+    produce and a group's consumption work before and after the active coordinator is killed; the
+    broker then refuses a push of the old controller epoch."""
     coordinators += [_Coordinator(tmp_path, f"c{i}", etcd_url) for i in range(2)]
     first = _one_active(coordinators, WAIT_S)
     broker = _broker(tmp_path, coordinators)
@@ -215,6 +216,15 @@ def test_a_client_and_a_broker_given_every_address_follow_a_takeover(
                 print(f"broker alive at the new active coordinator {took_s:.2f}s after it took over")
                 admin.create_topic("after", partitions=1)
                 assert {t.name for t in admin.list_topics()} >= {"orders", "after"}
+                broker_address = next(b.address for b in admin.list_brokers() if b.broker_id == 0)
+            # What the deposed coordinator (controller epoch 1) would push is refused; the new one's (2) is not.
+            with grpc.insecure_channel(broker_address) as channel:
+                stub = pb_grpc.BrokerStub(channel)
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.UpdatePartitionStates(pb.UpdatePartitionStatesRequest(controller_epoch=1), timeout=WAIT_S)
+                assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert "controller_epoch 1 is older than 2" in (refused.value.details() or "")
+                stub.UpdatePartitionStates(pb.UpdatePartitionStatesRequest(controller_epoch=2), timeout=WAIT_S)
             for i in range(10):
                 producer.send("orders", f"after-{i}".encode(), partition=i % 2).get(WAIT_S)
             got += _consume(consumer, 10)
