@@ -113,7 +113,8 @@ def coordinators(tmp_path: pathlib.Path) -> object:
         c.kill()
 
 
-def test_one_active_standbys_name_it_and_one_takes_over_after_sigkill(
+def test_one_active_standbys_name_it_and_one_takes_over_after_sigkill(  # and the CLI's --bootstrap a,b,c
+
     tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator]
 ) -> None:
     coordinators += [_Coordinator(tmp_path, f"c{i}", etcd_url) for i in range(3)]
@@ -139,6 +140,11 @@ def test_one_active_standbys_name_it_and_one_takes_over_after_sigkill(
     assert _epoch(etcd_url, tmp_path) == 2
     standby = next(c for c in rest if c is not second)
     _wait(lambda: _active_named_by(standby.address) == second.address, WAIT_S, "standby naming the new active one")
+    # The CLI given every address, the dead one and the standby first, finds the active one.
+    bootstrap = ",".join([first.address, standby.address, second.address])
+    done = subprocess.run([sys.executable, "-m", "dmq.client.cli", "--bootstrap", bootstrap, "topics", "list"],
+                          capture_output=True, text=True, timeout=WAIT_S)
+    assert done.returncode == 0, done.stderr  # a standby would have answered UNAVAILABLE
 
 
 def test_a_clean_stop_hands_over_at_once(tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator]) -> None:
