@@ -13,8 +13,9 @@ if absent and bound to that lease. One task (`run`, owned by the node) does ever
   3. Renewing every ttl_s / 3 (aetcd has no keep-alive of its own). Each renewal is timed on the
      monotonic clock from the moment its request was sent: etcd extends the lease to TTL after it
      receives the request, so the lease cannot lapse before send time + TTL. The coordinator acts
-     only while `monotonic() < deadline` = last good renewal's send time + TTL - margin, and when a
-     renewal has not come back by then it steps down (`on_deposed()`), before etcd can give
+     only while `monotonic() < deadline` = last good renewal's send time + TTL - margin; when etcd
+     answers that the lease is gone it steps down (`on_deposed()`) at once, and when no renewal
+     has come back by the deadline it steps down then, before etcd can give
      leadership to a standby. `leading()` answers from the clock alone, so a coordinator resumed
      after SIGSTOP stops acting at its first instruction, before this task has even run again.
   4. `resign()` (a clean shutdown) revokes the lease: `leader` is deleted at once and a standby's
@@ -32,7 +33,7 @@ import grpc
 import structlog
 
 from dmq.coordinator.metadata import MetadataError
-from dmq.coordinator.metastore.base import StoreError
+from dmq.coordinator.metastore.base import StoreConflict, StoreError
 from dmq.proto import error_details
 
 log = structlog.get_logger(__name__)
@@ -40,7 +41,7 @@ log = structlog.get_logger(__name__)
 LEASE_TTL_MIN_S = 2  # etcd's own minimum with default settings
 DEFAULT_LEASE_TTL_S = 5
 LEASE_TTL_MAX_S = 300
-STANDBY_POLL_S = 0.25  # how often a standby reads `leader`: part of the takeover time
+STANDBY_POLL_S = 0.1  # how often a standby reads `leader` (one small get): part of the takeover time
 RETRY_S = 0.1  # after a failed renewal, before the next attempt (the deadline still bounds them all)
 
 
@@ -132,7 +133,10 @@ class Leadership:
                 sent = self._clock()
                 try:
                     await asyncio.wait_for(self.store.renew_leadership(self.lease_id), remaining_s)
-                except (TimeoutError, StoreError) as e:
+                except StoreConflict:  # etcd says the lease is gone (lapsed or revoked): at once
+                    self._step_down("the lease is gone")
+                    return
+                except (TimeoutError, StoreError) as e:  # no answer, or etcd unreachable: retry until the deadline
                     log.warning("lease renewal failed", candidate=self.candidate, error=str(e) or type(e).__name__)
                     await asyncio.sleep(min(RETRY_S, max(0.0, self._deadline - self._clock())))
                     continue
