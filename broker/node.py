@@ -34,6 +34,7 @@ import grpc
 import structlog
 from prometheus_client import CollectorRegistry
 
+from dmq.broker.coordinator_link import CoordinatorLink, split_coordinators
 from dmq.broker.events.registry import EventStores
 from dmq.broker.log import LogConfig, LogManager
 from dmq.broker.metrics import DEFAULT_MAX_PARTITION_SERIES, BrokerCollector, timed_fsync
@@ -111,7 +112,12 @@ class BrokerNode:
         self.metrics = metrics if metrics is not None else new_registry()
         self.data_dir = pathlib.Path(data_dir)
         self.broker_id = broker_id
-        self.coordinator_address = coordinator_address
+        # One or several coordinators ("h1:p,h2:p"): the link follows the active one (coordinator_link).
+        self._link = CoordinatorLink(
+            split_coordinators(coordinator_address),
+            lambda address: aio_channel(address, self.client_security,
+                                        channel_options(reconnect_backoff_max_ms=COORDINATOR_RECONNECT_BACKOFF_MAX_MS)),
+        )
         self.advertised_host = advertised_host
         self.advertised_port = advertised_port
         self.rack = rack  # rack / zone label: the controller spreads a partition's replicas over racks
@@ -141,12 +147,11 @@ class BrokerNode:
         self.service = BrokerService(self)
         self.metrics.register(BrokerCollector(self, max_partition_series))
         self.ready = False
-        self._channel: grpc.aio.Channel | None = None
-        self._metadata: pb_grpc.MetadataStub | None = None
-        self._groups: pb_grpc.GroupCoordinatorStub | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self._heartbeat_interval_ms = 1000
+        # The newest controller epoch heard of: UpdatePartitionStates of an older one is refused.
+        self.controller_epoch = 0
         self._leader_cache: dict[str, tuple[float, dict[int, str]]] = {}
 
     def __repr__(self) -> str:
@@ -154,6 +159,19 @@ class BrokerNode:
             f"<BrokerNode id={self.broker_id} address={self.address} ready={self.ready} "
             f"partitions={len(self.logs.partitions())}>"
         )
+
+    @property
+    def coordinator_address(self) -> str:
+        """The coordinator this broker talks to now (the active one, as far as it knows)."""
+        return self._link.address
+
+    @property
+    def _metadata(self) -> pb_grpc.MetadataStub | None:
+        return self._link.metadata
+
+    @property
+    def _groups(self) -> pb_grpc.GroupCoordinatorStub | None:
+        return self._link.groups
 
     @property
     def metadata_stub(self) -> pb_grpc.MetadataStub | None:
@@ -179,10 +197,7 @@ class BrokerNode:
         # aiosqlite thread half-open) while stop() closes the same files; stop() waits for it.
         self._opening = asyncio.ensure_future(self._open_local())
         await asyncio.shield(self._opening)
-        self._channel = aio_channel(self.coordinator_address, self.client_security,
-                                    channel_options(reconnect_backoff_max_ms=COORDINATOR_RECONNECT_BACKOFF_MAX_MS))
-        self._metadata = pb_grpc.MetadataStub(self._channel)
-        self._groups = pb_grpc.GroupCoordinatorStub(self._channel)
+        self._link.open()
         await self._register()
         if self._stopping.is_set():
             return
@@ -225,9 +240,7 @@ class BrokerNode:
             if self._tasks:
                 await asyncio.wait(self._tasks, timeout=5)
             self._tasks.clear()
-            if self._channel is not None:
-                channel, self._channel = self._channel, None
-                await channel.close(None)  # grace None (the default, spelled out): cancels what is in flight
+            await self._link.close()  # cancels what is in flight
             if self._opening is not None:
                 # Let an interrupted start finish opening, then close what it opened.
                 await asyncio.wait([self._opening])
@@ -263,9 +276,9 @@ class BrokerNode:
 
     async def _register(self) -> None:
         """Register with the coordinator, retrying until it answers or the node stops."""
-        assert self._metadata is not None
         delay_s = 0.05
         while not self._stopping.is_set():
+            assert self._metadata is not None
             try:
                 response = await self._metadata.RegisterBroker(
                     pb.RegisterBrokerRequest(
@@ -283,6 +296,9 @@ class BrokerNode:
                 waits = reason in (error_details.DISK_FULL, error_details.BROKER_ID_TAKEN)
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not waits:
                     raise
+                if await self._link.follow(e):
+                    delay_s = 0.05  # another coordinator: asked at once
+                    continue
                 log.warning("coordinator cannot register this broker yet, retrying",
                             coordinator=self.coordinator_address, code=e.code().name, error=e.details())
                 # Bounded backoff that ends at once when the node stops (the RPC itself is
@@ -293,33 +309,42 @@ class BrokerNode:
                 continue
             if response.heartbeat_interval_ms > 0:
                 self._heartbeat_interval_ms = response.heartbeat_interval_ms
+            # The coordinator registered with is the authority, even at a lower epoch (one whose
+            # store was replaced); a deposed one answers nothing (it refuses every call).
+            self.controller_epoch = response.controller_epoch
             for create in response.partitions:
                 self.create_partitions(create)
             await self._refresh_acls(-1)
             return
 
     async def _heartbeat_loop(self) -> None:
-        assert self._metadata is not None
+        followed = False
         while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self._heartbeat_interval_ms / 1000)
+            if not followed:  # just moved to another coordinator: heartbeat (and re-register) at once
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), self._heartbeat_interval_ms / 1000)
+            followed = False
             if self._stopping.is_set():
                 return
+            assert self._metadata is not None
             try:
                 # wait_for_ready: while the coordinator is down the heartbeat waits (bounded) for
                 # the channel's next connection instead of failing at once, so a coordinator that
                 # comes back hears from us as soon as we connect, not a heartbeat interval later.
                 response = await self._metadata.BrokerHeartbeat(
                     pb.BrokerHeartbeatRequest(broker_id=self.broker_id), timeout=COORDINATOR_RPC_TIMEOUT_S,
-                    wait_for_ready=True,
+                    # With several coordinators an unreachable one is left for the next at once.
+                    wait_for_ready=len(self._link.addresses) == 1,
                 )
                 if response.reregister:
                     log.info("coordinator asked to re-register", broker_id=self.broker_id)
                     await self._register()
                 else:
+                    self.controller_epoch = max(self.controller_epoch, response.controller_epoch)
                     await self._refresh_acls(response.acl_version)
             except grpc.aio.AioRpcError as e:
                 log.warning("broker heartbeat failed", broker_id=self.broker_id, error=e.details())
+                followed = await self._link.follow(e)
 
     async def _refresh_acls(self, version: int) -> None:
         """Copy the coordinator's ACLs when their version differs from ours (version -1: ask

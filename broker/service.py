@@ -840,7 +840,13 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
         self, request: pb.UpdatePartitionStatesRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdatePartitionStatesResponse:
         _check_states(request.states)
-        return pb.UpdatePartitionStatesResponse(errors=self._node.replication.apply(request.states))
+        node = self._node
+        if request.controller_epoch < node.controller_epoch:  # Kafka's controller epoch fencing
+            _fail(grpc.StatusCode.FAILED_PRECONDITION,
+                  f"controller_epoch {request.controller_epoch} is older than {node.controller_epoch}, the current "
+                  "coordinator's: this coordinator was deposed; nothing applied")
+        node.controller_epoch = request.controller_epoch
+        return pb.UpdatePartitionStatesResponse(errors=node.replication.apply(request.states))
 
     @_loaded
     async def OffsetForLeaderEpoch(

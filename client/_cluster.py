@@ -35,6 +35,7 @@ from typing import Any
 import grpc
 
 from dmq.client._calls import DEFAULT_RETRY_BACKOFF_MAX_MS, DEFAULT_RETRY_BACKOFF_MS, RetryPolicy
+from dmq.client._coordinators import CoordinatorRouter
 from dmq.client._log import get_logger
 from dmq.client.errors import (
     ClientClosedError,
@@ -144,7 +145,10 @@ class Cluster:
         retry_backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS,
         retry_backoff_max_ms: int = DEFAULT_RETRY_BACKOFF_MAX_MS,
     ) -> None:
-        self.bootstrap = parse_address(bootstrap)
+        # "h1:p,h2:p": several coordinators, one active; a router follows it (dmq.client._coordinators).
+        coordinators = list(dict.fromkeys(parse_address(a) for a in bootstrap.split(",")))
+        self._bootstrap = coordinators[0]
+        self._router = CoordinatorRouter(coordinators, self.channel) if len(coordinators) > 1 else None
         # TLS and token for every channel (dmq.client._security); none given: the environment's.
         if security is None:
             try:
@@ -174,6 +178,11 @@ class Cluster:
 
     def __repr__(self) -> str:
         return f"<Cluster bootstrap={self.bootstrap!r} channels={len(self._channels)} topics={len(self._topics)}>"
+
+    @property
+    def bootstrap(self) -> str:
+        """The coordinator's address (the one believed active, of several)."""
+        return self._router.current if self._router is not None else self._bootstrap
 
     # -- channels --------------------------------------------------------------------------------
 
@@ -256,11 +265,21 @@ class Cluster:
         fetch_results(), which keeps the records as views into it rather than copies."""
         return self._unary(address, wire.FETCH_METHOD, pb.FetchRequest.SerializeToString, None)
 
+    def _coordinator_stub(self, address: str, cls: type) -> Any:
+        """A coordinator's stub; with several coordinators, one at whichever is active (only the
+        coordinator services: a broker sharing a coordinator's port, `dmq server`, is called directly)."""
+        if self._router is None or address not in self._router.addresses:
+            return self._stub(address, cls)
+        stub = self._stubs.get(("", cls))
+        if stub is None:
+            stub = self._stubs[("", cls)] = cls(self._router)
+        return stub
+
     def metadata_stub(self) -> pb_grpc.MetadataStub:
-        return self._stub(self.bootstrap, pb_grpc.MetadataStub)
+        return self._coordinator_stub(self.bootstrap, pb_grpc.MetadataStub)
 
     def group_stub(self, address: str | None = None) -> pb_grpc.GroupCoordinatorStub:
-        return self._stub(address or self.bootstrap, pb_grpc.GroupCoordinatorStub)
+        return self._coordinator_stub(address or self.bootstrap, pb_grpc.GroupCoordinatorStub)
 
     @property
     def timeout_s(self) -> float:

@@ -54,7 +54,8 @@ def split_addresses(value: Any, setting: str) -> list[str]:
 
 
 def bootstrap_address(given: Mapping[str, Any], owner: str, *, probe: bool = True) -> str:
-    """The coordinator address from whichever of BOOTSTRAP_NAMES was given (exactly one)."""
+    """The coordinator address from whichever of BOOTSTRAP_NAMES was given (exactly one); with
+    several, "h:p,h:p", the first reachable first."""
     named = {k: v for k, v in given.items() if k in BOOTSTRAP_NAMES and v is not None}
     if not named:
         raise InvalidConfigError(f"{owner} needs bootstrap_servers: the coordinator's 'host:port' (e.g. '127.0.0.1:9091')")
@@ -64,9 +65,12 @@ def bootstrap_address(given: Mapping[str, Any], owner: str, *, probe: bool = Tru
             f"{owner}: give the address once, as bootstrap_servers (got {', '.join(sorted(named))})"
         )
     addresses = next(iter(resolved.values()))
-    if len(addresses) == 1 or not probe:
+    if len(addresses) == 1:
         return addresses[0]
-    return _first_reachable(addresses)
+    # Several: every one, the first reachable first; the Cluster follows the active coordinator
+    # among them (dmq.client._coordinators).
+    first = _first_reachable(addresses) if probe else addresses[0]
+    return ",".join([first, *(a for a in addresses if a != first)])
 
 
 def _first_reachable(addresses: list[str]) -> str:

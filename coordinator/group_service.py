@@ -313,11 +313,11 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         log.info("group coordinator stopped", groups=len(self.registry))
 
     def _check_serving(self) -> None:
+        if not self._serving and not self._stopping:  # starting, or a standby: says so, naming the active one
+            e = self._metadata.not_ready_error()
+            _fail(e.code, str(e) if e.reason else f"group {e}", e.reason, getattr(e, "extra", ()))
         if not self._serving:
-            _fail(
-                grpc.StatusCode.UNAVAILABLE,
-                "group coordinator is stopping: retry" if self._stopping else "group coordinator is starting: retry",
-            )
+            _fail(grpc.StatusCode.UNAVAILABLE, "group coordinator is stopping: retry")
 
     async def _load(self) -> None:
         rows = await self._store.load_groups()

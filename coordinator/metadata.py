@@ -375,6 +375,10 @@ class MetadataManager:
         self.max_partitions_total = MAX_PARTITIONS_TOTAL
         self.principal_limits = principal_limits or PrincipalLimits()
         self.ready = False
+        # With several coordinators (dmq.coordinator.controller.leadership): acting only while the
+        # lease is surely held; a standby's refusal names the active coordinator (node.py sets both).
+        self.acting: Callable[[], bool] = lambda: True
+        self.not_ready_error: Callable[[], MetadataError] = NotReady
         self._topics: dict[str, TopicRecord] = {}
         self._brokers: dict[int, _BrokerState] = {}
         self._admin_lock = asyncio.Lock()
@@ -403,8 +407,8 @@ class MetadataManager:
         log.info("metadata loaded", topics=len(self._topics), brokers=len(self._brokers))
 
     def check_ready(self) -> None:
-        if not self.ready:
-            raise NotReady()
+        if not self.ready or not self.acting():
+            raise self.not_ready_error()
 
     @property
     def heartbeat_interval_ms(self) -> int:
@@ -1274,7 +1278,7 @@ def broker_infos(metadata: MetadataManager) -> list[pb.BrokerInfo]:
 
 def _translate(servicer: MetadataServicer, e: Exception) -> RpcAbort | None:
     if isinstance(e, MetadataError):
-        return RpcAbort(e.code, str(e), e.reason)
+        return RpcAbort(e.code, str(e), e.reason, getattr(e, "extra", ()))
     return None
 
 
@@ -1301,7 +1305,8 @@ class MetadataServicer(pb_grpc.MetadataServicer):
             request.broker_id, request.host, request.port, principal=current_principal.get(), rack=request.rack
         )
         return pb.RegisterBrokerResponse(
-            partitions=partitions, heartbeat_interval_ms=self.metadata.heartbeat_interval_ms
+            partitions=partitions, heartbeat_interval_ms=self.metadata.heartbeat_interval_ms,
+            controller_epoch=self.metadata.pusher.controller_epoch,
         )
 
     @_handler
@@ -1312,7 +1317,8 @@ class MetadataServicer(pb_grpc.MetadataServicer):
             reregister = await self.metadata.broker_shutting_down(request.broker_id)
         else:
             reregister = self.metadata.heartbeat(request.broker_id)
-        return pb.BrokerHeartbeatResponse(reregister=reregister, acl_version=self.acls.view.version)
+        return pb.BrokerHeartbeatResponse(reregister=reregister, acl_version=self.acls.view.version,
+                                          controller_epoch=self.metadata.pusher.controller_epoch)
 
     @_handler
     async def AlterIsr(self, request: pb.AlterIsrRequest, context: grpc.aio.ServicerContext) -> pb.AlterIsrResponse:

@@ -19,6 +19,13 @@ back to preferred replicas that are in sync again.
 Until `start()` has loaded the state, metadata RPCs are answered UNAVAILABLE ("coordinator is
 starting: retry"), since the server may already be taking calls (`dmq server` shares its port).
 
+Several coordinators on one etcd (`lease_ttl_s` given; dmq.coordinator.controller.leadership):
+`start()` opens the store and stands by; the node takes control (step 2's claim, load, monitor,
+components) only once elected, and answers metadata RPCs meanwhile with NOT_COORDINATOR naming
+the active one. Deposed (its lease not renewed in time), it stops acting at once and calls
+`on_deposed` (the process runner then stops the process, to be started again as a standby).
+`stop()` resigns, so a standby takes over at once.
+
 Components. The group coordinator is a NodeComponent (add_to_server / start / stop) built by
 `dmq.coordinator.group_service.build(node)` in __init__ and kept as `node.groups`;
 `attach(component)` adds any other.
@@ -41,13 +48,16 @@ from prometheus_client import CollectorRegistry
 
 from dmq.coordinator.acls import AclManager
 from dmq.coordinator.broker_pool import BrokerPool
+from dmq.coordinator.controller.leadership import Leadership, NotCoordinator
 from dmq.coordinator.group_service import build as build_group_service
 from dmq.coordinator.metadata import (
     DEFAULT_BROKER_CALL_TIMEOUT_MS,
     DEFAULT_BROKER_SESSION_TIMEOUT_MS,
     DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS,
+    MetadataError,
     MetadataManager,
     MetadataServicer,
+    NotReady,
     PrincipalLimits,
     wall_clock_ms,
 )
@@ -101,6 +111,9 @@ class CoordinatorNode:
         metrics: CollectorRegistry | None = None,
         max_partition_series: int = DEFAULT_MAX_PARTITION_SERIES,
         metadata_store: MetadataStore | None = None,
+        lease_ttl_s: int | None = None,
+        on_active: Callable[[int], None] | None = None,
+        on_deposed: Callable[[], None] | None = None,
     ) -> None:
         if default_subscription_mode not in SUBSCRIPTION_MODES:
             raise ValueError(
@@ -157,6 +170,18 @@ class CoordinatorNode:
         )
         self.acl_manager = AclManager(self.store, self.acls)
         self.metadata_service = MetadataServicer(self.metadata, self.acl_manager)
+        # None: the only coordinator of its store (SQLite, or etcd without an election).
+        self.leadership: Leadership | None = None
+        if lease_ttl_s is not None:
+            self.leadership = Leadership(
+                self.store, advertised_address, lease_ttl_s,  # type: ignore[arg-type]  # an etcd store
+                on_elected=self._elected, on_deposed=self._deposed,
+            )
+            self.metadata.acting = self.leadership.leading
+            self.metadata.not_ready_error = self._refusal
+        self.controller_epoch = 0
+        self._on_active = on_active
+        self.on_deposed = on_deposed  # the process runner may set it after construction
         self.components: list[NodeComponent] = []
         self.groups: Any = None  # the group coordinator component, when there is one
         self._tasks: list[asyncio.Task[None]] = []
@@ -199,17 +224,26 @@ class CoordinatorNode:
             self.dir_lock.release()
             raise
         try:
+            if self.leadership is not None:
+                self._started = True
+                self._tasks.append(asyncio.create_task(self._lead(), name="coordinator-leadership"))
+                log.info("coordinator standing by", address=self.advertised_address, lease_ttl_s=self.leadership.ttl_s)
+                return
             # Fences every write of a coordinator that took control before this one (metastore.base).
-            await self.store.claim_controller_epoch()
-            await self.metadata.load()
-            await self.acl_manager.load()
-            self._started = True
-            self._tasks.append(asyncio.create_task(self._liveness_loop(), name="coordinator-broker-liveness"))
-            for component in self.components:
-                await component.start()
+            self.controller_epoch = self.metadata.pusher.controller_epoch = await self.store.claim_controller_epoch()
+            await self._take_control()
         except BaseException:
             await self.stop()
             raise
+
+    async def _take_control(self) -> None:
+        """Load the state and start the controller and group duties (the claim is the caller's)."""
+        await self.metadata.load()
+        await self.acl_manager.load()
+        self._started = True
+        self._tasks.append(asyncio.create_task(self._liveness_loop(), name="coordinator-broker-liveness"))
+        for component in self.components:
+            await component.start()
         log.info(
             "coordinator started",
             address=self.advertised_address,
@@ -238,6 +272,9 @@ class CoordinatorNode:
                 await asyncio.wait_for(self.metadata.close(), STOP_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - the channels and SQLite must still be closed
                 log.exception("controller background work failed to stop")
+            if self.leadership is not None:
+                # After every duty stopped: the standby that takes over never overlaps with them.
+                await asyncio.wait_for(self.leadership.resign(), STOP_TIMEOUT_S)
         finally:
             try:
                 await self.broker_pool.close()
@@ -259,6 +296,8 @@ class CoordinatorNode:
                 await asyncio.wait_for(self._stopping.wait(), interval_s)
             if self._stopping.is_set():
                 return
+            if not self.metadata.acting():
+                continue  # deposed: the process is stopping; a standby's controller decides now
             try:
                 await self.metadata.check_brokers()
             except Exception:  # noqa: BLE001 - the monitor must keep running (a failed election is retried)
@@ -269,3 +308,33 @@ class CoordinatorNode:
                     await self.metadata.rebalance_preferred_leaders()
                 except Exception:  # noqa: BLE001 - retried at the next check
                     log.exception("preferred leader check failed")
+
+    # -- several coordinators: the election's callbacks (dmq.coordinator.controller.leadership) ----
+
+    async def _lead(self) -> None:
+        assert self.leadership is not None
+        try:
+            await self.leadership.run()
+        except Exception:  # noqa: BLE001 - taking control failed (etcd, a load): stop, let another try
+            log.exception("taking control failed", address=self.advertised_address)
+            self.leadership.deposed = True
+            self._deposed()
+
+    async def _elected(self) -> None:
+        # Fences every write of the coordinator that led before (metastore.base).
+        self.controller_epoch = self.metadata.pusher.controller_epoch = await self.store.claim_controller_epoch()
+        await self._take_control()
+        log.info("coordinator active", address=self.advertised_address, controller_epoch=self.controller_epoch)
+        if self._on_active is not None:
+            self._on_active(self.controller_epoch)
+
+    def _deposed(self) -> None:
+        self.metadata.ready = False
+        if self.on_deposed is not None:
+            self.on_deposed()
+
+    def _refusal(self) -> MetadataError:
+        lead = self.leadership
+        if lead is None or (not lead.deposed and lead.active_address == self.advertised_address):
+            return NotReady()  # elected, still loading
+        return NotCoordinator(None if lead.deposed else lead.active_address)

@@ -841,12 +841,14 @@ class RegisterBrokerRequest(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
-    __slots__ = ("partitions", "heartbeat_interval_ms")
+    __slots__ = ("partitions", "heartbeat_interval_ms", "controller_epoch")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[CreatePartitionsRequest]
     heartbeat_interval_ms: int
-    def __init__(self, partitions: _Optional[_Iterable[_Union[CreatePartitionsRequest, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
+    controller_epoch: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[CreatePartitionsRequest, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., controller_epoch: _Optional[int] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
     __slots__ = ("broker_id", "shutting_down")
@@ -857,12 +859,14 @@ class BrokerHeartbeatRequest(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., shutting_down: _Optional[bool] = ...) -> None: ...
 
 class BrokerHeartbeatResponse(_message.Message):
-    __slots__ = ("reregister", "acl_version")
+    __slots__ = ("reregister", "acl_version", "controller_epoch")
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
     ACL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     reregister: bool
     acl_version: int
-    def __init__(self, reregister: _Optional[bool] = ..., acl_version: _Optional[int] = ...) -> None: ...
+    controller_epoch: int
+    def __init__(self, reregister: _Optional[bool] = ..., acl_version: _Optional[int] = ..., controller_epoch: _Optional[int] = ...) -> None: ...
 
 class ListBrokersRequest(_message.Message):
     __slots__ = ()

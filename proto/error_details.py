@@ -27,6 +27,8 @@ __all__ = [
     "CONFLICT_POSITION_KEY",
     "CLAIM_NOT_HELD",
     "NOT_ENOUGH_REPLICAS",
+    "NOT_COORDINATOR",
+    "ACTIVE_COORDINATOR_KEY",
 ]
 
 REASON_KEY = "dmq-error-reason"
@@ -56,6 +58,10 @@ BROKER_ID_TAKEN = "broker-id-taken"
 # min_insync_replicas (refused before appending: nothing stored), or it did not cover the batch in
 # time. Retriable: the leader is right; its followers must catch up or come back.
 NOT_ENOUGH_REPLICAS = "not-enough-replicas"
+# UNAVAILABLE from a standby coordinator (several share one etcd, one is active): retry at the
+# active one, whose advertised "host:port" travels under ACTIVE_COORDINATOR_KEY when it is known.
+NOT_COORDINATOR = "not-coordinator"
+ACTIVE_COORDINATOR_KEY = "dmq-active-coordinator"
 
 
 def reason_of(trailing_metadata: object) -> str | None:

@@ -88,18 +88,23 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 
 
 def _check_bootstrap(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    value = value.strip()
-    if "://" in value:
-        value = value.split("://", 1)[1].rstrip("/")
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"expected HOST:PORT such as 127.0.0.1:9091, got {value!r}")
-    return value
+    """HOST:PORT, or several comma-separated (coordinators on one etcd: the client finds the active one)."""
+    entries = []
+    for entry in value.split(","):
+        entry = entry.strip()
+        if "://" in entry:
+            entry = entry.split("://", 1)[1].rstrip("/")
+        host, sep, port = entry.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise click.BadParameter(f"expected HOST:PORT such as 127.0.0.1:9091 (or several, comma-separated), got {entry!r}")
+        entries.append(entry)
+    return ",".join(entries)
 
 
 @click.group(cls=DMQGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--bootstrap", envvar="DMQ_BOOTSTRAP", metavar="HOST:PORT", default="127.0.0.1:9091", show_default=True,
-              callback=_check_bootstrap, help="Coordinator address HOST:PORT (env DMQ_BOOTSTRAP).")
+              callback=_check_bootstrap,
+              help="Coordinator address HOST:PORT, or several comma-separated (env DMQ_BOOTSTRAP).")
 @click.option("--timeout", "timeout_s", envvar="DMQ_TIMEOUT", metavar="SECONDS", type=click.FloatRange(0.1), default=15.0,
               show_default=True, help="Seconds to wait for the cluster to answer a request (env DMQ_TIMEOUT).")
 @click.option("--token", envvar="DMQ_TOKEN", metavar="JWT", default=None, show_default="none",

@@ -563,9 +563,12 @@ async def run_coordinator_only(
     data_dir: pathlib.Path, host: str, port: int, on_ready: Callable[[str], None], *,
     security: ServerSecurity | None = None, quotas: QuotaSettings | None = None,
     principal_limits: PrincipalLimits | None = None, metrics_port: int | None = None,
-    on_metrics: Callable[[str], None] | None = None, **kwargs: object
+    on_metrics: Callable[[str], None] | None = None, advertise: str | None = None, **kwargs: object
 ) -> None:
-    """`metrics_port`: None no /metrics endpoint, 0 a free port, else that port; `on_metrics` gets its URL."""
+    """`metrics_port`: None no /metrics endpoint, 0 a free port, else that port; `on_metrics` gets its URL.
+    `advertise`: the address brokers and clients are told to use (default: host and the bound port).
+    With `lease_ttl_s` (several coordinators on one etcd), a coordinator deposed by a lapsed lease
+    stops the process (SystemExit): started again, it stands by."""
     check_bind_security(host, security)
     acls = AclView()
     registry = new_registry() if metrics_port is not None else None
@@ -573,7 +576,7 @@ async def run_coordinator_only(
     lock = DataDirLock(data_dir)
     bound = _locked_then_bound(lock, server, host, port, security)
     node = CoordinatorNode(
-        data_dir, advertised_address=f"{host}:{bound}", acls=acls,
+        data_dir, advertised_address=advertise or f"{host}:{bound}", acls=acls,
         client_security=security.cluster_client() if security is not None else None,
         principal_limits=exempting(principal_limits, security),
         metrics=registry,
@@ -616,7 +619,13 @@ async def run_coordinator_only(
                     if endpoint is not None:
                         await endpoint.stop()
 
+    if node.leadership is not None:
+        # A deposed coordinator stops the way a signal stops it (a clean stop, then exit).
+        node.on_deposed = lambda: os.kill(os.getpid(), signal.SIGTERM)
     await serve_until_signalled(start, stop, lambda: on_ready(f"{host}:{bound}"))
+    if node.leadership is not None and node.leadership.deposed:
+        raise SystemExit("dmq coordinator: deposed (its leadership lease was not renewed in time); "
+                         "start it again to stand by")
 
 
 async def run_broker_only(

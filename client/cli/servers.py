@@ -558,6 +558,12 @@ def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> list[str]:
 # For `dmq server --brokers N --port 0`: the parent learns the port the coordinator bound here.
 @click.option("--address-file", type=click.Path(dir_okay=False, path_type=pathlib.Path), default=None, hidden=True,
               show_default="(none)", help="Write the address this coordinator listens on to this file once it listens.")
+@click.option("--advertise", default=None, metavar="HOST:PORT", show_default="--host and the bound port",
+              help="The address brokers and clients reach this coordinator at; with etcd, standbys name it "
+                   "in their NOT_COORDINATOR answers.")
+@click.option("--lease-ttl-s", type=click.IntRange(2, 300), default=None, show_default="5 with --advertise",
+              help="With etcd and this or --advertise, several coordinators elect one active through a lease "
+                   "of this many seconds: a standby takes over within about this long of the active one's death.")
 def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscription_mode: str,
                     default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int,
                     default_replication_factor: int | None,
@@ -565,9 +571,12 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
                     metadata_store: str, etcd_user: str | None, etcd_password: str | None,
                     etcd_ca_file: pathlib.Path | None, etcd_cert_file: pathlib.Path | None,
                     etcd_key_file: pathlib.Path | None, address_file: pathlib.Path | None,
-                    **security_options) -> None:
-    """Run the coordinator alone: metadata (brokers, topics) and consumer groups."""
+                    advertise: str | None, lease_ttl_s: int | None, **security_options) -> None:
+    """Run the coordinator alone: metadata (brokers, topics) and consumer groups. Several on one
+    etcd: one is active, the others stand by (--lease-ttl-s)."""
     from dmq.coordinator.metastore.base import StoreError
+    from dmq.client._cluster import parse_address
+    from dmq.coordinator.controller.leadership import DEFAULT_LEASE_TTL_S
     from dmq.coordinator.metastore.config import make_metadata_store
 
     try:
@@ -575,6 +584,19 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
                                     etcd_ca_file=etcd_ca_file, etcd_cert_file=etcd_cert_file, etcd_key_file=etcd_key_file)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--metadata-store") from None
+    if metadata_store.startswith("etcd://"):
+        # --advertise or --lease-ttl-s: one of several coordinators, elected; neither: the only
+        # coordinator of this etcd prefix, taking control at start as before.
+        if advertise is not None or lease_ttl_s is not None:
+            lease_ttl_s = lease_ttl_s or DEFAULT_LEASE_TTL_S
+    elif lease_ttl_s is not None:
+        raise click.BadParameter("only with --metadata-store etcd://… (several coordinators share it)",
+                                 param_hint="--lease-ttl-s")
+    if advertise is not None:
+        try:
+            parse_address(advertise)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--advertise") from None
     security, quotas, _argv = _pop_security(security_options)
     limits, _limits_argv = _principal_limits(max_topics_per_principal, max_partitions_per_principal)
     from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
@@ -591,7 +613,8 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
             default_replication_factor=default_replication_factor,
             security=security, quotas=quotas, principal_limits=limits,
             metrics_port=metrics_port, on_metrics=lambda url: click.echo(f"coordinator metrics at {url}", err=True),
-            metadata_store=store,
+            metadata_store=store, advertise=advertise, lease_ttl_s=lease_ttl_s,
+            on_active=lambda epoch: click.echo(f"coordinator active (controller epoch {epoch})", err=True),
         ))
     except (OSError, ValueError) as e:  # a busy port; security settings refused (SecurityConfigError)
         raise click.ClickException(str(e)) from None
@@ -608,7 +631,9 @@ def _listening(name: str, address: str, address_file: pathlib.Path | None) -> No
 
 
 @click.command("broker")
-@click.option("--coordinator", "coordinator", required=True, metavar="HOST:PORT", help="The coordinator to register with.")
+@click.option("--coordinator", "coordinator", required=True, metavar="HOST:PORT[,HOST:PORT...]",
+              help="The coordinator to register with; several (one active, the others standing by): the "
+                   "broker finds the active one and follows it when it changes.")
 @click.option("--broker-id", type=click.IntRange(0), required=True, help="This broker's stable id.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on and advertise.")
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0 picks a free port.")

@@ -93,7 +93,7 @@ class ConsumerConfig:
     security: ClientSecurity | None = field(default=None, init=False, repr=False, compare=False)
     """TLS and token settled by __post_init__ from the five settings above and the environment."""
     address: str = field(default="", init=False, repr=False, compare=False)
-    """The bootstrap address __post_init__ settled on: a str, where the settings it came from are optional."""
+    """The bootstrap address(es) __post_init__ settled on: a str, where the settings it came from are optional."""
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -101,7 +101,9 @@ class ConsumerConfig:
             raise InvalidConfigError("invalid ConsumerConfig: " + "; ".join(problems))
         self.security = client_security({n: getattr(self, n) for n in SECURITY_SETTINGS})
         address = bootstrap_address({n: getattr(self, n) for n in BOOTSTRAP_NAMES}, "ConsumerConfig")
-        self.metadata_service_url = self.bootstrap_servers = address
+        # The address in use (the first reachable of several); `address` keeps them all, for the
+        # Cluster to follow the active coordinator among them.
+        self.metadata_service_url = self.bootstrap_servers = address.split(",")[0]
         self.address = address
         self.bootstrap = None
         if self.auto_offset_reset is not None and self.subscription_mode is None:

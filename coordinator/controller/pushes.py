@@ -73,6 +73,9 @@ class StatePusher:
         self.broker_pool = broker_pool
         self.address_of = address_of
         self.call_timeout_ms = call_timeout_ms
+        # The epoch this coordinator claimed (the node sets it): sent with every push and every
+        # answer to a broker, which refuses pushes of an older one (a deposed coordinator's).
+        self.controller_epoch = 0
         self.pending: dict[int, _Pending] = {}
         self._unimplemented: set[int] = set()  # brokers told once that they cannot take states
         self._retrying: dict[int, asyncio.Task[None]] = {}
@@ -132,7 +135,8 @@ class StatePusher:
         if address is None or self._closed:
             return
         request = pb.UpdatePartitionStatesRequest(
-            states=[partition_state(t, p, s, self.address_of) for (t, p), s in sorted(states.items())]
+            states=[partition_state(t, p, s, self.address_of) for (t, p), s in sorted(states.items())],
+            controller_epoch=self.controller_epoch,
         )
         try:
             response = await self.broker_pool.stub(address).UpdatePartitionStates(

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dmq.client.cli import _check_bootstrap
 from dmq.client.cli._output import human_bytes, human_duration_ms
 from dmq.client.cli._parse import (
     parse_datetime_ms,
@@ -157,3 +158,9 @@ def test_a_client_error_becomes_one_line_chosen_by_its_class() -> None:
         "group 'g' has 1 active member(s)"
     # Raised by the library itself (no server code): its own message, which says what to do.
     assert explain(errors.InvalidArgumentError("invalid topic name: too long"), coord) == "invalid topic name: too long"
+
+
+def test_bootstrap_takes_several_addresses_and_names_a_bad_one() -> None:
+    assert _check_bootstrap(None, None, " dmq://h1:9091/, h2:9091 ") == "h1:9091,h2:9091"  # type: ignore[arg-type]
+    with pytest.raises(click.BadParameter, match="got 'h2'"):
+        _check_bootstrap(None, None, "h1:9091,h2")  # type: ignore[arg-type]

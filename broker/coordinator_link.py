@@ -1,0 +1,98 @@
+"""The broker's connection to the active coordinator, among several (issue 28 item 3).
+
+`dmq broker --coordinator h1:p,h2:p,h3:p` names every coordinator; one is active, the others
+stand by and answer UNAVAILABLE with the reason not-coordinator and, when they know it, the active
+one's address (dmq.proto.error_details.ACTIVE_COORDINATOR_KEY). The link holds one channel, to
+the coordinator it believes active; after a failed call the node asks `follow(error)`:
+  1. a not-coordinator answer naming the active one: move there;
+  2. a not-coordinator answer naming none (an election is under way), or the coordinator is
+     unreachable, with several addresses: move to the next one of the list;
+  3. anything else, or a single address: stay (as before: the one coordinator comes back).
+The old channel is closed when the link moves; calls still on it end CANCELLED and their loops
+retry on the new one. One owner: the broker node, which closes the link when it stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+import structlog
+
+from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto import error_details
+
+log = structlog.get_logger(__name__)
+
+_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+def split_coordinators(value: str) -> list[str]:
+    """The "host:port" entries of a comma-separated list, in order, without duplicates."""
+    out = [a.strip() for a in value.split(",") if a.strip()]
+    for address in out:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"coordinator address must be 'host:port' (e.g. '127.0.0.1:9091'), got {address!r}")
+    if not out:
+        raise ValueError(f"no coordinator address in {value!r}")
+    return list(dict.fromkeys(out))
+
+
+class CoordinatorLink:
+    def __init__(self, addresses: list[str], new_channel: Callable[[str], grpc.aio.Channel]) -> None:
+        self.addresses = addresses
+        self._new_channel = new_channel
+        self.address = addresses[0]
+        self.channel: grpc.aio.Channel | None = None
+        self.metadata: pb_grpc.MetadataStub | None = None
+        self.groups: pb_grpc.GroupCoordinatorStub | None = None
+        self._retired: list[grpc.aio.Channel] = []
+
+    def __repr__(self) -> str:
+        return f"<CoordinatorLink address={self.address!r} of={self.addresses}>"
+
+    def open(self) -> None:
+        self._connect(self.address)
+
+    def _connect(self, address: str) -> None:
+        if self.channel is not None:
+            self._retired.append(self.channel)
+        self.address = address
+        self.channel = self._new_channel(address)
+        self.metadata = pb_grpc.MetadataStub(self.channel)
+        self.groups = pb_grpc.GroupCoordinatorStub(self.channel)
+
+    async def follow(self, error: grpc.aio.AioRpcError) -> bool:
+        """Move after `error` from the current coordinator when it says where (or that it is not
+        the one); True when the link now points elsewhere."""
+        try:
+            trailing = error.trailing_metadata()
+        except Exception:  # noqa: BLE001 - a call that never connected has no metadata
+            trailing = None
+        reason = error_details.reason_of(trailing)
+        named = error_details.value_of(trailing, error_details.ACTIVE_COORDINATOR_KEY)
+        if reason == error_details.NOT_COORDINATOR and named:
+            target = named
+        elif len(self.addresses) > 1 and (reason == error_details.NOT_COORDINATOR or error.code() in _UNREACHABLE):
+            i = self.addresses.index(self.address) if self.address in self.addresses else -1
+            target = self.addresses[(i + 1) % len(self.addresses)]
+        else:
+            return False
+        if target == self.address:
+            return False
+        log.info("following the active coordinator", old=self.address, new=target, reason=reason or error.code().name)
+        self._connect(target)
+        await self._close_retired()
+        return True
+
+    async def _close_retired(self) -> None:
+        retired, self._retired = self._retired, []
+        for channel in retired:
+            await channel.close(None)
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            self._retired.append(self.channel)
+            self.channel = None
+        await self._close_retired()

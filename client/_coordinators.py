@@ -1,0 +1,161 @@
+"""A channel to whichever of several coordinators is active (issue 28 item 3).
+
+With ``bootstrap_servers="h1:p,h2:p,h3:p"`` naming several coordinators (one active on a shared
+etcd, the others standing by), the `Cluster` hands every stub for any of those addresses this
+`CoordinatorRouter` instead of a plain channel. Each call goes to the coordinator the router
+believes active, and its outcome is observed:
+  1. UNAVAILABLE with the reason not-coordinator naming the active one: move there, unless that
+     address refused a connection in the last DOWN_S (a standby may still name a dead
+     coordinator until its lease lapses);
+  2. not-coordinator naming none, or no connection could be made: move to the next address;
+  3. anything else: stay.
+A blocking call refused in case 1 or 2 is sent again at once to the new address (a standby did
+nothing, and a refused connection sent nothing), at most once per address; when every attempt
+failed, a standby's answer (retriable UNAVAILABLE, which the caller's retry policy asks again
+after a pause) is raised in preference to a refused connection (which callers take as final).
+Futures and streams are only observed: their callers' own retries then reach the new address.
+With one address the Cluster uses a plain channel, exactly as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from dmq.client._log import get_logger
+from dmq.client.errors import is_connect_failure
+from dmq.proto import error_details
+
+log = get_logger(__name__)
+
+__all__ = ["CoordinatorRouter"]
+
+DOWN_S = 1.0
+
+
+def _trailing(error: grpc.RpcError) -> Any:
+    fn = getattr(error, "trailing_metadata", None)
+    try:
+        return fn() if callable(fn) else None
+    except Exception:  # noqa: BLE001 - a call that never connected has no metadata
+        return None
+
+
+class CoordinatorRouter(grpc.Channel):
+    def __init__(self, addresses: list[str], channel_for: Callable[[str], grpc.Channel]) -> None:
+        self.addresses = list(addresses)
+        self.current = self.addresses[0]
+        self._channel_for = channel_for
+        self._lock = threading.Lock()
+        self._down: dict[str, float] = {}  # address -> time.monotonic() of its last refused connection
+
+    def __repr__(self) -> str:
+        return f"<CoordinatorRouter current={self.current!r} of={self.addresses}>"
+
+    def observe(self, address: str, error: grpc.RpcError) -> bool:
+        """Move after `error` from `address` (if it is still the current one); True when moved."""
+        code = error.code() if callable(getattr(error, "code", None)) else None
+        details = error.details() if callable(getattr(error, "details", None)) else None
+        trailing = _trailing(error)
+        reason = error_details.reason_of(trailing)
+        named = error_details.value_of(trailing, error_details.ACTIVE_COORDINATOR_KEY)
+        refused = code == grpc.StatusCode.UNAVAILABLE and is_connect_failure(details)
+        with self._lock:
+            now = time.monotonic()
+            if refused:
+                self._down[address] = now
+            if address != self.current:
+                return True  # another call moved already
+            if reason == error_details.NOT_COORDINATOR and named and now - self._down.get(named, -DOWN_S) >= DOWN_S:
+                target = named
+                if named not in self.addresses and len(self.addresses) < 16:  # bounded
+                    self.addresses.append(named)
+            elif reason == error_details.NOT_COORDINATOR or refused:
+                target = self.addresses[(self.addresses.index(address) + 1) % len(self.addresses)]
+            else:
+                return False
+            if target == address:
+                return False
+            self.current = target
+        log.info("following the active coordinator", old=address, new=target, reason=reason or "unreachable")
+        return True
+
+    # -- grpc.Channel ---------------------------------------------------------------------------
+
+    def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _Routed(self, lambda ch: ch.unary_unary(method, *args, **kwargs))
+
+    def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _Routed(self, lambda ch: ch.unary_stream(method, *args, **kwargs))
+
+    def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _Routed(self, lambda ch: ch.stream_unary(method, *args, **kwargs))
+
+    def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return _Routed(self, lambda ch: ch.stream_stream(method, *args, **kwargs))
+
+    def subscribe(self, callback: Any, try_to_connect: bool = False) -> None:
+        self._channel_for(self.current).subscribe(callback, try_to_connect=try_to_connect)
+
+    def unsubscribe(self, callback: Any) -> None:
+        for address in self.addresses:
+            self._channel_for(address).unsubscribe(callback)
+
+    def close(self) -> None:
+        """The Cluster closes the channels underneath."""
+
+    def __enter__(self) -> CoordinatorRouter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Routed:
+    """One method's multicallable, at whichever coordinator is current."""
+
+    def __init__(self, router: CoordinatorRouter, make: Callable[[grpc.Channel], Any]) -> None:
+        self._router = router
+        self._make = make
+        self._by_address: dict[str, Any] = {}
+
+    def _at(self, address: str) -> Any:
+        call = self._by_address.get(address)
+        if call is None:
+            call = self._by_address[address] = self._make(self._router._channel_for(address))
+        return call
+
+    def _blocking(self, name: str, request: Any, kwargs: dict[str, Any]) -> Any:
+        answered: grpc.RpcError | None = None  # the last error a coordinator sent (not a refused connection)
+        for _attempt in range(len(self._router.addresses) + 1):
+            address = self._router.current
+            try:
+                return getattr(self._at(address), name)(request, **kwargs)
+            except grpc.RpcError as e:
+                if not (callable(getattr(e, "details", None)) and is_connect_failure(e.details())):
+                    answered = e
+                if not self._router.observe(address, e):
+                    raise
+                last = e
+        raise answered or last
+
+    def __call__(self, request: Any, **kwargs: Any) -> Any:
+        return self._blocking("__call__", request, kwargs)
+
+    def with_call(self, request: Any, **kwargs: Any) -> Any:
+        return self._blocking("with_call", request, kwargs)
+
+    def future(self, request: Any, **kwargs: Any) -> Any:
+        address = self._router.current
+        future = self._at(address).future(request, **kwargs)
+
+        def done(f: Any) -> None:
+            if not f.cancelled() and f.exception() is not None and isinstance(f.exception(), grpc.RpcError):
+                self._router.observe(address, f.exception())
+
+        future.add_done_callback(done)
+        return future

@@ -1,0 +1,259 @@
+"""Several real `dmq coordinator --metadata-store etcd://… --lease-ttl-s N` processes on one real
+etcd (issue 28 item 2): one is active, the others stand by answering NOT_COORDINATOR with the
+active one's address; a standby takes over when the active one is killed (SIGKILL), paused past
+its lease (SIGSTOP: resumed, the deposed one stops acting and exits) or stopped cleanly (its lease
+revoked: at once, far sooner than the TTL)."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from dmq.client import AdminClient, DMQConsumer, Producer
+from dmq.client.errors import DMQError
+from dmq.coordinator.metastore.config import make_metadata_store
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto import error_details
+
+START_TIMEOUT_S = 30.0  # a child importing grpc on a loaded 2-core machine
+WAIT_S = 30.0
+TTL_S = 2  # etcd's minimum: keeps each test short
+ACTIVE = "coordinator active"
+
+
+class _Coordinator:
+    """One `python -m dmq.client.cli coordinator` process; `address` once it listens."""
+
+    def __init__(self, root: pathlib.Path, name: str, url: str, ttl_s: int = TTL_S) -> None:
+        self.name = name
+        self.log_path = root / f"{name}.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dmq.client.cli", "coordinator", "--port", "0", "--data-dir", str(root / name),
+                 "--metadata-store", url, "--lease-ttl-s", str(ttl_s), "--log-level", "warning"],
+                stdout=log, stderr=log,
+            )
+        try:
+            _wait(lambda: "coordinator listening on" in self.log() or self.proc.poll() is not None, START_TIMEOUT_S, "start")
+        except AssertionError:
+            self.kill()
+            raise
+        lines = [ln for ln in self.log().splitlines() if "coordinator listening on" in ln]
+        assert lines, f"{name} did not start: {self.log()[-2000:]}"
+        self.address = lines[0].rsplit(" ", 1)[-1].strip()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def active(self) -> bool:
+        return ACTIVE in self.log()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a stopped process must be able to die
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def _wait(predicate: object, timeout_s: float, what: str) -> float:
+    started = time.monotonic()
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() - started > timeout_s:
+            raise AssertionError(f"no {what} within {timeout_s:.1f}s")
+        time.sleep(0.02)  # polling a condition under a deadline
+    return time.monotonic() - started
+
+
+def _one_active(coordinators: list[_Coordinator], timeout_s: float) -> _Coordinator:
+    _wait(lambda: any(c.active() for c in coordinators), timeout_s, "active coordinator")
+    active = [c for c in coordinators if c.active()]
+    assert len(active) == 1, [c.name for c in active]
+    return active[0]
+
+
+def _list_topics(address: str) -> grpc.RpcError | None:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            pb_grpc.MetadataStub(channel).ListTopics(pb.ListTopicsRequest(), timeout=WAIT_S)
+        except grpc.RpcError as e:
+            return e
+    return None
+
+
+def _active_named_by(address: str) -> str | None:
+    refused = _list_topics(address)
+    return None if refused is None else error_details.value_of(refused.trailing_metadata(), error_details.ACTIVE_COORDINATOR_KEY)
+
+
+def _epoch(url: str, tmp_path: pathlib.Path) -> int:
+    async def read() -> int:
+        store = make_metadata_store(url, tmp_path)
+        await store.open()
+        try:
+            return await store.load_controller_epoch()
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+@pytest.fixture
+def coordinators(tmp_path: pathlib.Path) -> object:
+    started: list[_Coordinator] = []
+    yield started
+    for c in started:
+        c.kill()
+
+
+def test_one_active_standbys_name_it_and_one_takes_over_after_sigkill(  # and the CLI's --bootstrap a,b,c
+
+    tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator]
+) -> None:
+    coordinators += [_Coordinator(tmp_path, f"c{i}", etcd_url) for i in range(3)]
+    first = _one_active(coordinators, WAIT_S)
+    assert _list_topics(first.address) is None
+    for standby in (c for c in coordinators if c is not first):
+        refused = _list_topics(standby.address)
+        assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+        trailers = refused.trailing_metadata()
+        assert error_details.reason_of(trailers) == error_details.NOT_COORDINATOR
+        assert error_details.value_of(trailers, error_details.ACTIVE_COORDINATOR_KEY) == first.address
+    assert _epoch(etcd_url, tmp_path) == 1
+
+    first.proc.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    first.proc.wait(10)
+    rest = [c for c in coordinators if c is not first]
+    second = _one_active(rest, WAIT_S)
+    took_s = time.monotonic() - killed
+    print(f"takeover after SIGKILL: {took_s:.2f}s (lease TTL {TTL_S}s)")
+    assert took_s <= TTL_S + 1, f"takeover took {took_s:.2f}s"
+    assert _list_topics(second.address) is None
+    assert _epoch(etcd_url, tmp_path) == 2
+    standby = next(c for c in rest if c is not second)
+    _wait(lambda: _active_named_by(standby.address) == second.address, WAIT_S, "standby naming the new active one")
+    # The CLI given every address, the dead one and the standby first, finds the active one.
+    bootstrap = ",".join([first.address, standby.address, second.address])
+    done = subprocess.run([sys.executable, "-m", "dmq.client.cli", "--bootstrap", bootstrap, "topics", "list"],
+                          capture_output=True, text=True, timeout=WAIT_S)
+    assert done.returncode == 0, done.stderr  # a standby would have answered UNAVAILABLE
+
+
+def test_a_clean_stop_hands_over_at_once(tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator]) -> None:
+    """A long lease (20 s): only a revoked lease lets the standby take over within a few seconds."""
+    coordinators += [_Coordinator(tmp_path, f"c{i}", etcd_url, ttl_s=20) for i in range(2)]
+    first = _one_active(coordinators, WAIT_S)
+    first.proc.send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
+    assert first.proc.wait(WAIT_S) == 0, first.log()[-2000:]
+    second = next(c for c in coordinators if c is not first)
+    _wait(second.active, WAIT_S, "takeover")
+    took_s = time.monotonic() - stopped
+    print(f"takeover after a clean stop: {took_s:.2f}s (lease TTL 20s)")
+    assert took_s < 10, f"took {took_s:.2f}s: the lease was left to lapse, not revoked"
+
+
+def test_a_paused_coordinator_is_deposed_and_steps_down_when_resumed(
+    tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator]
+) -> None:
+    coordinators += [_Coordinator(tmp_path, f"c{i}", etcd_url) for i in range(2)]
+    first = _one_active(coordinators, WAIT_S)
+    second = next(c for c in coordinators if c is not first)
+    first.proc.send_signal(signal.SIGSTOP)
+    try:
+        took_s = _wait(second.active, WAIT_S, "takeover from a paused coordinator")
+    finally:
+        first.proc.send_signal(signal.SIGCONT)
+    print(f"takeover from a paused coordinator: {took_s:.2f}s (lease TTL {TTL_S}s)")
+    # Resumed, it finds its lease unrenewed past the deadline: it stops acting and exits.
+    assert first.proc.wait(WAIT_S) != 0
+    assert "deposed" in first.log(), first.log()[-2000:]
+    assert _epoch(etcd_url, tmp_path) == 2
+    assert _list_topics(second.address) is None
+
+
+def _broker(root: pathlib.Path, coordinators: list[_Coordinator]) -> subprocess.Popen[bytes]:
+    log_path = root / "broker0.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dmq.client.cli", "broker", "--coordinator", ",".join(c.address for c in coordinators),
+             "--broker-id", "0", "--data-dir", str(root / "b0"), "--log-level", "warning"],
+            stdout=log, stderr=log,
+        )
+    return proc
+
+
+def test_a_client_and_a_broker_given_every_address_follow_a_takeover(
+    tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator]
+) -> None:
+    """`dmq broker --coordinator a,b` and clients with bootstrap_servers="a,b": topic creation,
+    produce and a group's consumption work before and after the active coordinator is killed; the
+    broker then refuses a push of the old controller epoch."""
+    coordinators += [_Coordinator(tmp_path, f"c{i}", etcd_url) for i in range(2)]
+    first = _one_active(coordinators, WAIT_S)
+    broker = _broker(tmp_path, coordinators)
+    bootstrap = ",".join(c.address for c in reversed(coordinators))  # a standby first, as likely as not
+    try:
+        with AdminClient(bootstrap_servers=bootstrap) as admin:
+            _wait(lambda: _alive_brokers(admin) == {0}, WAIT_S, "broker registered")
+            admin.create_topic("orders", partitions=2)
+        with Producer(bootstrap_servers=bootstrap) as producer, DMQConsumer(
+            bootstrap_servers=bootstrap, group_id="app", auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=1000,
+        ) as consumer:
+            for i in range(10):
+                producer.send("orders", f"before-{i}".encode(), partition=i % 2).get(WAIT_S)
+            consumer.subscribe("orders")
+            got = _consume(consumer, 10)
+            consumer.commit_sync()
+
+            first.proc.send_signal(signal.SIGKILL)
+            first.proc.wait(10)
+            second = _one_active([c for c in coordinators if c is not first], WAIT_S)
+            with AdminClient(bootstrap_servers=bootstrap) as admin:
+                took_s = _wait(lambda: _alive_brokers(admin) == {0}, WAIT_S, "broker re-registered with the new active one")
+                print(f"broker alive at the new active coordinator {took_s:.2f}s after it took over")
+                admin.create_topic("after", partitions=1)
+                assert {t.name for t in admin.list_topics()} >= {"orders", "after"}
+                broker_address = next(b.address for b in admin.list_brokers() if b.broker_id == 0)
+            # What the deposed coordinator (controller epoch 1) would push is refused; the new one's (2) is not.
+            with grpc.insecure_channel(broker_address) as channel:
+                stub = pb_grpc.BrokerStub(channel)
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.UpdatePartitionStates(pb.UpdatePartitionStatesRequest(controller_epoch=1), timeout=WAIT_S)
+                assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert "controller_epoch 1 is older than 2" in (refused.value.details() or "")
+                stub.UpdatePartitionStates(pb.UpdatePartitionStatesRequest(controller_epoch=2), timeout=WAIT_S)
+            for i in range(10):
+                producer.send("orders", f"after-{i}".encode(), partition=i % 2).get(WAIT_S)
+            got += _consume(consumer, 10)
+            consumer.commit_sync()
+        assert sorted(got) == sorted([f"before-{i}".encode() for i in range(10)] + [f"after-{i}".encode() for i in range(10)])
+        assert second.proc.poll() is None
+    finally:
+        if broker.poll() is None:
+            broker.send_signal(signal.SIGKILL)
+        broker.wait(10)
+
+
+def _alive_brokers(admin: AdminClient) -> set[int]:
+    try:
+        return {b.broker_id for b in admin.list_brokers() if b.alive}
+    except DMQError:  # no coordinator active yet: not yet
+        return set()
+
+
+def _consume(consumer: DMQConsumer, count: int) -> list[bytes]:
+    values: list[bytes] = []
+    deadline = time.monotonic() + WAIT_S
+    while len(values) < count and time.monotonic() < deadline:
+        values += [r.value for r in consumer.poll(timeout_ms=200)]
+    assert len(values) == count, values
+    return values
