@@ -108,7 +108,8 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits
 from dmq.proto.names import shorten
 from dmq.proto.security.interceptor import ANONYMOUS, current_principal
-from dmq.proto.server_errors import RpcAbort, rpc_handler
+from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.server_errors import rpc_handler
 
 log = structlog.get_logger(__name__)
 
@@ -140,36 +141,34 @@ TopicDeletedListener = Callable[[str], Awaitable[None] | None]
 # -- errors ---------------------------------------------------------------------------------------
 
 
-class MetadataError(Exception):
-    """A request the metadata service refuses; `code` is the gRPC status it maps to."""
-
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
-    reason: str | None = None  # a dmq.proto.error_details reason, sent as trailing metadata
+class MetadataError(DomainError):
+    """A request the metadata service refuses; rpc_handler maps `code` to its gRPC status
+    (dmq.proto.server_errors), `reason` (dmq.proto.error_details) goes as trailing metadata."""
 
 
-class InvalidArgument(MetadataError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
+class InvalidArgumentError(MetadataError):
+    code = ErrorCode.INVALID_ARGUMENT
 
 
-class FailedPrecondition(MetadataError):
-    code = grpc.StatusCode.FAILED_PRECONDITION
+class FailedPreconditionError(MetadataError):
+    code = ErrorCode.FAILED_PRECONDITION
 
 
-class BrokerIdTaken(MetadataError):
+class BrokerIdTakenError(MetadataError):
     # FAILED_PRECONDITION: another, live broker holds the id. A broker restarted at a new address
     # retries until the old registration's session expires (dmq.broker.node).
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    code = ErrorCode.FAILED_PRECONDITION
     reason = error_details.BROKER_ID_TAKEN
 
 
-class PartitionLimitExceeded(MetadataError):
+class PartitionLimitExceededError(MetadataError):
     # RESOURCE_EXHAUSTED: the request is valid, the cluster is full (delete topics or add brokers).
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = ErrorCode.RESOURCE_EXHAUSTED
 
 
-class PrincipalLimitExceeded(MetadataError):
+class PrincipalLimitExceededError(MetadataError):
     # RESOURCE_EXHAUSTED: valid, but the principal holds as much as it may (delete its unused topics).
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = ErrorCode.RESOURCE_EXHAUSTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +193,7 @@ class PrincipalLimits:
 class CoordinatorDiskFull(MetadataError):
     """The coordinator's SQLite could not write: its disk is full. Nothing changed; retriable."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = ErrorCode.RESOURCE_EXHAUSTED
     reason = error_details.DISK_FULL
 
 
@@ -203,7 +202,7 @@ class StoreUnavailable(MetadataError):
     (dmq.coordinator.metastore.base; nothing changed), or etcd unreachable or stalled (nothing
     changed, or, when the call timed out, the outcome is unknown until the store is read again). Retriable."""
 
-    code = grpc.StatusCode.UNAVAILABLE
+    code = ErrorCode.UNAVAILABLE
 
 
 @contextlib.contextmanager
@@ -235,7 +234,7 @@ class BrokerRefused(MetadataError):
 
     def __init__(self, refusal: BrokerRefusal, message: str, *, undone: bool) -> None:
         super().__init__(message)
-        self.code = refusal.code
+        self.code = ErrorCode(refusal.code.name)  # the broker's status, relayed
         self.reason = refusal.reason
         self.refusal = refusal
         self.undone = undone  # False: the store could not undo it either (the message says what to do)
@@ -248,11 +247,11 @@ _LOST_CALL_CODES = frozenset(
 
 
 class PartitionNotFound(MetadataError):
-    code = grpc.StatusCode.NOT_FOUND
+    code = ErrorCode.NOT_FOUND
 
 
 class TopicNotFound(MetadataError):
-    code = grpc.StatusCode.NOT_FOUND
+    code = ErrorCode.NOT_FOUND
 
     def __init__(self, names: Iterable[str]) -> None:
         self.names = sorted(names)
@@ -262,7 +261,7 @@ class TopicNotFound(MetadataError):
 
 
 class TopicAlreadyExists(MetadataError):
-    code = grpc.StatusCode.ALREADY_EXISTS
+    code = ErrorCode.ALREADY_EXISTS
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -271,18 +270,18 @@ class TopicAlreadyExists(MetadataError):
 
 class NoLiveBrokers(MetadataError):
     # UNAVAILABLE: retriable, since brokers may still be starting (e.g. just after `dmq server`).
-    code = grpc.StatusCode.UNAVAILABLE
+    code = ErrorCode.UNAVAILABLE
 
     def __init__(self) -> None:
         super().__init__(NO_LIVE_BROKERS)
 
 
 class NotEnoughBrokers(MetadataError):
-    code = grpc.StatusCode.UNAVAILABLE
+    code = ErrorCode.UNAVAILABLE
 
 
 class NotReady(MetadataError):
-    code = grpc.StatusCode.UNAVAILABLE
+    code = ErrorCode.UNAVAILABLE
 
     def __init__(self) -> None:
         super().__init__("coordinator is starting: retry")
@@ -507,7 +506,7 @@ class MetadataManager:
         """Record the broker, mark it alive, and return every partition it holds a replica of
         (with their states when replicated). Offline partitions it is in sync for get it as leader.
 
-        Refused (BrokerIdTaken) when the id is bound to another principal, or when the id's
+        Refused (BrokerIdTakenError) when the id is bound to another principal, or when the id's
         broker is live at another address: a registration never moves a live broker's partitions
         away from it (a stray or hostile RegisterBroker re-pointed broker 0 and producers then
         timed out). Security off, every caller is the same anonymous principal and the liveness
@@ -515,18 +514,18 @@ class MetadataManager:
         self.check_ready()
         _validate_broker(broker_id, host, port)
         if len(rack) > RACK_MAX_CHARS or any(c.isspace() or not c.isprintable() for c in rack):
-            raise InvalidArgument(f"rack: must be up to {RACK_MAX_CHARS} printable characters without spaces, got {rack[:80]!r}")
+            raise InvalidArgumentError(f"rack: must be up to {RACK_MAX_CHARS} printable characters without spaces, got {rack[:80]!r}")
         now = self._now()
         previous = self._brokers.get(broker_id)
         if previous is not None:
             if previous.principal is not None and principal is not None and previous.principal != principal:
-                raise BrokerIdTaken(
+                raise BrokerIdTakenError(
                     f"broker id {broker_id} is bound to principal {previous.principal!r}; {principal!r} may not "
                     "register it (give this broker its own id)"
                 )
             moved = (previous.record.host, previous.record.port) != (host, port)
             if moved and self._alive(previous, now):
-                raise BrokerIdTaken(
+                raise BrokerIdTakenError(
                     f"broker id {broker_id} is live at {broker_address(previous.record.host, previous.record.port)}; "
                     f"a registration moving it to {broker_address(host, port)} is refused until that broker's "
                     f"session ({self.broker_session_timeout_ms} ms) expires: two brokers with one id?"
@@ -732,7 +731,7 @@ class MetadataManager:
             self._existing_state(topic, partition)
             running = self._reassignments.get(key)
             if running is not None and not running.done():
-                raise FailedPrecondition(
+                raise FailedPreconditionError(
                     f"{shorten(topic)} partition {partition} is being reassigned already; wait until it completes"
                 )
             try:
@@ -1006,7 +1005,7 @@ class MetadataManager:
                 raise NoLiveBrokers()
             factor = _factor(current.config)
             if factor > len(live):
-                raise FailedPrecondition(
+                raise FailedPreconditionError(
                     f"topic {name!r} has replication_factor {factor}; there are {len(live)} live brokers: "
                     "start brokers, then add partitions"
                 )
@@ -1048,12 +1047,12 @@ class MetadataManager:
         mine = [t for t in self._topics.values() if t.creator == owner]
         held = sum(t.partition_count for t in mine)
         if limits.max_topics and new_topics and len(mine) + new_topics > limits.max_topics:
-            raise PrincipalLimitExceeded(
+            raise PrincipalLimitExceededError(
                 f"principal {owner!r} has created {len(mine)} topics; the limit (max_topics_per_principal) "
                 f"is {limits.max_topics}: cannot create {shorten(topic)}; delete unused topics"
             )
         if limits.max_partitions and held + new_partitions > limits.max_partitions:
-            raise PrincipalLimitExceeded(
+            raise PrincipalLimitExceededError(
                 f"principal {owner!r} holds {held} partitions in the topics it created; adding {new_partitions} "
                 f"to {shorten(topic)} would exceed the limit (max_partitions_per_principal) of "
                 f"{limits.max_partitions}: delete unused topics"
@@ -1064,7 +1063,7 @@ class MetadataManager:
         or the cluster would hold too many."""
         total = sum(t.partition_count for t in self._topics.values())
         if total + len(added) > self.max_partitions_total:
-            raise PartitionLimitExceeded(
+            raise PartitionLimitExceededError(
                 f"partitions: adding {len(added)} partitions to {shorten(topic)} would make "
                 f"{total + len(added)} in the cluster; the limit (max_partitions_total) is "
                 f"{self.max_partitions_total}: delete unused topics"
@@ -1082,7 +1081,7 @@ class MetadataManager:
         for broker_id, count in sorted(per_broker.items()):
             held = held_by.get(broker_id, 0)
             if held + count > self.max_partitions_per_broker:
-                raise PartitionLimitExceeded(
+                raise PartitionLimitExceededError(
                     f"partitions: adding {len(added)} partitions to {shorten(topic)} would place "
                     f"{held + count} partitions on broker {broker_id}; the limit (max_partitions_per_broker) is "
                     f"{self.max_partitions_per_broker}: delete unused topics or add brokers"
@@ -1170,9 +1169,7 @@ class MetadataManager:
 
 
 def _refusal(e: StateRefused) -> MetadataError:
-    error = MetadataError(str(e))
-    error.code = e.code
-    return error
+    return MetadataError(str(e), code=ErrorCode(e.code.name))
 
 
 def _factor(settings: TopicSettings) -> int:
@@ -1184,18 +1181,18 @@ def _validated(check: Callable[..., None], *args: Any) -> None:
     try:
         check(*args)
     except ValidationError as e:
-        raise InvalidArgument(str(e)) from e
+        raise InvalidArgumentError(str(e)) from e
 
 
 def _validate_broker(broker_id: int, host: str, port: int) -> None:
     if not 0 <= broker_id <= BROKER_ID_MAX:
-        raise InvalidArgument(f"broker_id: must be between 0 and {BROKER_ID_MAX}, got {broker_id}")
+        raise InvalidArgumentError(f"broker_id: must be between 0 and {BROKER_ID_MAX}, got {broker_id}")
     if not host or len(host) > HOST_MAX_CHARS:
-        raise InvalidArgument(f"host: must be 1 to {HOST_MAX_CHARS} characters, got {len(host)}")
+        raise InvalidArgumentError(f"host: must be 1 to {HOST_MAX_CHARS} characters, got {len(host)}")
     if any(c.isspace() or not c.isprintable() or c in "/@" for c in host):
-        raise InvalidArgument(f"host: {host[:60]!r} is not a host name or IP address")
+        raise InvalidArgumentError(f"host: {host[:60]!r} is not a host name or IP address")
     if not 1 <= port <= 65535:
-        raise InvalidArgument(f"port: must be between 1 and 65535, got {port}")
+        raise InvalidArgumentError(f"port: must be between 1 and 65535, got {port}")
 
 
 # -- proto conversions ----------------------------------------------------------------------------
@@ -1276,20 +1273,15 @@ def broker_infos(metadata: MetadataManager) -> list[pb.BrokerInfo]:
 # -- gRPC -----------------------------------------------------------------------------------------
 
 
-def _translate(servicer: MetadataServicer, e: Exception) -> RpcAbort | None:
-    if isinstance(e, MetadataError):
-        return RpcAbort(e.code, str(e), e.reason, getattr(e, "extra", ()))
-    return None
-
-
 def _principal() -> str | None:
     """The calling principal; None with security off (every call is then anonymous)."""
     principal = current_principal.get()
     return None if principal == ANONYMOUS else principal
 
 
-# MetadataError becomes its status, anything unexpected INTERNAL (logged) (dmq.proto.server_errors).
-_handler = rpc_handler(log=log, translate=_translate)
+# MetadataError (a DomainError) becomes its status, anything unexpected INTERNAL (logged)
+# (dmq.proto.server_errors).
+_handler = rpc_handler(log=log)
 
 
 class MetadataServicer(pb_grpc.MetadataServicer):
@@ -1424,7 +1416,7 @@ class MetadataServicer(pb_grpc.MetadataServicer):
 __all__ = [
     "BrokerRefused",
     "CoordinatorDiskFull",
-    "InvalidArgument",
+    "InvalidArgumentError",
     "MetadataError",
     "MetadataManager",
     "MetadataServicer",

@@ -45,8 +45,8 @@ from dmq.broker.events.errors import (
     ClaimNotHeldError,
     EventStoreFullError,
     GroupConflictError,
-    GroupNotFoundError,
-    InvalidEventRequest,
+    EventGroupNotFoundError,
+    InvalidEventRequestError,
 )
 from dmq.broker.events.index import EventIndex, split_tags
 from dmq.broker.events.progress import AckWrite, GroupRecord, ProgressStore
@@ -157,7 +157,7 @@ class GroupManager:
     def _get(self, group: str) -> GroupRecord:
         g = self._groups.get(group)
         if g is None:
-            raise GroupNotFoundError(f"event group {group!r} is not registered on this store: register it first")
+            raise EventGroupNotFoundError(f"event group {group!r} is not registered on this store: register it first")
         return g
 
     def set_active(self, group: str, active: bool) -> None:
@@ -215,7 +215,7 @@ class GroupManager:
         g = self._groups[group]
         values, acked = g.partitions[key]
         if not acked <= position <= head:
-            raise InvalidEventRequest(
+            raise InvalidEventRequestError(
                 f"position must be within {acked}..{head} (the partition's acknowledged position .. the store's "
                 f"head), got {position}"
             )
