@@ -794,7 +794,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         async with self._lock:
             group = self.registry.get(group_id)
             if group.members:
-                raise machine.GroupNotEmptyError(group_id, len(group.members), "delete it")
+                raise machine.ConsumerGroupNotEmptyError(group_id, len(group.members), "delete it")
             topic = group.topic
             self._deleting.add(group_id)
         try:

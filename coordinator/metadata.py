@@ -146,11 +146,11 @@ class MetadataError(DomainError):
     (dmq.proto.server_errors), `reason` (dmq.proto.error_details) goes as trailing metadata."""
 
 
-class InvalidArgumentError(MetadataError):
+class InvalidMetadataRequestError(MetadataError):
     code = ErrorCode.INVALID_ARGUMENT
 
 
-class FailedPreconditionError(MetadataError):
+class MetadataPreconditionError(MetadataError):
     code = ErrorCode.FAILED_PRECONDITION
 
 
@@ -190,14 +190,14 @@ class PrincipalLimits:
         return principal is not None and principal not in self.exempt and bool(self.max_topics or self.max_partitions)
 
 
-class CoordinatorDiskFull(MetadataError):
+class CoordinatorDiskFullError(MetadataError):
     """The coordinator's SQLite could not write: its disk is full. Nothing changed; retriable."""
 
     code = ErrorCode.RESOURCE_EXHAUSTED
     reason = error_details.DISK_FULL
 
 
-class StoreUnavailable(MetadataError):
+class MetadataStoreUnavailableError(MetadataError):
     """The metadata store did not confirm a write: a compare-and-swap lost to another coordinator
     (dmq.coordinator.metastore.base; nothing changed), or etcd unreachable or stalled (nothing
     changed, or, when the call timed out, the outcome is unknown until the store is read again). Retriable."""
@@ -207,16 +207,16 @@ class StoreUnavailable(MetadataError):
 
 @contextlib.contextmanager
 def _coordinator_disk_full() -> Iterator[None]:
-    """Around a store write: a full disk becomes CoordinatorDiskFull (its message says where), any
-    other store failure StoreUnavailable."""
+    """Around a store write: a full disk becomes CoordinatorDiskFullError (its message says where), any
+    other store failure MetadataStoreUnavailableError."""
     try:
         yield
     except StoreFullError as e:
-        raise CoordinatorDiskFull(str(e)) from e
+        raise CoordinatorDiskFullError(str(e)) from e
     except StoreConflict as e:
-        raise StoreUnavailable(f"the cluster metadata changed under this coordinator, nothing was written: {e}") from e
+        raise MetadataStoreUnavailableError(f"the cluster metadata changed under this coordinator, nothing was written: {e}") from e
     except StoreError as e:
-        raise StoreUnavailable(f"the metadata store did not confirm the change: {e}: retry") from e
+        raise MetadataStoreUnavailableError(f"the metadata store did not confirm the change: {e}: retry") from e
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +229,7 @@ class BrokerRefusal:
     reason: str | None
 
 
-class BrokerRefused(MetadataError):
+class BrokerRefusedError(MetadataError):
     """A topic change undone because a broker refused it; carries the broker's status and reason."""
 
     def __init__(self, refusal: BrokerRefusal, message: str, *, undone: bool) -> None:
@@ -246,11 +246,11 @@ _LOST_CALL_CODES = frozenset(
 )
 
 
-class PartitionNotFound(MetadataError):
+class PartitionNotFoundError(MetadataError):
     code = ErrorCode.NOT_FOUND
 
 
-class TopicNotFound(MetadataError):
+class UnknownTopicError(MetadataError):
     code = ErrorCode.NOT_FOUND
 
     def __init__(self, names: Iterable[str]) -> None:
@@ -260,7 +260,7 @@ class TopicNotFound(MetadataError):
         super().__init__(f"{noun} {listed} not found")
 
 
-class TopicAlreadyExists(MetadataError):
+class TopicExistsError(MetadataError):
     code = ErrorCode.ALREADY_EXISTS
 
     def __init__(self, name: str) -> None:
@@ -268,7 +268,7 @@ class TopicAlreadyExists(MetadataError):
         super().__init__(f"topic {name!r} already exists")
 
 
-class NoLiveBrokers(MetadataError):
+class NoLiveBrokersError(MetadataError):
     # UNAVAILABLE: retriable, since brokers may still be starting (e.g. just after `dmq server`).
     code = ErrorCode.UNAVAILABLE
 
@@ -276,11 +276,11 @@ class NoLiveBrokers(MetadataError):
         super().__init__(NO_LIVE_BROKERS)
 
 
-class NotEnoughBrokers(MetadataError):
+class NotEnoughBrokersError(MetadataError):
     code = ErrorCode.UNAVAILABLE
 
 
-class NotReady(MetadataError):
+class CoordinatorStartingError(MetadataError):
     code = ErrorCode.UNAVAILABLE
 
     def __init__(self) -> None:
@@ -377,7 +377,7 @@ class MetadataManager:
         # With several coordinators (dmq.coordinator.controller.leadership): acting only while the
         # lease is surely held; a standby's refusal names the active coordinator (node.py sets both).
         self.acting: Callable[[], bool] = lambda: True
-        self.not_ready_error: Callable[[], MetadataError] = NotReady
+        self.not_ready_error: Callable[[], MetadataError] = CoordinatorStartingError
         self._topics: dict[str, TopicRecord] = {}
         self._brokers: dict[int, _BrokerState] = {}
         self._admin_lock = asyncio.Lock()
@@ -514,7 +514,7 @@ class MetadataManager:
         self.check_ready()
         _validate_broker(broker_id, host, port)
         if len(rack) > RACK_MAX_CHARS or any(c.isspace() or not c.isprintable() for c in rack):
-            raise InvalidArgumentError(f"rack: must be up to {RACK_MAX_CHARS} printable characters without spaces, got {rack[:80]!r}")
+            raise InvalidMetadataRequestError(f"rack: must be up to {RACK_MAX_CHARS} printable characters without spaces, got {rack[:80]!r}")
         now = self._now()
         previous = self._brokers.get(broker_id)
         if previous is not None:
@@ -715,10 +715,10 @@ class MetadataManager:
     def _existing_state(self, topic: str, partition: int) -> PartitionRecord:
         record = self._topics.get(topic)
         if record is None:
-            raise TopicNotFound([topic])
+            raise UnknownTopicError([topic])
         state = record.states.get(partition)
         if state is None:
-            raise PartitionNotFound(f"partition: topic {shorten(topic)} has {record.partition_count} partitions, got {partition}")
+            raise PartitionNotFoundError(f"partition: topic {shorten(topic)} has {record.partition_count} partitions, got {partition}")
         return state
 
     async def reassign_partition(self, topic: str, partition: int, replicas: list[int]) -> PartitionRecord:
@@ -731,7 +731,7 @@ class MetadataManager:
             self._existing_state(topic, partition)
             running = self._reassignments.get(key)
             if running is not None and not running.done():
-                raise FailedPreconditionError(
+                raise MetadataPreconditionError(
                     f"{shorten(topic)} partition {partition} is being reassigned already; wait until it completes"
                 )
             try:
@@ -890,10 +890,10 @@ class MetadataManager:
         _validated(config.check_event_store, partitions)
         async with self._admin_lock:
             if name in self._topics:
-                raise TopicAlreadyExists(name)
+                raise TopicExistsError(name)
             live = self.live_broker_ids()
             if not live:
-                raise NoLiveBrokers()
+                raise NoLiveBrokersError()
             settings = _settings_for(config, self.default_topic_config)
             defaulted = settings.replication_factor is None
             settings = replication_defaults(settings, len(live), self.default_replication_factor)
@@ -901,7 +901,7 @@ class MetadataManager:
             if defaulted and _factor(settings) > len(live):
                 # The operator's default asks for more brokers than are up (a cluster still starting):
                 # retriable, unlike a factor the request named.
-                raise NotEnoughBrokers(
+                raise NotEnoughBrokersError(
                     f"new topics get {_factor(settings)} replicas (default_replication_factor) and {len(live)} "
                     "brokers are live: retry once the brokers have started, or name a replication_factor"
                 )
@@ -946,7 +946,7 @@ class MetadataManager:
             raise MetadataError(f"topic {record.name!r} is already in the store but not in memory: {e}") from e
         self._topics[record.name] = record
 
-    async def _undo(self, refusal: BrokerRefusal, change: str, undo: Coroutine[Any, Any, None]) -> BrokerRefused:
+    async def _undo(self, refusal: BrokerRefusal, change: str, undo: Coroutine[Any, Any, None]) -> BrokerRefusedError:
         """Undo a recorded change a broker refused; the error to answer (it names the broker's cause).
         When the store cannot undo it either (its disk is full too), the change stands and the answer
         says how it completes: the broker is handed its partitions whenever it registers."""
@@ -960,16 +960,16 @@ class MetadataManager:
         try:
             with _coordinator_disk_full():
                 await complete_even_if_cancelled(undo)
-        except CoordinatorDiskFull as e:
+        except CoordinatorDiskFullError as e:
             log.error("could not undo a change a broker refused", change=change, error=str(e))
-            return BrokerRefused(
+            return BrokerRefusedError(
                 refusal,
                 f"{change}: broker {refusal.broker_id} refused its partitions ({refusal.message}) and the "
                 f"coordinator could not undo the change ({e}): once space is freed, restart broker "
                 f"{refusal.broker_id}; it creates its partitions when it registers",
                 undone=False,
             )
-        return BrokerRefused(refusal, f"could not {change}: {refusal.message}", undone=True)
+        return BrokerRefusedError(refusal, f"could not {change}: {refusal.message}", undone=True)
 
     async def delete_topic(self, name: str) -> None:
         self.check_ready()
@@ -977,7 +977,7 @@ class MetadataManager:
         async with self._admin_lock:
             record = self._topics.get(name)
             if record is None:
-                raise TopicNotFound([name])
+                raise UnknownTopicError([name])
             await complete_even_if_cancelled(self._apply_delete(name))
             log.info("topic deleted", topic=name, partitions=record.partition_count)
             await self._delete_on_brokers(record)
@@ -997,15 +997,15 @@ class MetadataManager:
         async with self._admin_lock:
             current = self._topics.get(name)
             if current is None:
-                raise TopicNotFound([name])
+                raise UnknownTopicError([name])
             _validated(validate_partition_increase, current.partition_count, total)
             _validated(current.config.check_event_store, total)
             live = self.live_broker_ids()
             if not live:
-                raise NoLiveBrokers()
+                raise NoLiveBrokersError()
             factor = _factor(current.config)
             if factor > len(live):
-                raise FailedPreconditionError(
+                raise MetadataPreconditionError(
                     f"topic {name!r} has replication_factor {factor}; there are {len(live)} live brokers: "
                     "start brokers, then add partitions"
                 )
@@ -1181,18 +1181,18 @@ def _validated(check: Callable[..., None], *args: Any) -> None:
     try:
         check(*args)
     except ValidationError as e:
-        raise InvalidArgumentError(str(e)) from e
+        raise InvalidMetadataRequestError(str(e)) from e
 
 
 def _validate_broker(broker_id: int, host: str, port: int) -> None:
     if not 0 <= broker_id <= BROKER_ID_MAX:
-        raise InvalidArgumentError(f"broker_id: must be between 0 and {BROKER_ID_MAX}, got {broker_id}")
+        raise InvalidMetadataRequestError(f"broker_id: must be between 0 and {BROKER_ID_MAX}, got {broker_id}")
     if not host or len(host) > HOST_MAX_CHARS:
-        raise InvalidArgumentError(f"host: must be 1 to {HOST_MAX_CHARS} characters, got {len(host)}")
+        raise InvalidMetadataRequestError(f"host: must be 1 to {HOST_MAX_CHARS} characters, got {len(host)}")
     if any(c.isspace() or not c.isprintable() or c in "/@" for c in host):
-        raise InvalidArgumentError(f"host: {host[:60]!r} is not a host name or IP address")
+        raise InvalidMetadataRequestError(f"host: {host[:60]!r} is not a host name or IP address")
     if not 1 <= port <= 65535:
-        raise InvalidArgumentError(f"port: must be between 1 and 65535, got {port}")
+        raise InvalidMetadataRequestError(f"port: must be between 1 and 65535, got {port}")
 
 
 # -- proto conversions ----------------------------------------------------------------------------
@@ -1395,7 +1395,7 @@ class MetadataServicer(pb_grpc.MetadataServicer):
             found = [(n, self.metadata.topic(n)) for n in names]
             missing = [n for n, r in found if r is None]
             if missing:
-                raise TopicNotFound(missing)
+                raise UnknownTopicError(missing)
             records = [r for _, r in found if r is not None]
         else:
             records = self.metadata.topics()
@@ -1409,22 +1409,22 @@ class MetadataServicer(pb_grpc.MetadataServicer):
         _validated(validate_topic_name, name)
         record = self.metadata.topic(name)
         if record is None:
-            raise TopicNotFound([name])
+            raise UnknownTopicError([name])
         return record
 
 
 __all__ = [
-    "BrokerRefused",
-    "CoordinatorDiskFull",
-    "InvalidArgumentError",
+    "BrokerRefusedError",
+    "CoordinatorDiskFullError",
+    "InvalidMetadataRequestError",
     "MetadataError",
     "MetadataManager",
     "MetadataServicer",
-    "NoLiveBrokers",
-    "NotReady",
-    "PartitionNotFound",
-    "TopicAlreadyExists",
-    "TopicNotFound",
+    "NoLiveBrokersError",
+    "CoordinatorStartingError",
+    "PartitionNotFoundError",
+    "TopicExistsError",
+    "UnknownTopicError",
     "TopicRecord",
     "BrokerRecord",
     "broker_address",

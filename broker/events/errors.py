@@ -11,7 +11,7 @@ __all__ = [
     "InvalidEventRequestError",
     "ConditionFailedError",
     "EventGroupNotFoundError",
-    "ClaimNotHeldError",
+    "EventClaimNotHeldError",
     "GroupConflictError",
     "EventStoreFullError",
 ]
@@ -45,7 +45,7 @@ class EventGroupNotFoundError(EventStoreError):
     code = ErrorCode.NOT_FOUND
 
 
-class ClaimNotHeldError(EventStoreError):
+class EventClaimNotHeldError(EventStoreError):
     """The worker does not hold the claim (it expired, was released or reaped)."""
 
     code = ErrorCode.FAILED_PRECONDITION

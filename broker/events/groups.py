@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 import structlog
 
 from dmq.broker.events.errors import (
-    ClaimNotHeldError,
+    EventClaimNotHeldError,
     EventStoreFullError,
     GroupConflictError,
     EventGroupNotFoundError,
@@ -196,7 +196,7 @@ class GroupManager:
         claim = self._live_claim(group, key, now_ms)
         if claim is None or claim.worker_id != worker_id:
             holder = f"it is held by worker {claim.worker_id!r}" if claim else "it is not claimed (expired or released)"
-            raise ClaimNotHeldError(
+            raise EventClaimNotHeldError(
                 f"worker {worker_id!r} does not hold the claim on partition {key!r} of group {group!r}: {holder}; "
                 "claim again"
             )

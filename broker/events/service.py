@@ -10,7 +10,7 @@ dmq.proto.event_headers' rules before a store is touched. The store's refusals a
   ConditionFailedError                   FAILED_PRECONDITION, reason "append-condition-failed", the
                                          first conflicting position in "dmq-conflict-position"
   EventGroupNotFoundError                NOT_FOUND
-  ClaimNotHeldError / GroupConflict      FAILED_PRECONDITION
+  EventClaimNotHeldError / GroupConflict      FAILED_PRECONDITION
   EventStoreFullError                    RESOURCE_EXHAUSTED
   not an event store                     FAILED_PRECONDITION (also Produce to one: use EventAppend)
 and, translated here, batch limits (RESOURCE_EXHAUSTED), an unknown partition (NOT_FOUND) and

@@ -7,14 +7,14 @@ from __future__ import annotations
 from dmq.proto import error_details
 from dmq.proto.domain_errors import DomainError, ErrorCode
 
-__all__ = ["LeaseExpiredError", "LeaseBusyError", "QueueError", "QueueFullError", "QueueNotLeaderError"]
+__all__ = ["LeaseNotLiveError", "LeaseBusyError", "QueueError", "QueueOverLimitError", "QueueNotLeaderError"]
 
 
 class QueueError(DomainError):
     """Base class: a queue request refused, with a message a person can act on."""
 
 
-class LeaseExpiredError(QueueError):
+class LeaseNotLiveError(QueueError):
     """The lease is not live: it expired or was taken over (or never existed)."""
 
     code = ErrorCode.FAILED_PRECONDITION
@@ -42,7 +42,7 @@ class QueueNotLeaderError(QueueError):
     code = ErrorCode.UNAVAILABLE
 
 
-class QueueFullError(QueueError):
+class QueueOverLimitError(QueueError):
     """A produce would take the queue past its share of max_queue_size; depth and limit travel as
     trailing metadata beside the reason."""
 

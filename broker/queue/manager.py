@@ -57,7 +57,7 @@ from dmq.broker.queue.dead_letters import (
     DeadLetterWriter,
     Written,
 )
-from dmq.broker.queue.errors import LeaseBusyError, LeaseExpiredError, QueueFullError, QueueNotLeaderError
+from dmq.broker.queue.errors import LeaseBusyError, LeaseNotLiveError, QueueOverLimitError, QueueNotLeaderError
 from dmq.broker.queue.leases import Lease, LeaseTable
 from dmq.broker.queue.progress import (
     LEASE_ENDED,
@@ -110,7 +110,7 @@ def _retrieve(task: asyncio.Future[None]) -> None:
 
 
 def _lease_expired(lease_id: str) -> NoReturn:
-    raise LeaseExpiredError(lease_id)
+    raise LeaseNotLiveError(lease_id)
 
 
 def slice_records(data: bytes, start: int, stop: int, known: records.RecordBatch | None = None) -> bytes:
@@ -787,7 +787,7 @@ class QueueManager:
         depth = sum(d for _, _, d in self._depths(topic)) + self._admitting.get(topic, 0)
         if depth + count > share:
             remaining = max(share - depth, 0)
-            raise QueueFullError(
+            raise QueueOverLimitError(
                 f"queue {topic!r} is full: {depth} records not acknowledged on broker {self._node.broker_id}, "
                 f"whose share of max_queue_size {limit} is {share}; a batch of {count} records does not fit "
                 f"({remaining} remaining); nothing was stored",

@@ -165,7 +165,7 @@ class Leadership:
             log.warning("could not revoke the leadership lease", candidate=self.candidate, error=str(e))
 
 
-class NotCoordinator(MetadataError):
+class NotCoordinatorError(MetadataError):
     """What a standby (or a deposed) coordinator answers instead of acting: retriable, naming the
     active coordinator when it is known (trailing metadata ACTIVE_COORDINATOR_KEY)."""
 

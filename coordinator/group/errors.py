@@ -29,7 +29,7 @@ class InvalidRequestError(GroupError):
     code = ErrorCode.INVALID_ARGUMENT
 
 
-class GroupNotFoundError(GroupError):
+class ConsumerGroupNotFoundError(GroupError):
     code = ErrorCode.NOT_FOUND
 
     def __init__(self, group_id: str) -> None:
@@ -42,7 +42,7 @@ class GroupNotFoundError(GroupError):
         self.group_id = group_id
 
 
-class UnknownMemberError(GroupError):
+class UnknownGroupMemberError(GroupError):
     """The member id is not (or no longer) in the group: it left, expired, or the coordinator
     restarted (membership is in memory only). The client re-joins."""
 
@@ -92,7 +92,7 @@ class NotOwnerError(GroupError):
         self.reasons = dict(reasons)
 
 
-class GroupNotEmptyError(GroupError):
+class ConsumerGroupNotEmptyError(GroupError):
     code = ErrorCode.FAILED_PRECONDITION
 
     def __init__(self, group_id: str, member_count: int, action: str) -> None:
