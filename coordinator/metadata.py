@@ -78,7 +78,7 @@ import structlog
 from dmq.coordinator.acls import AclManager
 from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.controller import partition_states
-from dmq.coordinator.controller.partition_states import StateRefused
+from dmq.coordinator.controller.partition_states import StateRefusedError
 from dmq.coordinator.controller.placement import place_partitions
 from dmq.coordinator.controller.pushes import StatePusher, partition_state
 from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, restart_after_pause, wall_clock_ms
@@ -678,7 +678,7 @@ class MetadataManager:
         self.check_ready()
         _validated(functools.partial(validate_topic_name, field="topic"), topic)
         where = f"{shorten(topic)} partition {partition}"
-        error: StateRefused | None = None
+        error: StateRefusedError | None = None
 
         def accept(state: PartitionRecord, live: list[int]) -> PartitionRecord:
             nonlocal error
@@ -687,14 +687,14 @@ class MetadataManager:
                     state, broker_id=broker_id, leader_epoch=leader_epoch, partition_epoch=partition_epoch,
                     isr=isr, live=live, where=where,
                 )
-            except StateRefused as e:
+            except StateRefusedError as e:
                 error = e
                 return state
 
         await self._change_states(self._partition_change(topic, partition, accept))
         state = self._existing_state(topic, partition)
         if error is not None:
-            if error.code == grpc.StatusCode.FAILED_PRECONDITION and broker_id in state.replicas:
+            if error.code == ErrorCode.FAILED_PRECONDITION and broker_id in state.replicas:
                 # It acts on an old state (a push it missed): it gets the current one.
                 self.pusher.push({(topic, partition): state}, [broker_id])
             raise _refusal(error)
@@ -736,7 +736,7 @@ class MetadataManager:
                 )
             try:
                 partition_states.check_reassignment(replicas, self.live_broker_ids())
-            except StateRefused as e:
+            except StateRefusedError as e:
                 raise _refusal(e) from e
             before = self._existing_state(topic, partition)
 
@@ -1168,8 +1168,8 @@ class MetadataManager:
         return None
 
 
-def _refusal(e: StateRefused) -> MetadataError:
-    return MetadataError(str(e), code=ErrorCode(e.code.name))
+def _refusal(e: StateRefusedError) -> MetadataError:
+    return MetadataError(str(e), code=e.code)
 
 
 def _factor(settings: TopicSettings) -> int:
