@@ -2,8 +2,8 @@
 
 `QueueRpcs` is mixed into `dmq.broker.service.BrokerService`; every field is checked here before
 the manager sees it, so a bad request gets INVALID_ARGUMENT naming the field and the limit. The
-manager refuses with RpcAbort itself (a lease that is not live, a full queue); storage failures are
-mapped by the broker's one mapping (BrokerService.storage_error).
+manager refuses with DomainErrors (broker/queue/errors.py: a lease that is not live, a full queue),
+which rpc_handler maps; storage failures are mapped by the broker's one mapping (BrokerService.storage_error).
 
 Who may use a lease (dmq.proto.security.rpc_table, Access.HANDLER): a request that acks, nacks,
 rejects or renews names only the lease id, so the lease's topic and group are looked up here and
