@@ -13,6 +13,7 @@ import pytest
 from dmq.broker.events import errors as event_errors
 from dmq.broker.events import registry as event_registry
 from dmq.broker.queue import errors as queue_errors
+from dmq.client import errors as client_errors
 from dmq.coordinator import metadata
 from dmq.coordinator.controller import leadership, partition_states
 from dmq.coordinator.group import errors as group_errors
@@ -108,3 +109,12 @@ def test_every_domain_error_class_has_a_code_of_the_scheme_and_the_error_suffix(
     assert isinstance(cls.code, ErrorCode)
     assert isinstance(status_code(cls.code), grpc.StatusCode)
     assert cls.__name__.endswith("Error"), f"{cls.__module__}.{cls.__name__}: error classes end in Error"
+
+
+def test_server_error_classes_do_not_take_the_client_public_names() -> None:
+    # one name, one class: a reader of a traceback or a test knows which layer raised it
+    classes = _domain_classes()
+    names = [cls.__name__ for cls in classes]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    client_names = {name for name, cls in inspect.getmembers(client_errors, inspect.isclass) if issubclass(cls, Exception)}
+    assert not set(names) & client_names
