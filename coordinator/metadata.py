@@ -97,7 +97,6 @@ from dmq.coordinator.metastore.base import (
 )
 from dmq.coordinator.validation import (
     TopicSettings,
-    ValidationError,
     replication_defaults,
     validate_partition_count,
     validate_partition_increase,
@@ -676,7 +675,7 @@ class MetadataManager:
         """The leader's request to change the in-sync set (partition_states.alter_isr): the state after
         it. A refused request raises, and the broker is sent the current state again."""
         self.check_ready()
-        _validated(functools.partial(validate_topic_name, field="topic"), topic)
+        validate_topic_name(topic, field="topic")
         where = f"{shorten(topic)} partition {partition}"
         error: StateRefusedError | None = None
 
@@ -725,7 +724,7 @@ class MetadataManager:
         """Start moving the partition to `replicas`: the new ones are created as followers now; a
         background task drops the old ones once the new ones are in sync. The state now."""
         self.check_ready()
-        _validated(functools.partial(validate_topic_name, field="topic"), topic)
+        validate_topic_name(topic, field="topic")
         key = (topic, partition)
         async with self._admin_lock:  # against a topic deletion while the new replicas are created
             self._existing_state(topic, partition)
@@ -884,10 +883,10 @@ class MetadataManager:
         """Create the topic; `principal` (None: security off) is recorded as its creator."""
         self.check_ready()
         config = config or TopicSettings()
-        _validated(validate_topic_name, name)
-        _validated(validate_partition_count, partitions)
-        _validated(config.validate)
-        _validated(config.check_event_store, partitions)
+        validate_topic_name(name)
+        validate_partition_count(partitions)
+        config.validate()
+        config.check_event_store(partitions)
         async with self._admin_lock:
             if name in self._topics:
                 raise TopicExistsError(name)
@@ -897,7 +896,7 @@ class MetadataManager:
             settings = _settings_for(config, self.default_topic_config)
             defaulted = settings.replication_factor is None
             settings = replication_defaults(settings, len(live), self.default_replication_factor)
-            _validated(settings.validate)  # a given min_insync_replicas above a defaulted factor
+            settings.validate()  # a given min_insync_replicas above a defaulted factor
             if defaulted and _factor(settings) > len(live):
                 # The operator's default asks for more brokers than are up (a cluster still starting):
                 # retriable, unlike a factor the request named.
@@ -905,7 +904,7 @@ class MetadataManager:
                     f"new topics get {_factor(settings)} replicas (default_replication_factor) and {len(live)} "
                     "brokers are live: retry once the brokers have started, or name a replication_factor"
                 )
-            _validated(settings.check_replication, len(live))
+            settings.check_replication(len(live))
             states = place_partitions(name, range(partitions), _factor(settings), live, self.racks())
             self._check_principal_limits(principal, principal, name, new_topics=1, new_partitions=partitions)
             self._check_partition_limits(name, states)
@@ -973,7 +972,7 @@ class MetadataManager:
 
     async def delete_topic(self, name: str) -> None:
         self.check_ready()
-        _validated(validate_topic_name, name)
+        validate_topic_name(name)
         async with self._admin_lock:
             record = self._topics.get(name)
             if record is None:
@@ -992,14 +991,14 @@ class MetadataManager:
         """Grow the topic to `total` partitions (more than it has now), on behalf of `principal`;
         the new partitions count against the topic's creator."""
         self.check_ready()
-        _validated(validate_topic_name, name)
-        _validated(validate_partition_count, total)
+        validate_topic_name(name)
+        validate_partition_count(total)
         async with self._admin_lock:
             current = self._topics.get(name)
             if current is None:
                 raise UnknownTopicError([name])
-            _validated(validate_partition_increase, current.partition_count, total)
-            _validated(current.config.check_event_store, total)
+            validate_partition_increase(current.partition_count, total)
+            current.config.check_event_store(total)
             live = self.live_broker_ids()
             if not live:
                 raise NoLiveBrokersError()
@@ -1175,13 +1174,6 @@ def _refusal(e: StateRefusedError) -> MetadataError:
 def _factor(settings: TopicSettings) -> int:
     """A topic's replication factor (a topic recorded before replication has 1)."""
     return settings.replication_factor or 1
-
-
-def _validated(check: Callable[..., None], *args: Any) -> None:
-    try:
-        check(*args)
-    except ValidationError as e:
-        raise InvalidMetadataRequestError(str(e)) from e
 
 
 def _validate_broker(broker_id: int, host: str, port: int) -> None:
@@ -1391,7 +1383,7 @@ class MetadataServicer(pb_grpc.MetadataServicer):
         if request.topics:
             names = list(dict.fromkeys(request.topics))  # dedupe, keep order
             for i, name in enumerate(request.topics):
-                _validated(functools.partial(validate_topic_name, field=f"topics[{i}]"), name)
+                validate_topic_name(name, field=f"topics[{i}]")
             found = [(n, self.metadata.topic(n)) for n in names]
             missing = [n for n, r in found if r is None]
             if missing:
@@ -1406,7 +1398,7 @@ class MetadataServicer(pb_grpc.MetadataServicer):
 
     def _existing_topic(self, name: str) -> TopicRecord:
         self.metadata.check_ready()
-        _validated(validate_topic_name, name)
+        validate_topic_name(name)
         record = self.metadata.topic(name)
         if record is None:
             raise UnknownTopicError([name])
