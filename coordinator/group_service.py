@@ -92,6 +92,7 @@ from dmq.coordinator.validation import validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits
+from dmq.proto.domain_errors import DomainError
 from dmq.proto.names import check_app_id, check_id
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 from dmq.proto.server_errors import fail as _fail
@@ -302,7 +303,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
     def _check_serving(self) -> None:
         if not self._serving and not self._stopping:  # starting, or a standby: says so, naming the active one
             e = self._metadata.not_ready_error()
-            _fail(e.code, str(e) if e.reason else f"group {e}", e.reason, getattr(e, "extra", ()))
+            raise DomainError(str(e) if e.reason else f"group {e}", code=e.code, reason=e.reason, extra=e.extra)
         if not self._serving:
             _fail(grpc.StatusCode.UNAVAILABLE, "group coordinator is stopping: retry")
 

@@ -31,6 +31,7 @@ GRPC_ALLOWED = {
     "dmq.broker.readiness": "rpc_handler's `before` hook: UNAVAILABLE until the broker is started",
     # gRPC clients of another server, relaying its answers
     "dmq.broker.node": "runs the broker's server and calls the coordinator",
+    "dmq.broker.coordinator_link": "the broker's channel to the active coordinator",
     "dmq.broker.queue.dead_letters": "produces to the dead-letter topic's leader over gRPC",
     "dmq.broker.replication.fetcher": "fetches from the partition's leader over gRPC",
     "dmq.broker.replication.manager": "calls the coordinator (AlterIsr) over gRPC",
