@@ -59,7 +59,6 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits, names, records
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
-from dmq.proto.names import FieldError
 from dmq.proto.offset_markers import EARLIEST, LATEST
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 from dmq.proto.server_errors import fail as _fail
@@ -85,11 +84,9 @@ TRACE_ANSWER_MAX_BYTES = 32 * 1024 * 1024
 
 
 def _checked(check: Callable[..., None], value: object, field: str) -> None:
-    """Run one of dmq.proto's shared rules; a broken rule is INVALID_ARGUMENT naming field and limit."""
-    try:
-        check(value, field=field)
-    except FieldError as e:
-        _fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    """Run one of dmq.proto's shared rules; its FieldError is INVALID_ARGUMENT naming field and limit
+    (rpc_handler's one mapping, dmq.proto.server_errors)."""
+    check(value, field=field)
 
 
 def _not_enough_replicas(replica: Replica, broker_id: int, *, stored: bool = False) -> str:
@@ -161,10 +158,7 @@ def _check_group(group_id: str) -> None:
 def _check_topic_config(config: pb.TopicConfig) -> None:
     """The topic settings a coordinator sends, checked by the same table it used (dmq.proto.limits)."""
     values = {name: getattr(config, name) for name in limits.TOPIC_CONFIG_RANGES if config.HasField(name)}
-    try:
-        limits.check_topic_config(values, field_prefix="config.")
-    except FieldError as e:
-        _fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    limits.check_topic_config(values, field_prefix="config.")
 
 
 def _translate(service: BrokerService, e: Exception) -> RpcAbort | None:

@@ -3,7 +3,8 @@
 Every change (AddAcls / RemoveAcls) is one store transaction that also bumps the version; then the
 AclView the coordinator's server decides with is replaced at once, and brokers, which see the
 version in their heartbeat answers, fetch the new set with ListAcls (within a heartbeat interval).
-Changes are serialized by a lock, so versions are never reused or reordered.
+Changes are serialized by a lock, so versions are never reused or reordered. Refusals are
+DomainErrors (dmq.proto.domain_errors), answered by the servicer's rpc_handler.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-import grpc
 import structlog
 
 from dmq.coordinator.metastore.base import MetadataStore, StoreError, StoreFullError
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.security.acls import MAX_ACLS, Acl, AclSet
 from dmq.proto.security.interceptor import AclView
-from dmq.proto.server_errors import fail
+from dmq.proto.domain_errors import DomainError, ErrorCode
 
 log = structlog.get_logger(__name__)
 
@@ -30,7 +30,7 @@ def acl_from_proto(entry: pb.AclEntry, index: int) -> Acl:
         return Acl.parse(entry.principal, entry.resource_type, entry.resource_name, entry.operation,
                          entry.permission or "allow", entry.pattern_type or "literal")
     except ValueError as e:
-        fail(grpc.StatusCode.INVALID_ARGUMENT, f"acls[{index}]: {e}")
+        raise DomainError(f"acls[{index}]: {e}", code=ErrorCode.INVALID_ARGUMENT) from e
 
 
 def acl_to_proto(acl: Acl) -> pb.AclEntry:
@@ -67,9 +67,11 @@ class AclManager:
     def _parse(self, entries: Iterable[pb.AclEntry]) -> list[Acl]:
         entries = list(entries)
         if not entries:
-            fail(grpc.StatusCode.INVALID_ARGUMENT, "acls: name at least one entry")
+            raise DomainError("acls: name at least one entry", code=ErrorCode.INVALID_ARGUMENT)
         if len(entries) > MAX_ACLS_PER_REQUEST:
-            fail(grpc.StatusCode.INVALID_ARGUMENT, f"acls: at most {MAX_ACLS_PER_REQUEST} entries per request, got {len(entries)}")
+            raise DomainError(
+                f"acls: at most {MAX_ACLS_PER_REQUEST} entries per request, got {len(entries)}", code=ErrorCode.INVALID_ARGUMENT
+            )
         return [acl_from_proto(e, i) for i, e in enumerate(entries)]
 
     async def change(self, add: Iterable[pb.AclEntry] = (), remove: Iterable[pb.AclEntry] = ()) -> pb.AclsChangeResponse:
@@ -80,14 +82,14 @@ class AclManager:
             current = self.view.current
             after = (set(current.acls) | set(new)) - set(gone)
             if len(after) > MAX_ACLS:
-                fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {MAX_ACLS} ACLs in a cluster; remove some first")
+                raise DomainError(f"at most {MAX_ACLS} ACLs in a cluster; remove some first", code=ErrorCode.RESOURCE_EXHAUSTED)
             version = current.version + 1
             try:
                 changed = await self.store.change_acls([_row(a) for a in new], [_row(a) for a in gone], version)
             except StoreFullError as e:
-                fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"ACLs not changed: {e}")
+                raise DomainError(f"ACLs not changed: {e}", code=ErrorCode.RESOURCE_EXHAUSTED) from e
             except StoreError as e:  # etcd unreachable, or another coordinator took control
-                fail(grpc.StatusCode.UNAVAILABLE, f"ACLs not changed: {e}: retry")
+                raise DomainError(f"ACLs not changed: {e}: retry", code=ErrorCode.UNAVAILABLE) from e
             self.view.replace(AclSet(after, version))
         log.info("acls changed", added=[str(a) for a in new], removed=[str(a) for a in gone], version=version)
         return pb.AclsChangeResponse(version=version, changed=changed)

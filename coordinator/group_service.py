@@ -67,7 +67,6 @@ from dmq.coordinator.group import (
     GroupConfig,
     GroupCreated,
     GroupDeleted,
-    GroupError,
     GroupRegistry,
     GroupState,
     MemberJoined,
@@ -89,11 +88,12 @@ from dmq.coordinator.group_wakeups import ALL_MEMBERS, Signals, WatchStreams, af
 from dmq.coordinator.metadata import MetadataManager, complete_even_if_cancelled
 from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.metastore.base import MetadataStore, StoreFullError
-from dmq.coordinator.validation import ValidationError, validate_topic_name
+from dmq.coordinator.validation import validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits
-from dmq.proto.names import FieldError, check_app_id, check_id
+from dmq.proto.domain_errors import DomainError
+from dmq.proto.names import check_app_id, check_id
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 from dmq.proto.server_errors import fail as _fail
 
@@ -142,7 +142,7 @@ def build(node: CoordinatorNode) -> GroupService:
 
 
 # A request refused by this layer is an RpcAbort (dmq.proto.server_errors); the machine's own
-# errors are GroupError, translated by _translate below.
+# errors are GroupError, a DomainError the one mapping (dmq.proto.server_errors) answers.
 
 
 def _not_recorded(what: str, e: Exception) -> NoReturn:
@@ -158,11 +158,9 @@ def _invalid(message: str) -> NoReturn:
 
 
 def _check_id(field: str, value: str, *, limit: int = MAX_ID_CHARS) -> None:
-    """The shared id rule (dmq.proto.names): 1..limit UTF-8 bytes, no control characters."""
-    try:
-        check_id(value, field, field, limit)
-    except FieldError as e:
-        _invalid(str(e))
+    """The shared id rule (dmq.proto.names): 1..limit UTF-8 bytes, no control characters; its
+    FieldError is INVALID_ARGUMENT through rpc_handler (dmq.proto.server_errors)."""
+    check_id(value, field, field, limit)
 
 
 def _check_range(field: str, value: int, low: int, high: int) -> None:
@@ -182,19 +180,9 @@ def _check_secret(secret: str) -> None:
         _invalid(f"member_secret is {len(secret)} characters; the limit is {MAX_MEMBER_SECRET_CHARS}")
 
 
-def _translate(service: GroupService, e: Exception) -> RpcAbort | None:
-    """The group machine's errors carry their status code's name and, where a client must tell
-    them apart, their reason (dmq.proto.error_details)."""
-    if not isinstance(e, GroupError):
-        return None
-    if e.code == "INTERNAL":  # IllegalStateTransitionError: a bug in the machine
-        log.exception("group machine failed", error=str(e))
-    return RpcAbort(grpc.StatusCode[e.code], str(e), e.reason)
-
-
 # Refusals become their status; anything unexpected becomes INTERNAL (logged). A handler never
 # lets an exception escape into grpc, so no request takes the server down.
-_rpc = rpc_handler(log=log, translate=_translate, before=lambda service: service._check_serving())
+_rpc = rpc_handler(log=log, before=lambda service: service._check_serving())
 
 
 def _peer_host(context: grpc.aio.ServicerContext) -> str:
@@ -315,7 +303,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
     def _check_serving(self) -> None:
         if not self._serving and not self._stopping:  # starting, or a standby: says so, naming the active one
             e = self._metadata.not_ready_error()
-            _fail(e.code, str(e) if e.reason else f"group {e}", e.reason, getattr(e, "extra", ()))
+            raise DomainError(str(e) if e.reason else f"group {e}", code=e.code, reason=e.reason, extra=e.extra)
         if not self._serving:
             _fail(grpc.StatusCode.UNAVAILABLE, "group coordinator is stopping: retry")
 
@@ -494,14 +482,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self, request: pb.FindOrCreateGroupRequest, context: grpc.aio.ServicerContext
     ) -> pb.FindOrCreateGroupResponse:
         topic, app_id = request.topic, request.app_id
-        try:
-            validate_topic_name(topic, field="topic")
-        except ValidationError as e:
-            _invalid(str(e))
-        try:
-            check_app_id(app_id)  # it becomes part of the group id: bounded, printable
-        except FieldError as e:
-            _invalid(str(e))
+        validate_topic_name(topic, field="topic")
+        check_app_id(app_id)  # it becomes part of the group id: bounded, printable
         asked = self._requested_mode(request)
         mode = asked or self.default_mode
         from_ms = request.subscription_from_ms
@@ -813,7 +795,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         async with self._lock:
             group = self.registry.get(group_id)
             if group.members:
-                raise machine.GroupNotEmptyError(group_id, len(group.members), "delete it")
+                raise machine.ConsumerGroupNotEmptyError(group_id, len(group.members), "delete it")
             topic = group.topic
             self._deleting.add(group_id)
         try:

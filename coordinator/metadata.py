@@ -78,7 +78,7 @@ import structlog
 from dmq.coordinator.acls import AclManager
 from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.controller import partition_states
-from dmq.coordinator.controller.partition_states import StateRefused
+from dmq.coordinator.controller.partition_states import StateRefusedError
 from dmq.coordinator.controller.placement import place_partitions
 from dmq.coordinator.controller.pushes import StatePusher, partition_state
 from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, restart_after_pause, wall_clock_ms
@@ -97,7 +97,6 @@ from dmq.coordinator.metastore.base import (
 )
 from dmq.coordinator.validation import (
     TopicSettings,
-    ValidationError,
     replication_defaults,
     validate_partition_count,
     validate_partition_increase,
@@ -108,7 +107,8 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits
 from dmq.proto.names import shorten
 from dmq.proto.security.interceptor import ANONYMOUS, current_principal
-from dmq.proto.server_errors import RpcAbort, rpc_handler
+from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.server_errors import rpc_handler
 
 log = structlog.get_logger(__name__)
 
@@ -140,36 +140,34 @@ TopicDeletedListener = Callable[[str], Awaitable[None] | None]
 # -- errors ---------------------------------------------------------------------------------------
 
 
-class MetadataError(Exception):
-    """A request the metadata service refuses; `code` is the gRPC status it maps to."""
-
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
-    reason: str | None = None  # a dmq.proto.error_details reason, sent as trailing metadata
+class MetadataError(DomainError):
+    """A request the metadata service refuses; rpc_handler maps `code` to its gRPC status
+    (dmq.proto.server_errors), `reason` (dmq.proto.error_details) goes as trailing metadata."""
 
 
-class InvalidArgument(MetadataError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
+class InvalidMetadataRequestError(MetadataError):
+    code = ErrorCode.INVALID_ARGUMENT
 
 
-class FailedPrecondition(MetadataError):
-    code = grpc.StatusCode.FAILED_PRECONDITION
+class MetadataPreconditionError(MetadataError):
+    code = ErrorCode.FAILED_PRECONDITION
 
 
-class BrokerIdTaken(MetadataError):
+class BrokerIdTakenError(MetadataError):
     # FAILED_PRECONDITION: another, live broker holds the id. A broker restarted at a new address
     # retries until the old registration's session expires (dmq.broker.node).
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    code = ErrorCode.FAILED_PRECONDITION
     reason = error_details.BROKER_ID_TAKEN
 
 
-class PartitionLimitExceeded(MetadataError):
+class PartitionLimitExceededError(MetadataError):
     # RESOURCE_EXHAUSTED: the request is valid, the cluster is full (delete topics or add brokers).
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = ErrorCode.RESOURCE_EXHAUSTED
 
 
-class PrincipalLimitExceeded(MetadataError):
+class PrincipalLimitExceededError(MetadataError):
     # RESOURCE_EXHAUSTED: valid, but the principal holds as much as it may (delete its unused topics).
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = ErrorCode.RESOURCE_EXHAUSTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,33 +189,33 @@ class PrincipalLimits:
         return principal is not None and principal not in self.exempt and bool(self.max_topics or self.max_partitions)
 
 
-class CoordinatorDiskFull(MetadataError):
+class CoordinatorDiskFullError(MetadataError):
     """The coordinator's SQLite could not write: its disk is full. Nothing changed; retriable."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = ErrorCode.RESOURCE_EXHAUSTED
     reason = error_details.DISK_FULL
 
 
-class StoreUnavailable(MetadataError):
+class MetadataStoreUnavailableError(MetadataError):
     """The metadata store did not confirm a write: a compare-and-swap lost to another coordinator
     (dmq.coordinator.metastore.base; nothing changed), or etcd unreachable or stalled (nothing
     changed, or, when the call timed out, the outcome is unknown until the store is read again). Retriable."""
 
-    code = grpc.StatusCode.UNAVAILABLE
+    code = ErrorCode.UNAVAILABLE
 
 
 @contextlib.contextmanager
 def _coordinator_disk_full() -> Iterator[None]:
-    """Around a store write: a full disk becomes CoordinatorDiskFull (its message says where), any
-    other store failure StoreUnavailable."""
+    """Around a store write: a full disk becomes CoordinatorDiskFullError (its message says where), any
+    other store failure MetadataStoreUnavailableError."""
     try:
         yield
     except StoreFullError as e:
-        raise CoordinatorDiskFull(str(e)) from e
+        raise CoordinatorDiskFullError(str(e)) from e
     except StoreConflict as e:
-        raise StoreUnavailable(f"the cluster metadata changed under this coordinator, nothing was written: {e}") from e
+        raise MetadataStoreUnavailableError(f"the cluster metadata changed under this coordinator, nothing was written: {e}") from e
     except StoreError as e:
-        raise StoreUnavailable(f"the metadata store did not confirm the change: {e}: retry") from e
+        raise MetadataStoreUnavailableError(f"the metadata store did not confirm the change: {e}: retry") from e
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,12 +228,12 @@ class BrokerRefusal:
     reason: str | None
 
 
-class BrokerRefused(MetadataError):
+class BrokerRefusedError(MetadataError):
     """A topic change undone because a broker refused it; carries the broker's status and reason."""
 
     def __init__(self, refusal: BrokerRefusal, message: str, *, undone: bool) -> None:
         super().__init__(message)
-        self.code = refusal.code
+        self.code = ErrorCode(refusal.code.name)  # the broker's status, relayed
         self.reason = refusal.reason
         self.refusal = refusal
         self.undone = undone  # False: the store could not undo it either (the message says what to do)
@@ -247,12 +245,12 @@ _LOST_CALL_CODES = frozenset(
 )
 
 
-class PartitionNotFound(MetadataError):
-    code = grpc.StatusCode.NOT_FOUND
+class PartitionNotFoundError(MetadataError):
+    code = ErrorCode.NOT_FOUND
 
 
-class TopicNotFound(MetadataError):
-    code = grpc.StatusCode.NOT_FOUND
+class UnknownTopicError(MetadataError):
+    code = ErrorCode.NOT_FOUND
 
     def __init__(self, names: Iterable[str]) -> None:
         self.names = sorted(names)
@@ -261,28 +259,28 @@ class TopicNotFound(MetadataError):
         super().__init__(f"{noun} {listed} not found")
 
 
-class TopicAlreadyExists(MetadataError):
-    code = grpc.StatusCode.ALREADY_EXISTS
+class TopicExistsError(MetadataError):
+    code = ErrorCode.ALREADY_EXISTS
 
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(f"topic {name!r} already exists")
 
 
-class NoLiveBrokers(MetadataError):
+class NoLiveBrokersError(MetadataError):
     # UNAVAILABLE: retriable, since brokers may still be starting (e.g. just after `dmq server`).
-    code = grpc.StatusCode.UNAVAILABLE
+    code = ErrorCode.UNAVAILABLE
 
     def __init__(self) -> None:
         super().__init__(NO_LIVE_BROKERS)
 
 
-class NotEnoughBrokers(MetadataError):
-    code = grpc.StatusCode.UNAVAILABLE
+class NotEnoughBrokersError(MetadataError):
+    code = ErrorCode.UNAVAILABLE
 
 
-class NotReady(MetadataError):
-    code = grpc.StatusCode.UNAVAILABLE
+class CoordinatorStartingError(MetadataError):
+    code = ErrorCode.UNAVAILABLE
 
     def __init__(self) -> None:
         super().__init__("coordinator is starting: retry")
@@ -378,7 +376,7 @@ class MetadataManager:
         # With several coordinators (dmq.coordinator.controller.leadership): acting only while the
         # lease is surely held; a standby's refusal names the active coordinator (node.py sets both).
         self.acting: Callable[[], bool] = lambda: True
-        self.not_ready_error: Callable[[], MetadataError] = NotReady
+        self.not_ready_error: Callable[[], MetadataError] = CoordinatorStartingError
         self._topics: dict[str, TopicRecord] = {}
         self._brokers: dict[int, _BrokerState] = {}
         self._admin_lock = asyncio.Lock()
@@ -507,7 +505,7 @@ class MetadataManager:
         """Record the broker, mark it alive, and return every partition it holds a replica of
         (with their states when replicated). Offline partitions it is in sync for get it as leader.
 
-        Refused (BrokerIdTaken) when the id is bound to another principal, or when the id's
+        Refused (BrokerIdTakenError) when the id is bound to another principal, or when the id's
         broker is live at another address: a registration never moves a live broker's partitions
         away from it (a stray or hostile RegisterBroker re-pointed broker 0 and producers then
         timed out). Security off, every caller is the same anonymous principal and the liveness
@@ -515,18 +513,18 @@ class MetadataManager:
         self.check_ready()
         _validate_broker(broker_id, host, port)
         if len(rack) > RACK_MAX_CHARS or any(c.isspace() or not c.isprintable() for c in rack):
-            raise InvalidArgument(f"rack: must be up to {RACK_MAX_CHARS} printable characters without spaces, got {rack[:80]!r}")
+            raise InvalidMetadataRequestError(f"rack: must be up to {RACK_MAX_CHARS} printable characters without spaces, got {rack[:80]!r}")
         now = self._now()
         previous = self._brokers.get(broker_id)
         if previous is not None:
             if previous.principal is not None and principal is not None and previous.principal != principal:
-                raise BrokerIdTaken(
+                raise BrokerIdTakenError(
                     f"broker id {broker_id} is bound to principal {previous.principal!r}; {principal!r} may not "
                     "register it (give this broker its own id)"
                 )
             moved = (previous.record.host, previous.record.port) != (host, port)
             if moved and self._alive(previous, now):
-                raise BrokerIdTaken(
+                raise BrokerIdTakenError(
                     f"broker id {broker_id} is live at {broker_address(previous.record.host, previous.record.port)}; "
                     f"a registration moving it to {broker_address(host, port)} is refused until that broker's "
                     f"session ({self.broker_session_timeout_ms} ms) expires: two brokers with one id?"
@@ -677,9 +675,9 @@ class MetadataManager:
         """The leader's request to change the in-sync set (partition_states.alter_isr): the state after
         it. A refused request raises, and the broker is sent the current state again."""
         self.check_ready()
-        _validated(functools.partial(validate_topic_name, field="topic"), topic)
+        validate_topic_name(topic, field="topic")
         where = f"{shorten(topic)} partition {partition}"
-        error: StateRefused | None = None
+        error: StateRefusedError | None = None
 
         def accept(state: PartitionRecord, live: list[int]) -> PartitionRecord:
             nonlocal error
@@ -688,14 +686,14 @@ class MetadataManager:
                     state, broker_id=broker_id, leader_epoch=leader_epoch, partition_epoch=partition_epoch,
                     isr=isr, live=live, where=where,
                 )
-            except StateRefused as e:
+            except StateRefusedError as e:
                 error = e
                 return state
 
         await self._change_states(self._partition_change(topic, partition, accept))
         state = self._existing_state(topic, partition)
         if error is not None:
-            if error.code == grpc.StatusCode.FAILED_PRECONDITION and broker_id in state.replicas:
+            if error.code == ErrorCode.FAILED_PRECONDITION and broker_id in state.replicas:
                 # It acts on an old state (a push it missed): it gets the current one.
                 self.pusher.push({(topic, partition): state}, [broker_id])
             raise _refusal(error)
@@ -716,28 +714,28 @@ class MetadataManager:
     def _existing_state(self, topic: str, partition: int) -> PartitionRecord:
         record = self._topics.get(topic)
         if record is None:
-            raise TopicNotFound([topic])
+            raise UnknownTopicError([topic])
         state = record.states.get(partition)
         if state is None:
-            raise PartitionNotFound(f"partition: topic {shorten(topic)} has {record.partition_count} partitions, got {partition}")
+            raise PartitionNotFoundError(f"partition: topic {shorten(topic)} has {record.partition_count} partitions, got {partition}")
         return state
 
     async def reassign_partition(self, topic: str, partition: int, replicas: list[int]) -> PartitionRecord:
         """Start moving the partition to `replicas`: the new ones are created as followers now; a
         background task drops the old ones once the new ones are in sync. The state now."""
         self.check_ready()
-        _validated(functools.partial(validate_topic_name, field="topic"), topic)
+        validate_topic_name(topic, field="topic")
         key = (topic, partition)
         async with self._admin_lock:  # against a topic deletion while the new replicas are created
             self._existing_state(topic, partition)
             running = self._reassignments.get(key)
             if running is not None and not running.done():
-                raise FailedPrecondition(
+                raise MetadataPreconditionError(
                     f"{shorten(topic)} partition {partition} is being reassigned already; wait until it completes"
                 )
             try:
                 partition_states.check_reassignment(replicas, self.live_broker_ids())
-            except StateRefused as e:
+            except StateRefusedError as e:
                 raise _refusal(e) from e
             before = self._existing_state(topic, partition)
 
@@ -885,28 +883,28 @@ class MetadataManager:
         """Create the topic; `principal` (None: security off) is recorded as its creator."""
         self.check_ready()
         config = config or TopicSettings()
-        _validated(validate_topic_name, name)
-        _validated(validate_partition_count, partitions)
-        _validated(config.validate)
-        _validated(config.check_event_store, partitions)
+        validate_topic_name(name)
+        validate_partition_count(partitions)
+        config.validate()
+        config.check_event_store(partitions)
         async with self._admin_lock:
             if name in self._topics:
-                raise TopicAlreadyExists(name)
+                raise TopicExistsError(name)
             live = self.live_broker_ids()
             if not live:
-                raise NoLiveBrokers()
+                raise NoLiveBrokersError()
             settings = _settings_for(config, self.default_topic_config)
             defaulted = settings.replication_factor is None
             settings = replication_defaults(settings, len(live), self.default_replication_factor)
-            _validated(settings.validate)  # a given min_insync_replicas above a defaulted factor
+            settings.validate()  # a given min_insync_replicas above a defaulted factor
             if defaulted and _factor(settings) > len(live):
                 # The operator's default asks for more brokers than are up (a cluster still starting):
                 # retriable, unlike a factor the request named.
-                raise NotEnoughBrokers(
+                raise NotEnoughBrokersError(
                     f"new topics get {_factor(settings)} replicas (default_replication_factor) and {len(live)} "
                     "brokers are live: retry once the brokers have started, or name a replication_factor"
                 )
-            _validated(settings.check_replication, len(live))
+            settings.check_replication(len(live))
             states = place_partitions(name, range(partitions), _factor(settings), live, self.racks())
             self._check_principal_limits(principal, principal, name, new_topics=1, new_partitions=partitions)
             self._check_partition_limits(name, states)
@@ -947,7 +945,7 @@ class MetadataManager:
             raise MetadataError(f"topic {record.name!r} is already in the store but not in memory: {e}") from e
         self._topics[record.name] = record
 
-    async def _undo(self, refusal: BrokerRefusal, change: str, undo: Coroutine[Any, Any, None]) -> BrokerRefused:
+    async def _undo(self, refusal: BrokerRefusal, change: str, undo: Coroutine[Any, Any, None]) -> BrokerRefusedError:
         """Undo a recorded change a broker refused; the error to answer (it names the broker's cause).
         When the store cannot undo it either (its disk is full too), the change stands and the answer
         says how it completes: the broker is handed its partitions whenever it registers."""
@@ -961,24 +959,24 @@ class MetadataManager:
         try:
             with _coordinator_disk_full():
                 await complete_even_if_cancelled(undo)
-        except CoordinatorDiskFull as e:
+        except CoordinatorDiskFullError as e:
             log.error("could not undo a change a broker refused", change=change, error=str(e))
-            return BrokerRefused(
+            return BrokerRefusedError(
                 refusal,
                 f"{change}: broker {refusal.broker_id} refused its partitions ({refusal.message}) and the "
                 f"coordinator could not undo the change ({e}): once space is freed, restart broker "
                 f"{refusal.broker_id}; it creates its partitions when it registers",
                 undone=False,
             )
-        return BrokerRefused(refusal, f"could not {change}: {refusal.message}", undone=True)
+        return BrokerRefusedError(refusal, f"could not {change}: {refusal.message}", undone=True)
 
     async def delete_topic(self, name: str) -> None:
         self.check_ready()
-        _validated(validate_topic_name, name)
+        validate_topic_name(name)
         async with self._admin_lock:
             record = self._topics.get(name)
             if record is None:
-                raise TopicNotFound([name])
+                raise UnknownTopicError([name])
             await complete_even_if_cancelled(self._apply_delete(name))
             log.info("topic deleted", topic=name, partitions=record.partition_count)
             await self._delete_on_brokers(record)
@@ -993,20 +991,20 @@ class MetadataManager:
         """Grow the topic to `total` partitions (more than it has now), on behalf of `principal`;
         the new partitions count against the topic's creator."""
         self.check_ready()
-        _validated(validate_topic_name, name)
-        _validated(validate_partition_count, total)
+        validate_topic_name(name)
+        validate_partition_count(total)
         async with self._admin_lock:
             current = self._topics.get(name)
             if current is None:
-                raise TopicNotFound([name])
-            _validated(validate_partition_increase, current.partition_count, total)
-            _validated(current.config.check_event_store, total)
+                raise UnknownTopicError([name])
+            validate_partition_increase(current.partition_count, total)
+            current.config.check_event_store(total)
             live = self.live_broker_ids()
             if not live:
-                raise NoLiveBrokers()
+                raise NoLiveBrokersError()
             factor = _factor(current.config)
             if factor > len(live):
-                raise FailedPrecondition(
+                raise MetadataPreconditionError(
                     f"topic {name!r} has replication_factor {factor}; there are {len(live)} live brokers: "
                     "start brokers, then add partitions"
                 )
@@ -1048,12 +1046,12 @@ class MetadataManager:
         mine = [t for t in self._topics.values() if t.creator == owner]
         held = sum(t.partition_count for t in mine)
         if limits.max_topics and new_topics and len(mine) + new_topics > limits.max_topics:
-            raise PrincipalLimitExceeded(
+            raise PrincipalLimitExceededError(
                 f"principal {owner!r} has created {len(mine)} topics; the limit (max_topics_per_principal) "
                 f"is {limits.max_topics}: cannot create {shorten(topic)}; delete unused topics"
             )
         if limits.max_partitions and held + new_partitions > limits.max_partitions:
-            raise PrincipalLimitExceeded(
+            raise PrincipalLimitExceededError(
                 f"principal {owner!r} holds {held} partitions in the topics it created; adding {new_partitions} "
                 f"to {shorten(topic)} would exceed the limit (max_partitions_per_principal) of "
                 f"{limits.max_partitions}: delete unused topics"
@@ -1064,7 +1062,7 @@ class MetadataManager:
         or the cluster would hold too many."""
         total = sum(t.partition_count for t in self._topics.values())
         if total + len(added) > self.max_partitions_total:
-            raise PartitionLimitExceeded(
+            raise PartitionLimitExceededError(
                 f"partitions: adding {len(added)} partitions to {shorten(topic)} would make "
                 f"{total + len(added)} in the cluster; the limit (max_partitions_total) is "
                 f"{self.max_partitions_total}: delete unused topics"
@@ -1082,7 +1080,7 @@ class MetadataManager:
         for broker_id, count in sorted(per_broker.items()):
             held = held_by.get(broker_id, 0)
             if held + count > self.max_partitions_per_broker:
-                raise PartitionLimitExceeded(
+                raise PartitionLimitExceededError(
                     f"partitions: adding {len(added)} partitions to {shorten(topic)} would place "
                     f"{held + count} partitions on broker {broker_id}; the limit (max_partitions_per_broker) is "
                     f"{self.max_partitions_per_broker}: delete unused topics or add brokers"
@@ -1169,10 +1167,8 @@ class MetadataManager:
         return None
 
 
-def _refusal(e: StateRefused) -> MetadataError:
-    error = MetadataError(str(e))
-    error.code = e.code
-    return error
+def _refusal(e: StateRefusedError) -> MetadataError:
+    return MetadataError(str(e), code=e.code)
 
 
 def _factor(settings: TopicSettings) -> int:
@@ -1180,22 +1176,15 @@ def _factor(settings: TopicSettings) -> int:
     return settings.replication_factor or 1
 
 
-def _validated(check: Callable[..., None], *args: Any) -> None:
-    try:
-        check(*args)
-    except ValidationError as e:
-        raise InvalidArgument(str(e)) from e
-
-
 def _validate_broker(broker_id: int, host: str, port: int) -> None:
     if not 0 <= broker_id <= BROKER_ID_MAX:
-        raise InvalidArgument(f"broker_id: must be between 0 and {BROKER_ID_MAX}, got {broker_id}")
+        raise InvalidMetadataRequestError(f"broker_id: must be between 0 and {BROKER_ID_MAX}, got {broker_id}")
     if not host or len(host) > HOST_MAX_CHARS:
-        raise InvalidArgument(f"host: must be 1 to {HOST_MAX_CHARS} characters, got {len(host)}")
+        raise InvalidMetadataRequestError(f"host: must be 1 to {HOST_MAX_CHARS} characters, got {len(host)}")
     if any(c.isspace() or not c.isprintable() or c in "/@" for c in host):
-        raise InvalidArgument(f"host: {host[:60]!r} is not a host name or IP address")
+        raise InvalidMetadataRequestError(f"host: {host[:60]!r} is not a host name or IP address")
     if not 1 <= port <= 65535:
-        raise InvalidArgument(f"port: must be between 1 and 65535, got {port}")
+        raise InvalidMetadataRequestError(f"port: must be between 1 and 65535, got {port}")
 
 
 # -- proto conversions ----------------------------------------------------------------------------
@@ -1276,20 +1265,15 @@ def broker_infos(metadata: MetadataManager) -> list[pb.BrokerInfo]:
 # -- gRPC -----------------------------------------------------------------------------------------
 
 
-def _translate(servicer: MetadataServicer, e: Exception) -> RpcAbort | None:
-    if isinstance(e, MetadataError):
-        return RpcAbort(e.code, str(e), e.reason, getattr(e, "extra", ()))
-    return None
-
-
 def _principal() -> str | None:
     """The calling principal; None with security off (every call is then anonymous)."""
     principal = current_principal.get()
     return None if principal == ANONYMOUS else principal
 
 
-# MetadataError becomes its status, anything unexpected INTERNAL (logged) (dmq.proto.server_errors).
-_handler = rpc_handler(log=log, translate=_translate)
+# MetadataError (a DomainError) becomes its status, anything unexpected INTERNAL (logged)
+# (dmq.proto.server_errors).
+_handler = rpc_handler(log=log)
 
 
 class MetadataServicer(pb_grpc.MetadataServicer):
@@ -1399,11 +1383,11 @@ class MetadataServicer(pb_grpc.MetadataServicer):
         if request.topics:
             names = list(dict.fromkeys(request.topics))  # dedupe, keep order
             for i, name in enumerate(request.topics):
-                _validated(functools.partial(validate_topic_name, field=f"topics[{i}]"), name)
+                validate_topic_name(name, field=f"topics[{i}]")
             found = [(n, self.metadata.topic(n)) for n in names]
             missing = [n for n, r in found if r is None]
             if missing:
-                raise TopicNotFound(missing)
+                raise UnknownTopicError(missing)
             records = [r for _, r in found if r is not None]
         else:
             records = self.metadata.topics()
@@ -1414,25 +1398,25 @@ class MetadataServicer(pb_grpc.MetadataServicer):
 
     def _existing_topic(self, name: str) -> TopicRecord:
         self.metadata.check_ready()
-        _validated(validate_topic_name, name)
+        validate_topic_name(name)
         record = self.metadata.topic(name)
         if record is None:
-            raise TopicNotFound([name])
+            raise UnknownTopicError([name])
         return record
 
 
 __all__ = [
-    "BrokerRefused",
-    "CoordinatorDiskFull",
-    "InvalidArgument",
+    "BrokerRefusedError",
+    "CoordinatorDiskFullError",
+    "InvalidMetadataRequestError",
     "MetadataError",
     "MetadataManager",
     "MetadataServicer",
-    "NoLiveBrokers",
-    "NotReady",
-    "PartitionNotFound",
-    "TopicAlreadyExists",
-    "TopicNotFound",
+    "NoLiveBrokersError",
+    "CoordinatorStartingError",
+    "PartitionNotFoundError",
+    "TopicExistsError",
+    "UnknownTopicError",
     "TopicRecord",
     "BrokerRecord",
     "broker_address",

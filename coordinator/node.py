@@ -48,7 +48,7 @@ from prometheus_client import CollectorRegistry
 
 from dmq.coordinator.acls import AclManager
 from dmq.coordinator.broker_pool import BrokerPool
-from dmq.coordinator.controller.leadership import Leadership, NotCoordinator
+from dmq.coordinator.controller.leadership import Leadership, NotCoordinatorError
 from dmq.coordinator.group_service import build as build_group_service
 from dmq.coordinator.metadata import (
     DEFAULT_BROKER_CALL_TIMEOUT_MS,
@@ -57,7 +57,7 @@ from dmq.coordinator.metadata import (
     MetadataError,
     MetadataManager,
     MetadataServicer,
-    NotReady,
+    CoordinatorStartingError,
     PrincipalLimits,
     wall_clock_ms,
 )
@@ -336,5 +336,5 @@ class CoordinatorNode:
     def _refusal(self) -> MetadataError:
         lead = self.leadership
         if lead is None or (not lead.deposed and lead.active_address == self.advertised_address):
-            return NotReady()  # elected, still loading
-        return NotCoordinator(None if lead.deposed else lead.active_address)
+            return CoordinatorStartingError()  # elected, still loading
+        return NotCoordinatorError(None if lead.deposed else lead.active_address)

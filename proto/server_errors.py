@@ -3,9 +3,12 @@
 A handler (or anything it calls) refuses a request by raising `RpcAbort(code, message, reason)`;
 `rpc_handler` turns it into `context.abort` with the message capped (dmq.proto.names.cap_message)
 and the reason (dmq.proto.error_details) as trailing metadata, which is what clients read to pick
-their error class, never the message text. A service maps its own domain errors (storage, the
-group machine's) with a `translate` function; anything else is a bug, logged and answered as
-INTERNAL, so no request takes a server down or leaves a client hanging.
+their error class, never the message text. Domain code raises `DomainError`
+(dmq.proto.domain_errors), which never names grpc: its code maps to a status here (`status_code`),
+as a broken field rule (`FieldError`) maps to INVALID_ARGUMENT here, for every service. A service
+maps what is not its domain's (storage failures: OSError, a corrupt log) with a `translate`
+function; anything else is a bug, logged and answered as INTERNAL, so no request takes a server
+down or leaves a client hanging.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from typing import Any, NoReturn, Protocol
 import grpc
 
 from dmq.proto import error_details
-from dmq.proto.names import cap_message
+from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.names import FieldError, cap_message
 
-__all__ = ["RpcAbort", "fail", "rpc_handler"]
+__all__ = ["RpcAbort", "fail", "rpc_handler", "status_code", "domain_status"]
 
 # How much of an unexpected exception's text an INTERNAL status echoes: it may quote request data.
 INTERNAL_DETAIL_MAX_CHARS = 300
@@ -56,6 +60,20 @@ def fail(
     raise RpcAbort(code, message, reason, extra)
 
 
+def status_code(code: ErrorCode) -> grpc.StatusCode:
+    """The gRPC status of a domain error code: the status of the same name."""
+    return grpc.StatusCode[code.value]
+
+
+def domain_status(e: Exception) -> RpcAbort | None:
+    """The status every service answers a DomainError or a FieldError with; None for others."""
+    if isinstance(e, DomainError):
+        return RpcAbort(status_code(e.code), str(e), e.reason, e.extra)
+    if isinstance(e, FieldError):  # a shared rule (dmq.proto.names, limits, event_headers) broken
+        return RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    return None
+
+
 class _Logger(Protocol):
     def exception(self, event: str, **fields: Any) -> Any: ...
 
@@ -68,8 +86,8 @@ Translate = Callable[[Any, Exception], "RpcAbort | None"]
 def rpc_handler(
     *, log: _Logger, translate: Translate | None = None, before: Callable[[Any], None] | None = None
 ) -> Callable[[Handler], Handler]:
-    """Decorate a servicer's unary handlers: RpcAbort and translated errors become their status,
-    anything else INTERNAL (logged with the rpc's name and, when the request has one, its group).
+    """Decorate a servicer's unary handlers: RpcAbort, DomainError, FieldError and translated errors
+    become their status, anything else INTERNAL (logged with the rpc's name and, when the request has one, its group).
     `before(servicer)` runs first and may raise RpcAbort (e.g. "not serving yet")."""
 
     def decorate(method: Handler) -> Handler:
@@ -86,8 +104,12 @@ def rpc_handler(
             except RpcAbort as e:
                 status: RpcAbort = e
             except Exception as e:  # noqa: BLE001 - the last line of defence of a server
-                translated = translate(self, e) if translate is not None else None
+                translated = domain_status(e)
+                if translated is None and translate is not None:
+                    translated = translate(self, e)
                 if translated is not None:
+                    if translated.code == grpc.StatusCode.INTERNAL:  # a DomainError that says it is a bug
+                        log.exception("handler failed", rpc=name, error=str(e))
                     status = translated
                 else:
                     log.exception("handler failed", rpc=name, group=getattr(request, "group_id", None) or None)

@@ -42,11 +42,11 @@ from dataclasses import dataclass, field, replace
 import structlog
 
 from dmq.broker.events.errors import (
-    ClaimNotHeldError,
+    EventClaimNotHeldError,
     EventStoreFullError,
     GroupConflictError,
-    GroupNotFoundError,
-    InvalidEventRequest,
+    EventGroupNotFoundError,
+    InvalidEventRequestError,
 )
 from dmq.broker.events.index import EventIndex, split_tags
 from dmq.broker.events.progress import AckWrite, GroupRecord, ProgressStore
@@ -157,7 +157,7 @@ class GroupManager:
     def _get(self, group: str) -> GroupRecord:
         g = self._groups.get(group)
         if g is None:
-            raise GroupNotFoundError(f"event group {group!r} is not registered on this store: register it first")
+            raise EventGroupNotFoundError(f"event group {group!r} is not registered on this store: register it first")
         return g
 
     def set_active(self, group: str, active: bool) -> None:
@@ -196,7 +196,7 @@ class GroupManager:
         claim = self._live_claim(group, key, now_ms)
         if claim is None or claim.worker_id != worker_id:
             holder = f"it is held by worker {claim.worker_id!r}" if claim else "it is not claimed (expired or released)"
-            raise ClaimNotHeldError(
+            raise EventClaimNotHeldError(
                 f"worker {worker_id!r} does not hold the claim on partition {key!r} of group {group!r}: {holder}; "
                 "claim again"
             )
@@ -215,7 +215,7 @@ class GroupManager:
         g = self._groups[group]
         values, acked = g.partitions[key]
         if not acked <= position <= head:
-            raise InvalidEventRequest(
+            raise InvalidEventRequestError(
                 f"position must be within {acked}..{head} (the partition's acknowledged position .. the store's "
                 f"head), got {position}"
             )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
+from dmq.broker.events.errors import EventStoreError
 from dmq.broker.events.progress import OffsetProgressStore, ProgressStore
 from dmq.broker.events.store import EventStore
 import structlog
@@ -27,6 +28,7 @@ from dmq.broker.replication.manager import (
     ReplicaManager,
     ReplicatedDurability,
 )
+from dmq.proto.domain_errors import ErrorCode
 
 __all__ = ["EventStores", "NotAnEventStoreError", "PartitionReplication"]
 
@@ -70,8 +72,10 @@ class PartitionReplication:
         await self._durability.replicated(self._manager.get(self._plog.topic, self._plog.partition), end_offset)
 
 
-class NotAnEventStoreError(Exception):
+class NotAnEventStoreError(EventStoreError):
     """The topic exists here but is an ordinary log."""
+
+    code = ErrorCode.FAILED_PRECONDITION
 
 
 class EventStores:

@@ -2,16 +2,19 @@
 
 `EventStoreRpcs` is mixed into BrokerService (broker/service.py), so the RPCs share its node and
 its error handling; the work happens in store.py / groups.py. Every field is checked here against
-dmq.proto.event_headers' rules before a store is touched, and the store's refusals map to:
+dmq.proto.event_headers' rules before a store is touched. The store's refusals are DomainErrors
+(broker/events/errors.py) and a broken rule a FieldError, both mapped by rpc_handler
+(dmq.proto.server_errors):
 
-  InvalidEventRequest / FieldError    INVALID_ARGUMENT (the message names the field and the limit)
-  ConditionFailedError                FAILED_PRECONDITION, reason "append-condition-failed", the
-                                      first conflicting position in "dmq-conflict-position"
-  GroupNotFoundError                  NOT_FOUND
-  ClaimNotHeldError / GroupConflict   FAILED_PRECONDITION
-  EventStoreFullError                 RESOURCE_EXHAUSTED
-  not an event store                  FAILED_PRECONDITION (also Produce to one: use EventAppend)
-  storage failures                    as for Produce (broker/service.py)
+  InvalidEventRequestError / FieldError  INVALID_ARGUMENT (the message names the field and the limit)
+  ConditionFailedError                   FAILED_PRECONDITION, reason "append-condition-failed", the
+                                         first conflicting position in "dmq-conflict-position"
+  EventGroupNotFoundError                NOT_FOUND
+  EventClaimNotHeldError / GroupConflict      FAILED_PRECONDITION
+  EventStoreFullError                    RESOURCE_EXHAUSTED
+  not an event store                     FAILED_PRECONDITION (also Produce to one: use EventAppend)
+and, translated here, batch limits (RESOURCE_EXHAUSTED), an unknown partition (NOT_FOUND) and
+storage failures (as for Produce, broker/service.py).
 """
 
 from __future__ import annotations
@@ -25,26 +28,18 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 
-from dmq.broker.events.errors import (
-    ClaimNotHeldError,
-    ConditionFailedError,
-    EventStoreFullError,
-    GroupConflictError,
-    GroupNotFoundError,
-    InvalidEventRequest,
-)
+from dmq.broker.events.errors import ConditionFailedError, EventStoreFullError
 from dmq.broker.events.groups import Claimed, GroupManager, PartitionView
 from dmq.broker.events.progress import AckWrite, GroupRecord
 from dmq.broker.events.query import QueryItem
-from dmq.broker.events.registry import NotAnEventStoreError
 from dmq.broker.events.index import EventColumns, EventIndex, split_tags
 from dmq.broker.events.store import Condition, EventStore, NewEvent
 from dmq.broker.log import UnknownPartitionError
 from dmq.broker.readiness import require_started
 from dmq.broker.storage_status import translate_storage
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto import error_details, event_headers, records
-from dmq.proto.names import GROUP_ID_MAX_BYTES, MEMBER_ID_MAX_BYTES, FieldError, check_id, check_topic_name
+from dmq.proto import event_headers, records
+from dmq.proto.names import GROUP_ID_MAX_BYTES, MEMBER_ID_MAX_BYTES, check_id, check_topic_name
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 from dmq.proto.server_errors import fail as _fail
 
@@ -71,12 +66,8 @@ DESCRIBE_PARTITIONS_MAX = 1_000
 STORE_DESCRIBE_LIMIT_DEFAULT = 100
 STORE_DESCRIBE_LIMIT_MAX = 1_000
 
+# What is not the event store's own (its errors are DomainErrors): the codec's and the log's.
 _STATUS: list[tuple[type[Exception], grpc.StatusCode]] = [
-    (InvalidEventRequest, grpc.StatusCode.INVALID_ARGUMENT),
-    (GroupNotFoundError, grpc.StatusCode.NOT_FOUND),
-    (GroupConflictError, grpc.StatusCode.FAILED_PRECONDITION),
-    (NotAnEventStoreError, grpc.StatusCode.FAILED_PRECONDITION),
-    (EventStoreFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (records.BatchTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (records.RecordTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (UnknownPartitionError, grpc.StatusCode.NOT_FOUND),
@@ -84,13 +75,9 @@ _STATUS: list[tuple[type[Exception], grpc.StatusCode]] = [
 
 
 def _translate(service: Any, e: Exception) -> RpcAbort | None:
-    if isinstance(e, ClaimNotHeldError):
-        return RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, str(e), error_details.CLAIM_NOT_HELD)
     for cls, code in _STATUS:
         if isinstance(e, cls):
             return RpcAbort(code, str(e))
-    if isinstance(e, FieldError):
-        return RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
     # Storage failures: the broker's one mapping.
     return translate_storage(service._node.broker_id, e)
 
@@ -101,10 +88,8 @@ _guarded = rpc_handler(log=log, translate=_translate, before=require_started)
 
 
 def _checked(check: Callable[[], None]) -> None:
-    try:
-        check()
-    except FieldError as e:
-        _fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    """Run one of dmq.proto's shared rules; its FieldError is INVALID_ARGUMENT (rpc_handler's mapping)."""
+    check()
 
 
 def _check_position(value: int, field: str) -> None:
@@ -142,11 +127,8 @@ def _events_from_proto(events: Sequence[pb.Event]) -> list[NewEvent]:
     out = []
     for i, e in enumerate(events):
         tags = list(e.tags)
-        try:
-            event_headers.check_event_type(e.type, field=f"events[{i}].type")
-            event_headers.check_tags(tags, field=f"events[{i}].tags")
-        except FieldError as err:
-            _fail(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        event_headers.check_event_type(e.type, field=f"events[{i}].type")
+        event_headers.check_tags(tags, field=f"events[{i}].tags")
         out.append(NewEvent(e.type, tuple(tags), e.payload, e.metadata))
     return out
 
@@ -232,17 +214,10 @@ class EventStoreRpcs:
         store = await self._store(request.topic)
         try:
             last, append_ms = await store.append(events, condition)
-        except ConditionFailedError as e:
+        except ConditionFailedError:
+            # counted here, answered by rpc_handler (its reason and conflicting position ride along)
             self._node.service.traffic.event_conflict(request.topic)
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                str(e),
-                trailing_metadata=(
-                    (error_details.REASON_KEY, error_details.APPEND_CONDITION_FAILED),
-                    (error_details.CONFLICT_POSITION_KEY, str(e.position)),
-                ),
-            )
-            raise AssertionError("unreachable: context.abort raises") from e
+            raise
         self._node.service.traffic.events_appended(request.topic, len(events))
         return pb.EventAppendResponse(last_position=last, append_time_ms=append_ms)
 

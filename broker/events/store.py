@@ -46,7 +46,7 @@ from typing import Protocol, TypeVar
 
 import structlog
 
-from dmq.broker.events.errors import ClaimNotHeldError, ConditionFailedError, EventStoreError
+from dmq.broker.events.errors import EventClaimNotHeldError, ConditionFailedError, EventStoreError
 from dmq.broker.events.groups import Claimed, GroupManager
 from dmq.broker.events.index import EventColumns, EventIndex, PackedEvents, columns_of
 from dmq.broker.events.progress import AckWrite, ProgressStore
@@ -489,7 +489,7 @@ class EventStore:
             # land after the reset's tombstones and undo them. Checked in the same step as the
             # append (put_acks appends before it first yields), so no reset can come between.
             if groups is None or groups.record(a.group) is not a.record or a.record is None or a.record.resets != a.resets:
-                raise ClaimNotHeldError(f"group {a.group!r} was reset (or its leader changed) while partition "
+                raise EventClaimNotHeldError(f"group {a.group!r} was reset (or its leader changed) while partition "
                                         f"{a.key!r} was acknowledged: the ack is not stored; claim again")
         try:
             await self._progress.put_acks(acks)

@@ -46,7 +46,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-import grpc
 import structlog
 
 from dmq.broker.log import PartitionLog, UnknownPartitionError
@@ -58,6 +57,7 @@ from dmq.broker.queue.dead_letters import (
     DeadLetterWriter,
     Written,
 )
+from dmq.broker.queue.errors import LeaseBusyError, LeaseNotLiveError, QueueOverLimitError, QueueNotLeaderError
 from dmq.broker.queue.leases import Lease, LeaseTable
 from dmq.broker.queue.progress import (
     LEASE_ENDED,
@@ -67,8 +67,8 @@ from dmq.broker.queue.progress import (
     ProgressStore,
 )
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto import error_details, limits, records
-from dmq.proto.server_errors import RpcAbort, fail
+from dmq.proto import limits, records
+from dmq.proto.domain_errors import DomainError, ErrorCode
 
 if TYPE_CHECKING:
     from dmq.broker.node import BrokerNode
@@ -110,12 +110,7 @@ def _retrieve(task: asyncio.Future[None]) -> None:
 
 
 def _lease_expired(lease_id: str) -> NoReturn:
-    fail(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        f"lease {lease_id[:12]}... is not live: it expired or was taken over (or never existed); "
-        "nothing was changed, its records go to the next pop",
-        error_details.LEASE_EXPIRED,
-    )
+    raise LeaseNotLiveError(lease_id)
 
 
 def slice_records(data: bytes, start: int, stop: int, known: records.RecordBatch | None = None) -> bytes:
@@ -279,10 +274,10 @@ class QueueManager:
 
     def _check_topic_here(self, topic: str) -> None:
         if topic not in self._led:
-            fail(
-                grpc.StatusCode.NOT_FOUND,
+            raise DomainError(
                 f"broker {self._node.broker_id} leads no partition of topic {topic!r} "
                 "(it does not exist, or its partitions are led by other brokers: pop from those)",
+                code=ErrorCode.NOT_FOUND,
             )
 
     def default_lease_ms(self, topic: str) -> int:
@@ -528,22 +523,19 @@ class QueueManager:
         if replica is not None and replica.leading is None:
             # an earlier leadership's view: the partition's leader has the lease (refused before
             # anything changed; the client sends the call there)
-            fail(grpc.StatusCode.UNAVAILABLE, replica.not_leader_message(self._node.broker_id))
+            raise QueueNotLeaderError(replica.not_leader_message(self._node.broker_id))
         if lease.busy:
-            fail(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"lease {lease_id[:12]}... is being finished by another call (an ack, nack or reject in flight)",
-            )
+            raise LeaseBusyError(lease_id)
         return lease
 
     @staticmethod
     def _check_in(lease: Lease, offset: int, field: str, *, allow_before: bool = False) -> None:
         low = lease.start_offset - 1 if allow_before else lease.start_offset
         if not low <= offset < lease.end_offset:
-            fail(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise DomainError(
                 f"{field} must be within {low}..{lease.end_offset - 1} (the lease's unacknowledged "
                 f"records of {lease.topic}[{lease.partition}]), got {offset}",
+                code=ErrorCode.INVALID_ARGUMENT,
             )
 
     def _finish(self, lease: Lease) -> None:
@@ -632,7 +624,7 @@ class QueueManager:
             acked = await asyncio.shield(ack)
             # The ack is done and durable: answer it (no lease) rather than an error that would
             # make the worker believe its records were not acknowledged.
-            log.info("pop after an ack failed", topic=topic, error=e.message if isinstance(e, RpcAbort) else repr(e))
+            log.info("pop after an ack failed", topic=topic, error=str(e) if isinstance(e, DomainError) else repr(e))
             return acked, None
         try:
             acked = await asyncio.shield(ack)
@@ -697,7 +689,9 @@ class QueueManager:
         plog = self._node.logs.get(lease.topic, lease.partition)
         found = self._records(plog, offset, offset + 1)
         if not found:
-            fail(grpc.StatusCode.FAILED_PRECONDITION, f"{lease.topic}[{lease.partition}] no longer holds offset {offset}")
+            raise DomainError(
+                f"{lease.topic}[{lease.partition}] no longer holds offset {offset}", code=ErrorCode.FAILED_PRECONDITION
+            )
         written = await self.dead_letters.write(
             lease.topic, lease.partition, lease.group, [DeadLetter(found[0], attempts, error[:MAX_ERROR_CHARS], reason)]
         )
@@ -793,13 +787,12 @@ class QueueManager:
         depth = sum(d for _, _, d in self._depths(topic)) + self._admitting.get(topic, 0)
         if depth + count > share:
             remaining = max(share - depth, 0)
-            fail(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise QueueOverLimitError(
                 f"queue {topic!r} is full: {depth} records not acknowledged on broker {self._node.broker_id}, "
                 f"whose share of max_queue_size {limit} is {share}; a batch of {count} records does not fit "
                 f"({remaining} remaining); nothing was stored",
-                error_details.QUEUE_FULL,
-                ((error_details.QUEUE_DEPTH_KEY, str(depth)), (error_details.QUEUE_LIMIT_KEY, str(share))),
+                depth,
+                share,
             )
         self._admitting[topic] = self._admitting.get(topic, 0) + count
         try:

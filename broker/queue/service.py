@@ -2,8 +2,8 @@
 
 `QueueRpcs` is mixed into `dmq.broker.service.BrokerService`; every field is checked here before
 the manager sees it, so a bad request gets INVALID_ARGUMENT naming the field and the limit. The
-manager refuses with RpcAbort itself (a lease that is not live, a full queue); storage failures are
-mapped by the broker's one mapping (BrokerService.storage_error).
+manager refuses with DomainErrors (broker/queue/errors.py: a lease that is not live, a full queue),
+which rpc_handler maps; storage failures are mapped by the broker's one mapping (BrokerService.storage_error).
 
 Who may use a lease (dmq.proto.security.rpc_table, Access.HANDLER): a request that acks, nacks,
 rejects or renews names only the lease id, so the lease's topic and group are looked up here and
@@ -27,7 +27,6 @@ from dmq.broker.readiness import require_started
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits, names
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
-from dmq.proto.names import FieldError
 from dmq.proto.security.acls import Operation, ResourceType
 from dmq.proto.security.interceptor import current_access
 from dmq.proto.security.rpc_table import Need
@@ -58,18 +57,13 @@ def _translate(servicer: Any, e: Exception) -> RpcAbort | None:
 _guarded = rpc_handler(log=log, translate=_translate, before=require_started)
 
 
+# A broken shared rule (FieldError) is INVALID_ARGUMENT through rpc_handler (dmq.proto.server_errors).
 def _check(check: Any, value: object, field: str) -> None:
-    try:
-        check(value, field=field)
-    except FieldError as e:
-        fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    check(value, field=field)
 
 
 def _check_group(group: str) -> None:
-    try:
-        names.check_id(group, "group", "queue group", names.GROUP_ID_MAX_BYTES - len(QUEUE_GROUP_PREFIX))
-    except FieldError as e:
-        fail(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    names.check_id(group, "group", "queue group", names.GROUP_ID_MAX_BYTES - len(QUEUE_GROUP_PREFIX))
 
 
 def _check_range(value: int, low: int, high: int, field: str, *, zero_ok: bool = False) -> None:

@@ -29,12 +29,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-import grpc
 import structlog
 
 from dmq.coordinator.metadata import MetadataError
 from dmq.coordinator.metastore.base import StoreConflict, StoreError
 from dmq.proto import error_details
+from dmq.proto.domain_errors import ErrorCode
 
 log = structlog.get_logger(__name__)
 
@@ -165,14 +165,16 @@ class Leadership:
             log.warning("could not revoke the leadership lease", candidate=self.candidate, error=str(e))
 
 
-class NotCoordinator(MetadataError):
+class NotCoordinatorError(MetadataError):
     """What a standby (or a deposed) coordinator answers instead of acting: retriable, naming the
     active coordinator when it is known (trailing metadata ACTIVE_COORDINATOR_KEY)."""
 
-    code = grpc.StatusCode.UNAVAILABLE
+    code = ErrorCode.UNAVAILABLE
     reason = error_details.NOT_COORDINATOR
 
     def __init__(self, active: str | None) -> None:
         where = f"the active one is {active}" if active else "none is active yet"
-        super().__init__(f"this coordinator is standing by, not active ({where}): retry at the active coordinator")
-        self.extra: tuple[tuple[str, str], ...] = ((error_details.ACTIVE_COORDINATOR_KEY, active),) if active else ()
+        super().__init__(
+            f"this coordinator is standing by, not active ({where}): retry at the active coordinator",
+            extra=((error_details.ACTIVE_COORDINATOR_KEY, active),) if active else (),
+        )

@@ -32,8 +32,6 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
-import grpc
-
 from dmq.coordinator.controller.election import (
     PartitionLeadership,
     elect_leader,
@@ -43,14 +41,14 @@ from dmq.coordinator.controller.election import (
 )
 from dmq.coordinator.metastore.base import NO_LEADER, PartitionRecord
 from dmq.proto import limits
+from dmq.proto.domain_errors import DomainError, ErrorCode
 
 
-class StateRefused(Exception):
-    """A request to change a partition's state, refused; `code` is its gRPC status."""
+class StateRefusedError(DomainError):
+    """A request to change a partition's state, refused with `code` (dmq.proto.domain_errors)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message, code=code)
 
 
 def _leadership(state: PartitionRecord) -> PartitionLeadership:
@@ -95,37 +93,37 @@ def alter_isr(
     live: Collection[int],
     where: str,
 ) -> PartitionRecord:
-    """The state after the leader's AlterIsr, or StateRefused (the message names the current
+    """The state after the leader's AlterIsr, or StateRefusedError (the message names the current
     epochs, so the leader knows it is behind). `where` names the partition in messages."""
     if broker_id != state.leader:
-        raise StateRefused(
-            grpc.StatusCode.FAILED_PRECONDITION,
+        raise StateRefusedError(
+            ErrorCode.FAILED_PRECONDITION,
             f"{where}: broker {broker_id} is not the leader (the leader is {state.leader} at leader epoch "
             f"{state.leader_epoch})",
         )
     if leader_epoch != state.leader_epoch or partition_epoch != state.partition_epoch:
-        raise StateRefused(
-            grpc.StatusCode.FAILED_PRECONDITION,
+        raise StateRefusedError(
+            ErrorCode.FAILED_PRECONDITION,
             f"{where}: stale epochs (leader_epoch {leader_epoch}, partition_epoch {partition_epoch}); the current "
             f"are leader_epoch {state.leader_epoch}, partition_epoch {state.partition_epoch}",
         )
     members = set(isr)
     if len(members) != len(isr):
-        raise StateRefused(grpc.StatusCode.INVALID_ARGUMENT, f"isr: {list(isr)} names a broker twice")
+        raise StateRefusedError(ErrorCode.INVALID_ARGUMENT, f"isr: {list(isr)} names a broker twice")
     if broker_id not in members:
-        raise StateRefused(
-            grpc.StatusCode.INVALID_ARGUMENT, f"isr: {list(isr)} must include the leader {broker_id}"
+        raise StateRefusedError(
+            ErrorCode.INVALID_ARGUMENT, f"isr: {list(isr)} must include the leader {broker_id}"
         )
     outside = sorted(members - set(state.replicas))
     if outside:
-        raise StateRefused(
-            grpc.StatusCode.INVALID_ARGUMENT,
+        raise StateRefusedError(
+            ErrorCode.INVALID_ARGUMENT,
             f"isr: brokers {outside} are not replicas of {where} (replicas {list(state.replicas)})",
         )
     dead = sorted(b for b in members - set(state.isr) if b not in live)
     if dead:
-        raise StateRefused(
-            grpc.StatusCode.FAILED_PRECONDITION,
+        raise StateRefusedError(
+            ErrorCode.FAILED_PRECONDITION,
             f"isr: brokers {dead} are not alive (or shutting down) and cannot join the in-sync set of {where}",
         )
     new_isr = _ordered(state.replicas, members)
@@ -135,21 +133,21 @@ def alter_isr(
 
 
 def check_reassignment(target: Sequence[int], live: Collection[int], *, field: str = "replicas") -> None:
-    """StateRefused(INVALID_ARGUMENT) unless `target` is a non-empty list of distinct live brokers."""
+    """StateRefusedError(INVALID_ARGUMENT) unless `target` is a non-empty list of distinct live brokers."""
     if not target:
-        raise StateRefused(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: name at least one broker")
+        raise StateRefusedError(ErrorCode.INVALID_ARGUMENT, f"{field}: name at least one broker")
     if len(target) > limits.REPLICATION_FACTOR_MAX:
-        raise StateRefused(
-            grpc.StatusCode.INVALID_ARGUMENT,
+        raise StateRefusedError(
+            ErrorCode.INVALID_ARGUMENT,
             f"{field}: at most {limits.REPLICATION_FACTOR_MAX} replicas (replication_factor's limit), got {len(target)}",
         )
     duplicates = sorted(b for b, n in Counter(target).items() if n > 1)
     if duplicates:
-        raise StateRefused(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: brokers {duplicates} are named twice")
+        raise StateRefusedError(ErrorCode.INVALID_ARGUMENT, f"{field}: brokers {duplicates} are named twice")
     dead = [b for b in target if b not in live]
     if dead:
-        raise StateRefused(
-            grpc.StatusCode.INVALID_ARGUMENT,
+        raise StateRefusedError(
+            ErrorCode.INVALID_ARGUMENT,
             f"{field}: brokers {dead} are not live brokers (live: {sorted(live)})",
         )
 

@@ -1,8 +1,8 @@
 """Errors raised by the group machine.
 
-Each class carries ``code``: the name of the gRPC status code the service layer answers with
-(``grpc.StatusCode[err.code]``), so this pure package never imports grpc. Messages are meant
-for a person and say what to do.
+Each class is a DomainError (dmq.proto.domain_errors) whose ``code`` the servers' one error
+mapping (dmq.proto.server_errors) turns into a gRPC status, so this pure package never imports
+grpc. Messages are meant for a person and say what to do.
 
 Contract: a handler that raises has changed nothing (it validates before it mutates).
 """
@@ -13,26 +13,24 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from dmq.proto import error_details
+from dmq.proto.domain_errors import DomainError, ErrorCode
 
 
-class GroupError(Exception):
-    """Root of the group machine's errors."""
+class GroupError(DomainError):
+    """Root of the group machine's errors. `reason` (a dmq.proto.error_details reason) is sent with
+    the status where the code alone does not tell a client what happened."""
 
-    code: ClassVar[str] = "UNKNOWN"
-    #: The dmq.proto.error_details reason sent with the status, where the code alone does not
-    #: tell a client what happened.
-    reason: ClassVar[str | None] = None
     #: True when the same request may succeed after the client refreshes its view
     #: (re-join, fetch the assignment) and retries.
     retriable: ClassVar[bool] = False
 
 
 class InvalidRequestError(GroupError):
-    code = "INVALID_ARGUMENT"
+    code = ErrorCode.INVALID_ARGUMENT
 
 
-class GroupNotFoundError(GroupError):
-    code = "NOT_FOUND"
+class ConsumerGroupNotFoundError(GroupError):
+    code = ErrorCode.NOT_FOUND
 
     def __init__(self, group_id: str) -> None:
         # Read by people (`dmq groups describe`), so no RPC names: the group appears when a
@@ -44,11 +42,11 @@ class GroupNotFoundError(GroupError):
         self.group_id = group_id
 
 
-class UnknownMemberError(GroupError):
+class UnknownGroupMemberError(GroupError):
     """The member id is not (or no longer) in the group: it left, expired, or the coordinator
     restarted (membership is in memory only). The client re-joins."""
 
-    code = "NOT_FOUND"
+    code = ErrorCode.NOT_FOUND
     retriable = True
 
     def __init__(self, group_id: str, member_id: str) -> None:
@@ -65,7 +63,7 @@ class MemberSecretError(GroupError):
     the member id (DescribeGroup shows ids) but is not that member. Not retriable: re-joining
     makes a new member, it does not let anyone act as this one."""
 
-    code = "PERMISSION_DENIED"
+    code = ErrorCode.PERMISSION_DENIED
 
     def __init__(self, group_id: str, member_id: str) -> None:
         super().__init__(
@@ -79,7 +77,7 @@ class MemberSecretError(GroupError):
 class NotOwnerError(GroupError):
     """A commit for partitions the member does not own under the generation it names."""
 
-    code = "FAILED_PRECONDITION"
+    code = ErrorCode.FAILED_PRECONDITION
     reason = error_details.NOT_OWNER
     retriable = True
 
@@ -94,8 +92,8 @@ class NotOwnerError(GroupError):
         self.reasons = dict(reasons)
 
 
-class GroupNotEmptyError(GroupError):
-    code = "FAILED_PRECONDITION"
+class ConsumerGroupNotEmptyError(GroupError):
+    code = ErrorCode.FAILED_PRECONDITION
 
     def __init__(self, group_id: str, member_count: int, action: str) -> None:
         super().__init__(
@@ -106,7 +104,7 @@ class GroupNotEmptyError(GroupError):
 
 
 class GroupFullError(GroupError):
-    code = "RESOURCE_EXHAUSTED"
+    code = ErrorCode.RESOURCE_EXHAUSTED
 
     def __init__(self, group_id: str, max_members: int) -> None:
         super().__init__(
@@ -119,7 +117,7 @@ class GroupIdCollisionError(GroupError):
     """``G_<topic>_<app_id>`` is ambiguous when names contain ``_``: two (topic, app_id) pairs
     can map to the same group id. The first one keeps it."""
 
-    code = "FAILED_PRECONDITION"
+    code = ErrorCode.FAILED_PRECONDITION
 
     def __init__(self, group_id: str, existing_topic: str, topic: str) -> None:
         super().__init__(
@@ -131,4 +129,4 @@ class GroupIdCollisionError(GroupError):
 class IllegalStateTransitionError(GroupError):
     """A bug in the machine, never a client's fault."""
 
-    code = "INTERNAL"
+    code = ErrorCode.INTERNAL

@@ -34,7 +34,7 @@ from dmq.proto import limits
 
 from .assignor import PartitionAssignor, RangeAssignor
 from .effects import Event, StateChanged, Subscription, SubscriptionMode
-from .errors import UnknownMemberError
+from .errors import UnknownGroupMemberError
 from .messages import GroupDescription, MemberDescription
 from .state import GroupState, transition_to
 from .timer import Timer
@@ -176,7 +176,7 @@ class Group:
         try:
             return self.members[member_id]
         except KeyError:
-            raise UnknownMemberError(self.group_id, member_id) from None
+            raise UnknownGroupMemberError(self.group_id, member_id) from None
 
     def member_by_consumer(self, consumer_id: str) -> Member | None:
         member_id = self._by_consumer.get(consumer_id) if consumer_id else None

@@ -39,7 +39,7 @@ from .effects import (
 )
 from .errors import (
     GroupFullError,
-    GroupNotEmptyError,
+    ConsumerGroupNotEmptyError,
     IllegalStateTransitionError,
     InvalidRequestError,
     MemberSecretError,
@@ -135,7 +135,7 @@ def _join_response(group: Group, member: Member, *, rejoined: bool) -> JoinGroup
 
 def prove_member(group: Group, member_id: str, secret: str) -> Member:
     """The member, if the request carries its secret (compared in constant time); else
-    UnknownMemberError / MemberSecretError."""
+    UnknownGroupMemberError / MemberSecretError."""
     member = group.member(member_id)
     if member.secret and not hmac.compare_digest(member.secret.encode(), secret.encode()):
         raise MemberSecretError(group.group_id, member_id)
@@ -248,7 +248,7 @@ def handle_poll(group: Group, request: PollRequest, now_ms: int) -> Result[PollR
 def handle_leave(
     group: Group, request: LeaveGroupRequest, now_ms: int
 ) -> Result[LeaveGroupResponse]:
-    """Raises UnknownMemberError for a member already gone; a client treats that as done."""
+    """Raises UnknownGroupMemberError for a member already gone; a client treats that as done."""
     member = prove_member(group, request.member_id, request.member_secret)
     events: list[Event] = []
     released = _remove_member(group, member, RemovalReason.LEFT, now_ms, events)
@@ -268,7 +268,7 @@ def check_ownership(
         )
     if request.member_id == "" and request.generation == -1:
         if group.members:
-            raise GroupNotEmptyError(group.group_id, len(group.members), "reset its offsets")
+            raise ConsumerGroupNotEmptyError(group.group_id, len(group.members), "reset its offsets")
         return Result(CheckOwnershipResponse(generation=group.generation))
 
     member = prove_member(group, request.member_id, request.member_secret)

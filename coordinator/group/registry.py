@@ -23,8 +23,8 @@ from .effects import (
 )
 from .errors import (
     GroupIdCollisionError,
-    GroupNotEmptyError,
-    GroupNotFoundError,
+    ConsumerGroupNotEmptyError,
+    ConsumerGroupNotFoundError,
     InvalidRequestError,
 )
 from .group import Group, GroupConfig
@@ -54,7 +54,7 @@ class GroupRegistry:
     def get(self, group_id: str) -> Group:
         group = self._groups.get(group_id)
         if group is None:
-            raise GroupNotFoundError(group_id)
+            raise ConsumerGroupNotFoundError(group_id)
         return group
 
     def groups(self) -> list[Group]:
@@ -110,7 +110,7 @@ class GroupRegistry:
         on the brokers)."""
         group = self.get(group_id)
         if group.members:
-            raise GroupNotEmptyError(group_id, len(group.members), "delete it")
+            raise ConsumerGroupNotEmptyError(group_id, len(group.members), "delete it")
         record = GroupDeleted(group_id)
         self.replay(record)
         return Result(DeleteGroupResponse(group_id), records=(record,))

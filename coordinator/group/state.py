@@ -33,7 +33,7 @@ class GroupState(enum.Enum):
     committed offsets live on the brokers.
 
     action: join -> adds the member, moves to PREPARING_REBALANCE;
-            heartbeat / get_assignment / leave / poll / member commit -> UnknownMemberError;
+            heartbeat / get_assignment / leave / poll / member commit -> UnknownGroupMemberError;
             operator offset reset (member "" and generation -1) -> allowed;
             delete -> allowed.
     transition: a member joins => PREPARING_REBALANCE.

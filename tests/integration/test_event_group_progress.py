@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from dmq.broker.events.errors import ClaimNotHeldError
+from dmq.broker.events.errors import EventClaimNotHeldError
 from dmq.broker.events.groups import Claimed, GroupManager
 from dmq.broker.events.progress import AckWrite, OffsetProgressStore
 from dmq.broker.events.store import EventStore, NewEvent
@@ -76,7 +76,7 @@ async def acked(store: EventStore) -> dict[str, int]:
 async def test_an_ack_written_after_a_later_reset_is_refused_and_the_reset_stands(parts: Parts) -> None:
     unwritten = await claim_and_ack(parts.store)
     await parts.store.groups(lambda g, until, now: g.reset("g"))
-    with pytest.raises(ClaimNotHeldError, match="was reset"):
+    with pytest.raises(EventClaimNotHeldError, match="was reset"):
         await parts.store.write_acks(unwritten)
     reopened = await parts.reopened()
     try:

@@ -3,14 +3,14 @@ state transitions of a partition (dmq.coordinator.controller.partition_states), 
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from dmq.coordinator.controller import partition_states as ps
-from dmq.coordinator.controller.partition_states import StateRefused
+from dmq.coordinator.controller.partition_states import StateRefusedError
 from dmq.coordinator.controller.placement import place_partitions
 from dmq.coordinator.store import NO_LEADER, PartitionRecord
 from dmq.coordinator.validation import TopicSettings, ValidationError, replication_defaults
+from dmq.proto.domain_errors import ErrorCode
 
 S = PartitionRecord
 
@@ -134,9 +134,9 @@ CURRENT = S((1, 2, 3), (1, 2), 1, 4, 7)
     ],
 )
 def test_alter_isr_refusals(request_, code, fragment) -> None:  # noqa: ANN001
-    with pytest.raises(StateRefused, match=fragment.replace("[", r"\[").replace("]", r"\]")) as info:
+    with pytest.raises(StateRefusedError, match=fragment.replace("[", r"\[").replace("]", r"\]")) as info:
         ps.alter_isr(CURRENT, live=[1, 2], where="t partition 0", **request_)
-    assert info.value.code == getattr(grpc.StatusCode, code)
+    assert info.value.code == ErrorCode[code]
 
 
 def test_alter_isr_accepted_in_replica_order_and_idempotent() -> None:
@@ -153,9 +153,9 @@ def test_alter_isr_accepted_in_replica_order_and_idempotent() -> None:
      (list(range(17)), "at most 16 replicas")],
 )
 def test_reassignment_targets_are_checked(target, fragment) -> None:  # noqa: ANN001
-    with pytest.raises(StateRefused, match=fragment.replace("[", r"\[").replace("]", r"\]")) as info:
+    with pytest.raises(StateRefusedError, match=fragment.replace("[", r"\[").replace("]", r"\]")) as info:
         ps.check_reassignment(target, [1, 2, 3])
-    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.code == ErrorCode.INVALID_ARGUMENT
 
 
 def test_reassignment_adds_first_and_drops_once_in_sync() -> None:

@@ -7,7 +7,7 @@ After every step: a claim is handed out only for a partition no live claim holds
 earliest pending event is oldest, with that partition's pending events in order; nothing is
 handed out while a partition with pending events is unclaimed; an ack, renew or release is
 accepted exactly while the worker's claim is live (before `claim_timeout_ms` after its last
-renewal) and refused after (ClaimNotHeldError); a partition's acknowledged position only moves
+renewal) and refused after (EventClaimNotHeldError); a partition's acknowledged position only moves
 by an accepted ack. At the end one worker drains the group: every event acknowledged. The seed
 is printed on failure (DMQ_SIM_SEED replays it).
 """
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 from _seeded import simulate
 
-from dmq.broker.events.errors import ClaimNotHeldError
+from dmq.broker.events.errors import EventClaimNotHeldError
 from dmq.broker.events.groups import GroupManager
 from dmq.broker.events.progress import SqliteProgressStore
 from dmq.broker.events.store import EventStore, NewEvent
@@ -120,7 +120,7 @@ class Simulation:
                 self.groups.renew(GROUP, claim.partition, worker, self.now_ms)
             else:
                 self.groups.release(GROUP, claim.partition, worker, self.now_ms)
-        except ClaimNotHeldError:
+        except EventClaimNotHeldError:
             assert not accepted, f"{how} of a live claim refused at {self.now_ms} ms: {claim}"
             if self.claims.get(claim.key) is claim:
                 del self.claims[claim.key]

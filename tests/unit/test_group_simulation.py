@@ -54,7 +54,7 @@ from dmq.coordinator.group import (
     PartitionsAcquired,
     PartitionsReleased,
     Result,
-    UnknownMemberError,
+    UnknownGroupMemberError,
     check_ownership,
     handle_get_assignment,
     handle_heartbeat,
@@ -289,7 +289,7 @@ class Sim:
         request = CheckOwnershipRequest(client.member_id, client.generation, partitions, TOPIC)
         try:
             self.apply(check_ownership(self.group, request, self.now))
-        except UnknownMemberError:
+        except UnknownGroupMemberError:
             self.kicked(client, request.member_id)
             return False
         except NotOwnerError as error:
@@ -305,7 +305,7 @@ class Sim:
             response = self.apply(
                 handle_get_assignment(self.group, GetAssignmentRequest(client.member_id), self.now)
             )
-        except UnknownMemberError:
+        except UnknownGroupMemberError:
             self.kicked(client, client.member_id)
             return
         for p in response.released:
@@ -340,7 +340,7 @@ class Sim:
     def deliver_heartbeat(self, client: Client, request: HeartbeatRequest) -> None:
         try:
             response = self.apply(handle_heartbeat(self.group, request, self.now))
-        except UnknownMemberError:
+        except UnknownGroupMemberError:
             self.kicked(client, request.member_id)
             return
         if client.member_id == request.member_id and response.assignment_changed:
@@ -390,7 +390,7 @@ class Sim:
         try:
             self.apply(check_ownership(self.group, request, self.now))
             accepted = True
-        except (UnknownMemberError, NotOwnerError):
+        except (UnknownGroupMemberError, NotOwnerError):
             accepted = False
         assert accepted == expected, f"{kind} commit {request} accepted={accepted}, expected={expected}"
         self.count(f"{kind}_commit_{'ok' if accepted else 'refused'}")

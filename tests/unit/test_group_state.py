@@ -23,8 +23,8 @@ from dmq.coordinator.group import (
     GroupDeleted,
     GroupFullError,
     GroupIdCollisionError,
-    GroupNotEmptyError,
-    GroupNotFoundError,
+    ConsumerGroupNotEmptyError,
+    ConsumerGroupNotFoundError,
     GroupRegistry,
     GroupState,
     HeartbeatRequest,
@@ -42,7 +42,7 @@ from dmq.coordinator.group import (
     Result,
     SubscriptionMode,
     Timer,
-    UnknownMemberError,
+    UnknownGroupMemberError,
     check_ownership,
     handle_get_assignment,
     handle_heartbeat,
@@ -368,7 +368,7 @@ def test_leave_releases_at_once_and_last_leave_empties_the_group() -> None:
     assert ctx.leave(a) == (0, 1, 2, 3, 4)
     assert ctx.group.state is GroupState.EMPTY
     assert ctx.group.next_deadline_ms() is None  # no rebalance for nobody
-    with pytest.raises(UnknownMemberError):
+    with pytest.raises(UnknownGroupMemberError):
         ctx.leave(a)
 
 
@@ -383,7 +383,7 @@ def test_unknown_member_is_not_found(call: str) -> None:
         "poll": lambda: handle_poll(ctx.group, PollRequest("ghost"), ctx.now),
         "commit": lambda: ctx.commit("ghost", [0]),
     }
-    with pytest.raises(UnknownMemberError, match="join the group again") as info:
+    with pytest.raises(UnknownGroupMemberError, match="join the group again") as info:
         actions[call]()
     assert info.value.code == "NOT_FOUND" and info.value.retriable
 
@@ -553,7 +553,7 @@ def test_operator_reset_only_while_empty(members: int, allowed: bool) -> None:
     if allowed:
         check_ownership(ctx.group, request, ctx.now)
     else:
-        with pytest.raises(GroupNotEmptyError) as info:
+        with pytest.raises(ConsumerGroupNotEmptyError) as info:
             check_ownership(ctx.group, request, ctx.now)
         assert info.value.code == "FAILED_PRECONDITION"
 
@@ -611,7 +611,7 @@ def test_restart_replays_groups_and_members_must_rejoin() -> None:
     group = restarted.get(GROUP_ID)
     assert (group.state, group.generation, group.members) == (GroupState.EMPTY, 0, {})
     assert group.subscription == ctx.group.subscription
-    with pytest.raises(UnknownMemberError):
+    with pytest.raises(UnknownGroupMemberError):
         handle_heartbeat(group, HeartbeatRequest(a, 1), 0)
     handle_join(group, JoinGroupRequest("a2"), 0)
     assert group.state is GroupState.PREPARING_REBALANCE
@@ -717,12 +717,12 @@ def test_group_id_collision_between_topic_and_app_underscores() -> None:
 def test_delete_only_an_empty_group() -> None:
     ctx = Ctx()
     a = ctx.join("a")
-    with pytest.raises(GroupNotEmptyError, match="delete it"):
+    with pytest.raises(ConsumerGroupNotEmptyError, match="delete it"):
         ctx.registry.delete_group(GROUP_ID, ctx.now)
     ctx.leave(a)
     result = ctx.registry.delete_group(GROUP_ID, ctx.now)
     assert result.records == (GroupDeleted(GROUP_ID),)
-    with pytest.raises(GroupNotFoundError) as info:
+    with pytest.raises(ConsumerGroupNotFoundError) as info:
         ctx.registry.get(GROUP_ID)
     assert info.value.code == "NOT_FOUND"
 
