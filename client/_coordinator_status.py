@@ -42,7 +42,7 @@ def describe_coordinators(channels: list[tuple[str, grpc.Channel]], timeout_s: f
         try:
             r = future.result()
         except grpc.RpcError as e:
-            code, details = e.code(), e.details()  # type: ignore[attr-defined]
+            code, details = e.code(), e.details()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED or (
                     code == grpc.StatusCode.UNAVAILABLE and is_connect_failure(details)):
                 out.append(CoordinatorDescription(address, UNREACHABLE, None, None, f"{code.name}: {details}"))

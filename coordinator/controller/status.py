@@ -8,7 +8,7 @@ so the two never disagree. A standby answers it: it is how an operator asks each
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
@@ -57,7 +57,7 @@ class CoordinatorStatusServicer(pb_grpc.CoordinatorStatusServicer):
 
     @_handler
     async def DescribeCoordinator(
-        self, request: pb.DescribeCoordinatorRequest, context: grpc.aio.ServicerContext
+        self, request: pb.DescribeCoordinatorRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.DescribeCoordinatorResponse:
         s = status_of(self._node)
         return pb.DescribeCoordinatorResponse(address=s.address, active=s.active,
