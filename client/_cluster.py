@@ -275,6 +275,10 @@ class Cluster:
             stub = self._stubs[("", cls)] = cls(self._router)
         return stub
 
+    def coordinator_addresses(self) -> list[str]:
+        """Every coordinator address bootstrap_servers named (and any active one a standby named since)."""
+        return list(self._router.addresses) if self._router is not None else [self._bootstrap]
+
     def metadata_stub(self) -> pb_grpc.MetadataStub:
         return self._coordinator_stub(self.bootstrap, pb_grpc.MetadataStub)
 

@@ -28,6 +28,7 @@ from dmq.client._calls import call_coordinator, fan_out_by_leader
 from dmq.client._log import get_logger
 from dmq.client._settings import bootstrap_address, check_positive, reject_unknown
 from dmq.client._cluster import Cluster
+from dmq.client._coordinator_status import CoordinatorDescription, describe_coordinators
 from dmq.client._groups import (
     RESET_TARGETS,
     GroupDescription,
@@ -79,6 +80,7 @@ __all__ = [
     "TopicDescription",
     "PartitionDescription",
     "BrokerDescription",
+    "CoordinatorDescription",
     "OffsetInfo",
     "LogDescription",
     "GroupSummary",
@@ -392,6 +394,12 @@ class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
     def list_brokers(self) -> list[BrokerDescription]:
         response = self._metadata_call("ListBrokers", pb.ListBrokersRequest(), "list brokers")
         return sorted((BrokerDescription.from_response(b) for b in response.brokers), key=lambda b: b.broker_id)
+
+    def describe_coordinators(self) -> list[CoordinatorDescription]:
+        """Each coordinator address of bootstrap_servers, asked directly: active, standby or
+        unreachable, with the controller epoch it claimed (see dmq.client._coordinator_status)."""
+        channels = [(a, self._cluster.channel(a)) for a in self._cluster.coordinator_addresses()]
+        return describe_coordinators(channels, self._cluster.timeout_s)
 
     def reassign_partition(
         self, topic: str, partition: int, replicas: Sequence[int], *, wait_s: float | None = None

@@ -1,6 +1,7 @@
 """The coordinator's Prometheus metrics (see dmq.proto.metrics for the endpoint and RPC timings).
 
-`CoordinatorCollector` reads the metadata and the group registry when scraped: brokers alive,
+`CoordinatorCollector` reads the metadata and the group registry when scraped: whether this
+coordinator is active and its controller epoch (dmq.coordinator.controller.status), brokers alive,
 topics, partitions, offline partitions, leader elections, groups by state, members, rebalances.
 Their handlers and the scrape run on the coordinator's event loop, and a collect() has no await,
 so what it reads is one consistent moment.
@@ -25,6 +26,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dmq.coordinator.controller.status import status_of
 from dmq.coordinator.group import GroupState
 from dmq.coordinator.group_admin import describe_to_proto
 
@@ -98,6 +100,14 @@ class CoordinatorCollector(Collector):
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
+        status = status_of(self._node)
+        yield _gauge("dmq_coordinator_active",
+                     "1 while this coordinator is the active one and acting; 0 standing by or stepped down",
+                     1 if status.active else 0)
+        yield _gauge("dmq_coordinator_controller_epoch",
+                     "The controller epoch this coordinator claimed when it last took control (kept after "
+                     "it steps down); 0 for a standby that never took control",
+                     status.controller_epoch)
         metadata = self._node.metadata
         yield _gauge("dmq_coordinator_brokers_alive", "Brokers with a live session", len(metadata.live_broker_ids()))
         yield _gauge("dmq_coordinator_brokers_registered", "Brokers ever registered", len(metadata.brokers()))

@@ -49,6 +49,7 @@ from prometheus_client import CollectorRegistry
 from dmq.coordinator.acls import AclManager
 from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.controller.leadership import Leadership, NotCoordinatorError
+from dmq.coordinator.controller.status import CoordinatorStatusServicer
 from dmq.coordinator.group_service import build as build_group_service
 from dmq.coordinator.metadata import (
     DEFAULT_BROKER_CALL_TIMEOUT_MS,
@@ -209,6 +210,7 @@ class CoordinatorNode:
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         pb_grpc.add_MetadataServicer_to_server(self.metadata_service, server)
+        pb_grpc.add_CoordinatorStatusServicer_to_server(CoordinatorStatusServicer(self), server)
         for component in self.components:
             component.add_to_server(server)
 

@@ -1024,6 +1024,22 @@ class ListAclsResponse(_message.Message):
     version: int
     def __init__(self, acls: _Optional[_Iterable[_Union[AclEntry, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
 
+class DescribeCoordinatorRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeCoordinatorResponse(_message.Message):
+    __slots__ = ("address", "active", "controller_epoch", "active_address")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    active: bool
+    controller_epoch: int
+    active_address: str
+    def __init__(self, address: _Optional[str] = ..., active: _Optional[bool] = ..., controller_epoch: _Optional[int] = ..., active_address: _Optional[str] = ...) -> None: ...
+
 class Subscription(_message.Message):
     __slots__ = ("mode", "from_ms", "created_ms")
     MODE_FIELD_NUMBER: _ClassVar[int]

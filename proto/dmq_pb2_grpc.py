@@ -1894,6 +1894,78 @@ class Metadata:
             _registered_method=True)
 
 
+class CoordinatorStatusStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.DescribeCoordinator = channel.unary_unary(
+                '/dmq.v1.CoordinatorStatus/DescribeCoordinator',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.DescribeCoordinatorRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.DescribeCoordinatorResponse.FromString,
+                _registered_method=True)
+
+
+class CoordinatorStatusServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def DescribeCoordinator(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_CoordinatorStatusServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'DescribeCoordinator': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeCoordinator,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.DescribeCoordinatorRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.DescribeCoordinatorResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'dmq.v1.CoordinatorStatus', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('dmq.v1.CoordinatorStatus', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class CoordinatorStatus:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def DescribeCoordinator(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dmq.v1.CoordinatorStatus/DescribeCoordinator',
+            dmq_dot_proto_dot_dmq__pb2.DescribeCoordinatorRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.DescribeCoordinatorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class GroupCoordinatorStub:
     """Missing associated documentation comment in .proto file."""
 

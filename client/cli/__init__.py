@@ -20,6 +20,8 @@ _LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "topics": ("dmq.client.cli.topics", "topics", "Create, list, describe, alter and delete topics."),
     "groups": ("dmq.client.cli.groups", "groups", "List and describe consumer groups, see lag, reset offsets."),
     "brokers": ("dmq.client.cli.brokers", "brokers", "List brokers: address, liveness, partitions led."),
+    "coordinators": ("dmq.client.cli.coordinators", "coordinators",
+                     "List the coordinators of --bootstrap: active or standby, controller epoch."),
     "queues": ("dmq.client.cli.queues", "queues", "Queue mode: depth, limits, leases and dead letters of queues."),
     "health": ("dmq.client.cli.health", "health", "Check the coordinator and every broker; exit 1 if any is down."),
     "produce": ("dmq.client.cli.messages", "produce", "Send lines from stdin or a file as messages."),

@@ -145,6 +145,7 @@ def _logs(r: Any) -> list[Need]:
 _B = "/dmq.v1.Broker/"
 _M = "/dmq.v1.Metadata/"
 _G = "/dmq.v1.GroupCoordinator/"
+_C = "/dmq.v1.CoordinatorStatus/"
 _H = "/grpc.health.v1.Health/"
 _INTERNAL = RpcRule(Access.CLUSTER)
 
@@ -207,6 +208,8 @@ RULES: dict[str, RpcRule] = {
     _M + "AddAcls": RpcRule(Access.ACL, _cluster(Operation.ALTER), admin=True),
     _M + "RemoveAcls": RpcRule(Access.ACL, _cluster(Operation.ALTER), admin=True),
     _M + "ListAcls": RpcRule(Access.ACL, _cluster(Operation.DESCRIBE)),
+    # -- CoordinatorStatus (`dmq coordinators list`): describing the cluster, as listing brokers --
+    _C + "DescribeCoordinator": RpcRule(Access.ACL, _cluster(Operation.DESCRIBE)),
     # -- GroupCoordinator --------------------------------------------------------------------------
     _G + "FindOrCreateGroup": RpcRule(Access.ACL, _find_group),
     _G + "JoinGroup": RpcRule(Access.ACL, _group(Operation.READ)),

@@ -41,6 +41,14 @@ def test_server_metrics_lag_equals_groups_describe(tmp_path: pathlib.Path) -> No
             assert samples[key] == p["lag"]
         assert sum(v for (name, labels), v in samples.items()
                    if name == "dmq_broker_records_in_total" and ("topic", "m-orders") in labels) == 10
+        # A lone coordinator (SQLite, no election) is always the active one, with the epoch it claimed.
+        assert samples[("dmq_coordinator_active", ())] == 1
+        epoch = samples[("dmq_coordinator_controller_epoch", ())]
+        assert epoch >= 1
+        listed = dmq.json("coordinators", "list")
+        assert listed == {"controller_epoch": epoch, "coordinators": [
+            {"address": server.bootstrap, "state": "active", "controller_epoch": epoch,
+             "active_address": server.bootstrap, "error": None}]}
     finally:
         server.stop()
 

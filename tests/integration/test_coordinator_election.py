@@ -32,13 +32,13 @@ ACTIVE = "coordinator active"
 class _Coordinator:
     """One `python -m dmq.client.cli coordinator` process; `address` once it listens."""
 
-    def __init__(self, root: pathlib.Path, name: str, url: str, ttl_s: int = TTL_S) -> None:
+    def __init__(self, root: pathlib.Path, name: str, url: str, ttl_s: int = TTL_S, args: tuple[str, ...] = ()) -> None:
         self.name = name
         self.log_path = root / f"{name}.log"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "dmq.client.cli", "coordinator", "--port", "0", "--data-dir", str(root / name),
-                 "--metadata-store", url, "--lease-ttl-s", str(ttl_s), "--log-level", "warning"],
+                 "--metadata-store", url, "--lease-ttl-s", str(ttl_s), "--log-level", "warning", *args],
                 stdout=log, stderr=log,
             )
         try:

@@ -38,11 +38,13 @@ class Caller:
         self.groups = pb_grpc.GroupCoordinatorStub(self.channel)
         self.broker = pb_grpc.BrokerStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.status = pb_grpc.CoordinatorStatusStub(self.channel)
 
     def call(self, method: str, request: Any) -> Any:
         service, name = method.strip("/").split("/")
         stub = {"dmq.v1.Metadata": self.metadata, "dmq.v1.GroupCoordinator": self.groups,
-                "dmq.v1.Broker": self.broker, "grpc.health.v1.Health": self.health}[service]
+                "dmq.v1.Broker": self.broker, "grpc.health.v1.Health": self.health,
+                "dmq.v1.CoordinatorStatus": self.status}[service]
         rpc = getattr(stub, name)
         if name in ("WatchGroup", "Watch", "EventSubscribe"):  # streams: the first event proves the call was served
             return next(iter(rpc(request, timeout=3)))
@@ -213,6 +215,7 @@ CASES: dict[str, Case] = {
         lambda n: [("cluster", "cluster", "alter", False)]),
     "/dmq.v1.Metadata/RemoveAcls": Case(lambda a, n: _remove_acl(a, n), lambda n: [("cluster", "cluster", "alter", False)]),
     "/dmq.v1.Metadata/ListAcls": Case(lambda a, n: pb.ListAclsRequest(), lambda n: CLUSTER),
+    "/dmq.v1.CoordinatorStatus/DescribeCoordinator": Case(lambda a, n: pb.DescribeCoordinatorRequest(), lambda n: CLUSTER),
     # the leader confirming its in-sync set as it is (cluster-internal)
     "/dmq.v1.Metadata/AlterIsr": Case(lambda a, n: _current_isr(a, _topic(a, n))),
     # moving the partition where it is: a change with nothing to move, still an admin's alter
