@@ -8,7 +8,7 @@ so the two never disagree. A standby answers it: it is how an operator asks each
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 import structlog
@@ -17,8 +17,37 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.server_errors import rpc_handler
 
-if TYPE_CHECKING:
-    from dmq.coordinator.node import CoordinatorNode
+
+class _Ready(Protocol):
+    @property
+    def ready(self) -> bool: ...
+
+
+class _Leadership(Protocol):
+    @property
+    def deposed(self) -> bool: ...
+
+    @property
+    def active_address(self) -> str | None: ...
+
+    def leading(self) -> bool: ...
+
+
+class CoordinatorNode(Protocol):
+    """What the status reads of dmq.coordinator.node.CoordinatorNode: a narrow view, so this
+    module (imported by the metrics the node installs) does not depend on the node."""
+
+    @property
+    def leadership(self) -> _Leadership | None: ...
+
+    @property
+    def controller_epoch(self) -> int: ...
+
+    @property
+    def metadata(self) -> _Ready: ...
+
+    @property
+    def advertised_address(self) -> str: ...
 
 log = structlog.get_logger(__name__)
 

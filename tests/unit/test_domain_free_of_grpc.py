@@ -26,6 +26,7 @@ GRPC_ALLOWED = {
     "dmq.coordinator.group_service": "the GroupCoordinator servicer",
     "dmq.coordinator.metadata": "holds the Metadata servicer (and calls brokers over gRPC)",
     "dmq.coordinator.group_wakeups": "serves WatchGroup's stream on the servicer's context",
+    "dmq.coordinator.controller.status": "holds the CoordinatorStatus servicer",
     # status mappings of what is not a DomainError
     "dmq.broker.storage_status": "maps storage failures (OSError, a corrupt log) to statuses",
     "dmq.broker.readiness": "rpc_handler's `before` hook: UNAVAILABLE until the broker is started",
