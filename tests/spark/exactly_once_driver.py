@@ -3,8 +3,10 @@
     python exactly_once_driver.py BOOTSTRAP SOURCE TARGET CHECKPOINT MODE
 
 copies topic SOURCE to topic TARGET (key and value) with the dmq sink, from the checkpoint at
-CHECKPOINT. MODE `stream`: micro-batches of at most ROWS_PER_TRIGGER records until killed;
-`available-now`: Trigger.AvailableNow (what is in SOURCE when it starts, then exit 0).
+CHECKPOINT. MODE `stream`: micro-batches of at most ROWS_PER_TRIGGER records until killed (small,
+so a kill lands mid-batch after a few batches); `available-now`: Trigger.AvailableNow in batches
+of at most ROWS_PER_TRIGGER_AVAILABLE_NOW (fewer, cheaper batches: what is in SOURCE when it
+starts, then exit 0; a batch left unfinished by a kill is re-run first, with its planned offsets).
 Prints "STARTED" once the query runs.
 """
 
@@ -15,6 +17,7 @@ import sys
 from dmq.client.spark import local_session
 
 ROWS_PER_TRIGGER = 4_000
+ROWS_PER_TRIGGER_AVAILABLE_NOW = 25_000
 
 
 def main(bootstrap: str, source: str, target: str, checkpoint: str, mode: str) -> None:
@@ -26,7 +29,8 @@ def main(bootstrap: str, source: str, target: str, checkpoint: str, mode: str) -
     )
     try:
         df = (spark.readStream.format("dmq").option("bootstrap", bootstrap).option("subscribe", source)
-              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", ROWS_PER_TRIGGER).load())
+              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", ROWS_PER_TRIGGER_AVAILABLE_NOW if mode == "available-now" else ROWS_PER_TRIGGER)
+              .load())
         writer = (df.select("key", "value").writeStream.format("dmq").option("bootstrap", bootstrap)
                   .option("topic", target).option("checkpointLocation", checkpoint))
         if mode == "available-now":
