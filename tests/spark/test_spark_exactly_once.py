@@ -24,7 +24,7 @@ import pytest
 from dmq.client import SimpleConsumer
 from tests.spark.conftest import _spark_available
 
-# five driver starts (a JVM each: 30-76 s apiece measured at load average ~9 on 2 cores) do not
+# four driver starts (a JVM each: 30-76 s apiece measured at load average ~9 on 2 cores) do not
 # fit the suite's 300 s default timeout; the waits inside have their own deadlines
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
