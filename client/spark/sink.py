@@ -12,7 +12,19 @@ Columns (as Spark's Kafka sink; anything else is refused so a misspelt column ca
 Each Spark task writes its rows through one idempotent `Producer` (retried batches are stored
 once) and waits until all of them are acknowledged before it reports success: a task that
 returns has delivered every row. Rows without headers or timestamps to one topic take the
-producer's bulk `send_many` path. Delivery is at least once across task retries, as with Kafka.
+producer's bulk `send_many` path. A batch write is at least once across task retries, as with Kafka.
+
+A streaming write is exactly once across task retries and driver crashes: every row carries a
+transaction id (the `dmq.txn` header) derived from where it sits in its micro-batch,
+`<query id>:<batch id>:<task partition>:<row index>`, and the target partition's leader stores an
+id once within the topic's `dedup_window_ms` (broker/log/dedup.py; the ids are rebuilt from the
+log after a broker restart). After a driver crash Spark re-runs the last planned micro-batch from
+its checkpoint with the same offsets, hence the same rows in the same tasks in the same order, so
+each re-sent row has the id of its first copy and is acknowledged without being stored again. The
+query id and batch id are the local properties Spark gives every task of a micro-batch. Limits
+(README "Exactly-once output"): the re-run must come within the window; the rows of a task must
+be the same and in the same order on a re-run (no shuffle without a total order before the sink);
+a lost checkpoint starts a new query id, whose rows are new.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import (
     ArrayType,
@@ -51,6 +64,10 @@ log = get_logger(__name__)
 __all__ = ["DMQWriter", "DMQStreamWriter", "WriteResult", "check_sink_schema", "write_task"]
 
 FLUSH_TIMEOUT_S = 300.0
+# Spark's names of the local properties it sets on every task of a streaming micro-batch
+# (StreamExecution.QUERY_ID_KEY and MicroBatchExecution.BATCH_ID_KEY).
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 _BYTES_TYPES = (BinaryType, StringType)
 _ALLOWED = {
@@ -103,8 +120,10 @@ def _as_bytes(values: list[Any]) -> list[Any]:
 class _TaskWriter:
     """One Spark task's producer and the handles needed to tell whether all its rows landed."""
 
-    def __init__(self, opts: SinkOptions) -> None:
+    def __init__(self, opts: SinkOptions, txn_prefix: str | None = None) -> None:
         self.opts = opts
+        # "<query>:<batch>:<task partition>:": each row's transaction id is this and its index
+        self.txn_prefix = txn_prefix
         kwargs: dict[str, Any] = {"enable_idempotence": True}
         if opts.compression != "none":
             kwargs["compression"] = opts.compression
@@ -145,8 +164,10 @@ class _TaskWriter:
             # Spark's timestamps are microseconds: truncate to the records' milliseconds
             ms = rb.column(ti).cast(pa.timestamp("ms", tz="UTC"), safe=False)
             timestamps = ms.cast(pa.int64()).to_pylist()
+        first_row = self.rows
         self.rows += n
-        if topics is None and partitions is None and headers is None and timestamps is None:
+        txn = self.txn_prefix
+        if txn is None and topics is None and partitions is None and headers is None and timestamps is None:
             assert opts.topic is not None
             self.bulk.append(self.producer.send_many(opts.topic, values, keys))
             return
@@ -164,6 +185,7 @@ class _TaskWriter:
                 partition=partitions[i] if partitions is not None else None,
                 timestamp_ms=timestamps[i] if timestamps is not None else None,
                 callback=self._on_done,
+                transaction_id=None if txn is None else f"{txn}{first_row + i}",
             )
 
     def finish(self) -> None:
@@ -201,10 +223,26 @@ def as_arrow_batches(items: Iterator[Any]) -> Iterator[pa.RecordBatch]:
         yield pa.RecordBatch.from_pylist(chunk)
 
 
-def write_task(opts: SinkOptions, batches: Iterator[Any]) -> WriteResult:
-    """Write one task's rows and return once every one is acknowledged (or raise)."""
+def stream_txn_prefix() -> str | None:
+    """This streaming task's transaction id prefix, "<query id>:<batch id>:<partition>:" (the
+    module docstring); None where Spark gives no query or batch id (then at least once)."""
+    ctx = TaskContext.get()
+    if ctx is None:
+        return None
+    query = ctx.getLocalProperty(QUERY_ID_PROPERTY)
+    batch = ctx.getLocalProperty(BATCH_ID_PROPERTY)
+    if not query or batch is None:
+        log.warning("dmq sink: Spark gave no streaming query or batch id, so rows are written at least once",
+                    query_id=query, batch_id=batch)
+        return None
+    return f"{query}:{batch}:{ctx.partitionId()}:"
+
+
+def write_task(opts: SinkOptions, batches: Iterator[Any], txn_prefix: str | None = None) -> WriteResult:
+    """Write one task's rows and return once every one is acknowledged (or raise); with
+    `txn_prefix`, each row carries the transaction id txn_prefix + its index in the task."""
     prepare_worker()
-    task = _TaskWriter(opts)
+    task = _TaskWriter(opts, txn_prefix)
     try:
         for rb in as_arrow_batches(batches):
             task.write(rb)
@@ -240,7 +278,7 @@ class DMQStreamWriter(DataSourceStreamArrowWriter):
         self.schema = schema
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
-        return write_task(self.opts, iterator)
+        return write_task(self.opts, iterator, stream_txn_prefix())
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
         rows = sum(m.rows for m in messages if isinstance(m, WriteResult))
