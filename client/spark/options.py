@@ -413,12 +413,7 @@ def _parse_offsets(name: str, raw: str, *, allow: tuple[str, ...]) -> OffsetSpec
         if not isinstance(parts, dict) or not parts:
             raise OptionError(f"option {name!r}: topic {topic!r} must map to an object of partition -> offset")
         for p, off in parts.items():
-            try:
-                partition = int(p)
-            except ValueError:
-                raise OptionError(f"option {name!r}: partition {p!r} of topic {topic!r} is not a number") from None
-            if partition < 0:
-                raise OptionError(f"option {name!r}: partition {partition} of topic {topic!r} must be >= 0")
+            partition = _partition_key(name, topic, p)
             if not isinstance(off, int) or isinstance(off, bool) or off < EARLIEST:
                 raise OptionError(
                     f"option {name!r}: offset of {topic}[{partition}] must be an integer >= 0, "
@@ -430,6 +425,17 @@ def _parse_offsets(name: str, raw: str, *, allow: tuple[str, ...]) -> OffsetSpec
                 raise OptionError(_not_allowed(name, "latest (-1)"))
             offsets[(topic, partition)] = off
     return OffsetSpec("specific", offsets)
+
+
+def _partition_key(name: str, topic: str, p: str) -> int:
+    """A JSON object's partition key: a number >= 0 (both per-partition options spell them so)."""
+    try:
+        partition = int(p)
+    except ValueError:
+        raise OptionError(f"option {name!r}: partition {p!r} of topic {topic!r} is not a number") from None
+    if partition < 0:
+        raise OptionError(f"option {name!r}: partition {partition} of topic {topic!r} must be >= 0")
+    return partition
 
 
 def _not_allowed(name: str, what: str) -> str:
@@ -461,12 +467,7 @@ def _parse_timestamps(name: str, raw: str) -> OffsetSpec:
         if not isinstance(parts, dict) or not parts:
             raise OptionError(f"option {name!r}: topic {topic!r} must map to an object of partition -> timestamp_ms")
         for p, ts in parts.items():
-            try:
-                partition = int(p)
-            except ValueError:
-                raise OptionError(f"option {name!r}: partition {p!r} of topic {topic!r} is not a number") from None
-            if partition < 0:
-                raise OptionError(f"option {name!r}: partition {partition} of topic {topic!r} must be >= 0")
+            partition = _partition_key(name, topic, p)
             if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
                 raise OptionError(
                     f"option {name!r}: timestamp of {topic}[{partition}] must be an integer >= 0 (ms since the "
