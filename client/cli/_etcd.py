@@ -114,7 +114,7 @@ def healthy(client_port: int, tls: EtcdTls | None = None, timeout_s: float = 1.0
 
 
 def _start_once(binary: str, base: pathlib.Path, attempt: int, tls: EtcdTls | None, fsync: bool,
-                members: int, fresh: bool, cls: type[EtcdProcess]) -> list[EtcdProcess] | None:
+                members: int, fresh: bool, own_session: bool, cls: type[EtcdProcess]) -> list[EtcdProcess] | None:
     """`members` started etcds forming one cluster, each healthy (so the cluster has a leader);
     None when one could not bind its ports (the caller retries on others)."""
     ports = [(free_port(), free_port()) for _ in range(members)]
@@ -147,7 +147,8 @@ def _start_once(binary: str, base: pathlib.Path, attempt: int, tls: EtcdTls | No
                      "--client-cert-auth"]
         offset = log_path.stat().st_size if log_path.exists() else 0
         with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=own_session)
         servers.append((cls(process, client_port, data_dir, log_path, tls, args), offset))
     deadline = time.monotonic() + READY_TIMEOUT_S
     waiting = list(servers)
@@ -175,13 +176,15 @@ def _start_once(binary: str, base: pathlib.Path, attempt: int, tls: EtcdTls | No
 
 
 def start_etcd(base: pathlib.Path, *, tls: EtcdTls | None = None, fsync: bool = True, members: int = 1,
-               fresh: bool = False, cls: type[EtcdProcess] = EtcdProcess) -> list[EtcdProcess]:
+               fresh: bool = False, own_session: bool = False,
+               cls: type[EtcdProcess] = EtcdProcess) -> list[EtcdProcess]:
     """Start `members` etcds as one cluster under `base`, each healthy; the caller stops them.
+    `own_session`: out of the caller's process group (a Ctrl-C in its terminal does not reach it).
     Raises RuntimeError (no binary, a start that failed, ports never free) naming the cause."""
     base.mkdir(parents=True, exist_ok=True)
     binary = etcd_binary()
     for attempt in range(START_ATTEMPTS):
-        servers = _start_once(binary, base, attempt, tls, fsync, members, fresh, cls)
+        servers = _start_once(binary, base, attempt, tls, fsync, members, fresh, own_session, cls)
         if servers is not None:
             return servers
     raise RuntimeError(f"etcd could not bind free loopback ports in {START_ATTEMPTS} attempts")
