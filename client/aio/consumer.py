@@ -105,6 +105,15 @@ class _Heartbeats(HeartbeatThread):
 
     _main_task: asyncio.Task[None] | None = None
 
+    def __init__(self, cluster: AsyncCluster, *args: Any) -> None:
+        super().__init__(*args)
+        self._cluster = cluster
+
+    def _stub(self, address: str) -> Any:
+        # The consumer's own channels, through its coordinator router when there are several
+        # coordinators: heartbeats and watches follow the active one as the group calls do.
+        return self._cluster.group_stub(address)
+
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._main_task = asyncio.create_task(self._main(), name=f"{self.name}-heartbeats")
@@ -252,7 +261,7 @@ class AsyncConsumer:
         self._offsets = OffsetClient(self._cluster, c)
         self._retry = RetryPolicy(retry_backoff_ms=c.retry_backoff_ms, request_timeout_ms=c.request_timeout_ms)
         self._positions = PositionFinder(self._cluster, self._offsets, self._subs, c, self._wakeup)  # type: ignore[arg-type]
-        self._heartbeat = _Heartbeats(self.consumer_id, c, self._wakeup, self._poll_age_s)  # type: ignore[arg-type]
+        self._heartbeat = _Heartbeats(self._cluster, self.consumer_id, c, self._wakeup, self._poll_age_s)
         self._lock = asyncio.Lock()
         self._next_auto_commit = time.monotonic() + c.auto_commit_interval_ms / 1000
         self._started = True

