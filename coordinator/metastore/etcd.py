@@ -45,6 +45,7 @@ import asyncio
 import json
 import pathlib
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -338,6 +339,28 @@ class EtcdMetadataStore:
 
     def _where(self) -> str:
         return "?" if self._endpoint is None else f"{self._endpoint[0]}:{self._endpoint[1]}"
+
+    @property
+    def address(self) -> str:
+        """The endpoint in use, else every endpoint given (for status reports)."""
+        return self._where() if self._endpoint is not None else ",".join(f"{h}:{p}" for h, p in self.settings.endpoints)
+
+    async def check_health(self, timeout_s: float) -> tuple[bool, str]:
+        """(healthy, how) from one linearizable read, which etcd answers only with a leader and a
+        quorum, bounded by `timeout_s`: a stopped, paused or partitioned etcd is reported, not waited for."""
+        client = self._client
+        if client is None:
+            return False, "not connected"
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(client.get(self._key("controller_epoch")), timeout_s)
+        except TimeoutError:
+            return False, f"no answer to a read within {timeout_s:g}s (etcd stopped, paused or without quorum?)"
+        except grpc.aio.AioRpcError as e:
+            return False, f"{e.code().name}: {e.details()}"
+        except aetcd.exceptions.ClientError as e:
+            return False, f"{type(e).__name__}: {e}"
+        return True, f"answered a read in {(time.monotonic() - started) * 1000:.0f} ms"
 
     async def _txn(self, what: str, compare: list[Any], success: list[Any]) -> tuple[bool, list[Any], int]:
         """One transaction, fenced; (succeeded, responses, the revision it was applied at).

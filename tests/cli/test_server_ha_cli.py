@@ -95,8 +95,11 @@ def test_a_local_ha_cluster_survives_a_sigkill_of_its_active_coordinator(tmp_pat
         etcd = [pid for pid, cmd in _children(server.pid).items() if "etcd" in cmd.split()[0]]
         assert len(etcd) == 1, _children(server.pid)
         assert (data_dir / "etcd" / "m0").is_dir()  # etcd's data in the server's data directory
-        wait_for(lambda: run_dmq("health", bootstrap=bootstrap).returncode == 0, "every broker registered",
-                 SERVER_START_TIMEOUT_S)
+        health = wait_for(lambda: (r := run_dmq("health", "-o", "json", bootstrap=bootstrap)).returncode == 0 and r,
+                          "every broker registered", SERVER_START_TIMEOUT_S)
+        components = health.json()["components"]
+        assert sorted(c["component"] for c in components) == ["broker"] * 3 + ["coordinator"] * 3 + ["etcd"], components
+        assert all(c["status"] == "up" for c in components), components
         r = run_dmq("topics", "create", "orders", "--partitions", "3", bootstrap=bootstrap)
         assert r.returncode == 0, r
         _produce(bootstrap, ["before-0", "before-1", "before-2"])

@@ -21,7 +21,7 @@ def _yes(ok: bool, yes: str = "yes", no: str = "no") -> Html:
 
 def overview(c: Console, req: Request) -> Html:
     health = c.admin.check_health(timeout_s=min(5.0, c.timeout_s))
-    coordinator = [h for h in health if h.broker_id is None]
+    coordinator = [h for h in health if h.component == "coordinator"]
     down = [h for h in health if not h.up]
     summary = tag("p", _yes(not down, "healthy", f"{len(down)} server(s) down"), class_="health")
     rows = []
