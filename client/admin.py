@@ -682,6 +682,8 @@ class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
             return answer.status == health_pb2.HealthCheckResponse.SERVING, name
 
         addresses = cluster.coordinator_addresses()
+        # In flight while the coordinators are described: a paused one costs one timeout, not two.
+        checks = {a: ask(a, "") for a in addresses}
         try:
             described = describe_coordinators([(a, cluster.channel(a)) for a in addresses], timeout_s)
         except DMQError:  # not allowed to ask (or too old to answer): the health service still is
@@ -701,7 +703,7 @@ class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
             others = [ServerHealth("coordinator", None, d.address, d.error is None,
                                    d.error or f"{d.state} (active: {coordinator})")
                       for d in described if d.address != coordinator]
-        up, detail = verdict(ask(coordinator, ""))
+        up, detail = verdict(checks[coordinator] if coordinator in checks else ask(coordinator, ""))
         if not up:
             return [ServerHealth("coordinator", None, coordinator, False, detail), *others, *store]
         try:

@@ -133,3 +133,17 @@ def test_a_local_ha_cluster_survives_a_sigkill_of_its_active_coordinator(tmp_pat
             server.wait(COMMAND_TIMEOUT_S)
         for pid in leftover:
             os.kill(pid, signal.SIGKILL)
+
+
+def test_ha_options_are_checked_before_anything_starts(tmp_path: pathlib.Path) -> None:
+    data_dir = tmp_path / "data"
+    cases = {
+        ("--lease-ttl-s", "2"): "Invalid value for --lease-ttl-s: only with --coordinators M",
+        ("--coordinators", "1"): "Invalid value for '--coordinators': 1 is not in the range 2<=x<=9.",
+        ("--coordinators", "3", "--port", "65534"): "Invalid value for --port: 3 coordinators take ports 65534..65536",
+    }
+    for args, error in cases.items():
+        r = run_dmq("server", "--data-dir", str(data_dir), "--log-level", "warning", *args)
+        assert r.returncode == 2, r
+        assert error in r.stderr, r
+        assert not (data_dir / "etcd").exists()  # no etcd started
