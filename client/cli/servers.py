@@ -269,7 +269,8 @@ def _default_subscription_from_ms(mode: str, text: str | None) -> int | None:
 @_security_options
 @_principal_limit_options
 @_metrics_option(str(DEFAULT_METRICS_PORT), "The metrics endpoint (with --brokers N: the coordinator's; broker i "
-                 "gets PORT+1+i).", envvar="DMQ_METRICS_PORT")
+                 "gets PORT+1+i; with --coordinators M: coordinator i PORT+i, broker i PORT+M+i).",
+                 envvar="DMQ_METRICS_PORT")
 def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, coordinators: int | None,
                lease_ttl_s: int | None, default_subscription_mode: str,
                default_subscription_from: str | None, log_level: str, flush: str, flush_interval_ms: int,
