@@ -21,7 +21,7 @@ SubscriptionState, the Fetcher (pipelined per-broker fetches and lazy decoding; 
 tasks through TaskPool), PositionFinder (committed offset, group start position or reset),
 GroupClient and OffsetClient (request building, answer parsing, error mapping through
 CallFuture), the application of the key / value deserializers, the heartbeat/watch/max-poll-interval
-coroutines of HeartbeatThread (run as tasks on this loop by _Heartbeats), and the record types.
+coroutines of HeartbeatThread (run as tasks on this loop: dmq.client.aio._heartbeats), and the record types.
 
 Differences from DMQConsumer: the group work a poll finds to do (find, re-join, hand-off) runs as
 one task of its own (each call in it bounded by request_timeout_ms, the hand-off commits by
@@ -57,11 +57,11 @@ import grpc
 from dmq.client._calls import Backoffs, RetryPolicy, retry_call_async
 from dmq.client._settings import reject_unknown
 from dmq.client.aio._cluster import AsyncCluster, TaskPool, Wakeup, bootstrap_address, settle
+from dmq.client.aio._heartbeats import Heartbeats
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._consumer import DMQConsumer, _tp, _tps
 from dmq.client.consumer._fetcher import Fetcher
 from dmq.client.consumer._group import GroupClient, Membership, group_id_for
-from dmq.client.consumer._heartbeat import HeartbeatThread
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
 from dmq.client.consumer._positions import PositionFinder
@@ -91,52 +91,11 @@ DEFAULT_CLOSE_TIMEOUT_S = 30.0
 LEAVE_TIMEOUT_S = 5.0
 HANDOVER_COMMIT_WAIT_S = 1.0  # as DMQConsumer: a stopped broker must not hold the rebalance
 MAX_GROUP_BACKOFF_MS = 1_000
-HEARTBEAT_STOP_TIMEOUT_S = 1.0
 _CONFIG_NAMES = frozenset(f.name for f in fields(ConsumerConfig) if f.init)
 # DMQConsumer._check_can_commit, ._assigned_state and ._deserialize are called with an AsyncConsumer
 # as `self`: they only read `config`, `_subs` and `_memberships` and call seek(), which this class
 # keeps under the same names and meanings, so the rules (and messages) of who may commit, what is
 # assigned and what a failing deserializer does are one.
-
-
-class _Heartbeats(HeartbeatThread):
-    """HeartbeatThread's coroutines (heartbeat and WatchGroup per membership, the
-    max_poll_interval_ms watchdog) run as tasks on the consumer's loop instead of a thread's."""
-
-    _main_task: asyncio.Task[None] | None = None
-
-    def __init__(self, cluster: AsyncCluster, *args: Any) -> None:
-        super().__init__(*args)
-        self._cluster = cluster
-
-    def _stub(self, address: str) -> Any:
-        # The consumer's own channels, through its coordinator router when there are several
-        # coordinators: heartbeats and watches follow the active one as the group calls do.
-        return self._cluster.group_stub(address)
-
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._main_task = asyncio.create_task(self._main(), name=f"{self.name}-heartbeats")
-
-    @property
-    def alive(self) -> bool:
-        return self._main_task is not None and not self._main_task.done()
-
-    def _call(self, fn: Any, *args: object) -> None:
-        fn(*args)  # already on the loop
-
-    async def astop(self, timeout_s: float = HEARTBEAT_STOP_TIMEOUT_S) -> None:
-        task = self._main_task
-        if task is None or task.done():
-            return
-        if self._stopping is None:  # _main has not run yet
-            task.cancel()
-        else:
-            self._stopping.set()  # _main cancels its tasks and closes its channels
-        done, _ = await asyncio.wait({task}, timeout=timeout_s)
-        if not done:
-            task.cancel()
-            await asyncio.wait({task}, timeout=timeout_s)
 
 
 class _Chunk:
@@ -261,7 +220,7 @@ class AsyncConsumer:
         self._offsets = OffsetClient(self._cluster, c)
         self._retry = RetryPolicy(retry_backoff_ms=c.retry_backoff_ms, request_timeout_ms=c.request_timeout_ms)
         self._positions = PositionFinder(self._cluster, self._offsets, self._subs, c, self._wakeup)  # type: ignore[arg-type]
-        self._heartbeat = _Heartbeats(self._cluster, self.consumer_id, c, self._wakeup, self._poll_age_s)
+        self._heartbeat = Heartbeats(self._cluster, self.consumer_id, c, self._wakeup, self._poll_age_s)
         self._lock = asyncio.Lock()
         self._next_auto_commit = time.monotonic() + c.auto_commit_interval_ms / 1000
         self._started = True
