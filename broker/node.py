@@ -277,6 +277,7 @@ class BrokerNode:
     async def _register(self) -> None:
         """Register with the coordinator, retrying until it answers or the node stops."""
         delay_s = 0.05
+        moved = False
         while not self._stopping.is_set():
             assert self._metadata is not None
             try:
@@ -296,9 +297,11 @@ class BrokerNode:
                 waits = reason in (error_details.DISK_FULL, error_details.BROKER_ID_TAKEN)
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not waits:
                     raise
-                if await self._link.follow(e):
-                    delay_s = 0.05  # another coordinator: asked at once
+                # Another coordinator: asked at once, but only once in a row (see _heartbeat_loop).
+                if await self._link.follow(e) and not moved:
+                    moved, delay_s = True, 0.05
                     continue
+                moved = False
                 log.warning("coordinator cannot register this broker yet, retrying",
                             coordinator=self.coordinator_address, code=e.code().name, error=e.details())
                 # Bounded backoff that ends at once when the node stops (the RPC itself is
@@ -323,7 +326,7 @@ class BrokerNode:
             if not followed:  # just moved to another coordinator: heartbeat (and re-register) at once
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), self._heartbeat_interval_ms / 1000)
-            followed = False
+            at_once, followed = followed, False
             if self._stopping.is_set():
                 return
             assert self._metadata is not None
@@ -344,7 +347,11 @@ class BrokerNode:
                     await self._refresh_acls(response.acl_version)
             except grpc.aio.AioRpcError as e:
                 log.warning("broker heartbeat failed", broker_id=self.broker_id, error=e.details())
-                followed = await self._link.follow(e)
+                # At once after a move, but only once in a row: until a killed active coordinator's
+                # lease lapses a standby names it, its closed port refuses, and the next address is
+                # that standby again, so following every answer at once is a tight loop (hundreds
+                # of calls and connections a second, until the coordinators refuse this host).
+                followed = await self._link.follow(e) and not at_once
 
     async def _refresh_acls(self, version: int) -> None:
         """Copy the coordinator's ACLs when their version differs from ours (version -1: ask
