@@ -297,9 +297,10 @@ class BrokerNode:
                 waits = reason in (error_details.DISK_FULL, error_details.BROKER_ID_TAKEN)
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not waits:
                     raise
-                # Another coordinator: asked at once, but only once in a row (see _heartbeat_loop).
+                # Another coordinator: asked at once, but only once in a row, and the backoff keeps
+                # growing (see _heartbeat_loop: two that name each other are otherwise a tight loop).
                 if await self._link.follow(e) and not moved:
-                    moved, delay_s = True, 0.05
+                    moved = True
                     continue
                 moved = False
                 log.warning("coordinator cannot register this broker yet, retrying",
