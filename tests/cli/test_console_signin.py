@@ -16,7 +16,6 @@ Without security (tests/cli/test_console_cli.py) nothing changes: no sign-in.
 from __future__ import annotations
 
 import http.cookiejar
-import pathlib
 import re
 import time
 import urllib.error
@@ -29,12 +28,11 @@ import jwt
 import pytest
 
 from dmq.client import AdminClient, Producer
-from dmq.client.cli._certs import create_dev_certs
-from dmq.client.cli.runner import ClusterOptions, ClusterThread
+from dmq.client.cli.runner import ClusterThread
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.security.acls import CLUSTER_RESOURCE, Acl
-from tests.cli._console import HTTP_TIMEOUT_S, ConsoleProcess
-from tests.security.conftest import SECRET, server_security, token_for
+from tests.cli._console import HTTP_TIMEOUT_S, ConsoleProcess, secure_cluster
+from tests.security.conftest import SECRET, token_for
 
 SESSION_COOKIE = "dmq_console_session"
 
@@ -83,28 +81,18 @@ class Viewer:
 
 
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    directory = tmp_path_factory.mktemp("certs")
-    create_dev_certs(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, certs: pathlib.Path) -> Iterator[ClusterThread]:
-    """TLS and tokens; alice may describe the alpha topic (and read it) and group, bob the beta ones."""
-    thread = ClusterThread(ClusterOptions(data_dir=tmp_path_factory.mktemp("secure-cluster"),
-                                          security=server_security(certs, "tokens")))
-    thread.start()
-    try:
-        with AdminClient(thread.bootstrap, ssl_cafile=str(certs / "ca.pem"), token=token_for("admin")) as admin:
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterThread, str]]:
+    """TLS and tokens (and the CA's path); alice may describe the alpha topic (and read it) and
+    group, bob the beta ones."""
+    with secure_cluster(tmp_path_factory.mktemp("secure-cluster")) as (thread, ca):
+        with AdminClient(thread.bootstrap, ssl_cafile=ca, token=token_for("admin")) as admin:
             for name in ("alpha", "beta"):
                 admin.create_topic(f"{name}-orders", partitions=1)
                 admin.cluster.group_stub().FindOrCreateGroup(
                     pb.FindOrCreateGroupRequest(topic=f"{name}-orders", app_id="app"), timeout=HTTP_TIMEOUT_S)
-            with Producer(thread.bootstrap, ssl_cafile=str(certs / "ca.pem"), token=token_for("admin")) as p:
+            with Producer(thread.bootstrap, ssl_cafile=ca, token=token_for("admin")) as p:
                 for i in range(4):
                     p.send("alpha-orders", b"a%d" % i, partition=0).get(HTTP_TIMEOUT_S)
-            admin.commit_group_offsets("G_alpha-orders_app", {("alpha-orders", 0): 3})
             admin.add_acls([
                 Acl.parse(who, "cluster", CLUSTER_RESOURCE, "describe") for who in ("alice", "bob")
             ] + [
@@ -114,15 +102,23 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, certs: pathlib.Path) -> It
                 Acl.parse("bob", "topic", "beta-orders", "describe"),
                 Acl.parse("bob", "group", "G_beta-orders_app", "describe"),
             ])
-        yield thread
-    finally:
-        thread.stop()
+        yield thread, ca
 
 
 @pytest.fixture(scope="module")
-def console(cluster: ClusterThread, certs: pathlib.Path) -> Iterator[ConsoleProcess]:
+def cluster(secured: tuple[ClusterThread, str]) -> ClusterThread:
+    return secured[0]
+
+
+@pytest.fixture(scope="module")
+def ca(secured: tuple[ClusterThread, str]) -> str:
+    return secured[1]
+
+
+@pytest.fixture(scope="module")
+def console(cluster: ClusterThread, ca: str) -> Iterator[ConsoleProcess]:
     """Started as an operator would on a secured cluster: the CA, no token of its own."""
-    proc = ConsoleProcess(cluster.bootstrap, env={"DMQ_SSL_CAFILE": str(certs / "ca.pem")})
+    proc = ConsoleProcess(cluster.bootstrap, env={"DMQ_SSL_CAFILE": ca})
     try:
         yield proc
     finally:
@@ -180,8 +176,8 @@ def test_a_bad_token_gets_a_sign_in_error_and_no_session(console: ConsoleProcess
 
 
 def test_the_session_cookie_is_http_only_and_same_site_strict_and_the_token_is_nowhere_else(
-        cluster: ClusterThread, certs: pathlib.Path) -> None:
-    console = ConsoleProcess(cluster.bootstrap, "--log-level", "debug", env={"DMQ_SSL_CAFILE": str(certs / "ca.pem")})
+        cluster: ClusterThread, ca: str) -> None:
+    console = ConsoleProcess(cluster.bootstrap, "--log-level", "debug", env={"DMQ_SSL_CAFILE": ca})
     token = token_for("alice")
     try:
         viewer = Viewer(console)
@@ -225,9 +221,14 @@ def _cookie(name: str, value: str, host: str) -> http.cookiejar.Cookie:
                                  None, None, {})
 
 
-def test_resets_need_allow_writes_and_a_viewer_the_servers_allow(cluster: ClusterThread, certs: pathlib.Path) -> None:
-    writer = ConsoleProcess(cluster.bootstrap, "--allow-writes", env={"DMQ_SSL_CAFILE": str(certs / "ca.pem")})
-    group, form = "G_alpha-orders_app", {"to": "earliest"}
+def test_resets_need_allow_writes_and_a_viewer_the_servers_allow(cluster: ClusterThread, ca: str) -> None:
+    with AdminClient(cluster.bootstrap, ssl_cafile=ca, token=token_for("admin")) as a:
+        group = a.cluster.group_stub().FindOrCreateGroup(
+            pb.FindOrCreateGroupRequest(topic="alpha-orders", app_id="resets"), timeout=HTTP_TIMEOUT_S).group_id
+        a.commit_group_offsets(group, {("alpha-orders", 0): 3})
+        a.add_acls([Acl.parse("alice", "group", group, "describe")])
+    writer = ConsoleProcess(cluster.bootstrap, "--allow-writes", env={"DMQ_SSL_CAFILE": ca})
+    form = {"to": "earliest"}
     try:
         alice, admin = Viewer(writer), Viewer(writer)
         assert alice.sign_in(token_for("alice"))[0] == 303 and admin.sign_in(token_for("admin"))[0] == 303
@@ -245,5 +246,5 @@ def test_resets_need_allow_writes_and_a_viewer_the_servers_allow(cluster: Cluste
         assert status == 200 and "Done" in body, body
     finally:
         assert writer.stop() == 0, writer.stderr
-    with AdminClient(cluster.bootstrap, ssl_cafile=str(certs / "ca.pem"), token=token_for("admin")) as a:
+    with AdminClient(cluster.bootstrap, ssl_cafile=ca, token=token_for("admin")) as a:
         assert a.describe_group(group).committed() == {0: 0}
