@@ -32,7 +32,11 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)) and not os.en
 
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.common.exceptions import TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
+from selenium.webdriver.support import expected_conditions  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from dmq.client import AdminClient, Event, EventStore, Producer  # noqa: E402
 from dmq.proto import dmq_pb2 as pb  # noqa: E402
@@ -179,6 +183,16 @@ def test_event_store_page_lists_groups_and_counts_every_event(browser: webdriver
         assert f"customer={claim.values['customer']}" in claims and "biller-1" in claims
 
 
+def _wait_for_id(browser: webdriver.Chrome, element_id: str) -> WebElement:
+    """The element once the page holding it has loaded (a condition with a deadline)."""
+    try:
+        return WebDriverWait(browser, PAGE_LOAD_TIMEOUT_S).until(
+            expected_conditions.presence_of_element_located((By.ID, element_id)))
+    except TimeoutException:
+        raise AssertionError(f"no #{element_id} within {PAGE_LOAD_TIMEOUT_S}s at {browser.current_url}: "
+                             f"{browser.find_element(By.TAG_NAME, 'body').text[:2000]}") from None
+
+
 @pytest.fixture(scope="module")
 def signed_console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ConsoleProcess, str]]:
     """A console over a cluster with security on, and the group alice may describe (beside one
@@ -208,7 +222,8 @@ def test_a_viewer_signs_in_and_sees_the_groups_of_their_principal(
         browser.save_screenshot(str(ARTIFACTS / "signin.png"))
         browser.find_element(By.NAME, "token").send_keys(token_for("alice"))
         browser.find_element(By.CSS_SELECTOR, "#signin button[type=submit]").click()
-        table = browser.find_element(By.ID, "groups")  # back where the viewer was going
+        # A click returns before the page it submits has loaded: wait for the groups page.
+        table = _wait_for_id(browser, "groups")  # back where the viewer was going
         browser.save_screenshot(str(ARTIFACTS / "groups-signed-in.png"))
         assert browser.current_url == console.url + "groups"
         assert browser.find_element(By.ID, "principal").text == "alice"
@@ -216,7 +231,7 @@ def test_a_viewer_signs_in_and_sees_the_groups_of_their_principal(
         assert [r.get_attribute("data-group") for r in rows] == [group], table.text  # not G_signed-orders_secret
         assert rows[0].find_element(By.CSS_SELECTOR, ".badge").text == "NEW"
         browser.find_element(By.CSS_SELECTOR, "header form button[type=submit]").click()  # sign out
-        browser.find_element(By.ID, "signin")
+        _wait_for_id(browser, "signin")
         browser.get(console.url + "groups")
         assert "/signin" in browser.current_url, browser.current_url
     finally:

@@ -6,6 +6,7 @@ test_console_browser.py; permissions in tests/security."""
 
 from __future__ import annotations
 
+import html
 import pathlib
 import re
 import shlex
@@ -15,10 +16,11 @@ import grpc
 import pytest
 
 from dmq.client import AdminClient, EventStore, EventType, Producer, QueueConsumer
+from dmq.client.consumer import DMQConsumer, TopicPartition
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from tests.cli._console import ConsoleProcess, make_group
-from tests.cli.conftest import Dmq, ServerProcess
+from tests.cli.conftest import Dmq, ServerProcess, wait_for
 
 
 def _committed(dmq: Dmq, group: str) -> list[int | None]:
@@ -237,3 +239,52 @@ def test_message_browser_from_an_offset_and_from_a_time(dmq: Dmq, console: Conso
     assert sorted(values("from=time&time=2000-01-01T00:00:00Z&limit=100")) == [f"rec-{i}" for i in range(8)]
     assert values("from=time&time=9999-01-01T00:00:00Z") == []
     assert sorted(values("from=latest&partition=1&limit=2")) == ["rec-5", "rec-7"]
+
+
+def _rows(body: str, table_id: str) -> list[list[str]]:
+    """A table's body rows as the text of their cells (markup stripped, entities decoded)."""
+    found = re.search(rf'<table id="{table_id}">.*?<tbody>(.*?)</tbody>', body, re.S)
+    assert found is not None, f"no table {table_id!r}"
+    return [[html.unescape(re.sub(r"<[^>]+>", "", cell)) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", found.group(1), re.S)]
+
+
+def test_topic_page_shows_what_dmq_topics_describe_prints(dmq: Dmq, console: ConsoleProcess) -> None:
+    dmq.ok("topics", "create", "described", "-p", "2", "--config", "retention_ms=3600000")
+    dmq.ok("produce", "described", "--partition", "0", input="a\nb\nc\n")
+    dmq.ok("produce", "described", "--partition", "1", input="d\n")
+    status, body = console.get("/topics/described")
+    described = dmq.json("topics", "describe", "described")
+    assert status == 200, body
+    assert _rows(body, "partitions") == [
+        [str(p["partition"]), str(p["leader_id"]), ",".join(map(str, p["replicas"])), ",".join(map(str, p["isr"])),
+         str(p["leader_epoch"]), str(p["log_start_offset"]), str(p["log_end_offset"]), str(p["size_bytes"]),
+         str(p["segment_count"])] for p in described["partitions"]]
+    assert [p["log_end_offset"] for p in described["partitions"]] == [3, 1]  # the setup did what it says
+    assert ["retention_ms", "3600000"] in _rows(body, "settings")
+
+
+def test_group_page_shows_members_their_partitions_and_the_cli_lag(dmq: Dmq, console: ConsoleProcess) -> None:
+    dmq.ok("topics", "create", "paged", "-p", "2")
+    dmq.ok("produce", "paged", "--partition", "0", input="".join(f"v{i}\n" for i in range(5)))
+    dmq.ok("produce", "paged", "--partition", "1", input="".join(f"v{i}\n" for i in range(6)))
+    consumer = DMQConsumer(bootstrap_servers=dmq.bootstrap, group_id="pagers", client_id="pager-1",
+                           enable_auto_commit=False)
+    try:
+        consumer.subscribe("paged")
+        wait_for(lambda: consumer.poll(200) is not None and len(consumer.assignment()) == 2, "the assignment")
+        consumer.commit_sync({TopicPartition("paged", 0): 2, TopicPartition("paged", 1): 5})
+        status, body = console.get("/groups/G_paged_pagers")
+        described = dmq.json("groups", "describe", "G_paged_pagers")
+    finally:
+        consumer.close()
+    assert status == 200, body
+    [member] = described["members"]
+    assert _rows(body, "members") == [[member["member_id"], "pager-1", member["host"] or "-", "0,1", "0,1"]]
+    card = re.search(r'<dl class="card" id="group">.*?</dl>', body, re.S)
+    assert card is not None and f"<dd>{described['generation']}</dd>" in card.group(0)
+    assert [[p["partition"], p["committed_offset"], p["log_end_offset"], p["lag"]] for p in described["partitions"]] \
+        == [[0, 2, 5, 3], [1, 5, 6, 1]]  # the setup did what it says
+    assert _rows(body, "partitions") == [
+        [str(p["partition"]), str(p["committed_offset"]), str(p["log_end_offset"]), str(p["lag"]), "pager-1"]
+        for p in described["partitions"]]

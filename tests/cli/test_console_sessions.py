@@ -2,16 +2,23 @@
 stand-in clients that count their closes: the bounds (a cap with least-recently-used eviction, an
 idle expiry) and the ownership of each session's client (closed exactly once: at once when no page
 holds it, else by the last page out). The HTTP flows over real servers are in
-test_console_signin.py."""
+test_console_signin.py; the one path they cannot reach without waiting on the clock (a token
+refused mid-session) is here, with the application in process and a stand-in client."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 from typing import cast
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from dmq.client.admin import AdminClient
+from dmq.client.cli.console import ConsoleSettings, create_app
+from dmq.client.cli.console._app import SESSION_COOKIE, ConsoleServer
 from dmq.client.cli.console._viewers import Session, Sessions
+from dmq.client.errors import AuthorizationError
 
 
 class FakeClient:
@@ -107,3 +114,50 @@ def test_close_ends_every_session_once_and_ids_are_unguessable() -> None:
 def test_bounds_must_be_positive(max_sessions: int, idle_s: float) -> None:
     with pytest.raises(ValueError, match="max_sessions"):
         Sessions(max_sessions=max_sessions, idle_s=idle_s)
+
+
+class ExpiringAdmin:
+    """Takes the token at sign-in, then refuses it as the servers do once it has expired."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.closes = 0
+
+    def list_topics(self) -> list[object]:
+        self.calls += 1
+        if self.calls > 1:
+            raise AuthorizationError("the token expired at 2026-01-02T03:04:05Z: get a new one", code="UNAUTHENTICATED")
+        return []
+
+    def close(self) -> None:
+        self.closes += 1
+
+
+def test_a_token_the_servers_stop_taking_ends_the_session_and_asks_to_sign_in_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The console's own handling of a refusal mid-session (over real servers this needs a token
+    to expire between two pages: a wait on the clock), with the application in process."""
+    admin = ExpiringAdmin()
+    monkeypatch.setattr(ConsoleServer, "client", lambda self, token=None: admin)
+    app = create_app(ConsoleSettings("127.0.0.1:9", sign_in=True))
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(app)) as client:
+            form = await (await client.get("/signin")).text()
+            found = re.search(r'name="form_token" value="([^"]+)"', form)
+            assert found is not None
+            signed = await client.post("/signin", data={"token": "header.payload.signature", "next": "/topics",
+                                                        "form_token": found.group(1)}, allow_redirects=False)
+            assert signed.status == 303 and signed.headers["Location"] == "/topics"
+            assert SESSION_COOKIE in signed.cookies
+            refused = await client.get("/topics", allow_redirects=False)
+            assert refused.status == 303, await refused.text()
+            assert refused.headers["Location"] == "/signin?next=%2Ftopics&ended=yes"
+            assert refused.cookies[SESSION_COOKIE].value == ""  # the browser is told to drop it
+            assert admin.closes == 1  # the session ended and its client was closed
+            again = await client.get(refused.headers["Location"])
+            assert again.status == 200 and "Your session ended" in await again.text()
+            client.session.cookie_jar.update_cookies({SESSION_COOKIE: signed.cookies[SESSION_COOKIE].value})
+            assert (await client.get("/topics", allow_redirects=False)).status == 303  # dead on the server too
+
+    asyncio.run(scenario())

@@ -158,6 +158,10 @@ def test_two_principals_see_what_their_own_acls_allow(console: ConsoleProcess) -
         assert viewer.get(f"/groups/G_{mine}-orders_app")[0] == 200
     status, page = alice.get("/")
     assert status == 200 and "alice" in page and 'action="/signout"' in page  # who is signed in, and a way out
+    # Signed in or not, this console was started read-only.
+    status, body, _ = alice.call("/groups/G_alpha-orders_app/reset", {"to": "earliest", "execute": "yes",
+                                                                      "form_token": alice.form_token("/")})
+    assert status == 403 and "--allow-writes" in body, body
 
 
 def test_a_bad_token_gets_a_sign_in_error_and_no_session(console: ConsoleProcess) -> None:

@@ -115,6 +115,13 @@ class Console:
     def timeout_s(self) -> float:
         return self.settings.request_timeout_ms / 1000
 
+    def raise_if_signed_out(self, e: Exception) -> None:
+        """Pages take a refusal as "not this principal's to see". With sign-in, UNAUTHENTICATED
+        means instead that the servers no longer take the viewer's token (it expired): raised
+        again, so that the session ends and the viewer is asked to sign in (_serve)."""
+        if self.principal is not None and isinstance(e, AuthorizationError) and e.code == "UNAUTHENTICATED":
+            raise e
+
     def check_write(self, form: Mapping[str, str]) -> None:
         if not self.settings.allow_writes:
             raise Forbidden("the console is read-only: start it with `dmq console --allow-writes` to reset offsets")
