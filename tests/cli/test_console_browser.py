@@ -146,7 +146,7 @@ def test_message_browser_shows_the_produced_values(browser: webdriver.Chrome, co
                                                     groups: dict[str, str]) -> None:
     browser.get(console.url + f"topics/{TOPIC}")
     browser.find_element(By.CSS_SELECTOR, "#browser button[type=submit]").click()
-    browser.find_element(By.ID, "summary")  # the results page has loaded
+    _wait_for_id(browser, "summary")  # the results page has loaded (a click returns before it does)
     browser.save_screenshot(str(ARTIFACTS / "messages.png"))
     values = {e.text for e in browser.find_elements(By.CSS_SELECTOR, "table.records .value")}
     assert {f"order-{i}" for i in range(10)} <= values

@@ -252,3 +252,13 @@ def test_resets_need_allow_writes_and_a_viewer_the_servers_allow(cluster: Cluste
         assert writer.stop() == 0, writer.stderr
     with AdminClient(cluster.bootstrap, ssl_cafile=ca, token=token_for("admin")) as a:
         assert a.describe_group(group).committed() == {0: 0}
+
+
+def test_off_loopback_the_warning_is_about_tokens_over_plain_http(cluster: ClusterThread, ca: str) -> None:
+    console = ConsoleProcess(cluster.bootstrap, "--host", "0.0.0.0", env={"DMQ_SSL_CAFILE": ca})
+    try:
+        assert Viewer(console).get("/signin")[0] == 200
+    finally:
+        assert console.stop() == 0, console.stderr
+    assert "tokens cross the network in clear" in console.stderr and "0.0.0.0" in console.stderr, console.stderr
+    assert "no login of its own" not in console.stderr  # it has one
