@@ -192,6 +192,18 @@ def test_queue_page_shows_live_leases_and_why_each_dead_letter_failed(dmq: Dmq, 
         assert seconds and all(0 < s <= 60 for s in seconds), leases.group(0)  # the live lease, seconds left
         assert "bad &lt;input&gt;" in body and "rejected" in body  # why it failed, escaped
         assert "job-" in body  # the dead letter's own value
+        described = dmq.json("queues", "describe", "jobs")
+    # The listing's and the card's figures are `dmq queues describe`'s (issue 29: depth, limit,
+    # utilisation, live leases, dead letters); the lease's seconds left move, so not compared.
+    assert (described["depth"], described["max_queue_size"], described["dead_letters"]) == (5, 100, 1)
+    assert _rows(listing, "queues") == [["jobs", str(described["depth"]), "100", str(described["remaining"]),
+                                         f"{described['utilisation_pct']:.1f}%", str(len(described["leases"])),
+                                         str(described["dead_letters"])]]
+    card = re.search(r'<dl class="card" id="queue">.*?</dl>', body, re.S)
+    assert card is not None
+    assert (f"<dt>Depth</dt><dd>{described['depth']}</dd>" in card.group(0)
+            and "<dt>Limit</dt><dd>100</dd>" in card.group(0)
+            and f"<dt>Dead letters</dt><dd>{described['dead_letters']}</dd>" in card.group(0)), card.group(0)
 
 
 def test_event_store_page_shows_types_tags_and_a_groups_claims(dmq: Dmq, console: ConsoleProcess) -> None:
