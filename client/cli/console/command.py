@@ -26,8 +26,8 @@ from aiohttp import web
 
 from dmq.client.cli._errors import bootstrap, timeout_s
 from dmq.client.cli.console import ConsoleSettings, create_app
-from dmq.client.cli.logging_setup import configure_logging
 from dmq.client.cli.console._viewers import SESSION_IDLE_S, SESSIONS_MAX
+from dmq.client.cli.logging_setup import configure_logging
 from dmq.client.cli.servers import LOG_LEVELS
 from dmq.proto.security.settings import ClientSecurity, SecurityConfigError
 
