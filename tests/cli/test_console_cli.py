@@ -262,9 +262,11 @@ def _rows(body: str, table_id: str) -> list[list[str]]:
 
 
 def test_topic_page_shows_what_dmq_topics_describe_prints(dmq: Dmq, console: ConsoleProcess) -> None:
-    dmq.ok("topics", "create", "described", "-p", "2", "--config", "retention_ms=3600000")
-    dmq.ok("produce", "described", "--partition", "0", input="a\nb\nc\n")
-    dmq.ok("produce", "described", "--partition", "1", input="d\n")
+    with AdminClient(dmq.bootstrap) as admin:  # set up in process: each `dmq` run costs a second or more
+        admin.create_topic("described", partitions=2, config={"retention_ms": 3_600_000})
+    with Producer(dmq.bootstrap) as p:
+        for value, part in ((b"a", 0), (b"b", 0), (b"c", 0), (b"d", 1)):
+            p.send("described", value, partition=part).get(30)
     status, body = console.get("/topics/described")
     described = dmq.json("topics", "describe", "described")
     assert status == 200, body
@@ -277,9 +279,12 @@ def test_topic_page_shows_what_dmq_topics_describe_prints(dmq: Dmq, console: Con
 
 
 def test_group_page_shows_members_their_partitions_and_the_cli_lag(dmq: Dmq, console: ConsoleProcess) -> None:
-    dmq.ok("topics", "create", "paged", "-p", "2")
-    dmq.ok("produce", "paged", "--partition", "0", input="".join(f"v{i}\n" for i in range(5)))
-    dmq.ok("produce", "paged", "--partition", "1", input="".join(f"v{i}\n" for i in range(6)))
+    with AdminClient(dmq.bootstrap) as admin:
+        admin.create_topic("paged", partitions=2)
+    with Producer(dmq.bootstrap) as p:
+        for part, count in ((0, 5), (1, 6)):
+            for i in range(count):
+                p.send("paged", b"v%d" % i, partition=part).get(30)
     consumer = DMQConsumer(bootstrap_servers=dmq.bootstrap, group_id="pagers", client_id="pager-1",
                            enable_auto_commit=False)
     try:

@@ -12,7 +12,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from dmq.client import QueueConsumer
+from dmq.client import AdminClient, Producer, QueueConsumer
 from tests.cli.conftest import Dmq, ServerProcess, wait_for
 
 LEASE_MS = 120_000  # far longer than the test: the lease is live when the gauges are read
@@ -39,9 +39,12 @@ def test_queue_gauges_equal_dmq_queues_describe(tmp_path: pathlib.Path) -> None:
         url = wait_for(lambda: (m := re.search(r"metrics at (http://\S+)", server.log_tail())) and m.group(1),
                        "the metrics URL on stderr")
         dmq = Dmq(server.bootstrap)
-        dmq.ok("topics", "create", "jobs", "-p", "2", "--config", "max_queue_size=100")
-        dmq.ok("produce", "jobs", "--partition", "0", input="".join(f"job-{i}\n" for i in range(5)))
-        dmq.ok("produce", "jobs", "--partition", "1", input="".join(f"job-{i}\n" for i in range(2)))
+        with AdminClient(server.bootstrap) as admin:  # set up in process: each `dmq` run costs a second or more
+            admin.create_topic("jobs", partitions=2, config={"max_queue_size": 100})
+        with Producer(server.bootstrap) as p:
+            for part, count in ((0, 5), (1, 2)):
+                for i in range(count):
+                    p.send("jobs", b"job-%d" % i, partition=part).get(30)
         # Whichever partitions the groups get, "idle" is left 3 or 0 records, "workers" 4 or 1.
         with QueueConsumer(server.bootstrap, "jobs", "idle", max_records=2, lease_ms=LEASE_MS) as idle:
             first = idle.pop(timeout=10)
