@@ -68,9 +68,9 @@ import contextlib
 import functools
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import structlog
@@ -84,14 +84,23 @@ from dmq.coordinator.controller.pushes import StatePusher, partition_state
 from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, restart_after_pause, wall_clock_ms
 from dmq.coordinator.controller.sessions import BrokerSession as _BrokerState
 from dmq.coordinator.pause_watch import PauseWatch
+from dmq.coordinator.metadata_errors import (
+    CoordinatorDiskFullError,
+    CoordinatorStartingError,
+    InvalidMetadataRequestError,
+    MetadataError,
+    MetadataPreconditionError,
+    NoLiveBrokersError,
+    NotEnoughBrokersError,
+    PartitionNotFoundError,
+    TopicExistsError,
+    UnknownTopicError,
+)
 from dmq.coordinator.metastore.base import (
     NO_LEADER,
     BrokerRecord,
     MetadataStore,
     PartitionRecord,
-    StoreConflict,
-    StoreError,
-    StoreFullError,
     TopicExists,
     TopicRecord,
 )
@@ -107,17 +116,15 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits
 from dmq.proto.names import shorten
 from dmq.proto.security.interceptor import ANONYMOUS, current_principal
-from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.domain_errors import ErrorCode
 from dmq.proto.server_errors import rpc_handler
+from dmq.coordinator.store_writes import complete_even_if_cancelled, coordinator_disk_full
 
 log = structlog.get_logger(__name__)
-
-T = TypeVar("T")
 
 DEFAULT_BROKER_CALL_TIMEOUT_MS = 5_000
 HOST_MAX_CHARS = 253  # a DNS name's limit
 BROKER_ID_MAX = 2**31 - 1
-NO_LIVE_BROKERS = "no live brokers: start one with `dmq broker`"
 # Partitions a broker may lead: each costs a directory, open files on demand and work at every
 # restart (DESIGN.md: one broker holds 10,000). 200,011 partitions on one broker made a restart take
 # 24.7 s and ListTopics time out.
@@ -138,19 +145,6 @@ TopicDeletedListener = Callable[[str], Awaitable[None] | None]
 
 
 # -- errors ---------------------------------------------------------------------------------------
-
-
-class MetadataError(DomainError):
-    """A request the metadata service refuses; rpc_handler maps `code` to its gRPC status
-    (dmq.proto.server_errors), `reason` (dmq.proto.error_details) goes as trailing metadata."""
-
-
-class InvalidMetadataRequestError(MetadataError):
-    code = ErrorCode.INVALID_ARGUMENT
-
-
-class MetadataPreconditionError(MetadataError):
-    code = ErrorCode.FAILED_PRECONDITION
 
 
 class BrokerIdTakenError(MetadataError):
@@ -189,34 +183,6 @@ class PrincipalLimits:
         return principal is not None and principal not in self.exempt and bool(self.max_topics or self.max_partitions)
 
 
-class CoordinatorDiskFullError(MetadataError):
-    """The coordinator's SQLite could not write: its disk is full. Nothing changed; retriable."""
-
-    code = ErrorCode.RESOURCE_EXHAUSTED
-    reason = error_details.DISK_FULL
-
-
-class MetadataStoreUnavailableError(MetadataError):
-    """The metadata store did not confirm a write: a compare-and-swap lost to another coordinator
-    (dmq.coordinator.metastore.base; nothing changed), or etcd unreachable or stalled (nothing
-    changed, or, when the call timed out, the outcome is unknown until the store is read again). Retriable."""
-
-    code = ErrorCode.UNAVAILABLE
-
-
-@contextlib.contextmanager
-def _coordinator_disk_full() -> Iterator[None]:
-    """Around a store write: a full disk becomes CoordinatorDiskFullError (its message says where), any
-    other store failure MetadataStoreUnavailableError."""
-    try:
-        yield
-    except StoreFullError as e:
-        raise CoordinatorDiskFullError(str(e)) from e
-    except StoreConflict as e:
-        raise MetadataStoreUnavailableError(f"the cluster metadata changed under this coordinator, nothing was written: {e}") from e
-    except StoreError as e:
-        raise MetadataStoreUnavailableError(f"the metadata store did not confirm the change: {e}: retry") from e
-
 
 @dataclass(frozen=True, slots=True)
 class BrokerRefusal:
@@ -245,46 +211,6 @@ _LOST_CALL_CODES = frozenset(
 )
 
 
-class PartitionNotFoundError(MetadataError):
-    code = ErrorCode.NOT_FOUND
-
-
-class UnknownTopicError(MetadataError):
-    code = ErrorCode.NOT_FOUND
-
-    def __init__(self, names: Iterable[str]) -> None:
-        self.names = sorted(names)
-        listed = ", ".join(repr(n) for n in self.names)
-        noun = "topic" if len(self.names) == 1 else "topics"
-        super().__init__(f"{noun} {listed} not found")
-
-
-class TopicExistsError(MetadataError):
-    code = ErrorCode.ALREADY_EXISTS
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        super().__init__(f"topic {name!r} already exists")
-
-
-class NoLiveBrokersError(MetadataError):
-    # UNAVAILABLE: retriable, since brokers may still be starting (e.g. just after `dmq server`).
-    code = ErrorCode.UNAVAILABLE
-
-    def __init__(self) -> None:
-        super().__init__(NO_LIVE_BROKERS)
-
-
-class NotEnoughBrokersError(MetadataError):
-    code = ErrorCode.UNAVAILABLE
-
-
-class CoordinatorStartingError(MetadataError):
-    code = ErrorCode.UNAVAILABLE
-
-    def __init__(self) -> None:
-        super().__init__("coordinator is starting: retry")
-
 
 # -- state ----------------------------------------------------------------------------------------
 
@@ -312,23 +238,6 @@ def is_replicated(record: TopicRecord) -> bool:
     """Whether its brokers are sent partition states: some partition has several replicas or has
     moved (an unreplicated, never changed partition keeps the meaning of an empty `states`)."""
     return any(len(s.replicas) > 1 or s.partition_epoch > 0 for s in record.states.values())
-
-
-async def complete_even_if_cancelled(coro: Coroutine[Any, Any, T]) -> T:
-    """Run coro to its end even when the caller is cancelled; then re-raise the cancellation.
-
-    Used for "write SQLite, then apply to memory": stopping half-way would leave memory behind disk.
-    """
-    task = asyncio.ensure_future(coro)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return task.result()
 
 
 class MetadataManager:
@@ -544,7 +453,7 @@ class MetadataManager:
         if previous is None or (previous.record.host, previous.record.port, previous.record.rack) != (
             record.host, record.port, record.rack
         ):
-            with _coordinator_disk_full():
+            with coordinator_disk_full():
                 await self.store.upsert_broker(record)
         if previous is not None and (previous.record.host, previous.record.port) != (record.host, record.port):
             old = broker_address(previous.record.host, previous.record.port)
@@ -840,7 +749,7 @@ class MetadataManager:
         return changes, self.pusher.push(changes, targets - set(skip), also=extra)
 
     async def _apply_states(self, changes: Mapping[tuple[str, int], PartitionRecord]) -> None:
-        with _coordinator_disk_full():
+        with coordinator_disk_full():
             await self.store.update_partitions(changes)
         by_topic: dict[str, dict[int, PartitionRecord]] = {}
         for (topic, p), state in changes.items():
@@ -939,7 +848,7 @@ class MetadataManager:
 
     async def _apply_create(self, record: TopicRecord) -> None:
         try:
-            with _coordinator_disk_full():
+            with coordinator_disk_full():
                 await self.store.create_topic(record)
         except TopicExists as e:  # only if memory and the store disagree; say which
             raise MetadataError(f"topic {record.name!r} is already in the store but not in memory: {e}") from e
@@ -957,7 +866,7 @@ class MetadataManager:
             error=refusal.message,
         )
         try:
-            with _coordinator_disk_full():
+            with coordinator_disk_full():
                 await complete_even_if_cancelled(undo)
         except CoordinatorDiskFullError as e:
             log.error("could not undo a change a broker refused", change=change, error=str(e))
@@ -983,7 +892,7 @@ class MetadataManager:
         await self._notify(self._topic_deleted_listeners, name)
 
     async def _apply_delete(self, name: str) -> None:
-        with _coordinator_disk_full():
+        with coordinator_disk_full():
             await self.store.delete_topic(name)
         del self._topics[name]
 
@@ -1089,7 +998,7 @@ class MetadataManager:
     async def _apply_add(self, name: str, total: int, added: dict[int, PartitionRecord]) -> TopicRecord:
         """The topic grown to `total` partitions (on the states current then: an election may have
         changed some while the admin lock was held)."""
-        with _coordinator_disk_full():
+        with coordinator_disk_full():
             await self.store.add_partitions(name, total, added)
         current = self._topics[name]
         record = TopicRecord(
@@ -1324,13 +1233,13 @@ class MetadataServicer(pb_grpc.MetadataServicer):
     @_handler
     async def AddAcls(self, request: pb.AddAclsRequest, context: grpc.aio.ServicerContext) -> pb.AclsChangeResponse:
         self.metadata.check_ready()
-        with _coordinator_disk_full():
+        with coordinator_disk_full():
             return await self.acls.change(add=request.acls)
 
     @_handler
     async def RemoveAcls(self, request: pb.RemoveAclsRequest, context: grpc.aio.ServicerContext) -> pb.AclsChangeResponse:
         self.metadata.check_ready()
-        with _coordinator_disk_full():
+        with coordinator_disk_full():
             return await self.acls.change(remove=request.acls)
 
     @_handler

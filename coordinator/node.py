@@ -55,13 +55,12 @@ from dmq.coordinator.metadata import (
     DEFAULT_BROKER_CALL_TIMEOUT_MS,
     DEFAULT_BROKER_SESSION_TIMEOUT_MS,
     DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS,
-    MetadataError,
     MetadataManager,
     MetadataServicer,
-    CoordinatorStartingError,
     PrincipalLimits,
     wall_clock_ms,
 )
+from dmq.coordinator.metadata_errors import CoordinatorStartingError, MetadataError
 from dmq.coordinator.metrics import DEFAULT_MAX_PARTITION_SERIES
 from dmq.coordinator.metrics import install as install_metrics
 from dmq.coordinator.pause_watch import PauseWatch
