@@ -32,12 +32,7 @@ known from SQLite but not yet registered since start are not alive; their heartb
 with reregister=true, as are those of a broker whose session expired, so every (re-)registration
 hands the broker its full placement and repairs any CreatePartitions call that was lost.
 
-Per-principal limits (PrincipalLimits): every topic records the principal that created it, and
-the topics and partitions a principal may hold that way are bounded (0 = unlimited). A topic's
-partitions count against its creator, also those another principal adds later, so no principal
-grows past its limit through someone else's requests. Refused: RESOURCE_EXHAUSTED naming the
-principal, the limit and the current count. Exempt: the principals listed (super-users and the
-cluster's own), and calls without a principal (security off).
+Per-principal limits: dmq.coordinator.principal_limits.
 
 Placement and replication (DESIGN.md "Replication"): this service is the controller. A topic's
 replication_factor (default min(3, live brokers), or default_replication_factor) places each
@@ -118,6 +113,7 @@ from dmq.proto.names import shorten
 from dmq.proto.security.interceptor import ANONYMOUS, current_principal
 from dmq.proto.domain_errors import ErrorCode
 from dmq.proto.server_errors import rpc_handler
+from dmq.coordinator.principal_limits import PrincipalLimits, check_principal_limits
 from dmq.coordinator.store_writes import complete_even_if_cancelled, coordinator_disk_full
 
 log = structlog.get_logger(__name__)
@@ -157,31 +153,6 @@ class BrokerIdTakenError(MetadataError):
 class PartitionLimitExceededError(MetadataError):
     # RESOURCE_EXHAUSTED: the request is valid, the cluster is full (delete topics or add brokers).
     code = ErrorCode.RESOURCE_EXHAUSTED
-
-
-class PrincipalLimitExceededError(MetadataError):
-    # RESOURCE_EXHAUSTED: valid, but the principal holds as much as it may (delete its unused topics).
-    code = ErrorCode.RESOURCE_EXHAUSTED
-
-
-@dataclass(frozen=True, slots=True)
-class PrincipalLimits:
-    """How many topics, and partitions of those topics, one principal may have created (0 = no
-    limit). `exempt`: principals no limit applies to (the super-users and the cluster principal)."""
-
-    max_topics: int = 0
-    max_partitions: int = 0
-    exempt: frozenset[str] = frozenset()
-
-    def __post_init__(self) -> None:
-        for name in ("max_topics", "max_partitions"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0 (0 = unlimited), got {value!r}")
-
-    def applies_to(self, principal: str | None) -> bool:
-        return principal is not None and principal not in self.exempt and bool(self.max_topics or self.max_partitions)
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -815,7 +786,8 @@ class MetadataManager:
                 )
             settings.check_replication(len(live))
             states = place_partitions(name, range(partitions), _factor(settings), live, self.racks())
-            self._check_principal_limits(principal, principal, name, new_topics=1, new_partitions=partitions)
+            check_principal_limits(self.principal_limits, self._topics.values(), principal, principal, name,
+                                   new_topics=1, new_partitions=partitions)
             self._check_partition_limits(name, states)
             record = TopicRecord(
                 name=name,
@@ -919,7 +891,8 @@ class MetadataManager:
                 )
             new = range(current.partition_count, total)
             added = place_partitions(name, new, factor, live, self.racks())
-            self._check_principal_limits(principal, current.creator, name, new_topics=0, new_partitions=len(added))
+            check_principal_limits(self.principal_limits, self._topics.values(), principal, current.creator, name,
+                                   new_topics=0, new_partitions=len(added))
             self._check_partition_limits(name, added)
             record = await complete_even_if_cancelled(self._apply_add(name, total, added))
             log.info(
@@ -943,28 +916,6 @@ class MetadataManager:
         if latest is not None:
             await self._notify(self._partitions_added_listeners, name, latest.partition_count)
         return record
-
-    def _check_principal_limits(
-        self, caller: str | None, owner: str | None, topic: str, *, new_topics: int, new_partitions: int
-    ) -> None:
-        """Refuse a change that would take `owner` (the creator the topic counts against) past its
-        limits; nothing when the caller or the owner is exempt or unknown."""
-        limits = self.principal_limits
-        if not (limits.applies_to(caller) and limits.applies_to(owner)):
-            return
-        mine = [t for t in self._topics.values() if t.creator == owner]
-        held = sum(t.partition_count for t in mine)
-        if limits.max_topics and new_topics and len(mine) + new_topics > limits.max_topics:
-            raise PrincipalLimitExceededError(
-                f"principal {owner!r} has created {len(mine)} topics; the limit (max_topics_per_principal) "
-                f"is {limits.max_topics}: cannot create {shorten(topic)}; delete unused topics"
-            )
-        if limits.max_partitions and held + new_partitions > limits.max_partitions:
-            raise PrincipalLimitExceededError(
-                f"principal {owner!r} holds {held} partitions in the topics it created; adding {new_partitions} "
-                f"to {shorten(topic)} would exceed the limit (max_partitions_per_principal) of "
-                f"{limits.max_partitions}: delete unused topics"
-            )
 
     def _check_partition_limits(self, topic: str, added: Mapping[int, PartitionRecord]) -> None:
         """Refuse placing `added` (partition -> state) when a broker (counting every replica it holds)

@@ -57,10 +57,10 @@ from dmq.coordinator.metadata import (
     DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS,
     MetadataManager,
     MetadataServicer,
-    PrincipalLimits,
     wall_clock_ms,
 )
 from dmq.coordinator.metadata_errors import CoordinatorStartingError, MetadataError
+from dmq.coordinator.principal_limits import PrincipalLimits
 from dmq.coordinator.metrics import DEFAULT_MAX_PARTITION_SERIES
 from dmq.coordinator.metrics import install as install_metrics
 from dmq.coordinator.pause_watch import PauseWatch

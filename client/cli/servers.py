@@ -204,7 +204,7 @@ def _principal_limit_options(f):
 
 def _principal_limits(max_topics: int, max_partitions: int):
     """(PrincipalLimits or None, the argv that repeats them for the coordinator child process)."""
-    from dmq.coordinator.metadata import PrincipalLimits
+    from dmq.coordinator.principal_limits import PrincipalLimits
 
     if not (max_topics or max_partitions):
         return None, []
