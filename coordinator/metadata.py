@@ -22,15 +22,7 @@ Broker answers to CreatePartitions (create topic, add partitions), two cases:
      undone (store, memory, and DeletePartitions to the brokers, which may have created some) and the
      caller gets the broker's own status, message and reason: a retry once the cause is gone succeeds.
 
-Broker liveness: a broker is alive while it has registered with this coordinator process and its
-last heartbeat is at most broker_session_timeout_ms old (clock_ms is injected for tests). Liveness
-is computed from the clock on every read, so metadata answers leader_alive=false as soon as the
-session has elapsed, not when the node's monitor next runs. The default session is short
-(DEFAULT_BROKER_SESSION_TIMEOUT_MS, 6 s) because clients route around a dead broker only once
-it is declared dead; brokers are told to heartbeat four times per session. Brokers
-known from SQLite but not yet registered since start are not alive; their heartbeats are answered
-with reregister=true, as are those of a broker whose session expired, so every (re-)registration
-hands the broker its full placement and repairs any CreatePartitions call that was lost.
+Broker liveness (sessions, registration rules): dmq.coordinator.membership.
 
 Per-principal limits: dmq.coordinator.principal_limits.
 
@@ -76,8 +68,8 @@ from dmq.coordinator.controller import partition_states
 from dmq.coordinator.controller.partition_states import StateRefusedError
 from dmq.coordinator.controller.placement import place_partitions
 from dmq.coordinator.controller.pushes import StatePusher, partition_state
-from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, restart_after_pause, wall_clock_ms
-from dmq.coordinator.controller.sessions import BrokerSession as _BrokerState
+from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, wall_clock_ms
+from dmq.coordinator.membership import BrokerMembership
 from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.metadata_errors import (
     CoordinatorDiskFullError,
@@ -119,8 +111,6 @@ from dmq.coordinator.store_writes import complete_even_if_cancelled, coordinator
 log = structlog.get_logger(__name__)
 
 DEFAULT_BROKER_CALL_TIMEOUT_MS = 5_000
-HOST_MAX_CHARS = 253  # a DNS name's limit
-BROKER_ID_MAX = 2**31 - 1
 # Partitions a broker may lead: each costs a directory, open files on demand and work at every
 # restart (DESIGN.md: one broker holds 10,000). 200,011 partitions on one broker made a restart take
 # 24.7 s and ListTopics time out.
@@ -134,20 +124,12 @@ DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS = 5_000
 # A reassignment waits this long for its new replicas to catch up before it gives up (they stay
 # replicas; the operator may reassign again).
 DEFAULT_REASSIGNMENT_TIMEOUT_MS = 600_000
-RACK_MAX_CHARS = 64
 
 PartitionsAddedListener = Callable[[str, int], Awaitable[None] | None]
 TopicDeletedListener = Callable[[str], Awaitable[None] | None]
 
 
 # -- errors ---------------------------------------------------------------------------------------
-
-
-class BrokerIdTakenError(MetadataError):
-    # FAILED_PRECONDITION: another, live broker holds the id. A broker restarted at a new address
-    # retries until the old registration's session expires (dmq.broker.node).
-    code = ErrorCode.FAILED_PRECONDITION
-    reason = error_details.BROKER_ID_TAKEN
 
 
 class PartitionLimitExceededError(MetadataError):
@@ -186,13 +168,6 @@ _LOST_CALL_CODES = frozenset(
 # -- state ----------------------------------------------------------------------------------------
 
 
-def broker_address(host: str, port: int) -> str:
-    """ "host:port", with IPv6 literals bracketed as gRPC expects."""
-    if ":" in host and not host.startswith("["):
-        return f"[{host}]:{port}"
-    return f"{host}:{port}"
-
-
 StateChanges = dict[tuple[str, int], PartitionRecord]  # (topic, partition) -> its new state
 _Transition = Callable[[PartitionRecord, int, list[int], TopicRecord], PartitionRecord]
 
@@ -226,8 +201,10 @@ class MetadataManager:
         reassignment_timeout_ms: int = DEFAULT_REASSIGNMENT_TIMEOUT_MS,
         pause_watch: PauseWatch | None = None,
     ) -> None:
-        if broker_session_timeout_ms <= 0:
-            raise ValueError(f"broker_session_timeout_ms must be > 0, got {broker_session_timeout_ms}")
+        self.membership = BrokerMembership(
+            store, broker_pool, partitions_led=self.partitions_led, broker_session_timeout_ms=broker_session_timeout_ms,
+            clock_ms=clock_ms, pause_watch=pause_watch,
+        )
         if default_replication_factor is not None and not 1 <= default_replication_factor <= limits.REPLICATION_FACTOR_MAX:
             raise ValueError(
                 f"default_replication_factor must be 1..{limits.REPLICATION_FACTOR_MAX} (or None: min(3, live "
@@ -239,15 +216,11 @@ class MetadataManager:
             default_topic_config.validate(field_prefix="default_topic_config.")
         self.store = store
         self.broker_pool = broker_pool
-        self.broker_session_timeout_ms = broker_session_timeout_ms
         self.broker_call_timeout_ms = broker_call_timeout_ms
         self.default_topic_config = default_topic_config
         self.clock_ms = clock_ms
         self.default_replication_factor = default_replication_factor
         self.reassignment_timeout_ms = reassignment_timeout_ms
-        # Armed by the node's monitor; a pause shorter than half a session cannot expire a broker
-        # that heartbeats four times per session.
-        self.pause_watch = pause_watch or PauseWatch(max(1, broker_session_timeout_ms // 2))
         # Plain attributes: an operator (or a test) may change them on a running coordinator.
         self.max_partitions_per_broker = MAX_PARTITIONS_PER_BROKER
         self.max_partitions_total = MAX_PARTITIONS_TOTAL
@@ -258,7 +231,6 @@ class MetadataManager:
         self.acting: Callable[[], bool] = lambda: True
         self.not_ready_error: Callable[[], MetadataError] = CoordinatorStartingError
         self._topics: dict[str, TopicRecord] = {}
-        self._brokers: dict[int, _BrokerState] = {}
         self._admin_lock = asyncio.Lock()
         self._partitions_added_listeners: list[PartitionsAddedListener] = []
         self._topic_deleted_listeners: list[TopicDeletedListener] = []
@@ -271,27 +243,20 @@ class MetadataManager:
 
     def __repr__(self) -> str:
         return (
-            f"<MetadataManager ready={self.ready} topics={len(self._topics)} brokers={len(self._brokers)} "
+            f"<MetadataManager ready={self.ready} topics={len(self._topics)} brokers={len(self.membership)} "
             f"live={len(self.live_broker_ids())}>"
         )
 
     async def load(self) -> None:
         """Load brokers and topics from the store (called once by the node's start())."""
-        now = self.clock_ms()
-        self._brokers = {b.broker_id: _BrokerState(b, last_heartbeat_ms=now, awaited=True)
-                         for b in await self.store.load_brokers()}
+        self.membership.load(await self.store.load_brokers())
         self._topics = {t.name: t for t in await self.store.load_topics()}
         self.ready = True
-        log.info("metadata loaded", topics=len(self._topics), brokers=len(self._brokers))
+        log.info("metadata loaded", topics=len(self._topics), brokers=len(self.membership))
 
     def check_ready(self) -> None:
         if not self.ready or not self.acting():
             raise self.not_ready_error()
-
-    @property
-    def heartbeat_interval_ms(self) -> int:
-        """What brokers are told: several heartbeats fit in one session, so one lost beat is harmless."""
-        return max(10, self.broker_session_timeout_ms // 4)
 
     # -- reads, for in-process callers -------------------------------------------------------------
 
@@ -302,15 +267,13 @@ class MetadataManager:
         return [self._topics[name] for name in sorted(self._topics)]
 
     def broker(self, broker_id: int) -> BrokerRecord | None:
-        state = self._brokers.get(broker_id)
-        return state.record if state else None
+        return self.membership.broker(broker_id)
 
     def brokers(self) -> list[BrokerRecord]:
-        return [self._brokers[i].record for i in sorted(self._brokers)]
+        return self.membership.brokers()
 
     def broker_address(self, broker_id: int) -> str | None:
-        state = self._brokers.get(broker_id)
-        return broker_address(state.record.host, state.record.port) if state else None
+        return self.membership.broker_address(broker_id)
 
     def leader_address(self, topic: str, partition: int) -> str | None:
         record = self._topics.get(topic)
@@ -318,20 +281,11 @@ class MetadataManager:
         return self.broker_address(leader) if leader is not None else None
 
     def is_broker_alive(self, broker_id: int) -> bool:
-        state = self._brokers.get(broker_id)
-        return state is not None and self._alive(state, self._now())
+        return self.membership.is_broker_alive(broker_id)
 
     def live_broker_ids(self) -> list[int]:
         """The brokers that may lead and hold new replicas: alive and not shutting down."""
-        now = self._now()
-        return sorted(i for i, s in self._brokers.items() if self._alive(s, now) and not s.shutting_down)
-
-    def racks(self) -> dict[int, str]:
-        return {i: s.record.rack for i, s in self._brokers.items() if s.record.rack}
-
-    def last_heartbeat_ms(self, broker_id: int) -> int:
-        state = self._brokers.get(broker_id)
-        return state.last_heartbeat_ms if state else -1
+        return self.membership.live_broker_ids()
 
     def partitions_led(self, broker_id: int) -> int:
         return sum(1 for t in self._topics.values() for b in t.placement.values() if b == broker_id)
@@ -339,18 +293,6 @@ class MetadataManager:
     def partition_state(self, topic: str, partition: int) -> PartitionRecord | None:
         record = self._topics.get(topic)
         return record.states.get(partition) if record else None
-
-    def _alive(self, state: _BrokerState, now_ms: int) -> bool:
-        return state.registered and now_ms - state.last_heartbeat_ms <= self.broker_session_timeout_ms
-
-    def _now(self) -> int:
-        """The session clock, after forgiving a pause of this process (dmq.coordinator.pause_watch):
-        a broker whose session was running when the coordinator stopped gets a new one from now."""
-        now = self.clock_ms()
-        paused_ms = self.pause_watch.observe()
-        if paused_ms:
-            restart_after_pause(self._brokers, paused_ms, now, self.broker_session_timeout_ms)
-        return now
 
     # -- listeners -------------------------------------------------------------------------------
 
@@ -382,72 +324,17 @@ class MetadataManager:
     async def register_broker(
         self, broker_id: int, host: str, port: int, *, principal: str | None = None, rack: str = ""
     ) -> list[pb.CreatePartitionsRequest]:
-        """Record the broker, mark it alive, and return every partition it holds a replica of
-        (with their states when replicated). Offline partitions it is in sync for get it as leader.
-
-        Refused (BrokerIdTakenError) when the id is bound to another principal, or when the id's
-        broker is live at another address: a registration never moves a live broker's partitions
-        away from it (a stray or hostile RegisterBroker re-pointed broker 0 and producers then
-        timed out). Security off, every caller is the same anonymous principal and the liveness
-        rule alone protects the id."""
+        """Record the broker, mark it alive (dmq.coordinator.membership), and return every partition
+        it holds a replica of (with their states when replicated). Offline partitions it is in sync
+        for get it as leader."""
         self.check_ready()
-        _validate_broker(broker_id, host, port)
-        if len(rack) > RACK_MAX_CHARS or any(c.isspace() or not c.isprintable() for c in rack):
-            raise InvalidMetadataRequestError(f"rack: must be up to {RACK_MAX_CHARS} printable characters without spaces, got {rack[:80]!r}")
-        now = self._now()
-        previous = self._brokers.get(broker_id)
-        if previous is not None:
-            if previous.principal is not None and principal is not None and previous.principal != principal:
-                raise BrokerIdTakenError(
-                    f"broker id {broker_id} is bound to principal {previous.principal!r}; {principal!r} may not "
-                    "register it (give this broker its own id)"
-                )
-            moved = (previous.record.host, previous.record.port) != (host, port)
-            if moved and self._alive(previous, now):
-                raise BrokerIdTakenError(
-                    f"broker id {broker_id} is live at {broker_address(previous.record.host, previous.record.port)}; "
-                    f"a registration moving it to {broker_address(host, port)} is refused until that broker's "
-                    f"session ({self.broker_session_timeout_ms} ms) expires: two brokers with one id?"
-                )
-        record = BrokerRecord(broker_id=broker_id, host=host, port=port, registered_ms=now, rack=rack)
-        await complete_even_if_cancelled(self._apply_registration(record, now))
-        self._brokers[broker_id].principal = principal
+        await self.membership.register(broker_id, host, port, principal=principal, rack=rack)
         self.pusher.on_registered(broker_id)
         # Not pushed to the broker itself: its registration answer carries the states (a push could
         # overtake the answer and name partitions it has not created yet).
         await self._change_states(lambda live: self._transitions_for(broker_id, live, transition=_back),
                                   skip=[broker_id])
         return self.partition_requests_for(broker_id)
-
-    async def _apply_registration(self, record: BrokerRecord, now_ms: int) -> None:
-        previous = self._brokers.get(record.broker_id)
-        if previous is None or (previous.record.host, previous.record.port, previous.record.rack) != (
-            record.host, record.port, record.rack
-        ):
-            with coordinator_disk_full():
-                await self.store.upsert_broker(record)
-        if previous is not None and (previous.record.host, previous.record.port) != (record.host, record.port):
-            old = broker_address(previous.record.host, previous.record.port)
-            # Two brokers configured with one id would flap here; the log line is how to spot it.
-            log.warning(
-                "broker address changed",
-                broker_id=record.broker_id,
-                old_address=old,
-                new_address=broker_address(record.host, record.port),
-                was_alive=self._alive(previous, now_ms),
-            )
-            self.broker_pool.forget(old)
-        state = _BrokerState(record, registered=True, last_heartbeat_ms=now_ms)
-        if previous is not None and (previous.record.host, previous.record.port) == (record.host, record.port):
-            # keep the first registration time of this address
-            state.record = replace(previous.record, rack=record.rack)
-        self._brokers[record.broker_id] = state
-        log.info(
-            "broker registered",
-            broker_id=record.broker_id,
-            address=broker_address(record.host, record.port),
-            partitions=self.partitions_led(record.broker_id),
-        )
 
     def partition_requests_for(self, broker_id: int) -> list[pb.CreatePartitionsRequest]:
         """One CreatePartitionsRequest per topic with replicas on the broker."""
@@ -478,14 +365,8 @@ class MetadataManager:
         """Refresh the broker's session; True when it must re-register (unknown or expired).
         States it missed are sent again now (StatePusher.on_heartbeat)."""
         self.check_ready()
-        state = self._brokers.get(broker_id)
-        now = self._now()
-        if state is None or not self._alive(state, now):
-            if state is not None and state.registered:
-                state.registered = False
-                log.warning("heartbeat after the broker's session expired", broker_id=broker_id)
+        if self.membership.heartbeat(broker_id):
             return True
-        state.last_heartbeat_ms = now
         self.pusher.on_heartbeat(broker_id)
         return False
 
@@ -495,11 +376,7 @@ class MetadataManager:
         must re-register (as heartbeat())."""
         if self.heartbeat(broker_id):
             return True
-        state = self._brokers[broker_id]
-        if not state.shutting_down:
-            state.shutting_down = True
-            log.info("broker shutting down: moving its leadership", broker_id=broker_id,
-                     partitions=self.partitions_led(broker_id))
+        self.membership.mark_shutting_down(broker_id)
         changes, pushed = await self._change_states(
             lambda live: self._transitions_for(broker_id, live, transition=_failed), also=[broker_id]
         )
@@ -510,7 +387,7 @@ class MetadataManager:
     async def check_brokers(self) -> list[int]:
         """The monitor's tick: end the sessions that timed out and elect new leaders for what they
         led (retrying elections a full disk kept from being recorded); the ids expired now."""
-        expired = self.expire_brokers()
+        expired = self.membership.expire_brokers()
         self._unelected.update(expired)
         for broker_id in sorted(self._unelected):
             await self._change_states(functools.partial(self._transitions_for, broker_id, transition=_failed))
@@ -736,25 +613,6 @@ class MetadataManager:
         self._states_changed.set()
         self._states_changed = asyncio.Event()
 
-    def expire_brokers(self) -> list[int]:
-        """End the sessions that timed out, and those of brokers that did not re-register within a
-        session of this coordinator's start; the ids. Called periodically by the node's monitor."""
-        now = self._now()
-        expired = []
-        for broker_id, state in sorted(self._brokers.items()):
-            if (state.registered or state.awaited) and now - state.last_heartbeat_ms > self.broker_session_timeout_ms:
-                why = "broker session expired" if state.registered else "broker did not re-register after the coordinator started"
-                state.registered = state.awaited = False
-                expired.append(broker_id)
-                log.warning(
-                    why,
-                    broker_id=broker_id,
-                    address=broker_address(state.record.host, state.record.port),
-                    last_heartbeat_ms=state.last_heartbeat_ms,
-                    partitions=self.partitions_led(broker_id),
-                )
-        return expired
-
     # -- topics ----------------------------------------------------------------------------------
 
     async def create_topic(
@@ -785,7 +643,7 @@ class MetadataManager:
                     "brokers are live: retry once the brokers have started, or name a replication_factor"
                 )
             settings.check_replication(len(live))
-            states = place_partitions(name, range(partitions), _factor(settings), live, self.racks())
+            states = place_partitions(name, range(partitions), _factor(settings), live, self.membership.racks())
             check_principal_limits(self.principal_limits, self._topics.values(), principal, principal, name,
                                    new_topics=1, new_partitions=partitions)
             self._check_partition_limits(name, states)
@@ -890,7 +748,7 @@ class MetadataManager:
                     "start brokers, then add partitions"
                 )
             new = range(current.partition_count, total)
-            added = place_partitions(name, new, factor, live, self.racks())
+            added = place_partitions(name, new, factor, live, self.membership.racks())
             check_principal_limits(self.principal_limits, self._topics.values(), principal, current.creator, name,
                                    new_topics=0, new_partitions=len(added))
             self._check_partition_limits(name, added)
@@ -1036,17 +894,6 @@ def _factor(settings: TopicSettings) -> int:
     return settings.replication_factor or 1
 
 
-def _validate_broker(broker_id: int, host: str, port: int) -> None:
-    if not 0 <= broker_id <= BROKER_ID_MAX:
-        raise InvalidMetadataRequestError(f"broker_id: must be between 0 and {BROKER_ID_MAX}, got {broker_id}")
-    if not host or len(host) > HOST_MAX_CHARS:
-        raise InvalidMetadataRequestError(f"host: must be 1 to {HOST_MAX_CHARS} characters, got {len(host)}")
-    if any(c.isspace() or not c.isprintable() or c in "/@" for c in host):
-        raise InvalidMetadataRequestError(f"host: {host[:60]!r} is not a host name or IP address")
-    if not 1 <= port <= 65535:
-        raise InvalidMetadataRequestError(f"port: must be between 1 and 65535, got {port}")
-
-
 # -- proto conversions ----------------------------------------------------------------------------
 
 _CONFIG_FIELDS = (*limits.TOPIC_CONFIG_RANGES, "kind", "unclean_leader_election")
@@ -1112,7 +959,7 @@ def broker_infos(metadata: MetadataManager) -> list[pb.BrokerInfo]:
             host=b.host,
             port=b.port,
             alive=metadata.is_broker_alive(b.broker_id),
-            last_heartbeat_ms=metadata.last_heartbeat_ms(b.broker_id),
+            last_heartbeat_ms=metadata.membership.last_heartbeat_ms(b.broker_id),
             partitions_led=led.get(b.broker_id, 0),
             rack=b.rack,
             partitions_followed=followed.get(b.broker_id, 0),
@@ -1149,7 +996,7 @@ class MetadataServicer(pb_grpc.MetadataServicer):
             request.broker_id, request.host, request.port, principal=current_principal.get(), rack=request.rack
         )
         return pb.RegisterBrokerResponse(
-            partitions=partitions, heartbeat_interval_ms=self.metadata.heartbeat_interval_ms,
+            partitions=partitions, heartbeat_interval_ms=self.metadata.membership.heartbeat_interval_ms,
             controller_epoch=self.metadata.pusher.controller_epoch,
         )
 
@@ -1279,7 +1126,6 @@ __all__ = [
     "UnknownTopicError",
     "TopicRecord",
     "BrokerRecord",
-    "broker_address",
     "is_replicated",
     "topic_config_from_proto",
     "topic_config_to_proto",

@@ -290,7 +290,7 @@ class CoordinatorNode:
 
     async def _liveness_loop(self) -> None:
         interval_s = self.liveness_check_interval_ms / 1000
-        self.metadata.pause_watch.arm()  # observed from now on at every check (dmq.coordinator.pause_watch)
+        self.metadata.membership.pause_watch.arm()  # observed from now on at every check (dmq.coordinator.pause_watch)
         next_preferred_s = time.monotonic() + self.preferred_leader_check_interval_ms / 1000
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
