@@ -62,7 +62,6 @@ from typing import Any
 import grpc
 import structlog
 
-from dmq.coordinator.acls import AclManager
 from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.controller import partition_states
 from dmq.coordinator.controller.partition_states import StateRefusedError
@@ -70,6 +69,7 @@ from dmq.coordinator.controller.placement import place_partitions
 from dmq.coordinator.controller.pushes import StatePusher, partition_state
 from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, wall_clock_ms
 from dmq.coordinator.membership import BrokerMembership
+from dmq.coordinator.metadata_proto import topic_config_to_proto
 from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.metadata_errors import (
     CoordinatorDiskFullError,
@@ -84,7 +84,6 @@ from dmq.coordinator.metadata_errors import (
     UnknownTopicError,
 )
 from dmq.coordinator.metastore.base import (
-    NO_LEADER,
     BrokerRecord,
     MetadataStore,
     PartitionRecord,
@@ -99,12 +98,9 @@ from dmq.coordinator.validation import (
     validate_topic_name,
 )
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits
 from dmq.proto.names import shorten
-from dmq.proto.security.interceptor import ANONYMOUS, current_principal
 from dmq.proto.domain_errors import ErrorCode
-from dmq.proto.server_errors import rpc_handler
 from dmq.coordinator.principal_limits import PrincipalLimits, check_principal_limits
 from dmq.coordinator.store_writes import complete_even_if_cancelled, coordinator_disk_full
 
@@ -894,11 +890,6 @@ def _factor(settings: TopicSettings) -> int:
     return settings.replication_factor or 1
 
 
-# -- proto conversions ----------------------------------------------------------------------------
-
-_CONFIG_FIELDS = (*limits.TOPIC_CONFIG_RANGES, "kind", "unclean_leader_election")
-
-
 def _settings_for(config: TopicSettings, defaults: TopicSettings | None) -> TopicSettings:
     """A new topic's recorded settings: the server's defaults fill the unset ones, except that an
     event store never takes a retention default (it keeps every event)."""
@@ -907,218 +898,12 @@ def _settings_for(config: TopicSettings, defaults: TopicSettings | None) -> Topi
     return config.with_defaults(defaults)
 
 
-def topic_config_to_proto(settings: TopicSettings) -> pb.TopicConfig:
-    return pb.TopicConfig(**settings.to_dict())
-
-
-def topic_config_from_proto(config: pb.TopicConfig) -> TopicSettings:
-    return TopicSettings(**{f: getattr(config, f) for f in _CONFIG_FIELDS if config.HasField(f)})
-
-
-def topic_info(metadata: MetadataManager, record: TopicRecord) -> pb.TopicInfo:
-    live = set(metadata.live_broker_ids())
-    partitions = []
-    for p in range(record.partition_count):
-        state = record.states.get(p)
-        leader = state.leader if state else NO_LEADER
-        partitions.append(
-            pb.PartitionInfo(
-                partition=p,
-                leader_id=leader,
-                leader_address=(metadata.broker_address(leader) or "") if leader != NO_LEADER else "",
-                leader_alive=leader in live,
-                replicas=state.replicas if state else (),
-                isr=state.isr if state else (),
-                leader_epoch=state.leader_epoch if state else 0,
-            )
-        )
-    return pb.TopicInfo(
-        name=record.name,
-        partition_count=record.partition_count,
-        partitions=partitions,
-        config=topic_config_to_proto(record.config),
-        created_ms=record.created_ms,
-    )
-
-
-def broker_infos(metadata: MetadataManager) -> list[pb.BrokerInfo]:
-    led: dict[int, int] = {}
-    followed: dict[int, int] = {}
-    under: dict[int, int] = {}
-    for t in metadata.topics():
-        for state in t.states.values():
-            led[state.leader] = led.get(state.leader, 0) + 1
-            if state.under_replicated:
-                under[state.leader] = under.get(state.leader, 0) + 1
-            for b in state.replicas:
-                if b != state.leader:
-                    followed[b] = followed.get(b, 0) + 1
-    return [
-        pb.BrokerInfo(
-            broker_id=b.broker_id,
-            host=b.host,
-            port=b.port,
-            alive=metadata.is_broker_alive(b.broker_id),
-            last_heartbeat_ms=metadata.membership.last_heartbeat_ms(b.broker_id),
-            partitions_led=led.get(b.broker_id, 0),
-            rack=b.rack,
-            partitions_followed=followed.get(b.broker_id, 0),
-            partitions_under_replicated=under.get(b.broker_id, 0),
-        )
-        for b in metadata.brokers()
-    ]
-
-
-# -- gRPC -----------------------------------------------------------------------------------------
-
-
-def _principal() -> str | None:
-    """The calling principal; None with security off (every call is then anonymous)."""
-    principal = current_principal.get()
-    return None if principal == ANONYMOUS else principal
-
-
-# MetadataError (a DomainError) becomes its status, anything unexpected INTERNAL (logged)
-# (dmq.proto.server_errors).
-_handler = rpc_handler(log=log)
-
-
-class MetadataServicer(pb_grpc.MetadataServicer):
-    def __init__(self, metadata: MetadataManager, acls: AclManager) -> None:
-        self.metadata = metadata
-        self.acls = acls
-
-    @_handler
-    async def RegisterBroker(
-        self, request: pb.RegisterBrokerRequest, context: grpc.aio.ServicerContext
-    ) -> pb.RegisterBrokerResponse:
-        partitions = await self.metadata.register_broker(
-            request.broker_id, request.host, request.port, principal=current_principal.get(), rack=request.rack
-        )
-        return pb.RegisterBrokerResponse(
-            partitions=partitions, heartbeat_interval_ms=self.metadata.membership.heartbeat_interval_ms,
-            controller_epoch=self.metadata.pusher.controller_epoch,
-        )
-
-    @_handler
-    async def BrokerHeartbeat(
-        self, request: pb.BrokerHeartbeatRequest, context: grpc.aio.ServicerContext
-    ) -> pb.BrokerHeartbeatResponse:
-        if request.shutting_down:
-            reregister = await self.metadata.broker_shutting_down(request.broker_id)
-        else:
-            reregister = self.metadata.heartbeat(request.broker_id)
-        return pb.BrokerHeartbeatResponse(reregister=reregister, acl_version=self.acls.view.version,
-                                          controller_epoch=self.metadata.pusher.controller_epoch)
-
-    @_handler
-    async def AlterIsr(self, request: pb.AlterIsrRequest, context: grpc.aio.ServicerContext) -> pb.AlterIsrResponse:
-        topic, partition, state = await self.metadata.alter_isr(
-            request.broker_id, request.topic, request.partition, request.leader_epoch, request.partition_epoch,
-            list(request.isr),
-        )
-        return pb.AlterIsrResponse(state=partition_state(topic, partition, state, self.metadata.broker_address))
-
-    @_handler
-    async def ReassignPartition(
-        self, request: pb.ReassignPartitionRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ReassignPartitionResponse:
-        state = await self.metadata.reassign_partition(request.topic, request.partition, list(request.replicas))
-        return pb.ReassignPartitionResponse(
-            state=partition_state(request.topic, request.partition, state, self.metadata.broker_address)
-        )
-
-    @_handler
-    async def AddAcls(self, request: pb.AddAclsRequest, context: grpc.aio.ServicerContext) -> pb.AclsChangeResponse:
-        self.metadata.check_ready()
-        with coordinator_disk_full():
-            return await self.acls.change(add=request.acls)
-
-    @_handler
-    async def RemoveAcls(self, request: pb.RemoveAclsRequest, context: grpc.aio.ServicerContext) -> pb.AclsChangeResponse:
-        self.metadata.check_ready()
-        with coordinator_disk_full():
-            return await self.acls.change(remove=request.acls)
-
-    @_handler
-    async def ListAcls(self, request: pb.ListAclsRequest, context: grpc.aio.ServicerContext) -> pb.ListAclsResponse:
-        self.metadata.check_ready()
-        return self.acls.listing(request.principal)
-
-    @_handler
-    async def ListBrokers(
-        self, request: pb.ListBrokersRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ListBrokersResponse:
-        self.metadata.check_ready()
-        return pb.ListBrokersResponse(brokers=broker_infos(self.metadata))
-
-    @_handler
-    async def CreateTopic(self, request: pb.CreateTopicRequest, context: grpc.aio.ServicerContext) -> pb.TopicInfo:
-        record = await self.metadata.create_topic(
-            request.name, request.partitions, topic_config_from_proto(request.config), principal=_principal()
-        )
-        return topic_info(self.metadata, record)
-
-    @_handler
-    async def DeleteTopic(
-        self, request: pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
-    ) -> pb.DeleteTopicResponse:
-        await self.metadata.delete_topic(request.name)
-        return pb.DeleteTopicResponse()
-
-    @_handler
-    async def ListTopics(
-        self, request: pb.ListTopicsRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ListTopicsResponse:
-        self.metadata.check_ready()
-        return pb.ListTopicsResponse(topics=[topic_info(self.metadata, t) for t in self.metadata.topics()])
-
-    @_handler
-    async def DescribeTopic(self, request: pb.DescribeTopicRequest, context: grpc.aio.ServicerContext) -> pb.TopicInfo:
-        return topic_info(self.metadata, self._existing_topic(request.name))
-
-    @_handler
-    async def AddPartitions(self, request: pb.AddPartitionsRequest, context: grpc.aio.ServicerContext) -> pb.TopicInfo:
-        record = await self.metadata.add_partitions(request.name, request.partitions, principal=_principal())
-        return topic_info(self.metadata, record)
-
-    @_handler
-    async def GetMetadata(
-        self, request: pb.GetMetadataRequest, context: grpc.aio.ServicerContext
-    ) -> pb.GetMetadataResponse:
-        self.metadata.check_ready()
-        if request.topics:
-            names = list(dict.fromkeys(request.topics))  # dedupe, keep order
-            for i, name in enumerate(request.topics):
-                validate_topic_name(name, field=f"topics[{i}]")
-            found = [(n, self.metadata.topic(n)) for n in names]
-            missing = [n for n, r in found if r is None]
-            if missing:
-                raise UnknownTopicError(missing)
-            records = [r for _, r in found if r is not None]
-        else:
-            records = self.metadata.topics()
-        return pb.GetMetadataResponse(
-            brokers=broker_infos(self.metadata),
-            topics=[topic_info(self.metadata, r) for r in records],
-        )
-
-    def _existing_topic(self, name: str) -> TopicRecord:
-        self.metadata.check_ready()
-        validate_topic_name(name)
-        record = self.metadata.topic(name)
-        if record is None:
-            raise UnknownTopicError([name])
-        return record
-
-
 __all__ = [
     "BrokerRefusedError",
     "CoordinatorDiskFullError",
     "InvalidMetadataRequestError",
     "MetadataError",
     "MetadataManager",
-    "MetadataServicer",
     "NoLiveBrokersError",
     "CoordinatorStartingError",
     "PartitionNotFoundError",
@@ -1127,7 +912,4 @@ __all__ = [
     "TopicRecord",
     "BrokerRecord",
     "is_replicated",
-    "topic_config_from_proto",
-    "topic_config_to_proto",
-    "topic_info",
 ]

@@ -56,10 +56,10 @@ from dmq.coordinator.metadata import (
     DEFAULT_BROKER_SESSION_TIMEOUT_MS,
     DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS,
     MetadataManager,
-    MetadataServicer,
     wall_clock_ms,
 )
 from dmq.coordinator.metadata_errors import CoordinatorStartingError, MetadataError
+from dmq.coordinator.metadata_service import MetadataServicer
 from dmq.coordinator.principal_limits import PrincipalLimits
 from dmq.coordinator.metrics import DEFAULT_MAX_PARTITION_SERIES
 from dmq.coordinator.metrics import install as install_metrics

@@ -24,7 +24,8 @@ GRPC_ALLOWED = {
     "dmq.broker.queue.service": "the queue RPCs of the Broker servicer",
     "dmq.broker.events.service": "the event-store RPCs of the Broker servicer",
     "dmq.coordinator.group_service": "the GroupCoordinator servicer",
-    "dmq.coordinator.metadata": "holds the Metadata servicer (and calls brokers over gRPC)",
+    "dmq.coordinator.metadata": "calls brokers over gRPC (CreatePartitions, DeletePartitions)",
+    "dmq.coordinator.metadata_service": "the Metadata servicer",
     "dmq.coordinator.group_wakeups": "serves WatchGroup's stream on the servicer's context",
     "dmq.coordinator.controller.status": "holds the CoordinatorStatus servicer",
     # status mappings of what is not a DomainError
