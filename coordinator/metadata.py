@@ -14,13 +14,7 @@ in the trailing metadata: nothing changed, and the same request succeeds once sp
 held through their broker calls, so a broker sees CreatePartitions and DeletePartitions for a topic
 in the order the coordinator decided them; those calls have a timeout, so the lock is bounded.
 
-Broker answers to CreatePartitions (create topic, add partitions), two cases:
-  1. Lost (unreachable, timed out, shutting down): the change stands; the broker gets its
-     partitions when it next (re-)registers, as its session expires.
-  2. Refused (any other status, e.g. RESOURCE_EXHAUSTED "disk full on broker N", or a reason such as
-     storage-unavailable): the broker will not get the partitions by re-registering, so the change is
-     undone (store, memory, and DeletePartitions to the brokers, which may have created some) and the
-     caller gets the broker's own status, message and reason: a retry once the cause is gone succeeds.
+Broker answers to CreatePartitions, lost or refused: dmq.coordinator.broker_calls.
 
 Broker liveness (sessions, registration rules): dmq.coordinator.membership.
 
@@ -56,20 +50,19 @@ import functools
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-import grpc
 import structlog
 
+from dmq.coordinator.broker_calls import DEFAULT_BROKER_CALL_TIMEOUT_MS, BrokerCalls, BrokerRefusal, BrokerRefusedError
 from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.controller import partition_states
 from dmq.coordinator.controller.partition_states import StateRefusedError
 from dmq.coordinator.controller.placement import place_partitions
-from dmq.coordinator.controller.pushes import StatePusher, partition_state
+from dmq.coordinator.controller.pushes import StatePusher
 from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, wall_clock_ms
 from dmq.coordinator.membership import BrokerMembership
-from dmq.coordinator.metadata_proto import topic_config_to_proto
 from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.metadata_errors import (
     CoordinatorDiskFullError,
@@ -98,15 +91,15 @@ from dmq.coordinator.validation import (
     validate_topic_name,
 )
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto import error_details, limits
+from dmq.proto import limits
 from dmq.proto.names import shorten
 from dmq.proto.domain_errors import ErrorCode
+from dmq.coordinator.topic_table import StateChanges, TopicTable
 from dmq.coordinator.principal_limits import PrincipalLimits, check_principal_limits
 from dmq.coordinator.store_writes import complete_even_if_cancelled, coordinator_disk_full
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_BROKER_CALL_TIMEOUT_MS = 5_000
 # Partitions a broker may lead: each costs a directory, open files on demand and work at every
 # restart (DESIGN.md: one broker holds 10,000). 200,011 partitions on one broker made a restart take
 # 24.7 s and ListTopics time out.
@@ -133,38 +126,9 @@ class PartitionLimitExceededError(MetadataError):
     code = ErrorCode.RESOURCE_EXHAUSTED
 
 
-@dataclass(frozen=True, slots=True)
-class BrokerRefusal:
-    """A broker's answer refusing a partition change (case 2 in the module docstring)."""
-
-    broker_id: int
-    code: grpc.StatusCode
-    message: str
-    reason: str | None
-
-
-class BrokerRefusedError(MetadataError):
-    """A topic change undone because a broker refused it; carries the broker's status and reason."""
-
-    def __init__(self, refusal: BrokerRefusal, message: str, *, undone: bool) -> None:
-        super().__init__(message)
-        self.code = ErrorCode(refusal.code.name)  # the broker's status, relayed
-        self.reason = refusal.reason
-        self.refusal = refusal
-        self.undone = undone  # False: the store could not undo it either (the message says what to do)
-
-
-# Broker answers after which it gets its partitions anyway, at its next (re-)registration.
-_LOST_CALL_CODES = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
-)
-
-
-
 # -- state ----------------------------------------------------------------------------------------
 
 
-StateChanges = dict[tuple[str, int], PartitionRecord]  # (topic, partition) -> its new state
 _Transition = Callable[[PartitionRecord, int, list[int], TopicRecord], PartitionRecord]
 
 
@@ -174,12 +138,6 @@ def _failed(state: PartitionRecord, broker: int, live: list[int], record: TopicR
 
 def _back(state: PartitionRecord, broker: int, live: list[int], record: TopicRecord) -> PartitionRecord:
     return partition_states.broker_back(state, broker, live)
-
-
-def is_replicated(record: TopicRecord) -> bool:
-    """Whether its brokers are sent partition states: some partition has several replicas or has
-    moved (an unreplicated, never changed partition keeps the meaning of an empty `states`)."""
-    return any(len(s.replicas) > 1 or s.partition_epoch > 0 for s in record.states.values())
 
 
 class MetadataManager:
@@ -226,7 +184,7 @@ class MetadataManager:
         # lease is surely held; a standby's refusal names the active coordinator (node.py sets both).
         self.acting: Callable[[], bool] = lambda: True
         self.not_ready_error: Callable[[], MetadataError] = CoordinatorStartingError
-        self._topics: dict[str, TopicRecord] = {}
+        self._topics = TopicTable()
         self._admin_lock = asyncio.Lock()
         self._partitions_added_listeners: list[PartitionsAddedListener] = []
         self._topic_deleted_listeners: list[TopicDeletedListener] = []
@@ -236,6 +194,8 @@ class MetadataManager:
         self._unelected: set[int] = set()  # failed brokers whose elections could not be recorded yet
         self._reassignments: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.pusher = StatePusher(broker_pool, self.broker_address, call_timeout_ms=broker_call_timeout_ms)
+        self.calls = BrokerCalls(broker_pool, self.membership.broker_address, self._topics,
+                                 broker_call_timeout_ms=broker_call_timeout_ms)
 
     def __repr__(self) -> str:
         return (
@@ -246,7 +206,8 @@ class MetadataManager:
     async def load(self) -> None:
         """Load brokers and topics from the store (called once by the node's start())."""
         self.membership.load(await self.store.load_brokers())
-        self._topics = {t.name: t for t in await self.store.load_topics()}
+        self._topics.clear()
+        self._topics.update((t.name, t) for t in await self.store.load_topics())
         self.ready = True
         log.info("metadata loaded", topics=len(self._topics), brokers=len(self.membership))
 
@@ -260,7 +221,7 @@ class MetadataManager:
         return self._topics.get(name)
 
     def topics(self) -> list[TopicRecord]:
-        return [self._topics[name] for name in sorted(self._topics)]
+        return self._topics.sorted()
 
     def broker(self, broker_id: int) -> BrokerRecord | None:
         return self.membership.broker(broker_id)
@@ -284,11 +245,10 @@ class MetadataManager:
         return self.membership.live_broker_ids()
 
     def partitions_led(self, broker_id: int) -> int:
-        return sum(1 for t in self._topics.values() for b in t.placement.values() if b == broker_id)
+        return self._topics.partitions_led(broker_id)
 
     def partition_state(self, topic: str, partition: int) -> PartitionRecord | None:
-        record = self._topics.get(topic)
-        return record.states.get(partition) if record else None
+        return self._topics.partition_state(topic, partition)
 
     # -- listeners -------------------------------------------------------------------------------
 
@@ -330,32 +290,7 @@ class MetadataManager:
         # overtake the answer and name partitions it has not created yet).
         await self._change_states(lambda live: self._transitions_for(broker_id, live, transition=_back),
                                   skip=[broker_id])
-        return self.partition_requests_for(broker_id)
-
-    def partition_requests_for(self, broker_id: int) -> list[pb.CreatePartitionsRequest]:
-        """One CreatePartitionsRequest per topic with replicas on the broker."""
-        requests = []
-        for topic in self.topics():
-            partitions = topic.replicas_on(broker_id)
-            if partitions:
-                requests.append(self._create_request(topic, partitions))
-        return requests
-
-    def _create_request(self, record: TopicRecord, partitions: list[int]) -> pb.CreatePartitionsRequest:
-        """CreatePartitions for these partitions of the topic, with their states when it is replicated
-        (is_replicated: otherwise an empty `states` keeps the unreplicated meaning)."""
-        states = (
-            [partition_state(record.name, p, record.states[p], self.broker_address) for p in partitions]
-            if is_replicated(record)
-            else []
-        )
-        return pb.CreatePartitionsRequest(
-            topic=record.name,
-            partitions=partitions,
-            config=topic_config_to_proto(record.config),
-            topic_partition_count=record.partition_count,
-            states=states,
-        )
+        return self.calls.partition_requests_for(broker_id)
 
     def heartbeat(self, broker_id: int) -> bool:
         """Refresh the broker's session; True when it must re-register (unknown or expired).
@@ -444,7 +379,7 @@ class MetadataManager:
                 return state
 
         await self._change_states(self._partition_change(topic, partition, accept))
-        state = self._existing_state(topic, partition)
+        state = self._topics.existing_state(topic, partition)
         if error is not None:
             if error.code == ErrorCode.FAILED_PRECONDITION and broker_id in state.replicas:
                 # It acts on an old state (a push it missed): it gets the current one.
@@ -458,20 +393,11 @@ class MetadataManager:
         """For _change_states: one partition moved by transition(current state, live)."""
 
         def compute(live: list[int]) -> StateChanges:
-            state = self._existing_state(topic, partition)
+            state = self._topics.existing_state(topic, partition)
             after = transition(state, live)
             return {} if after is state else {(topic, partition): after}
 
         return compute
-
-    def _existing_state(self, topic: str, partition: int) -> PartitionRecord:
-        record = self._topics.get(topic)
-        if record is None:
-            raise UnknownTopicError([topic])
-        state = record.states.get(partition)
-        if state is None:
-            raise PartitionNotFoundError(f"partition: topic {shorten(topic)} has {record.partition_count} partitions, got {partition}")
-        return state
 
     async def reassign_partition(self, topic: str, partition: int, replicas: list[int]) -> PartitionRecord:
         """Start moving the partition to `replicas`: the new ones are created as followers now; a
@@ -480,7 +406,7 @@ class MetadataManager:
         validate_topic_name(topic, field="topic")
         key = (topic, partition)
         async with self._admin_lock:  # against a topic deletion while the new replicas are created
-            self._existing_state(topic, partition)
+            self._topics.existing_state(topic, partition)
             running = self._reassignments.get(key)
             if running is not None and not running.done():
                 raise MetadataPreconditionError(
@@ -490,7 +416,7 @@ class MetadataManager:
                 partition_states.check_reassignment(replicas, self.live_broker_ids())
             except StateRefusedError as e:
                 raise _refusal(e) from e
-            before = self._existing_state(topic, partition)
+            before = self._topics.existing_state(topic, partition)
 
             def start(st: PartitionRecord, live: list[int]) -> PartitionRecord:
                 after = partition_states.reassignment_started(st, replicas)
@@ -501,12 +427,12 @@ class MetadataManager:
                 return after
 
             await self._change_states(self._partition_change(topic, partition, start))
-            state = self._existing_state(topic, partition)
+            state = self._topics.existing_state(topic, partition)
             added = [b for b in state.replicas if b not in before.replicas]
             if added:
                 record = self._topics[topic]
                 refusals = await asyncio.gather(
-                    *(self._call_broker(b, "CreatePartitions", self._create_request(record, [partition]),
+                    *(self.calls.call_broker(b, "CreatePartitions", self.calls.create_request(record, [partition]),
                                         topic=topic, partitions=[partition]) for b in added)
                 )
                 for refusal in refusals:
@@ -555,7 +481,7 @@ class MetadataManager:
             record = self._topics.get(topic)
             if record is not None and removed:
                 request = pb.DeletePartitionsRequest(topic=topic, partitions=[partition])
-                await asyncio.gather(*(self._call_broker(b, "DeletePartitions", request, topic=topic, partitions=[partition])
+                await asyncio.gather(*(self.calls.call_broker(b, "DeletePartitions", request, topic=topic, partitions=[partition])
                                        for b in removed))
             log.info("reassignment completed", topic=topic, partition=partition, replicas=target, removed=removed)
         except MetadataError as e:
@@ -592,16 +518,10 @@ class MetadataManager:
         targets = set(live) | set(extra)
         return changes, self.pusher.push(changes, targets - set(skip), also=extra)
 
-    async def _apply_states(self, changes: Mapping[tuple[str, int], PartitionRecord]) -> None:
+    async def _apply_states(self, changes: StateChanges) -> None:
         with coordinator_disk_full():
             await self.store.update_partitions(changes)
-        by_topic: dict[str, dict[int, PartitionRecord]] = {}
-        for (topic, p), state in changes.items():
-            by_topic.setdefault(topic, {})[p] = state
-        for topic, states in by_topic.items():
-            record = self._topics.get(topic)
-            if record is not None:  # deleted meanwhile: nothing to change
-                self._topics[topic] = record.with_states(states)
+        self._topics.apply_states(changes)
         for (topic, p), state in sorted(changes.items()):
             log.info("partition state changed", topic=topic, partition=p, leader=state.leader,
                      leader_epoch=state.leader_epoch, isr=list(state.isr), replicas=list(state.replicas),
@@ -660,11 +580,11 @@ class MetadataManager:
                 brokers=sorted({b for s in record.states.values() for b in s.replicas}),
                 config=record.config.to_dict(),
             )
-            refusal = await self._create_on_brokers(record, range(partitions))
+            refusal = await self.calls.create_on_brokers(record, range(partitions))
             if refusal is not None:
                 error = await self._undo(refusal, f"create topic {name!r}", self._apply_delete(name))
                 if error.undone:
-                    await self._delete_on_brokers(record)
+                    await self.calls.delete_on_brokers(record)
         if refusal is not None:
             if error.undone:
                 # Listeners (the group coordinator) may have seen the topic meanwhile; it is gone again.
@@ -714,7 +634,7 @@ class MetadataManager:
                 raise UnknownTopicError([name])
             await complete_even_if_cancelled(self._apply_delete(name))
             log.info("topic deleted", topic=name, partitions=record.partition_count)
-            await self._delete_on_brokers(record)
+            await self.calls.delete_on_brokers(record)
         await self._notify(self._topic_deleted_listeners, name)
 
     async def _apply_delete(self, name: str) -> None:
@@ -756,13 +676,13 @@ class MetadataManager:
                 new_count=total,
                 brokers=sorted({b for s in added.values() for b in s.replicas}),
             )
-            refusal = await self._create_on_brokers(record, new)
+            refusal = await self.calls.create_on_brokers(record, new)
             if refusal is not None:
                 error = await self._undo(
                     refusal, f"add partitions to topic {name!r}", self._apply_remove(name, current.partition_count)
                 )
                 if error.undone:
-                    await self._delete_on_brokers(record, new)
+                    await self.calls.delete_on_brokers(record, new)
                 raise error
         # Listeners run outside the lock (they may read metadata), so two growths can notify out of
         # order; passing the count current at notification time keeps what they see non-decreasing.
@@ -819,68 +739,6 @@ class MetadataManager:
         states = {p: st for p, st in current.states.items() if p < count}
         self._topics[name] = TopicRecord(name, count, {}, current.config, current.created_ms, current.creator, states)
 
-    # -- broker calls ----------------------------------------------------------------------------
-
-    async def _create_on_brokers(self, record: TopicRecord, partitions: Iterable[int]) -> BrokerRefusal | None:
-        """Ask each broker to create its new partitions; the first refusal (by broker id), if any.
-        A lost call is logged, not returned: the broker gets its partitions when it re-registers."""
-        by_broker: dict[int, list[int]] = {}
-        for p in partitions:
-            for broker_id in record.states[p].replicas:
-                by_broker.setdefault(broker_id, []).append(p)
-
-        async def call(broker_id: int, parts: list[int]) -> BrokerRefusal | None:
-            request = self._create_request(record, parts)
-            return await self._call_broker(broker_id, "CreatePartitions", request, topic=record.name, partitions=parts)
-
-        refusals = await asyncio.gather(*(call(b, parts) for b, parts in sorted(by_broker.items())))
-        return next((r for r in refusals if r is not None), None)
-
-    async def _delete_on_brokers(self, record: TopicRecord, partitions: Iterable[int] | None = None) -> None:
-        """Best effort (all of the topic's partitions, or `partitions`): a broker that misses the call
-        keeps the files until an operator removes them."""
-        wanted = set(record.states) if partitions is None else set(partitions)
-
-        async def call(broker_id: int) -> None:
-            parts = [p for p in record.replicas_on(broker_id) if p in wanted]
-            request = pb.DeletePartitionsRequest(topic=record.name, partitions=parts)
-            refusal = await self._call_broker(
-                broker_id, "DeletePartitions", request, topic=record.name, partitions=parts
-            )
-            if refusal is not None:
-                log.warning("broker DeletePartitions refused; its files stay", broker_id=broker_id,
-                            topic=record.name, partitions=parts, code=refusal.code.name, error=refusal.message)
-
-        await asyncio.gather(*(call(b) for b in sorted({b for p in wanted for b in record.states[p].replicas})))
-
-    async def _call_broker(self, broker_id: int, method: str, request: Any, **fields: Any) -> BrokerRefusal | None:
-        """None when the broker did it or the call was lost (logged); its refusal otherwise."""
-        address = self.broker_address(broker_id)
-        if address is None:  # cannot happen: placement only uses registered brokers
-            log.error("partition placed on an unknown broker", broker_id=broker_id, **fields)
-            return None
-        try:
-            stub = self.broker_pool.stub(address)
-            await getattr(stub, method)(request, timeout=self.broker_call_timeout_ms / 1000)
-            return None
-        except grpc.aio.AioRpcError as e:
-            reason = error_details.reason_of(e.trailing_metadata())
-            if e.code() in _LOST_CALL_CODES and reason is None:
-                log.warning(
-                    f"broker {method} failed; it gets its partitions when it re-registers",
-                    broker_id=broker_id,
-                    address=address,
-                    code=e.code().name,
-                    error=e.details(),
-                    **fields,
-                )
-                return None
-            return BrokerRefusal(broker_id, e.code(), e.details() or e.code().name, reason)
-        except Exception:  # noqa: BLE001 - the topic is recorded either way; say what went wrong
-            log.exception(f"broker {method} failed", broker_id=broker_id, address=address, **fields)
-        return None
-
-
 def _refusal(e: StateRefusedError) -> MetadataError:
     return MetadataError(str(e), code=e.code)
 
@@ -911,5 +769,4 @@ __all__ = [
     "UnknownTopicError",
     "TopicRecord",
     "BrokerRecord",
-    "is_replicated",
 ]

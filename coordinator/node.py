@@ -51,8 +51,8 @@ from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.controller.leadership import Leadership, NotCoordinatorError
 from dmq.coordinator.controller.status import CoordinatorStatusServicer
 from dmq.coordinator.group_service import build as build_group_service
+from dmq.coordinator.broker_calls import DEFAULT_BROKER_CALL_TIMEOUT_MS
 from dmq.coordinator.metadata import (
-    DEFAULT_BROKER_CALL_TIMEOUT_MS,
     DEFAULT_BROKER_SESSION_TIMEOUT_MS,
     DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS,
     MetadataManager,
