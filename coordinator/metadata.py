@@ -20,26 +20,15 @@ Broker liveness (sessions, registration rules): dmq.coordinator.membership.
 
 Per-principal limits: dmq.coordinator.principal_limits.
 
-Placement and replication (DESIGN.md "Replication"): this service is the controller. A topic's
-replication_factor (default min(3, live brokers), or default_replication_factor) places each
-partition on that many brokers (dmq.coordinator.controller.placement: leaders round-robin as before,
-followers on the next brokers, spread over racks). Each partition's state (replicas, ISR, leader,
-leader_epoch, partition_epoch) is recorded here and changes only through the controller's rules
-(dmq.coordinator.controller.partition_states), each change written to SQLite, applied to memory and
-pushed to the brokers (dmq.coordinator.controller.pushes):
-  - a broker's session expires (the node's monitor, every liveness_check_interval_ms) or it
-    heartbeats shutting_down=true (answered after the pushes): it leaves every ISR, and the
-    partitions it led get a new leader from the live ISR (or none: offline, leader_id -1);
-  - a broker registers: offline partitions whose in-sync replica it is get it back as leader;
-  - AlterIsr from a partition's leader (checked: current epochs, leader in the set, replicas only);
-  - the preferred leader (the first replica), alive and back in sync, takes the lead back (a
-    periodic check, at most MAX_PREFERRED_MOVES_PER_CHECK partitions each time);
-  - ReassignPartition: the new replicas are added as followers, and once the leader's AlterIsr shows
-    them in sync the old ones are dropped and the first listed replica leads (a background task per
-    partition, owned by this manager; a new order of replicas all in sync is finished at once).
-State changes are serialized by their own lock, not the admin lock, so an election never waits for
-a topic creation's broker calls. An unreplicated partition (one replica) keeps its broker as leader
-while it is down (leader_alive=false) and its broker is sent no states, as before replication.
+Placement (DESIGN.md "Replication"): a topic's replication_factor (default min(3, live brokers), or
+default_replication_factor) places each partition on that many brokers
+(dmq.coordinator.controller.placement: leaders round-robin as before, followers on the next brokers,
+spread over racks). Elections, ISR changes and preferred leaders: the controller,
+dmq.coordinator.controller.controller.
+
+ReassignPartition: the new replicas are added as followers, and once the leader's AlterIsr shows
+them in sync the old ones are dropped and the first listed replica leads (a background task per
+partition, owned by this manager; a new order of replicas all in sync is finished at once).
 """
 
 from __future__ import annotations
@@ -49,7 +38,7 @@ import contextlib
 import functools
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -59,6 +48,7 @@ from dmq.coordinator.broker_calls import DEFAULT_BROKER_CALL_TIMEOUT_MS, BrokerC
 from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.controller import partition_states
 from dmq.coordinator.controller.partition_states import StateRefusedError
+from dmq.coordinator.controller.controller import PartitionController, as_metadata_error
 from dmq.coordinator.controller.placement import place_partitions
 from dmq.coordinator.controller.pushes import StatePusher
 from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, wall_clock_ms
@@ -94,7 +84,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits
 from dmq.proto.names import shorten
 from dmq.proto.domain_errors import ErrorCode
-from dmq.coordinator.topic_table import StateChanges, TopicTable
+from dmq.coordinator.topic_table import TopicTable
 from dmq.coordinator.principal_limits import PrincipalLimits, check_principal_limits
 from dmq.coordinator.store_writes import complete_even_if_cancelled, coordinator_disk_full
 
@@ -106,10 +96,6 @@ log = structlog.get_logger(__name__)
 MAX_PARTITIONS_PER_BROKER = 10_000
 # Partitions in the cluster: bounds the coordinator's memory, its start-up and every metadata answer.
 MAX_PARTITIONS_TOTAL = 100_000
-# The preferred-leader check moves at most this many leaders at a time, so one check is a bounded
-# amount of SQLite and push work; the next check continues.
-MAX_PREFERRED_MOVES_PER_CHECK = 100
-DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS = 5_000
 # A reassignment waits this long for its new replicas to catch up before it gives up (they stay
 # replicas; the operator may reassign again).
 DEFAULT_REASSIGNMENT_TIMEOUT_MS = 600_000
@@ -127,17 +113,6 @@ class PartitionLimitExceededError(MetadataError):
 
 
 # -- state ----------------------------------------------------------------------------------------
-
-
-_Transition = Callable[[PartitionRecord, int, list[int], TopicRecord], PartitionRecord]
-
-
-def _failed(state: PartitionRecord, broker: int, live: list[int], record: TopicRecord) -> PartitionRecord:
-    return partition_states.broker_failed(state, broker, live, unclean=bool(record.config.unclean_leader_election))
-
-
-def _back(state: PartitionRecord, broker: int, live: list[int], record: TopicRecord) -> PartitionRecord:
-    return partition_states.broker_back(state, broker, live)
 
 
 class MetadataManager:
@@ -188,14 +163,13 @@ class MetadataManager:
         self._admin_lock = asyncio.Lock()
         self._partitions_added_listeners: list[PartitionsAddedListener] = []
         self._topic_deleted_listeners: list[TopicDeletedListener] = []
-        # Partition state changes (elections, AlterIsr, reassignments): decided and recorded one at a time.
-        self._state_lock = asyncio.Lock()
-        self._states_changed = asyncio.Event()  # set and replaced at every change (reassignments wait on it)
-        self._unelected: set[int] = set()  # failed brokers whose elections could not be recorded yet
         self._reassignments: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.pusher = StatePusher(broker_pool, self.broker_address, call_timeout_ms=broker_call_timeout_ms)
         self.calls = BrokerCalls(broker_pool, self.membership.broker_address, self._topics,
                                  broker_call_timeout_ms=broker_call_timeout_ms)
+        self.controller = PartitionController(
+            store, self._topics, self.membership, self.calls, self.pusher, check_ready=self.check_ready
+        )
 
     def __repr__(self) -> str:
         return (
@@ -275,130 +249,6 @@ class MetadataManager:
             except Exception:  # noqa: BLE001 - a listener's bug must not fail the admin request
                 log.exception("metadata listener failed", listener=repr(callback), args=args)
 
-    # -- brokers ---------------------------------------------------------------------------------
-
-    async def register_broker(
-        self, broker_id: int, host: str, port: int, *, principal: str | None = None, rack: str = ""
-    ) -> list[pb.CreatePartitionsRequest]:
-        """Record the broker, mark it alive (dmq.coordinator.membership), and return every partition
-        it holds a replica of (with their states when replicated). Offline partitions it is in sync
-        for get it as leader."""
-        self.check_ready()
-        await self.membership.register(broker_id, host, port, principal=principal, rack=rack)
-        self.pusher.on_registered(broker_id)
-        # Not pushed to the broker itself: its registration answer carries the states (a push could
-        # overtake the answer and name partitions it has not created yet).
-        await self._change_states(lambda live: self._transitions_for(broker_id, live, transition=_back),
-                                  skip=[broker_id])
-        return self.calls.partition_requests_for(broker_id)
-
-    def heartbeat(self, broker_id: int) -> bool:
-        """Refresh the broker's session; True when it must re-register (unknown or expired).
-        States it missed are sent again now (StatePusher.on_heartbeat)."""
-        self.check_ready()
-        if self.membership.heartbeat(broker_id):
-            return True
-        self.pusher.on_heartbeat(broker_id)
-        return False
-
-    async def broker_shutting_down(self, broker_id: int) -> bool:
-        """A clean shutdown: move leadership off the broker and take it out of every ISR now, push the
-        new states (to it too, so it stops leading) and return once they are answered. True when it
-        must re-register (as heartbeat())."""
-        if self.heartbeat(broker_id):
-            return True
-        self.membership.mark_shutting_down(broker_id)
-        changes, pushed = await self._change_states(
-            lambda live: self._transitions_for(broker_id, live, transition=_failed), also=[broker_id]
-        )
-        await pushed
-        log.info("broker shutting down: leadership moved", broker_id=broker_id, changed=len(changes))
-        return False
-
-    async def check_brokers(self) -> list[int]:
-        """The monitor's tick: end the sessions that timed out and elect new leaders for what they
-        led (retrying elections a full disk kept from being recorded); the ids expired now."""
-        expired = self.membership.expire_brokers()
-        self._unelected.update(expired)
-        for broker_id in sorted(self._unelected):
-            await self._change_states(functools.partial(self._transitions_for, broker_id, transition=_failed))
-            self._unelected.discard(broker_id)
-        return expired
-
-    def _transitions_for(self, broker_id: int, live: list[int], *, transition: _Transition) -> StateChanges:
-        """Every partition with a replica on the broker, moved by transition(state, broker, live, topic)."""
-        changes: StateChanges = {}
-        for record in self._topics.values():
-            for p, state in record.states.items():
-                if broker_id not in state.replicas:
-                    continue
-                after = transition(state, broker_id, live, record)
-                if after is not state:
-                    changes[(record.name, p)] = after
-        return changes
-
-    async def rebalance_preferred_leaders(self, max_moves: int = MAX_PREFERRED_MOVES_PER_CHECK) -> int:
-        """Give leadership back to each partition's first replica where it is alive, in sync and not
-        leading; at most max_moves partitions. How many moved."""
-
-        def moves(live: list[int]) -> StateChanges:
-            changes: StateChanges = {}
-            for record in self._topics.values():
-                for p, state in record.states.items():
-                    after = partition_states.preferred_leader(state, live)
-                    if after is not state:
-                        changes[(record.name, p)] = after
-                        if len(changes) >= max_moves:
-                            return changes
-            return changes
-
-        changes, _pushed = await self._change_states(moves)
-        if changes:
-            log.info("preferred leaders restored", partitions=len(changes))
-        return len(changes)
-
-    async def alter_isr(
-        self, broker_id: int, topic: str, partition: int, leader_epoch: int, partition_epoch: int, isr: list[int]
-    ) -> tuple[str, int, PartitionRecord]:
-        """The leader's request to change the in-sync set (partition_states.alter_isr): the state after
-        it. A refused request raises, and the broker is sent the current state again."""
-        self.check_ready()
-        validate_topic_name(topic, field="topic")
-        where = f"{shorten(topic)} partition {partition}"
-        error: StateRefusedError | None = None
-
-        def accept(state: PartitionRecord, live: list[int]) -> PartitionRecord:
-            nonlocal error
-            try:
-                return partition_states.alter_isr(
-                    state, broker_id=broker_id, leader_epoch=leader_epoch, partition_epoch=partition_epoch,
-                    isr=isr, live=live, where=where,
-                )
-            except StateRefusedError as e:
-                error = e
-                return state
-
-        await self._change_states(self._partition_change(topic, partition, accept))
-        state = self._topics.existing_state(topic, partition)
-        if error is not None:
-            if error.code == ErrorCode.FAILED_PRECONDITION and broker_id in state.replicas:
-                # It acts on an old state (a push it missed): it gets the current one.
-                self.pusher.push({(topic, partition): state}, [broker_id])
-            raise _refusal(error)
-        return topic, partition, state
-
-    def _partition_change(
-        self, topic: str, partition: int, transition: Callable[[PartitionRecord, list[int]], PartitionRecord]
-    ) -> Callable[[list[int]], StateChanges]:
-        """For _change_states: one partition moved by transition(current state, live)."""
-
-        def compute(live: list[int]) -> StateChanges:
-            state = self._topics.existing_state(topic, partition)
-            after = transition(state, live)
-            return {} if after is state else {(topic, partition): after}
-
-        return compute
-
     async def reassign_partition(self, topic: str, partition: int, replicas: list[int]) -> PartitionRecord:
         """Start moving the partition to `replicas`: the new ones are created as followers now; a
         background task drops the old ones once the new ones are in sync. The state now."""
@@ -415,7 +265,7 @@ class MetadataManager:
             try:
                 partition_states.check_reassignment(replicas, self.live_broker_ids())
             except StateRefusedError as e:
-                raise _refusal(e) from e
+                raise as_metadata_error(e) from e
             before = self._topics.existing_state(topic, partition)
 
             def start(st: PartitionRecord, live: list[int]) -> PartitionRecord:
@@ -426,7 +276,7 @@ class MetadataManager:
                     return partition_states.reassignment_finished(after, replicas, live)
                 return after
 
-            await self._change_states(self._partition_change(topic, partition, start))
+            await self.controller.change_states(self.controller.partition_change(topic, partition, start))
             state = self._topics.existing_state(topic, partition)
             added = [b for b in state.replicas if b not in before.replicas]
             if added:
@@ -467,12 +317,12 @@ class MetadataManager:
                     log.error("reassignment timed out: the new replicas did not catch up; they stay replicas",
                               topic=topic, partition=partition, target=target, isr=list(state.isr))
                     return
-                changed = self._states_changed
+                changed = self.controller.states_changed
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), min(left, 1.0))
             before = state
-            _changes, pushed = await self._change_states(
-                self._partition_change(
+            _changes, pushed = await self.controller.change_states(
+                self.controller.partition_change(
                     topic, partition, lambda st, live: partition_states.reassignment_finished(st, target, live)
                 )
             )
@@ -495,39 +345,6 @@ class MetadataManager:
         if tasks:
             await asyncio.wait(tasks, timeout=5)
         await self.pusher.close()
-
-    # -- partition states --------------------------------------------------------------------------
-
-    async def _change_states(
-        self, compute: Callable[[list[int]], StateChanges], *, also: Iterable[int] = (), skip: Iterable[int] = ()
-    ) -> tuple[StateChanges, asyncio.Future[None]]:
-        """Decide (compute(live) from the current states), record (SQLite, then memory) and push a
-        change of partition states, one change at a time. The changes, and the push, which runs in
-        the background (awaited by callers that answer after it); `also`: brokers pushed to even
-        when they are not live (one shutting down); `skip`: brokers not pushed to."""
-        async with self._state_lock:
-            live = self.live_broker_ids()
-            changes = compute(live)
-            if changes:
-                await complete_even_if_cancelled(self._apply_states(changes))
-        if not changes:
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return changes, done
-        extra = list(also)
-        targets = set(live) | set(extra)
-        return changes, self.pusher.push(changes, targets - set(skip), also=extra)
-
-    async def _apply_states(self, changes: StateChanges) -> None:
-        with coordinator_disk_full():
-            await self.store.update_partitions(changes)
-        self._topics.apply_states(changes)
-        for (topic, p), state in sorted(changes.items()):
-            log.info("partition state changed", topic=topic, partition=p, leader=state.leader,
-                     leader_epoch=state.leader_epoch, isr=list(state.isr), replicas=list(state.replicas),
-                     partition_epoch=state.partition_epoch)
-        self._states_changed.set()
-        self._states_changed = asyncio.Event()
 
     # -- topics ----------------------------------------------------------------------------------
 
@@ -738,10 +555,6 @@ class MetadataManager:
         current = self._topics[name]
         states = {p: st for p, st in current.states.items() if p < count}
         self._topics[name] = TopicRecord(name, count, {}, current.config, current.created_ms, current.creator, states)
-
-def _refusal(e: StateRefusedError) -> MetadataError:
-    return MetadataError(str(e), code=e.code)
-
 
 def _factor(settings: TopicSettings) -> int:
     """A topic's replication factor (a topic recorded before replication has 1)."""

@@ -45,7 +45,7 @@ class MetadataServicer(pb_grpc.MetadataServicer):
     async def RegisterBroker(
         self, request: pb.RegisterBrokerRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterBrokerResponse:
-        partitions = await self.metadata.register_broker(
+        partitions = await self.metadata.controller.register_broker(
             request.broker_id, request.host, request.port, principal=current_principal.get(), rack=request.rack
         )
         return pb.RegisterBrokerResponse(
@@ -58,15 +58,15 @@ class MetadataServicer(pb_grpc.MetadataServicer):
         self, request: pb.BrokerHeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> pb.BrokerHeartbeatResponse:
         if request.shutting_down:
-            reregister = await self.metadata.broker_shutting_down(request.broker_id)
+            reregister = await self.metadata.controller.broker_shutting_down(request.broker_id)
         else:
-            reregister = self.metadata.heartbeat(request.broker_id)
+            reregister = self.metadata.controller.heartbeat(request.broker_id)
         return pb.BrokerHeartbeatResponse(reregister=reregister, acl_version=self.acls.view.version,
                                           controller_epoch=self.metadata.pusher.controller_epoch)
 
     @_handler
     async def AlterIsr(self, request: pb.AlterIsrRequest, context: grpc.aio.ServicerContext) -> pb.AlterIsrResponse:
-        topic, partition, state = await self.metadata.alter_isr(
+        topic, partition, state = await self.metadata.controller.alter_isr(
             request.broker_id, request.topic, request.partition, request.leader_epoch, request.partition_epoch,
             list(request.isr),
         )

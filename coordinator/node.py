@@ -52,12 +52,9 @@ from dmq.coordinator.controller.leadership import Leadership, NotCoordinatorErro
 from dmq.coordinator.controller.status import CoordinatorStatusServicer
 from dmq.coordinator.group_service import build as build_group_service
 from dmq.coordinator.broker_calls import DEFAULT_BROKER_CALL_TIMEOUT_MS
-from dmq.coordinator.metadata import (
-    DEFAULT_BROKER_SESSION_TIMEOUT_MS,
-    DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS,
-    MetadataManager,
-    wall_clock_ms,
-)
+from dmq.coordinator.controller.controller import DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS
+from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, wall_clock_ms
+from dmq.coordinator.metadata import MetadataManager
 from dmq.coordinator.metadata_errors import CoordinatorStartingError, MetadataError
 from dmq.coordinator.metadata_service import MetadataServicer
 from dmq.coordinator.principal_limits import PrincipalLimits
@@ -300,13 +297,13 @@ class CoordinatorNode:
             if not self.metadata.acting():
                 continue  # deposed: the process is stopping; a standby's controller decides now
             try:
-                await self.metadata.check_brokers()
+                await self.metadata.controller.check_brokers()
             except Exception:  # noqa: BLE001 - the monitor must keep running (a failed election is retried)
                 log.exception("broker liveness check failed")
             if time.monotonic() >= next_preferred_s:
                 next_preferred_s = time.monotonic() + self.preferred_leader_check_interval_ms / 1000
                 try:
-                    await self.metadata.rebalance_preferred_leaders()
+                    await self.metadata.controller.rebalance_preferred_leaders()
                 except Exception:  # noqa: BLE001 - retried at the next check
                     log.exception("preferred leader check failed")
 
