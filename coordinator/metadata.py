@@ -26,18 +26,13 @@ default_replication_factor) places each partition on that many brokers
 spread over racks). Elections, ISR changes and preferred leaders: the controller,
 dmq.coordinator.controller.controller.
 
-ReassignPartition: the new replicas are added as followers, and once the leader's AlterIsr shows
-them in sync the old ones are dropped and the first listed replica leads (a background task per
-partition, owned by this manager; a new order of replicas all in sync is finished at once).
+ReassignPartition: dmq.coordinator.controller.reassignment.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import inspect
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any
@@ -46,9 +41,8 @@ import structlog
 
 from dmq.coordinator.broker_calls import DEFAULT_BROKER_CALL_TIMEOUT_MS, BrokerCalls, BrokerRefusal, BrokerRefusedError
 from dmq.coordinator.broker_pool import BrokerPool
-from dmq.coordinator.controller import partition_states
-from dmq.coordinator.controller.partition_states import StateRefusedError
-from dmq.coordinator.controller.controller import PartitionController, as_metadata_error
+from dmq.coordinator.controller.controller import PartitionController
+from dmq.coordinator.controller.reassignment import DEFAULT_REASSIGNMENT_TIMEOUT_MS, Reassignments
 from dmq.coordinator.controller.placement import place_partitions
 from dmq.coordinator.controller.pushes import StatePusher
 from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, wall_clock_ms
@@ -80,7 +74,6 @@ from dmq.coordinator.validation import (
     validate_partition_increase,
     validate_topic_name,
 )
-from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits
 from dmq.proto.names import shorten
 from dmq.proto.domain_errors import ErrorCode
@@ -96,9 +89,6 @@ log = structlog.get_logger(__name__)
 MAX_PARTITIONS_PER_BROKER = 10_000
 # Partitions in the cluster: bounds the coordinator's memory, its start-up and every metadata answer.
 MAX_PARTITIONS_TOTAL = 100_000
-# A reassignment waits this long for its new replicas to catch up before it gives up (they stay
-# replicas; the operator may reassign again).
-DEFAULT_REASSIGNMENT_TIMEOUT_MS = 600_000
 
 PartitionsAddedListener = Callable[[str, int], Awaitable[None] | None]
 TopicDeletedListener = Callable[[str], Awaitable[None] | None]
@@ -139,8 +129,6 @@ class MetadataManager:
                 f"default_replication_factor must be 1..{limits.REPLICATION_FACTOR_MAX} (or None: min(3, live "
                 f"brokers)), got {default_replication_factor}"
             )
-        if reassignment_timeout_ms <= 0:
-            raise ValueError(f"reassignment_timeout_ms must be > 0, got {reassignment_timeout_ms}")
         if default_topic_config is not None:
             default_topic_config.validate(field_prefix="default_topic_config.")
         self.store = store
@@ -149,7 +137,6 @@ class MetadataManager:
         self.default_topic_config = default_topic_config
         self.clock_ms = clock_ms
         self.default_replication_factor = default_replication_factor
-        self.reassignment_timeout_ms = reassignment_timeout_ms
         # Plain attributes: an operator (or a test) may change them on a running coordinator.
         self.max_partitions_per_broker = MAX_PARTITIONS_PER_BROKER
         self.max_partitions_total = MAX_PARTITIONS_TOTAL
@@ -163,12 +150,15 @@ class MetadataManager:
         self._admin_lock = asyncio.Lock()
         self._partitions_added_listeners: list[PartitionsAddedListener] = []
         self._topic_deleted_listeners: list[TopicDeletedListener] = []
-        self._reassignments: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.pusher = StatePusher(broker_pool, self.broker_address, call_timeout_ms=broker_call_timeout_ms)
         self.calls = BrokerCalls(broker_pool, self.membership.broker_address, self._topics,
                                  broker_call_timeout_ms=broker_call_timeout_ms)
         self.controller = PartitionController(
             store, self._topics, self.membership, self.calls, self.pusher, check_ready=self.check_ready
+        )
+        self.reassignments = Reassignments(
+            self._topics, self.membership, self.controller, self.calls, admin_lock=self._admin_lock,
+            check_ready=self.check_ready, reassignment_timeout_ms=reassignment_timeout_ms,
         )
 
     def __repr__(self) -> str:
@@ -249,101 +239,9 @@ class MetadataManager:
             except Exception:  # noqa: BLE001 - a listener's bug must not fail the admin request
                 log.exception("metadata listener failed", listener=repr(callback), args=args)
 
-    async def reassign_partition(self, topic: str, partition: int, replicas: list[int]) -> PartitionRecord:
-        """Start moving the partition to `replicas`: the new ones are created as followers now; a
-        background task drops the old ones once the new ones are in sync. The state now."""
-        self.check_ready()
-        validate_topic_name(topic, field="topic")
-        key = (topic, partition)
-        async with self._admin_lock:  # against a topic deletion while the new replicas are created
-            self._topics.existing_state(topic, partition)
-            running = self._reassignments.get(key)
-            if running is not None and not running.done():
-                raise MetadataPreconditionError(
-                    f"{shorten(topic)} partition {partition} is being reassigned already; wait until it completes"
-                )
-            try:
-                partition_states.check_reassignment(replicas, self.live_broker_ids())
-            except StateRefusedError as e:
-                raise as_metadata_error(e) from e
-            before = self._topics.existing_state(topic, partition)
-
-            def start(st: PartitionRecord, live: list[int]) -> PartitionRecord:
-                after = partition_states.reassignment_started(st, replicas)
-                # Only a new order (no replica added or leaving), all in sync: finished at once, so
-                # the answer already names the elected leader; the task below then finds nothing to do.
-                if after.replicas == tuple(replicas) and partition_states.reassignment_ready(after, replicas):
-                    return partition_states.reassignment_finished(after, replicas, live)
-                return after
-
-            await self.controller.change_states(self.controller.partition_change(topic, partition, start))
-            state = self._topics.existing_state(topic, partition)
-            added = [b for b in state.replicas if b not in before.replicas]
-            if added:
-                record = self._topics[topic]
-                refusals = await asyncio.gather(
-                    *(self.calls.call_broker(b, "CreatePartitions", self.calls.create_request(record, [partition]),
-                                        topic=topic, partitions=[partition]) for b in added)
-                )
-                for refusal in refusals:
-                    if refusal is not None:
-                        log.warning("a new replica's broker refused it; the reassignment waits for it",
-                                    topic=topic, partition=partition, broker_id=refusal.broker_id, error=refusal.message)
-            log.info("reassignment started", topic=topic, partition=partition, target=replicas,
-                     replicas=list(state.replicas), added=added)
-            task = asyncio.ensure_future(self._complete_reassignment(topic, partition, list(replicas)))
-            task.set_name(f"reassign-{topic}-{partition}")
-            self._reassignments[key] = task
-            task.add_done_callback(functools.partial(self._reassignment_done, key))
-        return state
-
-    def _reassignment_done(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
-        if self._reassignments.get(key) is task:
-            del self._reassignments[key]
-
-    async def _complete_reassignment(self, topic: str, partition: int, target: list[int]) -> None:
-        """Wait (bounded) until every target replica is in sync, then drop the others."""
-        deadline = time.monotonic() + self.reassignment_timeout_ms / 1000
-        try:
-            while True:
-                state = self.partition_state(topic, partition)
-                if state is None or not set(target) <= set(state.replicas):
-                    log.warning("reassignment abandoned: the partition changed", topic=topic, partition=partition)
-                    return
-                if partition_states.reassignment_ready(state, target):
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    log.error("reassignment timed out: the new replicas did not catch up; they stay replicas",
-                              topic=topic, partition=partition, target=target, isr=list(state.isr))
-                    return
-                changed = self.controller.states_changed
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), min(left, 1.0))
-            before = state
-            _changes, pushed = await self.controller.change_states(
-                self.controller.partition_change(
-                    topic, partition, lambda st, live: partition_states.reassignment_finished(st, target, live)
-                )
-            )
-            removed = [b for b in before.replicas if b not in target]
-            await pushed
-            record = self._topics.get(topic)
-            if record is not None and removed:
-                request = pb.DeletePartitionsRequest(topic=topic, partitions=[partition])
-                await asyncio.gather(*(self.calls.call_broker(b, "DeletePartitions", request, topic=topic, partitions=[partition])
-                                       for b in removed))
-            log.info("reassignment completed", topic=topic, partition=partition, replicas=target, removed=removed)
-        except MetadataError as e:
-            log.error("reassignment failed", topic=topic, partition=partition, error=str(e))
-
     async def close(self) -> None:
         """Stop the background work (reassignments, pushes); bounded."""
-        tasks = list(self._reassignments.values())
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=5)
+        await self.reassignments.close()
         await self.pusher.close()
 
     # -- topics ----------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ class MetadataServicer(pb_grpc.MetadataServicer):
     async def ReassignPartition(
         self, request: pb.ReassignPartitionRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReassignPartitionResponse:
-        state = await self.metadata.reassign_partition(request.topic, request.partition, list(request.replicas))
+        state = await self.metadata.reassignments.reassign_partition(request.topic, request.partition, list(request.replicas))
         return pb.ReassignPartitionResponse(
             state=partition_state(request.topic, request.partition, state, self.metadata.broker_address)
         )
