@@ -107,7 +107,7 @@ class MetadataServicer(pb_grpc.MetadataServicer):
 
     @_handler
     async def CreateTopic(self, request: pb.CreateTopicRequest, context: grpc.aio.ServicerContext) -> pb.TopicInfo:
-        record = await self.metadata.create_topic(
+        record = await self.metadata.topic_admin.create_topic(
             request.name, request.partitions, topic_config_from_proto(request.config), principal=_principal()
         )
         return topic_info(self.metadata.membership, record)
@@ -116,7 +116,7 @@ class MetadataServicer(pb_grpc.MetadataServicer):
     async def DeleteTopic(
         self, request: pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteTopicResponse:
-        await self.metadata.delete_topic(request.name)
+        await self.metadata.topic_admin.delete_topic(request.name)
         return pb.DeleteTopicResponse()
 
     @_handler
@@ -132,7 +132,7 @@ class MetadataServicer(pb_grpc.MetadataServicer):
 
     @_handler
     async def AddPartitions(self, request: pb.AddPartitionsRequest, context: grpc.aio.ServicerContext) -> pb.TopicInfo:
-        record = await self.metadata.add_partitions(request.name, request.partitions, principal=_principal())
+        record = await self.metadata.topic_admin.add_partitions(request.name, request.partitions, principal=_principal())
         return topic_info(self.metadata.membership, record)
 
     @_handler

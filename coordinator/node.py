@@ -140,7 +140,7 @@ class CoordinatorNode:
         self.default_subscription_from_ms = default_subscription_from_ms
         self.rebalance_debounce_ms = rebalance_debounce_ms
         self.clock_ms = clock_ms
-        # Liveness reads use the clock directly (MetadataManager._alive); the monitor ends sessions
+        # Liveness reads use the clock directly (BrokerMembership._alive); the monitor ends sessions
         # and elects new leaders within a tenth of a session, and at most 100 ms, of the expiry (the
         # issue's bound on a new leader is session + 1 s; a pass over the brokers costs microseconds).
         self.liveness_check_interval_ms = liveness_check_interval_ms or max(

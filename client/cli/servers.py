@@ -183,7 +183,7 @@ def _check_flush_interval(flush: str) -> None:
         raise click.UsageError(f"--flush-interval-ms is only used with --flush interval (the flush policy is {flush})")
 
 
-# The default is coordinator.metadata.DEFAULT_BROKER_SESSION_TIMEOUT_MS (a test checks), kept
+# The default is coordinator.controller.sessions.DEFAULT_BROKER_SESSION_TIMEOUT_MS (a test checks), kept
 # literal so that the CLI does not import the coordinator to show its help.
 def _broker_session_option(f):
     return click.option(

@@ -34,7 +34,7 @@ def test_the_session_is_configurable_and_everything_follows_it(tmp_path: pathlib
 
 def test_dmq_coordinator_takes_the_session_and_defaults_to_the_servers_default() -> None:
     from dmq.client.cli.servers import coordinator_cmd
-    from dmq.coordinator.metadata import DEFAULT_BROKER_SESSION_TIMEOUT_MS
+    from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS
 
     option = next(p for p in coordinator_cmd.params if p.name == "broker_session_timeout_ms")
     assert option.default == DEFAULT_BROKER_SESSION_TIMEOUT_MS
