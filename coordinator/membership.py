@@ -80,10 +80,9 @@ class BrokerMembership:
     def __len__(self) -> int:
         return len(self._brokers)
 
-    def load(self, records: list[BrokerRecord]) -> None:
-        """The brokers known from the store: each is awaited for one session from now."""
-        now = self.clock_ms()
-        self._brokers = {b.broker_id: _BrokerState(b, last_heartbeat_ms=now, awaited=True) for b in records}
+    def load(self, records: list[BrokerRecord], now_ms: int) -> None:
+        """The brokers known from the store: each is awaited for one session from now_ms."""
+        self._brokers = {b.broker_id: _BrokerState(b, last_heartbeat_ms=now_ms, awaited=True) for b in records}
 
     @property
     def heartbeat_interval_ms(self) -> int:

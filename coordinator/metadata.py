@@ -98,7 +98,8 @@ class MetadataManager:
 
     async def load(self) -> None:
         """Load brokers and topics from the store (called once by the node's start())."""
-        self.membership.load(await self.store.load_brokers())
+        now = self.membership.clock_ms()
+        self.membership.load(await self.store.load_brokers(), now)
         self._topics.clear()
         self._topics.update((t.name, t) for t in await self.store.load_topics())
         self.ready = True
