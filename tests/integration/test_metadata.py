@@ -401,8 +401,8 @@ async def test_broker_liveness_expires_with_the_clock(harness: Harness) -> None:
     assert not (await harness.describe("t")).partitions[0].leader_alive
     listed = await harness.stub.ListBrokers(pb.ListBrokersRequest(), timeout=5)
     assert [(b.broker_id, b.alive, b.last_heartbeat_ms) for b in listed.brokers] == [(1, False, T0_MS + SESSION_MS)]
-    assert harness.node.metadata.expire_brokers() == [1]
-    assert harness.node.metadata.expire_brokers() == []
+    assert harness.node.metadata.membership.expire_brokers() == [1]
+    assert harness.node.metadata.membership.expire_brokers() == []
     beat = await harness.stub.BrokerHeartbeat(pb.BrokerHeartbeatRequest(broker_id=1), timeout=5)
     assert beat.reregister
     response = await harness.register(1)
