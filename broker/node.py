@@ -34,6 +34,7 @@ import grpc
 import structlog
 from prometheus_client import CollectorRegistry
 
+from dmq.broker.append_notifier import AppendNotifier
 from dmq.broker.coordinator_link import CoordinatorLink, split_coordinators
 from dmq.broker.events.registry import EventStores
 from dmq.broker.log import LogConfig, LogManager
@@ -131,6 +132,8 @@ class BrokerNode:
         self.logs = LogManager(self.data_dir / "logs", self.log_config, max_open_files=max_open_files,
                                fsync=timed_fsync(self.metrics))
         self.offsets = OffsetStore(self.logs, self.data_dir)
+        # wakes long-polling fetches: the Broker servicer's produces, replication, dead letters
+        self.notifier = AppendNotifier()
         self.queues = QueueManager(self)  # queue mode: leases, acks, dead letters (broker/queue)
         # Replicated partitions: roles from the controller's states, followers' fetch loops,
         # the leaders' in-sync sets (broker/replication)
@@ -140,6 +143,7 @@ class BrokerNode:
         self.offsets.durability = ReplicatedDurability(self.replication)
         # event-store topics: their index, conditional appends and groups (broker/events)
         self.event_stores = EventStores(self.logs, self.offsets, self.replication)
+        self.replication.log_listener = self.event_stores  # a follower's event index follows its log
         self.dir_lock = DataDirLock(self.data_dir)
         self._opening: asyncio.Future[None] | None = None
         # bench/replication_bench.py's latency breakdown; off unless DMQ_STAGE_TRACE is set

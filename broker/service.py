@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import grpc
 import structlog
 
+from dmq.broker.append_notifier import AppendNotifier
 from dmq.broker.log import (
     AppendInfo,
     CorruptLogError,
@@ -53,7 +54,7 @@ from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
 from dmq.broker.queue.service import QueueRpcs
 from dmq.broker.readiness import require_started
 from dmq.broker.offsets import check_offsets_log_name, is_offsets_log
-from dmq.broker.replication.manager import NotLeaderForPartition, Replica
+from dmq.broker.replication.replica import NotLeaderForPartition, Replica
 from dmq.broker.storage_status import translate_storage
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -173,41 +174,6 @@ _guarded = rpc_handler(log=log, translate=_translate)
 _loaded = rpc_handler(log=log, translate=_translate, before=require_started)
 
 
-class AppendNotifier:
-    """Wakes long-polling fetches when a partition gets new data.
-
-    Waiters park a future per partition they read; an append resolves them. Futures are removed by
-    the waiter itself, so the table only holds partitions with fetches in flight.
-    """
-
-    def __init__(self) -> None:
-        self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
-
-    def notify(self, topic: str, partition: int) -> None:
-        waiters = self._waiters.pop((topic, partition), None)
-        if waiters:
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
-
-    async def wait_any(self, keys: list[tuple[str, int]], timeout_s: float) -> None:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        for key in keys:
-            self._waiters.setdefault(key, set()).add(fut)
-        try:
-            await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            pass
-        finally:
-            for key in keys:
-                waiters = self._waiters.get(key)
-                if waiters is not None:
-                    waiters.discard(fut)
-                    if not waiters:
-                        del self._waiters[key]
-
-
 class _Appender:
     """Appends large batches in worker threads, keeping each partition's appends in arrival order.
 
@@ -280,7 +246,7 @@ class _Appender:
 class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
     def __init__(self, node: BrokerNode, budget: ByteBudget | None = None) -> None:
         self._node = node
-        self.notifier = AppendNotifier()
+        self.notifier: AppendNotifier = node.notifier  # wakes long-polling fetches (shared with replication, dead letters)
         self.traffic = TopicTraffic()  # records / bytes in and out per topic (dmq.broker.metrics)
         self.appender = _Appender()
         # Fetch answers and produce requests in flight, together (see memory_budget.py).

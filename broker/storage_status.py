@@ -21,7 +21,7 @@ import structlog
 
 from dmq.broker.log import CorruptLogError, LogClosedError, StorageUnavailableError
 from dmq.broker.log.errors import DISK_FULL_ERRNOS
-from dmq.broker.replication.manager import NotEnoughReplicas, NotLeaderForPartition
+from dmq.broker.replication.replica import NotEnoughReplicas, NotLeaderForPartition
 from dmq.proto import error_details
 from dmq.proto.server_errors import RpcAbort
 

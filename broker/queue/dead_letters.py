@@ -122,7 +122,7 @@ class DeadLetterWriter:
                 return await self._produce_remote(leader, dlq, batch)
             plog = node.logs.get(dlq, 0)  # created here by the coordinator meanwhile
         info = await plog.append_durable(batch)
-        node.service.notifier.notify(dlq, 0)
+        node.notifier.notify(dlq, 0)
         node.queues.on_append(dlq, 0)
         return Written(dlq, 0, info.base_offset)
 
