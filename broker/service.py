@@ -31,7 +31,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 import structlog
@@ -42,31 +42,31 @@ from dmq.broker.log import (
     CorruptLogError,
     LogClosedError,
     LogError,
+    LogManager,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     PartitionLog,
     ProducerFencedError,
     UnknownPartitionError,
 )
-from dmq.broker.events.service import EventStoreRpcs
+from dmq.broker.events.registry import EventStores
 from dmq.broker.metrics import TopicTraffic
 from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
-from dmq.broker.queue.service import QueueRpcs
+from dmq.broker.offsets import OffsetStore
+from dmq.broker.queue.manager import QueueManager
 from dmq.broker.readiness import require_started
 from dmq.broker.offsets import check_offsets_log_name, is_offsets_log
+from dmq.broker.replication.manager import ReplicaManager
 from dmq.broker.replication.replica import NotLeaderForPartition, Replica
+from dmq.broker.replication.stage_trace import StageTrace
 from dmq.broker.storage_status import translate_storage
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits, names, records
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 from dmq.proto.offset_markers import EARLIEST, LATEST
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 from dmq.proto.server_errors import fail as _fail
 from dmq.proto.wire import frame_fetch_response
-
-if TYPE_CHECKING:
-    from dmq.broker.node import BrokerNode
 
 log = structlog.get_logger(__name__)
 
@@ -243,11 +243,64 @@ class _Appender:
                 del self._locks[key]
 
 
-class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
-    def __init__(self, node: BrokerNode, budget: ByteBudget | None = None) -> None:
+class BrokerHost(Protocol):
+    """The broker as its data-path servicer sees it (the BrokerNode is one): a Protocol, so this
+    module names no node and the node imports it without a cycle."""
+
+    controller_epoch: int  # the newest heard of; UpdatePartitionStates moves it
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def broker_id(self) -> int: ...
+
+    @property
+    def logs(self) -> LogManager: ...
+
+    @property
+    def offsets(self) -> OffsetStore: ...
+
+    @property
+    def replication(self) -> ReplicaManager: ...
+
+    @property
+    def queues(self) -> QueueManager: ...
+
+    @property
+    def event_stores(self) -> EventStores: ...
+
+    @property
+    def notifier(self) -> AppendNotifier: ...
+
+    @property
+    def traffic(self) -> TopicTraffic: ...
+
+    @property
+    def stage_trace(self) -> StageTrace: ...
+
+    async def leader_hint(self, topic: str, partition: int) -> str | None: ...
+
+    async def check_ownership(
+        self, group_id: str, member_id: str, generation: int, topic: str, partitions: list[int],
+        *, member_secret: str = "",
+    ) -> None: ...
+
+    def create_partitions(self, request: pb.CreatePartitionsRequest) -> None: ...
+
+    async def delete_partitions(self, topic: str, partitions: set[int] | None) -> None: ...
+
+
+class BrokerService:
+    """The data path and the cluster's calls: Produce, Fetch, ListOffsets, committed offsets,
+    DescribeLogs, FindTrace and the controller's and followers' RPCs. Queue mode's and the event
+    store's RPCs are servicers of their own (dmq.broker.queue.service, dmq.broker.events.service),
+    registered beside this one (dmq.broker.servicers)."""
+
+    def __init__(self, node: BrokerHost, budget: ByteBudget | None = None) -> None:
         self._node = node
-        self.notifier: AppendNotifier = node.notifier  # wakes long-polling fetches (shared with replication, dead letters)
-        self.traffic = TopicTraffic()  # records / bytes in and out per topic (dmq.broker.metrics)
+        self.notifier = node.notifier  # wakes long-polling fetches (shared with replication, dead letters)
+        self.traffic = node.traffic  # records / bytes in and out per topic (dmq.broker.metrics)
         self.appender = _Appender()
         # Fetch answers and produce requests in flight, together (see memory_budget.py).
         self.budget = budget or ByteBudget()
@@ -267,9 +320,6 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
             return await self.budget.acquire(size, context.time_remaining(), what)
         except BudgetExhaustedError as e:
             raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), error_details.BUSY) from None
-
-    def storage_error(self, e: Exception) -> RpcAbort | None:
-        return _translate(self, e)
 
     # -- helpers -------------------------------------------------------------------------------
 
