@@ -152,10 +152,8 @@ class BrokerNode:
         # bench/replication_bench.py's latency breakdown; off unless DMQ_STAGE_TRACE is set
         self.stage_trace = StageTrace.from_environment()
         self.traffic = TopicTraffic()  # records / bytes in and out per topic (dmq.broker.metrics)
-        # Fetch answers and produce requests in flight, together (see memory_budget.py).
-        self.budget = ByteBudget()
         # The Broker service's servicers, one per room, registered together by add_to_server.
-        self.service = BrokerService(self, self.budget)
+        self.service = BrokerService(self)
         self.queue_service = QueueServicer(self)
         self.event_service = EventStoreServicer(self)
         self.metrics.register(BrokerCollector(self, max_partition_series))
@@ -190,6 +188,12 @@ class BrokerNode:
     def metadata_stub(self) -> pb_grpc.MetadataStub | None:
         """The coordinator's metadata service (None before start()): the replica manager's AlterIsr."""
         return self._metadata
+
+    @property
+    def budget(self) -> ByteBudget:
+        """The data path's memory budget (fetch answers and produce requests in flight; the
+        servicer's, see memory_budget.py), as the metrics read it."""
+        return self.service.budget
 
     @property
     def address(self) -> str:
