@@ -21,8 +21,9 @@ from tests.unit.test_import_rules import ROOT, _module_name, imports_of
 GRPC_ALLOWED = {
     # servicers: requests in, statuses out
     "dmq.broker.service": "the Broker servicer",
-    "dmq.broker.queue.service": "the queue RPCs of the Broker servicer",
-    "dmq.broker.events.service": "the event-store RPCs of the Broker servicer",
+    "dmq.broker.queue.service": "the queue servicer (queue RPCs of the Broker service)",
+    "dmq.broker.events.service": "the event-store servicer (event RPCs of the Broker service)",
+    "dmq.broker.servicers": "registers the Broker service's servicers on the gRPC server",
     "dmq.coordinator.group_service": "the GroupCoordinator servicer",
     "dmq.coordinator.metadata_service": "the Metadata servicer",
     "dmq.coordinator.group_wakeups": "serves WatchGroup's stream on the servicer's context",
