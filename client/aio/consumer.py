@@ -16,11 +16,16 @@ partition's broker BEFORE GetAssignment acknowledges the new assignment, so the 
 revoked partition starts exactly after the last record this consumer returned: no record lost or
 returned twice across a voluntary rebalance.
 
+The group protocol's client side is the ConsumerCore (consumer/_core.py), the sans-I/O state
+machine DMQConsumer drives too: which group call each membership needs, what each answer and
+error means, the listener callbacks and their order, the commit rules. This module only makes
+the calls (awaiting them on the loop) and carries out what the core returns.
+
 Reused from the sync consumer, unchanged: ConsumerConfig (settings and their checks),
 SubscriptionState, the Fetcher (pipelined per-broker fetches and lazy decoding; its calls become
 tasks through TaskPool), PositionFinder (committed offset, group start position or reset),
-GroupClient and OffsetClient (request building, answer parsing, error mapping through
-CallFuture), the application of the key / value deserializers, the heartbeat/watch/max-poll-interval
+GroupClient (group requests and error mapping) and OffsetClient (request building, answer
+parsing, error mapping through CallFuture), the application of the key / value deserializers, the heartbeat/watch/max-poll-interval
 coroutines of HeartbeatThread (run as tasks on this loop by _Heartbeats), and the record types.
 
 Differences from DMQConsumer: the group work a poll finds to do (find, re-join, hand-off) runs as
@@ -42,7 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import time
 import uuid
 from collections import deque
@@ -54,13 +58,17 @@ from typing import Any
 
 import grpc
 
-from dmq.client._calls import Backoffs, RetryPolicy, retry_call_async
+from dmq.client._calls import RetryPolicy, retry_call_async
 from dmq.client._settings import reject_unknown
 from dmq.client.aio._cluster import AsyncCluster, TaskPool, Wakeup, bootstrap_address, settle
+from dmq.client._log import get_logger
+from dmq.client.consumer._common import assigned_state, deserialize
+from dmq.client.consumer._common import tp_of as _tp
+from dmq.client.consumer._common import tps_of as _tps
 from dmq.client.consumer._config import ConsumerConfig
-from dmq.client.consumer._consumer import DMQConsumer, _tp, _tps
+from dmq.client.consumer._core import HANDOVER_COMMIT_WAIT_S, ConsumerCore, GroupCall, Outcome
 from dmq.client.consumer._fetcher import Fetcher
-from dmq.client.consumer._group import GroupClient, Membership, group_id_for
+from dmq.client.consumer._group import FIND, HANDOVER, JOIN, GroupClient, Membership, group_id_for
 from dmq.client.consumer._heartbeat import HeartbeatThread
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
@@ -73,30 +81,21 @@ from dmq.client.errors import (
     CommitFailedError,
     DMQError,
     DMQTimeoutError,
-    GroupNotFoundError,
     IllegalStateError,
     InvalidArgumentError,
     InvalidConfigError,
-    UnknownMemberError,
     from_rpc_error,
 )
 from dmq.client.records import ConsumerRecord
-from dmq.proto import dmq_pb2 as pb
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["AsyncConsumer"]
 
 DEFAULT_CLOSE_TIMEOUT_S = 30.0
 LEAVE_TIMEOUT_S = 5.0
-HANDOVER_COMMIT_WAIT_S = 1.0  # as DMQConsumer: a stopped broker must not hold the rebalance
-MAX_GROUP_BACKOFF_MS = 1_000
 HEARTBEAT_STOP_TIMEOUT_S = 1.0
 _CONFIG_NAMES = frozenset(f.name for f in fields(ConsumerConfig) if f.init)
-# DMQConsumer._check_can_commit, ._assigned_state and ._deserialize are called with an AsyncConsumer
-# as `self`: they only read `config`, `_subs` and `_memberships` and call seek(), which this class
-# keeps under the same names and meanings, so the rules (and messages) of who may commit, what is
-# assigned and what a failing deserializer does are one.
 
 
 class _Heartbeats(HeartbeatThread):
@@ -211,15 +210,15 @@ class AsyncConsumer:
         self._initial_topics = list(topics)
         self._initial_listener = listener
         self.consumer_id = f"{self.config.client_id}-{uuid.uuid4().hex[:12]}"
-        self._memberships: dict[str, Membership] = {}
-        # group calls per topic: up to 1 s apart, so a returning coordinator is found within about a second
-        self._backoff: Backoffs[str] = Backoffs(RetryPolicy(self.config.retry_backoff_ms, MAX_GROUP_BACKOFF_MS))
+        self._subs = SubscriptionState()
+        self._core = ConsumerCore(self.config, self._subs, self._to_commit, log.bind(consumer=self.consumer_id),
+                                  now=time.monotonic())
+        self._memberships: dict[str, Membership] = self._core.memberships  # the core's, read here
         # Records fetched for getone() / async for and not all handed out yet, in fetch order
         self._pending: deque[_Chunk] = deque()
         # The iterator of the chunk __anext__ hands records out of (one of the chunks' own)
         self._draining: Iterator[ConsumerRecord] = iter(())
         self._auto_commits: set[asyncio.Future[Any]] = set()
-        self._next_auto_commit = 0.0
         self._last_poll = time.monotonic()
         self._in_poll = False
         self._deserializing = self.config.key_deserializer is not None or self.config.value_deserializer is not None
@@ -244,7 +243,6 @@ class AsyncConsumer:
         c = self.config
         self._cluster = AsyncCluster(c.address, request_timeout_ms=c.request_timeout_ms, security=c.security)
         self._wakeup = Wakeup()
-        self._subs = SubscriptionState()
         # Fetches become tasks on this loop instead of calls on the Fetcher's thread pool.
         self._fetcher = Fetcher(self._cluster, self._subs, c, self._wakeup, name=self.consumer_id,  # type: ignore[arg-type]
                                 pool=TaskPool())  # type: ignore[arg-type]
@@ -254,7 +252,9 @@ class AsyncConsumer:
         self._positions = PositionFinder(self._cluster, self._offsets, self._subs, c, self._wakeup)  # type: ignore[arg-type]
         self._heartbeat = _Heartbeats(self.consumer_id, c, self._wakeup, self._poll_age_s)  # type: ignore[arg-type]
         self._lock = asyncio.Lock()
-        self._next_auto_commit = time.monotonic() + c.auto_commit_interval_ms / 1000
+        self._core = ConsumerCore(c, self._subs, self._to_commit, log.bind(consumer=self.consumer_id),
+                                  now=time.monotonic())  # auto-commits count from start()
+        self._memberships = self._core.memberships
         self._started = True
         try:
             await self._cluster.acheck_reachable()
@@ -293,16 +293,16 @@ class AsyncConsumer:
         for topic in wanted:
             if topic in self._memberships:
                 continue
-            m = self._memberships[topic] = Membership.pending(
-                topic, group_id_for(topic, self.config.group_id), self._cluster.bootstrap)
-            try:
-                await self._find(m)
-                await self._join(m)
-            except DMQError as e:
-                if not e.retriable:
-                    self._memberships.pop(topic, None)
-                    raise
-                self._group_failed(m, "subscribing", e)
+            m = self._core.add(Membership.pending(topic, group_id_for(topic, self.config.group_id),
+                                                  self._cluster.bootstrap))
+            for kind in (FIND, JOIN):
+                out = await self._call(self._core.begin(m, kind))
+                if out.error is not None:
+                    self._core.leave(topic)
+                    raise out.error
+                if not out.succeeded:  # retriable: getmany() goes on after a backoff
+                    break
+                await self._apply(m, out)
 
     async def unsubscribe(self) -> None:
         self._check_open()
@@ -460,7 +460,7 @@ class AsyncConsumer:
                     return out
             if self._subs.needing_position():
                 group_ids = {t: m.group_id for t, m in self._memberships.items() if m.found}
-                error = self._positions.update(group_ids, self._subscription_from_ms)
+                error = self._positions.update(group_ids, self._core.subscription_from_ms)
                 if error is not None:
                     raise error
             hold = frozenset(tp for tp in self._subs.assigned() if tp not in only) if only is not None else frozenset()
@@ -470,7 +470,7 @@ class AsyncConsumer:
                 # lists: the chunks of getone() / ``async for`` read their iterators' length_hint
                 records = {tp: list(rs) for tp, rs in collected.items()}
                 if self._deserializing:  # only records new from the fetcher: buffered ones already are
-                    records = DMQConsumer._deserialize(self, records)  # type: ignore[arg-type]
+                    records = deserialize(self.config, records, self.seek)
                 return records
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -480,12 +480,6 @@ class AsyncConsumer:
 
     def _poll_age_s(self) -> float:
         return 0.0 if self._in_poll else time.monotonic() - self._last_poll
-
-    def _subscription_from_ms(self, topic: str) -> int:
-        m = self._memberships.get(topic)
-        if m is not None:
-            return m.subscription.from_ms
-        return LATEST if self.config.start_latest else EARLIEST
 
     # -- group coordination ----------------------------------------------------------------------
 
@@ -502,8 +496,7 @@ class AsyncConsumer:
             self._coordinating = None
             task.result()
         now = time.monotonic()
-        if not any((not m.found or m.rejoin_reason is not None or not m.joined or m.assignment_stale)
-                   and self._backoff.retry_at(m.topic) <= now for m in self._memberships.values()):
+        if not any(self._core.wants_call(topic, now) for topic in self._memberships):
             return False
         task = self._coordinating = asyncio.ensure_future(self._coordinate())
         for chunk in self._pending:  # held while the work runs, even by an ``async for`` mid-chunk
@@ -519,134 +512,84 @@ class AsyncConsumer:
                     break
 
     async def _step(self, m: Membership) -> bool:
-        """Do the next group call m needs (find, re-join, hand-off); True when one succeeded."""
-        retry_at = self._backoff.retry_at(m.topic)
-        if retry_at > time.monotonic():
+        """Make the next group call the core says m needs (find, re-join, hand-off); False
+        when there was none to make (none needed, or backing off after a failure)."""
+        call = self._core.next_call(m.topic, time.monotonic())
+        if call is None:
             return False
-        what = "finding the group"
-        try:
-            if not m.found:
-                await self._find(m)
-            elif m.rejoin_reason is not None or not m.joined:
-                what = "joining the group"
-                await self._drop_lost(m)
-                await self._join(m)
-            elif m.assignment_stale:
-                what = "handing over / fetching the assignment"
-                m.assignment_stale = False
-                try:
-                    await self._handover(m)
-                except DMQError:
-                    m.assignment_stale = True
-                    raise
-            else:
-                return False
-        except UnknownMemberError as e:
-            m.rejoin_reason = str(e)
-            return True
-        except DMQError as e:
-            if not e.retriable:
+        if call.lost:
+            for tp in call.lost:
+                self._fetcher.drop(tp)
+            self._drop_pending(call.lost)
+            try:
+                await self._callbacks(call.callbacks)
+            except BaseException:
+                self._core.abandon(call)  # the join is made by the next getmany()
                 raise
-            self._group_failed(m, what, e)
-            return False
-        self._backoff.succeeded(m.topic)
+        if call.kind == HANDOVER:
+            # Commit the positions of the records handed out, so the next owner of a revoked
+            # partition starts there; GetAssignment follows, answered or not.
+            errors = await self._commit_now(call.offsets, {m.topic: m}, HANDOVER_COMMIT_WAIT_S)
+            out = self._core.answered(call, time.monotonic(), failed={tp: str(e) for tp, e in errors.items()})
+            assert out.next is not None
+            call = out.next
+        out = await self._call(call)
+        if out.error is not None:
+            raise out.error
+        await self._apply(m, out)
         return True
 
-    async def _rpc(self, future: Any, what: str) -> Any:
-        """Wait for a group call (its own deadline is request_timeout_ms)."""
-        await settle([future], self.config.request_timeout_ms / 1000 + 1)
-        if not future.done():
-            future.cancel()
-            raise DMQTimeoutError(f"{what}: no answer from the coordinator at {self._cluster.bootstrap}")
-        return future
-
-    async def _find(self, m: Membership) -> None:
-        self._groups.finish_find(m, await self._rpc(self._groups.start_find(m.topic), f"FindOrCreateGroup {m.topic}"))
-
-    async def _join(self, m: Membership) -> None:
-        future = await self._rpc(self._groups.start_join(m), f"JoinGroup {m.group_id}")
+    async def _call(self, call: GroupCall) -> Outcome:
+        """Make a group call (its deadline is the request's timeout) and give the core its answer."""
+        m = call.membership
+        method, request, timeout_s = self._groups.request(call.kind, m)
         try:
-            self._groups.finish_join(m, future)
-        except GroupNotFoundError:
-            m.found = False  # deleted since it was found (an empty group can be): find it again
+            stub = self._cluster.group_stub(self._groups.address(call.kind, m))
+            response = await getattr(stub, method)(request, timeout=timeout_s)
+        except grpc.RpcError as e:
+            return self._core.answered(call, time.monotonic(), error=self._groups.error(call.kind, m, e))
+        except DMQError as e:
+            return self._core.answered(call, time.monotonic(), error=e)
+        except BaseException:
+            self._core.abandon(call)  # cancelled (stop()): nothing answered
             raise
-        self._heartbeat.track(m)
+        return self._core.answered(call, time.monotonic(), response, coordinator=self._cluster.bootstrap)
 
-    async def _handover(self, m: Membership) -> None:
-        """Commit the positions of the records handed out for m's partitions (so their next
-        owner starts there), then GetAssignment, which acknowledges the new generation and
-        hands revoked partitions over. A commit that fails or does not answer within
-        HANDOVER_COMMIT_WAIT_S is logged: the next owner then re-reads from the last good
-        commit (duplicates, never loss)."""
-        offsets = self._to_commit(topic=m.topic)
-        if offsets and self._subs.assigned(m.topic):
-            errors = await self._commit_now(offsets, {m.topic: m}, HANDOVER_COMMIT_WAIT_S)
-            for tp, e in errors.items():
-                log.warning("commit before the hand-off failed: group=%s partition=%d error=%s",
-                            m.group_id, tp.partition, e)
-        future = await self._rpc(self._groups.start_get_assignment(m, wait_ms=0), f"GetAssignment {m.group_id}")
-        response = self._groups.finish_get_assignment(m, future)
-        owned = set(self._subs.assigned(m.topic))
-        now_owned = {TopicPartition(m.topic, p) for p in response.partitions}
-        revoked, added = owned - now_owned, now_owned - owned
-        for tp in revoked:
-            self._subs.remove(tp)
+    async def _apply(self, m: Membership, out: Outcome) -> None:
+        """Carry out what the core made of an answer (see Outcome)."""
+        for tp in out.dropped:
             self._fetcher.drop(tp)
-        self._drop_pending(revoked)
-        starts = {sp.partition: sp.offset for sp in response.start_positions}
-        for tp in sorted(added):
-            self._subs.add(tp, starts.get(tp.partition, EARLIEST))
-        if revoked or added:
+        self._drop_pending(out.dropped)
+        if out.rebalanced:
             self._fetcher.stats.rebalanced()  # an assignment that changed: Kafka's rebalance count
-            log.info("assignment changed: group=%s member=%s generation=%d revoked=%s assigned=%s",
-                     m.group_id, m.member_id, response.generation, sorted(tp.partition for tp in revoked),
-                     sorted(tp.partition for tp in added))
-        if revoked:
-            await self._listener_call("on_partitions_revoked", revoked)
-        if added:
-            await self._listener_call("on_partitions_assigned", added)
+        if out.track:
+            self._heartbeat.track(m)
+        await self._callbacks(out.callbacks)
 
-    async def _drop_lost(self, m: Membership) -> None:
-        lost = set(self._subs.assigned(m.topic))
-        if not lost:
-            return
-        for tp in lost:
-            self._subs.remove(tp)
-            self._fetcher.drop(tp)
-        self._drop_pending(lost)
-        log.warning("partitions lost without a hand-off: group=%s partitions=%s reason=%s", m.group_id,
-                    sorted(tp.partition for tp in lost), m.rejoin_reason or "not a member")
-        await self._listener_call("on_partitions_lost", lost)
-
-    def _group_failed(self, m: Membership, what: str, e: DMQError) -> None:
-        delay_s, failures = self._backoff.failed(m.topic)
-        log.warning("group call failed (%s); retrying in %d ms: group=%s error=%s", what, delay_s * 1000, m.group_id, e)
-
-    async def _listener_call(self, name: str, partitions: set[TopicPartition]) -> None:
-        """The listener's callback; a coroutine function is awaited."""
+    async def _callbacks(self, callbacks: Iterable[tuple[str, frozenset[TopicPartition]]]) -> None:
+        """The listener's callbacks, in order; a coroutine function is awaited."""
         listener = self._subs.listener
-        if listener is not None:
+        if listener is None:
+            return
+        for name, partitions in callbacks:
             result = getattr(listener, name)(set(partitions))
             if inspect.isawaitable(result):
                 await result
 
     async def _leave_topic(self, topic: str, deadline: float) -> None:
         """Commit (with auto-commit on), hand the partitions back and leave the topic's group."""
-        m = self._memberships.pop(topic)
-        self._backoff.succeeded(topic)
-        owned = set(self._subs.assigned(topic))
-        if owned and self.config.enable_auto_commit and m.rejoin_reason is None and m.joined:
-            errors = await self._commit_now(self._to_commit(topic=topic), {topic: m},
-                                            max(0.0, deadline - time.monotonic()))
+        leaving = self._core.leave(topic)
+        m = leaving.membership
+        if leaving.offsets:
+            errors = await self._commit_now(leaving.offsets, {topic: m}, max(0.0, deadline - time.monotonic()))
             if errors:
-                log.warning("final commit failed: group=%s error=%s", m.group_id, next(iter(errors.values())))
-        for tp in owned:
-            self._subs.remove(tp)
+                log.warning("final commit failed", group=m.group_id, error=str(next(iter(errors.values()))))
+        callbacks = self._core.release(leaving)
+        for tp in leaving.owned:
             self._fetcher.drop(tp)
-        self._drop_pending(owned)
+        self._drop_pending(leaving.owned)
         try:
-            if owned:
-                await self._listener_call("on_partitions_revoked", owned)
+            await self._callbacks(callbacks)
         finally:
             self._heartbeat.untrack(topic)
             await self._leave(m, min(LEAVE_TIMEOUT_S, max(0.001, deadline - time.monotonic())))
@@ -654,16 +597,15 @@ class AsyncConsumer:
     async def _leave(self, m: Membership, timeout_s: float) -> None:
         """LeaveGroup: the partitions are released at once. Best effort (the session timeout
         is the backstop), so failures are logged."""
-        if not m.joined:
+        request = self._groups.leave_request(m)
+        if request is None:
             return
-        member_id, m.member_id = m.member_id, ""
         try:
-            await self._cluster.group_stub(m.coordinator).LeaveGroup(
-                pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id, member_secret=m.member_secret),
-                timeout=timeout_s)
-            log.info("left group: group=%s member=%s", m.group_id, member_id)
+            await self._cluster.group_stub(m.coordinator).LeaveGroup(request, timeout=timeout_s)
+            log.info("left group", group=m.group_id, member=request.member_id)
         except Exception as e:  # noqa: BLE001 - leaving is best effort
-            log.warning("leave failed; the session timeout will remove the member: group=%s error=%s", m.group_id, e)
+            log.warning("leave failed; the session timeout will remove the member", group=m.group_id,
+                        member=request.member_id, error=str(e))
 
     # -- commits ---------------------------------------------------------------------------------
 
@@ -715,7 +657,7 @@ class AsyncConsumer:
         self._check_open()
         if offsets is None:
             # Refused for a member that lost its group even when no position moved (Kafka's rule).
-            DMQConsumer._check_can_commit(self, self._to_commit(only_changed=False), self._memberships)  # type: ignore[arg-type]
+            self._core.check_can_commit(self._to_commit(only_changed=False))
             normalised = self._to_commit()
         else:
             normalised = {}
@@ -724,26 +666,21 @@ class AsyncConsumer:
                 if isinstance(om.offset, bool) or not isinstance(om.offset, int) or om.offset < 0:
                     raise InvalidArgumentError(f"commit offset for {tp} must be an int >= 0, got {om.offset!r}")
                 normalised[_tp(tp)] = om
-            DMQConsumer._check_can_commit(self, normalised, self._memberships)  # type: ignore[arg-type]
+            self._core.check_can_commit(normalised)
         errors = await self._commit_now(normalised, self._memberships, self.config.request_timeout_ms / 1000)
         if not errors:
             return
         error = next((e for e in errors.values() if not e.retriable), next(iter(errors.values())))
         if isinstance(error, CommitFailedError):
-            for topic in {tp.topic for tp in errors}:
-                if topic in self._memberships:
-                    self._memberships[topic].assignment_stale = True
+            self._core.commit_refused({tp.topic for tp in errors})
         raise error
 
     def _maybe_auto_commit(self) -> None:
         """Commit the handed-out positions in the background every auto_commit_interval_ms (the
         previous auto-commit must have answered first)."""
-        now = time.monotonic()
-        if not self.config.enable_auto_commit or now < self._next_auto_commit or self._auto_commits:
+        if self._auto_commits:
             return
-        self._next_auto_commit = now + self.config.auto_commit_interval_ms / 1000
-        offsets = {tp: o for tp, o in self._to_commit().items()
-                   if (m := self._memberships.get(tp.topic)) is not None and m.joined and m.rejoin_reason is None}
+        offsets = self._core.auto_commit(time.monotonic())
         if not offsets:
             return
         task = asyncio.ensure_future(self._commit_now(offsets, self._memberships, self.config.request_timeout_ms / 1000))
@@ -757,10 +694,9 @@ class AsyncConsumer:
         error = task.exception()
         errors = task.result() if error is None else {}
         if error is not None or errors:
-            log.warning("auto-commit failed: %s", error or next(iter(errors.values())))
-            for m in self._memberships.values():
-                if any(isinstance(e, CommitFailedError) for e in errors.values()):
-                    m.assignment_stale = True
+            log.warning("auto-commit failed", error=str(error or next(iter(errors.values()))))
+            if any(isinstance(e, CommitFailedError) for e in errors.values()):
+                self._core.commit_refused()
 
     async def committed(self, partition: TopicPartition) -> int | None:
         """The group's committed offset of a partition (the next offset to consume), or None.
@@ -777,10 +713,19 @@ class AsyncConsumer:
         def on_retry(e: DMQError, pause_s: float) -> None:
             if e.invalid_metadata:
                 self._cluster.invalidate(tp.topic)
-            log.info("reading the committed offset of %s failed; retrying in %d ms: %s", tp, pause_s * 1000, e)
+            log.info("reading the committed offset failed; retrying", partition=str(tp),
+                     retry_in_ms=int(pause_s * 1000), error=str(e))
 
         return await retry_call_async(lambda: self._committed_once(tp, group_id, deadline), policy=self._retry,
                                       deadline=deadline, on_retry=on_retry)
+
+    async def _rpc(self, future: Any, what: str) -> Any:
+        """Wait for a call's future (its own deadline is request_timeout_ms)."""
+        await settle([future], self.config.request_timeout_ms / 1000 + 1)
+        if not future.done():
+            future.cancel()
+            raise DMQTimeoutError(f"{what}: no answer within request_timeout_ms ({self.config.request_timeout_ms})")
+        return future
 
     async def _committed_once(self, tp: TopicPartition, group_id: str, deadline: float) -> int | None:
         await self._cluster.metadata(tp.topic, max(0.001, deadline - time.monotonic()))
@@ -875,12 +820,12 @@ class AsyncConsumer:
     async def position(self, partition: TopicPartition) -> int:
         """The offset of the next record getmany() / getone() will return for an assigned partition."""
         self._check_open()
-        tp, state = DMQConsumer._assigned_state(self, partition, "position()")  # type: ignore[arg-type]
+        tp, state = assigned_state(self._subs, partition, "position()")
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
         while state.position is None:
             self._wakeup.clear()
             group_ids = {t: m.group_id for t, m in self._memberships.items() if m.found}
-            error = self._positions.update(group_ids, self._subscription_from_ms)
+            error = self._positions.update(group_ids, self._core.subscription_from_ms)
             if error is not None:
                 raise error
             if state.position is not None or self._subs.get(tp) is not state:
@@ -900,7 +845,7 @@ class AsyncConsumer:
         self._check_open()
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise InvalidArgumentError(f"seek() offset must be an int >= 0, got {offset!r}")
-        tp, _ = DMQConsumer._assigned_state(self, partition, "seek()")  # type: ignore[arg-type]
+        tp, _ = assigned_state(self._subs, partition, "seek()")
         self._subs.seek(tp, offset)
         self._fetcher.drop(tp)
         self._drop_pending([tp])
@@ -915,7 +860,7 @@ class AsyncConsumer:
 
     def _seek_to(self, where: int, partitions: tuple[TopicPartition, ...], what: str) -> None:
         self._check_open()
-        tps = [DMQConsumer._assigned_state(self, tp, what)[0] for tp in (_tps(partitions) or self._subs.assigned())]  # type: ignore[arg-type]
+        tps = [assigned_state(self._subs, tp, what)[0] for tp in (_tps(partitions) or self._subs.assigned())]
         for tp in tps:
             self._subs.request_reset(tp, where)
             self._fetcher.drop(tp)
@@ -924,7 +869,7 @@ class AsyncConsumer:
     def pause(self, *partitions: TopicPartition) -> None:
         """Stop fetching and returning records of these partitions until resume()."""
         self._check_open()
-        tps = [DMQConsumer._assigned_state(self, tp, "pause()")[0] for tp in _tps(partitions)]  # type: ignore[arg-type]
+        tps = [assigned_state(self._subs, tp, "pause()")[0] for tp in _tps(partitions)]
         # Records buffered but not handed out are dropped, and the position moved back to the
         # first of them, so resume() fetches them again.
         unhanded = self._to_commit(only_changed=False)
@@ -937,7 +882,7 @@ class AsyncConsumer:
 
     def resume(self, *partitions: TopicPartition) -> None:
         self._check_open()
-        for tp in [DMQConsumer._assigned_state(self, tp, "resume()")[0] for tp in _tps(partitions)]:  # type: ignore[arg-type]
+        for tp in [assigned_state(self._subs, tp, "resume()")[0] for tp in _tps(partitions)]:
             self._subs.resume(tp)
 
     def paused(self) -> set[TopicPartition]:
@@ -968,7 +913,7 @@ class AsyncConsumer:
                 try:
                     await self._leave_topic(topic, deadline)
                 except Exception as e:  # noqa: BLE001 - stopping must finish whatever a listener does
-                    log.warning("error while leaving a group: topic=%s error=%s", topic, e)
+                    log.warning("error while leaving a group", topic=topic, error=str(e))
         finally:
             self._pending.clear()
             for task in list(self._auto_commits):
@@ -977,7 +922,7 @@ class AsyncConsumer:
             self._positions.close()
             self._fetcher.close()
             await self._cluster.aclose()
-            log.info("consumer stopped: %s", self.consumer_id)
+            log.info("consumer stopped", consumer=self.consumer_id)
 
     close = stop
 
