@@ -25,15 +25,16 @@ Reused from the sync consumer, unchanged: ConsumerConfig (settings and their che
 SubscriptionState, the Fetcher (pipelined per-broker fetches and lazy decoding; its calls become
 tasks through TaskPool), PositionFinder (committed offset, group start position or reset),
 GroupClient (group requests and error mapping) and OffsetClient (request building, answer
-parsing, error mapping through CallFuture), the application of the key / value deserializers, the heartbeat/watch/max-poll-interval
-coroutines of HeartbeatThread (run as tasks on this loop by _Heartbeats), and the record types.
+parsing, error mapping through CallFuture), the application of the key / value deserializers
+(consumer/_common.py), the heartbeat/watch/max-poll-interval coroutines of HeartbeatThread (run
+as tasks on this loop by Heartbeats, _consumer_parts.py), and the record types.
 
 Differences from DMQConsumer: the group work a poll finds to do (find, re-join, hand-off) runs as
 one task of its own (each call in it bounded by request_timeout_ms, the hand-off commits by
 HANDOVER_COMMIT_WAIT_S), and getmany() hands out no record while it runs, rather than holding back
 only the partitions of the membership concerned; getmany() keeps to its timeout either way.
 Records buffered for getone() / ``async for`` are not counted as consumed until they are handed
-out, so commits never cover a record the application has not seen (see _Chunk: ``async for``
+out, so commits never cover a record the application has not seen (see Chunk: ``async for``
 takes each record straight from a buffered chunk's iterator, and the position handed out is read
 back from that iterator). Rebalance listener callbacks may be coroutine functions (they are
 awaited).
@@ -52,7 +53,6 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import fields
-from itertools import islice
 from operator import length_hint
 from typing import Any
 
@@ -61,6 +61,7 @@ import grpc
 from dmq.client._calls import RetryPolicy, retry_call_async
 from dmq.client._settings import reject_unknown
 from dmq.client.aio._cluster import AsyncCluster, TaskPool, Wakeup, bootstrap_address, settle
+from dmq.client.aio._consumer_parts import Chunk, Heartbeats
 from dmq.client._log import get_logger
 from dmq.client.consumer._common import assigned_state, deserialize
 from dmq.client.consumer._common import tp_of as _tp
@@ -69,7 +70,6 @@ from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._core import HANDOVER_COMMIT_WAIT_S, ConsumerCore, GroupCall, Outcome
 from dmq.client.consumer._fetcher import Fetcher
 from dmq.client.consumer._group import FIND, HANDOVER, JOIN, GroupClient, Membership, group_id_for
-from dmq.client.consumer._heartbeat import HeartbeatThread
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
 from dmq.client.consumer._positions import PositionFinder
@@ -94,80 +94,7 @@ __all__ = ["AsyncConsumer"]
 
 DEFAULT_CLOSE_TIMEOUT_S = 30.0
 LEAVE_TIMEOUT_S = 5.0
-HEARTBEAT_STOP_TIMEOUT_S = 1.0
 _CONFIG_NAMES = frozenset(f.name for f in fields(ConsumerConfig) if f.init)
-
-
-class _Heartbeats(HeartbeatThread):
-    """HeartbeatThread's coroutines (heartbeat and WatchGroup per membership, the
-    max_poll_interval_ms watchdog) run as tasks on the consumer's loop instead of a thread's."""
-
-    _main_task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._main_task = asyncio.create_task(self._main(), name=f"{self.name}-heartbeats")
-
-    @property
-    def alive(self) -> bool:
-        return self._main_task is not None and not self._main_task.done()
-
-    def _call(self, fn: Any, *args: object) -> None:
-        fn(*args)  # already on the loop
-
-    async def astop(self, timeout_s: float = HEARTBEAT_STOP_TIMEOUT_S) -> None:
-        task = self._main_task
-        if task is None or task.done():
-            return
-        if self._stopping is None:  # _main has not run yet
-            task.cancel()
-        else:
-            self._stopping.set()  # _main cancels its tasks and closes its channels
-        done, _ = await asyncio.wait({task}, timeout=timeout_s)
-        if not done:
-            task.cancel()
-            await asyncio.wait({task}, timeout=timeout_s)
-
-
-class _Chunk:
-    """Records of one partition fetched for getone() / ``async for`` and not all handed out yet.
-
-    The records are handed out through `it`, an iterator over the list shared by every reader
-    (getone(), getmany(), each ``async for``): taking a record from it IS handing it out, so each
-    record goes out once, and the position a commit must cover is read back from it (a list
-    iterator's length_hint is exactly the number of records left). Whoever must stop a reader
-    that is draining the chunk between two records (group work starting, stop(), seek(),
-    revocation) ends the iterator it holds with detach() or drop(), so ``async for`` needs no
-    check per record: __anext__ finds the iterator ended and asks _ready_chunk() again."""
-
-    __slots__ = ("tp", "records", "it")
-
-    def __init__(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
-        self.tp = tp
-        self.records = records
-        self.it: Iterator[ConsumerRecord] = iter(records)
-
-    def __repr__(self) -> str:
-        return f"<_Chunk {self.tp} next={self.next_offset()} left={length_hint(self.it)}>"
-
-    def next_offset(self) -> int | None:
-        """The offset of the next record to hand out; None when all were handed out."""
-        left = length_hint(self.it)
-        return self.records[len(self.records) - left].offset if left else None
-
-    def take(self, n: int) -> list[ConsumerRecord]:
-        """Hand out up to n records at once."""
-        return list(islice(self.it, n))
-
-    def detach(self) -> None:
-        """Keep the records not handed out yet, behind a new iterator: a reader holding the old
-        one finds it ended and comes back through _ready_chunk(), which decides again."""
-        self.records = list(self.it)  # ends the old iterator
-        self.it = iter(self.records)
-
-    def drop(self) -> None:
-        """End the iterator: nothing more is handed out of this chunk (its records are dropped)."""
-        deque(self.it, maxlen=0)
 
 
 def consumer_config(bootstrap_servers: Any, group_id: Any, config: ConsumerConfig | None,
@@ -215,7 +142,7 @@ class AsyncConsumer:
                                   now=time.monotonic())
         self._memberships: dict[str, Membership] = self._core.memberships  # the core's, read here
         # Records fetched for getone() / async for and not all handed out yet, in fetch order
-        self._pending: deque[_Chunk] = deque()
+        self._pending: deque[Chunk] = deque()
         # The iterator of the chunk __anext__ hands records out of (one of the chunks' own)
         self._draining: Iterator[ConsumerRecord] = iter(())
         self._auto_commits: set[asyncio.Future[Any]] = set()
@@ -250,7 +177,7 @@ class AsyncConsumer:
         self._offsets = OffsetClient(self._cluster, c)
         self._retry = RetryPolicy(retry_backoff_ms=c.retry_backoff_ms, request_timeout_ms=c.request_timeout_ms)
         self._positions = PositionFinder(self._cluster, self._offsets, self._subs, c, self._wakeup)  # type: ignore[arg-type]
-        self._heartbeat = _Heartbeats(self.consumer_id, c, self._wakeup, self._poll_age_s)  # type: ignore[arg-type]
+        self._heartbeat = Heartbeats(self.consumer_id, c, self._wakeup, self._poll_age_s)  # type: ignore[arg-type]
         self._lock = asyncio.Lock()
         self._core = ConsumerCore(c, self._subs, self._to_commit, log.bind(consumer=self.consumer_id),
                                   now=time.monotonic())  # auto-commits count from start()
@@ -366,7 +293,7 @@ class AsyncConsumer:
         """The next record, for ``async for`` and anext(); StopAsyncIteration once the consumer is
         stopped. While a buffered chunk has records left this is one step of the chunk's iterator:
         no other await, no check, no bookkeeping (every stop of the hand-out ends that iterator,
-        see _Chunk). CPython's ``async for`` step is paid per record whatever is done here; a
+        see Chunk). CPython's ``async for`` step is paid per record whatever is done here; a
         coroutine's return is that step's cheapest form in pure Python (an async generator's
         step raises a StopIteration carrying each record: ~20% dearer in isolation; a Future
         per record far more: bench/RESULTS.md, "asyncio client")."""
@@ -388,7 +315,7 @@ class AsyncConsumer:
                 return next(chunk.it)  # _ready_chunk() gives only chunks with records left
             await self._refill()
 
-    def _ready_chunk(self) -> _Chunk | None:
+    def _ready_chunk(self) -> Chunk | None:
         """The first buffered chunk with records left, when records may be handed out: not
         while group work runs (a hand-off's commit must cover every record returned), nor once
         stopped. Chunks drained to the end are let go here."""
@@ -407,12 +334,12 @@ class AsyncConsumer:
         batch = await self.getmany(timeout_ms=self.config.fetch_max_wait_ms)
         # getmany() gives buffered records first, taken from the front of the buffer (and new
         # ones only when none was buffered): back to the front they go, in order.
-        self._pending.extendleft(_Chunk(tp, records) for tp, records in reversed(batch.items()))
+        self._pending.extendleft(Chunk(tp, records) for tp, records in reversed(batch.items()))
 
     def _take_pending(self, limit: int, only: set[TopicPartition] | None) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Buffered records first (they were fetched before anything newer), up to limit."""
         out: dict[TopicPartition, list[ConsumerRecord]] = {}
-        kept: deque[_Chunk] = deque()
+        kept: deque[Chunk] = deque()
         while self._pending and limit > 0:
             chunk = self._pending.popleft()
             if only is not None and chunk.tp not in only:

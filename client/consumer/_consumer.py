@@ -45,14 +45,14 @@ import re
 import threading
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
 
 from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster
+from dmq.client.consumer._commits import CommitCallback, Commits
 from dmq.client.consumer._common import assigned_state, deserialize, tp_of, tps_of
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._core import HANDOVER_COMMIT_WAIT_S, ConsumerCore, GroupCall, Outcome
@@ -74,18 +74,14 @@ from dmq.client.consumer._subscription import (
 from dmq.client.consumer._times import record_timestamps
 from dmq.client.errors import (
     ClientClosedError,
-    CommitFailedError,
     DMQError,
     DMQTimeoutError,
     IllegalStateError,
     InvalidArgumentError,
-    ResourceExhaustedError,
     TopicNotFoundError,
 )
 
 log = get_logger(__name__)
-
-CommitCallback = Callable[[dict[TopicPartition, OffsetAndMetadata], Exception | None], None]
 
 
 # close() gives up on what the cluster has not answered by then (Kafka's close() default).
@@ -155,12 +151,10 @@ class DMQConsumer:
         self._core = ConsumerCore(config, self._subs, self._to_commit, self._log, now=time.monotonic())
         self._memberships: dict[str, Membership] = self._core.memberships  # the core's, read here
         self._ops: dict[str, _GroupOp] = {}  # topic -> the membership's group call in flight
-        self._auto_commits: dict[str, concurrent.futures.Future[Any]] = {}  # broker -> last auto-commit
         self._heartbeat = HeartbeatThread(self.consumer_id, config, self._wakeup, self._poll_age_s)
         self._last_poll = time.monotonic()
         self._in_poll = False
-        self._commits_in_flight: set[concurrent.futures.Future[Any]] = set()
-        self._finished_commits: deque[tuple[CommitCallback | None, concurrent.futures.Future[Any]]] = deque()
+        self._commits = Commits(self._offsets, self._core, self._fetcher.stats, self._log)
         self._closed = False
         # The Kafka-style API (methods at the end of the class): partitions given to assign()
         # (read without a group), a subscribe(pattern=...) and its listing in flight, counters.
@@ -355,8 +349,8 @@ class DMQConsumer:
         self._in_poll = True
         self._last_poll = now
         try:
-            self._run_commit_callbacks()
-            self._maybe_auto_commit(now)
+            self._commits.run_callbacks()
+            self._commits.auto_commit(now)
             fetcher = self._fetcher
             while True:
                 self._wakeup.clear()
@@ -519,7 +513,7 @@ class DMQConsumer:
         m = leaving.membership
         if leaving.offsets:
             try:
-                self._commit_sync_now(leaving.offsets, {topic: m}, deadline=deadline)
+                self._commits.sync(leaving.offsets, {topic: m}, deadline=deadline)
             except DMQError as e:
                 self._log.warning("final commit failed", group=m.group_id, member=m.member_id, error=str(e))
         callbacks = self._core.release(leaving)
@@ -657,14 +651,12 @@ class DMQConsumer:
         DMQTimeoutError when a broker did not answer in time."""
         self._check_open()
         deadline = time.monotonic() + (self.config.request_timeout_ms / 1000 if timeout is None else max(0.0, timeout))
-        self._run_commit_callbacks()
+        self._commits.run_callbacks()
         if offsets is None:
             # Refused for a member that lost its group even when no position moved (Kafka's
             # rule): the application must learn that its partitions may be gone.
-            self._core.check_can_commit({tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed().items()},
-                                   self._memberships)
-        normalised = self._commit_offsets(offsets)
-        self._commit_sync_now(normalised, deadline=deadline)
+            self._core.check_can_commit(self._to_commit(None, False))
+        self._commits.sync(self._commit_offsets(offsets), deadline=deadline)
 
     def commit_async(
         self,
@@ -677,8 +669,8 @@ class DMQConsumer:
         poll(), commit_sync() or close(), like Kafka's commitAsync callbacks.
         """
         self._check_open()
-        self._run_commit_callbacks()
-        return self._commit_async_now(self._commit_offsets(offsets), callback)
+        self._commits.run_callbacks()
+        return self._commits.send(self._commit_offsets(offsets), callback)
 
     def _commit_offsets(
         self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None
@@ -687,7 +679,7 @@ class DMQConsumer:
         if offsets is None:
             # Positions already committed are left out: re-committing them changes nothing, and
             # would make commit_sync() wait on a dead broker whose partitions did not move.
-            return {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items()}
+            return self._to_commit()
         out = {}
         for tp, o in offsets.items():
             om = o if isinstance(o, OffsetAndMetadata) else OffsetAndMetadata(o)
@@ -695,91 +687,6 @@ class DMQConsumer:
                 raise InvalidArgumentError(f"commit offset for {tp} must be an int >= 0, got {om.offset!r}")
             out[tp_of(tp)] = om
         return out
-
-    def _commit_sync_now(self, offsets: Mapping[TopicPartition, OffsetAndMetadata],
-                         memberships: Mapping[str, Membership] | None = None, *, deadline: float) -> None:
-        if not offsets:
-            return
-        memberships = self._memberships if memberships is None else memberships
-        self._core.check_can_commit(offsets, memberships)
-        # An older async commit landing after this one would move the offset backwards.
-        self._wait_for_async_commits(deadline)
-        outcome = self._offsets.commit_sync(offsets, memberships, timeout_s=deadline - time.monotonic())
-        self._fetcher.stats.committed()
-        self._subs.mark_committed({tp: o.offset for tp, o in outcome.done.items()})
-        error = outcome.error("commit")
-        if error is None:
-            return
-        if isinstance(error, CommitFailedError):
-            self._core.commit_refused({tp.topic for tp in outcome.errors})
-        elif error.retriable:
-            # A broker that answered with the resource it lacks (disk full, busy) keeps that class:
-            # "free space on broker N" is not "a broker did not answer in time".
-            cls = type(error) if isinstance(error, ResourceExhaustedError) else DMQTimeoutError
-            error = cls(f"{error} (gave up at the commit's deadline)", code=error.code, details=error.details)
-        raise error
-
-    def _commit_async_now(
-        self, offsets: dict[TopicPartition, OffsetAndMetadata], callback: CommitCallback | None
-    ) -> concurrent.futures.Future[dict[TopicPartition, OffsetAndMetadata]]:
-        try:
-            self._core.check_can_commit(offsets, self._memberships)
-        except CommitFailedError as e:
-            future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            future.set_exception(e)
-        else:
-            future = self._offsets.commit_async(offsets, self._memberships, timeout_s=0)
-            self._fetcher.stats.committed()
-        self._track_commit(future, callback)
-        return future
-
-    def _track_commit(self, future: concurrent.futures.Future[Any], callback: CommitCallback | None) -> None:
-        self._commits_in_flight.add(future)
-        finished = self._finished_commits
-        future.add_done_callback(lambda f: finished.append((callback, f)))
-
-    def _run_commit_callbacks(self) -> None:
-        while self._finished_commits:
-            callback, future = self._finished_commits.popleft()
-            self._commits_in_flight.discard(future)
-            error = future.exception()
-            if error is None:
-                offsets = future.result()
-                self._subs.mark_committed({tp: o.offset for tp, o in offsets.items()})
-            else:
-                offsets = {}
-                if not isinstance(error, Exception):  # a BaseException (KeyboardInterrupt): not ours
-                    raise error
-                if isinstance(error, CommitFailedError):
-                    self._core.commit_refused()
-                if callback is None:
-                    self._log.warning("async commit failed", error=str(error))
-            if callback is not None:
-                callback(offsets, error)
-
-    def _wait_for_async_commits(self, deadline: float) -> None:
-        if self._commits_in_flight:
-            concurrent.futures.wait(list(self._commits_in_flight), timeout=max(0.0, deadline - time.monotonic()))
-            self._run_commit_callbacks()
-
-    def _maybe_auto_commit(self, now: float) -> None:
-        """Commit the returned positions asynchronously, per broker: a broker whose previous
-        auto-commit has not answered (stopped, slow) is skipped this time, the others are not."""
-        offsets = self._core.auto_commit(now)
-        if not offsets:
-            return
-        try:
-            calls, _ = self._offsets.commit_calls(offsets, self._memberships, timeout_s=0)
-        except DMQError as e:
-            self._log.debug("auto-commit skipped", error=str(e))
-            return
-        for call in calls:
-            busy = self._auto_commits.get(call.address)
-            if busy is not None and not busy.done():
-                continue
-            future = self._offsets.send_commit(call)
-            self._auto_commits[call.address] = future
-            self._track_commit(future, None)
 
     # -- close -----------------------------------------------------------------------------------
 
@@ -794,7 +701,7 @@ class DMQConsumer:
         deadline = time.monotonic() + (DEFAULT_CLOSE_TIMEOUT_S if timeout is None else max(0.0, timeout))
         try:
             self._hand_back_unreturned()
-            self._wait_for_async_commits(deadline)
+            self._commits.wait(deadline)
             for topic in list(self._memberships):
                 try:
                     self._leave_topic(topic, call_listener=True, deadline=deadline)
@@ -962,7 +869,7 @@ class DMQConsumer:
             "subscribed_topics": len(self._subs.topics),
             "joined_groups": sum(1 for m in self._memberships.values() if m.joined),
             "manually_assigned_partitions": len(self._manual),
-            "commits_in_flight": len(self._commits_in_flight),
+            "commits_in_flight": len(self._commits.in_flight),
         }
 
 
