@@ -63,7 +63,7 @@ from dmq.client._settings import reject_unknown
 from dmq.client.aio._cluster import AsyncCluster, TaskPool, Wakeup, bootstrap_address, settle
 from dmq.client.aio._consumer_parts import Chunk, Heartbeats
 from dmq.client._log import get_logger
-from dmq.client.consumer._common import assigned_state, deserialize
+from dmq.client.consumer._common import deserialize
 from dmq.client.consumer._common import tp_of as _tp
 from dmq.client.consumer._common import tps_of as _tps
 from dmq.client.consumer._config import ConsumerConfig
@@ -73,6 +73,7 @@ from dmq.client.consumer._group import FIND, HANDOVER, JOIN, GroupClient, Member
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
 from dmq.client.consumer._positions import PositionFinder
+from dmq.client.consumer._shell import ConsumerShell, topic_list
 from dmq.client.consumer._records import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from dmq.client.consumer._times import timestamp_of, timestamp_request
 from dmq.client.consumer._subscription import EARLIEST, LATEST, SubscriptionState
@@ -119,7 +120,7 @@ def consumer_config(bootstrap_servers: Any, group_id: Any, config: ConsumerConfi
     return ConsumerConfig(**values)
 
 
-class AsyncConsumer:
+class AsyncConsumer(ConsumerShell):
     """Consume topics as a member of a consumer group, from asyncio code."""
 
     def __init__(
@@ -146,8 +147,7 @@ class AsyncConsumer:
         # The iterator of the chunk __anext__ hands records out of (one of the chunks' own)
         self._draining: Iterator[ConsumerRecord] = iter(())
         self._auto_commits: set[asyncio.Future[Any]] = set()
-        self._last_poll = time.monotonic()
-        self._in_poll = False
+        self._manual: set[TopicPartition] = set()  # no assign() here: every partition comes from a group
         self._deserializing = self.config.key_deserializer is not None or self.config.value_deserializer is not None
         self._lock: asyncio.Lock | None = None
         self._coordinating: asyncio.Future[None] | None = None  # group work in flight (see _coordination)
@@ -208,24 +208,18 @@ class AsyncConsumer:
         """Join the group of each topic (leaving those no longer named); partitions arrive in
         getmany(). A retriable failure (coordinator away) is retried by getmany()."""
         self._check_open()
-        wanted = list(dict.fromkeys([topics] if isinstance(topics, str) else topics))
-        if not wanted or not all(isinstance(t, str) and t for t in wanted):
-            raise InvalidArgumentError("subscribe() needs a topic name or a non-empty list of topic names")
+        wanted = topic_list(topics)
         if not self._heartbeat.alive:
             self._heartbeat.start()
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
-        for topic in [t for t in self._memberships if t not in wanted]:
+        for topic in self._core.unwanted(wanted):
             await self._leave_topic(topic, deadline)
         self._subs.subscribe(wanted, listener)
-        for topic in wanted:
-            if topic in self._memberships:
-                continue
-            m = self._core.add(Membership.pending(topic, group_id_for(topic, self.config.group_id),
-                                                  self._cluster.bootstrap))
+        for m in self._core.added(wanted, self._cluster.bootstrap):
             for kind in (FIND, JOIN):
                 out = await self._call(self._core.begin(m, kind))
                 if out.error is not None:
-                    self._core.leave(topic)
+                    self._core.leave(m.topic)
                     raise out.error
                 if not out.succeeded:  # retriable: getmany() goes on after a backoff
                     break
@@ -265,7 +259,7 @@ class AsyncConsumer:
         only = set(_tps(partitions)) if partitions else None
         assert self._lock is not None
         async with self._lock:
-            self._in_poll = True
+            self._core.poll_started(time.monotonic())
             try:
                 if self._pending and self._coordinating is None:
                     out = self._take_pending(limit, only)
@@ -273,8 +267,7 @@ class AsyncConsumer:
                         return out
                 return await self._poll(max(0, timeout_ms) / 1000, limit, only)
             finally:
-                self._in_poll = False
-                self._last_poll = time.monotonic()
+                self._core.poll_ended(time.monotonic())
 
     async def getone(self, *partitions: TopicPartition) -> ConsumerRecord:
         """The next record (of `partitions` only, when given), waiting as long as it takes (like
@@ -386,10 +379,7 @@ class AsyncConsumer:
                 if out:
                     return out
             if self._subs.needing_position():
-                group_ids = {t: m.group_id for t, m in self._memberships.items() if m.found}
-                error = self._positions.update(group_ids, self._core.subscription_from_ms)
-                if error is not None:
-                    raise error
+                self._update_positions()
             hold = frozenset(tp for tp in self._subs.assigned() if tp not in only) if only is not None else frozenset()
             collected = fetcher.collect(limit, hold)
             fetcher.send_fetches()
@@ -404,9 +394,6 @@ class AsyncConsumer:
                 return {}
             # Answers and group flags set the wake-up; the cap covers backoffs nothing signals.
             await self._wakeup.wait(min(remaining, self.config.retry_backoff_ms / 1000 or remaining))
-
-    def _poll_age_s(self) -> float:
-        return 0.0 if self._in_poll else time.monotonic() - self._last_poll
 
     # -- group coordination ----------------------------------------------------------------------
 
@@ -444,12 +431,9 @@ class AsyncConsumer:
         call = self._core.next_call(m.topic, time.monotonic())
         if call is None:
             return False
-        if call.lost:
-            for tp in call.lost:
-                self._fetcher.drop(tp)
-            self._drop_pending(call.lost)
+        if call.before is not None:
             try:
-                await self._callbacks(call.callbacks)
+                await self._apply(m, call.before)
             except BaseException:
                 self._core.abandon(call)  # the join is made by the next getmany()
                 raise
@@ -483,15 +467,11 @@ class AsyncConsumer:
         return self._core.answered(call, time.monotonic(), response, coordinator=self._cluster.bootstrap)
 
     async def _apply(self, m: Membership, out: Outcome) -> None:
-        """Carry out what the core made of an answer (see Outcome)."""
-        for tp in out.dropped:
-            self._fetcher.drop(tp)
-        self._drop_pending(out.dropped)
-        if out.rebalanced:
-            self._fetcher.stats.rebalanced()  # an assignment that changed: Kafka's rebalance count
-        if out.track:
-            self._heartbeat.track(m)
-        await self._callbacks(out.callbacks)
+        await self._callbacks(self._carry_out(m, out))
+
+    def _drop(self, tps: Iterable[TopicPartition]) -> None:
+        super()._drop(tps)
+        self._drop_pending(tps)  # and the records buffered for getone() / ``async for``
 
     async def _callbacks(self, callbacks: Iterable[tuple[str, frozenset[TopicPartition]]]) -> None:
         """The listener's callbacks, in order; a coroutine function is awaited."""
@@ -511,10 +491,7 @@ class AsyncConsumer:
             errors = await self._commit_now(leaving.offsets, {topic: m}, max(0.0, deadline - time.monotonic()))
             if errors:
                 log.warning("final commit failed", group=m.group_id, error=str(next(iter(errors.values()))))
-        callbacks = self._core.release(leaving)
-        for tp in leaving.owned:
-            self._fetcher.drop(tp)
-        self._drop_pending(leaving.owned)
+        callbacks = self._release(leaving)
         try:
             await self._callbacks(callbacks)
         finally:
@@ -747,14 +724,11 @@ class AsyncConsumer:
     async def position(self, partition: TopicPartition) -> int:
         """The offset of the next record getmany() / getone() will return for an assigned partition."""
         self._check_open()
-        tp, state = assigned_state(self._subs, partition, "position()")
+        tp, state = self._assigned_state(partition, "position()")
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
         while state.position is None:
             self._wakeup.clear()
-            group_ids = {t: m.group_id for t, m in self._memberships.items() if m.found}
-            error = self._positions.update(group_ids, self._core.subscription_from_ms)
-            if error is not None:
-                raise error
+            self._update_positions()
             if state.position is not None or self._subs.get(tp) is not state:
                 break
             remaining = deadline - time.monotonic()
@@ -772,7 +746,7 @@ class AsyncConsumer:
         self._check_open()
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise InvalidArgumentError(f"seek() offset must be an int >= 0, got {offset!r}")
-        tp, _ = assigned_state(self._subs, partition, "seek()")
+        tp, _ = self._assigned_state(partition, "seek()")
         self._subs.seek(tp, offset)
         self._fetcher.drop(tp)
         self._drop_pending([tp])
@@ -787,7 +761,7 @@ class AsyncConsumer:
 
     def _seek_to(self, where: int, partitions: tuple[TopicPartition, ...], what: str) -> None:
         self._check_open()
-        tps = [assigned_state(self._subs, tp, what)[0] for tp in (_tps(partitions) or self._subs.assigned())]
+        tps = [self._assigned_state(tp, what)[0] for tp in (_tps(partitions) or self._subs.assigned())]
         for tp in tps:
             self._subs.request_reset(tp, where)
             self._fetcher.drop(tp)
@@ -796,7 +770,7 @@ class AsyncConsumer:
     def pause(self, *partitions: TopicPartition) -> None:
         """Stop fetching and returning records of these partitions until resume()."""
         self._check_open()
-        tps = [assigned_state(self._subs, tp, "pause()")[0] for tp in _tps(partitions)]
+        tps = [self._assigned_state(tp, "pause()")[0] for tp in _tps(partitions)]
         # Records buffered but not handed out are dropped, and the position moved back to the
         # first of them, so resume() fetches them again.
         unhanded = self._to_commit(only_changed=False)
@@ -809,7 +783,7 @@ class AsyncConsumer:
 
     def resume(self, *partitions: TopicPartition) -> None:
         self._check_open()
-        for tp in [assigned_state(self._subs, tp, "resume()")[0] for tp in _tps(partitions)]:
+        for tp in [self._assigned_state(tp, "resume()")[0] for tp in _tps(partitions)]:
             self._subs.resume(tp)
 
     def paused(self) -> set[TopicPartition]:

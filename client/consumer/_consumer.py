@@ -53,7 +53,7 @@ import grpc
 from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster
 from dmq.client.consumer._commits import CommitCallback, Commits
-from dmq.client.consumer._common import assigned_state, deserialize, tp_of, tps_of
+from dmq.client.consumer._common import deserialize, tp_of, tps_of
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._core import HANDOVER_COMMIT_WAIT_S, ConsumerCore, GroupCall, Outcome
 from dmq.client.consumer._fetcher import Fetcher
@@ -62,10 +62,10 @@ from dmq.client.consumer._heartbeat import HeartbeatThread
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
 from dmq.client.consumer._positions import PositionFinder
+from dmq.client.consumer._shell import ConsumerShell, topic_list
 from dmq.client.consumer._records import ConsumerRecords, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from dmq.client.consumer._subscription import (
     EARLIEST,
-    PartitionState,
     LATEST,
     START_AT_LOG_START,
     START_BY_TIMESTAMP,
@@ -112,7 +112,7 @@ class _GroupOp:
         return all(f.done() for f in self.futures) or time.monotonic() >= self.wait_until
 
 
-class DMQConsumer:
+class DMQConsumer(ConsumerShell):
     """Consume topics as a member of a consumer group. Use as a context manager, or call close()."""
 
     def __init__(self, *topics: str | ConsumerConfig, config: ConsumerConfig | None = None, **settings: Any) -> None:
@@ -152,8 +152,6 @@ class DMQConsumer:
         self._memberships: dict[str, Membership] = self._core.memberships  # the core's, read here
         self._ops: dict[str, _GroupOp] = {}  # topic -> the membership's group call in flight
         self._heartbeat = HeartbeatThread(self.consumer_id, config, self._wakeup, self._poll_age_s)
-        self._last_poll = time.monotonic()
-        self._in_poll = False
         self._commits = Commits(self._offsets, self._core, self._fetcher.stats, self._log)
         self._closed = False
         # The Kafka-style API (methods at the end of the class): partitions given to assign()
@@ -271,24 +269,17 @@ class DMQConsumer:
             self._subscribe_pattern(topic_or_topics, pattern, listener)
             return
         self._pattern = None
-        topics = [topic_or_topics] if isinstance(topic_or_topics, str) else list(topic_or_topics)
-        self._subscribe_topics(topics, listener)
+        self._subscribe_topics(topic_or_topics, listener)
 
-    def _subscribe_topics(self, topics: list[str], listener: ConsumerRebalanceListener | None) -> None:
-        if not topics or not all(isinstance(t, str) and t for t in topics):
-            raise InvalidArgumentError("subscribe() needs a topic name or a non-empty list of topic names")
+    def _subscribe_topics(self, topics: Any, listener: ConsumerRebalanceListener | None) -> None:
+        wanted = topic_list(topics)
         if not self._heartbeat.alive:
             self._heartbeat.start()
-        wanted = list(dict.fromkeys(topics))
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
-        for topic in [t for t in self._memberships if t not in wanted]:
+        for topic in self._core.unwanted(wanted):
             self._leave_topic(topic, call_listener=True, deadline=deadline)
         self._subs.subscribe(wanted, listener)
-        for topic in wanted:
-            if topic in self._memberships:
-                continue
-            m = self._core.add(Membership.pending(topic, group_id_for(topic, self.config.group_id),
-                                                  self._cluster.bootstrap))
+        for m in self._core.added(wanted, self._cluster.bootstrap):
             for kind in (FIND, JOIN):
                 call = self._core.begin(m, kind)
                 future = self._groups.start(kind, m)
@@ -297,7 +288,7 @@ class DMQConsumer:
                     break
                 out = self._answered(call, future)
                 if out.error is not None:
-                    self._core.leave(topic)
+                    self._core.leave(m.topic)
                     raise out.error
                 if not out.succeeded:  # retriable: poll() goes on after a backoff
                     break
@@ -346,8 +337,7 @@ class DMQConsumer:
         self._counters["polls"] += 1
         now = time.monotonic()
         deadline = now + timeout_s
-        self._in_poll = True
-        self._last_poll = now
+        self._core.poll_started(now)
         try:
             self._commits.run_callbacks()
             self._commits.auto_commit(now)
@@ -373,12 +363,7 @@ class DMQConsumer:
                 # covers retry backoffs and background metadata refreshes, which nothing signals.
                 self._wakeup.wait(min(remaining, self.config.retry_backoff_ms / 1000 or remaining))
         finally:
-            self._in_poll = False
-            self._last_poll = time.monotonic()
-
-    def _poll_age_s(self) -> float:
-        """Seconds since the application last called poll(); 0 while inside poll()."""
-        return 0.0 if self._in_poll else time.monotonic() - self._last_poll
+            self._core.poll_ended(time.monotonic())
 
     # -- group coordination (application thread, never blocking) ----------------------------------
 
@@ -401,11 +386,9 @@ class DMQConsumer:
         call = self._core.next_call(m.topic, time.monotonic())
         if call is None:
             return
-        if call.lost:
-            for tp in call.lost:
-                self._fetcher.drop(tp)
+        if call.before is not None:
             try:
-                self._callbacks(call.callbacks)
+                self._apply(m, call.before)
             except BaseException:
                 self._core.abandon(call)  # the join is made by the next poll()
                 raise
@@ -439,16 +422,10 @@ class DMQConsumer:
         self._apply(m, out)
 
     def _apply(self, m: Membership, out: Outcome) -> None:
-        """Carry out what the core made of an answer (see Outcome)."""
-        for tp in out.dropped:
-            self._fetcher.drop(tp)
-        if out.rebalanced:
-            self._fetcher.stats.rebalanced()  # an assignment that changed: Kafka's rebalance count
-        if out.track:
-            self._heartbeat.track(m)
+        callbacks = self._carry_out(m, out)
         if m.rejoin_reason is not None:
             self._wakeup.set()
-        self._callbacks(out.callbacks)
+        self._callbacks(callbacks)
 
     def _start_handover(self, call: GroupCall) -> None:
         """Commit what poll() returned for m's partitions, per broker, so their next owner starts
@@ -516,9 +493,7 @@ class DMQConsumer:
                 self._commits.sync(leaving.offsets, {topic: m}, deadline=deadline)
             except DMQError as e:
                 self._log.warning("final commit failed", group=m.group_id, member=m.member_id, error=str(e))
-        callbacks = self._core.release(leaving)
-        for tp in leaving.owned:
-            self._fetcher.drop(tp)
+        callbacks = self._release(leaving)
         try:
             if call_listener:
                 self._callbacks(callbacks)
@@ -538,18 +513,6 @@ class DMQConsumer:
                 if topic is None or tp.topic == topic}
 
     # -- positions -------------------------------------------------------------------------------
-
-    def _update_positions(self) -> None:
-        """Harvest and start position look-ups (never blocks; see _positions.py)."""
-        group_ids = {t: m.group_id for t, m in self._memberships.items() if m.found}
-        for tp in self._manual:  # assign()ed partitions start at the group's commit, if any
-            group_ids.setdefault(tp.topic, group_id_for(tp.topic, self.config.group_id))
-        error = self._positions.update(group_ids, self._core.subscription_from_ms)
-        if error is not None:
-            raise error
-
-    def _assigned_state(self, tp: TopicPartition, what: str) -> tuple[TopicPartition, PartitionState]:
-        return assigned_state(self._subs, tp, what)
 
     def position(self, partition: TopicPartition) -> int:
         """The offset of the next record poll() will return for an assigned partition."""

@@ -47,14 +47,14 @@ are fetched but not handed out yet.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from dmq.client._calls import RetryPolicy
 from dmq.client._log import KeyValueLogger
 from dmq.client.consumer._config import ConsumerConfig
-from dmq.client.consumer._group import ASSIGNMENT, FIND, HANDOVER, JOIN, Membership
+from dmq.client.consumer._group import ASSIGNMENT, FIND, HANDOVER, JOIN, Membership, group_id_for
 from dmq.client.consumer._records import OffsetAndMetadata, TopicPartition
 from dmq.client.consumer._subscription import EARLIEST, LATEST, SubscriptionState
 from dmq.client.errors import CommitFailedError, DMQError, GroupNotFoundError, UnknownMemberError
@@ -71,6 +71,8 @@ _WHAT = {FIND: "finding the group", JOIN: "joining the group", HANDOVER: "commit
          ASSIGNMENT: "fetching the assignment"}
 
 Offsets = dict[TopicPartition, OffsetAndMetadata]
+# The listener's callbacks to call, in order: (method name, partitions)
+Callbacks = tuple[tuple[str, frozenset[TopicPartition]], ...]
 # The shell's positions of what it handed out: (topic or None for all, only those not committed yet)
 ToCommit = Callable[[str | None, bool], Offsets]
 
@@ -82,6 +84,21 @@ class FindAnswer(Protocol):
     subscription: pb.Subscription
 
 
+@dataclass(slots=True)
+class Outcome:
+    """What an answer means for the shell, in this order: drop the fetched records of `dropped`,
+    make `next` (a hand-off's GetAssignment), start heartbeats when `track`, call the listener's
+    `callbacks` in order, raise `error`. `rebalanced`: the assignment changed (Kafka's count)."""
+
+    dropped: frozenset[TopicPartition] = frozenset()
+    callbacks: Callbacks = ()
+    next: GroupCall | None = None
+    track: bool = False
+    rebalanced: bool = False
+    succeeded: bool = False
+    error: DMQError | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class GroupCall:
     """A group call the shell is to make for `membership` (one in flight per membership).
@@ -91,35 +108,20 @@ class GroupCall:
     held      the membership's partitions: no record of theirs may be handed out until the
               assignment is applied (a record returned now and then revoked would be read
               again by the next owner)
-    lost      JOIN: the partitions lost without a hand-off, already dropped from the
-              SubscriptionState: drop their fetched records and call `callbacks` first
+    before    what to carry out before making the call (an Outcome): a JOIN's partitions lost
+              without a hand-off, already dropped from the SubscriptionState (drop their
+              fetched records, call on_partitions_lost)
     """
 
     kind: str
     membership: Membership
     offsets: Offsets = field(default_factory=dict)
     held: frozenset[TopicPartition] = frozenset()
-    lost: frozenset[TopicPartition] = frozenset()
-    callbacks: tuple[tuple[str, frozenset[TopicPartition]], ...] = ()
+    before: Outcome | None = None
 
     @property
     def topic(self) -> str:
         return self.membership.topic
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What an answer means for the shell, in this order: drop the fetched records of `dropped`,
-    make `next` (a hand-off's GetAssignment), start heartbeats when `track`, call the listener's
-    `callbacks` in order, raise `error`. `rebalanced`: the assignment changed (Kafka's count)."""
-
-    dropped: frozenset[TopicPartition] = frozenset()
-    callbacks: tuple[tuple[str, frozenset[TopicPartition]], ...] = ()
-    next: GroupCall | None = None
-    track: bool = False
-    rebalanced: bool = False
-    succeeded: bool = False
-    error: DMQError | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +151,7 @@ class ConsumerCore:
         self._in_flight: dict[str, GroupCall] = {}
         self._backoff: dict[str, tuple[float, int]] = {}  # topic -> (retry at, failures in a row)
         self._next_auto_commit = now + config.auto_commit_interval_ms / 1000
+        self._in_poll, self._last_poll = False, now
 
     def __repr__(self) -> str:
         return (f"<ConsumerCore memberships={sorted(self.memberships)} in_flight="
@@ -159,6 +162,32 @@ class ConsumerCore:
     def add(self, m: Membership) -> Membership:
         self.memberships[m.topic] = m
         return m
+
+    def unwanted(self, topics: list[str]) -> list[str]:
+        """The topics of memberships a subscription to `topics` leaves."""
+        return [t for t in self.memberships if t not in topics]
+
+    def added(self, topics: list[str], coordinator: str) -> Iterator[Membership]:
+        """New memberships (their groups not found yet) for the `topics` without one, each
+        added as the caller reaches it (subscribe() joins one before adding the next)."""
+        for t in topics:
+            if t not in self.memberships:
+                yield self.add(Membership.pending(t, group_id_for(t, self.config.group_id), coordinator))
+
+    def group_ids(self) -> dict[str, str]:
+        """Topic -> group id of the memberships whose group was found."""
+        return {t: m.group_id for t, m in self.memberships.items() if m.found}
+
+    # The max_poll_interval_ms watchdog (the heartbeat side) reads the poll age; 0 inside a poll.
+
+    def poll_started(self, now: float) -> None:
+        self._in_poll, self._last_poll = True, now
+
+    def poll_ended(self, now: float) -> None:
+        self._in_poll, self._last_poll = False, now
+
+    def poll_age_s(self, now: float) -> float:
+        return 0.0 if self._in_poll else now - self._last_poll
 
     def in_flight(self, topic: str) -> GroupCall | None:
         return self._in_flight.get(topic)
@@ -183,7 +212,8 @@ class ConsumerCore:
             call = GroupCall(FIND, m)
         elif m.rejoin_reason is not None or not m.joined:
             lost = self._lose(m)
-            call = GroupCall(JOIN, m, lost=lost, callbacks=(("on_partitions_lost", lost),) if lost else ())
+            call = GroupCall(JOIN, m, before=Outcome(dropped=lost, callbacks=(("on_partitions_lost", lost),))
+                             if lost else None)
         else:
             m.assignment_stale = False
             owned = frozenset(self.subs.assigned(topic))
@@ -363,7 +393,7 @@ class ConsumerCore:
         commit = owned and self.config.enable_auto_commit and m.rejoin_reason is None and m.joined
         return Leaving(m, owned, self._to_commit(topic, True) if commit else {})
 
-    def release(self, leaving: Leaving) -> tuple[tuple[str, frozenset[TopicPartition]], ...]:
+    def release(self, leaving: Leaving) -> Callbacks:
         """The left membership's partitions are no longer assigned: the listener's callbacks."""
         for tp in leaving.owned:
             self.subs.remove(tp)

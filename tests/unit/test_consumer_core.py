@@ -210,8 +210,8 @@ def test_a_fenced_member_loses_its_partitions_and_rejoins(ctx: Ctx) -> None:
         ctx.core.check_can_commit({tp(0): OffsetAndMetadata(4)})
     assert ctx.core.auto_commit(ctx.now + 60) == {}, "no auto-commit for a member out of its group"
     join = ctx.call()
-    assert join.kind == JOIN and join.lost == {tp(0), tp(1)}
-    assert join.callbacks == (("on_partitions_lost", frozenset({tp(0), tp(1)})),)
+    assert join.kind == JOIN and join.before is not None and join.before.dropped == {tp(0), tp(1)}
+    assert join.before.callbacks == (("on_partitions_lost", frozenset({tp(0), tp(1)})),)
     assert ctx.subs.assigned() == []
     ctx.answer(join, pb.JoinGroupResponse(member_id="m-2", generation=3))
     assert m.rejoin_reason is None and m.member_id == "m-2"
@@ -365,10 +365,14 @@ class Walk:
         action = rng.choice(["tick", "call", "answer", "answer", "flag", "fence", "consume"])
         if action == "tick":
             ctx.now += rng.choice([0.01, 0.1, 0.5])
-        elif action == "call" and topic not in self.calls:
+        elif action == "call":
             call = ctx.core.next_call(topic, ctx.now)
+            assert call is None or topic not in self.calls, f"a second call while {self.calls.get(topic)} is in flight"
             if call is not None:
-                assert call.kind != JOIN or call.lost.isdisjoint(ctx.subs.assigned()), "lost but still assigned"
+                lost = call.before.dropped if call.before is not None else frozenset()
+                assert call.kind == JOIN or not lost, "partitions lost other than by re-joining"
+                assert lost.isdisjoint(ctx.subs.assigned()), "lost but still assigned"
+                assert m.rejoin_reason is not None or not m.joined or not lost, "lost by a member in its group"
                 assert set(call.offsets) <= call.held, "a hand-off commits a partition it does not hold"
                 self.calls[topic] = call
         elif action == "answer" and topic in self.calls:
@@ -413,8 +417,12 @@ class Walk:
         assert out.error is None
 
     def drain(self) -> None:
-        """Answer everything, clear the flags: every membership ends joined with no call pending."""
+        """A last generation gives each group's partition 0 to this member: answer every call
+        from now on; each membership ends joined, owning partition 0, with no call pending."""
         ctx = self.ctx
+        self.generation += 1
+        for m in ctx.core.memberships.values():
+            m.assignment_stale = True  # the heartbeat saw the last generation
         for _ in range(100):
             for topic in self.TOPICS:
                 call = self.calls.pop(topic, None) or ctx.core.next_call(topic, ctx.now)
