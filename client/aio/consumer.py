@@ -63,7 +63,7 @@ from dmq.client._settings import reject_unknown
 from dmq.client.aio._cluster import AsyncCluster, TaskPool, Wakeup, bootstrap_address, settle
 from dmq.client.aio._consumer_parts import Chunk, Heartbeats
 from dmq.client._log import get_logger
-from dmq.client.consumer._common import deserialize
+from dmq.client.consumer._common import check_seek_offset, commit_offsets, deserialize, time_queries
 from dmq.client.consumer._common import tp_of as _tp
 from dmq.client.consumer._common import tps_of as _tps
 from dmq.client.consumer._config import ConsumerConfig
@@ -564,12 +564,7 @@ class AsyncConsumer(ConsumerShell):
             self._core.check_can_commit(self._to_commit(only_changed=False))
             normalised = self._to_commit()
         else:
-            normalised = {}
-            for tp, o in offsets.items():
-                om = o if isinstance(o, OffsetAndMetadata) else OffsetAndMetadata(o)
-                if isinstance(om.offset, bool) or not isinstance(om.offset, int) or om.offset < 0:
-                    raise InvalidArgumentError(f"commit offset for {tp} must be an int >= 0, got {om.offset!r}")
-                normalised[_tp(tp)] = om
+            normalised = commit_offsets(offsets)
             self._core.check_can_commit(normalised)
         errors = await self._commit_now(normalised, self._memberships, self.config.request_timeout_ms / 1000)
         if not errors:
@@ -673,11 +668,7 @@ class AsyncConsumer(ConsumerShell):
     ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """Per partition, OffsetAndTimestamp(the first record appended at or after the time
         (epoch ms), that record's timestamp); None when no record is that recent (aiokafka's)."""
-        queries = {}
-        for tp, ts in timestamps.items():
-            if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
-                raise InvalidArgumentError(f"offsets_for_times(): timestamp of {tp} must be epoch ms (int >= 0), got {ts!r}")
-            queries[_tp(tp)] = ts
+        queries = time_queries(timestamps)
         found = await self._list_offsets(queries)
         ends = await self._list_offsets(dict.fromkeys(queries, LATEST))
         out: dict[TopicPartition, OffsetAndTimestamp | None] = dict.fromkeys(queries)
@@ -726,16 +717,8 @@ class AsyncConsumer(ConsumerShell):
         self._check_open()
         tp, state = self._assigned_state(partition, "position()")
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
-        while state.position is None:
-            self._wakeup.clear()
-            self._update_positions()
-            if state.position is not None or self._subs.get(tp) is not state:
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DMQTimeoutError(f"position(): the position of {tp} was not found within request_timeout_ms "
-                                      f"({self.config.request_timeout_ms}); is its broker up?")
-            await self._wakeup.wait(min(remaining, self.config.retry_backoff_ms / 1000 or remaining))
+        while state.position is None and (wait_s := self._position_wait_s(tp, state, deadline)) is not None:
+            await self._wakeup.wait(wait_s)
         handed = self._to_commit(topic=tp.topic, only_changed=False).get(tp)
         position = self._subs.state(tp).position
         assert position is not None
@@ -744,8 +727,7 @@ class AsyncConsumer(ConsumerShell):
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """Make the next getmany() / getone() return records of `partition` from `offset` on."""
         self._check_open()
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise InvalidArgumentError(f"seek() offset must be an int >= 0, got {offset!r}")
+        check_seek_offset(offset)
         tp, _ = self._assigned_state(partition, "seek()")
         self._subs.seek(tp, offset)
         self._fetcher.drop(tp)

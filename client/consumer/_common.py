@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dmq.client.consumer._config import ConsumerConfig
-from dmq.client.consumer._records import TopicPartition
+from dmq.client.consumer._records import OffsetAndMetadata, TopicPartition
 from dmq.client.consumer._subscription import PartitionState, SubscriptionState
 from dmq.client.errors import IllegalStateError, InvalidArgumentError, SerializationError
 
@@ -29,6 +29,32 @@ def tps_of(args: tuple[Any, ...]) -> list[TopicPartition]:
         else:
             out.extend(tp_of(x) for x in a)
     return out
+
+
+def commit_offsets(offsets: Mapping[Any, int | OffsetAndMetadata]) -> dict[TopicPartition, OffsetAndMetadata]:
+    """commit()'s offsets checked: each partition's next offset to consume, an int >= 0."""
+    out = {}
+    for tp, o in offsets.items():
+        om = o if isinstance(o, OffsetAndMetadata) else OffsetAndMetadata(o)
+        if isinstance(om.offset, bool) or not isinstance(om.offset, int) or om.offset < 0:
+            raise InvalidArgumentError(f"commit offset for {tp} must be an int >= 0, got {om.offset!r}")
+        out[tp_of(tp)] = om
+    return out
+
+
+def time_queries(timestamps: Mapping[Any, int]) -> dict[TopicPartition, int]:
+    """offsets_for_times()'s arguments checked: epoch ms (int >= 0) per partition."""
+    queries = {}
+    for tp, ts in timestamps.items():
+        if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
+            raise InvalidArgumentError(f"offsets_for_times(): timestamp of {tp} must be epoch ms (int >= 0), got {ts!r}")
+        queries[tp_of(tp)] = ts
+    return queries
+
+
+def check_seek_offset(offset: Any) -> None:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidArgumentError(f"seek() offset must be an int >= 0, got {offset!r}")
 
 
 def assigned_state(subs: SubscriptionState, value: Any, what: str) -> tuple[TopicPartition, PartitionState]:

@@ -53,7 +53,7 @@ import grpc
 from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster
 from dmq.client.consumer._commits import CommitCallback, Commits
-from dmq.client.consumer._common import deserialize, tp_of, tps_of
+from dmq.client.consumer._common import check_seek_offset, commit_offsets, deserialize, time_queries, tp_of, tps_of
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._core import HANDOVER_COMMIT_WAIT_S, ConsumerCore, GroupCall, Outcome
 from dmq.client.consumer._fetcher import Fetcher
@@ -75,7 +75,6 @@ from dmq.client.consumer._times import record_timestamps
 from dmq.client.errors import (
     ClientClosedError,
     DMQError,
-    DMQTimeoutError,
     IllegalStateError,
     InvalidArgumentError,
     TopicNotFoundError,
@@ -520,18 +519,8 @@ class DMQConsumer(ConsumerShell):
         self._hand_back_unreturned()
         tp, state = self._assigned_state(partition, "position()")
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
-        while state.position is None:
-            self._wakeup.clear()
-            self._update_positions()
-            if state.position is not None or self._subs.get(tp) is not state:
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DMQTimeoutError(
-                    f"position(): the position of {tp} was not found within request_timeout_ms "
-                    f"({self.config.request_timeout_ms}); is its broker up?"
-                )
-            self._wakeup.wait(min(remaining, self.config.retry_backoff_ms / 1000 or remaining))
+        while state.position is None and (wait_s := self._position_wait_s(tp, state, deadline)) is not None:
+            self._wakeup.wait(wait_s)
         position = self._subs.state(tp).position
         assert position is not None
         return position
@@ -540,8 +529,7 @@ class DMQConsumer(ConsumerShell):
         """Make the next poll() return records of `partition` from `offset` on."""
         self._check_open()
         self._hand_back_unreturned()
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise InvalidArgumentError(f"seek() offset must be an int >= 0, got {offset!r}")
+        check_seek_offset(offset)
         tp, _ = self._assigned_state(partition, "seek()")
         self._subs.seek(tp, offset)
         self._fetcher.drop(tp)
@@ -643,13 +631,7 @@ class DMQConsumer(ConsumerShell):
             # Positions already committed are left out: re-committing them changes nothing, and
             # would make commit_sync() wait on a dead broker whose partitions did not move.
             return self._to_commit()
-        out = {}
-        for tp, o in offsets.items():
-            om = o if isinstance(o, OffsetAndMetadata) else OffsetAndMetadata(o)
-            if isinstance(om.offset, bool) or not isinstance(om.offset, int) or om.offset < 0:
-                raise InvalidArgumentError(f"commit offset for {tp} must be an int >= 0, got {om.offset!r}")
-            out[tp_of(tp)] = om
-        return out
+        return commit_offsets(offsets)
 
     # -- close -----------------------------------------------------------------------------------
 
@@ -788,11 +770,7 @@ class DMQConsumer(ConsumerShell):
         """Per partition, the first record appended at or after the time (epoch ms), as
         kafka-python's OffsetAndTimestamp(offset, timestamp of that record); None when no
         record is that recent. Within `timeout` seconds (default request_timeout_ms)."""
-        queries = {}
-        for tp, ts in timestamps.items():
-            if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
-                raise InvalidArgumentError(f"offsets_for_times(): timestamp of {tp} must be epoch ms (int >= 0), got {ts!r}")
-            queries[tp_of(tp)] = ts
+        queries = time_queries(timestamps)
         deadline = time.monotonic() + (self.config.request_timeout_ms / 1000 if timeout is None else max(0.0, timeout))
         found = self._list_offsets(queries, timeout)
         ends = self._list_offsets(dict.fromkeys(queries, LATEST), max(0.0, deadline - time.monotonic()))

@@ -17,7 +17,7 @@ from dmq.client.consumer._group import Membership, group_id_for
 from dmq.client.consumer._positions import PositionFinder
 from dmq.client.consumer._records import TopicPartition
 from dmq.client.consumer._subscription import PartitionState, SubscriptionState
-from dmq.client.errors import InvalidArgumentError
+from dmq.client.errors import DMQTimeoutError, InvalidArgumentError
 
 
 def topic_list(topics: Any) -> list[str]:
@@ -37,6 +37,7 @@ class ConsumerShell:
     _fetcher: Fetcher
     _positions: PositionFinder
     _heartbeat: Any  # HeartbeatThread, or AsyncConsumer's Heartbeats tasks
+    _wakeup: Any  # threading.Event, or AsyncConsumer's Wakeup
     _manual: set[TopicPartition]  # partitions given to assign() (DMQConsumer only)
 
     def _drop(self, tps: Iterable[TopicPartition]) -> None:
@@ -68,6 +69,19 @@ class ConsumerShell:
         error = self._positions.update(group_ids, self._core.subscription_from_ms)
         if error is not None:
             raise error
+
+    def _position_wait_s(self, tp: TopicPartition, state: PartitionState, deadline: float) -> float | None:
+        """One round of position()'s look-up: None once the position is known (or the partition
+        went meanwhile), else how long to wait for an answer; DMQTimeoutError after `deadline`."""
+        self._wakeup.clear()
+        self._update_positions()
+        if state.position is not None or self._subs.get(tp) is not state:
+            return None
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DMQTimeoutError(f"position(): the position of {tp} was not found within request_timeout_ms "
+                                  f"({self.config.request_timeout_ms}); is its broker up?")
+        return min(remaining, self.config.retry_backoff_ms / 1000 or remaining)
 
     def _poll_age_s(self) -> float:
         """Seconds since the application last polled; 0 while it polls (the watchdog's)."""
