@@ -171,13 +171,13 @@ class AsyncConsumer(ConsumerShell):
         self._cluster = AsyncCluster(c.address, request_timeout_ms=c.request_timeout_ms, security=c.security)
         self._wakeup = Wakeup()
         # Fetches become tasks on this loop instead of calls on the Fetcher's thread pool.
-        self._fetcher = Fetcher(self._cluster, self._subs, c, self._wakeup, name=self.consumer_id,  # type: ignore[arg-type]
+        self._fetcher = Fetcher(self._cluster, self._subs, c, self._wakeup, name=self.consumer_id,
                                 pool=TaskPool())  # type: ignore[arg-type]
         self._groups = GroupClient(self._cluster, c, self.consumer_id)
         self._offsets = OffsetClient(self._cluster, c)
         self._retry = RetryPolicy(retry_backoff_ms=c.retry_backoff_ms, request_timeout_ms=c.request_timeout_ms)
-        self._positions = PositionFinder(self._cluster, self._offsets, self._subs, c, self._wakeup)  # type: ignore[arg-type]
-        self._heartbeat = Heartbeats(self.consumer_id, c, self._wakeup, self._poll_age_s)  # type: ignore[arg-type]
+        self._positions = PositionFinder(self._cluster, self._offsets, self._subs, c, self._wakeup)
+        self._heartbeat = Heartbeats(self.consumer_id, c, self._wakeup, self._poll_age_s)
         self._lock = asyncio.Lock()
         self._core = ConsumerCore(c, self._subs, self._to_commit, log.bind(consumer=self.consumer_id),
                                   now=time.monotonic())  # auto-commits count from start()
