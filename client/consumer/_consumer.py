@@ -9,7 +9,10 @@ It composes the parts, which never import each other (STYLE.md, after aiokafka):
     GroupClient        the group RPCs: requests, error mapping           (_group.py)
     HeartbeatThread    heartbeats, watch streams, poll watchdog         (_heartbeat.py)
     OffsetClient       commit / committed / list offsets                (_offsets.py)
+    Commits            commits in flight, their callbacks, auto-commits (_commits.py)
     PositionFinder     position look-ups of new partitions              (_positions.py)
+
+What it does around the core alike with AsyncConsumer is ConsumerShell's (_shell.py).
 
 Threads: everything here runs on the application's thread, which must be one thread at a time
 (like Kafka's consumer, the object is not thread-safe). The heartbeat thread only sets flags on
@@ -26,7 +29,7 @@ poll(), step by step:
   1. run the callbacks of finished commit_async() calls;
   2. auto-commit: positions returned by earlier polls, async, per broker, at most every
      auto_commit_interval_ms;
-  3. per membership, one group call at a time: find the group (if subscribe() could not),
+  3. per membership, one group call at a time, the one the core says it needs: find the group (if subscribe() could not),
      re-join if the coordinator forgot us (partitions lost); if the heartbeat thread flagged a
      new generation, commit the returned positions (holding those partitions' records until
      their broker answered), then GetAssignment (this is what hands revoked partitions to

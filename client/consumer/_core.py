@@ -60,7 +60,7 @@ from dmq.client.consumer._subscription import EARLIEST, LATEST, SubscriptionStat
 from dmq.client.errors import CommitFailedError, DMQError, GroupNotFoundError, UnknownMemberError
 from dmq.proto import dmq_pb2 as pb
 
-__all__ = ["FIND", "JOIN", "HANDOVER", "ASSIGNMENT", "GroupCall", "Outcome", "Leaving", "ConsumerCore"]
+__all__ = ["FIND", "JOIN", "HANDOVER", "ASSIGNMENT", "Callbacks", "GroupCall", "Outcome", "Leaving", "ConsumerCore"]
 
 # How long a hand-off waits for its commits before asking for the new assignment anyway.
 # Healthy brokers answer in milliseconds; a stopped one would otherwise hold the rebalance (and
