@@ -7,6 +7,8 @@ time is the `now` argument."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import logging
 import random
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ import pytest
 
 from dmq.client._calls import RetryPolicy
 from dmq.client._log import get_logger
-from dmq.client.consumer import ConsumerConfig, OffsetAndMetadata, TopicPartition
+from dmq.client.consumer import ConsumerConfig, OffsetAndMetadata, TopicPartition, _core
 from dmq.client.consumer._core import ASSIGNMENT, FIND, HANDOVER, JOIN, ConsumerCore, GroupCall, Outcome
 from dmq.client.consumer._group import Membership
 from dmq.client.consumer._subscription import SubscriptionState
@@ -93,6 +95,17 @@ class Ctx:
 def ctx() -> Ctx:
     return Ctx(ConsumerConfig(bootstrap_servers="127.0.0.1:1", group_id="app", retry_backoff_ms=BACKOFF_MS,
                               auto_commit_interval_ms=5_000))
+
+
+def test_the_core_does_no_io_of_its_own() -> None:
+    """Sans I/O: no clock, thread, event loop or gRPC is imported by the core itself."""
+    imported = set()
+    for node in ast.walk(ast.parse(inspect.getsource(_core))):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert imported.isdisjoint({"time", "threading", "asyncio", "grpc", "concurrent", "socket", "selectors"}), imported
 
 
 # -- one call at a time, in order: find, join, hand-off ----------------------------------------
