@@ -34,16 +34,21 @@ import grpc
 import structlog
 from prometheus_client import CollectorRegistry
 
+from dmq.broker.append_notifier import AppendNotifier
 from dmq.broker.coordinator_link import CoordinatorLink, split_coordinators
 from dmq.broker.events.registry import EventStores
+from dmq.broker.events.service import EventStoreServicer
 from dmq.broker.log import LogConfig, LogManager
-from dmq.broker.metrics import DEFAULT_MAX_PARTITION_SERIES, BrokerCollector, timed_fsync
+from dmq.broker.memory_budget import ByteBudget
+from dmq.broker.metrics import DEFAULT_MAX_PARTITION_SERIES, BrokerCollector, TopicTraffic, timed_fsync
 from dmq.broker.offsets import OffsetStore
 from dmq.broker.queue.manager import QueueManager
+from dmq.broker.queue.service import QueueServicer
 from dmq.broker.replication.manager import ReplicaManager, ReplicatedDurability
 from dmq.broker.replication.stage_trace import StageTrace
 from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
 from dmq.broker.service import BrokerService
+from dmq.broker.servicers import add_broker_servicers
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
@@ -55,7 +60,6 @@ from dmq.proto.security.acls import Acl, AclSet
 from dmq.proto.security.interceptor import AclView
 from dmq.proto.security.settings import ClientSecurity, aio_channel
 from dmq.proto.server_errors import fail
-from dmq.proto.wire import add_broker_servicer
 
 log = structlog.get_logger(__name__)
 
@@ -131,6 +135,8 @@ class BrokerNode:
         self.logs = LogManager(self.data_dir / "logs", self.log_config, max_open_files=max_open_files,
                                fsync=timed_fsync(self.metrics))
         self.offsets = OffsetStore(self.logs, self.data_dir)
+        # wakes long-polling fetches: the Broker servicer's produces, replication, dead letters
+        self.notifier = AppendNotifier()
         self.queues = QueueManager(self)  # queue mode: leases, acks, dead letters (broker/queue)
         # Replicated partitions: roles from the controller's states, followers' fetch loops,
         # the leaders' in-sync sets (broker/replication)
@@ -140,11 +146,16 @@ class BrokerNode:
         self.offsets.durability = ReplicatedDurability(self.replication)
         # event-store topics: their index, conditional appends and groups (broker/events)
         self.event_stores = EventStores(self.logs, self.offsets, self.replication)
+        self.replication.log_listener = self.event_stores  # a follower's event index follows its log
         self.dir_lock = DataDirLock(self.data_dir)
         self._opening: asyncio.Future[None] | None = None
         # bench/replication_bench.py's latency breakdown; off unless DMQ_STAGE_TRACE is set
         self.stage_trace = StageTrace.from_environment()
+        self.traffic = TopicTraffic()  # records / bytes in and out per topic (dmq.broker.metrics)
+        # The Broker service's servicers, one per room, registered together by add_to_server.
         self.service = BrokerService(self)
+        self.queue_service = QueueServicer(self)
+        self.event_service = EventStoreServicer(self)
         self.metrics.register(BrokerCollector(self, max_partition_series))
         self.ready = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -179,12 +190,19 @@ class BrokerNode:
         return self._metadata
 
     @property
+    def budget(self) -> ByteBudget:
+        """The data path's memory budget (fetch answers and produce requests in flight; the
+        servicer's, see memory_budget.py), as the metrics read it."""
+        return self.service.budget
+
+    @property
     def address(self) -> str:
         return f"{self.advertised_host}:{self.advertised_port}"
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        # Fetch answers bytes it framed itself: registered raw (dmq.proto.wire).
-        add_broker_servicer(self.service, server)
+        # One Broker service served by three servicers (dmq.broker.servicers); Fetch answers bytes it
+        # framed itself: registered raw (dmq.proto.wire).
+        add_broker_servicers(server, self.service, self.queue_service, self.event_service)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -419,7 +437,7 @@ class BrokerNode:
         self.queues.forget(topic, partitions)
         self._leader_cache.pop(topic, None)
         if partitions is None:
-            self.service.traffic.forget(topic)
+            self.traffic.forget(topic)
         log.info("partitions deleted", topic=topic, partitions=sorted(partitions) if partitions else "all")
 
     async def leader_hint(self, topic: str, partition: int) -> str | None:

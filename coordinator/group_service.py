@@ -85,7 +85,8 @@ from dmq.coordinator.group import (
 from dmq.coordinator.group_admin import GroupBrokers, describe_to_proto, subscription_to_proto, summaries_to_proto
 from dmq.coordinator.group_rows import group_to_row, record_to_row, row_to_record
 from dmq.coordinator.group_wakeups import ALL_MEMBERS, Signals, WatchStreams, affected, wait_or_timeout
-from dmq.coordinator.metadata import MetadataManager, complete_even_if_cancelled
+from dmq.coordinator.metadata import MetadataManager
+from dmq.coordinator.store_writes import complete_even_if_cancelled
 from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.metastore.base import MetadataStore, StoreFullError
 from dmq.coordinator.validation import validate_topic_name

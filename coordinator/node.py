@@ -51,17 +51,13 @@ from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.controller.leadership import Leadership, NotCoordinatorError
 from dmq.coordinator.controller.status import CoordinatorStatusServicer
 from dmq.coordinator.group_service import build as build_group_service
-from dmq.coordinator.metadata import (
-    DEFAULT_BROKER_CALL_TIMEOUT_MS,
-    DEFAULT_BROKER_SESSION_TIMEOUT_MS,
-    DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS,
-    MetadataError,
-    MetadataManager,
-    MetadataServicer,
-    CoordinatorStartingError,
-    PrincipalLimits,
-    wall_clock_ms,
-)
+from dmq.coordinator.broker_calls import DEFAULT_BROKER_CALL_TIMEOUT_MS
+from dmq.coordinator.controller.controller import DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS
+from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, wall_clock_ms
+from dmq.coordinator.metadata import MetadataManager
+from dmq.coordinator.metadata_errors import CoordinatorStartingError, MetadataError
+from dmq.coordinator.metadata_service import MetadataServicer
+from dmq.coordinator.principal_limits import PrincipalLimits
 from dmq.coordinator.metrics import DEFAULT_MAX_PARTITION_SERIES
 from dmq.coordinator.metrics import install as install_metrics
 from dmq.coordinator.pause_watch import PauseWatch
@@ -144,7 +140,7 @@ class CoordinatorNode:
         self.default_subscription_from_ms = default_subscription_from_ms
         self.rebalance_debounce_ms = rebalance_debounce_ms
         self.clock_ms = clock_ms
-        # Liveness reads use the clock directly (MetadataManager._alive); the monitor ends sessions
+        # Liveness reads use the clock directly (BrokerMembership._alive); the monitor ends sessions
         # and elects new leaders within a tenth of a session, and at most 100 ms, of the expiry (the
         # issue's bound on a new leader is session + 1 s; a pass over the brokers costs microseconds).
         self.liveness_check_interval_ms = liveness_check_interval_ms or max(
@@ -291,7 +287,7 @@ class CoordinatorNode:
 
     async def _liveness_loop(self) -> None:
         interval_s = self.liveness_check_interval_ms / 1000
-        self.metadata.pause_watch.arm()  # observed from now on at every check (dmq.coordinator.pause_watch)
+        self.metadata.membership.pause_watch.arm()  # observed from now on at every check (dmq.coordinator.pause_watch)
         next_preferred_s = time.monotonic() + self.preferred_leader_check_interval_ms / 1000
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
@@ -301,13 +297,13 @@ class CoordinatorNode:
             if not self.metadata.acting():
                 continue  # deposed: the process is stopping; a standby's controller decides now
             try:
-                await self.metadata.check_brokers()
+                await self.metadata.controller.check_brokers()
             except Exception:  # noqa: BLE001 - the monitor must keep running (a failed election is retried)
                 log.exception("broker liveness check failed")
             if time.monotonic() >= next_preferred_s:
                 next_preferred_s = time.monotonic() + self.preferred_leader_check_interval_ms / 1000
                 try:
-                    await self.metadata.rebalance_preferred_leaders()
+                    await self.metadata.controller.rebalance_preferred_leaders()
                 except Exception:  # noqa: BLE001 - retried at the next check
                     log.exception("preferred leader check failed")
 

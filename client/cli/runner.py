@@ -50,7 +50,8 @@ from prometheus_client import CollectorRegistry
 from dmq.broker.log import LogConfig
 from dmq.broker.node import BrokerNode
 from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
-from dmq.coordinator.metadata import DEFAULT_BROKER_SESSION_TIMEOUT_MS, PrincipalLimits
+from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS
+from dmq.coordinator.principal_limits import PrincipalLimits
 from dmq.coordinator.node import CoordinatorNode
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.connections import PerAddressConnectionLimit

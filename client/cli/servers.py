@@ -184,7 +184,7 @@ def _check_flush_interval(flush: str) -> None:
         raise click.UsageError(f"--flush-interval-ms is only used with --flush interval (the flush policy is {flush})")
 
 
-# The default is coordinator.metadata.DEFAULT_BROKER_SESSION_TIMEOUT_MS (a test checks), kept
+# The default is coordinator.controller.sessions.DEFAULT_BROKER_SESSION_TIMEOUT_MS (a test checks), kept
 # literal so that the CLI does not import the coordinator to show its help.
 def _broker_session_option(f):
     return click.option(
@@ -205,7 +205,7 @@ def _principal_limit_options(f):
 
 def _principal_limits(max_topics: int, max_partitions: int):
     """(PrincipalLimits or None, the argv that repeats them for the coordinator child process)."""
-    from dmq.coordinator.metadata import PrincipalLimits
+    from dmq.coordinator.principal_limits import PrincipalLimits
 
     if not (max_topics or max_partitions):
         return None, []

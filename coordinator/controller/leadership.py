@@ -31,7 +31,7 @@ from typing import Protocol
 
 import structlog
 
-from dmq.coordinator.metadata import MetadataError
+from dmq.coordinator.metadata_errors import MetadataError
 from dmq.coordinator.metastore.base import StoreConflict, StoreError
 from dmq.proto import error_details
 from dmq.proto.domain_errors import ErrorCode
