@@ -396,8 +396,10 @@ class MetadataManager:
         )
 
     async def load(self) -> None:
-        """Load brokers and topics from the store (called once by the node's start())."""
+        """Load brokers and topics from the store (by the node's start(), and at each new term of
+        control after a step-down: what the last term knew is replaced, its pending elections dropped)."""
         now = self.clock_ms()
+        self._unelected.clear()
         self._brokers = {b.broker_id: _BrokerState(b, last_heartbeat_ms=now, awaited=True)
                          for b in await self.store.load_brokers()}
         self._topics = {t.name: t for t in await self.store.load_topics()}

@@ -1,12 +1,13 @@
 """Several real `dmq coordinator --metadata-store etcd://… --lease-ttl-s N` processes on one real
 etcd (issue 28 item 2): one is active, the others stand by answering NOT_COORDINATOR with the
 active one's address; a standby takes over when the active one is killed (SIGKILL), paused past
-its lease (SIGSTOP: resumed, the deposed one stops acting and exits) or stopped cleanly (its lease
-revoked: at once, far sooner than the TTL)."""
+its lease (SIGSTOP: resumed, the deposed one stops acting and stands by in the same process, able
+to lead again later) or stopped cleanly (its lease revoked: at once, far sooner than the TTL)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import signal
 import subprocess
@@ -161,9 +162,36 @@ def test_a_clean_stop_hands_over_at_once(tmp_path: pathlib.Path, etcd_url: str, 
     assert took_s < 10, f"took {took_s:.2f}s: the lease was left to lapse, not revoked"
 
 
-def test_a_paused_coordinator_is_deposed_and_steps_down_when_resumed(
+def _status(address: str) -> pb.DescribeCoordinatorResponse:
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.CoordinatorStatusStub(channel).DescribeCoordinator(pb.DescribeCoordinatorRequest(), timeout=WAIT_S)
+
+
+def _group_refusal(address: str) -> grpc.RpcError | None:
+    """A group RPC (ListGroups) at `address`: None when answered, else its refusal."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            pb_grpc.GroupCoordinatorStub(channel).ListGroups(pb.ListGroupsRequest(), timeout=WAIT_S)
+        except grpc.RpcError as e:
+            return e
+    return None
+
+
+def _coordinators_list(bootstrap: str) -> dict[str, tuple[str, int]]:
+    """`dmq --bootstrap … coordinators list -o json`: address -> (state, controller epoch)."""
+    done = subprocess.run([sys.executable, "-m", "dmq.client.cli", "--bootstrap", bootstrap, "coordinators", "list",
+                           "-o", "json"], capture_output=True, text=True, timeout=2 * WAIT_S)
+    assert done.returncode == 0, done.stderr
+    return {c["address"]: (c["state"], c["controller_epoch"]) for c in json.loads(done.stdout)["coordinators"]}
+
+
+def test_a_paused_coordinator_is_deposed_stands_by_when_resumed_and_leads_again_later(
     tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator]
 ) -> None:
+    """SIGSTOP past the lease, SIGCONT: the deposed coordinator does not exit; it is a standby in
+    the same process (status RPC, `dmq coordinators list`), refuses metadata and group requests
+    naming the new active one, and wrote nothing (the controller epoch is the new one's). SIGKILL
+    the new active one: the first takes control again, with a new, higher epoch."""
     coordinators += [_Coordinator(tmp_path, f"c{i}", etcd_url) for i in range(2)]
     first = _one_active(coordinators, WAIT_S)
     second = next(c for c in coordinators if c is not first)
@@ -173,11 +201,30 @@ def test_a_paused_coordinator_is_deposed_and_steps_down_when_resumed(
     finally:
         first.proc.send_signal(signal.SIGCONT)
     print(f"takeover from a paused coordinator: {took_s:.2f}s (lease TTL {TTL_S}s)")
-    # Resumed, it finds its lease unrenewed past the deadline: it stops acting and exits.
-    assert first.proc.wait(WAIT_S) != 0
-    assert "deposed" in first.log(), first.log()[-2000:]
-    assert _epoch(etcd_url, tmp_path) == 2
-    assert _list_topics(second.address) is None
+    _wait(lambda: "stepping down" in first.log() or first.proc.poll() is not None, WAIT_S, "the resumed one stepping down")
+    _wait(lambda: _status(second.address).active, WAIT_S, "the new active one serving")
+    # Standing by, in the same process: it names the new active one and acts on nothing.
+    _wait(lambda: first.proc.poll() is not None or _status(first.address).active_address == second.address,
+          WAIT_S, "the resumed one naming the new active one")
+    assert first.proc.poll() is None, f"the deposed coordinator exited: {first.log()[-2000:]}"
+    status = _status(first.address)
+    assert not status.active and status.active_address == second.address, status
+    for refused in (_list_topics(first.address), _group_refusal(first.address)):
+        assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+        assert error_details.reason_of(refused.trailing_metadata()) == error_details.NOT_COORDINATOR, refused
+        assert error_details.value_of(refused.trailing_metadata(), error_details.ACTIVE_COORDINATOR_KEY) == second.address
+    assert _epoch(etcd_url, tmp_path) == 2 == _status(second.address).controller_epoch  # the deposed one claimed nothing
+    assert _list_topics(second.address) is None and _group_refusal(second.address) is None
+    listed = _coordinators_list(f"{first.address},{second.address}")
+    assert listed == {first.address: ("standby", 1), second.address: ("active", 2)}, listed
+
+    # The new active one dies: the first, a standby again, takes control with a new epoch.
+    second.proc.send_signal(signal.SIGKILL)
+    second.proc.wait(10)
+    _wait(lambda: _status(first.address).active, WAIT_S, "the first one leading again")
+    assert _status(first.address).controller_epoch == 3 == _epoch(etcd_url, tmp_path)
+    assert _list_topics(first.address) is None and _group_refusal(first.address) is None
+    assert first.proc.poll() is None
 
 
 def _broker(root: pathlib.Path, coordinators: list[_Coordinator]) -> subprocess.Popen[bytes]:
