@@ -260,6 +260,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self._deleting: set[str] = set()
         self._ticker: asyncio.Task[None] | None = None
         self._ticker_wake: asyncio.Event | None = None
+        self.ticks = 0  # passes of the ticker (tests wait on it instead of on the clock)
         self._listening = False  # the metadata listeners are added once, at the first start
         self._serving = False
         self._stopping = False
@@ -382,6 +383,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             except Exception:  # noqa: BLE001 - the ticker must keep running; say what broke
                 log.exception("group timer tick failed")
                 deadline_ms = None
+            self.ticks += 1
             now_ms = self.clock.now_ms()
             sleep_ms = self.max_tick_interval_ms if deadline_ms is None else deadline_ms - now_ms
             sleep_ms = min(max(sleep_ms, 0), self.max_tick_interval_ms)

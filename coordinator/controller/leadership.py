@@ -132,9 +132,11 @@ class Leadership:
                 await asyncio.sleep(self.ttl_s)  # room for another candidate to win
 
     async def _stand_by(self) -> None:
+        failing = False  # etcd unreachable: said once per stretch, not at every poll
         while True:
             try:
                 self.active_address = await self.store.leader()
+                failing = False
                 if self.active_address is None:
                     sent = self._clock()
                     lease = await self.store.campaign(self.candidate, self.ttl_s)
@@ -144,7 +146,8 @@ class Leadership:
                         self.active_address = self.candidate
                         return
             except StoreError as e:  # etcd unreachable: stand by and ask again
-                log.warning("leadership campaign failed", candidate=self.candidate, error=str(e))
+                (log.debug if failing else log.warning)("leadership campaign failed", candidate=self.candidate, error=str(e))
+                failing = True
             await asyncio.sleep(STANDBY_POLL_S)
 
     async def _renew_until_lost(self) -> None:
