@@ -396,8 +396,7 @@ class MetadataManager:
         )
 
     async def load(self) -> None:
-        """Load brokers and topics from the store (by the node's start(), and at each new term of
-        control after a step-down: what the last term knew is replaced, its pending elections dropped)."""
+        """Load brokers and topics from the store (at start, and anew at each term after a step-down)."""
         now = self.clock_ms()
         self._unelected.clear()
         self._brokers = {b.broker_id: _BrokerState(b, last_heartbeat_ms=now, awaited=True)

@@ -23,6 +23,7 @@ from dmq.coordinator.metastore.config import make_metadata_store
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
+from tests.etcd_server import running_etcd
 
 START_TIMEOUT_S = 30.0  # a child importing grpc on a loaded 2-core machine
 WAIT_S = 30.0
@@ -225,6 +226,33 @@ def test_a_paused_coordinator_is_deposed_stands_by_when_resumed_and_leads_again_
     assert _status(first.address).controller_epoch == 3 == _epoch(etcd_url, tmp_path)
     assert _list_topics(first.address) is None and _group_refusal(first.address) is None
     assert first.proc.poll() is None
+
+
+def test_etcd_unreachable_past_the_ttl_deposes_the_active_one_which_stands_by_and_leads_again(
+    tmp_path: pathlib.Path, coordinators: list[_Coordinator]
+) -> None:
+    """Its own etcd (paused here, SIGSTOP): the only coordinator cannot renew its lease, steps down
+    before the lease can lapse and stands by in the same process; with etcd back it is elected
+    again and claims a new epoch."""
+    with running_etcd(tmp_path / "etcd") as etcd:
+        url = etcd.url("ha")
+        coordinators.append(_Coordinator(tmp_path, "c0", url))
+        only = _one_active(coordinators, WAIT_S)
+        _wait(lambda: _status(only.address).active, WAIT_S, "active")
+        etcd.pause()
+        try:
+            _wait(lambda: "stepping down" in only.log() or only.proc.poll() is not None, WAIT_S, "stepping down")
+            assert only.proc.poll() is None, only.log()[-2000:]
+            assert not _status(only.address).active  # answered while etcd is still unreachable
+            refused = _list_topics(only.address)
+            assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+            assert error_details.reason_of(refused.trailing_metadata()) == error_details.NOT_COORDINATOR
+        finally:
+            etcd.resume()
+        _wait(lambda: _status(only.address).controller_epoch == 2 and _status(only.address).active, WAIT_S,
+              "leading again with a new epoch")
+        assert _epoch(url, tmp_path) == 2 and _list_topics(only.address) is None
+        only.kill()
 
 
 def _broker(root: pathlib.Path, coordinators: list[_Coordinator]) -> subprocess.Popen[bytes]:
