@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import pathlib
 import signal
@@ -49,7 +50,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # metadata_sto
 
 import metadata_store_bench  # noqa: E402
 from dmq.client import AdminClient, DMQConsumer, Producer, TopicPartition  # noqa: E402
-from dmq.client.errors import DMQError  # noqa: E402
 from dmq.coordinator.metastore.config import make_metadata_store  # noqa: E402
 from dmq.proto import dmq_pb2 as pb  # noqa: E402
 from dmq.proto import dmq_pb2_grpc as pb_grpc  # noqa: E402
@@ -146,6 +146,7 @@ class _Load:
         self.consumed = [0, 0]
         self.produced = 0
         self.errors = {"produce": 0, "commit": 0}
+        self.last_error: dict[str, str] = {}
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._produce, daemon=True)]
         self._threads += [threading.Thread(target=self._consume, args=(i,), daemon=True) for i in range(2)]
@@ -160,8 +161,9 @@ class _Load:
                 try:
                     producer.send(TOPIC, f"r{i}".encode(), partition=i % 6)
                     self.produced += 1
-                except DMQError:
+                except Exception as e:  # noqa: BLE001 - counted, and the load goes on
                     self.errors["produce"] += 1
+                    self.last_error["produce"] = repr(e)
                 i += 1
                 next_s += 1 / PRODUCE_PER_S
                 self._stop.wait(max(0.0, next_s - time.monotonic()))
@@ -178,8 +180,9 @@ class _Load:
                     if records:
                         consumer.commit_sync(timeout=2)
                         self.commits[member].append(time.monotonic())
-                except DMQError:
+                except Exception as e:  # noqa: BLE001 - counted, and the load goes on
                     self.errors["commit"] += 1
+                    self.last_error[f"member {member}"] = repr(e)
 
     def committed_after(self, t: float) -> float | None:
         """When both members had a commit succeed after t (the later of the two), or None."""
@@ -204,6 +207,7 @@ def _takeover(coordinators: list[_Server], load: _Load) -> tuple[float, float, f
     _wait(lambda: found.extend(c for c in coordinators if _active(c.address)) or found, WAIT_S, "an active coordinator")
     active = found[0]
     killed = time.monotonic()
+    print(f"  {time.strftime('%H:%M:%S', time.gmtime())} UTC: SIGKILL {active.log_path.stem} ({active.address})", flush=True)
     active.kill()
     rest = [c for c in coordinators if c is not active]
     seen: list[_Server] = []  # the first seen active (a later status call may time out under load)
@@ -211,7 +215,8 @@ def _takeover(coordinators: list[_Server], load: _Load) -> tuple[float, float, f
     new = seen[0]
     active.args[active.args.index("--port") + 1] = active.address.rsplit(":", 1)[1]  # the same address
     active.start()
-    _wait(lambda: load.committed_after(killed) is not None, WAIT_S, "the group consuming again")
+    _wait(lambda: load.committed_after(killed) is not None, WAIT_S,
+          f"the group consuming again (last errors: {load.last_error})")
     consuming_s = (load.committed_after(killed) or killed) - killed
     # Steady before the next round: both members commit again after the restart.
     settled = time.monotonic()
@@ -293,10 +298,17 @@ def main() -> None:
     parser.add_argument("--extra-topics", type=int, default=50, help="topics (6 partitions, RF 3) the reload loads")
     parser.add_argument("--ops", type=int, default=50, help="RPC-level metadata operations of each kind")
     parser.add_argument("--store-ops", type=int, default=300, help="store-level operations (metadata_store_bench)")
+    parser.add_argument("--keep", type=pathlib.Path, default=None, help="a new directory for the servers' data and "
+                        "logs, kept afterwards (default: a temporary one)")
     args = parser.parse_args()
     results: dict[int, dict[str, list[float]]] = {}
-    with tempfile.TemporaryDirectory() as d, running_etcd(pathlib.Path(d) / "etcd", fsync=True) as etcd:
-        root = pathlib.Path(d)
+    with contextlib.ExitStack() as stack:
+        if args.keep is None:
+            root = pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        else:
+            args.keep.mkdir(parents=True)
+            root = args.keep
+        etcd = stack.enter_context(running_etcd(root / "etcd", fsync=True))
         for ttl_s in (int(t) for t in args.ttls.split(",")):
             run_root = root / f"ttl{ttl_s}"
             run_root.mkdir()

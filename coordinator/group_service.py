@@ -255,7 +255,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self.on_rebalance: Callable[[float], None] | None = None
         self._rebalance_started: dict[str, float] = {}
         self._ack_seq: dict[tuple[str, str], int] = {}  # GetAssignment calls per member
-        self._watches = WatchStreams(self.registry, self._signals, self._ack_seq, lambda: not self._serving)
+        self._term = 0  # starts since construction: a stream of an earlier term ends in a later one
+        self._watches = self._new_watches()
         self._creating: dict[str, asyncio.Future[None]] = {}
         self._deleting: set[str] = set()
         self._ticker: asyncio.Task[None] | None = None
@@ -286,7 +287,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         listeners, start the ticker; RPCs are answered UNAVAILABLE until this is done."""
         if self._serving:
             raise RuntimeError("group service already started")
-        if self._ticker is not None or self._watches:
+        if self._ticker is not None:
             raise RuntimeError("group service still stopping")
         self._fresh_state()  # a new term of an elected coordinator starts from the store, as a restart does
         await self._load()
@@ -315,11 +316,16 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         log.info("group coordinator stopped", groups=len(self.registry))
 
     def _fresh_state(self) -> None:
+        self._term += 1
         self.registry = GroupRegistry(self.config)
         self._signals = Signals()
         self._ack_seq = {}
         self._rebalance_started.clear()
-        self._watches = WatchStreams(self.registry, self._signals, self._ack_seq, lambda: not self._serving)
+        self._watches = self._new_watches()
+
+    def _new_watches(self) -> WatchStreams:
+        term = self._term
+        return WatchStreams(self.registry, self._signals, self._ack_seq, lambda: not self._serving or self._term != term)
 
     def _check_serving(self) -> None:
         acting = self._metadata.acting()
