@@ -11,7 +11,7 @@ Failover, once per lease TTL given (--ttls, default 2 s and the documented defau
     new active     a coordinator's status RPC (DescribeCoordinator, polled every 20 ms) says active
     reload         the new active one's own claim + load + start (its "coordinator active" log
                    line's took_ms): the rest of "new active" is the wait for the lease to lapse
-    consuming      both members have a commit_sync succeed after the SIGKILL (a commit needs the
+    consuming      both members have a commit_sync sent after the SIGKILL succeed (a commit needs the
                    coordinator: the broker checks ownership with it)
   The metadata is sized by --extra-topics (6 partitions each, RF 3) so the reload has work to do.
 
@@ -142,7 +142,8 @@ class _Load:
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
-        self.commits: list[list[float]] = [[], []]  # per member: monotonic time of each successful commit
+        # Per member, each successful commit: (sent, answered), monotonic.
+        self.commits: list[list[tuple[float, float]]] = [[], []]
         self.consumed = [0, 0]
         self.produced = 0
         self.errors = {"produce": 0, "commit": 0}
@@ -178,15 +179,17 @@ class _Load:
                     records = consumer.poll(timeout_ms=200)
                     self.consumed[member] += len(records)
                     if records:
+                        sent = time.monotonic()
                         consumer.commit_sync(timeout=2)
-                        self.commits[member].append(time.monotonic())
+                        self.commits[member].append((sent, time.monotonic()))
                 except Exception as e:  # noqa: BLE001 - counted, and the load goes on
                     self.errors["commit"] += 1
                     self.last_error[f"member {member}"] = repr(e)
 
     def committed_after(self, t: float) -> float | None:
-        """When both members had a commit succeed after t (the later of the two), or None."""
-        firsts = [next((c for c in commits if c > t), None) for commits in self.commits]
+        """When both members had a commit sent after t succeed (the later answer of the two), or
+        None. Sent after t: a commit already in flight at a SIGKILL may still be answered."""
+        firsts = [next((answered for sent, answered in commits if sent > t), None) for commits in self.commits]
         return None if None in firsts else max(f for f in firsts if f is not None)
 
     def stop(self) -> None:
