@@ -119,10 +119,19 @@ def _brokers(root: pathlib.Path, bootstrap: str) -> list[_Server]:
                     f"broker {i} listening on") for i in range(3)]
 
 
+# One channel per coordinator address, kept (it reconnects to a restarted coordinator on its port):
+# a new channel per poll is a new TCP connection every 20 ms, and servers count a connection as in
+# use for 30 s after its last call (dmq.proto.connections), so polling that way took all 1,000 of
+# 127.0.0.1's connections to the active coordinator and locked the brokers and clients out.
+_STATUS_CHANNELS: dict[str, grpc.Channel] = {}
+
+
 def _active(address: str) -> bool:
+    channel = _STATUS_CHANNELS.get(address)
+    if channel is None:
+        channel = _STATUS_CHANNELS[address] = grpc.insecure_channel(address)
     try:
-        with grpc.insecure_channel(address) as channel:
-            status = pb_grpc.CoordinatorStatusStub(channel).DescribeCoordinator(pb.DescribeCoordinatorRequest(), timeout=0.5)
+        status = pb_grpc.CoordinatorStatusStub(channel).DescribeCoordinator(pb.DescribeCoordinatorRequest(), timeout=0.5)
         return bool(status.active)
     except grpc.RpcError:
         return False
@@ -332,6 +341,8 @@ def main() -> None:
             "sqlite": asyncio.run(metadata_store_bench._run(make_metadata_store(None, root / "store-sqlite"), args.store_ops)),
             "etcd": asyncio.run(metadata_store_bench._run(make_metadata_store(etcd.url("store"), root), args.store_ops)),
         }
+    for channel in _STATUS_CHANNELS.values():
+        channel.close()
     print()
     print(f"takeovers: {args.takeovers} per TTL; group session timeout {SESSION_TIMEOUT_MS} ms; "
           f"{args.extra_topics + 1} topics of 6 partitions (RF 3)")
