@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -163,9 +164,20 @@ def test_a_clean_stop_hands_over_at_once(tmp_path: pathlib.Path, etcd_url: str, 
     assert took_s < 10, f"took {took_s:.2f}s: the lease was left to lapse, not revoked"
 
 
-def _status(address: str) -> pb.DescribeCoordinatorResponse:
-    with grpc.insecure_channel(address) as channel:
+@pytest.fixture
+def status() -> object:
+    """status(address): the coordinator's DescribeCoordinator answer, over one channel per address
+    kept for the test: polling with a new channel each time opens a connection every 20 ms, and
+    a server counts each as in use for 30 s (dmq.proto.connections, 1,000 per client address)."""
+    channels: dict[str, grpc.Channel] = {}
+
+    def describe(address: str) -> pb.DescribeCoordinatorResponse:
+        channel = channels.setdefault(address, grpc.insecure_channel(address))
         return pb_grpc.CoordinatorStatusStub(channel).DescribeCoordinator(pb.DescribeCoordinatorRequest(), timeout=WAIT_S)
+
+    yield describe
+    for channel in channels.values():
+        channel.close()
 
 
 def _group_refusal(address: str) -> grpc.RpcError | None:
@@ -187,7 +199,8 @@ def _coordinators_list(bootstrap: str) -> dict[str, tuple[str, int]]:
 
 
 def test_a_paused_coordinator_is_deposed_stands_by_when_resumed_and_leads_again_later(
-    tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator]
+    tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator],
+    status: Callable[[str], pb.DescribeCoordinatorResponse],
 ) -> None:
     """SIGSTOP past the lease, SIGCONT: the deposed coordinator does not exit; it is a standby in
     the same process (status RPC, `dmq coordinators list`), refuses metadata and group requests
@@ -203,18 +216,18 @@ def test_a_paused_coordinator_is_deposed_stands_by_when_resumed_and_leads_again_
         first.proc.send_signal(signal.SIGCONT)
     print(f"takeover from a paused coordinator: {took_s:.2f}s (lease TTL {TTL_S}s)")
     _wait(lambda: "stepping down" in first.log() or first.proc.poll() is not None, WAIT_S, "the resumed one stepping down")
-    _wait(lambda: _status(second.address).active, WAIT_S, "the new active one serving")
+    _wait(lambda: status(second.address).active, WAIT_S, "the new active one serving")
     # Standing by, in the same process: it names the new active one and acts on nothing.
-    _wait(lambda: first.proc.poll() is not None or _status(first.address).active_address == second.address,
+    _wait(lambda: first.proc.poll() is not None or status(first.address).active_address == second.address,
           WAIT_S, "the resumed one naming the new active one")
     assert first.proc.poll() is None, f"the deposed coordinator exited: {first.log()[-2000:]}"
-    status = _status(first.address)
-    assert not status.active and status.active_address == second.address, status
+    resumed = status(first.address)
+    assert not resumed.active and resumed.active_address == second.address, resumed
     for refused in (_list_topics(first.address), _group_refusal(first.address)):
         assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE, refused
         assert error_details.reason_of(refused.trailing_metadata()) == error_details.NOT_COORDINATOR, refused
         assert error_details.value_of(refused.trailing_metadata(), error_details.ACTIVE_COORDINATOR_KEY) == second.address
-    assert _epoch(etcd_url, tmp_path) == 2 == _status(second.address).controller_epoch  # the deposed one claimed nothing
+    assert _epoch(etcd_url, tmp_path) == 2 == status(second.address).controller_epoch  # the deposed one claimed nothing
     assert _list_topics(second.address) is None and _group_refusal(second.address) is None
     listed = _coordinators_list(f"{first.address},{second.address}")
     assert listed == {first.address: ("standby", 1), second.address: ("active", 2)}, listed
@@ -222,14 +235,14 @@ def test_a_paused_coordinator_is_deposed_stands_by_when_resumed_and_leads_again_
     # The new active one dies: the first, a standby again, takes control with a new epoch.
     second.proc.send_signal(signal.SIGKILL)
     second.proc.wait(10)
-    _wait(lambda: _status(first.address).active, WAIT_S, "the first one leading again")
-    assert _status(first.address).controller_epoch == 3 == _epoch(etcd_url, tmp_path)
+    _wait(lambda: status(first.address).active, WAIT_S, "the first one leading again")
+    assert status(first.address).controller_epoch == 3 == _epoch(etcd_url, tmp_path)
     assert _list_topics(first.address) is None and _group_refusal(first.address) is None
     assert first.proc.poll() is None
 
 
 def test_etcd_unreachable_past_the_ttl_deposes_the_active_one_which_stands_by_and_leads_again(
-    tmp_path: pathlib.Path, coordinators: list[_Coordinator]
+    tmp_path: pathlib.Path, coordinators: list[_Coordinator], status: Callable[[str], pb.DescribeCoordinatorResponse],
 ) -> None:
     """Its own etcd (paused here, SIGSTOP): the only coordinator cannot renew its lease, steps down
     before the lease can lapse and stands by in the same process; with etcd back it is elected
@@ -238,18 +251,18 @@ def test_etcd_unreachable_past_the_ttl_deposes_the_active_one_which_stands_by_an
         url = etcd.url("ha")
         coordinators.append(_Coordinator(tmp_path, "c0", url))
         only = _one_active(coordinators, WAIT_S)
-        _wait(lambda: _status(only.address).active, WAIT_S, "active")
+        _wait(lambda: status(only.address).active, WAIT_S, "active")
         etcd.pause()
         try:
             _wait(lambda: "stepping down" in only.log() or only.proc.poll() is not None, WAIT_S, "stepping down")
             assert only.proc.poll() is None, only.log()[-2000:]
-            assert not _status(only.address).active  # answered while etcd is still unreachable
+            assert not status(only.address).active  # answered while etcd is still unreachable
             refused = _list_topics(only.address)
             assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE, refused
             assert error_details.reason_of(refused.trailing_metadata()) == error_details.NOT_COORDINATOR
         finally:
             etcd.resume()
-        _wait(lambda: _status(only.address).controller_epoch == 2 and _status(only.address).active, WAIT_S,
+        _wait(lambda: status(only.address).controller_epoch == 2 and status(only.address).active, WAIT_S,
               "leading again with a new epoch")
         assert _epoch(url, tmp_path) == 2 and _list_topics(only.address) is None
         only.kill()
