@@ -13,10 +13,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dmq.client import AdminClient, DMQConsumer, Producer
 from dmq.client.errors import DMQError
@@ -329,6 +331,43 @@ def test_a_client_and_a_broker_given_every_address_follow_a_takeover(
         if broker.poll() is None:
             broker.send_signal(signal.SIGKILL)
         broker.wait(10)
+
+
+def test_a_broker_following_coordinators_through_an_election_keeps_its_connections(
+    tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator]
+) -> None:
+    """While no coordinator is active (the dead one's lease not yet lapsed, the standby naming it),
+    a broker given every address goes round them; it must reuse one channel per address, not open
+    a connection per attempt: the coordinators count each connection for 30 s against the
+    address's 1,000 (dmq.proto.connections), and a broker churning ~50 a second through a 5 s
+    lease locked itself and every client on its host out of the new active coordinator."""
+    coordinators += [_Coordinator(tmp_path, f"c{i}", etcd_url, args=("--metrics-port", "auto")) for i in range(2)]
+    first = _one_active(coordinators, WAIT_S)
+    second = next(c for c in coordinators if c is not first)
+    broker = _broker(tmp_path, coordinators)
+    try:
+        with AdminClient(bootstrap_servers=first.address) as admin:
+            _wait(lambda: _alive_brokers(admin) == {0}, WAIT_S, "broker registered")
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(10)
+        _wait(second.active, WAIT_S, "takeover")
+        with AdminClient(bootstrap_servers=second.address) as admin:
+            _wait(lambda: _alive_brokers(admin) == {0}, WAIT_S, "broker re-registered with the new active one")
+        url = _metrics_url(second)
+        with urllib.request.urlopen(url, timeout=WAIT_S) as answer:
+            text = answer.read().decode()
+        (connections,) = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+                          if s.name == "dmq_open_connections"]
+        # The broker's one channel, this test's admin clients and the metrics scrape: a handful.
+        assert connections <= 10, f"{connections:.0f} connections counted at the new active coordinator"
+    finally:
+        broker.send_signal(signal.SIGKILL)
+        broker.wait(10)
+
+
+def _metrics_url(c: _Coordinator) -> str:
+    _wait(lambda: "coordinator metrics at " in c.log(), WAIT_S, f"{c.name}'s metrics URL")
+    return c.log().split("coordinator metrics at ", 1)[1].split()[0]
 
 
 def _alive_brokers(admin: AdminClient) -> set[int]:
