@@ -8,8 +8,13 @@ the coordinator it believes active; after a failed call the node asks `follow(er
   2. a not-coordinator answer naming none (an election is under way), or the coordinator is
      unreachable, with several addresses: move to the next one of the list;
   3. anything else, or a single address: stay (as before: the one coordinator comes back).
-The old channel is closed when the link moves; calls still on it end CANCELLED and their loops
-retry on the new one. One owner: the broker node, which closes the link when it stops.
+The link keeps one channel per address (at most one per coordinator named) and moves between
+them: while no coordinator is active (an election under way, the standbys still naming the dead
+one) a broker goes round the list, and a new channel per move was a new TCP connection each time,
+~50 a second, which the coordinators count for 30 s against the host's 1,000
+(dmq.proto.connections): the broker locked itself and every client on its host out of the new
+active coordinator. A call still on the previous channel ends at its own timeout. One owner: the
+broker node, which closes the link (every channel) when it stops.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from dmq.proto import error_details
 log = structlog.get_logger(__name__)
 
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# Channels kept beyond the listed addresses (to ones an answer named): a bound, the oldest goes first.
+MAX_NAMED_CHANNELS = 8
 
 
 def split_coordinators(value: str) -> list[str]:
@@ -47,7 +54,9 @@ class CoordinatorLink:
         self.channel: grpc.aio.Channel | None = None
         self.metadata: pb_grpc.MetadataStub | None = None
         self.groups: pb_grpc.GroupCoordinatorStub | None = None
-        self._retired: list[grpc.aio.Channel] = []
+        # address -> its channel: the listed addresses and up to MAX_NAMED_CHANNELS an answer named.
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._dropped: list[grpc.aio.Channel] = []
 
     def __repr__(self) -> str:
         return f"<CoordinatorLink address={self.address!r} of={self.addresses}>"
@@ -56,10 +65,13 @@ class CoordinatorLink:
         self._connect(self.address)
 
     def _connect(self, address: str) -> None:
-        if self.channel is not None:
-            self._retired.append(self.channel)
         self.address = address
-        self.channel = self._new_channel(address)
+        if address not in self._channels:
+            named = [a for a in self._channels if a not in self.addresses]
+            if len(named) >= MAX_NAMED_CHANNELS:
+                self._dropped.append(self._channels.pop(named[0]))
+            self._channels[address] = self._new_channel(address)
+        self.channel = self._channels[address]
         self.metadata = pb_grpc.MetadataStub(self.channel)
         self.groups = pb_grpc.GroupCoordinatorStub(self.channel)
 
@@ -83,16 +95,14 @@ class CoordinatorLink:
             return False
         log.info("following the active coordinator", old=self.address, new=target, reason=reason or error.code().name)
         self._connect(target)
-        await self._close_retired()
+        dropped, self._dropped = self._dropped, []
+        for channel in dropped:
+            await channel.close(None)
         return True
 
-    async def _close_retired(self) -> None:
-        retired, self._retired = self._retired, []
-        for channel in retired:
-            await channel.close(None)
-
     async def close(self) -> None:
-        if self.channel is not None:
-            self._retired.append(self.channel)
-            self.channel = None
-        await self._close_retired()
+        channels, self._channels = [*self._channels.values(), *self._dropped], {}
+        self._dropped = []
+        self.channel = None
+        for channel in channels:
+            await channel.close(None)

@@ -66,6 +66,8 @@ log = structlog.get_logger(__name__)
 
 LEADER_CACHE_MS = 2_000
 COORDINATOR_RPC_TIMEOUT_S = 5.0
+# Going round the coordinators without an answer (an election under way): one heartbeat per this long.
+FOLLOW_PAUSE_S = 0.1
 # The channel to the coordinator retries its connection at least this often (gRPC jitters it
 # +-20%): a restarted coordinator hears from every broker within about a second. gRPC's default
 # backoff grows to 120 s, and kept brokers away 9.5-18 s after a 30 s coordinator outage, during
@@ -341,11 +343,15 @@ class BrokerNode:
 
     async def _heartbeat_loop(self) -> None:
         followed = False
+        moves = 0  # moves since the last answer: past one round of the list, an election is under way
         while not self._stopping.is_set():
-            if not followed:  # just moved to another coordinator: heartbeat (and re-register) at once
+            if not followed or moves > len(self._link.addresses):
+                # Just moved to another coordinator: heartbeat (and re-register) at once, except
+                # when going round the list: then at most every FOLLOW_PAUSE_S.
+                pause_s = FOLLOW_PAUSE_S if followed else self._heartbeat_interval_ms / 1000
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), self._heartbeat_interval_ms / 1000)
-            at_once, followed = followed, False
+                    await asyncio.wait_for(self._stopping.wait(), pause_s)
+            followed = False
             if self._stopping.is_set():
                 return
             assert self._metadata is not None
@@ -358,6 +364,7 @@ class BrokerNode:
                     # With several coordinators an unreachable one is left for the next at once.
                     wait_for_ready=len(self._link.addresses) == 1,
                 )
+                moves = 0
                 if response.reregister:
                     log.info("coordinator asked to re-register", broker_id=self.broker_id)
                     await self._register()
@@ -366,11 +373,8 @@ class BrokerNode:
                     await self._refresh_acls(response.acl_version)
             except grpc.aio.AioRpcError as e:
                 log.warning("broker heartbeat failed", broker_id=self.broker_id, error=e.details())
-                # At once after a move, but only once in a row: until a killed active coordinator's
-                # lease lapses a standby names it, its closed port refuses, and the next address is
-                # that standby again, so following every answer at once is a tight loop (hundreds
-                # of calls and connections a second, until the coordinators refuse this host).
-                followed = await self._link.follow(e) and not at_once
+                followed = await self._link.follow(e)
+                moves = moves + 1 if followed else 0
 
     async def _refresh_acls(self, version: int) -> None:
         """Copy the coordinator's ACLs when their version differs from ours (version -1: ask

@@ -97,8 +97,9 @@ class MetadataManager:
         )
 
     async def load(self) -> None:
-        """Load brokers and topics from the store (called once by the node's start())."""
+        """Load brokers and topics from the store (at start, and anew at each term after a step-down)."""
         now = self.membership.clock_ms()
+        self.controller.forget_unelected()
         self.membership.load(await self.store.load_brokers(), now)
         self._topics.clear()
         self._topics.update((t.name, t) for t in await self.store.load_topics())

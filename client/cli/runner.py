@@ -569,7 +569,7 @@ async def run_coordinator_only(
     """`metrics_port`: None no /metrics endpoint, 0 a free port, else that port; `on_metrics` gets its URL.
     `advertise`: the address brokers and clients are told to use (default: host and the bound port).
     With `lease_ttl_s` (several coordinators on one etcd), a coordinator deposed by a lapsed lease
-    stops the process (SystemExit): started again, it stands by."""
+    stands by again in the same process (dmq.coordinator.node)."""
     check_bind_security(host, security)
     acls = AclView()
     registry = new_registry() if metrics_port is not None else None
@@ -620,13 +620,7 @@ async def run_coordinator_only(
                     if endpoint is not None:
                         await endpoint.stop()
 
-    if node.leadership is not None:
-        # A deposed coordinator stops the way a signal stops it (a clean stop, then exit).
-        node.on_deposed = lambda: os.kill(os.getpid(), signal.SIGTERM)
     await serve_until_signalled(start, stop, lambda: on_ready(f"{host}:{bound}"))
-    if node.leadership is not None and node.leadership.deposed:
-        raise SystemExit("dmq coordinator: deposed (its leadership lease was not renewed in time); "
-                         "start it again to stand by")
 
 
 async def run_broker_only(

@@ -132,6 +132,11 @@ class PartitionController:
         log.info("broker shutting down: leadership moved", broker_id=broker_id, changed=len(changes))
         return False
 
+    def forget_unelected(self) -> None:
+        """A new term reloads the brokers and starts their sessions anew: elections owed from an
+        earlier term are decided again from that."""
+        self._unelected.clear()
+
     async def check_brokers(self) -> list[int]:
         """The monitor's tick: end the sessions that timed out and elect new leaders for what they
         led (retrying elections a full disk kept from being recorded); the ids expired now."""

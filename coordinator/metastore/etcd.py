@@ -362,11 +362,14 @@ class EtcdMetadataStore:
             return False, f"{type(e).__name__}: {e}"
         return True, f"answered a read in {(time.monotonic() - started) * 1000:.0f} ms"
 
-    async def _txn(self, what: str, compare: list[Any], success: list[Any]) -> tuple[bool, list[Any], int]:
-        """One transaction, fenced; (succeeded, responses, the revision it was applied at).
+    async def _txn(
+        self, what: str, compare: list[Any], success: list[Any], *, fenced: bool = True
+    ) -> tuple[bool, list[Any], int]:
+        """One transaction, fenced unless told otherwise (only the campaign: a deposed coordinator
+        campaigns again); (succeeded, responses, the revision it was applied at).
         Shielded from the caller's cancellation (see the module docstring)."""
         client = self._conn()
-        if self._fence_revision is not None:
+        if fenced and self._fence_revision is not None:
             compare = [client.transactions.mod(self._key("controller_epoch")) == self._fence_revision, *compare]
 
         async def run(c: _Client) -> tuple[bool, list[Any], int]:
@@ -674,7 +677,8 @@ class EtcdMetadataStore:
         lease = await self._call("grant a lease", lambda c: c.lease(ttl_s))
         client = self._conn()
         won, _responses, _revision = await self._txn(
-            "campaign", [client.transactions.create(key) == 0], [client.transactions.put(key, candidate.encode(), lease=lease.id)]
+            "campaign", [client.transactions.create(key) == 0], [client.transactions.put(key, candidate.encode(), lease=lease.id)],
+            fenced=False,  # a deposed coordinator's store is fenced on its old epoch: it may still campaign
         )
         if not won:
             await self._call("revoke a lease", lambda c: c.revoke_lease(lease.id))
