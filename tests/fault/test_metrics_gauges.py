@@ -144,7 +144,7 @@ def test_follower_lag_and_under_replicated_follow_a_stopped_follower(tmp_path: p
                         produce(procs.broker_addresses[leaders[p]], topic, p, batch)
                     written += batch
                     expected = {p: written for p in led_live}
-                    wait_for(lambda: {p: v for (p, f), v in lags(live).items() if f == stopped} == expected,
+                    wait_for(lambda want=expected: {p: v for (p, f), v in lags(live).items() if f == stopped} == want,
                              f"the stopped follower's lag to be {expected}")
                 # ...while the live followers catch up
                 wait_for(lambda: not any(v for (_p, f), v in lags(live).items() if f != stopped),
