@@ -12,7 +12,11 @@ from dmq.client import AdminClient, Producer
 from dmq.client.admin import GroupDescription
 from dmq.client.cli.runner import ClusterThread
 from dmq.client.consumer import DMQConsumer
-from tests.integration.test_metrics import FAST, TOPIC, WAIT_S, scrape, value, wait_for
+from tests.integration.test_metrics import TOPIC, WAIT_S, scrape, value, wait_for
+
+# Quick heartbeats for a quick first assignment; the default 10 s session, so that a starved
+# machine (a heartbeat thread late by seconds) cannot expel a member in the middle of a test.
+CONSUMER = {"heartbeat_interval_ms": 200, "retry_backoff_ms": 50}
 
 
 def _led_gauges(cluster: ClusterThread) -> dict[int, float]:
@@ -59,7 +63,7 @@ def test_group_members_gauge_equals_describe_group(cluster_factory: Callable[...
         admin.create_topic(TOPIC, 2)
         assert value(scrape(endpoint.url), "dmq_coordinator_group_members") == 0
         consumers = [DMQConsumer(bootstrap_servers=cluster.bootstrap, group_id="members", enable_auto_commit=False,
-                                 **FAST) for _ in range(2)]
+                                 **CONSUMER) for _ in range(2)]
         try:
             for c in consumers:
                 c.subscribe(TOPIC)
@@ -110,7 +114,7 @@ def test_lag_gauge_matches_describe_group_under_load(cluster_factory: Callable[.
     def consume() -> None:
         try:
             consumer = DMQConsumer(bootstrap_servers=cluster.bootstrap, group_id="slow", enable_auto_commit=False,
-                                   max_poll_records=3, **FAST)
+                                   max_poll_records=3, **CONSUMER)
             try:
                 consumer.subscribe(TOPIC)
                 while not stop.is_set():
