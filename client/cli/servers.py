@@ -17,10 +17,6 @@ from dmq.client.cli.logging_setup import configure_logging
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"])
 SUBSCRIPTION_MODES = click.Choice(["all", "new", "timestamp"])
 DEFAULT_METRICS_PORT = 9464  # dmq.proto.metrics.DEFAULT_METRICS_PORT (not imported: `dmq --help` stays light)
-# dmq.broker.metrics.DEFAULT_MAX_PARTITION_SERIES (the coordinator's is the same); the most a
-# server is allowed: past some 100,000 series a scrape is megabytes and Prometheus struggles.
-DEFAULT_MAX_PARTITION_SERIES = 1000
-MAX_PARTITION_SERIES_LIMIT = 100_000
 
 
 class MetricsPort(click.ParamType):
@@ -46,6 +42,12 @@ class MetricsPort(click.ParamType):
         return port
 
 
+# dmq.broker.metrics.DEFAULT_MAX_PARTITION_SERIES (the coordinator's is the same); the most a
+# server is allowed: past some 100,000 series a scrape is megabytes and Prometheus struggles.
+DEFAULT_MAX_PARTITION_SERIES = 1000
+MAX_PARTITION_SERIES_LIMIT = 100_000
+
+
 def _metrics_option(default: str, help_text: str, envvar: str | None = None):
     """--metrics-port and --metrics-max-partition-series (the bound on its label sets)."""
     port = click.option("--metrics-port", "metrics_port", type=MetricsPort(), default=default, show_default=True,
@@ -67,13 +69,14 @@ def _check_metrics_series(metrics_port: int | None) -> None:
                                "(--metrics-port is 0: off)")
 
 
-def _metrics_argv(port: int | None, offset: int, max_partition_series: int = DEFAULT_MAX_PARTITION_SERIES) -> list[str]:
+def _metrics_argv(port: int | None, offset: int) -> list[str]:
     """The metrics options for child `offset` of a process cluster: coordinator PORT, broker i
-    PORT + 1 + i, and the series bound (only with an endpoint: a child refuses it without)."""
+    PORT + 1 + i, and the series bound `dmq server` was given (read from its click context, as
+    _check_metrics_series reads its source; only with an endpoint: a child refuses it without)."""
     if port is None:
         return ["--metrics-port", "0"]
-    return ["--metrics-port", "auto" if port == 0 else str(port + offset),
-            "--metrics-max-partition-series", str(max_partition_series)]
+    series = click.get_current_context().params.get("metrics_max_partition_series", DEFAULT_MAX_PARTITION_SERIES)
+    return ["--metrics-port", "auto" if port == 0 else str(port + offset), "--metrics-max-partition-series", str(series)]
 
 
 def _log_config(flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int):
@@ -301,8 +304,7 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
         storage = _storage_argv(flush, flush_interval_ms, segment_bytes, retention_ms, retention_bytes)
         _run_process_cluster(host, port, data_dir, brokers, default_subscription_mode, log_level, storage, from_ms,
                              broker_session_timeout_ms=broker_session_timeout_ms, security_argv=security_argv,
-                             coordinator_argv=limits_argv, metrics_port=metrics_port,
-                             max_partition_series=metrics_max_partition_series)
+                             coordinator_argv=limits_argv, metrics_port=metrics_port)
         return
     from dmq.client.cli.runner import ClusterOptions, run_embedded
 
@@ -394,8 +396,7 @@ class _Member:
 def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: int, mode: str, log_level: str,
                          storage: list[str], from_ms: int | None = None, *,
                          broker_session_timeout_ms: int | None = None, security_argv: list[str] | None = None,
-                         coordinator_argv: list[str] | None = None, metrics_port: int | None = None,
-                         max_partition_series: int = DEFAULT_MAX_PARTITION_SERIES) -> None:
+                         coordinator_argv: list[str] | None = None, metrics_port: int | None = None) -> None:
     """A coordinator process and N broker processes; SIGINT/SIGTERM stop them all cleanly.
 
     A member that dies (killed, crashed) is restarted with backoff and the others keep running,
@@ -439,7 +440,7 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
                                              # replicated by default, also for a topic created
                                              # before every broker registered (retried meanwhile)
                                              "--default-replication-factor", str(min(3, brokers)),
-                                             *_metrics_argv(metrics_port, 0, max_partition_series), *(coordinator_argv or []),
+                                             *_metrics_argv(metrics_port, 0), *(coordinator_argv or []),
                                              *([] if address_file is None else ["--address-file", str(address_file)])])]
     signal.signal(signal.SIGINT, handle)
     signal.signal(signal.SIGTERM, handle)
@@ -456,7 +457,7 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
                                               "--coordinator", bootstrap,
                                               "--data-dir", str(data_dir / f"broker-{i}"),
                                               "--log-level", log_level, *storage,
-                                              *_metrics_argv(metrics_port, 1 + i, max_partition_series), *(security_argv or [])])
+                                              *_metrics_argv(metrics_port, 1 + i), *(security_argv or [])])
                 for i in range(brokers)]
     failed: str | None = None
     try:
