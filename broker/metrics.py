@@ -197,7 +197,8 @@ class BrokerCollector(Collector):
         led = [(r, r.leading) for r in replicas if r.leading is not None]
         under = sum(1 for _r, leading in led if len(leading.isr) < len(leading.replicas))
         offline = sum(1 for r in replicas if r.state.leader_id < 0)
-        yield _gauge("dmq_broker_partitions_led", "Replicated partitions this broker leads", broker, len(led))
+        yield _gauge("dmq_broker_partitions_led", "Partitions this broker leads (replicated or not)", broker,
+                     self._partitions_led(len(led)))
         yield _gauge("dmq_broker_under_replicated_partitions",
                      "Partitions led here whose in-sync set is smaller than their replica set", broker, under)
         yield _gauge("dmq_broker_offline_partitions",
@@ -225,6 +226,15 @@ class BrokerCollector(Collector):
             for topic, behind in sorted(worst.items()):
                 lag.add_metric([broker, topic, "*", "*"], behind)
         yield lag
+
+    def _partitions_led(self, replicated_led: int) -> int:
+        """The replicated partitions led, plus the unreplicated ones held: a partition with no
+        replica state has this broker as its only replica, and Produce serves it here (as
+        BrokerService._log_for decides), so it is led here, as `dmq brokers list` counts it."""
+        replication = self._node.replication
+        unreplicated = sum(1 for topic, partition in self._node.logs.partitions()
+                           if not is_offsets_log(topic) and replication.get(topic, partition) is None)
+        return replicated_led + unreplicated
 
     def _queues(self, broker: str) -> Iterator[Metric]:
         answer = self._node.queues.describe("", "")

@@ -48,6 +48,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from dmq.broker.log import LogConfig
+from dmq.broker.metrics import DEFAULT_MAX_PARTITION_SERIES
 from dmq.broker.node import BrokerNode
 from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
 from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS
@@ -638,6 +639,7 @@ async def run_broker_only(
     replica_ack_timeout_ms: int = REPLICA_ACK_TIMEOUT_MS_DEFAULT,
     metrics_port: int | None = None,
     on_metrics: Callable[[str], None] | None = None,
+    max_partition_series: int = DEFAULT_MAX_PARTITION_SERIES,
 ) -> None:
     check_bind_security(host, security)
     _keep_large_buffers()
@@ -659,6 +661,7 @@ async def run_broker_only(
         replica_lag_time_max_ms=replica_lag_time_max_ms,
         replica_ack_timeout_ms=replica_ack_timeout_ms,
         metrics=registry,
+        max_partition_series=max_partition_series,
     )
     node.dir_lock = lock
     node.add_to_server(server)

@@ -43,17 +43,41 @@ class MetricsPort(click.ParamType):
         return port
 
 
+# dmq.broker.metrics.DEFAULT_MAX_PARTITION_SERIES (the coordinator's is the same); the most a
+# server is allowed: past some 100,000 series a scrape is megabytes and Prometheus struggles.
+DEFAULT_MAX_PARTITION_SERIES = 1000
+MAX_PARTITION_SERIES_LIMIT = 100_000
+
+
 def _metrics_option(default: str, help_text: str, envvar: str | None = None):
-    return click.option("--metrics-port", "metrics_port", type=MetricsPort(), default=default, show_default=True,
+    """--metrics-port and --metrics-max-partition-series (the bound on its label sets)."""
+    port = click.option("--metrics-port", "metrics_port", type=MetricsPort(), default=default, show_default=True,
                         envvar=envvar, show_envvar=envvar is not None,
                         help=help_text + " Prometheus text at http://HOST:PORT/metrics; 0: off; auto: a free port.")
+    series = click.option(
+        "--metrics-max-partition-series", type=click.IntRange(0, MAX_PARTITION_SERIES_LIMIT),
+        default=DEFAULT_MAX_PARTITION_SERIES, show_default=True,
+        help="Per-partition metric series (label partition) for up to this many partitions per server; past "
+             "that, one series per topic (partition=\"*\") and, for consumer lag, only the per-group sums.")
+    return lambda f: port(series(f))
+
+
+def _check_metrics_series(metrics_port: int | None) -> None:
+    """Refuse --metrics-max-partition-series without an endpoint, as it would be ignored."""
+    source = click.get_current_context().get_parameter_source("metrics_max_partition_series")
+    if metrics_port is None and source not in (None, click.core.ParameterSource.DEFAULT):
+        raise click.UsageError("--metrics-max-partition-series is only used with a metrics endpoint "
+                               "(--metrics-port is 0: off)")
 
 
 def _metrics_argv(port: int | None, offset: int) -> list[str]:
-    """--metrics-port for child `offset` of a process cluster: coordinator PORT, broker i PORT + 1 + i."""
+    """The metrics options for child `offset` of a process cluster: coordinator PORT, broker i
+    PORT + 1 + i, and the series bound `dmq server` was given (read from its click context, as
+    _check_metrics_series reads its source; only with an endpoint: a child refuses it without)."""
     if port is None:
         return ["--metrics-port", "0"]
-    return ["--metrics-port", "auto" if port == 0 else str(port + offset)]
+    series = click.get_current_context().params.get("metrics_max_partition_series", DEFAULT_MAX_PARTITION_SERIES)
+    return ["--metrics-port", "auto" if port == 0 else str(port + offset), "--metrics-max-partition-series", str(series)]
 
 
 def _log_config(flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int):
@@ -276,13 +300,14 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, coord
                default_subscription_from: str | None, log_level: str, flush: str, flush_interval_ms: int,
                segment_bytes: int, retention_ms: int, retention_bytes: int, broker_session_timeout_ms: int,
                max_topics_per_principal: int, max_partitions_per_principal: int, metrics_port: int | None,
-               **security_options) -> None:
+               metrics_max_partition_series: int, **security_options) -> None:
     """Run DMQ for development: a coordinator and broker(s), data under --data-dir.
 
     Security is off by default, on 127.0.0.1; see README "Securing a cluster"."""
     security, quotas, security_argv = _pop_security(security_options)
     limits, limits_argv = _principal_limits(max_topics_per_principal, max_partitions_per_principal)
     from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
+    _check_metrics_series(metrics_port)
     _check_flush_interval(flush)
     if lease_ttl_s is not None and coordinators is None:
         raise click.BadParameter("only with --coordinators M (several coordinators elect one through it)",
@@ -309,6 +334,7 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, coord
         quotas=quotas,
         principal_limits=limits,
         metrics_port=metrics_port,
+        max_partition_series=metrics_max_partition_series,
     )
 
     def ready(cluster) -> None:
@@ -645,7 +671,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
                     default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int,
                     default_replication_factor: int | None,
                     max_topics_per_principal: int, max_partitions_per_principal: int, metrics_port: int | None,
-                    metadata_store: str, etcd_user: str | None, etcd_password: str | None,
+                    metrics_max_partition_series: int, metadata_store: str, etcd_user: str | None, etcd_password: str | None,
                     etcd_ca_file: pathlib.Path | None, etcd_cert_file: pathlib.Path | None,
                     etcd_key_file: pathlib.Path | None, address_file: pathlib.Path | None,
                     advertise: str | None, lease_ttl_s: int | None, **security_options) -> None:
@@ -677,6 +703,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
     security, quotas, _argv = _pop_security(security_options)
     limits, _limits_argv = _principal_limits(max_topics_per_principal, max_partitions_per_principal)
     from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
+    _check_metrics_series(metrics_port)
     configure_logging(log_level)
     from dmq.client.cli.runner import run_coordinator_only
 
@@ -690,6 +717,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
             default_replication_factor=default_replication_factor,
             security=security, quotas=quotas, principal_limits=limits,
             metrics_port=metrics_port, on_metrics=lambda url: click.echo(f"coordinator metrics at {url}", err=True),
+            max_partition_series=metrics_max_partition_series,
             metadata_store=store, advertise=advertise, lease_ttl_s=lease_ttl_s,
             on_active=lambda epoch: click.echo(f"coordinator active (controller epoch {epoch})", err=True),
         ))
@@ -732,9 +760,10 @@ def _listening(name: str, address: str, address_file: pathlib.Path | None) -> No
 def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir: pathlib.Path, log_level: str,
                rack: str, replica_lag_time_max_ms: int, replica_ack_timeout_ms: int,
                flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int,
-               metrics_port: int | None, **security_options) -> None:
+               metrics_port: int | None, metrics_max_partition_series: int, **security_options) -> None:
     """Run one storage broker that registers with --coordinator."""
     security, quotas, _argv = _pop_security(security_options)
+    _check_metrics_series(metrics_port)
     _check_flush_interval(flush)
     configure_logging(log_level)
     import grpc
@@ -750,6 +779,7 @@ def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir:
             replica_lag_time_max_ms=replica_lag_time_max_ms, replica_ack_timeout_ms=replica_ack_timeout_ms,
             metrics_port=metrics_port,
             on_metrics=lambda url: click.echo(f"broker {broker_id} metrics at {url}", err=True),
+            max_partition_series=metrics_max_partition_series,
         ))
     except (OSError, ValueError) as e:  # a busy port; security settings refused (SecurityConfigError)
         raise click.ClickException(str(e)) from None
