@@ -127,6 +127,12 @@ def main() -> None:
               f"   server CPU {med[m][2]:6.2f} s")
     print(f"on / off   : produce {med['on'][0] / med['off'][0]:.3f}          consume {med['on'][1] / med['off'][1]:.3f}"
           f"          server CPU {med['on'][2] / med['off'][2]:.3f}")
+    # The two arms of one round run back to back, so their ratio shares that moment's load; the
+    # median of the per-round ratios is steadier than the ratio of medians on a shared machine.
+    paired = [[on[i] / off[i] for off, on in zip(results["off"], results["on"])] for i in (0, 1, 3)]
+    print(f"median of per-round on/off: produce {statistics.median(paired[0]):.3f}   consume "
+          f"{statistics.median(paired[1]):.3f}   server CPU {statistics.median(paired[2]):.3f}"
+          f"   (load average now {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":
