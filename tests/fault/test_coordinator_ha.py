@@ -35,7 +35,6 @@ import pathlib
 import random
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -59,6 +58,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 TOPIC = "ha"
 PARTITIONS = 6
 APP = "ha-app"
+DEPOSED_TOPIC = "written-by-the-deposed"
 LEASE_TTL_S = 2  # etcd's minimum: the shortest takeover
 BROKER_SESSION_MS = 2_000
 REPLICA_LAG_MS = 2_000
@@ -112,34 +112,42 @@ def partitions(admin: AdminClient) -> list[object] | None:
         return None
 
 
-def healthy(cluster: HaCluster, admin: AdminClient) -> bool:
-    """Three coordinators up, one active; three live brokers; every partition fully in sync with a
-    live leader; the group stable with both members."""
+def unhealthy(cluster: HaCluster, admin: AdminClient) -> str:
+    """What is not healthy yet ("" once it all is): three coordinators up, one active; three live
+    brokers; every partition fully in sync with a live leader; the group stable with both members."""
     if not all(c.running() for c in cluster.coordinators) or cluster.active() is None:
-        return False
+        return f"coordinators {cluster.coordinators}"
     try:
-        if {b.broker_id for b in admin.list_brokers() if b.alive} != {0, 1, 2}:
-            return False
+        alive = {b.broker_id for b in admin.list_brokers() if b.alive}
         parts = admin.describe_topic(TOPIC).partitions
         group = admin.describe_group(group_id_for(TOPIC, APP))
-    except DMQError:
-        return False
-    return (all(len(p.isr) == 3 and p.leader_alive for p in parts)
-            and group.state == "STABLE" and len(group.members) == 2)
+    except DMQError as e:
+        return repr(e)
+    if alive != {0, 1, 2} or not all(len(p.isr) == 3 and p.leader_alive for p in parts):
+        return f"live brokers {sorted(alive)}, partitions {parts}"
+    if group.state != "STABLE" or len(group.members) != 2:
+        return f"group {group}"
+    return ""
 
 
-def fenced_write(address: str, out: dict[str, object]) -> None:
-    """A topic creation sent to a paused coordinator: it waits in the socket until the process
-    resumes, which then answers it."""
-    with grpc.insecure_channel(address) as channel:
-        try:
-            pb_grpc.MetadataStub(channel).CreateTopic(
-                pb.CreateTopicRequest(name="written-by-the-deposed", partitions=1), timeout=WAIT_S)
-            out["answer"] = "OK"
-        except grpc.RpcError as e:
-            out["answer"] = e.code().name
-            out["reason"] = error_details.reason_of(e.trailing_metadata())
-            out["details"] = e.details()
+def wait_healthy(cluster: HaCluster, admin: AdminClient, what: str) -> None:
+    """Until healthy; meanwhile a coordinator that exited (killed, or deposed: it exits when
+    resumed today; one that returns to standby instead stays up) is started again on its port, as
+    an operator's supervisor would."""
+    last = ["not asked yet"]
+
+    def healthy() -> bool:
+        for c in cluster.coordinators:
+            if not c.running():
+                c.kill()  # reaps it
+                c.start()
+        last[0] = unhealthy(cluster, admin)
+        return not last[0]
+
+    try:
+        wait_for(healthy, HEAL_TIMEOUT_S, what)
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {last[0]}") from None
 
 
 def inject(cluster: HaCluster, admin: AdminClient, kind: str, rng: random.Random) -> Fault:
@@ -150,53 +158,70 @@ def inject(cluster: HaCluster, admin: AdminClient, kind: str, rng: random.Random
         leaders = sorted({p.leader_id for p in admin.describe_topic(TOPIC).partitions})
         victim = rng.choice(leaders)
     others = [c for c in cluster.coordinators if c is not old]
-    fault = Fault(kind, time.monotonic(), old.name, old.epoch() or 0)
-    if kind == "stop":
-        old.signal(signal.SIGSTOP)
-    else:
-        old.signal(signal.SIGKILL)
-    if victim is not None:
-        time.sleep(max(0.0, fault.at + BROKER_AFTER_S - time.monotonic()))  # the fault's own timing
-        cluster.brokers[victim].signal(signal.SIGKILL)
-        fault.broker, fault.broker_at = victim, time.monotonic()
+    with grpc.insecure_channel(old.address) as channel:
+        if kind == "stop":  # a connection to it, open before the pause (see resume_deposed)
+            pb_grpc.CoordinatorStatusStub(channel).DescribeCoordinator(pb.DescribeCoordinatorRequest(), timeout=WAIT_S)
+        fault = Fault(kind, time.monotonic(), old.name, old.epoch() or 0)
+        old.signal(signal.SIGSTOP if kind == "stop" else signal.SIGKILL)
+        if victim is not None:
+            time.sleep(max(0.0, fault.at + BROKER_AFTER_S - time.monotonic()))  # the fault's own timing
+            cluster.brokers[victim].signal(signal.SIGKILL)
+            fault.broker, fault.broker_at = victim, time.monotonic()
 
-    def taken_over() -> CoordinatorProc | None:
-        return next((c for c in others if c.running() and (c.epoch() or 0) > fault.old_epoch), None)
+        def taken_over() -> CoordinatorProc | None:
+            return next((c for c in others if c.running() and (c.epoch() or 0) > fault.old_epoch), None)
 
-    wait_for(lambda: taken_over() is not None, WAIT_S, f"takeover from {old.name}")
-    fault.takeover_at = time.monotonic()
-    new = taken_over()
-    assert new is not None
-    fault.new = new.name
-    if kind == "stop":
-        resume_deposed(cluster, old, fault)
-    assert old.proc is not None
-    if kind != "stop":
-        old.proc.wait(10)
+        wait_for(lambda: taken_over() is not None, WAIT_S, f"takeover from {old.name}")
+        fault.takeover_at = time.monotonic()
+        new = taken_over()
+        assert new is not None
+        fault.new = new.name
+        if kind == "stop":
+            resume_deposed(old, channel, fault)
     if victim is not None:
-        cluster.brokers[victim].proc.wait(10)  # type: ignore[union-attr]
+        cluster.brokers[victim].kill()  # reaps it
         cluster.brokers[victim].start()
-    if not old.running():
-        # Restarted as an operator's supervisor would (a deposed coordinator exits; one that
-        # returns to standby instead is left running): three coordinators again.
-        old.start()
     return fault
 
 
-def resume_deposed(cluster: HaCluster, old: CoordinatorProc, fault: Fault) -> None:
+def unread_bytes(server_port: int) -> int:
+    """Bytes this process sent to `server_port` that the server has not read yet: the receive
+    queues (/proc/net/tcp, and tcp6: gRPC's sockets are IPv6 with IPv4-mapped addresses) of the
+    server's ends of this process's connections to it."""
+    mine = set()
+    for fd in pathlib.Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[8:-1])
+    rows = [line.split() for table in ("tcp", "tcp6")
+            for line in pathlib.Path(f"/proc/net/{table}").read_text().splitlines()[1:]]
+    port_of = lambda address: int(address.rsplit(":", 1)[1], 16)  # noqa: E731
+    local_ports = {port_of(r[1]) for r in rows if r[9] in mine and port_of(r[2]) == server_port}
+    return sum(int(r[4].split(":")[1], 16) for r in rows
+               if port_of(r[1]) == server_port and port_of(r[2]) in local_ports)
+
+
+def resume_deposed(old: CoordinatorProc, channel: grpc.Channel, fault: Fault) -> None:
+    """SIGCONT after STOP_S, with a topic creation waiting for the deposed coordinator: sent on a
+    connection it accepted before the pause, and in its socket (unread) when it resumes."""
     time.sleep(max(0.0, fault.at + STOP_S - time.monotonic()))  # the fault itself: a 10 s pause
-    answer: dict[str, object] = {}
-    writer = threading.Thread(target=fenced_write, args=(old.address, answer), name="fenced-write")
-    writer.start()
-    time.sleep(0.2)  # lets the write reach the paused process's socket (a miss makes the check weaker, not flaky)
+    before = unread_bytes(old.port)
+    write = pb_grpc.MetadataStub(channel).CreateTopic.future(
+        pb.CreateTopicRequest(name=DEPOSED_TOPIC, partitions=1), timeout=WAIT_S)
+    wait_for(lambda: unread_bytes(old.port) > before, WAIT_S, f"the write waiting in the paused {old.name}'s socket")
     old.signal(signal.SIGCONT)
-    writer.join(WAIT_S + 5)
+    try:
+        write.result()
+        answer = "OK"
+    except grpc.RpcError as e:
+        answer = f"{e.code().name} ({error_details.reason_of(e.trailing_metadata())}): {e.details()}"
     wait_for(lambda: not old.running() or "stepping down" in old.log(), WAIT_S, f"{old.name} stepping down")
-    fault.notes.append(f"write sent to the paused {old.name} answered {answer}")
-    assert answer and answer.get("answer") != "OK", answer
+    fault.notes.append(f"the topic creation sent to the paused {old.name} was answered: {answer}")
+    assert answer != "OK"
     assert "stepping down" in old.log(), old.log()[-3000:]
-    if not old.running():
-        fault.notes.append(f"{old.name} exited with {old.proc.returncode} when resumed")  # type: ignore[union-attr]
 
 
 def check_brokers_refuse(cluster: HaCluster, admin: AdminClient, epoch: int) -> list[str]:
@@ -247,18 +272,18 @@ def test_coordinator_and_broker_faults_lose_nothing_and_the_control_plane_takes_
                          "--rate", str(RATE), "--name", "p"])
         faults: list[Fault] = []
         try:
-            wait_for(lambda: healthy(cluster, admin), HEAL_TIMEOUT_S, "a healthy cluster")
+            wait_healthy(cluster, admin, "a healthy cluster")
             for kind in order:
                 fault = inject(cluster, admin, kind, rng)
                 faults.append(fault)
                 print(f"fault {len(faults)}: {kind}: {fault.old} (epoch {fault.old_epoch}) -> {fault.new} took over in "
                       f"{fault.takeover_s:.2f}s" + (f"; broker {fault.broker} killed" if fault.broker is not None else ""),
                       flush=True)
-                wait_for(lambda: healthy(cluster, admin), HEAL_TIMEOUT_S, f"healing after fault {len(faults)}")
+                wait_healthy(cluster, admin, f"healing after fault {len(faults)}")
                 fault.healed_at = time.monotonic()
                 if kind == "stop":
                     fault.notes += check_brokers_refuse(cluster, admin, fault.old_epoch)
-                    assert "written-by-the-deposed" not in {t.name for t in admin.list_topics()}
+                    assert DEPOSED_TOPIC not in {t.name for t in admin.list_topics()}
                 for note in fault.notes:
                     print(f"  {note}", flush=True)
             # The last fault's window: every partition acknowledged and read after it healed.
