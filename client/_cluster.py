@@ -184,6 +184,12 @@ class Cluster:
         """The coordinator's address (the one believed active, of several)."""
         return self._router.current if self._router is not None else self._bootstrap
 
+    @property
+    def coordinator_router(self) -> CoordinatorRouter | None:
+        """Which of several coordinators is active, as this client last learned (None: one
+        coordinator); the consumer's heartbeat thread follows it too."""
+        return self._router
+
     # -- channels --------------------------------------------------------------------------------
 
     def channel(self, address: str) -> grpc.Channel:

@@ -161,7 +161,8 @@ class DMQConsumer:
         # group calls per topic: up to 1 s apart, so a returning coordinator is found within about a second
         self._backoff: Backoffs[str] = Backoffs(RetryPolicy(self.config.retry_backoff_ms, MAX_GROUP_BACKOFF_MS))
         self._auto_commits: dict[str, concurrent.futures.Future[Any]] = {}  # broker -> last auto-commit
-        self._heartbeat = HeartbeatThread(self.consumer_id, config, self._wakeup, self._poll_age_s)
+        self._heartbeat = HeartbeatThread(self.consumer_id, config, self._wakeup, self._poll_age_s,
+                                          router=self._cluster.coordinator_router)
         self._last_poll = time.monotonic()
         self._in_poll = False
         self._next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
