@@ -8,12 +8,17 @@ the coordinator it believes active; after a failed call the node asks `follow(er
   2. a not-coordinator answer naming none (an election is under way), or the coordinator is
      unreachable, with several addresses: move to the next one of the list;
   3. anything else, or a single address: stay (as before: the one coordinator comes back).
+Until its lease lapses, a standby still names an active coordinator that died: one that refused
+a connection in the last DOWN_S is not followed there (case 2 instead), or the broker would bounce
+between the standby and the dead address, a new connection each time, as fast as they answer
+(hundreds a second per broker, until a coordinator refused them all: too many connections).
 The old channel is closed when the link moves; calls still on it end CANCELLED and their loops
 retry on the new one. One owner: the broker node, which closes the link when it stops.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import grpc
@@ -25,6 +30,12 @@ from dmq.proto import error_details
 log = structlog.get_logger(__name__)
 
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+DOWN_S = 1.0  # how long an address that refused a connection is not followed to when named
+
+
+def _refused(error: grpc.aio.AioRpcError) -> bool:
+    """No connection could be made (nothing listens there), as gRPC words it."""
+    return error.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (error.details() or "").lower()
 
 
 def split_coordinators(value: str) -> list[str]:
@@ -48,6 +59,7 @@ class CoordinatorLink:
         self.metadata: pb_grpc.MetadataStub | None = None
         self.groups: pb_grpc.GroupCoordinatorStub | None = None
         self._retired: list[grpc.aio.Channel] = []
+        self._down: dict[str, float] = {}  # address -> time.monotonic() of its last refused connection
 
     def __repr__(self) -> str:
         return f"<CoordinatorLink address={self.address!r} of={self.addresses}>"
@@ -72,7 +84,10 @@ class CoordinatorLink:
             trailing = None
         reason = error_details.reason_of(trailing)
         named = error_details.value_of(trailing, error_details.ACTIVE_COORDINATOR_KEY)
-        if reason == error_details.NOT_COORDINATOR and named:
+        now = time.monotonic()
+        if _refused(error):
+            self._down[self.address] = now
+        if reason == error_details.NOT_COORDINATOR and named and now - self._down.get(named, -DOWN_S) >= DOWN_S:
             target = named
         elif len(self.addresses) > 1 and (reason == error_details.NOT_COORDINATOR or error.code() in _UNREACHABLE):
             i = self.addresses.index(self.address) if self.address in self.addresses else -1

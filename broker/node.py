@@ -62,6 +62,7 @@ log = structlog.get_logger(__name__)
 
 LEADER_CACHE_MS = 2_000
 COORDINATOR_RPC_TIMEOUT_S = 5.0
+FOLLOW_PAUSE_S = 0.05  # between moves from one coordinator to another (see _heartbeat_loop)
 # The channel to the coordinator retries its connection at least this often (gRPC jitters it
 # +-20%): a restarted coordinator hears from every broker within about a second. gRPC's default
 # backoff grows to 120 s, and kept brokers away 9.5-18 s after a 30 s coordinator outage, during
@@ -297,7 +298,9 @@ class BrokerNode:
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not waits:
                     raise
                 if await self._link.follow(e):
-                    delay_s = 0.05  # another coordinator: asked at once
+                    delay_s = 0.05  # another coordinator: asked almost at once (see _heartbeat_loop)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), FOLLOW_PAUSE_S)
                     continue
                 log.warning("coordinator cannot register this broker yet, retrying",
                             coordinator=self.coordinator_address, code=e.code().name, error=e.details())
@@ -320,9 +323,12 @@ class BrokerNode:
     async def _heartbeat_loop(self) -> None:
         followed = False
         while not self._stopping.is_set():
-            if not followed:  # just moved to another coordinator: heartbeat (and re-register) at once
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), self._heartbeat_interval_ms / 1000)
+            # Just moved to another coordinator: heartbeat (and re-register) almost at once. The
+            # short pause bounds the pace while the coordinators answer faster than they agree
+            # (a standby naming an active one that just died), as _register's first delay does.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(),
+                                       FOLLOW_PAUSE_S if followed else self._heartbeat_interval_ms / 1000)
             followed = False
             if self._stopping.is_set():
                 return
