@@ -12,8 +12,13 @@ Until its lease lapses, a standby still names an active coordinator that died: o
 a connection in the last DOWN_S is not followed there (case 2 instead), or the broker would bounce
 between the standby and the dead address, a new connection each time, as fast as they answer
 (hundreds a second per broker, until a coordinator refused them all: too many connections).
-The old channel is closed when the link moves; calls still on it end CANCELLED and their loops
-retry on the new one. One owner: the broker node, which closes the link when it stops.
+The link keeps one channel per coordinator address (at most MAX_CHANNELS) and moving does not
+close the one it leaves: calls still on it end by themselves (answered, or at their deadline).
+Closing it cancelled them, and a cancelled call raises CancelledError in the handler awaiting it:
+a commit's ownership check in flight to a paused coordinator left the client's CommitOffsets
+unanswered until its own deadline (30 s), long after a standby had taken over. Nor does a move
+cost a new connection. One owner: the broker node, which closes the link (every channel) when it
+stops.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ log = structlog.get_logger(__name__)
 
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 DOWN_S = 1.0  # how long an address that refused a connection is not followed to when named
+MAX_CHANNELS = 16  # coordinator addresses with a channel (the list, and active ones named since)
 
 
 def _refused(error: grpc.aio.AioRpcError) -> bool:
@@ -58,7 +64,8 @@ class CoordinatorLink:
         self.channel: grpc.aio.Channel | None = None
         self.metadata: pb_grpc.MetadataStub | None = None
         self.groups: pb_grpc.GroupCoordinatorStub | None = None
-        self._retired: list[grpc.aio.Channel] = []
+        self._channels: dict[str, grpc.aio.Channel] = {}  # address -> its channel, at most MAX_CHANNELS
+        self._retired: list[grpc.aio.Channel] = []  # evicted past MAX_CHANNELS, to be closed
         self._down: dict[str, float] = {}  # address -> time.monotonic() of its last refused connection
 
     def __repr__(self) -> str:
@@ -68,10 +75,14 @@ class CoordinatorLink:
         self._connect(self.address)
 
     def _connect(self, address: str) -> None:
-        if self.channel is not None:
-            self._retired.append(self.channel)
+        channel = self._channels.get(address)
+        if channel is None:
+            if len(self._channels) >= MAX_CHANNELS:  # bounded: an address not current goes
+                evicted = next(a for a in self._channels if a != self.address)
+                self._retired.append(self._channels.pop(evicted))
+            channel = self._channels[address] = self._new_channel(address)
         self.address = address
-        self.channel = self._new_channel(address)
+        self.channel = channel
         self.metadata = pb_grpc.MetadataStub(self.channel)
         self.groups = pb_grpc.GroupCoordinatorStub(self.channel)
 
@@ -107,7 +118,7 @@ class CoordinatorLink:
             await channel.close(None)
 
     async def close(self) -> None:
-        if self.channel is not None:
-            self._retired.append(self.channel)
-            self.channel = None
+        self._retired += self._channels.values()
+        self._channels.clear()
+        self.channel = None
         await self._close_retired()

@@ -14,6 +14,10 @@ Found by the HA fault test (test_coordinator_ha.py), each failing here before it
     joined, whatever answered: the new active one never heard from it and removed it after one
     session ("member removed: session_timeout"); it re-joined with a new id and its partitions
     were handed over again;
+  - a commit sent while the active coordinator was paused went unanswered until the client's
+    deadline: the broker's ownership check in flight to the paused coordinator was cancelled when
+    its link moved to another coordinator (closing the old channel), and a cancelled call raises
+    CancelledError in the handler awaiting it, which then never answers;
   - a client's calls that timed out at the paused coordinator stayed there (only a refused
     connection or a NOT_COORDINATOR answer moved them): the admin client here asked the paused
     one again and again until it resumed.
@@ -38,6 +42,9 @@ LEASE_TTL_S = 2
 SESSION_MS = 2_000
 MEMBER_SESSION_MS = 3_000
 WAIT_S = 30.0
+# The broker's ownership check gives up on the paused coordinator after 5 s (its RPC deadline);
+# the client's retry then reaches the new active one through the broker's link.
+COMMIT_TIMEOUT_S = 15.0
 T = TypeVar("T")
 
 
@@ -86,6 +93,11 @@ def test_a_takeover_from_a_paused_coordinator_keeps_the_broker_and_the_member(
             assert old is not None
             old.signal(signal.SIGSTOP)
             try:
+                # A commit while the active coordinator is paused: the broker's ownership check
+                # waits for it, then (a standby having taken over) is asked again and passes.
+                producer.send(TOPIC, b"during", partition=0).get(WAIT_S)
+                wait_for(lambda: any(r.value == b"during" for r in consumer.poll(timeout_ms=200)), WAIT_S, "record read")
+                consumer.commit_sync(timeout=COMMIT_TIMEOUT_S)
                 new = next(c for c in cluster.coordinators if c is not old)
                 wait_for(lambda: (new.epoch() or 0) > (old.epoch() or 0), WAIT_S, "takeover")
                 took_over = time.monotonic()
