@@ -30,6 +30,7 @@ events with it), so events of several processes are ordered without wall-clock c
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import random
@@ -300,6 +301,9 @@ def test_coordinator_and_broker_faults_lose_nothing_and_the_control_plane_takes_
             producer.kill()
             for m in members:
                 m.stop()
+            for proc in [producer, *members]:  # for a failure's post-mortem (--basetemp keeps them)
+                (tmp_path / f"{proc.name}.events").write_text("\n".join(json.dumps(e) for e in proc.events))
+                (tmp_path / f"{proc.name}.stderr").write_text("".join(proc.stderr))
         assert not producer.of("failed"), producer.of("failed")[:5]
         assert len(acked) > 1_000, f"only {len(acked)} records acknowledged"
         with SimpleConsumer(cluster.bootstrap) as consumer:
