@@ -686,17 +686,18 @@ class Producer:
 
     # -- metadata --------------------------------------------------------------------------------
 
-    def _topic_metadata(self, topic: str) -> TopicMetadata:
+    def _topic_metadata(self, topic: str, *, fresh: bool = False) -> TopicMetadata:
         """The topic's metadata; retriable failures are retried (dmq.client._calls, paced by
         retry_backoff_ms) until max_block_ms after the first try (each try is bounded by it too:
-        see the Cluster's timeout in __init__)."""
+        see the Cluster's timeout in __init__). `fresh`: the coordinator's answer, not the cache's."""
         deadline = time.monotonic() + self._max_block_ms / 1000
-        with contextlib.suppress(DMQError):  # nothing cached: wait for it below
+        if not fresh:
             # Cached metadata, even stale, serves send() at once (a refresh is started meanwhile):
             # what send() needs of it (the partition count, the size limits) no coordinator
             # outage changes, and waiting for a refresh blocked send() until a coordinator was
             # active again (issue 28 item 5: the data path does not need the control plane).
-            return self._cluster.topic_metadata(topic, timeout_s=0.0, allow_stale=True)
+            with contextlib.suppress(DMQError):  # nothing cached: wait for it below
+                return self._cluster.topic_metadata(topic, timeout_s=0.0, allow_stale=True)
         try:
             return retry_call(lambda: self._cluster.topic_metadata(topic), policy=self._sender.retry, deadline=deadline)
         except DMQError as e:
@@ -710,7 +711,7 @@ class Producer:
             raise UnknownPartitionError(f"partition must be an int >= 0, got {partition!r}")
         if partition >= meta.partition_count:
             self._cluster.invalidate(topic)
-            meta = self._topic_metadata(topic)
+            meta = self._topic_metadata(topic, fresh=True)
             if partition >= meta.partition_count:
                 raise UnknownPartitionError(
                     f"partition {partition} does not exist: topic {topic!r} has partitions "
