@@ -242,16 +242,19 @@ def check_brokers_refuse(cluster: HaCluster, admin: AdminClient, epoch: int) -> 
     return answers
 
 
-def max_pause_s(acks: list[float], start: float, end: float) -> float:
-    """The longest time in [start, end] with no acknowledgement (acks sorted)."""
-    longest, last = 0.0, start
+def max_pause_s(acks: list[float], start: float, end: float) -> tuple[float, float]:
+    """The longest time in [start, end] with no acknowledgement (acks sorted), and when it began
+    (seconds after start)."""
+    longest, began, last = 0.0, 0.0, start
     for t in acks:
         if t <= start:
             continue
         if t > end:
             break
-        longest, last = max(longest, t - last), t
-    return max(longest, end - last)
+        if t - last > longest:
+            longest, began = t - last, last - start
+        last = t
+    return max((longest, began), (end - last, last - start))
 
 
 def test_coordinator_and_broker_faults_lose_nothing_and_the_control_plane_takes_over(
@@ -363,8 +366,11 @@ def test_coordinator_and_broker_faults_lose_nothing_and_the_control_plane_takes_
         read_again = {p: min((t for t in ts if t > fault.takeover_at), default=float("inf")) - fault.takeover_at
                       for p, ts in read_at.items()}
         read_bound_s = MEMBER_SESSION_MS / 1000 + SLACK_S
-        print(f"fault {n} {fault.kind}: takeover {fault.takeover_s:.2f}s; longest produce pause per partition {what}: "
-              f"{max(pauses.values()):.2f}s; group read every partition again "
+        longest = max(pauses.items(), key=lambda item: item[1][0])
+        pauses = {p: pause for p, (pause, _began) in pauses.items()}
+        print(f"fault {n} {fault.kind}: takeover {fault.takeover_s:.2f}s, healed {fault.healed_at - fault.at:.1f}s after it; "
+              f"longest produce pause per partition {what}: {longest[1][0]:.2f}s (partition {longest[0]}, from "
+              f"{longest[1][1]:.2f}s after the fault); group read every partition again "
               f"{max(read_again.values()):.2f}s after the takeover (bound {read_bound_s:.0f}s)")
         if fault.takeover_s > LEASE_TTL_S + 1:
             failures.append(f"fault {n}: takeover took {fault.takeover_s:.2f}s (bound {LEASE_TTL_S + 1}s)")
