@@ -327,6 +327,18 @@ class Cluster:
             raise TopicNotFoundError(f"topic {topic!r} not found")
         return meta
 
+    def cached_metadata(self, topic: str) -> TopicMetadata | None:
+        """The cached metadata of `topic`, even stale or old (then a refresh is started, not waited
+        for); None when nothing is cached. For the producer: what send() needs of it (the partition
+        count, the size limits) no coordinator outage changes, and while no coordinator is active a
+        refresh cannot succeed (issue 28 item 5: the data path does not need the control plane)."""
+        meta = self._topics.get(topic)
+        now = time.monotonic()
+        if meta is not None and (topic in self._stale or now - meta.fetched_at > self.metadata_max_age_ms / 1000):
+            if now >= self._refresh_retry_at:
+                self._start_refresh((topic,))
+        return meta
+
     def partitions_for(self, topic: str) -> int:
         meta = self._topics.get(topic)
         if meta is not None and topic not in self._stale:

@@ -53,7 +53,6 @@ short, and do not call flush() from one (it would wait for itself).
 
 from __future__ import annotations
 
-import contextlib
 import concurrent.futures
 import inspect
 import threading
@@ -687,17 +686,10 @@ class Producer:
     # -- metadata --------------------------------------------------------------------------------
 
     def _topic_metadata(self, topic: str, *, fresh: bool = False) -> TopicMetadata:
-        """The topic's metadata; retriable failures are retried (dmq.client._calls, paced by
-        retry_backoff_ms) until max_block_ms after the first try (each try is bounded by it too:
-        see the Cluster's timeout in __init__). `fresh`: the coordinator's answer, not the cache's."""
+        """Cached, even stale (Cluster.cached_metadata), unless `fresh`; else asked, retried until max_block_ms."""
+        if not fresh and (cached := self._cluster.cached_metadata(topic)) is not None:
+            return cached
         deadline = time.monotonic() + self._max_block_ms / 1000
-        if not fresh:
-            # Cached metadata, even stale, serves send() at once (a refresh is started meanwhile):
-            # what send() needs of it (the partition count, the size limits) no coordinator
-            # outage changes, and waiting for a refresh blocked send() until a coordinator was
-            # active again (issue 28 item 5: the data path does not need the control plane).
-            with contextlib.suppress(DMQError):  # nothing cached: wait for it below
-                return self._cluster.topic_metadata(topic, timeout_s=0.0, allow_stale=True)
         try:
             return retry_call(lambda: self._cluster.topic_metadata(topic), policy=self._sender.retry, deadline=deadline)
         except DMQError as e:
