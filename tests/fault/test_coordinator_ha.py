@@ -242,6 +242,11 @@ def check_brokers_refuse(cluster: HaCluster, admin: AdminClient, epoch: int) -> 
     return answers
 
 
+def acked_since(producer: Proc, since: float) -> set[int]:
+    """The partitions with an acknowledgement after `since` (monotonic)."""
+    return {e["p"] for e in producer.of("acked") if e["m"] > since}
+
+
 def max_pause_s(acks: list[float], start: float, end: float) -> tuple[float, float]:
     """The longest time in [start, end] with no acknowledgement (acks sorted), and when it began
     (seconds after start)."""
@@ -287,7 +292,11 @@ def test_coordinator_and_broker_faults_lose_nothing_and_the_control_plane_takes_
                       f"{fault.takeover_s:.2f}s" + (f"; broker {fault.broker} killed" if fault.broker is not None else ""),
                       flush=True)
                 wait_healthy(cluster, admin, f"healing after fault {len(faults)}")
+                # ... and acknowledging on every partition again (the last leadership move, back
+                # to a restarted broker's preferred replicas, is not the next fault's pause).
                 fault.healed_at = time.monotonic()
+                wait_for(lambda since=fault.healed_at: acked_since(producer, since) == set(range(PARTITIONS)), WAIT_S,
+                         f"produce on every partition after fault {len(faults)}")
                 if kind == "stop":
                     fault.notes += check_brokers_refuse(cluster, admin, fault.old_epoch)
                     assert DEPOSED_TOPIC not in {t.name for t in admin.list_topics()}
@@ -295,7 +304,7 @@ def test_coordinator_and_broker_faults_lose_nothing_and_the_control_plane_takes_
                     print(f"  {note}", flush=True)
             # The last fault's window: every partition acknowledged and read after it healed.
             healed = faults[-1].healed_at
-            wait_for(lambda: {e["p"] for e in producer.of("acked") if e["m"] > healed} == set(range(PARTITIONS))
+            wait_for(lambda: acked_since(producer, healed) == set(range(PARTITIONS))
                      and {p for m in members for e in m.of("records") if e["m"] > healed for p, _, _ in e["items"]}
                      == set(range(PARTITIONS)), WAIT_S, "produce and consume after the last fault")
             producer.send("close")
