@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/spark_bench.py [--rows 1000000] [--value-bytes 100] [--runs 5]
                                           [--warmup 4] [--bootstrap host:port] [--conf KEY=VALUE]
+                                          [--standalone | --master spark://host:port]
 
 Starts an embedded DMQ server (coordinator + broker) in a child process, as `make run` would,
 unless --bootstrap is given; produces the rows (two partitions), then times four readers of the
@@ -19,6 +20,11 @@ of the medians follow, to show the spread. Warm-up matters here: the JVM's JIT c
 used 4.5, 1.7, 1.3, 0.9, 0.8 s of CPU in the first five rounds, then 0.6-0.9 s per round from
 there on (/proc, one run): CPU that every measured query competes with on 2 cores. Four rounds
 reach that floor.
+--standalone starts a real standalone Spark cluster (a master and two one-core workers, each its own
+process, from pyspark's own launcher: tests/spark/standalone.py) and runs the same rounds on it, the
+executors fetching the records; --master submits to a cluster already running. On one 2-core machine
+the cluster's figures show what the executor path costs (executor JVMs and Python workers beside the
+broker), not what a cluster of machines reaches.
 Targets: dmq >= 1,000,000 rows/s and >= 5x the tuple reader. dmq/ceiling shows how much of what
 Spark's Python data source path allows the source gets; ceiling/tuples bounds any source's ratio.
 """
@@ -44,7 +50,7 @@ import structlog  # noqa: E402
 from _server import embedded_server  # noqa: E402  (the bench helpers, shared)
 
 from dmq.client import AdminClient, Producer, SimpleConsumer  # noqa: E402
-from dmq.client.spark import local_session  # noqa: E402
+from dmq.client.spark import local_session, python_worker_conf, register  # noqa: E402
 from dmq.client.spark.reader import DMQBatchReader, OffsetRange, read_range  # noqa: E402
 from dmq.client.spark.source import DMQDataSource  # noqa: E402
 
@@ -128,6 +134,40 @@ def produce(bootstrap: str, rows: int, value_bytes: int) -> float:
     return time.perf_counter() - started
 
 
+def start_cluster(root: pathlib.Path) -> Any:
+    """The tests' standalone cluster (a master and two one-core workers, their own processes)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # the repository's tests/
+    from tests.spark.standalone import StandaloneCluster
+
+    cluster = StandaloneCluster(root)
+    cluster.start(workers=2)
+    print(f"standalone Spark cluster at {cluster.master_url} (2 workers, 1 core each)")
+    return cluster
+
+
+def cluster_session(master: str, conf: dict[str, str]) -> Any:
+    """A driver submitting to a Spark master: the executors (other processes) run the readers."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName("dmq-spark-bench")
+    settings = {
+        **python_worker_conf(),
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.executor.memory": "1g",
+        "spark.sql.shuffle.partitions": "2",
+        **conf,
+    }
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -136,11 +176,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=4, help="untimed rounds of every reader and query first")
     parser.add_argument("--bootstrap", help="use this running DMQ server instead of an embedded one")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--standalone", action="store_true", help="start a standalone Spark cluster and run on it")
+    where.add_argument("--master", help="a running Spark master (spark://host:port) instead of local[2]")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings and up
 
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="dmq-spark-bench-"))
     server = None
+    cluster = None
     bootstrap = args.bootstrap
     if bootstrap is None:
         # its own process, as deployed: the broker does not share the driver's GIL and heap
@@ -151,7 +195,14 @@ def main() -> None:
         print(f"produced {args.rows:,} x {args.value_bytes} B records in {produce_s:.1f} s")
 
         conf = dict(kv.split("=", 1) for kv in args.conf)
-        spark = local_session("dmq-spark-bench", master="local[2]", log_level="ERROR", conf=conf)
+        master = args.master or "local[2]"
+        if args.standalone:
+            cluster = start_cluster(workdir / "spark-cluster")
+            master = cluster.master_url
+        if master.startswith("local"):
+            spark = local_session("dmq-spark-bench", master=master, log_level="ERROR", conf=conf)
+        else:
+            spark = cluster_session(master, conf)
         spark.dataSource.register(TupleSource)
         spark.dataSource.register(CeilingSource)
 
@@ -191,7 +242,7 @@ def main() -> None:
         rates = {key: args.rows / min(seconds) for key, seconds in timings.items()}
         medians = {key: args.rows / statistics.median(seconds) for key, seconds in timings.items()}
         print(
-            f"\nSpark {spark.version} local[2], {args.rows:,} rows of {args.value_bytes} B, best of {args.runs} "
+            f"\nSpark {spark.version} {master}, {args.rows:,} rows of {args.value_bytes} B, best of {args.runs} "
             f"after {args.warmup} warm-up rounds; "
             f"{os.cpu_count()} CPUs, load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}"
             + (f"; extra settings {conf}" if conf else "")
@@ -222,6 +273,8 @@ def main() -> None:
         )
         spark.stop()
     finally:
+        if cluster is not None:
+            cluster.stop()
         if server is not None:
             server.stop()
 

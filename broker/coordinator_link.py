@@ -8,22 +8,17 @@ the coordinator it believes active; after a failed call the node asks `follow(er
   2. a not-coordinator answer naming none (an election is under way), or the coordinator is
      unreachable, with several addresses: move to the next one of the list;
   3. anything else, or a single address: stay (as before: the one coordinator comes back).
-Until its lease lapses, a standby still names an active coordinator that died: one that refused
-a connection in the last DOWN_S is not followed there (case 2 instead), or the broker would bounce
-between the standby and the dead address, a new connection each time, as fast as they answer
-(hundreds a second per broker, until a coordinator refused them all: too many connections).
-The link keeps one channel per coordinator address (at most MAX_CHANNELS) and moving does not
-close the one it leaves: calls still on it end by themselves (answered, or at their deadline).
-Closing it cancelled them, and a cancelled call raises CancelledError in the handler awaiting it:
-a commit's ownership check in flight to a paused coordinator left the client's CommitOffsets
-unanswered until its own deadline (30 s), long after a standby had taken over. Nor does a move
-cost a new connection. One owner: the broker node, which closes the link (every channel) when it
-stops.
+The link keeps one channel per address (at most one per coordinator named) and moves between
+them: while no coordinator is active (an election under way, the standbys still naming the dead
+one) a broker goes round the list, and a new channel per move was a new TCP connection each time,
+~50 a second, which the coordinators count for 30 s against the host's 1,000
+(dmq.proto.connections): the broker locked itself and every client on its host out of the new
+active coordinator. A call still on the previous channel ends at its own timeout. One owner: the
+broker node, which closes the link (every channel) when it stops.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import grpc
@@ -35,13 +30,8 @@ from dmq.proto import error_details
 log = structlog.get_logger(__name__)
 
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-DOWN_S = 1.0  # how long an address that refused a connection is not followed to when named
-MAX_CHANNELS = 16  # coordinator addresses with a channel (the list, and active ones named since)
-
-
-def _refused(error: grpc.aio.AioRpcError) -> bool:
-    """No connection could be made (nothing listens there), as gRPC words it."""
-    return error.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (error.details() or "").lower()
+# Channels kept beyond the listed addresses (to ones an answer named): a bound, the oldest goes first.
+MAX_NAMED_CHANNELS = 8
 
 
 def split_coordinators(value: str) -> list[str]:
@@ -64,9 +54,9 @@ class CoordinatorLink:
         self.channel: grpc.aio.Channel | None = None
         self.metadata: pb_grpc.MetadataStub | None = None
         self.groups: pb_grpc.GroupCoordinatorStub | None = None
-        self._channels: dict[str, grpc.aio.Channel] = {}  # address -> its channel, at most MAX_CHANNELS
-        self._retired: list[grpc.aio.Channel] = []  # evicted past MAX_CHANNELS, to be closed
-        self._down: dict[str, float] = {}  # address -> time.monotonic() of its last refused connection
+        # address -> its channel: the listed addresses and up to MAX_NAMED_CHANNELS an answer named.
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._dropped: list[grpc.aio.Channel] = []
 
     def __repr__(self) -> str:
         return f"<CoordinatorLink address={self.address!r} of={self.addresses}>"
@@ -75,14 +65,13 @@ class CoordinatorLink:
         self._connect(self.address)
 
     def _connect(self, address: str) -> None:
-        channel = self._channels.get(address)
-        if channel is None:
-            if len(self._channels) >= MAX_CHANNELS:  # bounded: an address not current goes
-                evicted = next(a for a in self._channels if a != self.address)
-                self._retired.append(self._channels.pop(evicted))
-            channel = self._channels[address] = self._new_channel(address)
         self.address = address
-        self.channel = channel
+        if address not in self._channels:
+            named = [a for a in self._channels if a not in self.addresses]
+            if len(named) >= MAX_NAMED_CHANNELS:
+                self._dropped.append(self._channels.pop(named[0]))
+            self._channels[address] = self._new_channel(address)
+        self.channel = self._channels[address]
         self.metadata = pb_grpc.MetadataStub(self.channel)
         self.groups = pb_grpc.GroupCoordinatorStub(self.channel)
 
@@ -95,10 +84,7 @@ class CoordinatorLink:
             trailing = None
         reason = error_details.reason_of(trailing)
         named = error_details.value_of(trailing, error_details.ACTIVE_COORDINATOR_KEY)
-        now = time.monotonic()
-        if _refused(error):
-            self._down[self.address] = now
-        if reason == error_details.NOT_COORDINATOR and named and now - self._down.get(named, -DOWN_S) >= DOWN_S:
+        if reason == error_details.NOT_COORDINATOR and named:
             target = named
         elif len(self.addresses) > 1 and (reason == error_details.NOT_COORDINATOR or error.code() in _UNREACHABLE):
             i = self.addresses.index(self.address) if self.address in self.addresses else -1
@@ -109,16 +95,14 @@ class CoordinatorLink:
             return False
         log.info("following the active coordinator", old=self.address, new=target, reason=reason or error.code().name)
         self._connect(target)
-        await self._close_retired()
+        dropped, self._dropped = self._dropped, []
+        for channel in dropped:
+            await channel.close(None)
         return True
 
-    async def _close_retired(self) -> None:
-        retired, self._retired = self._retired, []
-        for channel in retired:
-            await channel.close(None)
-
     async def close(self) -> None:
-        self._retired += self._channels.values()
-        self._channels.clear()
+        channels, self._channels = [*self._channels.values(), *self._dropped], {}
+        self._dropped = []
         self.channel = None
-        await self._close_retired()
+        for channel in channels:
+            await channel.close(None)

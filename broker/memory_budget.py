@@ -20,7 +20,7 @@ Fairness, in two rules:
      CRC); 32 of them in progress at once put ~130 ms of work ahead of every small request in the
      loop's queue, so a small producer's latency was that of the flood. Taking turns bounds the work
      queued ahead of it to a couple of large requests. The appends themselves now run in the
-     broker's append threads (broker.service._Appender, as many threads as turns), so the turns
+     broker's append threads (broker.appender.Appender, as many threads as turns), so the turns
      also bound how many large batches wait for those threads.
 Waiters are woken in order, skipping those that do not fit yet, so a small request is not queued
 behind a large one.

@@ -20,17 +20,18 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dmq.broker.log import LogManager
+from dmq.broker.memory_budget import ByteBudget
 from dmq.broker.offsets import is_offsets_log
+from dmq.broker.replication.manager import ReplicaManager
+from dmq.proto import dmq_pb2 as pb
 from dmq.proto.records import count_records
-
-if TYPE_CHECKING:
-    from dmq.broker.node import BrokerNode
 
 DEFAULT_MAX_PARTITION_SERIES = 1000
 # From 50 us (a page-cache-only device) to 2.5 s (a dying disk).
@@ -96,8 +97,37 @@ def timed_fsync(registry: CollectorRegistry) -> Callable[[int], None]:
     return fsync
 
 
+class QueueDepths(Protocol):
+    """Queue mode as the metrics read it (the QueueManager's describe)."""
+
+    def describe(self, topic: str, group: str) -> pb.QueueDescribeResponse: ...
+
+
+class CollectedBroker(Protocol):
+    """The broker as its collector reads it; a Protocol, so this module (which the servicers
+    import for TopicTraffic) names no node."""
+
+    @property
+    def broker_id(self) -> int: ...
+
+    @property
+    def logs(self) -> LogManager: ...
+
+    @property
+    def replication(self) -> ReplicaManager: ...
+
+    @property
+    def queues(self) -> QueueDepths: ...
+
+    @property
+    def traffic(self) -> TopicTraffic: ...
+
+    @property
+    def budget(self) -> ByteBudget: ...
+
+
 class BrokerCollector(Collector):
-    def __init__(self, node: BrokerNode, max_partition_series: int = DEFAULT_MAX_PARTITION_SERIES) -> None:
+    def __init__(self, node: CollectedBroker, max_partition_series: int = DEFAULT_MAX_PARTITION_SERIES) -> None:
         if max_partition_series < 0:
             raise ValueError(f"max_partition_series must be >= 0, got {max_partition_series}")
         self._node = node
@@ -111,13 +141,13 @@ class BrokerCollector(Collector):
         broker = str(node.broker_id)
         yield from self._traffic(broker)
         yield _gauge("dmq_broker_bytes_in_flight", "Request and answer bytes held in memory now (produce batches "
-                     "being appended, fetch answers not yet sent)", broker, node.service.budget.in_use)
+                     "being appended, fetch answers not yet sent)", broker, node.budget.in_use)
         yield from self._logs(broker)
         yield from self._replication(broker)
         yield from self._queues(broker)
 
     def _traffic(self, broker: str) -> Iterator[Metric]:
-        traffic = self._node.service.traffic
+        traffic = self._node.traffic
         for name, doc, counts in (
             ("dmq_broker_records_in", "Records appended by produce requests, per topic", traffic.records_in),
             ("dmq_broker_bytes_in", "Batch bytes appended by produce requests, per topic", traffic.bytes_in),
@@ -167,7 +197,8 @@ class BrokerCollector(Collector):
         led = [(r, r.leading) for r in replicas if r.leading is not None]
         under = sum(1 for _r, leading in led if len(leading.isr) < len(leading.replicas))
         offline = sum(1 for r in replicas if r.state.leader_id < 0)
-        yield _gauge("dmq_broker_partitions_led", "Replicated partitions this broker leads", broker, len(led))
+        yield _gauge("dmq_broker_partitions_led", "Partitions this broker leads (replicated or not)", broker,
+                     self._partitions_led(len(led)))
         yield _gauge("dmq_broker_under_replicated_partitions",
                      "Partitions led here whose in-sync set is smaller than their replica set", broker, under)
         yield _gauge("dmq_broker_offline_partitions",
@@ -195,6 +226,15 @@ class BrokerCollector(Collector):
             for topic, behind in sorted(worst.items()):
                 lag.add_metric([broker, topic, "*", "*"], behind)
         yield lag
+
+    def _partitions_led(self, replicated_led: int) -> int:
+        """The replicated partitions led, plus the unreplicated ones held: a partition with no
+        replica state has this broker as its only replica, and Produce serves it here (as
+        BrokerService._log_for decides), so it is led here, as `dmq brokers list` counts it."""
+        replication = self._node.replication
+        unreplicated = sum(1 for topic, partition in self._node.logs.partitions()
+                           if not is_offsets_log(topic) and replication.get(topic, partition) is None)
+        return replicated_led + unreplicated
 
     def _queues(self, broker: str) -> Iterator[Metric]:
         answer = self._node.queues.describe("", "")

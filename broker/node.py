@@ -34,16 +34,21 @@ import grpc
 import structlog
 from prometheus_client import CollectorRegistry
 
+from dmq.broker.append_notifier import AppendNotifier
 from dmq.broker.coordinator_link import CoordinatorLink, split_coordinators
 from dmq.broker.events.registry import EventStores
+from dmq.broker.events.service import EventStoreServicer
 from dmq.broker.log import LogConfig, LogManager
-from dmq.broker.metrics import DEFAULT_MAX_PARTITION_SERIES, BrokerCollector, timed_fsync
+from dmq.broker.memory_budget import ByteBudget
+from dmq.broker.metrics import DEFAULT_MAX_PARTITION_SERIES, BrokerCollector, TopicTraffic, timed_fsync
 from dmq.broker.offsets import OffsetStore
 from dmq.broker.queue.manager import QueueManager
+from dmq.broker.queue.service import QueueServicer
 from dmq.broker.replication.manager import ReplicaManager, ReplicatedDurability
 from dmq.broker.replication.stage_trace import StageTrace
 from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
 from dmq.broker.service import BrokerService
+from dmq.broker.servicers import add_broker_servicers
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
@@ -55,14 +60,14 @@ from dmq.proto.security.acls import Acl, AclSet
 from dmq.proto.security.interceptor import AclView
 from dmq.proto.security.settings import ClientSecurity, aio_channel
 from dmq.proto.server_errors import fail
-from dmq.proto.wire import add_broker_servicer
 
 log = structlog.get_logger(__name__)
 
 
 LEADER_CACHE_MS = 2_000
 COORDINATOR_RPC_TIMEOUT_S = 5.0
-FOLLOW_PAUSE_S = 0.05  # between moves from one coordinator to another (see _heartbeat_loop)
+# Going round the coordinators without an answer (an election under way): one heartbeat per this long.
+FOLLOW_PAUSE_S = 0.1
 # The channel to the coordinator retries its connection at least this often (gRPC jitters it
 # +-20%): a restarted coordinator hears from every broker within about a second. gRPC's default
 # backoff grows to 120 s, and kept brokers away 9.5-18 s after a 30 s coordinator outage, during
@@ -132,6 +137,8 @@ class BrokerNode:
         self.logs = LogManager(self.data_dir / "logs", self.log_config, max_open_files=max_open_files,
                                fsync=timed_fsync(self.metrics))
         self.offsets = OffsetStore(self.logs, self.data_dir)
+        # wakes long-polling fetches: the Broker servicer's produces, replication, dead letters
+        self.notifier = AppendNotifier()
         self.queues = QueueManager(self)  # queue mode: leases, acks, dead letters (broker/queue)
         # Replicated partitions: roles from the controller's states, followers' fetch loops,
         # the leaders' in-sync sets (broker/replication)
@@ -141,11 +148,16 @@ class BrokerNode:
         self.offsets.durability = ReplicatedDurability(self.replication)
         # event-store topics: their index, conditional appends and groups (broker/events)
         self.event_stores = EventStores(self.logs, self.offsets, self.replication)
+        self.replication.log_listener = self.event_stores  # a follower's event index follows its log
         self.dir_lock = DataDirLock(self.data_dir)
         self._opening: asyncio.Future[None] | None = None
         # bench/replication_bench.py's latency breakdown; off unless DMQ_STAGE_TRACE is set
         self.stage_trace = StageTrace.from_environment()
+        self.traffic = TopicTraffic()  # records / bytes in and out per topic (dmq.broker.metrics)
+        # The Broker service's servicers, one per room, registered together by add_to_server.
         self.service = BrokerService(self)
+        self.queue_service = QueueServicer(self)
+        self.event_service = EventStoreServicer(self)
         self.metrics.register(BrokerCollector(self, max_partition_series))
         self.ready = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -180,12 +192,19 @@ class BrokerNode:
         return self._metadata
 
     @property
+    def budget(self) -> ByteBudget:
+        """The data path's memory budget (fetch answers and produce requests in flight; the
+        servicer's, see memory_budget.py), as the metrics read it."""
+        return self.service.budget
+
+    @property
     def address(self) -> str:
         return f"{self.advertised_host}:{self.advertised_port}"
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        # Fetch answers bytes it framed itself: registered raw (dmq.proto.wire).
-        add_broker_servicer(self.service, server)
+        # One Broker service served by three servicers (dmq.broker.servicers); Fetch answers bytes it
+        # framed itself: registered raw (dmq.proto.wire).
+        add_broker_servicers(server, self.service, self.queue_service, self.event_service)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -278,6 +297,7 @@ class BrokerNode:
     async def _register(self) -> None:
         """Register with the coordinator, retrying until it answers or the node stops."""
         delay_s = 0.05
+        moved = False
         while not self._stopping.is_set():
             assert self._metadata is not None
             try:
@@ -297,11 +317,12 @@ class BrokerNode:
                 waits = reason in (error_details.DISK_FULL, error_details.BROKER_ID_TAKEN)
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not waits:
                     raise
-                if await self._link.follow(e):
-                    delay_s = 0.05  # another coordinator: asked almost at once (see _heartbeat_loop)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stopping.wait(), FOLLOW_PAUSE_S)
+                # Another coordinator: asked at once, but only once in a row, and the backoff keeps
+                # growing (see _heartbeat_loop: two that name each other are otherwise a tight loop).
+                if await self._link.follow(e) and not moved:
+                    moved = True
                     continue
+                moved = False
                 log.warning("coordinator cannot register this broker yet, retrying",
                             coordinator=self.coordinator_address, code=e.code().name, error=e.details())
                 # Bounded backoff that ends at once when the node stops (the RPC itself is
@@ -322,13 +343,14 @@ class BrokerNode:
 
     async def _heartbeat_loop(self) -> None:
         followed = False
+        moves = 0  # moves since the last answer: past one round of the list, an election is under way
         while not self._stopping.is_set():
-            # Just moved to another coordinator: heartbeat (and re-register) almost at once. The
-            # short pause bounds the pace while the coordinators answer faster than they agree
-            # (a standby naming an active one that just died), as _register's first delay does.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(),
-                                       FOLLOW_PAUSE_S if followed else self._heartbeat_interval_ms / 1000)
+            if not followed or moves > len(self._link.addresses):
+                # Just moved to another coordinator: heartbeat (and re-register) at once, except
+                # when going round the list: then at most every FOLLOW_PAUSE_S.
+                pause_s = FOLLOW_PAUSE_S if followed else self._heartbeat_interval_ms / 1000
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), pause_s)
             followed = False
             if self._stopping.is_set():
                 return
@@ -342,6 +364,7 @@ class BrokerNode:
                     # With several coordinators an unreachable one is left for the next at once.
                     wait_for_ready=len(self._link.addresses) == 1,
                 )
+                moves = 0
                 if response.reregister:
                     log.info("coordinator asked to re-register", broker_id=self.broker_id)
                     await self._register()
@@ -351,6 +374,7 @@ class BrokerNode:
             except grpc.aio.AioRpcError as e:
                 log.warning("broker heartbeat failed", broker_id=self.broker_id, error=e.details())
                 followed = await self._link.follow(e)
+                moves = moves + 1 if followed else 0
 
     def _heartbeat_timeout_s(self) -> float:
         """One coordinator: COORDINATOR_RPC_TIMEOUT_S (waiting for it to come back is all there is
@@ -427,7 +451,7 @@ class BrokerNode:
         self.queues.forget(topic, partitions)
         self._leader_cache.pop(topic, None)
         if partitions is None:
-            self.service.traffic.forget(topic)
+            self.traffic.forget(topic)
         log.info("partitions deleted", topic=topic, partitions=sorted(partitions) if partitions else "all")
 
     async def leader_hint(self, topic: str, partition: int) -> str | None:

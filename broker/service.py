@@ -30,42 +30,42 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 import structlog
 
+from dmq.broker.append_notifier import AppendNotifier
+from dmq.broker.appender import Appender
 from dmq.broker.log import (
-    AppendInfo,
     CorruptLogError,
     LogClosedError,
     LogError,
+    LogManager,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     PartitionLog,
     ProducerFencedError,
     UnknownPartitionError,
 )
-from dmq.broker.events.service import EventStoreRpcs
+from dmq.broker.events.registry import EventStores
 from dmq.broker.metrics import TopicTraffic
 from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
-from dmq.broker.queue.service import QueueRpcs
+from dmq.broker.offsets import OffsetStore
+from dmq.broker.queue.manager import QueueManager
 from dmq.broker.readiness import require_started
 from dmq.broker.offsets import check_offsets_log_name, is_offsets_log
-from dmq.broker.replication.manager import NotLeaderForPartition, Replica
+from dmq.broker.replication.manager import ReplicaManager
+from dmq.broker.replication.replica import NotLeaderForPartition, Replica
+from dmq.broker.replication.stage_trace import StageTrace
 from dmq.broker.storage_status import translate_storage
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits, names, records
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 from dmq.proto.offset_markers import EARLIEST, LATEST
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 from dmq.proto.server_errors import fail as _fail
 from dmq.proto.wire import frame_fetch_response
-
-if TYPE_CHECKING:
-    from dmq.broker.node import BrokerNode
 
 log = structlog.get_logger(__name__)
 
@@ -74,9 +74,6 @@ MAX_FETCH_PARTITIONS = 10_000
 MAX_COMMIT_PARTITIONS = 10_000
 MAX_OFFSET_METADATA_CHARS = 4096
 DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
-# Batches above this are appended in a worker thread (see _Appender); smaller ones on the loop.
-APPEND_INLINE_MAX_BYTES = 256 * 1024
-APPEND_THREADS = 2
 # FindTrace: records per answer (default, most), and the batch bytes that hold them
 TRACE_RECORDS_DEFAULT = 1_000
 TRACE_RECORDS_MAX = 10_000
@@ -173,116 +170,65 @@ _guarded = rpc_handler(log=log, translate=_translate)
 _loaded = rpc_handler(log=log, translate=_translate, before=require_started)
 
 
-class AppendNotifier:
-    """Wakes long-polling fetches when a partition gets new data.
+class BrokerHost(Protocol):
+    """The broker as its data-path servicer sees it (the BrokerNode is one): a Protocol, so this
+    module names no node and the node imports it without a cycle."""
 
-    Waiters park a future per partition they read; an append resolves them. Futures are removed by
-    the waiter itself, so the table only holds partitions with fetches in flight.
-    """
+    controller_epoch: int  # the newest heard of; UpdatePartitionStates moves it
 
-    def __init__(self) -> None:
-        self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+    @property
+    def ready(self) -> bool: ...
 
-    def notify(self, topic: str, partition: int) -> None:
-        waiters = self._waiters.pop((topic, partition), None)
-        if waiters:
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
+    @property
+    def broker_id(self) -> int: ...
 
-    async def wait_any(self, keys: list[tuple[str, int]], timeout_s: float) -> None:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        for key in keys:
-            self._waiters.setdefault(key, set()).add(fut)
-        try:
-            await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            pass
-        finally:
-            for key in keys:
-                waiters = self._waiters.get(key)
-                if waiters is not None:
-                    waiters.discard(fut)
-                    if not waiters:
-                        del self._waiters[key]
+    @property
+    def logs(self) -> LogManager: ...
 
+    @property
+    def offsets(self) -> OffsetStore: ...
 
-class _Appender:
-    """Appends large batches in worker threads, keeping each partition's appends in arrival order.
+    @property
+    def replication(self) -> ReplicaManager: ...
 
-    Why: a 1 MB append on the event loop (CRC, write() into the page cache, which the kernel's
-    dirty-page throttling may stall) blocked every other call for ~1-3 ms, and a flood of them
-    put that in front of every small request (bench/load_bench.py: a small producer's p99). In a
-    thread those wait on the disk, not the loop. A thread hop costs more than appending a small
-    batch, so small batches stay on the loop, unless the partition has appends queued: then they
-    queue behind them (FIFO per partition; asyncio.Lock serves waiters in order). At most
-    APPEND_THREADS run at once, and the memory budget's turns bound how many large ones wait.
-    PartitionLog.append is thread-safe; durability (wait_durable after the append) is unchanged.
-    """
+    @property
+    def queues(self) -> QueueManager: ...
 
-    def __init__(self, threads: int = APPEND_THREADS, inline_max_bytes: int = APPEND_INLINE_MAX_BYTES) -> None:
-        self.inline_max_bytes = inline_max_bytes
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="dmq-append")
-        self._locks: dict[int, asyncio.Lock] = {}
-        self._queued: dict[int, int] = {}  # per log: appends waiting or running in a thread
+    @property
+    def event_stores(self) -> EventStores: ...
 
-    def close(self) -> None:
-        """Wait for the appends in progress (blocking: call it from a thread)."""
-        self._pool.shutdown(wait=True)
+    @property
+    def notifier(self) -> AppendNotifier: ...
 
-    async def append(self, plog: PartitionLog, batch: bytes) -> AppendInfo:
-        key = id(plog)
-        if len(batch) <= self.inline_max_bytes and not self._queued.get(key):
-            return plog.append(batch)
-        self._queued[key] = self._queued.get(key, 0) + 1
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        try:
-            await lock.acquire()
-        except BaseException:
-            self._done(key)
-            raise
-        if len(batch) <= self.inline_max_bytes:
-            try:
-                return plog.append(batch)
-            finally:
-                lock.release()
-                self._done(key)
-        try:
-            fut = asyncio.get_running_loop().run_in_executor(self._pool, plog.append, batch)
-        except BaseException as e:
-            lock.release()
-            self._done(key)
-            if isinstance(e, RuntimeError):  # the pool is shut down: the broker is stopping
-                raise LogClosedError(f"{plog.topic}[{plog.partition}]: the broker is stopping") from e
-            raise
+    @property
+    def traffic(self) -> TopicTraffic: ...
 
-        def finished(_: asyncio.Future[AppendInfo]) -> None:
-            # Held until the thread is done, also when the caller was cancelled meanwhile, so
-            # the next append of this partition never overtakes it.
-            lock.release()
-            self._done(key)
+    @property
+    def stage_trace(self) -> StageTrace: ...
 
-        fut.add_done_callback(finished)
-        return await asyncio.shield(fut)
+    async def leader_hint(self, topic: str, partition: int) -> str | None: ...
 
-    def _done(self, key: int) -> None:
-        left = self._queued[key] - 1
-        if left:
-            self._queued[key] = left
-        else:
-            del self._queued[key]
-            lock = self._locks.get(key)
-            if lock is not None and not lock.locked():
-                del self._locks[key]
+    async def check_ownership(
+        self, group_id: str, member_id: str, generation: int, topic: str, partitions: list[int],
+        *, member_secret: str = "",
+    ) -> None: ...
+
+    def create_partitions(self, request: pb.CreatePartitionsRequest) -> None: ...
+
+    async def delete_partitions(self, topic: str, partitions: set[int] | None) -> None: ...
 
 
-class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
-    def __init__(self, node: BrokerNode, budget: ByteBudget | None = None) -> None:
+class BrokerService:
+    """The data path and the cluster's calls: Produce, Fetch, ListOffsets, committed offsets,
+    DescribeLogs, FindTrace and the controller's and followers' RPCs. Queue mode's and the event
+    store's RPCs are servicers of their own (dmq.broker.queue.service, dmq.broker.events.service),
+    registered beside this one (dmq.broker.servicers)."""
+
+    def __init__(self, node: BrokerHost, budget: ByteBudget | None = None) -> None:
         self._node = node
-        self.notifier = AppendNotifier()
-        self.traffic = TopicTraffic()  # records / bytes in and out per topic (dmq.broker.metrics)
-        self.appender = _Appender()
+        self.notifier = node.notifier  # wakes long-polling fetches (shared with replication, dead letters)
+        self.traffic = node.traffic  # records / bytes in and out per topic (dmq.broker.metrics)
+        self.appender = Appender()
         # Fetch answers and produce requests in flight, together (see memory_budget.py).
         self.budget = budget or ByteBudget()
 
@@ -301,9 +247,6 @@ class BrokerService(QueueRpcs, EventStoreRpcs, pb_grpc.BrokerServicer):
             return await self.budget.acquire(size, context.time_remaining(), what)
         except BudgetExhaustedError as e:
             raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), error_details.BUSY) from None
-
-    def storage_error(self, e: Exception) -> RpcAbort | None:
-        return _translate(self, e)
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -7,8 +7,8 @@ damaged log data -> DATA_LOSS naming topic, partition and offset; a write to a r
 log this broker cannot complete (not the leader, too few in-sync replicas) -> UNAVAILABLE. The
 reason also travels as trailing metadata (dmq.proto.error_details).
 
-A module of its own so that the mode services (dmq.broker.events.service) use the mapping without
-importing dmq.broker.service, which imports them.
+A module of its own so that every servicer of the Broker service (dmq.broker.service, the queue's
+and the event store's, dmq.broker.servicers) uses the one mapping without importing another.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import structlog
 
 from dmq.broker.log import CorruptLogError, LogClosedError, StorageUnavailableError
 from dmq.broker.log.errors import DISK_FULL_ERRNOS
-from dmq.broker.replication.manager import NotEnoughReplicas, NotLeaderForPartition
+from dmq.broker.replication.replica import NotEnoughReplicas, NotLeaderForPartition
 from dmq.proto import error_details
 from dmq.proto.server_errors import RpcAbort
 

@@ -32,6 +32,12 @@ class CoordinatorDescription:
     controller_epoch: int | None
     active_address: str | None  # the active coordinator as this one last read it (None: unknown)
     error: str | None = None  # why it is unreachable
+    # Its metadata store as it checked it when asked: "sqlite" | "etcd" (None: unreachable, or
+    # a coordinator too old to say), the etcd endpoint in use, healthy, and how (or why not).
+    metadata_store: str | None = None
+    metadata_store_address: str | None = None
+    metadata_store_healthy: bool | None = None
+    metadata_store_detail: str | None = None
 
 
 def describe_coordinators(channels: list[tuple[str, grpc.Channel]], timeout_s: float) -> list[CoordinatorDescription]:
@@ -49,5 +55,8 @@ def describe_coordinators(channels: list[tuple[str, grpc.Channel]], timeout_s: f
                 continue
             raise from_rpc_error(e, context=f"describe the coordinator at {address}") from e
         out.append(CoordinatorDescription(address, ACTIVE if r.active else STANDBY, r.controller_epoch,
-                                          r.active_address or None))
+                                          r.active_address or None, None, r.metadata_store or None,
+                                          r.metadata_store_address or None,
+                                          r.metadata_store_healthy if r.metadata_store else None,
+                                          r.metadata_store_detail or None))
     return out

@@ -18,6 +18,9 @@ failed, a standby's answer (retriable UNAVAILABLE, which the caller's retry poli
 after a pause) is raised in preference to a refused connection (which callers take as final).
 Futures and streams are only observed: their callers' own retries then reach the new address.
 With one address the Cluster uses a plain channel, exactly as before.
+
+The asyncio client (dmq.client.aio._coordinators) routes its awaited calls with the same
+`observe` rule and the same `Attempts` walk; only the waiting differs.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from dmq.proto import error_details
 
 log = get_logger(__name__)
 
-__all__ = ["CoordinatorRouter"]
+__all__ = ["Attempts", "CoordinatorRouter"]
 
 DOWN_S = 1.0
 
@@ -120,6 +123,28 @@ class CoordinatorRouter(grpc.Channel):
         self.close()
 
 
+class Attempts:
+    """One blocking call's walk over the coordinators (the module comment's rule): after each
+    failure, `again()` says whether to send it again (to router.current) or what to raise."""
+
+    __slots__ = ("_router", "_left", "_answered")
+
+    def __init__(self, router: CoordinatorRouter) -> None:
+        self._router = router
+        self._left = len(router.addresses) + 1  # each address once, and the one a standby named
+        self._answered: grpc.RpcError | None = None  # the last error a coordinator sent (not a refused connection)
+
+    def again(self, address: str, error: grpc.RpcError) -> grpc.RpcError | None:
+        """None: send the call again; else the error to raise."""
+        if not (callable(getattr(error, "details", None)) and is_connect_failure(error.details())):
+            self._answered = error
+        timed_out = callable(getattr(error, "code", None)) and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        if not self._router.observe(address, error) or timed_out:  # moved, not sent again (see the module doc)
+            return error
+        self._left -= 1
+        return (self._answered or error) if self._left <= 0 else None
+
+
 class _Routed:
     """One method's multicallable, at whichever coordinator is current."""
 
@@ -135,19 +160,17 @@ class _Routed:
         return call
 
     def _blocking(self, name: str, request: Any, kwargs: dict[str, Any]) -> Any:
-        answered: grpc.RpcError | None = None  # the last error a coordinator sent (not a refused connection)
-        for _attempt in range(len(self._router.addresses) + 1):
+        attempts = Attempts(self._router)
+        while True:
             address = self._router.current
             try:
                 return getattr(self._at(address), name)(request, **kwargs)
             except grpc.RpcError as e:
-                if not (callable(getattr(e, "details", None)) and is_connect_failure(e.details())):
-                    answered = e
-                timed_out = callable(getattr(e, "code", None)) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                if not self._router.observe(address, e) or timed_out:
+                error = attempts.again(address, e)
+                if error is e:
                     raise
-                last = e
-        raise answered or last
+                if error is not None:
+                    raise error from None  # a standby's answer rather than a later refused connection
 
     def __call__(self, request: Any, **kwargs: Any) -> Any:
         return self._blocking("__call__", request, kwargs)

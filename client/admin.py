@@ -238,15 +238,15 @@ class LogDescription:
 class ServerHealth:
     """One server's answer to check_health()."""
 
-    component: str  # "coordinator" | "broker"
-    broker_id: int | None  # None for the coordinator
+    component: str  # "coordinator" | "broker" | "etcd" (the coordinators' metadata store, when on etcd)
+    broker_id: int | None  # None but for a broker
     address: str
     up: bool
     detail: str  # SERVING, or why it counts as down
 
     @property
     def name(self) -> str:
-        return "coordinator" if self.broker_id is None else f"broker {self.broker_id}"
+        return self.component if self.broker_id is None else f"broker {self.broker_id}"
 
 
 def _by_partition(p: PartitionDescription) -> int:
@@ -660,7 +660,11 @@ class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
         """Ask the coordinator, then every broker it has registered (all at once), through the
         standard gRPC health service (grpc.health.v1). A broker counts as up only when it answers
         SERVING *and* the coordinator sees its heartbeats: one without the other is a broker
-        clients cannot use. Never raises for a server that is down: it is reported."""
+        clients cannot use. With several coordinators (bootstrap_servers "h1:p,h2:p"), each is
+        reported (active, standby or unreachable) and the active one is asked for the brokers; when
+        the coordinators keep their metadata on etcd, the etcd they use is reported as they last
+        checked it (a read within a second), the active one's word first. Never raises for a
+        server that is down: it is reported."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         cluster = self._cluster
@@ -677,16 +681,39 @@ class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
             name = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
             return answer.status == health_pb2.HealthCheckResponse.SERVING, name
 
+        addresses = cluster.coordinator_addresses()
+        # In flight while the coordinators are described: a paused one costs one timeout, not two.
+        checks = {a: ask(a, "") for a in addresses}
+        try:
+            described = describe_coordinators([(a, cluster.channel(a)) for a in addresses], timeout_s)
+        except DMQError:  # not allowed to ask (or too old to answer): the health service still is
+            described = []
+        stores = sorted((d for d in described if d.metadata_store == "etcd"), key=lambda d: d.state != "active")
+        store = ([ServerHealth("etcd", None, stores[0].metadata_store_address or "?", bool(stores[0].metadata_store_healthy),
+                               f"{stores[0].metadata_store_detail} (as {stores[0].address} checked it)")]
+                 if stores else [])
         coordinator = cluster.bootstrap
-        up, detail = verdict(ask(coordinator, ""))
+        others: list[ServerHealth] = []
+        if len(addresses) > 1 and described:
+            active = [d.address for d in described if d.state == "active"]
+            if not active:
+                return [ServerHealth("coordinator", None, d.address, False,
+                                     d.error or f"{d.state}; no coordinator is active") for d in described] + store
+            coordinator = active[0]
+            others = [ServerHealth("coordinator", None, d.address, d.error is None,
+                                   d.error or f"{d.state} (active: {coordinator})")
+                      for d in described if d.address != coordinator]
+        up, detail = verdict(checks[coordinator] if coordinator in checks else ask(coordinator, ""))
         if not up:
-            return [ServerHealth("coordinator", None, coordinator, False, detail)]
+            return [ServerHealth("coordinator", None, coordinator, False, detail), *others, *store]
         try:
             listed = cluster.metadata_stub().ListBrokers(pb.ListBrokersRequest(), timeout=timeout_s)
         except grpc.RpcError as e:
             return [ServerHealth("coordinator", None, coordinator, False,
-                                 f"cannot list brokers: {_health_failure(e, timeout_s)}")]
-        out = [ServerHealth("coordinator", None, coordinator, True, detail)]
+                                 f"cannot list brokers: {_health_failure(e, timeout_s)}"), *others, *store]
+        if len(addresses) > 1 and described:
+            detail += ", active"
+        out = [ServerHealth("coordinator", None, coordinator, True, detail), *others, *store]
         brokers = sorted((BrokerDescription.from_response(b) for b in listed.brokers), key=lambda b: b.broker_id)
         futures = [ask(b.address, BROKER_SERVICE) for b in brokers]  # all in flight at once
         for b, future in zip(brokers, futures):

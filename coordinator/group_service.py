@@ -42,6 +42,13 @@ max_poll_interval_ms even while its heartbeat thread runs; the client's own watc
 group too (as Kafka's client does). A heartbeat without a poll age counts as poll activity.
 
 Watch streams (WatchGroup): see coordinator/group_wakeups.py.
+
+Several coordinators (dmq.coordinator.controller.leadership): the service acts only while
+`metadata.acting()` (the lease surely held): every RPC checks it first and a standby's or deposed
+one's refusal names the active coordinator; the ticker checks it before firing any timer, so a
+coordinator resumed after its lease lapsed expires no member and writes nothing. Deposed, the node
+stops the service (ticker, streams, long polls) and, elected again, starts it anew: the groups are
+reloaded from the store into a fresh registry, as by a restarted coordinator.
 """
 
 from __future__ import annotations
@@ -85,7 +92,8 @@ from dmq.coordinator.group import (
 from dmq.coordinator.group_admin import GroupBrokers, describe_to_proto, subscription_to_proto, summaries_to_proto
 from dmq.coordinator.group_rows import group_to_row, record_to_row, row_to_record
 from dmq.coordinator.group_wakeups import ALL_MEMBERS, Signals, WatchStreams, affected, wait_or_timeout
-from dmq.coordinator.metadata import MetadataManager, complete_even_if_cancelled
+from dmq.coordinator.metadata import MetadataManager
+from dmq.coordinator.store_writes import complete_even_if_cancelled
 from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.metastore.base import MetadataStore, StoreFullError
 from dmq.coordinator.validation import validate_topic_name
@@ -248,11 +256,14 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self.on_rebalance: Callable[[float], None] | None = None
         self._rebalance_started: dict[str, float] = {}
         self._ack_seq: dict[tuple[str, str], int] = {}  # GetAssignment calls per member
-        self._watches = WatchStreams(self.registry, self._signals, self._ack_seq, lambda: self._stopping)
+        self._term = 0  # starts since construction: a stream of an earlier term ends in a later one
+        self._watches = self._new_watches()
         self._creating: dict[str, asyncio.Future[None]] = {}
         self._deleting: set[str] = set()
         self._ticker: asyncio.Task[None] | None = None
         self._ticker_wake: asyncio.Event | None = None
+        self.ticks = 0  # passes of the ticker (tests wait on it instead of on the clock)
+        self._listening = False  # the metadata listeners are added once, at the first start
         self._serving = False
         self._stopping = False
 
@@ -277,9 +288,14 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         listeners, start the ticker; RPCs are answered UNAVAILABLE until this is done."""
         if self._serving:
             raise RuntimeError("group service already started")
+        if self._ticker is not None:
+            raise RuntimeError("group service still stopping")
+        self._fresh_state()  # a new term of an elected coordinator starts from the store, as a restart does
         await self._load()
-        self._metadata.on_topic_deleted(self._on_topic_deleted)
-        self._metadata.on_partitions_added(self._on_partitions_added)
+        if not self._listening:
+            self._listening = True
+            self._metadata.on_topic_deleted(self._on_topic_deleted)
+            self._metadata.on_partitions_added(self._on_partitions_added)
         self._ticker_wake = asyncio.Event()
         self._stopping = False
         self._ticker = asyncio.create_task(self._tick_loop(), name="group-coordinator-ticker")
@@ -300,12 +316,27 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 await asyncio.wait_for(ticker, STOP_TIMEOUT_S)
         log.info("group coordinator stopped", groups=len(self.registry))
 
+    def _fresh_state(self) -> None:
+        self._term += 1
+        self.registry = GroupRegistry(self.config)
+        self._signals = Signals()
+        self._ack_seq = {}
+        self._rebalance_started.clear()
+        self._watches = self._new_watches()
+
+    def _new_watches(self) -> WatchStreams:
+        term = self._term
+        return WatchStreams(self.registry, self._signals, self._ack_seq, lambda: not self._serving or self._term != term)
+
     def _check_serving(self) -> None:
-        if not self._serving and not self._stopping:  # starting, or a standby: says so, naming the active one
+        acting = self._metadata.acting()
+        if self._serving and acting:
+            return
+        if not acting or not self._stopping:
+            # starting, a standby, or deposed (stepping down or stood down): says so, naming the active one
             e = self._metadata.not_ready_error()
             raise DomainError(str(e) if e.reason else f"group {e}", code=e.code, reason=e.reason, extra=e.extra)
-        if not self._serving:
-            _fail(grpc.StatusCode.UNAVAILABLE, "group coordinator is stopping: retry")
+        _fail(grpc.StatusCode.UNAVAILABLE, "group coordinator is stopping: retry")
 
     async def _load(self) -> None:
         rows = await self._store.load_groups()
@@ -344,7 +375,10 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 async with self._lock:
                     self._forgive_pause()
                     deadline_ms = self.registry.next_deadline_ms()
-                    due = deadline_ms is not None and deadline_ms <= self.clock.now_ms()
+                    # Deposed (the lease may lapse): no member expires, nothing is written; the node
+                    # stops this task and the new active coordinator's timers decide.
+                    acting = self._metadata.acting()
+                    due = acting and deadline_ms is not None and deadline_ms <= self.clock.now_ms()
                     events = self._tick() if due else []
                     if due:
                         deadline_ms = self.registry.next_deadline_ms()
@@ -356,6 +390,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             except Exception:  # noqa: BLE001 - the ticker must keep running; say what broke
                 log.exception("group timer tick failed")
                 deadline_ms = None
+            self.ticks += 1
             now_ms = self.clock.now_ms()
             sleep_ms = self.max_tick_interval_ms if deadline_ms is None else deadline_ms - now_ms
             sleep_ms = min(max(sleep_ms, 0), self.max_tick_interval_ms)
@@ -665,7 +700,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             self._publish(result.events, wake=(key,))
             response = result.response
             left_s = deadline - time.monotonic()
-            if not response.rebalance_in_progress or left_s <= 0 or self._stopping:
+            if not response.rebalance_in_progress or left_s <= 0 or not self._serving:
                 break
             wake = self._signals.get(group_id, member_id)
             await wait_or_timeout(wake, left_s)

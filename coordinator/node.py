@@ -22,8 +22,11 @@ starting: retry"), since the server may already be taking calls (`dmq server` sh
 Several coordinators on one etcd (`lease_ttl_s` given; dmq.coordinator.controller.leadership):
 `start()` opens the store and stands by; the node takes control (step 2's claim, load, monitor,
 components) only once elected, and answers metadata RPCs meanwhile with NOT_COORDINATOR naming
-the active one. Deposed (its lease not renewed in time), it stops acting at once and calls
-`on_deposed` (the process runner then stops the process, to be started again as a standby).
+the active one. Deposed (its lease not renewed in time), it stops acting at once (every check reads
+the lease's deadline from the clock) and steps down: the duties the active role started (the
+group service with its timers and streams, the liveness monitor, reassignments, pushes in flight)
+are stopped, `on_deposed` is called, and it stands by again in the same process; elected again
+later, it claims a new, higher controller epoch and reloads everything from the store.
 `stop()` resigns, so a standby takes over at once.
 
 Components. The group coordinator is a NodeComponent (add_to_server / start / stop) built by
@@ -51,17 +54,13 @@ from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.controller.leadership import Leadership, NotCoordinatorError
 from dmq.coordinator.controller.status import CoordinatorStatusServicer
 from dmq.coordinator.group_service import build as build_group_service
-from dmq.coordinator.metadata import (
-    DEFAULT_BROKER_CALL_TIMEOUT_MS,
-    DEFAULT_BROKER_SESSION_TIMEOUT_MS,
-    DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS,
-    MetadataError,
-    MetadataManager,
-    MetadataServicer,
-    CoordinatorStartingError,
-    PrincipalLimits,
-    wall_clock_ms,
-)
+from dmq.coordinator.broker_calls import DEFAULT_BROKER_CALL_TIMEOUT_MS
+from dmq.coordinator.controller.controller import DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS
+from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, wall_clock_ms
+from dmq.coordinator.metadata import MetadataManager
+from dmq.coordinator.metadata_errors import CoordinatorStartingError, MetadataError
+from dmq.coordinator.metadata_service import MetadataServicer
+from dmq.coordinator.principal_limits import PrincipalLimits
 from dmq.coordinator.metrics import DEFAULT_MAX_PARTITION_SERIES
 from dmq.coordinator.metrics import install as install_metrics
 from dmq.coordinator.pause_watch import PauseWatch
@@ -144,7 +143,7 @@ class CoordinatorNode:
         self.default_subscription_from_ms = default_subscription_from_ms
         self.rebalance_debounce_ms = rebalance_debounce_ms
         self.clock_ms = clock_ms
-        # Liveness reads use the clock directly (MetadataManager._alive); the monitor ends sessions
+        # Liveness reads use the clock directly (BrokerMembership._alive); the monitor ends sessions
         # and elects new leaders within a tenth of a session, and at most 100 ms, of the expiry (the
         # issue's bound on a new leader is session + 1 s; a pass over the brokers costs microseconds).
         self.liveness_check_interval_ms = liveness_check_interval_ms or max(
@@ -176,9 +175,9 @@ class CoordinatorNode:
         if lease_ttl_s is not None:
             self.leadership = Leadership(
                 self.store, advertised_address, lease_ttl_s,  # type: ignore[arg-type]  # an etcd store
-                on_elected=self._elected, on_deposed=self._deposed,
+                on_elected=self._elected, on_deposed=self._step_down,
             )
-            self.metadata.acting = self.leadership.leading
+            self.metadata.acting = self.metadata.pusher.acting = self.leadership.leading
             self.metadata.not_ready_error = self._refusal
         self.controller_epoch = 0
         self._on_active = on_active
@@ -186,6 +185,7 @@ class CoordinatorNode:
         self.components: list[NodeComponent] = []
         self.groups: Any = None  # the group coordinator component, when there is one
         self._tasks: list[asyncio.Task[None]] = []
+        self._active_tasks: list[asyncio.Task[None]] = []  # the active role's, stopped on stepping down
         self._stopping = asyncio.Event()
         self._started = False
         self.groups = build_group_service(self)
@@ -240,10 +240,11 @@ class CoordinatorNode:
 
     async def _take_control(self) -> None:
         """Load the state and start the controller and group duties (the claim is the caller's)."""
+        self.metadata.pusher.reopen()  # closed by an earlier term's step-down
         await self.metadata.load()
         await self.acl_manager.load()
         self._started = True
-        self._tasks.append(asyncio.create_task(self._liveness_loop(), name="coordinator-broker-liveness"))
+        self._active_tasks.append(asyncio.create_task(self._liveness_loop(), name="coordinator-broker-liveness"))
         for component in self.components:
             await component.start()
         log.info(
@@ -263,13 +264,9 @@ class CoordinatorNode:
                     await asyncio.wait_for(component.stop(), STOP_TIMEOUT_S)
                 except Exception:  # noqa: BLE001 - the rest must still be closed
                     log.exception("component failed to stop", component=repr(component))
-            for task in self._tasks:
-                task.cancel()
-            if self._tasks:
-                _done, pending = await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S)
-                if pending:
-                    log.error("coordinator tasks did not stop in time", tasks=[t.get_name() for t in pending])
+            await self._cancel(self._tasks + self._active_tasks)
             self._tasks.clear()
+            self._active_tasks.clear()
             try:
                 await asyncio.wait_for(self.metadata.close(), STOP_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - the channels and SQLite must still be closed
@@ -291,7 +288,7 @@ class CoordinatorNode:
 
     async def _liveness_loop(self) -> None:
         interval_s = self.liveness_check_interval_ms / 1000
-        self.metadata.pause_watch.arm()  # observed from now on at every check (dmq.coordinator.pause_watch)
+        self.metadata.membership.pause_watch.arm()  # observed from now on at every check (dmq.coordinator.pause_watch)
         next_preferred_s = time.monotonic() + self.preferred_leader_check_interval_ms / 1000
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
@@ -299,39 +296,61 @@ class CoordinatorNode:
             if self._stopping.is_set():
                 return
             if not self.metadata.acting():
-                continue  # deposed: the process is stopping; a standby's controller decides now
+                continue  # deposed, stepping down (this task is cancelled): the new active one decides now
             try:
-                await self.metadata.check_brokers()
+                await self.metadata.controller.check_brokers()
             except Exception:  # noqa: BLE001 - the monitor must keep running (a failed election is retried)
                 log.exception("broker liveness check failed")
             if time.monotonic() >= next_preferred_s:
                 next_preferred_s = time.monotonic() + self.preferred_leader_check_interval_ms / 1000
                 try:
-                    await self.metadata.rebalance_preferred_leaders()
+                    await self.metadata.controller.rebalance_preferred_leaders()
                 except Exception:  # noqa: BLE001 - retried at the next check
                     log.exception("preferred leader check failed")
 
     # -- several coordinators: the election's callbacks (dmq.coordinator.controller.leadership) ----
 
+    async def _cancel(self, tasks: list[asyncio.Task[None]]) -> None:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+            if pending:
+                log.error("coordinator tasks did not stop in time", tasks=[t.get_name() for t in pending])
+
     async def _lead(self) -> None:
         assert self.leadership is not None
-        try:
-            await self.leadership.run()
-        except Exception:  # noqa: BLE001 - taking control failed (etcd, a load): stop, let another try
-            log.exception("taking control failed", address=self.advertised_address)
-            self.leadership.deposed = True
-            self._deposed()
+        await self.leadership.run()  # until stop() cancels it: elected, deposed, standing by, again
 
     async def _elected(self) -> None:
+        started = time.monotonic()
         # Fences every write of the coordinator that led before (metastore.base).
         self.controller_epoch = self.metadata.pusher.controller_epoch = await self.store.claim_controller_epoch()
         await self._take_control()
-        log.info("coordinator active", address=self.advertised_address, controller_epoch=self.controller_epoch)
+        # took_ms: the claim, the load and the duties' start, the part of a takeover after the
+        # lease lapsed (bench/coordinator_failover_bench.py reads it).
+        log.info("coordinator active", address=self.advertised_address, controller_epoch=self.controller_epoch,
+                 took_ms=round((time.monotonic() - started) * 1000, 1))
         if self._on_active is not None:
             self._on_active(self.controller_epoch)
 
-    def _deposed(self) -> None:
+    async def _step_down(self) -> None:
+        """Deposed: stop every duty of the active role (bounded waits), then stand by. Nothing acts
+        meanwhile: every RPC, timer and push checks `leadership.leading()` first."""
         self.metadata.ready = False
+        for component in reversed(self.components):
+            try:
+                await asyncio.wait_for(component.stop(), STOP_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - the rest must still be stopped
+                log.exception("component failed to stop", component=repr(component))
+        active, self._active_tasks = self._active_tasks, []
+        await self._cancel(active)
+        try:
+            await asyncio.wait_for(self.metadata.close(), STOP_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - standing by must not fail
+            log.exception("controller background work failed to stop")
+        log.warning("coordinator standing by after losing leadership", address=self.advertised_address,
+                    controller_epoch=self.controller_epoch)
         if self.on_deposed is not None:
             self.on_deposed()
 

@@ -1029,16 +1029,24 @@ class DescribeCoordinatorRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeCoordinatorResponse(_message.Message):
-    __slots__ = ("address", "active", "controller_epoch", "active_address")
+    __slots__ = ("address", "active", "controller_epoch", "active_address", "metadata_store", "metadata_store_address", "metadata_store_healthy", "metadata_store_detail")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_STORE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_STORE_HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    METADATA_STORE_DETAIL_FIELD_NUMBER: _ClassVar[int]
     address: str
     active: bool
     controller_epoch: int
     active_address: str
-    def __init__(self, address: _Optional[str] = ..., active: _Optional[bool] = ..., controller_epoch: _Optional[int] = ..., active_address: _Optional[str] = ...) -> None: ...
+    metadata_store: str
+    metadata_store_address: str
+    metadata_store_healthy: bool
+    metadata_store_detail: str
+    def __init__(self, address: _Optional[str] = ..., active: _Optional[bool] = ..., controller_epoch: _Optional[int] = ..., active_address: _Optional[str] = ..., metadata_store: _Optional[str] = ..., metadata_store_address: _Optional[str] = ..., metadata_store_healthy: _Optional[bool] = ..., metadata_store_detail: _Optional[str] = ...) -> None: ...
 
 class Subscription(_message.Message):
     __slots__ = ("mode", "from_ms", "created_ms")

@@ -1,7 +1,8 @@
 """The event-store RPCs of the Broker service: validation and translation, nothing else.
 
-`EventStoreRpcs` is mixed into BrokerService (broker/service.py), so the RPCs share its node and
-its error handling; the work happens in store.py / groups.py. Every field is checked here against
+`EventStoreServicer` is a servicer of its own, registered on the broker's server beside the
+others (dmq.broker.servicers); it sees the broker through `EventServiceHost`, not the node. The
+work happens in store.py / groups.py. Every field is checked here against
 dmq.proto.event_headers' rules before a store is touched. The store's refusals are DomainErrors
 (broker/events/errors.py) and a broken rule a FieldError, both mapped by rpc_handler
 (dmq.proto.server_errors):
@@ -23,7 +24,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 import grpc
 import structlog
@@ -32,10 +33,13 @@ from dmq.broker.events.errors import ConditionFailedError, EventStoreFullError
 from dmq.broker.events.groups import Claimed, GroupManager, PartitionView
 from dmq.broker.events.progress import AckWrite, GroupRecord
 from dmq.broker.events.query import QueryItem
+from dmq.broker.events.registry import EventStores
 from dmq.broker.events.index import EventColumns, EventIndex, split_tags
 from dmq.broker.events.store import Condition, EventStore, NewEvent
 from dmq.broker.log import UnknownPartitionError
+from dmq.broker.metrics import TopicTraffic
 from dmq.broker.readiness import require_started
+from dmq.broker.replication.replica import ReplicaLookup
 from dmq.broker.storage_status import translate_storage
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import event_headers, records
@@ -43,10 +47,7 @@ from dmq.proto.names import GROUP_ID_MAX_BYTES, MEMBER_ID_MAX_BYTES, check_id, c
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 from dmq.proto.server_errors import fail as _fail
 
-if TYPE_CHECKING:
-    from dmq.broker.node import BrokerNode
-
-__all__ = ["EventStoreRpcs", "DEFAULT_READ_LIMIT", "DEFAULT_CLAIM_TIMEOUT_MS"]
+__all__ = ["EventServiceHost", "EventStoreServicer", "DEFAULT_READ_LIMIT", "DEFAULT_CLAIM_TIMEOUT_MS"]
 
 log = structlog.get_logger(__name__)
 
@@ -74,7 +75,7 @@ _STATUS: list[tuple[type[Exception], grpc.StatusCode]] = [
 ]
 
 
-def _translate(service: Any, e: Exception) -> RpcAbort | None:
+def _translate(service: EventStoreServicer, e: Exception) -> RpcAbort | None:
     for cls, code in _STATUS:
         if isinstance(e, cls):
             return RpcAbort(code, str(e))
@@ -174,10 +175,37 @@ def _check_ref(ref: pb.EventClaimRef, field: str = "") -> None:
     _check_worker(ref.worker_id)
 
 
-class EventStoreRpcs:
-    """Mixed into BrokerService: `_node` is its BrokerNode."""
+class EventServiceHost(Protocol):
+    """The broker as the event-store RPCs see it: started yet (dmq.broker.readiness), its id, its
+    event stores, its replicas (only the leader serves a store), the per-topic traffic counters
+    and where a partition's leader is."""
 
-    _node: BrokerNode
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def broker_id(self) -> int: ...
+
+    @property
+    def event_stores(self) -> EventStores: ...
+
+    @property
+    def replication(self) -> ReplicaLookup: ...
+
+    @property
+    def traffic(self) -> TopicTraffic: ...
+
+    async def leader_hint(self, topic: str, partition: int) -> str | None: ...
+
+
+class EventStoreServicer:
+    """EventAppend / EventRead / EventSubscribe, the event groups' RPCs and EventStoreDescribe."""
+
+    def __init__(self, node: EventServiceHost) -> None:
+        self._node = node  # `_node`: what require_started reads
+
+    def __repr__(self) -> str:
+        return f"<EventStoreServicer broker={self._node.broker_id}>"
 
     async def _store(self, topic: str) -> EventStore:
         _checked(lambda: check_topic_name(topic, field="topic"))
@@ -216,9 +244,9 @@ class EventStoreRpcs:
             last, append_ms = await store.append(events, condition)
         except ConditionFailedError:
             # counted here, answered by rpc_handler (its reason and conflicting position ride along)
-            self._node.service.traffic.event_conflict(request.topic)
+            self._node.traffic.event_conflict(request.topic)
             raise
-        self._node.service.traffic.events_appended(request.topic, len(events))
+        self._node.traffic.events_appended(request.topic, len(events))
         return pb.EventAppendResponse(last_position=last, append_time_ms=append_ms)
 
     @_guarded
@@ -357,7 +385,7 @@ class EventStoreRpcs:
         head = store.readable_end()
         if not claims:
             return pb.EventClaimResponse(claimed=False, head=head)
-        self._node.service.traffic.events_claimed(request.topic, len(claims))
+        self._node.traffic.events_claimed(request.topic, len(claims))
         first, *more = claims
         return pb.EventClaimResponse(
             claimed=True,

@@ -52,7 +52,7 @@ from dmq.broker.events.index import EventColumns, EventIndex, PackedEvents, colu
 from dmq.broker.events.progress import AckWrite, ProgressStore
 from dmq.broker.events.query import QueryItem
 from dmq.broker.log import LogClosedError, LogError, PartitionLog, StorageUnavailableError
-from dmq.broker.replication.manager import NotEnoughReplicas, NotLeaderForPartition
+from dmq.broker.replication.replica import NotEnoughReplicas, NotLeaderForPartition
 from dmq.proto import records
 from dmq.proto.event_headers import event_headers
 

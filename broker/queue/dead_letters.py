@@ -21,22 +21,19 @@ Produce call; those channels are owned here and closed by `close()`.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import grpc
 import structlog
 
 from dmq.broker.log import UnknownPartitionError
+from dmq.broker.queue.ports import TopicPort
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import names, records
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.server_errors import fail
-
-if TYPE_CHECKING:
-    from dmq.broker.node import BrokerNode
 
 log = structlog.get_logger(__name__)
 
@@ -94,8 +91,9 @@ def encode_dead_letters(source_topic: str, partition: int, group: str, letters: 
 
 
 class DeadLetterWriter:
-    def __init__(self, node: BrokerNode) -> None:
+    def __init__(self, node: TopicPort, *, appended: Callable[[str, int], None]) -> None:
         self._node = node
+        self._appended = appended  # the queue manager's: pops waiting on the dead-letter topic wake
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def __repr__(self) -> str:
@@ -122,8 +120,8 @@ class DeadLetterWriter:
                 return await self._produce_remote(leader, dlq, batch)
             plog = node.logs.get(dlq, 0)  # created here by the coordinator meanwhile
         info = await plog.append_durable(batch)
-        node.service.notifier.notify(dlq, 0)
-        node.queues.on_append(dlq, 0)
+        node.notifier.notify(dlq, 0)
+        self._appended(dlq, 0)
         return Written(dlq, 0, info.base_offset)
 
     async def _leader_of(self, dlq: str) -> str:

@@ -44,7 +44,7 @@ import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 import structlog
 
@@ -59,6 +59,7 @@ from dmq.broker.queue.dead_letters import (
 )
 from dmq.broker.queue.errors import LeaseBusyError, LeaseNotLiveError, QueueOverLimitError, QueueNotLeaderError
 from dmq.broker.queue.leases import Lease, LeaseTable
+from dmq.broker.queue.ports import QueueHost
 from dmq.broker.queue.progress import (
     LEASE_ENDED,
     MAX_ERROR_CHARS,
@@ -69,9 +70,6 @@ from dmq.broker.queue.progress import (
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits, records
 from dmq.proto.domain_errors import DomainError, ErrorCode
-
-if TYPE_CHECKING:
-    from dmq.broker.node import BrokerNode
 
 log = structlog.get_logger(__name__)
 
@@ -146,11 +144,11 @@ class _CutBatch:
 
 
 class QueueManager:
-    def __init__(self, node: BrokerNode, progress: ProgressStore | None = None) -> None:
+    def __init__(self, node: QueueHost, progress: ProgressStore | None = None) -> None:
         self._node = node
         self.progress: ProgressStore = progress or OffsetProgressStore(node.offsets)
         self.leases = LeaseTable()
-        self.dead_letters = DeadLetterWriter(node)
+        self.dead_letters = DeadLetterWriter(node, appended=self.on_append)
         self._configs: dict[str, pb.TopicConfig] = {}
         self._partition_counts: dict[str, int] = {}
         self._led: dict[str, set[int]] = {}

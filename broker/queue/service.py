@@ -1,9 +1,11 @@
 """The queue RPCs of the Broker service: validate, call the QueueManager, build the answer.
 
-`QueueRpcs` is mixed into `dmq.broker.service.BrokerService`; every field is checked here before
-the manager sees it, so a bad request gets INVALID_ARGUMENT naming the field and the limit. The
-manager refuses with DomainErrors (broker/queue/errors.py: a lease that is not live, a full queue),
-which rpc_handler maps; storage failures are mapped by the broker's one mapping (BrokerService.storage_error).
+`QueueServicer` is a servicer of its own, registered on the broker's server beside the others
+(dmq.broker.servicers); it sees the broker through `QueueServiceHost`, not the node. Every field is
+checked here before the manager sees it, so a bad request gets INVALID_ARGUMENT naming the field
+and the limit. The manager refuses with DomainErrors (broker/queue/errors.py: a lease that is not
+live, a full queue), which rpc_handler maps; storage failures are mapped by the broker's one
+mapping (dmq.broker.storage_status).
 
 Who may use a lease (dmq.proto.security.rpc_table, Access.HANDLER): a request that acks, nacks,
 rejects or renews names only the lease id, so the lease's topic and group are looked up here and
@@ -16,14 +18,16 @@ broker's own writes, as the cluster principal: the topic's max_delivery_attempts
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 import structlog
 
 from dmq.broker.queue.dead_letters import DLQ_SUFFIX
+from dmq.broker.queue.manager import QueueManager
 from dmq.broker.queue.progress import MAX_ERROR_CHARS, QUEUE_GROUP_PREFIX
 from dmq.broker.readiness import require_started
+from dmq.broker.storage_status import translate_storage
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits, names
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
@@ -32,10 +36,6 @@ from dmq.proto.security.interceptor import current_access
 from dmq.proto.security.rpc_table import Need
 from dmq.proto.server_errors import RpcAbort, rpc_handler
 from dmq.proto.server_errors import fail
-
-if TYPE_CHECKING:
-    from dmq.broker.node import BrokerNode
-    from dmq.broker.queue.manager import QueueManager
 
 log = structlog.get_logger(__name__)
 
@@ -48,9 +48,8 @@ LEASE_ID_MAX_CHARS = 64
 MAX_ERROR_INPUT_CHARS = 16 * MAX_ERROR_CHARS
 
 
-def _translate(servicer: Any, e: Exception) -> RpcAbort | None:
-    result: RpcAbort | None = servicer.storage_error(e)
-    return result
+def _translate(servicer: QueueServicer, e: Exception) -> RpcAbort | None:
+    return translate_storage(servicer._node.broker_id, e)
 
 
 # Every queue RPC reads progress and leases loaded at start: UNAVAILABLE until then (dmq.broker.readiness).
@@ -95,13 +94,27 @@ def _readers(topic: str, group: str) -> list[Need]:
     return [Need(ResourceType.TOPIC, topic, Operation.READ), Need(ResourceType.GROUP, group, Operation.READ)]
 
 
-class QueueRpcs:
+class QueueServiceHost(Protocol):
+    """The broker as the queue RPCs see it: started yet (dmq.broker.readiness), its id, its queues."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def broker_id(self) -> int: ...
+
+    @property
+    def queues(self) -> QueueManager: ...
+
+
+class QueueServicer:
     """QueuePop / QueueAck / QueueNack / QueueReject / QueueRenew / QueueDescribe."""
 
-    _node: BrokerNode
+    def __init__(self, node: QueueServiceHost) -> None:
+        self._node = node  # `_node`: what require_started reads
 
-    def storage_error(self, e: Exception) -> RpcAbort | None:  # BrokerService maps storage errors
-        raise NotImplementedError
+    def __repr__(self) -> str:
+        return f"<QueueServicer broker={self._node.broker_id}>"
 
     def _queues(self) -> QueueManager:
         return self._node.queues

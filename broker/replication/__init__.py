@@ -15,6 +15,10 @@ The parts with I/O, imported by the broker node and service only:
                 high watermark, acks=all waits, AlterIsr
     fetcher     a follower's fetch loop per leader broker (truncation first, then copying)
     checkpoint  the epoch cache's file in the partition directory
+
+What the rest of the broker sees of it: `replica` (one replica's state, the refusals
+NotLeaderForPartition / NotEnoughReplicas) and `ports` (the narrow interfaces the manager is handed
+instead of the node: ReplicaHost, AppendListener, ReplicaLogListener).
 """
 
 from .epochs import UNDEFINED_EPOCH, UNDEFINED_OFFSET, EpochEntry, LeaderEpochCache

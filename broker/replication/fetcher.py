@@ -24,8 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING
-
 import grpc
 import structlog
 
@@ -33,15 +31,13 @@ from dmq.broker.log import InvalidBatchError, LogError
 from dmq.broker.offsets import is_offsets_log
 from dmq.broker.replication.checkpoint import save_epochs
 from dmq.broker.replication.epochs import UNDEFINED_EPOCH
+from dmq.broker.replication.ports import ReplicaHost, ReplicaLogListener
+from dmq.broker.replication.replica import Replica
 from dmq.broker.replication.truncation import truncation_offset
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.security.settings import aio_channel
-
-if TYPE_CHECKING:
-    from dmq.broker.node import BrokerNode
-    from dmq.broker.replication.manager import Replica, ReplicaManager
 
 log = structlog.get_logger(__name__)
 
@@ -63,9 +59,11 @@ class _Unanswered(Exception):
 
 
 class LeaderFetcher:
-    def __init__(self, manager: ReplicaManager, node: BrokerNode, leader_id: int, address: str) -> None:
-        self._manager = manager
+    def __init__(
+        self, node: ReplicaHost, listener: ReplicaLogListener, leader_id: int, address: str, *, lag_time_max_ms: int
+    ) -> None:
         self._node = node
+        self._listener = listener
         self.leader_id = leader_id
         self.address = address
         self._partitions: dict[tuple[str, int], Replica] = {}
@@ -75,7 +73,7 @@ class LeaderFetcher:
         self._call: grpc.aio.UnaryUnaryCall[pb.FetchRequest, pb.FetchResponse] | None = None
         self._changed = asyncio.Event()
         # Long-poll well within the lag limit: a parked fetch does not tell the leader anything.
-        self.wait_ms = max(1, min(FETCH_WAIT_MS_MAX, manager.lag_time_max_ms // 4))
+        self.wait_ms = max(1, min(FETCH_WAIT_MS_MAX, lag_time_max_ms // 4))
 
     def __repr__(self) -> str:
         return f"<LeaderFetcher leader={self.leader_id} at {self.address} partitions={len(self._partitions)}>"
@@ -219,7 +217,7 @@ class LeaderFetcher:
         plog = r.plog
         if end < plog.log_end_offset:
             before = plog.log_end_offset
-            await self._node.event_stores.truncating(r.topic, end)  # its index is cut first
+            await self._listener.truncating(r.topic, end)  # its index is cut first
             await asyncio.to_thread(plog.truncate_to, end)
             log.warning("replica truncated to the leader's history", topic=r.topic, partition=r.partition,
                         leader=self.leader_id, epoch=r.leader_epoch, from_offset=before, to_offset=plog.log_end_offset)
@@ -293,7 +291,7 @@ class LeaderFetcher:
                 # the leader's retention passed this replica's log end: what it has is gone from
                 # the cluster's history; it starts over where the leader's log starts
                 before = plog.log_end_offset
-                await self._node.event_stores.truncating(r.topic, 0)
+                await self._listener.truncating(r.topic, 0)
                 await asyncio.to_thread(plog.restart_at, result.log_start_offset)
                 r.cache.truncate_from_start(result.log_start_offset)
                 save_epochs(plog, r.cache)
@@ -320,7 +318,7 @@ class LeaderFetcher:
                             topic=r.topic, partition=r.partition, error=str(e))
                 r.needs_truncation = True
                 return False
-            self._node.event_stores.replica_appended(r.topic)
+            self._listener.replica_appended(r.topic)
         if is_offsets_log(r.topic) and result.log_start_offset > plog.log_start_offset:
             # the leader compacted its offsets log (dmq.broker.offsets): the older segments here go too
             try:

@@ -27,8 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine, Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import structlog
@@ -36,14 +35,12 @@ import structlog
 from dmq.broker.log import AppendInfo, LogError, PartitionLog, UnknownPartitionError
 from dmq.broker.offsets import LocalDurability, OffsetStore, is_offsets_log, offsets_log_topic
 from dmq.broker.replication.checkpoint import load_epochs, save_epochs
-from dmq.broker.replication.epochs import LeaderEpochCache
+from dmq.broker.replication.fetcher import LeaderFetcher
 from dmq.broker.replication.isr import PartitionReplicas
+from dmq.broker.replication.ports import NO_LISTENER, ReplicaHost, ReplicaLogListener
+from dmq.broker.replication.replica import NotEnoughReplicas, NotLeaderForPartition, Replica, ReplicaFetcher
 from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
 from dmq.proto import dmq_pb2 as pb
-
-if TYPE_CHECKING:
-    from dmq.broker.node import BrokerNode
-    from dmq.broker.replication.fetcher import LeaderFetcher
 
 log = structlog.get_logger(__name__)
 
@@ -58,51 +55,10 @@ def min_insync_for(config: pb.TopicConfig, replicas: int) -> int:
     return 2 if rf >= 3 else 1
 
 
-class NotLeaderForPartition(Exception):
-    """This broker does not lead the partition (any more); the message names the leader."""
-
-
-class NotEnoughReplicas(Exception):
-    """Fewer in-sync replicas than min_insync_replicas (before the write, or when it reached them),
-    or they did not all get it in time; retriable."""
-
-
-@dataclass(eq=False)
-class Replica:
-    """This broker's replica of one partition that has a PartitionState."""
-
-    topic: str
-    partition: int
-    plog: PartitionLog
-    cache: LeaderEpochCache
-    state: pb.PartitionState
-    min_insync: int = 1
-    leading: PartitionReplicas | None = None
-    high_watermark: int = 0  # a follower: the leader's (capped at its own log end)
-    needs_truncation: bool = False
-    fetcher: LeaderFetcher | None = None
-    alter_pending: bool = False
-    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return self.topic, self.partition
-
-    @property
-    def leader_epoch(self) -> int:
-        return self.state.leader_epoch
-
-    def not_leader_message(self, broker_id: int) -> str:
-        where = f"{self.topic}[{self.partition}]"
-        if self.state.leader_id < 0:
-            return f"broker {broker_id} does not lead {where}; it has no leader now (its in-sync replicas are down)"
-        return f"broker {broker_id} does not lead {where}; the leader is {self.state.leader_address}"
-
-
 class ReplicaManager:
     def __init__(
         self,
-        node: BrokerNode,
+        node: ReplicaHost,
         *,
         replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT,
         replica_ack_timeout_ms: int = REPLICA_ACK_TIMEOUT_MS_DEFAULT,
@@ -112,11 +68,14 @@ class ReplicaManager:
         if replica_ack_timeout_ms <= 0:
             raise ValueError(f"replica_ack_timeout_ms must be > 0, got {replica_ack_timeout_ms}")
         self._node = node
+        # Told about a follower's truncations and appends (the event stores' index follows the
+        # log); set by the node once the event stores exist, which are built on this manager.
+        self.log_listener: ReplicaLogListener = NO_LISTENER
         self.lag_time_max_ms = replica_lag_time_max_ms
         self.ack_timeout_ms = replica_ack_timeout_ms
         self._replicas: dict[tuple[str, int], Replica] = {}
         self._fetchers: dict[tuple[int, str], LeaderFetcher] = {}
-        self._retiring: set[LeaderFetcher] = set()  # no partition left: stopping
+        self._retiring: set[ReplicaFetcher] = set()  # no partition left: stopping
         self._tasks: set[asyncio.Task[None]] = set()
         self._checker: asyncio.Task[None] | None = None
         self._stopped = False
@@ -264,7 +223,7 @@ class ReplicaManager:
                  isr=sorted(leading.isr), log_end_offset=leo, high_watermark=leading.high_watermark)
         if is_offsets_log(r.topic):
             self._node.offsets.reload_log(r.topic, r.partition)  # serve the commits it copied
-        self._node.service.notifier.notify(r.topic, r.partition)
+        self._node.notifier.notify(r.topic, r.partition)
 
     def _stop_leading(self, r: Replica) -> None:
         if r.leading is not None:
@@ -281,17 +240,16 @@ class ReplicaManager:
                 self._retiring.add(fetcher)
                 self._spawn(self._retire(fetcher), f"stop fetcher {fetcher.key}")
 
-    async def _retire(self, fetcher: LeaderFetcher) -> None:
+    async def _retire(self, fetcher: ReplicaFetcher) -> None:
         await fetcher.stop()
         self._retiring.discard(fetcher)
 
     def _fetcher_for(self, leader_id: int, address: str) -> LeaderFetcher:
-        from dmq.broker.replication.fetcher import LeaderFetcher
-
         key = (leader_id, address)
         fetcher = self._fetchers.get(key)
         if fetcher is None:
-            fetcher = self._fetchers[key] = LeaderFetcher(self, self._node, leader_id, address)
+            fetcher = self._fetchers[key] = LeaderFetcher(self._node, self.log_listener, leader_id, address,
+                                                              lag_time_max_ms=self.lag_time_max_ms)
             fetcher.start()
         return fetcher
 
@@ -391,10 +349,10 @@ class ReplicaManager:
                 else:
                     keep.append((end, fut))
             r.waiters = keep
-        self._node.service.notifier.notify(r.topic, r.partition)
+        self._node.notifier.notify(r.topic, r.partition)
 
     def notify(self, r: Replica) -> None:
-        self._node.service.notifier.notify(r.topic, r.partition)
+        self._node.notifier.notify(r.topic, r.partition)
 
     def _fail_waiters(self, r: Replica, message: str) -> None:
         waiters, r.waiters = r.waiters, []

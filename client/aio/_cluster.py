@@ -34,6 +34,7 @@ from typing import Any
 import grpc
 
 from dmq.client._cluster import Cluster, TopicMetadata, parse_address, unreachable
+from dmq.client.aio._coordinators import AioCoordinatorRouter
 from dmq.client.errors import ClientClosedError, DMQError, DMQTimeoutError, InvalidConfigError
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.security.settings import SecurityConfigError, aio_channel
@@ -159,8 +160,9 @@ class Wakeup:
 
 
 def bootstrap_address(value: Any, setting: str = "bootstrap_servers") -> str:
-    """One coordinator ``host:port`` from a string ("h:p" or "h1:p,h2:p") or a list of them: the
-    first is used (the coordinator tells the client where the brokers are)."""
+    """The coordinator addresses, "h1:p,h2:p" (each checked), from a string ("h:p" or "h1:p,h2:p")
+    or a list of them. With several (one active coordinator, the others standing by), the
+    AsyncCluster follows the active one among them; the coordinator tells where the brokers are."""
     if isinstance(value, str):
         candidates = [a for a in value.split(",") if a.strip()]
     elif isinstance(value, (list, tuple)) and all(isinstance(a, str) for a in value):
@@ -169,13 +171,16 @@ def bootstrap_address(value: Any, setting: str = "bootstrap_servers") -> str:
         raise InvalidConfigError(f"{setting} must be 'host:port' or a list of them, got {value!r}")
     if not candidates:
         raise InvalidConfigError(f"{setting} must name at least one 'host:port', got {value!r}")
-    address = candidates[0].strip()
-    if "://" in address:
-        address = address.split("://", 1)[1].rstrip("/")
-    try:
-        return parse_address(address)
-    except ValueError as e:
-        raise InvalidConfigError(f"{setting}: {e}") from e
+    addresses = []
+    for candidate in candidates:
+        address = candidate.strip()
+        if "://" in address:
+            address = address.split("://", 1)[1].rstrip("/")
+        try:
+            addresses.append(parse_address(address))
+        except ValueError as e:
+            raise InvalidConfigError(f"{setting}: {e}") from e
+    return ",".join(dict.fromkeys(addresses))
 
 
 class AsyncCluster(Cluster):
@@ -189,6 +194,8 @@ class AsyncCluster(Cluster):
     def __init__(self, bootstrap: str, **settings: Any) -> None:
         super().__init__(bootstrap, **settings)
         self.running: set[CallFuture] = set()  # calls started here and not finished yet
+        if self._router is not None:  # several coordinators: the same rule, awaited calls
+            self._router = AioCoordinatorRouter(self._router.addresses, self.channel)
 
     def channel(self, address: str) -> Any:
         ch = self._channels.get(address)
@@ -209,6 +216,14 @@ class AsyncCluster(Cluster):
 
     def _unary(self, address: str, method: str, serializer: Any, deserializer: Any) -> Any:
         return FutureMethod(super()._unary(address, method, serializer, deserializer), self.running)
+
+    def _coordinator_stub(self, address: str, cls: type) -> Any:
+        if self._router is None or address not in self._router.addresses:
+            return self._stub(address, cls)
+        stub = self._stubs.get(("", cls))
+        if stub is None:
+            stub = self._stubs[("", cls)] = FutureStub(cls(self._router), self.running)
+        return stub
 
     # Never wait in a synchronous look-up: nothing could answer while the loop is held.
     def topic_metadata(self, topic: str, *, timeout_s: float | None = None, allow_stale: bool = False) -> TopicMetadata:
@@ -249,27 +264,43 @@ class AsyncCluster(Cluster):
 
     async def acheck_reachable(self, timeout_s: float | None = None) -> None:
         """Cluster.check_reachable() without blocking the loop: connect to the bootstrap
-        address, or raise NoBrokersAvailableError naming it (at once when refused)."""
+        address, or raise NoBrokersAvailableError naming it (at once when refused). With several
+        coordinators, the first that accepts a connection becomes the current one (a dead one's
+        closed port is refused at once), within one shared timeout."""
         wait_s = self.timeout_s if timeout_s is None else timeout_s
-        channel = self.channel(self.bootstrap)
+        deadline = time.monotonic() + wait_s
+        first = self.bootstrap
+        router = self._router
+        others = [a for a in router.addresses if a != first] if router is not None else []
+        for address in [first, *others]:
+            state = await self._connected(address, deadline)
+            if state is grpc.ChannelConnectivity.READY:
+                if router is not None:
+                    router.current = address
+                return
+            if state is grpc.ChannelConnectivity.SHUTDOWN:
+                raise ClientClosedError(f"the client for {self.bootstrap} is closed; create a new one")
+            if state is not grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                break  # no answer in time: the deadline is spent
+        raise unreachable(first if router is None else ",".join(router.addresses),
+                          state.name if state is not None else "", wait_s)
+
+    async def _connected(self, address: str, deadline: float) -> grpc.ChannelConnectivity | None:
+        """The channel's state once settled (READY, TRANSIENT_FAILURE, SHUTDOWN) or None at the deadline."""
+        channel = self.channel(address)
         done = (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE,
                 grpc.ChannelConnectivity.SHUTDOWN)
         state = channel.get_state(try_to_connect=True)
-        deadline = time.monotonic() + wait_s
         while state not in done:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                break
+                return None
             try:
                 await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
             except TimeoutError:
-                break
+                return None
             state = channel.get_state(try_to_connect=True)
-        if state is grpc.ChannelConnectivity.READY:
-            return
-        if state is grpc.ChannelConnectivity.SHUTDOWN:
-            raise ClientClosedError(f"the client for {self.bootstrap} is closed; create a new one")
-        raise unreachable(self.bootstrap, state.name if state in done else "", wait_s)
+        return state
 
     async def aclose(self) -> None:
         """Close every channel (their calls end CANCELLED). Safe to call twice."""

@@ -16,19 +16,25 @@ partition's broker BEFORE GetAssignment acknowledges the new assignment, so the 
 revoked partition starts exactly after the last record this consumer returned: no record lost or
 returned twice across a voluntary rebalance.
 
+The group protocol's client side is the ConsumerCore (consumer/_core.py), the sans-I/O state
+machine DMQConsumer drives too: which group call each membership needs, what each answer and
+error means, the listener callbacks and their order, the commit rules. This module only makes
+the calls (awaiting them on the loop) and carries out what the core returns.
+
 Reused from the sync consumer, unchanged: ConsumerConfig (settings and their checks),
 SubscriptionState, the Fetcher (pipelined per-broker fetches and lazy decoding; its calls become
 tasks through TaskPool), PositionFinder (committed offset, group start position or reset),
-GroupClient and OffsetClient (request building, answer parsing, error mapping through
-CallFuture), the application of the key / value deserializers, the heartbeat/watch/max-poll-interval
-coroutines of HeartbeatThread (run as tasks on this loop by _Heartbeats), and the record types.
+GroupClient (group requests and error mapping) and OffsetClient (request building, answer
+parsing, error mapping through CallFuture), the application of the key / value deserializers
+(consumer/_common.py), the heartbeat/watch/max-poll-interval coroutines of HeartbeatThread (run
+as tasks on this loop by Heartbeats, _consumer_parts.py), and the record types.
 
 Differences from DMQConsumer: the group work a poll finds to do (find, re-join, hand-off) runs as
 one task of its own (each call in it bounded by request_timeout_ms, the hand-off commits by
 HANDOVER_COMMIT_WAIT_S), and getmany() hands out no record while it runs, rather than holding back
 only the partitions of the membership concerned; getmany() keeps to its timeout either way.
 Records buffered for getone() / ``async for`` are not counted as consumed until they are handed
-out, so commits never cover a record the application has not seen (see _Chunk: ``async for``
+out, so commits never cover a record the application has not seen (see Chunk: ``async for``
 takes each record straight from a buffered chunk's iterator, and the position handed out is read
 back from that iterator). Rebalance listener callbacks may be coroutine functions (they are
 awaited).
@@ -42,29 +48,32 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import fields
-from itertools import islice
 from operator import length_hint
 from typing import Any
 
 import grpc
 
-from dmq.client._calls import Backoffs, RetryPolicy, retry_call_async
+from dmq.client._calls import RetryPolicy, retry_call_async
 from dmq.client._settings import reject_unknown
 from dmq.client.aio._cluster import AsyncCluster, TaskPool, Wakeup, bootstrap_address, settle
+from dmq.client.aio._consumer_parts import Chunk, Heartbeats
+from dmq.client._log import get_logger
+from dmq.client.consumer._common import check_seek_offset, commit_offsets, deserialize, time_queries
+from dmq.client.consumer._common import tp_of as _tp
+from dmq.client.consumer._common import tps_of as _tps
 from dmq.client.consumer._config import ConsumerConfig
-from dmq.client.consumer._consumer import DMQConsumer, _tp, _tps
+from dmq.client.consumer._core import HANDOVER_COMMIT_WAIT_S, ConsumerCore, GroupCall, Outcome
 from dmq.client.consumer._fetcher import Fetcher
-from dmq.client.consumer._group import GroupClient, Membership, group_id_for
-from dmq.client.consumer._heartbeat import HeartbeatThread
+from dmq.client.consumer._group import FIND, HANDOVER, JOIN, GroupClient, Membership, group_id_for
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
 from dmq.client.consumer._positions import PositionFinder
+from dmq.client.consumer._shell import ConsumerShell, topic_list
 from dmq.client.consumer._records import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from dmq.client.consumer._times import timestamp_of, timestamp_request
 from dmq.client.consumer._subscription import EARLIEST, LATEST, SubscriptionState
@@ -73,102 +82,20 @@ from dmq.client.errors import (
     CommitFailedError,
     DMQError,
     DMQTimeoutError,
-    GroupNotFoundError,
     IllegalStateError,
     InvalidArgumentError,
     InvalidConfigError,
-    UnknownMemberError,
     from_rpc_error,
 )
 from dmq.client.records import ConsumerRecord
-from dmq.proto import dmq_pb2 as pb
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["AsyncConsumer"]
 
 DEFAULT_CLOSE_TIMEOUT_S = 30.0
 LEAVE_TIMEOUT_S = 5.0
-HANDOVER_COMMIT_WAIT_S = 1.0  # as DMQConsumer: a stopped broker must not hold the rebalance
-MAX_GROUP_BACKOFF_MS = 1_000
-HEARTBEAT_STOP_TIMEOUT_S = 1.0
 _CONFIG_NAMES = frozenset(f.name for f in fields(ConsumerConfig) if f.init)
-# DMQConsumer._check_can_commit, ._assigned_state and ._deserialize are called with an AsyncConsumer
-# as `self`: they only read `config`, `_subs` and `_memberships` and call seek(), which this class
-# keeps under the same names and meanings, so the rules (and messages) of who may commit, what is
-# assigned and what a failing deserializer does are one.
-
-
-class _Heartbeats(HeartbeatThread):
-    """HeartbeatThread's coroutines (heartbeat and WatchGroup per membership, the
-    max_poll_interval_ms watchdog) run as tasks on the consumer's loop instead of a thread's."""
-
-    _main_task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._main_task = asyncio.create_task(self._main(), name=f"{self.name}-heartbeats")
-
-    @property
-    def alive(self) -> bool:
-        return self._main_task is not None and not self._main_task.done()
-
-    def _call(self, fn: Any, *args: object) -> None:
-        fn(*args)  # already on the loop
-
-    async def astop(self, timeout_s: float = HEARTBEAT_STOP_TIMEOUT_S) -> None:
-        task = self._main_task
-        if task is None or task.done():
-            return
-        if self._stopping is None:  # _main has not run yet
-            task.cancel()
-        else:
-            self._stopping.set()  # _main cancels its tasks and closes its channels
-        done, _ = await asyncio.wait({task}, timeout=timeout_s)
-        if not done:
-            task.cancel()
-            await asyncio.wait({task}, timeout=timeout_s)
-
-
-class _Chunk:
-    """Records of one partition fetched for getone() / ``async for`` and not all handed out yet.
-
-    The records are handed out through `it`, an iterator over the list shared by every reader
-    (getone(), getmany(), each ``async for``): taking a record from it IS handing it out, so each
-    record goes out once, and the position a commit must cover is read back from it (a list
-    iterator's length_hint is exactly the number of records left). Whoever must stop a reader
-    that is draining the chunk between two records (group work starting, stop(), seek(),
-    revocation) ends the iterator it holds with detach() or drop(), so ``async for`` needs no
-    check per record: __anext__ finds the iterator ended and asks _ready_chunk() again."""
-
-    __slots__ = ("tp", "records", "it")
-
-    def __init__(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
-        self.tp = tp
-        self.records = records
-        self.it: Iterator[ConsumerRecord] = iter(records)
-
-    def __repr__(self) -> str:
-        return f"<_Chunk {self.tp} next={self.next_offset()} left={length_hint(self.it)}>"
-
-    def next_offset(self) -> int | None:
-        """The offset of the next record to hand out; None when all were handed out."""
-        left = length_hint(self.it)
-        return self.records[len(self.records) - left].offset if left else None
-
-    def take(self, n: int) -> list[ConsumerRecord]:
-        """Hand out up to n records at once."""
-        return list(islice(self.it, n))
-
-    def detach(self) -> None:
-        """Keep the records not handed out yet, behind a new iterator: a reader holding the old
-        one finds it ended and comes back through _ready_chunk(), which decides again."""
-        self.records = list(self.it)  # ends the old iterator
-        self.it = iter(self.records)
-
-    def drop(self) -> None:
-        """End the iterator: nothing more is handed out of this chunk (its records are dropped)."""
-        deque(self.it, maxlen=0)
 
 
 def consumer_config(bootstrap_servers: Any, group_id: Any, config: ConsumerConfig | None,
@@ -193,7 +120,7 @@ def consumer_config(bootstrap_servers: Any, group_id: Any, config: ConsumerConfi
     return ConsumerConfig(**values)
 
 
-class AsyncConsumer:
+class AsyncConsumer(ConsumerShell):
     """Consume topics as a member of a consumer group, from asyncio code."""
 
     def __init__(
@@ -211,17 +138,16 @@ class AsyncConsumer:
         self._initial_topics = list(topics)
         self._initial_listener = listener
         self.consumer_id = f"{self.config.client_id}-{uuid.uuid4().hex[:12]}"
-        self._memberships: dict[str, Membership] = {}
-        # group calls per topic: up to 1 s apart, so a returning coordinator is found within about a second
-        self._backoff: Backoffs[str] = Backoffs(RetryPolicy(self.config.retry_backoff_ms, MAX_GROUP_BACKOFF_MS))
+        self._subs = SubscriptionState()
+        self._core = ConsumerCore(self.config, self._subs, self._to_commit, log.bind(consumer=self.consumer_id),
+                                  now=time.monotonic())
+        self._memberships: dict[str, Membership] = self._core.memberships  # the core's, read here
         # Records fetched for getone() / async for and not all handed out yet, in fetch order
-        self._pending: deque[_Chunk] = deque()
+        self._pending: deque[Chunk] = deque()
         # The iterator of the chunk __anext__ hands records out of (one of the chunks' own)
         self._draining: Iterator[ConsumerRecord] = iter(())
         self._auto_commits: set[asyncio.Future[Any]] = set()
-        self._next_auto_commit = 0.0
-        self._last_poll = time.monotonic()
-        self._in_poll = False
+        self._manual: set[TopicPartition] = set()  # no assign() here: every partition comes from a group
         self._deserializing = self.config.key_deserializer is not None or self.config.value_deserializer is not None
         self._lock: asyncio.Lock | None = None
         self._coordinating: asyncio.Future[None] | None = None  # group work in flight (see _coordination)
@@ -244,17 +170,18 @@ class AsyncConsumer:
         c = self.config
         self._cluster = AsyncCluster(c.address, request_timeout_ms=c.request_timeout_ms, security=c.security)
         self._wakeup = Wakeup()
-        self._subs = SubscriptionState()
         # Fetches become tasks on this loop instead of calls on the Fetcher's thread pool.
-        self._fetcher = Fetcher(self._cluster, self._subs, c, self._wakeup, name=self.consumer_id,  # type: ignore[arg-type]
+        self._fetcher = Fetcher(self._cluster, self._subs, c, self._wakeup, name=self.consumer_id,
                                 pool=TaskPool())  # type: ignore[arg-type]
         self._groups = GroupClient(self._cluster, c, self.consumer_id)
         self._offsets = OffsetClient(self._cluster, c)
         self._retry = RetryPolicy(retry_backoff_ms=c.retry_backoff_ms, request_timeout_ms=c.request_timeout_ms)
-        self._positions = PositionFinder(self._cluster, self._offsets, self._subs, c, self._wakeup)  # type: ignore[arg-type]
-        self._heartbeat = _Heartbeats(self.consumer_id, c, self._wakeup, self._poll_age_s)  # type: ignore[arg-type]
+        self._positions = PositionFinder(self._cluster, self._offsets, self._subs, c, self._wakeup)
+        self._heartbeat = Heartbeats(self._cluster, self.consumer_id, c, self._wakeup, self._poll_age_s)
         self._lock = asyncio.Lock()
-        self._next_auto_commit = time.monotonic() + c.auto_commit_interval_ms / 1000
+        self._core = ConsumerCore(c, self._subs, self._to_commit, log.bind(consumer=self.consumer_id),
+                                  now=time.monotonic())  # auto-commits count from start()
+        self._memberships = self._core.memberships
         self._started = True
         try:
             await self._cluster.acheck_reachable()
@@ -281,28 +208,22 @@ class AsyncConsumer:
         """Join the group of each topic (leaving those no longer named); partitions arrive in
         getmany(). A retriable failure (coordinator away) is retried by getmany()."""
         self._check_open()
-        wanted = list(dict.fromkeys([topics] if isinstance(topics, str) else topics))
-        if not wanted or not all(isinstance(t, str) and t for t in wanted):
-            raise InvalidArgumentError("subscribe() needs a topic name or a non-empty list of topic names")
+        wanted = topic_list(topics)
         if not self._heartbeat.alive:
             self._heartbeat.start()
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
-        for topic in [t for t in self._memberships if t not in wanted]:
+        for topic in self._core.unwanted(wanted):
             await self._leave_topic(topic, deadline)
         self._subs.subscribe(wanted, listener)
-        for topic in wanted:
-            if topic in self._memberships:
-                continue
-            m = self._memberships[topic] = Membership.pending(
-                topic, group_id_for(topic, self.config.group_id), self._cluster.bootstrap)
-            try:
-                await self._find(m)
-                await self._join(m)
-            except DMQError as e:
-                if not e.retriable:
-                    self._memberships.pop(topic, None)
-                    raise
-                self._group_failed(m, "subscribing", e)
+        for m in self._core.added(wanted, self._cluster.bootstrap):
+            for kind in (FIND, JOIN):
+                out = await self._call(self._core.begin(m, kind))
+                if out.error is not None:
+                    self._core.leave(m.topic)
+                    raise out.error
+                if not out.succeeded:  # retriable: getmany() goes on after a backoff
+                    break
+                await self._apply(m, out)
 
     async def unsubscribe(self) -> None:
         self._check_open()
@@ -338,7 +259,7 @@ class AsyncConsumer:
         only = set(_tps(partitions)) if partitions else None
         assert self._lock is not None
         async with self._lock:
-            self._in_poll = True
+            self._core.poll_started(time.monotonic())
             try:
                 if self._pending and self._coordinating is None:
                     out = self._take_pending(limit, only)
@@ -346,8 +267,7 @@ class AsyncConsumer:
                         return out
                 return await self._poll(max(0, timeout_ms) / 1000, limit, only)
             finally:
-                self._in_poll = False
-                self._last_poll = time.monotonic()
+                self._core.poll_ended(time.monotonic())
 
     async def getone(self, *partitions: TopicPartition) -> ConsumerRecord:
         """The next record (of `partitions` only, when given), waiting as long as it takes (like
@@ -366,7 +286,7 @@ class AsyncConsumer:
         """The next record, for ``async for`` and anext(); StopAsyncIteration once the consumer is
         stopped. While a buffered chunk has records left this is one step of the chunk's iterator:
         no other await, no check, no bookkeeping (every stop of the hand-out ends that iterator,
-        see _Chunk). CPython's ``async for`` step is paid per record whatever is done here; a
+        see Chunk). CPython's ``async for`` step is paid per record whatever is done here; a
         coroutine's return is that step's cheapest form in pure Python (an async generator's
         step raises a StopIteration carrying each record: ~20% dearer in isolation; a Future
         per record far more: bench/RESULTS.md, "asyncio client")."""
@@ -388,7 +308,7 @@ class AsyncConsumer:
                 return next(chunk.it)  # _ready_chunk() gives only chunks with records left
             await self._refill()
 
-    def _ready_chunk(self) -> _Chunk | None:
+    def _ready_chunk(self) -> Chunk | None:
         """The first buffered chunk with records left, when records may be handed out: not
         while group work runs (a hand-off's commit must cover every record returned), nor once
         stopped. Chunks drained to the end are let go here."""
@@ -407,12 +327,12 @@ class AsyncConsumer:
         batch = await self.getmany(timeout_ms=self.config.fetch_max_wait_ms)
         # getmany() gives buffered records first, taken from the front of the buffer (and new
         # ones only when none was buffered): back to the front they go, in order.
-        self._pending.extendleft(_Chunk(tp, records) for tp, records in reversed(batch.items()))
+        self._pending.extendleft(Chunk(tp, records) for tp, records in reversed(batch.items()))
 
     def _take_pending(self, limit: int, only: set[TopicPartition] | None) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Buffered records first (they were fetched before anything newer), up to limit."""
         out: dict[TopicPartition, list[ConsumerRecord]] = {}
-        kept: deque[_Chunk] = deque()
+        kept: deque[Chunk] = deque()
         while self._pending and limit > 0:
             chunk = self._pending.popleft()
             if only is not None and chunk.tp not in only:
@@ -459,10 +379,7 @@ class AsyncConsumer:
                 if out:
                     return out
             if self._subs.needing_position():
-                group_ids = {t: m.group_id for t, m in self._memberships.items() if m.found}
-                error = self._positions.update(group_ids, self._subscription_from_ms)
-                if error is not None:
-                    raise error
+                self._update_positions()
             hold = frozenset(tp for tp in self._subs.assigned() if tp not in only) if only is not None else frozenset()
             collected = fetcher.collect(limit, hold)
             fetcher.send_fetches()
@@ -470,22 +387,13 @@ class AsyncConsumer:
                 # lists: the chunks of getone() / ``async for`` read their iterators' length_hint
                 records = {tp: list(rs) for tp, rs in collected.items()}
                 if self._deserializing:  # only records new from the fetcher: buffered ones already are
-                    records = DMQConsumer._deserialize(self, records)  # type: ignore[arg-type]
+                    records = deserialize(self.config, records, self.seek)
                 return records
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return {}
             # Answers and group flags set the wake-up; the cap covers backoffs nothing signals.
             await self._wakeup.wait(min(remaining, self.config.retry_backoff_ms / 1000 or remaining))
-
-    def _poll_age_s(self) -> float:
-        return 0.0 if self._in_poll else time.monotonic() - self._last_poll
-
-    def _subscription_from_ms(self, topic: str) -> int:
-        m = self._memberships.get(topic)
-        if m is not None:
-            return m.subscription.from_ms
-        return LATEST if self.config.start_latest else EARLIEST
 
     # -- group coordination ----------------------------------------------------------------------
 
@@ -502,8 +410,7 @@ class AsyncConsumer:
             self._coordinating = None
             task.result()
         now = time.monotonic()
-        if not any((not m.found or m.rejoin_reason is not None or not m.joined or m.assignment_stale)
-                   and self._backoff.retry_at(m.topic) <= now for m in self._memberships.values()):
+        if not any(self._core.wants_call(topic, now) for topic in self._memberships):
             return False
         task = self._coordinating = asyncio.ensure_future(self._coordinate())
         for chunk in self._pending:  # held while the work runs, even by an ``async for`` mid-chunk
@@ -519,134 +426,74 @@ class AsyncConsumer:
                     break
 
     async def _step(self, m: Membership) -> bool:
-        """Do the next group call m needs (find, re-join, hand-off); True when one succeeded."""
-        retry_at = self._backoff.retry_at(m.topic)
-        if retry_at > time.monotonic():
+        """Make the next group call the core says m needs (find, re-join, hand-off); False
+        when there was none to make (none needed, or backing off after a failure)."""
+        call = self._core.next_call(m.topic, time.monotonic())
+        if call is None:
             return False
-        what = "finding the group"
-        try:
-            if not m.found:
-                await self._find(m)
-            elif m.rejoin_reason is not None or not m.joined:
-                what = "joining the group"
-                await self._drop_lost(m)
-                await self._join(m)
-            elif m.assignment_stale:
-                what = "handing over / fetching the assignment"
-                m.assignment_stale = False
-                try:
-                    await self._handover(m)
-                except DMQError:
-                    m.assignment_stale = True
-                    raise
-            else:
-                return False
-        except UnknownMemberError as e:
-            m.rejoin_reason = str(e)
-            return True
-        except DMQError as e:
-            if not e.retriable:
+        if call.before is not None:
+            try:
+                await self._apply(m, call.before)
+            except BaseException:
+                self._core.abandon(call)  # the join is made by the next getmany()
                 raise
-            self._group_failed(m, what, e)
-            return False
-        self._backoff.succeeded(m.topic)
+        if call.kind == HANDOVER:
+            # Commit the positions of the records handed out, so the next owner of a revoked
+            # partition starts there; GetAssignment follows, answered or not.
+            errors = await self._commit_now(call.offsets, {m.topic: m}, HANDOVER_COMMIT_WAIT_S)
+            out = self._core.answered(call, time.monotonic(), failed={tp: str(e) for tp, e in errors.items()})
+            assert out.next is not None
+            call = out.next
+        out = await self._call(call)
+        if out.error is not None:
+            raise out.error
+        await self._apply(m, out)
         return True
 
-    async def _rpc(self, future: Any, what: str) -> Any:
-        """Wait for a group call (its own deadline is request_timeout_ms)."""
-        await settle([future], self.config.request_timeout_ms / 1000 + 1)
-        if not future.done():
-            future.cancel()
-            raise DMQTimeoutError(f"{what}: no answer from the coordinator at {self._cluster.bootstrap}")
-        return future
-
-    async def _find(self, m: Membership) -> None:
-        self._groups.finish_find(m, await self._rpc(self._groups.start_find(m.topic), f"FindOrCreateGroup {m.topic}"))
-
-    async def _join(self, m: Membership) -> None:
-        future = await self._rpc(self._groups.start_join(m), f"JoinGroup {m.group_id}")
+    async def _call(self, call: GroupCall) -> Outcome:
+        """Make a group call (its deadline is the request's timeout) and give the core its answer."""
+        m = call.membership
+        method, request, timeout_s = self._groups.request(call.kind, m)
         try:
-            self._groups.finish_join(m, future)
-        except GroupNotFoundError:
-            m.found = False  # deleted since it was found (an empty group can be): find it again
+            stub = self._cluster.group_stub(self._groups.address(call.kind, m))
+            response = await getattr(stub, method)(request, timeout=timeout_s)
+        except grpc.RpcError as e:
+            return self._core.answered(call, time.monotonic(), error=self._groups.error(call.kind, m, e))
+        except DMQError as e:
+            return self._core.answered(call, time.monotonic(), error=e)
+        except BaseException:
+            self._core.abandon(call)  # cancelled (stop()): nothing answered
             raise
-        self._heartbeat.track(m)
+        return self._core.answered(call, time.monotonic(), response, coordinator=self._cluster.bootstrap)
 
-    async def _handover(self, m: Membership) -> None:
-        """Commit the positions of the records handed out for m's partitions (so their next
-        owner starts there), then GetAssignment, which acknowledges the new generation and
-        hands revoked partitions over. A commit that fails or does not answer within
-        HANDOVER_COMMIT_WAIT_S is logged: the next owner then re-reads from the last good
-        commit (duplicates, never loss)."""
-        offsets = self._to_commit(topic=m.topic)
-        if offsets and self._subs.assigned(m.topic):
-            errors = await self._commit_now(offsets, {m.topic: m}, HANDOVER_COMMIT_WAIT_S)
-            for tp, e in errors.items():
-                log.warning("commit before the hand-off failed: group=%s partition=%d error=%s",
-                            m.group_id, tp.partition, e)
-        future = await self._rpc(self._groups.start_get_assignment(m, wait_ms=0), f"GetAssignment {m.group_id}")
-        response = self._groups.finish_get_assignment(m, future)
-        owned = set(self._subs.assigned(m.topic))
-        now_owned = {TopicPartition(m.topic, p) for p in response.partitions}
-        revoked, added = owned - now_owned, now_owned - owned
-        for tp in revoked:
-            self._subs.remove(tp)
-            self._fetcher.drop(tp)
-        self._drop_pending(revoked)
-        starts = {sp.partition: sp.offset for sp in response.start_positions}
-        for tp in sorted(added):
-            self._subs.add(tp, starts.get(tp.partition, EARLIEST))
-        if revoked or added:
-            self._fetcher.stats.rebalanced()  # an assignment that changed: Kafka's rebalance count
-            log.info("assignment changed: group=%s member=%s generation=%d revoked=%s assigned=%s",
-                     m.group_id, m.member_id, response.generation, sorted(tp.partition for tp in revoked),
-                     sorted(tp.partition for tp in added))
-        if revoked:
-            await self._listener_call("on_partitions_revoked", revoked)
-        if added:
-            await self._listener_call("on_partitions_assigned", added)
+    async def _apply(self, m: Membership, out: Outcome) -> None:
+        await self._callbacks(self._carry_out(m, out))
 
-    async def _drop_lost(self, m: Membership) -> None:
-        lost = set(self._subs.assigned(m.topic))
-        if not lost:
-            return
-        for tp in lost:
-            self._subs.remove(tp)
-            self._fetcher.drop(tp)
-        self._drop_pending(lost)
-        log.warning("partitions lost without a hand-off: group=%s partitions=%s reason=%s", m.group_id,
-                    sorted(tp.partition for tp in lost), m.rejoin_reason or "not a member")
-        await self._listener_call("on_partitions_lost", lost)
+    def _drop(self, tps: Iterable[TopicPartition]) -> None:
+        super()._drop(tps)
+        self._drop_pending(tps)  # and the records buffered for getone() / ``async for``
 
-    def _group_failed(self, m: Membership, what: str, e: DMQError) -> None:
-        delay_s, failures = self._backoff.failed(m.topic)
-        log.warning("group call failed (%s); retrying in %d ms: group=%s error=%s", what, delay_s * 1000, m.group_id, e)
-
-    async def _listener_call(self, name: str, partitions: set[TopicPartition]) -> None:
-        """The listener's callback; a coroutine function is awaited."""
+    async def _callbacks(self, callbacks: Iterable[tuple[str, frozenset[TopicPartition]]]) -> None:
+        """The listener's callbacks, in order; a coroutine function is awaited."""
         listener = self._subs.listener
-        if listener is not None:
+        if listener is None:
+            return
+        for name, partitions in callbacks:
             result = getattr(listener, name)(set(partitions))
             if inspect.isawaitable(result):
                 await result
 
     async def _leave_topic(self, topic: str, deadline: float) -> None:
         """Commit (with auto-commit on), hand the partitions back and leave the topic's group."""
-        m = self._memberships.pop(topic)
-        self._backoff.succeeded(topic)
-        owned = set(self._subs.assigned(topic))
-        if owned and self.config.enable_auto_commit and m.rejoin_reason is None and m.joined:
-            errors = await self._commit_now(self._to_commit(topic=topic), {topic: m},
-                                            max(0.0, deadline - time.monotonic()))
+        leaving = self._core.leave(topic)
+        m = leaving.membership
+        if leaving.offsets:
+            errors = await self._commit_now(leaving.offsets, {topic: m}, max(0.0, deadline - time.monotonic()))
             if errors:
-                log.warning("final commit failed: group=%s error=%s", m.group_id, next(iter(errors.values())))
-        for tp in owned:
-            self._subs.remove(tp)
-            self._fetcher.drop(tp)
-        self._drop_pending(owned)
+                log.warning("final commit failed", group=m.group_id, error=str(next(iter(errors.values()))))
+        callbacks = self._release(leaving)
         try:
-            if owned:
-                await self._listener_call("on_partitions_revoked", owned)
+            await self._callbacks(callbacks)
         finally:
             self._heartbeat.untrack(topic)
             await self._leave(m, min(LEAVE_TIMEOUT_S, max(0.001, deadline - time.monotonic())))
@@ -654,16 +501,15 @@ class AsyncConsumer:
     async def _leave(self, m: Membership, timeout_s: float) -> None:
         """LeaveGroup: the partitions are released at once. Best effort (the session timeout
         is the backstop), so failures are logged."""
-        if not m.joined:
+        request = self._groups.leave_request(m)
+        if request is None:
             return
-        member_id, m.member_id = m.member_id, ""
         try:
-            await self._cluster.group_stub(m.coordinator).LeaveGroup(
-                pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id, member_secret=m.member_secret),
-                timeout=timeout_s)
-            log.info("left group: group=%s member=%s", m.group_id, member_id)
+            await self._cluster.group_stub(m.coordinator).LeaveGroup(request, timeout=timeout_s)
+            log.info("left group", group=m.group_id, member=request.member_id)
         except Exception as e:  # noqa: BLE001 - leaving is best effort
-            log.warning("leave failed; the session timeout will remove the member: group=%s error=%s", m.group_id, e)
+            log.warning("leave failed; the session timeout will remove the member", group=m.group_id,
+                        member=request.member_id, error=str(e))
 
     # -- commits ---------------------------------------------------------------------------------
 
@@ -715,35 +561,25 @@ class AsyncConsumer:
         self._check_open()
         if offsets is None:
             # Refused for a member that lost its group even when no position moved (Kafka's rule).
-            DMQConsumer._check_can_commit(self, self._to_commit(only_changed=False), self._memberships)  # type: ignore[arg-type]
+            self._core.check_can_commit(self._to_commit(only_changed=False))
             normalised = self._to_commit()
         else:
-            normalised = {}
-            for tp, o in offsets.items():
-                om = o if isinstance(o, OffsetAndMetadata) else OffsetAndMetadata(o)
-                if isinstance(om.offset, bool) or not isinstance(om.offset, int) or om.offset < 0:
-                    raise InvalidArgumentError(f"commit offset for {tp} must be an int >= 0, got {om.offset!r}")
-                normalised[_tp(tp)] = om
-            DMQConsumer._check_can_commit(self, normalised, self._memberships)  # type: ignore[arg-type]
+            normalised = commit_offsets(offsets)
+            self._core.check_can_commit(normalised)
         errors = await self._commit_now(normalised, self._memberships, self.config.request_timeout_ms / 1000)
         if not errors:
             return
         error = next((e for e in errors.values() if not e.retriable), next(iter(errors.values())))
         if isinstance(error, CommitFailedError):
-            for topic in {tp.topic for tp in errors}:
-                if topic in self._memberships:
-                    self._memberships[topic].assignment_stale = True
+            self._core.commit_refused({tp.topic for tp in errors})
         raise error
 
     def _maybe_auto_commit(self) -> None:
         """Commit the handed-out positions in the background every auto_commit_interval_ms (the
         previous auto-commit must have answered first)."""
-        now = time.monotonic()
-        if not self.config.enable_auto_commit or now < self._next_auto_commit or self._auto_commits:
+        if self._auto_commits:
             return
-        self._next_auto_commit = now + self.config.auto_commit_interval_ms / 1000
-        offsets = {tp: o for tp, o in self._to_commit().items()
-                   if (m := self._memberships.get(tp.topic)) is not None and m.joined and m.rejoin_reason is None}
+        offsets = self._core.auto_commit(time.monotonic())
         if not offsets:
             return
         task = asyncio.ensure_future(self._commit_now(offsets, self._memberships, self.config.request_timeout_ms / 1000))
@@ -757,10 +593,9 @@ class AsyncConsumer:
         error = task.exception()
         errors = task.result() if error is None else {}
         if error is not None or errors:
-            log.warning("auto-commit failed: %s", error or next(iter(errors.values())))
-            for m in self._memberships.values():
-                if any(isinstance(e, CommitFailedError) for e in errors.values()):
-                    m.assignment_stale = True
+            log.warning("auto-commit failed", error=str(error or next(iter(errors.values()))))
+            if any(isinstance(e, CommitFailedError) for e in errors.values()):
+                self._core.commit_refused()
 
     async def committed(self, partition: TopicPartition) -> int | None:
         """The group's committed offset of a partition (the next offset to consume), or None.
@@ -777,10 +612,19 @@ class AsyncConsumer:
         def on_retry(e: DMQError, pause_s: float) -> None:
             if e.invalid_metadata:
                 self._cluster.invalidate(tp.topic)
-            log.info("reading the committed offset of %s failed; retrying in %d ms: %s", tp, pause_s * 1000, e)
+            log.info("reading the committed offset failed; retrying", partition=str(tp),
+                     retry_in_ms=int(pause_s * 1000), error=str(e))
 
         return await retry_call_async(lambda: self._committed_once(tp, group_id, deadline), policy=self._retry,
                                       deadline=deadline, on_retry=on_retry)
+
+    async def _rpc(self, future: Any, what: str) -> Any:
+        """Wait for a call's future (its own deadline is request_timeout_ms)."""
+        await settle([future], self.config.request_timeout_ms / 1000 + 1)
+        if not future.done():
+            future.cancel()
+            raise DMQTimeoutError(f"{what}: no answer within request_timeout_ms ({self.config.request_timeout_ms})")
+        return future
 
     async def _committed_once(self, tp: TopicPartition, group_id: str, deadline: float) -> int | None:
         await self._cluster.metadata(tp.topic, max(0.001, deadline - time.monotonic()))
@@ -824,11 +668,7 @@ class AsyncConsumer:
     ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """Per partition, OffsetAndTimestamp(the first record appended at or after the time
         (epoch ms), that record's timestamp); None when no record is that recent (aiokafka's)."""
-        queries = {}
-        for tp, ts in timestamps.items():
-            if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
-                raise InvalidArgumentError(f"offsets_for_times(): timestamp of {tp} must be epoch ms (int >= 0), got {ts!r}")
-            queries[_tp(tp)] = ts
+        queries = time_queries(timestamps)
         found = await self._list_offsets(queries)
         ends = await self._list_offsets(dict.fromkeys(queries, LATEST))
         out: dict[TopicPartition, OffsetAndTimestamp | None] = dict.fromkeys(queries)
@@ -875,21 +715,10 @@ class AsyncConsumer:
     async def position(self, partition: TopicPartition) -> int:
         """The offset of the next record getmany() / getone() will return for an assigned partition."""
         self._check_open()
-        tp, state = DMQConsumer._assigned_state(self, partition, "position()")  # type: ignore[arg-type]
+        tp, state = self._assigned_state(partition, "position()")
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
-        while state.position is None:
-            self._wakeup.clear()
-            group_ids = {t: m.group_id for t, m in self._memberships.items() if m.found}
-            error = self._positions.update(group_ids, self._subscription_from_ms)
-            if error is not None:
-                raise error
-            if state.position is not None or self._subs.get(tp) is not state:
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DMQTimeoutError(f"position(): the position of {tp} was not found within request_timeout_ms "
-                                      f"({self.config.request_timeout_ms}); is its broker up?")
-            await self._wakeup.wait(min(remaining, self.config.retry_backoff_ms / 1000 or remaining))
+        while state.position is None and (wait_s := self._position_wait_s(tp, state, deadline)) is not None:
+            await self._wakeup.wait(wait_s)
         handed = self._to_commit(topic=tp.topic, only_changed=False).get(tp)
         position = self._subs.state(tp).position
         assert position is not None
@@ -898,9 +727,8 @@ class AsyncConsumer:
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """Make the next getmany() / getone() return records of `partition` from `offset` on."""
         self._check_open()
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise InvalidArgumentError(f"seek() offset must be an int >= 0, got {offset!r}")
-        tp, _ = DMQConsumer._assigned_state(self, partition, "seek()")  # type: ignore[arg-type]
+        check_seek_offset(offset)
+        tp, _ = self._assigned_state(partition, "seek()")
         self._subs.seek(tp, offset)
         self._fetcher.drop(tp)
         self._drop_pending([tp])
@@ -915,7 +743,7 @@ class AsyncConsumer:
 
     def _seek_to(self, where: int, partitions: tuple[TopicPartition, ...], what: str) -> None:
         self._check_open()
-        tps = [DMQConsumer._assigned_state(self, tp, what)[0] for tp in (_tps(partitions) or self._subs.assigned())]  # type: ignore[arg-type]
+        tps = [self._assigned_state(tp, what)[0] for tp in (_tps(partitions) or self._subs.assigned())]
         for tp in tps:
             self._subs.request_reset(tp, where)
             self._fetcher.drop(tp)
@@ -924,7 +752,7 @@ class AsyncConsumer:
     def pause(self, *partitions: TopicPartition) -> None:
         """Stop fetching and returning records of these partitions until resume()."""
         self._check_open()
-        tps = [DMQConsumer._assigned_state(self, tp, "pause()")[0] for tp in _tps(partitions)]  # type: ignore[arg-type]
+        tps = [self._assigned_state(tp, "pause()")[0] for tp in _tps(partitions)]
         # Records buffered but not handed out are dropped, and the position moved back to the
         # first of them, so resume() fetches them again.
         unhanded = self._to_commit(only_changed=False)
@@ -937,7 +765,7 @@ class AsyncConsumer:
 
     def resume(self, *partitions: TopicPartition) -> None:
         self._check_open()
-        for tp in [DMQConsumer._assigned_state(self, tp, "resume()")[0] for tp in _tps(partitions)]:  # type: ignore[arg-type]
+        for tp in [self._assigned_state(tp, "resume()")[0] for tp in _tps(partitions)]:
             self._subs.resume(tp)
 
     def paused(self) -> set[TopicPartition]:
@@ -968,7 +796,7 @@ class AsyncConsumer:
                 try:
                     await self._leave_topic(topic, deadline)
                 except Exception as e:  # noqa: BLE001 - stopping must finish whatever a listener does
-                    log.warning("error while leaving a group: topic=%s error=%s", topic, e)
+                    log.warning("error while leaving a group", topic=topic, error=str(e))
         finally:
             self._pending.clear()
             for task in list(self._auto_commits):
@@ -977,7 +805,7 @@ class AsyncConsumer:
             self._positions.close()
             self._fetcher.close()
             await self._cluster.aclose()
-            log.info("consumer stopped: %s", self.consumer_id)
+            log.info("consumer stopped", consumer=self.consumer_id)
 
     close = stop
 

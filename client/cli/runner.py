@@ -48,9 +48,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from dmq.broker.log import LogConfig
+from dmq.broker.metrics import DEFAULT_MAX_PARTITION_SERIES
 from dmq.broker.node import BrokerNode
 from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
-from dmq.coordinator.metadata import DEFAULT_BROKER_SESSION_TIMEOUT_MS, PrincipalLimits
+from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS
+from dmq.coordinator.principal_limits import PrincipalLimits
 from dmq.coordinator.node import CoordinatorNode
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.connections import PerAddressConnectionLimit
@@ -568,7 +570,7 @@ async def run_coordinator_only(
     """`metrics_port`: None no /metrics endpoint, 0 a free port, else that port; `on_metrics` gets its URL.
     `advertise`: the address brokers and clients are told to use (default: host and the bound port).
     With `lease_ttl_s` (several coordinators on one etcd), a coordinator deposed by a lapsed lease
-    stops the process (SystemExit): started again, it stands by."""
+    stands by again in the same process (dmq.coordinator.node)."""
     check_bind_security(host, security)
     acls = AclView()
     registry = new_registry() if metrics_port is not None else None
@@ -619,13 +621,7 @@ async def run_coordinator_only(
                     if endpoint is not None:
                         await endpoint.stop()
 
-    if node.leadership is not None:
-        # A deposed coordinator stops the way a signal stops it (a clean stop, then exit).
-        node.on_deposed = lambda: os.kill(os.getpid(), signal.SIGTERM)
     await serve_until_signalled(start, stop, lambda: on_ready(f"{host}:{bound}"))
-    if node.leadership is not None and node.leadership.deposed:
-        raise SystemExit("dmq coordinator: deposed (its leadership lease was not renewed in time); "
-                         "start it again to stand by")
 
 
 async def run_broker_only(
@@ -643,6 +639,7 @@ async def run_broker_only(
     replica_ack_timeout_ms: int = REPLICA_ACK_TIMEOUT_MS_DEFAULT,
     metrics_port: int | None = None,
     on_metrics: Callable[[str], None] | None = None,
+    max_partition_series: int = DEFAULT_MAX_PARTITION_SERIES,
 ) -> None:
     check_bind_security(host, security)
     _keep_large_buffers()
@@ -664,6 +661,7 @@ async def run_broker_only(
         replica_lag_time_max_ms=replica_lag_time_max_ms,
         replica_ack_timeout_ms=replica_ack_timeout_ms,
         metrics=registry,
+        max_partition_series=max_partition_series,
     )
     node.dir_lock = lock
     node.add_to_server(server)

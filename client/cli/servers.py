@@ -16,6 +16,7 @@ from dmq.client.cli.logging_setup import configure_logging
 
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"])
 SUBSCRIPTION_MODES = click.Choice(["all", "new", "timestamp"])
+MAX_COORDINATORS = 9  # `dmq server --coordinators M`: a development cluster, on one machine
 DEFAULT_METRICS_PORT = 9464  # dmq.proto.metrics.DEFAULT_METRICS_PORT (not imported: `dmq --help` stays light)
 
 
@@ -42,17 +43,41 @@ class MetricsPort(click.ParamType):
         return port
 
 
+# dmq.broker.metrics.DEFAULT_MAX_PARTITION_SERIES (the coordinator's is the same); the most a
+# server is allowed: past some 100,000 series a scrape is megabytes and Prometheus struggles.
+DEFAULT_MAX_PARTITION_SERIES = 1000
+MAX_PARTITION_SERIES_LIMIT = 100_000
+
+
 def _metrics_option(default: str, help_text: str, envvar: str | None = None):
-    return click.option("--metrics-port", "metrics_port", type=MetricsPort(), default=default, show_default=True,
+    """--metrics-port and --metrics-max-partition-series (the bound on its label sets)."""
+    port = click.option("--metrics-port", "metrics_port", type=MetricsPort(), default=default, show_default=True,
                         envvar=envvar, show_envvar=envvar is not None,
                         help=help_text + " Prometheus text at http://HOST:PORT/metrics; 0: off; auto: a free port.")
+    series = click.option(
+        "--metrics-max-partition-series", type=click.IntRange(0, MAX_PARTITION_SERIES_LIMIT),
+        default=DEFAULT_MAX_PARTITION_SERIES, show_default=True,
+        help="Per-partition metric series (label partition) for up to this many partitions per server; past "
+             "that, one series per topic (partition=\"*\") and, for consumer lag, only the per-group sums.")
+    return lambda f: port(series(f))
+
+
+def _check_metrics_series(metrics_port: int | None) -> None:
+    """Refuse --metrics-max-partition-series without an endpoint, as it would be ignored."""
+    source = click.get_current_context().get_parameter_source("metrics_max_partition_series")
+    if metrics_port is None and source not in (None, click.core.ParameterSource.DEFAULT):
+        raise click.UsageError("--metrics-max-partition-series is only used with a metrics endpoint "
+                               "(--metrics-port is 0: off)")
 
 
 def _metrics_argv(port: int | None, offset: int) -> list[str]:
-    """--metrics-port for child `offset` of a process cluster: coordinator PORT, broker i PORT + 1 + i."""
+    """The metrics options for child `offset` of a process cluster: coordinator PORT, broker i
+    PORT + 1 + i, and the series bound `dmq server` was given (read from its click context, as
+    _check_metrics_series reads its source; only with an endpoint: a child refuses it without)."""
     if port is None:
         return ["--metrics-port", "0"]
-    return ["--metrics-port", "auto" if port == 0 else str(port + offset)]
+    series = click.get_current_context().params.get("metrics_max_partition_series", DEFAULT_MAX_PARTITION_SERIES)
+    return ["--metrics-port", "auto" if port == 0 else str(port + offset), "--metrics-max-partition-series", str(series)]
 
 
 def _log_config(flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int):
@@ -183,7 +208,7 @@ def _check_flush_interval(flush: str) -> None:
         raise click.UsageError(f"--flush-interval-ms is only used with --flush interval (the flush policy is {flush})")
 
 
-# The default is coordinator.metadata.DEFAULT_BROKER_SESSION_TIMEOUT_MS (a test checks), kept
+# The default is coordinator.controller.sessions.DEFAULT_BROKER_SESSION_TIMEOUT_MS (a test checks), kept
 # literal so that the CLI does not import the coordinator to show its help.
 def _broker_session_option(f):
     return click.option(
@@ -204,7 +229,7 @@ def _principal_limit_options(f):
 
 def _principal_limits(max_topics: int, max_partitions: int):
     """(PrincipalLimits or None, the argv that repeats them for the coordinator child process)."""
-    from dmq.coordinator.metadata import PrincipalLimits
+    from dmq.coordinator.principal_limits import PrincipalLimits
 
     if not (max_topics or max_partitions):
         return None, []
@@ -250,6 +275,13 @@ def _default_subscription_from_ms(mode: str, text: str | None) -> int | None:
               show_default=True, help="Where logs, offsets and metadata are kept.")
 @click.option("--brokers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="1: coordinator and broker in this process on one port. N>1: a coordinator and N broker processes.")
+@click.option("--coordinators", type=click.IntRange(2, MAX_COORDINATORS), default=None, show_default="one, on SQLite",
+              help="M>=2: a local high-availability cluster: an etcd started in --data-dir/etcd, M coordinator "
+                   "processes on it (one active, the others standing by) on ports PORT..PORT+M-1, and the "
+                   "brokers given all of them.")
+@click.option("--lease-ttl-s", type=click.IntRange(2, 300), default=None, show_default="5",
+              help="With --coordinators: the leadership lease; a standby takes over within about this long of "
+                   "the active coordinator's death.")
 @click.option("--default-subscription-mode", type=SUBSCRIPTION_MODES, default="all", show_default=True,
               help="Where a new group starts when its consumers name no mode: all (log start), new (log end) "
                    "or timestamp (--default-subscription-from).")
@@ -261,25 +293,32 @@ def _default_subscription_from_ms(mode: str, text: str | None) -> int | None:
 @_security_options
 @_principal_limit_options
 @_metrics_option(str(DEFAULT_METRICS_PORT), "The metrics endpoint (with --brokers N: the coordinator's; broker i "
-                 "gets PORT+1+i).", envvar="DMQ_METRICS_PORT")
-def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, default_subscription_mode: str,
+                 "gets PORT+1+i; with --coordinators M: coordinator i PORT+i, broker i PORT+M+i).",
+                 envvar="DMQ_METRICS_PORT")
+def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, coordinators: int | None,
+               lease_ttl_s: int | None, default_subscription_mode: str,
                default_subscription_from: str | None, log_level: str, flush: str, flush_interval_ms: int,
                segment_bytes: int, retention_ms: int, retention_bytes: int, broker_session_timeout_ms: int,
                max_topics_per_principal: int, max_partitions_per_principal: int, metrics_port: int | None,
-               **security_options) -> None:
+               metrics_max_partition_series: int, **security_options) -> None:
     """Run DMQ for development: a coordinator and broker(s), data under --data-dir.
 
     Security is off by default, on 127.0.0.1; see README "Securing a cluster"."""
     security, quotas, security_argv = _pop_security(security_options)
     limits, limits_argv = _principal_limits(max_topics_per_principal, max_partitions_per_principal)
     from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
+    _check_metrics_series(metrics_port)
     _check_flush_interval(flush)
+    if lease_ttl_s is not None and coordinators is None:
+        raise click.BadParameter("only with --coordinators M (several coordinators elect one through it)",
+                                 param_hint="--lease-ttl-s")
     configure_logging(log_level)
-    if brokers > 1:
+    if brokers > 1 or coordinators is not None:
         storage = _storage_argv(flush, flush_interval_ms, segment_bytes, retention_ms, retention_bytes)
         _run_process_cluster(host, port, data_dir, brokers, default_subscription_mode, log_level, storage, from_ms,
                              broker_session_timeout_ms=broker_session_timeout_ms, security_argv=security_argv,
-                             coordinator_argv=limits_argv, metrics_port=metrics_port)
+                             coordinator_argv=limits_argv, metrics_port=metrics_port,
+                             coordinators=coordinators or 1, lease_ttl_s=lease_ttl_s)
         return
     from dmq.client.cli.runner import ClusterOptions, run_embedded
 
@@ -295,6 +334,7 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, defau
         quotas=quotas,
         principal_limits=limits,
         metrics_port=metrics_port,
+        max_partition_series=metrics_max_partition_series,
     )
 
     def ready(cluster) -> None:
@@ -338,11 +378,16 @@ COORDINATOR_START_TIMEOUT_S = 60.0
 
 class _Member:
     """One child of `dmq server --brokers N`: its command line, its process (None while it
-    waits to be restarted) and its deaths in a row."""
+    waits to be restarted) and its deaths in a row. `log_path`: its output goes there instead of
+    this process's stderr; `own_session`: not in this process's group, so a Ctrl-C in the terminal
+    does not reach it and it is stopped when the parent says (etcd: after the coordinators)."""
 
-    def __init__(self, name: str, argv: list[str]) -> None:
+    def __init__(self, name: str, argv: list[str], log_path: pathlib.Path | None = None,
+                 own_session: bool = False) -> None:
         self.name = name
         self.argv = argv
+        self.log_path = log_path
+        self.own_session = own_session
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.restart_at = 0.0
@@ -353,7 +398,12 @@ class _Member:
         return f"<_Member {self.name} pid={pid} quick_deaths={self.quick_deaths}>"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv)
+        if self.log_path is None:
+            self.proc = subprocess.Popen(self.argv, start_new_session=self.own_session)
+        else:
+            with open(self.log_path, "ab") as log_file:
+                self.proc = subprocess.Popen(self.argv, stdout=log_file, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, start_new_session=self.own_session)
         self.started_at = time.monotonic()
 
     def reap(self, now: float) -> str | None:
@@ -367,82 +417,131 @@ class _Member:
         return status
 
 
+def _start_etcd_member(data_dir: pathlib.Path) -> tuple[_Member, str]:
+    """The HA cluster's etcd, started and healthy, in data_dir/etcd (its data kept from one run to
+    the next), as a member (restarted on the same ports should it die), and its client endpoint."""
+    from dmq.client.cli._etcd import start_etcd
+
+    try:
+        (etcd,) = start_etcd(data_dir / "etcd", own_session=True)
+    except RuntimeError as e:  # no binary; it would not start or stay up
+        raise click.ClickException(f"etcd: {e}") from None
+    member = _Member("etcd", etcd.argv, etcd.log_path, own_session=True)
+    member.proc = etcd.process
+    member.started_at = time.monotonic()
+    return member, etcd.endpoint
+
+
 def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: int, mode: str, log_level: str,
                          storage: list[str], from_ms: int | None = None, *,
                          broker_session_timeout_ms: int | None = None, security_argv: list[str] | None = None,
-                         coordinator_argv: list[str] | None = None, metrics_port: int | None = None) -> None:
-    """A coordinator process and N broker processes; SIGINT/SIGTERM stop them all cleanly.
+                         coordinator_argv: list[str] | None = None, metrics_port: int | None = None,
+                         coordinators: int = 1, lease_ttl_s: int | None = None) -> None:
+    """Coordinator processes and N broker processes; SIGINT/SIGTERM stop them all cleanly.
 
-    A member that dies (killed, crashed) is restarted with backoff and the others keep running,
-    so a broker killed in a failover demo comes back and catches up (see RESTART_BACKOFF_S for
-    when it gives up: then the others are stopped and the command exits 1 naming it).
+    One coordinator: on SQLite in data_dir/coordinator. Several (`coordinators` > 1): an etcd
+    process in data_dir/etcd first, then coordinator i in data_dir/coordinator-i on port PORT+i,
+    all on that etcd and electing one active; the brokers are given every coordinator address,
+    and etcd is stopped last. A member that dies (killed, crashed) is restarted with backoff and
+    the others keep running, so a broker (or an active coordinator) killed in a failover demo
+    comes back (see RESTART_BACKOFF_S for when it gives up: then the others are stopped and the
+    command exits 1 naming it).
     """
     import structlog
 
     from dmq.client.cli.runner import PortUnavailable, bind_probe
+    from dmq.coordinator.controller.leadership import DEFAULT_LEASE_TTL_S
     from dmq.proto.dirlock import DataDirLock, DataDirLocked
 
     log = structlog.get_logger("dmq.client.cli.servers")
+    names = ["coordinator"] if coordinators == 1 else [f"coordinator-{i}" for i in range(coordinators)]
+    ports = [0 if port == 0 else port + i for i in range(coordinators)]
+    if ports[-1] > 65535:
+        raise click.BadParameter(f"{coordinators} coordinators take ports {port}..{ports[-1]}: past 65535",
+                                 param_hint="--port")
     # One line now rather than a child failing a moment later (each child still takes its own
     # lock and binds its own port: these are only probes).
     try:
-        bind_probe(host, port)
-        for name in ["coordinator"] + [f"broker-{i}" for i in range(brokers)]:
+        for p in ports:
+            bind_probe(host, p)
+        for name in names + [f"broker-{i}" for i in range(brokers)]:
             probe = DataDirLock(data_dir / name)
             probe.acquire()
             probe.release()
     except (PortUnavailable, DataDirLocked) as e:
         raise click.ClickException(str(e)) from None
     exe = [sys.executable, "-m", "dmq.client.cli"]
-    # --port 0: the coordinator binds a free port and writes it to this file; the brokers are
-    # started with its address once it is there, and a restarted coordinator binds it again.
-    address_file = data_dir / "coordinator.address" if port == 0 else None
+    # --port 0: each coordinator binds a free port and writes it to its file; the brokers are
+    # started with the addresses once they are there, and a restarted coordinator binds it again.
+    address_files = [data_dir / f"{name}.address" if port == 0 else None for name in names]
     stop = {"signal": 0}
 
     def handle(signum: int, frame: object) -> None:
         stop["signal"] = signum
 
-    if address_file is not None:
-        address_file.unlink(missing_ok=True)
+    for address_file in address_files:
+        if address_file is not None:
+            address_file.unlink(missing_ok=True)
     from_args = [] if from_ms is None else ["--default-subscription-from", str(from_ms)]
     session_args = ([] if broker_session_timeout_ms is None
                     else ["--broker-session-timeout-ms", str(broker_session_timeout_ms)])
-    members = [_Member("coordinator", exe + ["coordinator", "--host", host, "--port", str(port),
-                                             "--data-dir", str(data_dir / "coordinator"),
-                                             "--default-subscription-mode", mode, *from_args, *session_args,
-                                             "--log-level", log_level, *(security_argv or []),
-                                             # replicated by default, also for a topic created
-                                             # before every broker registered (retried meanwhile)
-                                             "--default-replication-factor", str(min(3, brokers)),
-                                             *_metrics_argv(metrics_port, 0), *(coordinator_argv or []),
-                                             *([] if address_file is None else ["--address-file", str(address_file)])])]
     signal.signal(signal.SIGINT, handle)
     signal.signal(signal.SIGTERM, handle)
-    if address_file is not None:
+    etcd, etcd_endpoint = _start_etcd_member(data_dir) if coordinators > 1 else (None, "")
+    store_args = [] if etcd is None else ["--metadata-store", f"etcd://{etcd_endpoint}",
+                                          "--lease-ttl-s", str(lease_ttl_s or DEFAULT_LEASE_TTL_S)]
+    members = [_Member(name, exe + ["coordinator", "--host", host, "--port", str(ports[i]),
+                                    "--data-dir", str(data_dir / name),
+                                    "--default-subscription-mode", mode, *from_args, *session_args,
+                                    "--log-level", log_level, *(security_argv or []),
+                                    # replicated by default, also for a topic created
+                                    # before every broker registered (retried meanwhile)
+                                    "--default-replication-factor", str(min(3, brokers)),
+                                    *_metrics_argv(metrics_port, i), *(coordinator_argv or []), *store_args,
+                                    *([] if etcd is None or not ports[i] else ["--advertise", f"{host}:{ports[i]}"]),
+                                    *([] if address_files[i] is None else ["--address-file", str(address_files[i])])])
+               for i, name in enumerate(names)]
+    if port == 0:
         try:
-            port = _await_coordinator_port(members[0], address_file, stop)
+            for member in members:  # all at once: each takes seconds to import and bind
+                member.start()
+            for i, (member, address_file) in enumerate(zip(members, address_files)):
+                assert address_file is not None
+                ports[i] = _await_coordinator_port(member, address_file, stop)
         except BaseException:
             _stop_children({m.name: m.proc for m in members if m.proc is not None})
+            if etcd is not None and etcd.proc is not None:
+                _stop_children({"etcd": etcd.proc})
             raise
-        members[0].argv[members[0].argv.index("--port") + 1] = str(port)
-    bootstrap = f"{host}:{port}"
+        for member, bound in zip(members, ports):
+            member.argv[member.argv.index("--port") + 1] = str(bound)
+            if etcd is not None:  # as it advertised itself, so that a restart names the same address
+                member.argv += ["--advertise", f"{host}:{bound}"]
+    bootstrap = ",".join(f"{host}:{p}" for p in ports)
     # A restarted broker gets a new port (0): it registers its new address under its id.
     members += [_Member(f"broker {i}", exe + ["broker", "--host", host, "--port", "0", "--broker-id", str(i),
                                               "--coordinator", bootstrap,
                                               "--data-dir", str(data_dir / f"broker-{i}"),
                                               "--log-level", log_level, *storage,
-                                              *_metrics_argv(metrics_port, 1 + i), *(security_argv or [])])
+                                              *_metrics_argv(metrics_port, coordinators + i), *(security_argv or [])])
                 for i in range(brokers)]
+    supervised = ([] if etcd is None else [etcd]) + members
     failed: str | None = None
     try:
         for member in members:
-            if member.proc is None:  # the coordinator may be running already (--port 0)
+            if member.proc is None:  # the coordinators may be running already (--port 0)
                 member.start()
-        click.echo(f"DMQ cluster: coordinator on {bootstrap}, {brokers} broker processes; "
-                   f"bootstrap=\"{bootstrap}\"; a member that dies is restarted; Ctrl-C stops", err=True)
+        if etcd is None:
+            click.echo(f"DMQ cluster: coordinator on {bootstrap}, {brokers} broker processes; "
+                       f"bootstrap=\"{bootstrap}\"; a member that dies is restarted; Ctrl-C stops", err=True)
+        else:
+            click.echo(f"DMQ HA cluster: {coordinators} coordinators on {bootstrap} (one active, the others "
+                       f"standing by), their metadata on etcd at {etcd_endpoint} (data in {data_dir.resolve() / 'etcd'}, "
+                       f"log {etcd.log_path}), {brokers} broker processes; bootstrap=\"{bootstrap}\"; "
+                       f"a member that dies is restarted; Ctrl-C stops", err=True)
         while not stop["signal"] and failed is None:
             now = time.monotonic()
-            for member in members:
+            for member in supervised:
                 if stop["signal"]:
                     break  # Ctrl-C reaches the children too: their exits are the stop, not deaths
                 if member.proc is None:
@@ -464,6 +563,9 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
                 time.sleep(_POLL_S)
     finally:
         unclean = _stop_children({m.name: m.proc for m in members if m.proc is not None})
+        # etcd last: the coordinators revoke their leases and close their watches on it as they stop.
+        if etcd is not None and etcd.proc is not None:
+            unclean += _stop_children({"etcd": etcd.proc})
     if failed is not None:
         raise click.ClickException(f"{failed}; stopped the rest of the cluster")
     if unclean:
@@ -472,17 +574,18 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
 
 def _await_coordinator_port(coordinator: _Member, address_file: pathlib.Path, stop: dict[str, int]) -> int:
     """Start the coordinator on port 0 and return the port it bound (from its address file)."""
-    coordinator.start()
+    if coordinator.proc is None:
+        coordinator.start()
     assert coordinator.proc is not None
     deadline = time.monotonic() + COORDINATOR_START_TIMEOUT_S
     while not address_file.exists():
         if stop["signal"]:
-            raise click.ClickException("stopped before the coordinator listened")
+            raise click.ClickException(f"stopped before the {coordinator.name} listened")
         if coordinator.proc.poll() is not None:
-            raise click.ClickException(f"the coordinator exited with {_exit_status(coordinator.proc.returncode)} "
+            raise click.ClickException(f"the {coordinator.name} exited with {_exit_status(coordinator.proc.returncode)} "
                                        "before it listened")
         if time.monotonic() > deadline:
-            raise click.ClickException(f"the coordinator did not listen within {COORDINATOR_START_TIMEOUT_S:g}s")
+            raise click.ClickException(f"the {coordinator.name} did not listen within {COORDINATOR_START_TIMEOUT_S:g}s")
         time.sleep(0.05)
     return int(address_file.read_text().rsplit(":", 1)[1])
 
@@ -568,7 +671,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
                     default_subscription_from: str | None, log_level: str, broker_session_timeout_ms: int,
                     default_replication_factor: int | None,
                     max_topics_per_principal: int, max_partitions_per_principal: int, metrics_port: int | None,
-                    metadata_store: str, etcd_user: str | None, etcd_password: str | None,
+                    metrics_max_partition_series: int, metadata_store: str, etcd_user: str | None, etcd_password: str | None,
                     etcd_ca_file: pathlib.Path | None, etcd_cert_file: pathlib.Path | None,
                     etcd_key_file: pathlib.Path | None, address_file: pathlib.Path | None,
                     advertise: str | None, lease_ttl_s: int | None, **security_options) -> None:
@@ -600,6 +703,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
     security, quotas, _argv = _pop_security(security_options)
     limits, _limits_argv = _principal_limits(max_topics_per_principal, max_partitions_per_principal)
     from_ms = _default_subscription_from_ms(default_subscription_mode, default_subscription_from)
+    _check_metrics_series(metrics_port)
     configure_logging(log_level)
     from dmq.client.cli.runner import run_coordinator_only
 
@@ -613,6 +717,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
             default_replication_factor=default_replication_factor,
             security=security, quotas=quotas, principal_limits=limits,
             metrics_port=metrics_port, on_metrics=lambda url: click.echo(f"coordinator metrics at {url}", err=True),
+            max_partition_series=metrics_max_partition_series,
             metadata_store=store, advertise=advertise, lease_ttl_s=lease_ttl_s,
             on_active=lambda epoch: click.echo(f"coordinator active (controller epoch {epoch})", err=True),
         ))
@@ -655,9 +760,10 @@ def _listening(name: str, address: str, address_file: pathlib.Path | None) -> No
 def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir: pathlib.Path, log_level: str,
                rack: str, replica_lag_time_max_ms: int, replica_ack_timeout_ms: int,
                flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int,
-               metrics_port: int | None, **security_options) -> None:
+               metrics_port: int | None, metrics_max_partition_series: int, **security_options) -> None:
     """Run one storage broker that registers with --coordinator."""
     security, quotas, _argv = _pop_security(security_options)
+    _check_metrics_series(metrics_port)
     _check_flush_interval(flush)
     configure_logging(log_level)
     import grpc
@@ -673,6 +779,7 @@ def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir:
             replica_lag_time_max_ms=replica_lag_time_max_ms, replica_ack_timeout_ms=replica_ack_timeout_ms,
             metrics_port=metrics_port,
             on_metrics=lambda url: click.echo(f"broker {broker_id} metrics at {url}", err=True),
+            max_partition_series=metrics_max_partition_series,
         ))
     except (OSError, ValueError) as e:  # a busy port; security settings refused (SecurityConfigError)
         raise click.ClickException(str(e)) from None

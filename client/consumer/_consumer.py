@@ -4,10 +4,15 @@ It composes the parts, which never import each other (STYLE.md, after aiokafka):
 
     SubscriptionState  what is assigned and where consumption stands   (_subscription.py)
     Fetcher            pipelined fetches, lazy decoding                 (_fetcher.py)
-    GroupClient        memberships: find/join/assignment/leave RPCs     (_group.py)
+    ConsumerCore       the group protocol, sans I/O: which group call    (_core.py)
+                       next, what answers mean, commit rules
+    GroupClient        the group RPCs: requests, error mapping           (_group.py)
     HeartbeatThread    heartbeats, watch streams, poll watchdog         (_heartbeat.py)
     OffsetClient       commit / committed / list offsets                (_offsets.py)
+    Commits            commits in flight, their callbacks, auto-commits (_commits.py)
     PositionFinder     position look-ups of new partitions              (_positions.py)
+
+What it does around the core alike with AsyncConsumer is ConsumerShell's (_shell.py).
 
 Threads: everything here runs on the application's thread, which must be one thread at a time
 (like Kafka's consumer, the object is not thread-safe). The heartbeat thread only sets flags on
@@ -24,7 +29,7 @@ poll(), step by step:
   1. run the callbacks of finished commit_async() calls;
   2. auto-commit: positions returned by earlier polls, async, per broker, at most every
      auto_commit_interval_ms;
-  3. per membership, one group call at a time: find the group (if subscribe() could not),
+  3. per membership, one group call at a time, the one the core says it needs: find the group (if subscribe() could not),
      re-join if the coordinator forgot us (partitions lost); if the heartbeat thread flagged a
      new generation, commit the returned positions (holding those partitions' records until
      their broker answered), then GetAssignment (this is what hands revoked partitions to
@@ -43,22 +48,24 @@ import re
 import threading
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
 
-from dmq.client._calls import Backoffs, RetryPolicy
 from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster
+from dmq.client.consumer._commits import CommitCallback, Commits
+from dmq.client.consumer._common import check_seek_offset, commit_offsets, deserialize, time_queries, tp_of, tps_of
 from dmq.client.consumer._config import ConsumerConfig
+from dmq.client.consumer._core import HANDOVER_COMMIT_WAIT_S, ConsumerCore, GroupCall, Outcome
 from dmq.client.consumer._fetcher import Fetcher
-from dmq.client.consumer._group import GroupClient, Membership, group_id_for
+from dmq.client.consumer._group import FIND, HANDOVER, JOIN, GroupClient, Membership, group_id_for
 from dmq.client.consumer._heartbeat import HeartbeatThread
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
 from dmq.client.consumer._positions import PositionFinder
+from dmq.client.consumer._shell import ConsumerShell, topic_list
 from dmq.client.consumer._records import ConsumerRecords, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from dmq.client.consumer._subscription import (
     EARLIEST,
@@ -70,57 +77,44 @@ from dmq.client.consumer._subscription import (
 from dmq.client.consumer._times import record_timestamps
 from dmq.client.errors import (
     ClientClosedError,
-    CommitFailedError,
     DMQError,
-    DMQTimeoutError,
-    GroupNotFoundError,
     IllegalStateError,
     InvalidArgumentError,
-    ResourceExhaustedError,
-    SerializationError,
     TopicNotFoundError,
-    UnknownMemberError,
 )
 
 log = get_logger(__name__)
-
-CommitCallback = Callable[[dict[TopicPartition, OffsetAndMetadata], Exception | None], None]
 
 
 # close() gives up on what the cluster has not answered by then (Kafka's close() default).
 DEFAULT_CLOSE_TIMEOUT_S = 30.0
 LEAVE_TIMEOUT_S = 5.0
-# How long a hand-off waits for its commits before asking for the new assignment anyway.
-# Healthy brokers answer in milliseconds; a stopped one would otherwise hold the rebalance (and
-# this member's other partitions, held meanwhile) for a whole request timeout.
-HANDOVER_COMMIT_WAIT_S = 1.0
-MAX_GROUP_BACKOFF_MS = 1_000
-_OP_WHAT = {"find": "finding the group", "join": "joining the group", "handover": "committing before the hand-off",
-            "assignment": "fetching the assignment"}
 
 
 class _GroupOp:
-    """A membership's group call in flight: one future (find, join, assignment) or the
-    per-broker commit futures of a hand-off, with the partitions a hand-off holds back."""
+    """A membership's group call in flight (the core's GroupCall): one future (find, join,
+    assignment) or the per-broker commit futures of a hand-off, with the partitions held back."""
 
-    __slots__ = ("kind", "futures", "commits", "held", "released", "wait_until")
+    __slots__ = ("call", "futures", "commits", "released", "wait_until")
 
-    def __init__(self, kind: str, futures: list[Any], held: frozenset[TopicPartition] = frozenset()) -> None:
-        self.kind = kind
+    def __init__(self, call: GroupCall, futures: list[Any], released: set[TopicPartition] | None = None) -> None:
+        self.call = call
         self.futures = futures
         self.commits: dict[Any, frozenset[TopicPartition]] = {}  # hand-off commit future -> its partitions
-        self.held = held  # poll() returns none of their records while this is in flight...
-        self.released: set[TopicPartition] = set()  # ...except these (their commit failed)
+        # poll() returns none of call.held's records while this is in flight, except these
+        # (their commit failed)
+        self.released: set[TopicPartition] = set() if released is None else released
         self.wait_until = float("inf")  # a hand-off goes on without commits still out by then
 
     def __repr__(self) -> str:
-        return f"<_GroupOp {self.kind} done={self.done()} held={len(self.held)} released={len(self.released)}>"
+        return (f"<_GroupOp {self.call.kind} done={self.done()} held={len(self.call.held)} "
+                f"released={len(self.released)}>")
 
     def done(self) -> bool:
         return all(f.done() for f in self.futures) or time.monotonic() >= self.wait_until
 
 
-class DMQConsumer:
+class DMQConsumer(ConsumerShell):
     """Consume topics as a member of a consumer group. Use as a context manager, or call close()."""
 
     def __init__(self, *topics: str | ConsumerConfig, config: ConsumerConfig | None = None, **settings: Any) -> None:
@@ -156,18 +150,12 @@ class DMQConsumer:
         self._groups = GroupClient(self._cluster, config, self.consumer_id)
         self._offsets = OffsetClient(self._cluster, config)
         self._positions = PositionFinder(self._cluster, self._offsets, self._subs, config, self._wakeup)
-        self._memberships: dict[str, Membership] = {}
+        self._core = ConsumerCore(config, self._subs, self._to_commit, self._log, now=time.monotonic())
+        self._memberships: dict[str, Membership] = self._core.memberships  # the core's, read here
         self._ops: dict[str, _GroupOp] = {}  # topic -> the membership's group call in flight
-        # group calls per topic: up to 1 s apart, so a returning coordinator is found within about a second
-        self._backoff: Backoffs[str] = Backoffs(RetryPolicy(self.config.retry_backoff_ms, MAX_GROUP_BACKOFF_MS))
-        self._auto_commits: dict[str, concurrent.futures.Future[Any]] = {}  # broker -> last auto-commit
         self._heartbeat = HeartbeatThread(self.consumer_id, config, self._wakeup, self._poll_age_s,
                                           router=self._cluster.coordinator_router)
-        self._last_poll = time.monotonic()
-        self._in_poll = False
-        self._next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
-        self._commits_in_flight: set[concurrent.futures.Future[Any]] = set()
-        self._finished_commits: deque[tuple[CommitCallback | None, concurrent.futures.Future[Any]]] = deque()
+        self._commits = Commits(self._offsets, self._core, self._fetcher.stats, self._log)
         self._closed = False
         # The Kafka-style API (methods at the end of the class): partitions given to assign()
         # (read without a group), a subscribe(pattern=...) and its listing in flight, counters.
@@ -284,40 +272,30 @@ class DMQConsumer:
             self._subscribe_pattern(topic_or_topics, pattern, listener)
             return
         self._pattern = None
-        topics = [topic_or_topics] if isinstance(topic_or_topics, str) else list(topic_or_topics)
-        self._subscribe_topics(topics, listener)
+        self._subscribe_topics(topic_or_topics, listener)
 
-    def _subscribe_topics(self, topics: list[str], listener: ConsumerRebalanceListener | None) -> None:
-        if not topics or not all(isinstance(t, str) and t for t in topics):
-            raise InvalidArgumentError("subscribe() needs a topic name or a non-empty list of topic names")
+    def _subscribe_topics(self, topics: Any, listener: ConsumerRebalanceListener | None) -> None:
+        wanted = topic_list(topics)
         if not self._heartbeat.alive:
             self._heartbeat.start()
-        wanted = list(dict.fromkeys(topics))
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
-        for topic in [t for t in self._memberships if t not in wanted]:
+        for topic in self._core.unwanted(wanted):
             self._leave_topic(topic, call_listener=True, deadline=deadline)
         self._subs.subscribe(wanted, listener)
-        for topic in wanted:
-            if topic in self._memberships:
-                continue
-            m = Membership.pending(topic, group_id_for(topic, self.config.group_id), self._cluster.bootstrap)
-            self._memberships[topic] = m
-            try:
-                for kind, start, finish in (("find", self._groups.start_find, self._groups.finish_find),
-                                            ("join", self._groups.start_join, self._groups.finish_join)):
-                    future = start(topic if kind == "find" else m)  # type: ignore[arg-type]
-                    if not _wait(future, deadline - time.monotonic()):
-                        # Still unanswered at the deadline: poll() finishes it.
-                        self._start(m, kind, future)
-                        break
-                    finish(m, future)
-                else:
-                    self._heartbeat.track(m)
-            except DMQError as e:
-                if not e.retriable:
-                    self._memberships.pop(topic, None)
-                    raise
-                self._group_failed(m, "subscribing", e)
+        for m in self._core.added(wanted, self._cluster.bootstrap):
+            for kind in (FIND, JOIN):
+                call = self._core.begin(m, kind)
+                future = self._groups.start(kind, m)
+                if not _wait(future, deadline - time.monotonic()):
+                    self._track_op(_GroupOp(call, [future]))  # still unanswered at the deadline: poll() finishes it
+                    break
+                out = self._answered(call, future)
+                if out.error is not None:
+                    self._core.leave(m.topic)
+                    raise out.error
+                if not out.succeeded:  # retriable: poll() goes on after a backoff
+                    break
+                self._apply(m, out)
 
     def unsubscribe(self) -> None:
         """Commit (with auto-commit), hand back every partition and leave every group, within
@@ -362,11 +340,10 @@ class DMQConsumer:
         self._counters["polls"] += 1
         now = time.monotonic()
         deadline = now + timeout_s
-        self._in_poll = True
-        self._last_poll = now
+        self._core.poll_started(now)
         try:
-            self._run_commit_callbacks()
-            self._maybe_auto_commit(now)
+            self._commits.run_callbacks()
+            self._commits.auto_commit(now)
             fetcher = self._fetcher
             while True:
                 self._wakeup.clear()
@@ -379,7 +356,7 @@ class DMQConsumer:
                 fetcher.send_fetches()
                 if records:
                     if self.config.key_deserializer is not None or self.config.value_deserializer is not None:
-                        records = self._deserialize(records)
+                        records = deserialize(self.config, records, self.seek)
                     self._counters["records_returned"] += sum(map(len, records.values()))
                     return ConsumerRecords(records)
                 remaining = deadline - time.monotonic()
@@ -389,12 +366,7 @@ class DMQConsumer:
                 # covers retry backoffs and background metadata refreshes, which nothing signals.
                 self._wakeup.wait(min(remaining, self.config.retry_backoff_ms / 1000 or remaining))
         finally:
-            self._in_poll = False
-            self._last_poll = time.monotonic()
-
-    def _poll_age_s(self) -> float:
-        """Seconds since the application last called poll(); 0 while inside poll()."""
-        return 0.0 if self._in_poll else time.monotonic() - self._last_poll
+            self._core.poll_ended(time.monotonic())
 
     # -- group coordination (application thread, never blocking) ----------------------------------
 
@@ -403,9 +375,9 @@ class DMQConsumer:
             self._step(m)
 
     def _step(self, m: Membership) -> None:
-        """Finish m's group call if it answered, then start the next one m needs (one at a
-        time per membership): find the group, (re-)join, commit before the hand-off, fetch the
-        assignment. Retriable failures are retried after a backoff; others are raised."""
+        """Finish m's group call if it answered, then start the next one the core says m needs
+        (one at a time per membership: find, (re-)join, commit before the hand-off, fetch the
+        assignment). Errors a person must fix are raised."""
         op = self._ops.get(m.topic)
         if op is not None:
             if not op.done():
@@ -414,226 +386,136 @@ class DMQConsumer:
             self._finish(m, op)
             if m.topic in self._ops:
                 return
-        retry_at = self._backoff.retry_at(m.topic)
-        if retry_at > time.monotonic():
+        call = self._core.next_call(m.topic, time.monotonic())
+        if call is None:
             return
-        if not m.found:
-            self._start(m, "find", self._groups.start_find(m.topic))
-        elif m.rejoin_reason is not None or not m.joined:
-            self._drop_lost(m)
-            self._start(m, "join", self._groups.start_join(m))
-        elif m.assignment_stale:
-            m.assignment_stale = False
-            self._start_handover(m)
+        if call.before is not None:
+            try:
+                self._apply(m, call.before)
+            except BaseException:
+                self._core.abandon(call)  # the join is made by the next poll()
+                raise
+        if call.kind == HANDOVER:
+            self._start_handover(call)
+        else:
+            self._track_op(_GroupOp(call, [self._groups.start(call.kind, m)]))
 
-    def _start(self, m: Membership, kind: str, future: Any) -> None:
+    def _track_op(self, op: _GroupOp) -> None:
         wakeup = self._wakeup
-        future.add_done_callback(lambda _f: wakeup.set())
-        self._ops[m.topic] = _GroupOp(kind, [future])
+        for f in op.futures:
+            f.add_done_callback(lambda _f: wakeup.set())
+        self._ops[op.call.topic] = op
+
+    def _answered(self, call: GroupCall, future: Any) -> Outcome:
+        try:
+            response = self._groups.result(call.kind, call.membership, future)
+        except DMQError as e:
+            return self._core.answered(call, time.monotonic(), error=e)
+        return self._core.answered(call, time.monotonic(), response, coordinator=self._cluster.bootstrap)
 
     def _finish(self, m: Membership, op: _GroupOp) -> None:
-        try:
-            if op.kind == "find":
-                self._groups.finish_find(m, op.futures[0])
-            elif op.kind == "join":
-                try:
-                    self._groups.finish_join(m, op.futures[0])
-                except GroupNotFoundError:
-                    # Deleted between FindOrCreateGroup and now (an empty group can be): find it again.
-                    m.found = False
-                    return
-                self._heartbeat.track(m)
-            elif op.kind == "handover":
-                self._finish_handover(m, op)
-                self._start_assignment(m, op)
-                return
-            else:
-                self._apply_assignment(m, op.futures[0])
-        except UnknownMemberError as e:
-            m.rejoin_reason = str(e)
+        if op.call.kind == HANDOVER:
+            out = self._core.answered(op.call, time.monotonic(), failed=self._handover_results(op))
+            assert out.next is not None
+            self._track_op(_GroupOp(out.next, [self._groups.start(out.next.kind, m)], op.released))
+            return
+        out = self._answered(op.call, op.futures[0])
+        if out.error is not None:
+            raise out.error
+        self._apply(m, out)
+
+    def _apply(self, m: Membership, out: Outcome) -> None:
+        callbacks = self._carry_out(m, out)
+        if m.rejoin_reason is not None:
             self._wakeup.set()
-            return
-        except DMQError as e:
-            if not e.retriable:
-                raise
-            if op.kind == "assignment":
-                m.assignment_stale = True
-            self._group_failed(m, _OP_WHAT[op.kind], e)
-            return
-        self._backoff.succeeded(m.topic)
+        self._callbacks(callbacks)
 
-    def _group_failed(self, m: Membership, what: str, e: DMQError) -> None:
-        """Back off before the next group call of m: retry_backoff_ms, doubling up to 1 s, so a
-        returning coordinator is found again within about a second."""
-        delay_s, failures = self._backoff.failed(m.topic)
-        # A warning for the first failure in a row, then quieter: the coordinator may be away for
-        # minutes, and poll() retries every second meanwhile.
-        emit = self._log.warning if failures == 1 else self._log.debug
-        emit("group call failed; retrying", what=what, group=m.group_id, error=str(e), retry_in_ms=int(delay_s * 1000))
-
-    def _drop_lost(self, m: Membership) -> None:
-        lost = set(self._subs.assigned(m.topic))
-        if not lost:
-            return
-        for tp in lost:
-            self._subs.remove(tp)
-            self._fetcher.drop(tp)
-        self._log.warning("partitions lost without a hand-off", group=m.group_id, member=m.member_id,
-                          partitions=sorted(tp.partition for tp in lost), reason=m.rejoin_reason or "not a member")
-        self._listener_call("on_partitions_lost", lost)
-
-    def _start_handover(self, m: Membership) -> None:
+    def _start_handover(self, call: GroupCall) -> None:
         """Commit what poll() returned for m's partitions, per broker, so their next owner starts
         there; GetAssignment follows once the commits answered, or after HANDOVER_COMMIT_WAIT_S
         (a stopped broker must not hold the group's rebalance nor m's other partitions).
 
         From here until the assignment is applied, m's partitions are held (poll() returns none
-        of their records): a record returned now and then revoked would be read again by the
-        next owner. Partitions whose commit failed or did not answer in time are released at
-        once: their next owner re-reads from the last good commit whatever we do (duplicates,
+        of their records). Partitions whose commit failed or did not answer in time are released
+        at once: their next owner re-reads from the last good commit whatever we do (duplicates,
         never loss), and they are on a broker that is away anyway."""
-        owned = frozenset(self._subs.assigned(m.topic))
-        offsets = {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items()
-                   if tp.topic == m.topic}
-        op = _GroupOp("handover", [], held=owned)
-        if offsets and owned:
-            timeout_s = min(self.config.request_timeout_ms, self.config.session_timeout_ms) / 1000
-            try:
-                calls, errors = self._offsets.commit_calls(offsets, {m.topic: m}, timeout_s=0)
-            except DMQError as e:
-                calls, errors = [], dict.fromkeys(offsets, e)
-            for tp, err in errors.items():
-                self._log.warning("commit before the hand-off not sent", group=m.group_id, partition=tp.partition,
-                                  error=str(err))
-            op.released |= set(errors)
-            wakeup = self._wakeup
-            for call in calls:
-                f = self._offsets.send_commit(call, timeout_s)
-                f.add_done_callback(lambda _f: wakeup.set())
-                op.futures.append(f)
-                op.commits[f] = frozenset(call.offsets)
+        m = call.membership
+        op = _GroupOp(call, [])
+        timeout_s = min(self.config.request_timeout_ms, self.config.session_timeout_ms) / 1000
+        try:
+            calls, errors = self._offsets.commit_calls(call.offsets, {m.topic: m}, timeout_s=0)
+        except DMQError as e:
+            calls, errors = [], dict.fromkeys(call.offsets, e)
+        for tp, err in errors.items():
+            self._log.warning("commit before the hand-off not sent", group=m.group_id, partition=tp.partition,
+                              error=str(err))
+        op.released |= set(errors)
+        for commit in calls:
+            f = self._offsets.send_commit(commit, timeout_s)
+            op.futures.append(f)
+            op.commits[f] = frozenset(commit.offsets)
         if not op.futures:
-            self._start_assignment(m, op)
+            self._finish(m, op)
             return
         op.wait_until = time.monotonic() + HANDOVER_COMMIT_WAIT_S
-        self._ops[m.topic] = op
+        self._track_op(op)
 
-    def _start_assignment(self, m: Membership, handover: _GroupOp) -> None:
-        future = self._groups.start_get_assignment(m, wait_ms=0)
-        wakeup = self._wakeup
-        future.add_done_callback(lambda _f: wakeup.set())
-        op = _GroupOp("assignment", [future], held=handover.held)
-        op.released = handover.released
-        self._ops[m.topic] = op
-
-    def _finish_handover(self, m: Membership, op: _GroupOp) -> None:
-        """Record the hand-off commits; release the partitions whose commit failed or is late."""
+    def _handover_results(self, op: _GroupOp) -> dict[TopicPartition, str]:
+        """Record the hand-off commits; the partitions whose commit failed or is late, and why
+        (they are released: poll() may return their records again)."""
+        failed: dict[TopicPartition, str] = {}
         for f, tps in op.commits.items():
             if not f.done():
-                op.released |= tps
-                self._log.warning("commit before the hand-off did not answer in time; going on without it",
-                                  group=m.group_id, member=m.member_id, partitions=sorted(tp.partition for tp in tps),
-                                  waited_s=HANDOVER_COMMIT_WAIT_S)
+                failed.update(dict.fromkeys(tps, f"no answer within {HANDOVER_COMMIT_WAIT_S} s"))
                 continue
             error = f.exception()
             if error is None:
                 self._subs.mark_committed({tp: o.offset for tp, o in f.result().items()})
             else:
-                op.released |= tps
-                # Ownership already moved (expired) or the broker is away: the next owner re-reads
-                # from the last good commit. Duplicates, never loss.
-                self._log.warning("commit before the hand-off failed", group=m.group_id, member=m.member_id,
-                                  error=str(error))
+                failed.update(dict.fromkeys(tps, str(error)))
+        op.released |= set(failed)
+        return failed
 
     def _held(self) -> frozenset[TopicPartition]:
         held: set[TopicPartition] = set()
         for op in self._ops.values():
-            if op.held:
-                held |= op.held - op.released - {tp for f, tps in op.commits.items() if f.done()
-                                                 and f.exception() is not None for tp in tps}
+            if op.call.held:
+                held |= op.call.held - op.released - {tp for f, tps in op.commits.items() if f.done()
+                                                      and f.exception() is not None for tp in tps}
         return frozenset(held)
 
-    def _apply_assignment(self, m: Membership, future: Any) -> None:
-        owned = set(self._subs.assigned(m.topic))
-        # Never wait in the coordinator (wait_ms=0): partitions still held by their previous
-        # owner come with a later watch event / heartbeat, and poll() keeps consuming meanwhile.
-        response = self._groups.finish_get_assignment(m, future)
-        now_owned = {TopicPartition(m.topic, p) for p in response.partitions}
-        revoked = owned - now_owned
-        added = now_owned - owned
-        for tp in revoked:
-            self._subs.remove(tp)
-            self._fetcher.drop(tp)
-        starts = {sp.partition: sp.offset for sp in response.start_positions}
-        for tp in sorted(added):
-            self._subs.add(tp, starts.get(tp.partition, EARLIEST))
-        if revoked or added:
-            self._fetcher.stats.rebalanced()  # an assignment that changed: Kafka's rebalance count
-            self._log.info(
-                "assignment changed", group=m.group_id, member=m.member_id, generation=response.generation,
-                revoked=sorted(tp.partition for tp in revoked), assigned=sorted(tp.partition for tp in added),
-                owned=sorted(response.partitions), rebalance_in_progress=response.rebalance_in_progress,
-            )
-        if revoked:
-            self._listener_call("on_partitions_revoked", revoked)
-        if added:
-            self._listener_call("on_partitions_assigned", added)
-
     def _leave_topic(self, topic: str, *, call_listener: bool, deadline: float) -> None:
-        m = self._memberships.pop(topic)
         op = self._ops.pop(topic, None)
         if op is not None:
             for f in op.futures:
                 f.cancel()
-        self._backoff.succeeded(topic)
-        owned = set(self._subs.assigned(topic))
-        if owned and self.config.enable_auto_commit and m.rejoin_reason is None and m.joined:
-            offsets = {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items() if tp.topic == topic}
+        leaving = self._core.leave(topic)
+        m = leaving.membership
+        if leaving.offsets:
             try:
-                self._commit_sync_now(offsets, {topic: m}, deadline=deadline)
+                self._commits.sync(leaving.offsets, {topic: m}, deadline=deadline)
             except DMQError as e:
                 self._log.warning("final commit failed", group=m.group_id, member=m.member_id, error=str(e))
-        for tp in owned:
-            self._subs.remove(tp)
-            self._fetcher.drop(tp)
+        callbacks = self._release(leaving)
         try:
-            if owned and call_listener:
-                self._listener_call("on_partitions_revoked", owned)
+            if call_listener:
+                self._callbacks(callbacks)
         finally:
             self._heartbeat.untrack(topic)
             self._groups.leave(m, timeout_s=min(LEAVE_TIMEOUT_S, max(0.001, deadline - time.monotonic())))
 
-    def _listener_call(self, name: str, partitions: set[TopicPartition]) -> None:
+    def _callbacks(self, callbacks: Iterable[tuple[str, frozenset[TopicPartition]]]) -> None:
         listener = self._subs.listener
         if listener is not None:
-            getattr(listener, name)(set(partitions))
+            for name, partitions in callbacks:
+                getattr(listener, name)(set(partitions))
+
+    def _to_commit(self, topic: str | None = None, only_changed: bool = True) -> dict[TopicPartition, OffsetAndMetadata]:
+        """The positions of the records poll() returned (for the core): what a commit covers."""
+        return {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed).items()
+                if topic is None or tp.topic == topic}
 
     # -- positions -------------------------------------------------------------------------------
-
-    def _update_positions(self) -> None:
-        """Harvest and start position look-ups (never blocks; see _positions.py)."""
-        group_ids = {t: m.group_id for t, m in self._memberships.items() if m.found}
-        for tp in self._manual:  # assign()ed partitions start at the group's commit, if any
-            group_ids.setdefault(tp.topic, group_id_for(tp.topic, self.config.group_id))
-        error = self._positions.update(group_ids, self._subscription_from_ms)
-        if error is not None:
-            raise error
-
-    def _subscription_from_ms(self, topic: str) -> int:
-        m = self._memberships.get(topic)
-        if m is None:
-            return LATEST if self.config.start_latest else EARLIEST
-        return m.subscription.from_ms
-
-    def _assigned_state(self, tp: TopicPartition, what: str):
-        tp = _tp(tp)
-        state = self._subs.get(tp)
-        if state is None:
-            raise IllegalStateError(
-                f"{what}: {tp} is not assigned to this consumer (assigned: "
-                f"{sorted(map(str, self._subs.assigned())) or 'none yet: poll() first'})"
-            )
-        return tp, state
 
     def position(self, partition: TopicPartition) -> int:
         """The offset of the next record poll() will return for an assigned partition."""
@@ -641,18 +523,8 @@ class DMQConsumer:
         self._hand_back_unreturned()
         tp, state = self._assigned_state(partition, "position()")
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
-        while state.position is None:
-            self._wakeup.clear()
-            self._update_positions()
-            if state.position is not None or self._subs.get(tp) is not state:
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DMQTimeoutError(
-                    f"position(): the position of {tp} was not found within request_timeout_ms "
-                    f"({self.config.request_timeout_ms}); is its broker up?"
-                )
-            self._wakeup.wait(min(remaining, self.config.retry_backoff_ms / 1000 or remaining))
+        while state.position is None and (wait_s := self._position_wait_s(tp, state, deadline)) is not None:
+            self._wakeup.wait(wait_s)
         position = self._subs.state(tp).position
         assert position is not None
         return position
@@ -661,8 +533,7 @@ class DMQConsumer:
         """Make the next poll() return records of `partition` from `offset` on."""
         self._check_open()
         self._hand_back_unreturned()
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise InvalidArgumentError(f"seek() offset must be an int >= 0, got {offset!r}")
+        check_seek_offset(offset)
         tp, _ = self._assigned_state(partition, "seek()")
         self._subs.seek(tp, offset)
         self._fetcher.drop(tp)
@@ -678,7 +549,7 @@ class DMQConsumer:
     def _seek_to(self, where: int, partitions: tuple[Any, ...], what: str) -> None:
         self._check_open()
         self._hand_back_unreturned()
-        tps = _tps(partitions) or self._subs.assigned()
+        tps = tps_of(partitions) or self._subs.assigned()
         checked = [self._assigned_state(tp, what)[0] for tp in tps]
         for tp in checked:
             self._subs.request_reset(tp, where)
@@ -688,13 +559,13 @@ class DMQConsumer:
         """Stop fetching and returning records of these partitions until resume()."""
         self._check_open()
         self._hand_back_unreturned()
-        for tp in [self._assigned_state(tp, "pause()")[0] for tp in _tps(partitions)]:
+        for tp in [self._assigned_state(tp, "pause()")[0] for tp in tps_of(partitions)]:
             self._subs.pause(tp)
             self._fetcher.drop(tp)
 
     def resume(self, *partitions: TopicPartition | Iterable[TopicPartition]) -> None:
         self._check_open()
-        for tp in [self._assigned_state(tp, "resume()")[0] for tp in _tps(partitions)]:
+        for tp in [self._assigned_state(tp, "resume()")[0] for tp in tps_of(partitions)]:
             self._subs.resume(tp)
 
     def paused(self) -> set[TopicPartition]:
@@ -711,7 +582,7 @@ class DMQConsumer:
         single = isinstance(partitions, TopicPartition) or (
             isinstance(partitions, tuple) and len(partitions) == 2 and isinstance(partitions[0], str)
         )
-        tps = [_tp(partitions)] if single else _tps((partitions,))
+        tps = [tp_of(partitions)] if single else tps_of((partitions,))
         group_ids = {
             tp.topic: (self._memberships[tp.topic].group_id if tp.topic in self._memberships
                        else group_id_for(tp.topic, self.config.group_id))
@@ -735,14 +606,12 @@ class DMQConsumer:
         DMQTimeoutError when a broker did not answer in time."""
         self._check_open()
         deadline = time.monotonic() + (self.config.request_timeout_ms / 1000 if timeout is None else max(0.0, timeout))
-        self._run_commit_callbacks()
+        self._commits.run_callbacks()
         if offsets is None:
             # Refused for a member that lost its group even when no position moved (Kafka's
             # rule): the application must learn that its partitions may be gone.
-            self._check_can_commit({tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed().items()},
-                                   self._memberships)
-        normalised = self._commit_offsets(offsets)
-        self._commit_sync_now(normalised, deadline=deadline)
+            self._core.check_can_commit(self._to_commit(None, False))
+        self._commits.sync(self._commit_offsets(offsets), deadline=deadline)
 
     def commit_async(
         self,
@@ -755,8 +624,8 @@ class DMQConsumer:
         poll(), commit_sync() or close(), like Kafka's commitAsync callbacks.
         """
         self._check_open()
-        self._run_commit_callbacks()
-        return self._commit_async_now(self._commit_offsets(offsets), callback)
+        self._commits.run_callbacks()
+        return self._commits.send(self._commit_offsets(offsets), callback)
 
     def _commit_offsets(
         self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None
@@ -765,122 +634,8 @@ class DMQConsumer:
         if offsets is None:
             # Positions already committed are left out: re-committing them changes nothing, and
             # would make commit_sync() wait on a dead broker whose partitions did not move.
-            return {tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items()}
-        out = {}
-        for tp, o in offsets.items():
-            om = o if isinstance(o, OffsetAndMetadata) else OffsetAndMetadata(o)
-            if isinstance(om.offset, bool) or not isinstance(om.offset, int) or om.offset < 0:
-                raise InvalidArgumentError(f"commit offset for {tp} must be an int >= 0, got {om.offset!r}")
-            out[_tp(tp)] = om
-        return out
-
-    def _check_can_commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata],
-                          memberships: Mapping[str, Membership]) -> None:
-        for topic in {tp.topic for tp in offsets}:
-            m = memberships.get(topic)
-            if m is not None and m.rejoin_reason is not None:
-                m_tps = sorted(str(tp) for tp in offsets if tp.topic == topic)
-                raise CommitFailedError(
-                    f"commit of {', '.join(m_tps)} refused: this consumer is no longer in group "
-                    f"{m.group_id} ({m.rejoin_reason}); its partitions may belong to another member. "
-                    f"If processing a poll's records takes longer than max_poll_interval_ms "
-                    f"({self.config.max_poll_interval_ms} ms), raise max_poll_interval_ms or lower "
-                    f"max_poll_records ({self.config.max_poll_records}). The next poll() re-joins."
-                )
-
-    def _commit_sync_now(self, offsets: Mapping[TopicPartition, OffsetAndMetadata],
-                         memberships: Mapping[str, Membership] | None = None, *, deadline: float) -> None:
-        if not offsets:
-            return
-        memberships = self._memberships if memberships is None else memberships
-        self._check_can_commit(offsets, memberships)
-        # An older async commit landing after this one would move the offset backwards.
-        self._wait_for_async_commits(deadline)
-        outcome = self._offsets.commit_sync(offsets, memberships, timeout_s=deadline - time.monotonic())
-        self._fetcher.stats.committed()
-        self._subs.mark_committed({tp: o.offset for tp, o in outcome.done.items()})
-        error = outcome.error("commit")
-        if error is None:
-            return
-        if isinstance(error, CommitFailedError):
-            for topic in {tp.topic for tp in outcome.errors}:
-                if topic in self._memberships:
-                    self._memberships[topic].assignment_stale = True
-        elif error.retriable:
-            # A broker that answered with the resource it lacks (disk full, busy) keeps that class:
-            # "free space on broker N" is not "a broker did not answer in time".
-            cls = type(error) if isinstance(error, ResourceExhaustedError) else DMQTimeoutError
-            error = cls(f"{error} (gave up at the commit's deadline)", code=error.code, details=error.details)
-        raise error
-
-    def _commit_async_now(
-        self, offsets: dict[TopicPartition, OffsetAndMetadata], callback: CommitCallback | None
-    ) -> concurrent.futures.Future[dict[TopicPartition, OffsetAndMetadata]]:
-        try:
-            self._check_can_commit(offsets, self._memberships)
-        except CommitFailedError as e:
-            future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            future.set_exception(e)
-        else:
-            future = self._offsets.commit_async(offsets, self._memberships, timeout_s=0)
-            self._fetcher.stats.committed()
-        self._track_commit(future, callback)
-        return future
-
-    def _track_commit(self, future: concurrent.futures.Future[Any], callback: CommitCallback | None) -> None:
-        self._commits_in_flight.add(future)
-        finished = self._finished_commits
-        future.add_done_callback(lambda f: finished.append((callback, f)))
-
-    def _run_commit_callbacks(self) -> None:
-        while self._finished_commits:
-            callback, future = self._finished_commits.popleft()
-            self._commits_in_flight.discard(future)
-            error = future.exception()
-            if error is None:
-                offsets = future.result()
-                self._subs.mark_committed({tp: o.offset for tp, o in offsets.items()})
-            else:
-                offsets = {}
-                if not isinstance(error, Exception):  # a BaseException (KeyboardInterrupt): not ours
-                    raise error
-                if isinstance(error, CommitFailedError):
-                    for m in self._memberships.values():
-                        m.assignment_stale = True
-                if callback is None:
-                    self._log.warning("async commit failed", error=str(error))
-            if callback is not None:
-                callback(offsets, error)
-
-    def _wait_for_async_commits(self, deadline: float) -> None:
-        if self._commits_in_flight:
-            concurrent.futures.wait(list(self._commits_in_flight), timeout=max(0.0, deadline - time.monotonic()))
-            self._run_commit_callbacks()
-
-    def _maybe_auto_commit(self, now: float) -> None:
-        """Commit the returned positions asynchronously, per broker: a broker whose previous
-        auto-commit has not answered (stopped, slow) is skipped this time, the others are not."""
-        if not self.config.enable_auto_commit or now < self._next_auto_commit:
-            return
-        self._next_auto_commit = now + self.config.auto_commit_interval_ms / 1000
-        offsets = {
-            tp: OffsetAndMetadata(o) for tp, o in self._subs.consumed(only_changed=True).items()
-            if (m := self._memberships.get(tp.topic)) is not None and m.joined and m.rejoin_reason is None
-        }
-        if not offsets:
-            return
-        try:
-            calls, _ = self._offsets.commit_calls(offsets, self._memberships, timeout_s=0)
-        except DMQError as e:
-            self._log.debug("auto-commit skipped", error=str(e))
-            return
-        for call in calls:
-            busy = self._auto_commits.get(call.address)
-            if busy is not None and not busy.done():
-                continue
-            future = self._offsets.send_commit(call)
-            self._auto_commits[call.address] = future
-            self._track_commit(future, None)
+            return self._to_commit()
+        return commit_offsets(offsets)
 
     # -- close -----------------------------------------------------------------------------------
 
@@ -895,7 +650,7 @@ class DMQConsumer:
         deadline = time.monotonic() + (DEFAULT_CLOSE_TIMEOUT_S if timeout is None else max(0.0, timeout))
         try:
             self._hand_back_unreturned()
-            self._wait_for_async_commits(deadline)
+            self._commits.wait(deadline)
             for topic in list(self._memberships):
                 try:
                     self._leave_topic(topic, call_listener=True, deadline=deadline)
@@ -931,39 +686,6 @@ class DMQConsumer:
         if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records <= 0:
             raise InvalidArgumentError(f"poll(): max_records must be an int > 0, got {max_records!r}")
         return timeout_ms / 1000, max_records
-
-    def _deserialize(self, records: Mapping[TopicPartition, Sequence[Any]]) -> dict[TopicPartition, list[Any]]:
-        """Apply the deserializers. A record that fails is not skipped (Kafka's rule): the records
-        before it are returned, and the next poll() raises SerializationError with the partition's
-        position at the failed record, which the application may seek() past."""
-        kd, vd = self.config.key_deserializer, self.config.value_deserializer
-        out: dict[TopicPartition, list[Any]] = {}
-        pending = list(records.items())
-        for i, (tp, rs) in enumerate(pending):
-            done: list[Any] = []
-            for r in rs:
-                what = "key"
-                try:
-                    key = r.key if kd is None or r.key is None else kd(r.key)
-                    what = "value"
-                    value = r.value if vd is None or r.value is None else vd(r.value)
-                except Exception as e:
-                    # Rewind what this poll will not return: tp to the failed record, the
-                    # partitions not reached yet to their first record.
-                    self.seek(tp, r.offset)
-                    for other, others in pending[i + 1:]:
-                        self.seek(other, others[0].offset)
-                    if done:
-                        out[tp] = done
-                    if out:
-                        return out
-                    raise SerializationError(
-                        f"{what}_deserializer failed on {tp} offset {r.offset}: {e!r}; the position stays "
-                        f"there: seek(TopicPartition({tp.topic!r}, {tp.partition}), {r.offset + 1}) skips the record"
-                    ) from e
-                done.append(r._replace(key=key, value=value))
-            out[tp] = done
-        return out
 
     def _subscribe_pattern(
         self, topics: Any, pattern: str | re.Pattern[str] | None, listener: ConsumerRebalanceListener | None
@@ -1022,7 +744,7 @@ class DMQConsumer:
         self._hand_back_unreturned()
         if self._memberships or self._pattern is not None:
             raise IllegalStateError("assign() after subscribe(): call unsubscribe() first")
-        wanted = set(_tps((partitions,)))
+        wanted = set(tps_of((partitions,)))
         for tp in wanted:
             count = self._cluster.partitions_for(tp.topic)
             if not 0 <= tp.partition < count:
@@ -1040,11 +762,11 @@ class DMQConsumer:
     ) -> dict[TopicPartition, int]:
         """The first offset still in each partition's log (its log start), asked of the brokers
         in parallel within `timeout` seconds (default request_timeout_ms). Any partitions."""
-        return self._list_offsets({tp: EARLIEST for tp in _tps((partitions,))}, timeout)
+        return self._list_offsets({tp: EARLIEST for tp in tps_of((partitions,))}, timeout)
 
     def end_offsets(self, partitions: Iterable[TopicPartition], timeout: float | None = None) -> dict[TopicPartition, int]:
         """The offset the next record produced to each partition will get (its log end)."""
-        return self._list_offsets({tp: LATEST for tp in _tps((partitions,))}, timeout)
+        return self._list_offsets({tp: LATEST for tp in tps_of((partitions,))}, timeout)
 
     def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int], timeout: float | None = None
@@ -1052,11 +774,7 @@ class DMQConsumer:
         """Per partition, the first record appended at or after the time (epoch ms), as
         kafka-python's OffsetAndTimestamp(offset, timestamp of that record); None when no
         record is that recent. Within `timeout` seconds (default request_timeout_ms)."""
-        queries = {}
-        for tp, ts in timestamps.items():
-            if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
-                raise InvalidArgumentError(f"offsets_for_times(): timestamp of {tp} must be epoch ms (int >= 0), got {ts!r}")
-            queries[_tp(tp)] = ts
+        queries = time_queries(timestamps)
         deadline = time.monotonic() + (self.config.request_timeout_ms / 1000 if timeout is None else max(0.0, timeout))
         found = self._list_offsets(queries, timeout)
         ends = self._list_offsets(dict.fromkeys(queries, LATEST), max(0.0, deadline - time.monotonic()))
@@ -1096,7 +814,7 @@ class DMQConsumer:
             "subscribed_topics": len(self._subs.topics),
             "joined_groups": sum(1 for m in self._memberships.values() if m.joined),
             "manually_assigned_partitions": len(self._manual),
-            "commits_in_flight": len(self._commits_in_flight),
+            "commits_in_flight": len(self._commits.in_flight),
         }
 
 
@@ -1111,20 +829,3 @@ def _wait(future: Any, timeout_s: float) -> bool:
     return True
 
 
-def _tp(value: Any) -> TopicPartition:
-    if isinstance(value, TopicPartition):
-        return value
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int):
-        return TopicPartition(value[0], value[1])
-    raise InvalidArgumentError(f"expected a TopicPartition(topic, partition), got {value!r}")
-
-
-def _tps(args: tuple[Any, ...]) -> list[TopicPartition]:
-    """Partitions given as varargs, or as one iterable of them."""
-    out: list[TopicPartition] = []
-    for a in args:
-        if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str):
-            out.append(_tp(a))
-        else:
-            out.extend(_tp(x) for x in a)
-    return out

@@ -22,6 +22,7 @@ Membership flags (written by the heartbeat thread, read and cleared by poll())::
 
 from __future__ import annotations
 
+from typing import Any
 
 import grpc
 
@@ -41,6 +42,9 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.names import group_id_for  # noqa: F401 - re-exported for the consumers
 
 log = get_logger(__name__)
+
+# The group calls of a membership (see _core.py for when each is made).
+FIND, JOIN, HANDOVER, ASSIGNMENT = "find", "join", "handover", "assignment"
 
 _MODES = {
     None: pb.SUBSCRIPTION_MODE_UNSPECIFIED,
@@ -100,126 +104,101 @@ class GroupClient:
     def _stub(self, m: Membership | None = None) -> pb_grpc.GroupCoordinatorStub:
         return self._cluster.group_stub(m.coordinator if m is not None else None)
 
-    # Each RPC comes as start_*() -> grpc future (with its own request_timeout_ms deadline, so it
-    # completes whatever the caller's poll timeout) and finish_*(future) on the application thread,
-    # which applies the answer or raises DMQError. poll() starts one, returns when its own
-    # timeout is up, and finishes the call in a later poll() once the future is done.
+    # Each call comes as request() (the RPC's name, its request and timeout) and error() (a
+    # failure as DMQError); the sync consumer starts it as a grpc future with start() and reads
+    # it with result() in a later poll(), the asyncio consumer awaits it. What an answer means
+    # is the ConsumerCore's (_core.py).
 
-    def start_find(self, topic: str) -> grpc.Future:
+    def request(self, kind: str, m: Membership) -> tuple[str, Any, float]:
+        """The group call `kind` of `m`: (RPC name, request, timeout in seconds)."""
         c = self._config
-        request = pb.FindOrCreateGroupRequest(
-            topic=topic,
-            app_id=c.group_id,
-            subscription_mode=_MODES[c.subscription_mode],
-            subscription_from_ms=c.subscription_from_ms or 0,
-        )
-        return self._stub().FindOrCreateGroup.future(request, timeout=self._timeout_s)
+        if kind == FIND:
+            return "FindOrCreateGroup", pb.FindOrCreateGroupRequest(
+                topic=m.topic,
+                app_id=c.group_id,
+                subscription_mode=_MODES[c.subscription_mode],
+                subscription_from_ms=c.subscription_from_ms or 0,
+            ), self._timeout_s
+        if kind == JOIN:
+            return "JoinGroup", pb.JoinGroupRequest(
+                group_id=m.group_id,
+                consumer_id=self.consumer_id,
+                client_id=c.client_id,
+                session_timeout_ms=c.session_timeout_ms,
+                max_poll_interval_ms=c.max_poll_interval_ms,
+            ), self._timeout_s
+        # Never wait in the coordinator (wait_ms=0): partitions still held by their previous owner
+        # come with a later watch event / heartbeat. Bounded by the session too: the membership's
+        # records are held back while this is in flight, and a member must hear from the
+        # coordinator within its session anyway.
+        request = pb.GetAssignmentRequest(group_id=m.group_id, member_id=m.member_id, wait_ms=0,
+                                          member_secret=m.member_secret)
+        return "GetAssignment", request, min(self._timeout_s, c.session_timeout_ms / 1000)
 
-    def finish_find(self, m: Membership, future: grpc.Future) -> None:
-        c = self._config
-        try:
-            response = future.result()
-        except grpc.RpcError as e:
-            raise from_rpc_error(
+    def error(self, kind: str, m: Membership, e: grpc.RpcError) -> DMQError:
+        """The group call's failure as the DMQError the consumers act on (see _core.py)."""
+        if kind == FIND:
+            return from_rpc_error(
                 e,
-                context=(f"FindOrCreateGroup for topic {m.topic!r}, group_id {c.group_id!r} "
+                context=(f"FindOrCreateGroup for topic {m.topic!r}, group_id {self._config.group_id!r} "
                          f"at the coordinator {self._cluster.bootstrap}"),
                 overrides={
                     grpc.StatusCode.NOT_FOUND: TopicNotFoundError,
                     grpc.StatusCode.UNAVAILABLE: CoordinatorUnavailableError,
                 },
-            ) from e
-        log.info(
-            "group found" if not response.created else "group created",
-            topic=m.topic, group=response.group_id, mode=pb.SubscriptionMode.Name(response.subscription.mode),
-        )
-        m.group_id = response.group_id
-        m.coordinator = response.coordinator_address or self._cluster.bootstrap
-        m.subscription = response.subscription
-        m.found = True
-
-    def find_or_create(self, topic: str) -> Membership:
-        m = Membership.pending(topic, group_id_for(topic, self._config.group_id), self._cluster.bootstrap)
-        self.finish_find(m, self.start_find(topic))
-        return m
-
-    def start_join(self, m: Membership) -> grpc.Future:
-        c = self._config
-        request = pb.JoinGroupRequest(
-            group_id=m.group_id,
-            consumer_id=self.consumer_id,
-            client_id=c.client_id,
-            session_timeout_ms=c.session_timeout_ms,
-            max_poll_interval_ms=c.max_poll_interval_ms,
-        )
-        return self._stub(m).JoinGroup.future(request, timeout=self._timeout_s)
-
-    def finish_join(self, m: Membership, future: grpc.Future) -> None:
-        try:
-            response = future.result()
-        except grpc.RpcError as e:
-            raise from_rpc_error(
+            )
+        if kind == JOIN:
+            return from_rpc_error(
                 e,
                 context=f"JoinGroup {m.group_id} at the coordinator {m.coordinator}",
                 overrides={
                     grpc.StatusCode.NOT_FOUND: GroupNotFoundError,
                     grpc.StatusCode.UNAVAILABLE: CoordinatorUnavailableError,
                 },
-            ) from e
-        # The heartbeat thread compares member ids before flagging, so a flag meant for the
-        # previous member id can never land on this one; attribute writes need no lock.
-        m.generation = -1
-        m.partitions = frozenset()
-        m.rejoin_reason = None
-        m.assignment_stale = True
-        m.member_id = response.member_id
-        m.member_secret = response.member_secret
-        log.info("joined group", group=m.group_id, member=m.member_id, generation=response.generation)
+            )
+        return self._member_error(e, "GetAssignment", m)
 
-    def join(self, m: Membership) -> None:
-        self.finish_join(m, self.start_join(m))
+    def address(self, kind: str, m: Membership) -> str | None:
+        """Where the call goes: FindOrCreateGroup to the bootstrap coordinator, the others to the group's."""
+        return None if kind == FIND else m.coordinator
 
-    def start_get_assignment(self, m: Membership, wait_ms: int) -> grpc.Future:
-        request = pb.GetAssignmentRequest(group_id=m.group_id, member_id=m.member_id, wait_ms=wait_ms,
-                                          member_secret=m.member_secret)
-        # Bounded by the session too: poll() holds the membership's records back while this is
-        # in flight, and a member must hear from the coordinator within its session anyway.
-        timeout_s = min(self._timeout_s, self._config.session_timeout_ms / 1000)
-        return self._stub(m).GetAssignment.future(request, timeout=timeout_s + wait_ms / 1000)
+    def start(self, kind: str, m: Membership) -> grpc.Future:
+        """The call as a grpc future, with its own deadline (it completes whatever poll()'s timeout)."""
+        method, request, timeout_s = self.request(kind, m)
+        return getattr(self._cluster.group_stub(self.address(kind, m)), method).future(request, timeout=timeout_s)
 
-    def finish_get_assignment(self, m: Membership, future: grpc.Future) -> pb.GetAssignmentResponse:
+    def result(self, kind: str, m: Membership, future: grpc.Future) -> Any:
+        """A finished call's answer; DMQError when it failed."""
         try:
-            response = future.result()
+            return future.result()
         except grpc.RpcError as e:
-            raise self._member_error(e, "GetAssignment", m) from e
-        m.generation = response.generation
-        m.partitions = frozenset(response.partitions)
-        m.rebalance_in_progress = response.rebalance_in_progress
-        return response
+            raise self.error(kind, m, e) from e
 
-    def get_assignment(self, m: Membership, wait_ms: int) -> pb.GetAssignmentResponse:
-        return self.finish_get_assignment(m, self.start_get_assignment(m, wait_ms))
+    @staticmethod
+    def leave_request(m: Membership) -> pb.LeaveGroupRequest | None:
+        """The LeaveGroup of m (None: not a member), which forgets m's member id and partitions."""
+        if not m.joined:
+            return None
+        member_id = m.member_id
+        m.member_id = ""
+        m.partitions = frozenset()
+        return pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id, member_secret=m.member_secret)
 
     def leave(self, m: Membership, timeout_s: float | None = None) -> None:
         """Leave the group (its partitions are released at once). Errors are logged, not raised:
         leaving is best effort, the session timeout is the backstop. Waits at most `timeout_s`
         (default min(request_timeout_ms, 5 s))."""
-        if not m.joined:
+        request = self.leave_request(m)
+        if request is None:
             return
-        member_id = m.member_id
-        m.member_id = ""
-        m.partitions = frozenset()
         wait_s = min(self._timeout_s, 5.0) if timeout_s is None else max(0.001, timeout_s)
         try:
-            self._stub(m).LeaveGroup(
-                pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id, member_secret=m.member_secret),
-                timeout=wait_s,
-            )
-            log.info("left group", group=m.group_id, member=member_id)
+            self._stub(m).LeaveGroup(request, timeout=wait_s)
+            log.info("left group", group=m.group_id, member=request.member_id)
         except grpc.RpcError as e:
             err = from_rpc_error(e, context=f"LeaveGroup {m.group_id}")
             log.warning("leave failed; the session timeout will remove the member", group=m.group_id,
-                        member=member_id, error=str(err))
+                        member=request.member_id, error=str(err))
         except ValueError:  # channel closed
             pass
 

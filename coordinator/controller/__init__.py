@@ -1,6 +1,8 @@
 """The controller's part of the metadata service (DESIGN.md "Replication"): who holds and who
-leads each replicated partition. The metadata service (dmq.coordinator.metadata) records the states
-and runs the controller's events; the rules are here:
+leads each replicated partition.
+  controller        the controller's events (brokers registering, failing, shutting down; AlterIsr;
+                    preferred leaders) decided, recorded and pushed, one change at a time
+  reassignment      moving a partition's replicas (ReassignPartition), one background task each
   election          pure election rules (from the in-sync set, failover, preferred leader, placement)
   placement         where a new partition's replicas go (round-robin leaders, racks spread)
   partition_states  a partition's state transitions and the checks of AlterIsr / reassignment

@@ -14,7 +14,9 @@ each call bounded by the broker call timeout. Outcomes, per broker:
 Order: brokers ignore a state whose partition_epoch is not newer than theirs, so two pushes that
 overtake each other cannot undo a change.
 
-Tasks: every call runs in a task this object owns; `close()` cancels them (bounded).
+Tasks: every call runs in a task this object owns; `close()` cancels them (bounded). A deposed
+coordinator (`acting()` false: its lease may lapse) sends nothing, even from a task that was already
+scheduled; its step-down closes the pusher, and `reopen()` starts the next term with nothing pending.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class StatePusher:
         self._retrying: dict[int, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        # With several coordinators, the lease check (dmq.coordinator.controller.leadership; the node sets it).
+        self.acting: Callable[[], bool] = lambda: True
 
     def __repr__(self) -> str:
         waiting = {b: len(p.states) for b, p in self.pending.items()}
@@ -100,7 +104,7 @@ class StatePusher:
 
     def on_heartbeat(self, broker_id: int) -> None:
         """A broker with states still to receive gets them again (one retry at a time)."""
-        if broker_id not in self.pending or broker_id in self._retrying or self._closed:
+        if broker_id not in self.pending or broker_id in self._retrying or self._closed or not self.acting():
             return
         waiting = self.pending.pop(broker_id)
         task = self._spawn(self._send(broker_id, waiting.states, attempts=waiting.attempts), "controller-push-retry")
@@ -111,6 +115,13 @@ class StatePusher:
         """Its registration answer carries every state: nothing is pending for it any more."""
         self.pending.pop(broker_id, None)
         self._unimplemented.discard(broker_id)
+
+    def reopen(self) -> None:
+        """A new term of control (elected again after stepping down): the old term's leftovers go,
+        its registrations answer every broker afresh."""
+        self._closed = False
+        self.pending.clear()
+        self._unimplemented.clear()
 
     async def close(self) -> None:
         self._closed = True
@@ -132,7 +143,7 @@ class StatePusher:
 
     async def _send(self, broker_id: int, states: Mapping[tuple[str, int], PartitionRecord], *, attempts: int = 0) -> None:
         address = self.address_of(broker_id)
-        if address is None or self._closed:
+        if address is None or self._closed or not self.acting():
             return
         request = pb.UpdatePartitionStatesRequest(
             states=[partition_state(t, p, s, self.address_of) for (t, p), s in sorted(states.items())],

@@ -1,7 +1,7 @@
 """Broker sessions: what the controller knows of each broker's liveness (DESIGN.md "Replication").
 
 A broker is alive while it has registered with this coordinator process and its last heartbeat is
-at most the broker session timeout old (dmq.coordinator.metadata reads it on the session clock,
+at most the broker session timeout old (dmq.coordinator.membership reads it on the session clock,
 wall_clock_ms unless injected). Two cases the coordinator's own history adds (issue 28):
   1. A broker known from the store is `awaited` from the coordinator's start: it gets one session
      from the start to re-register, and is then declared dead like an expired one (its partitions

@@ -150,7 +150,7 @@ class GroupRecord:
 
 @dataclass(frozen=True, slots=True)
 class PrincipalLimitsRecord:
-    """The per-principal limits in force (dmq.coordinator.metadata.PrincipalLimits, 0 = unlimited)."""
+    """The per-principal limits in force (dmq.coordinator.principal_limits.PrincipalLimits, 0 = unlimited)."""
 
     max_topics: int = 0
     max_partitions: int = 0

@@ -45,6 +45,7 @@ import asyncio
 import json
 import pathlib
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -339,11 +340,36 @@ class EtcdMetadataStore:
     def _where(self) -> str:
         return "?" if self._endpoint is None else f"{self._endpoint[0]}:{self._endpoint[1]}"
 
-    async def _txn(self, what: str, compare: list[Any], success: list[Any]) -> tuple[bool, list[Any], int]:
-        """One transaction, fenced; (succeeded, responses, the revision it was applied at).
+    @property
+    def address(self) -> str:
+        """The endpoint in use, else every endpoint given (for status reports)."""
+        return self._where() if self._endpoint is not None else ",".join(f"{h}:{p}" for h, p in self.settings.endpoints)
+
+    async def check_health(self, timeout_s: float) -> tuple[bool, str]:
+        """(healthy, how) from one linearizable read, which etcd answers only with a leader and a
+        quorum, bounded by `timeout_s`: a stopped, paused or partitioned etcd is reported, not waited for."""
+        client = self._client
+        if client is None:
+            return False, "not connected"
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(client.get(self._key("controller_epoch")), timeout_s)
+        except TimeoutError:
+            return False, f"no answer to a read within {timeout_s:g}s (etcd stopped, paused or without quorum?)"
+        except grpc.aio.AioRpcError as e:
+            return False, f"{e.code().name}: {e.details()}"
+        except aetcd.exceptions.ClientError as e:
+            return False, f"{type(e).__name__}: {e}"
+        return True, f"answered a read in {(time.monotonic() - started) * 1000:.0f} ms"
+
+    async def _txn(
+        self, what: str, compare: list[Any], success: list[Any], *, fenced: bool = True
+    ) -> tuple[bool, list[Any], int]:
+        """One transaction, fenced unless told otherwise (only the campaign: a deposed coordinator
+        campaigns again); (succeeded, responses, the revision it was applied at).
         Shielded from the caller's cancellation (see the module docstring)."""
         client = self._conn()
-        if self._fence_revision is not None:
+        if fenced and self._fence_revision is not None:
             compare = [client.transactions.mod(self._key("controller_epoch")) == self._fence_revision, *compare]
 
         async def run(c: _Client) -> tuple[bool, list[Any], int]:
@@ -651,7 +677,8 @@ class EtcdMetadataStore:
         lease = await self._call("grant a lease", lambda c: c.lease(ttl_s))
         client = self._conn()
         won, _responses, _revision = await self._txn(
-            "campaign", [client.transactions.create(key) == 0], [client.transactions.put(key, candidate.encode(), lease=lease.id)]
+            "campaign", [client.transactions.create(key) == 0], [client.transactions.put(key, candidate.encode(), lease=lease.id)],
+            fenced=False,  # a deposed coordinator's store is fenced on its old epoch: it may still campaign
         )
         if not won:
             await self._call("revoke a lease", lambda c: c.revoke_lease(lease.id))

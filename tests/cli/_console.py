@@ -13,14 +13,19 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+import contextlib
+import pathlib
+from collections.abc import Iterator, Mapping
 
 import grpc
 
 from dmq.client import AdminClient
+from dmq.client.cli._certs import create_dev_certs
+from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from tests.cli.conftest import dmq_executable
+from tests.security.conftest import server_security
 
 START_TIMEOUT_S = 30.0
 HTTP_TIMEOUT_S = 30.0
@@ -112,3 +117,17 @@ def make_group(bootstrap: str, topic: str, app_id: str, mode: str, committed: Ma
         with AdminClient(bootstrap) as admin:
             admin.commit_group_offsets(found.group_id, {(topic, p): o for p, o in committed.items()})
     return found.group_id
+
+
+@contextlib.contextmanager
+def secure_cluster(directory: pathlib.Path) -> Iterator[tuple[ClusterThread, str]]:
+    """A cluster with security on (TLS and tokens, tests.security's secret; "admin" a super-user),
+    its servers in this process on loopback; with the path of its CA, for DMQ_SSL_CAFILE."""
+    create_dev_certs(directory / "certs")
+    thread = ClusterThread(ClusterOptions(data_dir=directory / "data",
+                                          security=server_security(directory / "certs", "tokens")))
+    thread.start()
+    try:
+        yield thread, str(directory / "certs" / "ca.pem")
+    finally:
+        thread.stop()

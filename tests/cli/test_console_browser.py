@@ -6,7 +6,9 @@ Selenium, over a real `dmq server` and a real `dmq console` process.
     lag `dmq groups describe` prints for it;
   - the group page shows the subscription card (mode, subscribed at, time since);
   - a topic's message browser shows the values produced;
-  - an event store's page lists its groups (no name to type) and counts every event's type and tag.
+  - an event store's page lists its groups (no name to type) and counts every event's type and tag;
+  - with security on, a viewer signs in with their token and sees the groups their principal may
+    describe (a cluster of its own, TLS and tokens).
 
 Screenshots of each page (and of the overview) go to build/test-artifacts/console/. One browser session for the module.
 `.ci/run` installs chromium and chromium-driver; elsewhere, without them, the module is skipped.
@@ -30,11 +32,18 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)) and not os.en
 
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.common.exceptions import TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
+from selenium.webdriver.support import expected_conditions  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from dmq.client import AdminClient, Event, EventStore, Producer  # noqa: E402
-from tests.cli._console import ConsoleProcess, make_group  # noqa: E402
+from dmq.proto import dmq_pb2 as pb  # noqa: E402
+from dmq.proto.security.acls import CLUSTER_RESOURCE, Acl  # noqa: E402
+from tests.cli._console import MODES, ConsoleProcess, make_group, secure_cluster  # noqa: E402
 from tests.cli.conftest import Dmq, ServerProcess  # noqa: E402
+from tests.security.conftest import token_for  # noqa: E402
 
 ARTIFACTS = pathlib.Path(__file__).resolve().parents[2] / "build" / "test-artifacts" / "console"
 PAGE_LOAD_TIMEOUT_S = 30
@@ -137,7 +146,7 @@ def test_message_browser_shows_the_produced_values(browser: webdriver.Chrome, co
                                                     groups: dict[str, str]) -> None:
     browser.get(console.url + f"topics/{TOPIC}")
     browser.find_element(By.CSS_SELECTOR, "#browser button[type=submit]").click()
-    browser.find_element(By.ID, "summary")  # the results page has loaded
+    _wait_for_id(browser, "summary")  # the results page has loaded (a click returns before it does)
     browser.save_screenshot(str(ARTIFACTS / "messages.png"))
     values = {e.text for e in browser.find_elements(By.CSS_SELECTOR, "table.records .value")}
     assert {f"order-{i}" for i in range(10)} <= values
@@ -172,3 +181,58 @@ def test_event_store_page_lists_groups_and_counts_every_event(browser: webdriver
         claims = browser.find_element(By.ID, "claims").text
         browser.save_screenshot(str(ARTIFACTS / "event-group.png"))
         assert f"customer={claim.values['customer']}" in claims and "biller-1" in claims
+
+
+def _wait_for_id(browser: webdriver.Chrome, element_id: str) -> WebElement:
+    """The element once the page holding it has loaded (a condition with a deadline)."""
+    try:
+        return WebDriverWait(browser, PAGE_LOAD_TIMEOUT_S).until(
+            expected_conditions.presence_of_element_located((By.ID, element_id)))
+    except TimeoutException:
+        raise AssertionError(f"no #{element_id} within {PAGE_LOAD_TIMEOUT_S}s at {browser.current_url}: "
+                             f"{browser.find_element(By.TAG_NAME, 'body').text[:2000]}") from None
+
+
+@pytest.fixture(scope="module")
+def signed_console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ConsoleProcess, str]]:
+    """A console over a cluster with security on, and the group alice may describe (beside one
+    she may not): the console, the group's id."""
+    with secure_cluster(tmp_path_factory.mktemp("secure-console")) as (cluster, ca):
+        with AdminClient(cluster.bootstrap, ssl_cafile=ca, token=token_for("admin")) as admin:
+            admin.create_topic("signed-orders", partitions=1)
+            groups = [admin.cluster.group_stub().FindOrCreateGroup(
+                pb.FindOrCreateGroupRequest(topic="signed-orders", app_id=app, subscription_mode=MODES["new"]),
+                timeout=PAGE_LOAD_TIMEOUT_S).group_id for app in ("billing", "secret")]
+            admin.add_acls([Acl.parse("alice", "cluster", CLUSTER_RESOURCE, "describe"),
+                            Acl.parse("alice", "topic", "signed-orders", "describe"),
+                            Acl.parse("alice", "group", groups[0], "describe")])
+        proc = ConsoleProcess(cluster.bootstrap, env={"DMQ_SSL_CAFILE": ca})
+        try:
+            yield proc, groups[0]
+        finally:
+            assert proc.stop() == 0, proc.stderr
+
+
+def test_a_viewer_signs_in_and_sees_the_groups_of_their_principal(
+        browser: webdriver.Chrome, signed_console: tuple[ConsoleProcess, str]) -> None:
+    console, group = signed_console
+    try:
+        browser.get(console.url + "groups")
+        assert "/signin" in browser.current_url, browser.current_url  # no session: the sign-in form
+        browser.save_screenshot(str(ARTIFACTS / "signin.png"))
+        browser.find_element(By.NAME, "token").send_keys(token_for("alice"))
+        browser.find_element(By.CSS_SELECTOR, "#signin button[type=submit]").click()
+        # A click returns before the page it submits has loaded: wait for the groups page.
+        table = _wait_for_id(browser, "groups")  # back where the viewer was going
+        browser.save_screenshot(str(ARTIFACTS / "groups-signed-in.png"))
+        assert browser.current_url == console.url + "groups"
+        assert browser.find_element(By.ID, "principal").text == "alice"
+        rows = browser.find_elements(By.CSS_SELECTOR, "#groups tbody tr")
+        assert [r.get_attribute("data-group") for r in rows] == [group], table.text  # not G_signed-orders_secret
+        assert rows[0].find_element(By.CSS_SELECTOR, ".badge").text == "NEW"
+        browser.find_element(By.CSS_SELECTOR, "header form button[type=submit]").click()  # sign out
+        _wait_for_id(browser, "signin")
+        browser.get(console.url + "groups")
+        assert "/signin" in browser.current_url, browser.current_url
+    finally:
+        browser.delete_all_cookies()  # cookies are per host, not per port: leave none for the other consoles

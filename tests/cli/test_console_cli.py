@@ -6,6 +6,7 @@ test_console_browser.py; permissions in tests/security."""
 
 from __future__ import annotations
 
+import html
 import pathlib
 import re
 import shlex
@@ -15,10 +16,11 @@ import grpc
 import pytest
 
 from dmq.client import AdminClient, EventStore, EventType, Producer, QueueConsumer
+from dmq.client.consumer import DMQConsumer, TopicPartition
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from tests.cli._console import ConsoleProcess, make_group
-from tests.cli.conftest import Dmq, ServerProcess
+from tests.cli.conftest import Dmq, ServerProcess, wait_for
 
 
 def _committed(dmq: Dmq, group: str) -> list[int | None]:
@@ -190,6 +192,18 @@ def test_queue_page_shows_live_leases_and_why_each_dead_letter_failed(dmq: Dmq, 
         assert seconds and all(0 < s <= 60 for s in seconds), leases.group(0)  # the live lease, seconds left
         assert "bad &lt;input&gt;" in body and "rejected" in body  # why it failed, escaped
         assert "job-" in body  # the dead letter's own value
+        described = dmq.json("queues", "describe", "jobs")
+    # The listing's and the card's figures are `dmq queues describe`'s (issue 29: depth, limit,
+    # utilisation, live leases, dead letters); the lease's seconds left move, so not compared.
+    assert (described["depth"], described["max_queue_size"], described["dead_letters"]) == (5, 100, 1)
+    assert _rows(listing, "queues") == [["jobs", str(described["depth"]), "100", str(described["remaining"]),
+                                         f"{described['utilisation_pct']:.1f}%", str(len(described["leases"])),
+                                         str(described["dead_letters"])]]
+    card = re.search(r'<dl class="card" id="queue">.*?</dl>', body, re.S)
+    assert card is not None
+    assert (f"<dt>Depth</dt><dd>{described['depth']}</dd>" in card.group(0)
+            and "<dt>Limit</dt><dd>100</dd>" in card.group(0)
+            and f"<dt>Dead letters</dt><dd>{described['dead_letters']}</dd>" in card.group(0)), card.group(0)
 
 
 def test_event_store_page_shows_types_tags_and_a_groups_claims(dmq: Dmq, console: ConsoleProcess) -> None:
@@ -237,3 +251,57 @@ def test_message_browser_from_an_offset_and_from_a_time(dmq: Dmq, console: Conso
     assert sorted(values("from=time&time=2000-01-01T00:00:00Z&limit=100")) == [f"rec-{i}" for i in range(8)]
     assert values("from=time&time=9999-01-01T00:00:00Z") == []
     assert sorted(values("from=latest&partition=1&limit=2")) == ["rec-5", "rec-7"]
+
+
+def _rows(body: str, table_id: str) -> list[list[str]]:
+    """A table's body rows as the text of their cells (markup stripped, entities decoded)."""
+    found = re.search(rf'<table id="{table_id}">.*?<tbody>(.*?)</tbody>', body, re.S)
+    assert found is not None, f"no table {table_id!r}"
+    return [[html.unescape(re.sub(r"<[^>]+>", "", cell)) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", found.group(1), re.S)]
+
+
+def test_topic_page_shows_what_dmq_topics_describe_prints(dmq: Dmq, console: ConsoleProcess) -> None:
+    with AdminClient(dmq.bootstrap) as admin:  # set up in process: each `dmq` run costs a second or more
+        admin.create_topic("described", partitions=2, config={"retention_ms": 3_600_000})
+    with Producer(dmq.bootstrap) as p:
+        for value, part in ((b"a", 0), (b"b", 0), (b"c", 0), (b"d", 1)):
+            p.send("described", value, partition=part).get(30)
+    status, body = console.get("/topics/described")
+    described = dmq.json("topics", "describe", "described")
+    assert status == 200, body
+    assert _rows(body, "partitions") == [
+        [str(p["partition"]), str(p["leader_id"]), ",".join(map(str, p["replicas"])), ",".join(map(str, p["isr"])),
+         str(p["leader_epoch"]), str(p["log_start_offset"]), str(p["log_end_offset"]), str(p["size_bytes"]),
+         str(p["segment_count"])] for p in described["partitions"]]
+    assert [p["log_end_offset"] for p in described["partitions"]] == [3, 1]  # the setup did what it says
+    assert ["retention_ms", "3600000"] in _rows(body, "settings")
+
+
+def test_group_page_shows_members_their_partitions_and_the_cli_lag(dmq: Dmq, console: ConsoleProcess) -> None:
+    with AdminClient(dmq.bootstrap) as admin:
+        admin.create_topic("paged", partitions=2)
+    with Producer(dmq.bootstrap) as p:
+        for part, count in ((0, 5), (1, 6)):
+            for i in range(count):
+                p.send("paged", b"v%d" % i, partition=part).get(30)
+    consumer = DMQConsumer(bootstrap_servers=dmq.bootstrap, group_id="pagers", client_id="pager-1",
+                           enable_auto_commit=False)
+    try:
+        consumer.subscribe("paged")
+        wait_for(lambda: consumer.poll(200) is not None and len(consumer.assignment()) == 2, "the assignment")
+        consumer.commit_sync({TopicPartition("paged", 0): 2, TopicPartition("paged", 1): 5})
+        status, body = console.get("/groups/G_paged_pagers")
+        described = dmq.json("groups", "describe", "G_paged_pagers")
+    finally:
+        consumer.close()
+    assert status == 200, body
+    [member] = described["members"]
+    assert _rows(body, "members") == [[member["member_id"], "pager-1", member["host"] or "-", "0,1", "0,1"]]
+    card = re.search(r'<dl class="card" id="group">.*?</dl>', body, re.S)
+    assert card is not None and f"<dd>{described['generation']}</dd>" in card.group(0)
+    assert [[p["partition"], p["committed_offset"], p["log_end_offset"], p["lag"]] for p in described["partitions"]] \
+        == [[0, 2, 5, 3], [1, 5, 6, 1]]  # the setup did what it says
+    assert _rows(body, "partitions") == [
+        [str(p["partition"]), str(p["committed_offset"]), str(p["log_end_offset"]), str(p["lag"]), "pager-1"]
+        for p in described["partitions"]]

@@ -41,6 +41,10 @@ def test_server_metrics_lag_equals_groups_describe(tmp_path: pathlib.Path) -> No
             assert samples[key] == p["lag"]
         assert sum(v for (name, labels), v in samples.items()
                    if name == "dmq_broker_records_in_total" and ("topic", "m-orders") in labels) == 10
+        # The broker leads both partitions (replication factor 1), as `dmq brokers list` says.
+        [broker] = dmq.json("brokers", "list")["brokers"]
+        assert broker["partitions_led"] == 2
+        assert samples[("dmq_broker_partitions_led", (("broker", str(broker["broker_id"])),))] == 2
         # A lone coordinator (SQLite, no election) is always the active one, with the epoch it claimed.
         assert samples[("dmq_coordinator_active", ())] == 1
         epoch = samples[("dmq_coordinator_controller_epoch", ())]

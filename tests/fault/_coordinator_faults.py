@@ -13,7 +13,7 @@ from dmq.client import AdminClient
 TOPIC = "ctl"
 PARTITIONS = 3
 SESSION_MS = 2_000
-HEARTBEAT_MS = SESSION_MS // 4  # what the coordinator tells brokers (MetadataManager.heartbeat_interval_ms)
+HEARTBEAT_MS = SESSION_MS // 4  # what the coordinator tells brokers (BrokerMembership.heartbeat_interval_ms)
 READY_TIMEOUT_S = 30.0
 # Slack for a loaded 2-core machine: the admin calls that poll, process scheduling.
 SLACK_S = 2.0

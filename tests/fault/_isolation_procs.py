@@ -36,10 +36,12 @@ class ProcCluster:
         coordinator_port: int | None = None,
         broker_session_timeout_ms: int | None = None,
         broker_args: list[str] | None = None,
+        coordinator_args: list[str] | None = None,
     ) -> None:
         self.root = root
         self.broker_session_timeout_ms = broker_session_timeout_ms
         self.broker_args = broker_args or []
+        self.coordinator_args = coordinator_args or []
         # 0: the coordinator binds a free port and says which (a port picked here could be taken
         # by another process before the child binds it); restarts reuse the port it got.
         self.port = coordinator_port or 0
@@ -82,7 +84,7 @@ class ProcCluster:
             "coordinator",
             ["coordinator", "--port", str(self.port), "--data-dir", str(self.root / "coordinator"), "--log-level", "warning",
              *(["--broker-session-timeout-ms", str(self.broker_session_timeout_ms)]
-               if self.broker_session_timeout_ms else [])],
+               if self.broker_session_timeout_ms else []), *self.coordinator_args],
             "coordinator listening on",
         )
         self.bootstrap = address

@@ -1,20 +1,24 @@
 """Several real `dmq coordinator --metadata-store etcd://… --lease-ttl-s N` processes on one real
 etcd (issue 28 item 2): one is active, the others stand by answering NOT_COORDINATOR with the
 active one's address; a standby takes over when the active one is killed (SIGKILL), paused past
-its lease (SIGSTOP: resumed, the deposed one stops acting and exits) or stopped cleanly (its lease
-revoked: at once, far sooner than the TTL)."""
+its lease (SIGSTOP: resumed, the deposed one stops acting and stands by in the same process, able
+to lead again later) or stopped cleanly (its lease revoked: at once, far sooner than the TTL)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Callable
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dmq.client import AdminClient, DMQConsumer, Producer
 from dmq.client.errors import DMQError
@@ -22,6 +26,7 @@ from dmq.coordinator.metastore.config import make_metadata_store
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
+from tests.etcd_server import running_etcd
 
 START_TIMEOUT_S = 30.0  # a child importing grpc on a loaded 2-core machine
 WAIT_S = 30.0
@@ -161,9 +166,48 @@ def test_a_clean_stop_hands_over_at_once(tmp_path: pathlib.Path, etcd_url: str, 
     assert took_s < 10, f"took {took_s:.2f}s: the lease was left to lapse, not revoked"
 
 
-def test_a_paused_coordinator_is_deposed_and_steps_down_when_resumed(
-    tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator]
+@pytest.fixture
+def status() -> object:
+    """status(address): the coordinator's DescribeCoordinator answer, over one channel per address
+    kept for the test: polling with a new channel each time opens a connection every 20 ms, and
+    a server counts each as in use for 30 s (dmq.proto.connections, 1,000 per client address)."""
+    channels: dict[str, grpc.Channel] = {}
+
+    def describe(address: str) -> pb.DescribeCoordinatorResponse:
+        channel = channels.setdefault(address, grpc.insecure_channel(address))
+        return pb_grpc.CoordinatorStatusStub(channel).DescribeCoordinator(pb.DescribeCoordinatorRequest(), timeout=WAIT_S)
+
+    yield describe
+    for channel in channels.values():
+        channel.close()
+
+
+def _group_refusal(address: str) -> grpc.RpcError | None:
+    """A group RPC (ListGroups) at `address`: None when answered, else its refusal."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            pb_grpc.GroupCoordinatorStub(channel).ListGroups(pb.ListGroupsRequest(), timeout=WAIT_S)
+        except grpc.RpcError as e:
+            return e
+    return None
+
+
+def _coordinators_list(bootstrap: str) -> dict[str, tuple[str, int]]:
+    """`dmq --bootstrap … coordinators list -o json`: address -> (state, controller epoch)."""
+    done = subprocess.run([sys.executable, "-m", "dmq.client.cli", "--bootstrap", bootstrap, "coordinators", "list",
+                           "-o", "json"], capture_output=True, text=True, timeout=2 * WAIT_S)
+    assert done.returncode == 0, done.stderr
+    return {c["address"]: (c["state"], c["controller_epoch"]) for c in json.loads(done.stdout)["coordinators"]}
+
+
+def test_a_paused_coordinator_is_deposed_stands_by_when_resumed_and_leads_again_later(
+    tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator],
+    status: Callable[[str], pb.DescribeCoordinatorResponse],
 ) -> None:
+    """SIGSTOP past the lease, SIGCONT: the deposed coordinator does not exit; it is a standby in
+    the same process (status RPC, `dmq coordinators list`), refuses metadata and group requests
+    naming the new active one, and wrote nothing (the controller epoch is the new one's). SIGKILL
+    the new active one: the first takes control again, with a new, higher epoch."""
     coordinators += [_Coordinator(tmp_path, f"c{i}", etcd_url) for i in range(2)]
     first = _one_active(coordinators, WAIT_S)
     second = next(c for c in coordinators if c is not first)
@@ -173,11 +217,57 @@ def test_a_paused_coordinator_is_deposed_and_steps_down_when_resumed(
     finally:
         first.proc.send_signal(signal.SIGCONT)
     print(f"takeover from a paused coordinator: {took_s:.2f}s (lease TTL {TTL_S}s)")
-    # Resumed, it finds its lease unrenewed past the deadline: it stops acting and exits.
-    assert first.proc.wait(WAIT_S) != 0
-    assert "deposed" in first.log(), first.log()[-2000:]
-    assert _epoch(etcd_url, tmp_path) == 2
-    assert _list_topics(second.address) is None
+    _wait(lambda: "stepping down" in first.log() or first.proc.poll() is not None, WAIT_S, "the resumed one stepping down")
+    _wait(lambda: status(second.address).active, WAIT_S, "the new active one serving")
+    # Standing by, in the same process: it names the new active one and acts on nothing.
+    _wait(lambda: first.proc.poll() is not None or status(first.address).active_address == second.address,
+          WAIT_S, "the resumed one naming the new active one")
+    assert first.proc.poll() is None, f"the deposed coordinator exited: {first.log()[-2000:]}"
+    resumed = status(first.address)
+    assert not resumed.active and resumed.active_address == second.address, resumed
+    for refused in (_list_topics(first.address), _group_refusal(first.address)):
+        assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+        assert error_details.reason_of(refused.trailing_metadata()) == error_details.NOT_COORDINATOR, refused
+        assert error_details.value_of(refused.trailing_metadata(), error_details.ACTIVE_COORDINATOR_KEY) == second.address
+    assert _epoch(etcd_url, tmp_path) == 2 == status(second.address).controller_epoch  # the deposed one claimed nothing
+    assert _list_topics(second.address) is None and _group_refusal(second.address) is None
+    listed = _coordinators_list(f"{first.address},{second.address}")
+    assert listed == {first.address: ("standby", 1), second.address: ("active", 2)}, listed
+
+    # The new active one dies: the first, a standby again, takes control with a new epoch.
+    second.proc.send_signal(signal.SIGKILL)
+    second.proc.wait(10)
+    _wait(lambda: status(first.address).active, WAIT_S, "the first one leading again")
+    assert status(first.address).controller_epoch == 3 == _epoch(etcd_url, tmp_path)
+    assert _list_topics(first.address) is None and _group_refusal(first.address) is None
+    assert first.proc.poll() is None
+
+
+def test_etcd_unreachable_past_the_ttl_deposes_the_active_one_which_stands_by_and_leads_again(
+    tmp_path: pathlib.Path, coordinators: list[_Coordinator], status: Callable[[str], pb.DescribeCoordinatorResponse],
+) -> None:
+    """Its own etcd (paused here, SIGSTOP): the only coordinator cannot renew its lease, steps down
+    before the lease can lapse and stands by in the same process; with etcd back it is elected
+    again and claims a new epoch."""
+    with running_etcd(tmp_path / "etcd") as etcd:
+        url = etcd.url("ha")
+        coordinators.append(_Coordinator(tmp_path, "c0", url))
+        only = _one_active(coordinators, WAIT_S)
+        _wait(lambda: status(only.address).active, WAIT_S, "active")
+        etcd.pause()
+        try:
+            _wait(lambda: "stepping down" in only.log() or only.proc.poll() is not None, WAIT_S, "stepping down")
+            assert only.proc.poll() is None, only.log()[-2000:]
+            assert not status(only.address).active  # answered while etcd is still unreachable
+            refused = _list_topics(only.address)
+            assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+            assert error_details.reason_of(refused.trailing_metadata()) == error_details.NOT_COORDINATOR
+        finally:
+            etcd.resume()
+        _wait(lambda: status(only.address).controller_epoch == 2 and status(only.address).active, WAIT_S,
+              "leading again with a new epoch")
+        assert _epoch(url, tmp_path) == 2 and _list_topics(only.address) is None
+        only.kill()
 
 
 def _broker(root: pathlib.Path, coordinators: list[_Coordinator]) -> subprocess.Popen[bytes]:
@@ -241,6 +331,43 @@ def test_a_client_and_a_broker_given_every_address_follow_a_takeover(
         if broker.poll() is None:
             broker.send_signal(signal.SIGKILL)
         broker.wait(10)
+
+
+def test_a_broker_following_coordinators_through_an_election_keeps_its_connections(
+    tmp_path: pathlib.Path, etcd_url: str, coordinators: list[_Coordinator]
+) -> None:
+    """While no coordinator is active (the dead one's lease not yet lapsed, the standby naming it),
+    a broker given every address goes round them; it must reuse one channel per address, not open
+    a connection per attempt: the coordinators count each connection for 30 s against the
+    address's 1,000 (dmq.proto.connections), and a broker churning ~50 a second through a 5 s
+    lease locked itself and every client on its host out of the new active coordinator."""
+    coordinators += [_Coordinator(tmp_path, f"c{i}", etcd_url, args=("--metrics-port", "auto")) for i in range(2)]
+    first = _one_active(coordinators, WAIT_S)
+    second = next(c for c in coordinators if c is not first)
+    broker = _broker(tmp_path, coordinators)
+    try:
+        with AdminClient(bootstrap_servers=first.address) as admin:
+            _wait(lambda: _alive_brokers(admin) == {0}, WAIT_S, "broker registered")
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(10)
+        _wait(second.active, WAIT_S, "takeover")
+        with AdminClient(bootstrap_servers=second.address) as admin:
+            _wait(lambda: _alive_brokers(admin) == {0}, WAIT_S, "broker re-registered with the new active one")
+        url = _metrics_url(second)
+        with urllib.request.urlopen(url, timeout=WAIT_S) as answer:
+            text = answer.read().decode()
+        (connections,) = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+                          if s.name == "dmq_open_connections"]
+        # The broker's one channel, this test's admin clients and the metrics scrape: a handful.
+        assert connections <= 10, f"{connections:.0f} connections counted at the new active coordinator"
+    finally:
+        broker.send_signal(signal.SIGKILL)
+        broker.wait(10)
+
+
+def _metrics_url(c: _Coordinator) -> str:
+    _wait(lambda: "coordinator metrics at " in c.log(), WAIT_S, f"{c.name}'s metrics URL")
+    return c.log().split("coordinator metrics at ", 1)[1].split()[0]
 
 
 def _alive_brokers(admin: AdminClient) -> set[int]:

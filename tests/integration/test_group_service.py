@@ -350,6 +350,53 @@ async def test_a_silent_member_expires_after_its_session_timeout(client: Client)
     assert code == Code.NOT_FOUND and "join the group again" in details
 
 
+async def test_the_session_timer_expires_no_member_while_the_coordinator_is_not_acting(
+    client: Client, fast: ClusterThread
+) -> None:
+    """The group timer checks leadership first: a coordinator whose lease may have lapsed (acting()
+    false: deposed, not yet stepped down, or etcd unreachable) expires no member and writes
+    nothing; the active coordinator's timers decide. Acting again, the silent member expires."""
+    await client.create_topic("t", 2)
+    gid = (await client.find("t", "app")).group_id
+    quiet = await client.join(gid, session_timeout_ms=1_000)  # the coordinator's minimum
+    alive = await client.join(gid, session_timeout_ms=60_000)
+    await client.settle(gid, [quiet, alive])
+    node = fast.cluster.coordinator
+    assert node is not None
+    service, acting = node.groups, node.metadata.acting
+
+    async def stop_acting() -> int:
+        node.metadata.acting = lambda: False
+        return int(service.clock.now_ms())
+
+    async def now_and_ticks() -> tuple[int, int]:
+        return int(service.clock.now_ms()), int(service.ticks)
+
+    async def members_and_row() -> tuple[list[str], str]:
+        rows = {r.group_id: r for r in await node.store.load_groups()}
+        return sorted(service.registry.get(gid).members), rows[gid].state_json
+
+    before = fast.call(members_and_row())
+    stopped_ms = fast.call(stop_acting())
+    try:
+        # The ticker's passes, not a sleep: three of them after the quiet member's session ended.
+        deadline = asyncio.get_running_loop().time() + TIMEOUT_S
+        expired_at_tick = None
+        while True:
+            now_ms, ticks = fast.call(now_and_ticks())
+            if expired_at_tick is None and now_ms > stopped_ms + 1_000:
+                expired_at_tick = ticks
+            if expired_at_tick is not None and ticks >= expired_at_tick + 3:
+                break
+            assert asyncio.get_running_loop().time() < deadline, "the group ticker stopped"
+            await asyncio.sleep(0.02)
+        assert fast.call(members_and_row()) == before == (sorted([quiet, alive]), before[1])
+    finally:
+        node.metadata.acting = acting
+    await client.generation_started(gid, alive, 2)  # acting again: the silent member expires
+    assert fast.call(members_and_row())[0] == [alive]
+
+
 async def test_membership_rpcs_refuse_bad_requests(client: Client) -> None:
     await client.create_topic("t", 1)
     gid = (await client.find("t", "app")).group_id

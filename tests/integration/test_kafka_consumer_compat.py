@@ -50,13 +50,21 @@ def _first_poll(c: DMQConsumer, **kwargs: Any) -> ConsumerRecords:
 
 
 def test_for_msg_in_consumer_ends_after_consumer_timeout_ms(server: ClusterThread) -> None:
-    _produce(server, [b"a", b"b", b"c"], partition=0)
-    with DMQConsumer("t", bootstrap_servers=server.bootstrap, group_id="g", consumer_timeout_ms=500, **FAST) as c:
-        values = [msg.value for msg in c]  # kafka-python's loop: ends once no record came for 500 ms
+    with DMQConsumer("t", bootstrap_servers=server.bootstrap, group_id="g", consumer_timeout_ms=2000,
+                     auto_offset_reset="earliest", **FAST) as c:
+        # Joined before the loop: consumer_timeout_ms counts from the start of an iteration, the
+        # group join included (as in kafka-python), and on a loaded machine a join can outlast it
+        # (the loop then ends before the records arrive: seen with 500 ms at load average 22).
+        deadline = time.monotonic() + TIMEOUT_S
+        while not c.assignment() and time.monotonic() < deadline:
+            assert not c.poll(100)  # nothing produced yet
+        assert c.assignment() == {TP0, TP1}
+        _produce(server, [b"a", b"b", b"c"], partition=0)
+        values = [msg.value for msg in c]  # kafka-python's loop: ends once no record came for 2 s
         assert values == [b"a", b"b", b"c"]
         started = time.monotonic()
         assert list(c) == []  # iterating again waits consumer_timeout_ms for a record, then ends
-        assert time.monotonic() - started >= 0.5
+        assert time.monotonic() - started >= 2.0
 
 
 def test_leaving_the_loop_commits_only_the_records_it_gave(server: ClusterThread) -> None:

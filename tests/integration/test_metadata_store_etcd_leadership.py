@@ -69,3 +69,26 @@ async def test_a_bad_ttl_is_refused(etcd_url: str, tmp_path: pathlib.Path) -> No
             await a.campaign("a", 0)
     finally:
         await a.close()
+
+
+async def test_a_deposed_store_campaigns_again_and_claims_a_higher_epoch(etcd_url: str, tmp_path: pathlib.Path) -> None:
+    """A store fenced on an old controller epoch (another claimed after it) may still campaign:
+    a deposed coordinator stands by and can lead again; its writes stay fenced until it claims."""
+    a, b = await _open(etcd_url, tmp_path), await _open(etcd_url, tmp_path)
+    try:
+        lease_a = await a.campaign("a:1", TTL_S)
+        assert lease_a is not None
+        assert await a.claim_controller_epoch() == 1
+        await a.resign(lease_a)
+        lease_b = await b.campaign("b:2", TTL_S)
+        assert lease_b is not None
+        assert await b.claim_controller_epoch() == 2
+        await b.resign(lease_b)
+        with pytest.raises(StoreConflict):  # still fenced: the epoch moved on
+            await a.delete_group("G_t_app")
+        assert await a.campaign("a:1", TTL_S) is not None
+        assert await a.claim_controller_epoch() == 3
+        await a.delete_group("G_t_app")  # fenced on its new epoch, which is current
+    finally:
+        await a.close()
+        await b.close()

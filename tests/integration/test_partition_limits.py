@@ -27,7 +27,7 @@ def _refused(call, request) -> str:
 
 
 def test_partitions_per_broker_are_bounded(cluster: ClusterThread, meta) -> None:
-    cluster.cluster.coordinator.metadata.max_partitions_per_broker = 20
+    cluster.cluster.coordinator.metadata.topic_admin.max_partitions_per_broker = 20
     meta.CreateTopic(pb.CreateTopicRequest(name="a", partitions=15), timeout=10)
     details = _refused(meta.CreateTopic, pb.CreateTopicRequest(name="b", partitions=6))
     assert "max_partitions_per_broker" in details and "20" in details and "broker 0" in details, details
@@ -42,7 +42,7 @@ def test_partitions_per_broker_are_bounded(cluster: ClusterThread, meta) -> None
 
 
 def test_partitions_in_the_cluster_are_bounded(cluster: ClusterThread, meta) -> None:
-    cluster.cluster.coordinator.metadata.max_partitions_total = 25
+    cluster.cluster.coordinator.metadata.topic_admin.max_partitions_total = 25
     meta.CreateTopic(pb.CreateTopicRequest(name="a", partitions=20), timeout=10)
     details = _refused(meta.CreateTopic, pb.CreateTopicRequest(name="b", partitions=6))
     assert "max_partitions_total" in details and "25" in details, details

@@ -104,7 +104,7 @@ def test_debug_lines_appear_when_the_application_asks(server: ClusterThread) -> 
     assert done.stdout == ""
     lines = done.stderr.splitlines()
     assert any(line.startswith("dmq.client.producer DEBUG producer started") for line in lines), done.stderr[-2000:]
-    assert any(line.startswith("dmq.client.consumer._group INFO joined group group='G_quiet_app'")
-               for line in lines), done.stderr[-2000:]
+    assert any(line.startswith("dmq.client.consumer._consumer INFO joined group consumer=") and
+               "group='G_quiet_app'" in line for line in lines), done.stderr[-2000:]
     with AdminClient(server.bootstrap) as admin:
         assert "quiet" not in [t.name for t in admin.list_topics()]

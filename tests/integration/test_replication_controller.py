@@ -179,7 +179,7 @@ async def test_expired_leader_is_replaced_from_the_isr_and_told(h: Harness) -> N
     h.clock.advance(SESSION_MS // 2)
     await beat(h, *others)
     h.clock.advance(SESSION_MS // 2 + 1)  # the leader's session is over, the others' not
-    assert await h.node.metadata.check_brokers() == [leader]
+    assert await h.node.metadata.controller.check_brokers() == [leader]
     after = await h.describe("e")
     assert view(after) == (others[0], replicas, others, 1)
     assert after.partitions[0].leader_alive
@@ -203,7 +203,7 @@ async def test_no_live_isr_means_offline_until_it_returns(h: Harness) -> None:
     ps = pb.PartitionState(topic="o", partition=0, leader_id=leader, leader_epoch=state.leader_epoch, partition_epoch=0)
     await alter_isr(h, ps, [leader])  # the follower fell behind
     h.clock.advance(SESSION_MS + 1)  # both brokers die
-    await h.node.metadata.check_brokers()
+    await h.node.metadata.controller.check_brokers()
     after = await h.describe("o")
     assert view(after)[0] == -1 and not after.partitions[0].leader_address  # offline: no clean leader
     await register(h, leader)  # the in-sync replica returns: it leads again
@@ -221,7 +221,7 @@ async def test_unclean_election_when_allowed(h: Harness) -> None:
     h.clock.advance(SESSION_MS // 2)
     await beat(h, follower)
     h.clock.advance(SESSION_MS // 2 + 1)
-    await h.node.metadata.check_brokers()
+    await h.node.metadata.controller.check_brokers()
     assert view(await h.describe("u")) == (follower, replicas, [follower], 1)
 
 
@@ -325,12 +325,12 @@ async def test_preferred_leader_returns_once_back_in_sync(h: Harness) -> None:
     await register(h, preferred)  # restarted: a follower, out of sync
     moved = await current_state(h, "pref")
     assert moved.leader_id != preferred and preferred not in moved.isr
-    assert await h.node.metadata.rebalance_preferred_leaders() == 0  # not in sync yet
+    assert await h.node.metadata.controller.rebalance_preferred_leaders() == 0  # not in sync yet
     synced = (await alter_isr(h, moved, [*moved.isr, preferred])).state
-    assert await h.node.metadata.rebalance_preferred_leaders() == 1
+    assert await h.node.metadata.controller.rebalance_preferred_leaders() == 1
     back = await current_state(h, "pref")
     assert (back.leader_id, back.leader_epoch) == (preferred, synced.leader_epoch + 1)
-    assert await h.node.metadata.rebalance_preferred_leaders() == 0
+    assert await h.node.metadata.controller.rebalance_preferred_leaders() == 0
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""`dmq console` with security on: it authenticates with its token and shows only what that
-principal may describe (the servers decide; the console adds no path of its own)."""
+"""`dmq console` with security on and --no-sign-in: it authenticates with its own token and shows
+every viewer only what that principal may describe (the servers decide; the console adds no path
+of its own). Per-viewer sign-in, the default with security on: tests/cli/test_console_signin.py."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_a_principal_sees_neither_the_topic_nor_the_group_it_may_not_describe(se
         ])
         # Both groups exist and the admin sees both: what alice misses is hidden from her only.
         assert {"G_open-orders_app", "G_hidden-orders_app"} <= {g.group_id for g in admin.list_groups()}
-    console = ConsoleProcess(c.bootstrap, env={"DMQ_SSL_CAFILE": ca, "DMQ_TOKEN": token_for("alice")})
+    console = ConsoleProcess(c.bootstrap, "--no-sign-in", env={"DMQ_SSL_CAFILE": ca, "DMQ_TOKEN": token_for("alice")})
     try:
         status, topics = console.get("/topics")
         assert status == 200 and "open-orders" in topics and "hidden-orders" not in topics
@@ -45,7 +46,7 @@ def test_a_principal_sees_neither_the_topic_nor_the_group_it_may_not_describe(se
 
 def test_a_console_without_a_token_is_refused_not_broken(secure_cluster, certs):
     c = secure_cluster("tokens")
-    console = ConsoleProcess(c.bootstrap, env={"DMQ_SSL_CAFILE": str(certs / "ca.pem")})
+    console = ConsoleProcess(c.bootstrap, "--no-sign-in", env={"DMQ_SSL_CAFILE": str(certs / "ca.pem")})
     try:
         for path, what in (("/topics", "may not list topics"), ("/groups", "may not list groups")):
             status, body = console.get(path)
@@ -70,7 +71,8 @@ def test_resets_only_for_a_principal_allowed_to_and_only_when_enabled(secure_clu
         admin.commit_group_offsets(group, {("resets", 0): 3})
         admin.add_acls([Acl.parse("alice", "topic", "resets", "describe"),
                         Acl.parse("alice", "group", group, "describe")])
-        console = ConsoleProcess(c.bootstrap, "--allow-writes", env={"DMQ_SSL_CAFILE": ca, "DMQ_TOKEN": token_for("alice")})
+        console = ConsoleProcess(c.bootstrap, "--allow-writes", "--no-sign-in",
+                                 env={"DMQ_SSL_CAFILE": ca, "DMQ_TOKEN": token_for("alice")})
         try:
             status, page = console.get(f"/groups/{group}")
             token = re.search(r'name="form_token" value="([^"]+)"', page)

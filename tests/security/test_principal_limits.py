@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from dmq.client.cli.runner import ClusterOptions, ClusterThread
-from dmq.coordinator.metadata import PrincipalLimits
+from dmq.coordinator.principal_limits import PrincipalLimits
 from dmq.coordinator.store import CoordinatorStore
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc

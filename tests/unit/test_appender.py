@@ -1,4 +1,4 @@
-"""The broker's appender (broker.service._Appender): large batches in worker threads, in order.
+"""The broker's appender (broker.appender.Appender): large batches in worker threads, in order.
 
 A large append used to run on the event loop and hold up every other call (issue 13: a small
 producer's latency under a produce flood). Now it runs in a thread; these tests pin down what must
@@ -13,7 +13,7 @@ import asyncio
 import threading
 
 from dmq.broker.log import PartitionLog
-from dmq.broker.service import _Appender
+from dmq.broker.appender import Appender
 from dmq.proto import records
 
 LARGE = records.encode([b"L" * (300 * 1024)])
@@ -39,7 +39,7 @@ def _open(tmp_path) -> _SlowLog:  # type: ignore[no-untyped-def]
 
 def test_appends_keep_arrival_order_and_the_loop_runs_meanwhile(tmp_path) -> None:  # type: ignore[no-untyped-def]
     plog = _open(tmp_path)
-    appender = _Appender(threads=2)
+    appender = Appender(threads=2)
 
     async def run() -> None:
         kinds = [LARGE, SMALL, LARGE, SMALL, SMALL, LARGE, SMALL]
@@ -66,7 +66,7 @@ def test_appends_keep_arrival_order_and_the_loop_runs_meanwhile(tmp_path) -> Non
 
 def test_a_cancelled_caller_keeps_its_place(tmp_path) -> None:  # type: ignore[no-untyped-def]
     plog = _open(tmp_path)
-    appender = _Appender(threads=2)
+    appender = Appender(threads=2)
 
     async def run() -> None:
         first = asyncio.create_task(appender.append(plog, LARGE))
@@ -90,7 +90,7 @@ def test_a_cancelled_caller_keeps_its_place(tmp_path) -> None:  # type: ignore[n
 
 def test_small_appends_with_nothing_queued_stay_on_the_loop(tmp_path) -> None:  # type: ignore[no-untyped-def]
     plog = _open(tmp_path)
-    appender = _Appender(threads=1)
+    appender = Appender(threads=1)
     seen: list[str] = []
     real_append = plog.append
 

@@ -14,7 +14,7 @@ from dmq.broker.events import errors as event_errors
 from dmq.broker.events import registry as event_registry
 from dmq.broker.queue import errors as queue_errors
 from dmq.client import errors as client_errors
-from dmq.coordinator import metadata
+from dmq.coordinator import broker_calls, membership, metadata, metadata_errors, principal_limits, topic_admin
 from dmq.coordinator.controller import leadership, partition_states
 from dmq.coordinator.group import errors as group_errors
 from dmq.proto import error_details
@@ -64,7 +64,7 @@ def test_every_domain_code_maps_to_the_status_of_its_name(code: ErrorCode) -> No
 
 
 def test_every_status_but_ok_has_a_domain_code() -> None:
-    # a broker's refusal the coordinator relays (metadata.BrokerRefusedError) may carry any of them
+    # a broker's refusal the coordinator relays (broker_calls.BrokerRefusedError) may carry any of them
     assert {c.name for c in grpc.StatusCode if c is not grpc.StatusCode.OK} == {c.name for c in ErrorCode}
 
 
@@ -97,7 +97,7 @@ def test_other_errors_are_not_domain_errors() -> None:
 
 
 def _domain_classes() -> list[type[DomainError]]:
-    modules = (group_errors, metadata, leadership, partition_states, event_errors, event_registry, queue_errors)
+    modules = (group_errors, broker_calls, membership, metadata, metadata_errors, principal_limits, topic_admin, leadership, partition_states, event_errors, event_registry, queue_errors)
     return sorted(
         {cls for m in modules for _, cls in inspect.getmembers(m, inspect.isclass) if issubclass(cls, DomainError)},
         key=lambda cls: f"{cls.__module__}.{cls.__qualname__}",

@@ -21,10 +21,11 @@ from tests.unit.test_import_rules import ROOT, _module_name, imports_of
 GRPC_ALLOWED = {
     # servicers: requests in, statuses out
     "dmq.broker.service": "the Broker servicer",
-    "dmq.broker.queue.service": "the queue RPCs of the Broker servicer",
-    "dmq.broker.events.service": "the event-store RPCs of the Broker servicer",
+    "dmq.broker.queue.service": "the queue servicer (queue RPCs of the Broker service)",
+    "dmq.broker.events.service": "the event-store servicer (event RPCs of the Broker service)",
+    "dmq.broker.servicers": "registers the Broker service's servicers on the gRPC server",
     "dmq.coordinator.group_service": "the GroupCoordinator servicer",
-    "dmq.coordinator.metadata": "holds the Metadata servicer (and calls brokers over gRPC)",
+    "dmq.coordinator.metadata_service": "the Metadata servicer",
     "dmq.coordinator.group_wakeups": "serves WatchGroup's stream on the servicer's context",
     "dmq.coordinator.controller.status": "holds the CoordinatorStatus servicer",
     # status mappings of what is not a DomainError
@@ -36,6 +37,7 @@ GRPC_ALLOWED = {
     "dmq.broker.queue.dead_letters": "produces to the dead-letter topic's leader over gRPC",
     "dmq.broker.replication.fetcher": "fetches from the partition's leader over gRPC",
     "dmq.broker.replication.manager": "calls the coordinator (AlterIsr) over gRPC",
+    "dmq.coordinator.broker_calls": "calls brokers over gRPC (CreatePartitions, DeletePartitions)",
     "dmq.coordinator.broker_pool": "the coordinator's channels to brokers",
     "dmq.coordinator.controller.pushes": "pushes partition states to brokers over gRPC",
     "dmq.coordinator.group_admin": "reads and deletes committed offsets on brokers over gRPC",

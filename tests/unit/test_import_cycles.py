@@ -16,19 +16,16 @@ import ast
 import functools
 import pathlib
 
+import pytest
+
 from test_import_rules import _module_name, _resolve, _sources
 
-# Cycles that exist only through `if TYPE_CHECKING:` imports (annotations naming BrokerNode,
-# CoordinatorNode and the services), each a set of modules. They are the modes wound around the
-# node (issue 27, "modes under the node"): broker/queue, broker/events and broker/replication name
-# BrokerNode instead of narrow interfaces. Remove a set once its cycle is broken; the test says so.
+# Cycles that exist only through `if TYPE_CHECKING:` imports (annotations naming CoordinatorNode
+# and the services), each a set of modules. The broker's circle (node, service, queue, events,
+# replication) is gone: its modes take narrow Protocols (issue 27, "modes under the node"), and a
+# type-only import of the node or a servicer from below brings the circle back and fails here.
+# Remove a set once its cycle is broken; the test says so.
 KNOWN_TYPE_ONLY_CYCLES: list[frozenset[str]] = [
-    frozenset({
-        "dmq.broker.events.registry", "dmq.broker.events.service", "dmq.broker.events.store", "dmq.broker.metrics",
-        "dmq.broker.node", "dmq.broker.queue.dead_letters", "dmq.broker.queue.manager", "dmq.broker.queue.service",
-        "dmq.broker.replication.fetcher", "dmq.broker.replication.manager", "dmq.broker.service",
-        "dmq.broker.storage_status",
-    }),
     frozenset({"dmq.coordinator.group_service", "dmq.coordinator.metrics", "dmq.coordinator.node"}),
     # record_ids appends for the partition log and is handed it (`plog`) as an argument.
     frozenset({"dmq.broker.log.partition", "dmq.broker.log.record_ids"}),
@@ -55,8 +52,10 @@ def _parsed() -> dict[str, tuple[pathlib.Path, ast.Module]]:
     }
 
 
+@functools.cache
 def import_graph(*, type_only_too: bool) -> dict[str, set[str]]:
-    """Module -> the dmq modules it imports (see the module docstring for what counts)."""
+    """Module -> the dmq modules it imports (see the module docstring for what counts); built
+    once per kind for the tests here, which copy it before changing it."""
     paths = _parsed()
     graph: dict[str, set[str]] = {}
     for module, (path, tree) in paths.items():
@@ -154,3 +153,29 @@ def test_function_imports_count_and_type_checking_ones_do_not(tmp_path: pathlib.
     inside = _type_checking_nodes(tree)
     imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "dmq.broker"]
     assert [id(n) in inside for n in imports] == [True, False]
+
+
+# The broker's modes hang under the node: they are handed narrow Protocols (replication/ports.py,
+# queue/ports.py, the servicers' hosts), never the node or the Broker servicers.
+BROKER_MODES = ("dmq.broker.queue", "dmq.broker.events", "dmq.broker.replication")
+ABOVE_THE_MODES = ("dmq.broker.node", "dmq.broker.service", "dmq.broker.servicers")
+
+
+def test_broker_modes_name_no_node_and_no_servicer() -> None:
+    graph = import_graph(type_only_too=True)
+    modes = [m for m in graph if any(m == p or m.startswith(p + ".") for p in BROKER_MODES)]
+    assert len(modes) > 15, "the walk found too few modules of the broker's modes: update BROKER_MODES"
+    reaching = sorted(f"{m} -> {t}" for m in modes for t in graph[m] if t in ABOVE_THE_MODES)
+    assert not reaching, "broker modes importing the node or a servicer (hand them a Protocol):\n" + "\n".join(reaching)
+
+
+@pytest.mark.parametrize(
+    "mode", ["dmq.broker.queue.manager", "dmq.broker.events.service", "dmq.broker.replication.fetcher"]
+)
+def test_a_mode_naming_the_node_again_is_a_new_cycle(mode: str) -> None:
+    """The allow-list no longer covers the broker's old circle: one type-only import of the node
+    from a mode (as before issue 27's item 4) is a cycle the test above refuses."""
+    graph = {module: set(edges) for module, edges in import_graph(type_only_too=True).items()}
+    graph[mode].add("dmq.broker.node")
+    new = [c for c in cycles(graph) if not any(c <= known for known in KNOWN_TYPE_ONLY_CYCLES)]
+    assert any(mode in c and "dmq.broker.node" in c for c in new)

@@ -21,13 +21,14 @@ def _yes(ok: bool, yes: str = "yes", no: str = "no") -> Html:
 
 def overview(c: Console, req: Request) -> Html:
     health = c.admin.check_health(timeout_s=min(5.0, c.timeout_s))
-    coordinator = [h for h in health if h.broker_id is None]
+    coordinator = [h for h in health if h.component == "coordinator"]
     down = [h for h in health if not h.up]
     summary = tag("p", _yes(not down, "healthy", f"{len(down)} server(s) down"), class_="health")
     rows = []
     try:
         brokers = c.admin.list_brokers()
-    except AuthorizationError:
+    except AuthorizationError as e:
+        c.raise_if_signed_out(e)
         brokers = []
         summary = join([summary, tag("p", "This principal may not list brokers (needs DESCRIBE on the cluster).",
                                      class_="notice")])
@@ -57,7 +58,8 @@ def visible_topics(c: Console) -> tuple[list[TopicDescription], bool]:
     for t in listed[:LISTED_MAX]:
         try:
             out.append(c.admin.describe_topic(t.name))
-        except (AuthorizationError, NotFoundError):
+        except (AuthorizationError, NotFoundError) as e:
+            c.raise_if_signed_out(e)
             continue  # not this principal's to see, or deleted meanwhile
     return out, len(listed) > LISTED_MAX
 
@@ -70,7 +72,8 @@ def _listing_refused(c: Console, what: str) -> Html:
 def topics(c: Console, req: Request) -> Html:
     try:
         shown, cut = visible_topics(c)
-    except AuthorizationError:
+    except AuthorizationError as e:
+        c.raise_if_signed_out(e)
         return _listing_refused(c, "topics")
     sizes: dict[str, int] = {}
     for log in c.admin.describe_logs(shown) if shown else []:

@@ -31,14 +31,16 @@ def _lag(value: int | None) -> Html:
 def groups(c: Console, req: Request) -> Html:
     try:
         summaries = sorted(c.admin.list_groups(), key=lambda g: g.group_id)
-    except AuthorizationError:
+    except AuthorizationError as e:
+        c.raise_if_signed_out(e)
         return page("Consumer groups", tag("p", "This principal may not list groups (needs DESCRIBE on the cluster).",
                                           class_="notice"), writes=c.settings.allow_writes)
     rows = []
     for g in summaries[:LISTED_MAX]:
         try:
             d = c.admin.describe_group(g.group_id)
-        except (AuthorizationError, GroupNotFoundError):
+        except (AuthorizationError, GroupNotFoundError) as e:
+            c.raise_if_signed_out(e)
             continue  # not this principal's to see, or deleted since it was listed
         except DMQError:
             d = None  # its brokers are down: listed without lag, as `dmq groups list` does

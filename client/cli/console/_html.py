@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import quote, urlencode
 
 __all__ = ["Html", "esc", "tag", "join", "link", "table", "page", "badge", "show_bytes", "when_ms", "ago_ms",
-           "url", "BADGE_COLOURS"]
+           "url", "signed_in", "BADGE_COLOURS"]
 
 # A value longer than this is cut on the page (the full size is shown beside it).
 SHOW_BYTES_MAX = 2048
@@ -123,6 +123,8 @@ header{background:#24292f;color:#fff;padding:.6em 1.2em;display:flex;gap:1.2em;a
 header a{color:#d0d7de;text-decoration:none}header a:hover{color:#fff}
 header .brand{font-weight:700;color:#fff;margin-right:1em}
 header .mode{margin-left:auto;font-size:.85em;color:#8c959f}
+header .viewer{font-size:.85em;color:#d0d7de;display:flex;gap:.6em;align-items:center}
+header .viewer form{margin:0}
 main{padding:1em 1.5em}
 table{border-collapse:collapse;background:#fff;margin:.5em 0 1.2em;font-size:.92em}
 th,td{border:1px solid #d0d7de;padding:.3em .6em;text-align:left;vertical-align:top}
@@ -154,6 +156,18 @@ def page(title: str, body: Html, *, writes: bool = False) -> Html:
             tag("main", tag("h1", title), body)),
         lang="en",
     ))
+
+
+def signed_in(doc: Html, principal: str, form_token: str) -> Html:
+    """`doc` (a page()) with who is signed in and a sign-out button at the end of its header.
+    The first "</header>" of a page is page()'s own: every value before it is escaped, so none
+    can hold a "<"."""
+    bar = tag("span", "signed in as ", tag("b", principal, id="principal"),
+              tag("form", tag("input", type="hidden", name="form_token", value=form_token),
+                  tag("button", "Sign out", type="submit"), action="/signout", method="post"),
+              class_="viewer")
+    head, sep, rest = doc.partition("</header>")
+    return Html(head + bar + sep + rest) if sep else doc
 
 
 def definition(items: Mapping[str, object], **attrs: object) -> Html:

@@ -27,7 +27,8 @@ EVENT_GROUP_NAME_MAX = 255
 def queues(c: Console, req: Request) -> Html:
     try:
         found = c.admin.list_queues()
-    except AuthorizationError:
+    except AuthorizationError as e:
+        c.raise_if_signed_out(e)
         return page("Queues", tag("p", "This principal may not list queues.", class_="notice"),
                     writes=c.settings.allow_writes)
     rows = [[link(url("/queues", q.topic), q.topic), q.depth, q.max_queue_size or "unlimited",
@@ -74,7 +75,8 @@ def queue(c: Console, req: Request) -> Html:
 def event_stores(c: Console, req: Request) -> Html:
     try:
         shown, _cut = visible_topics(c)
-    except AuthorizationError:
+    except AuthorizationError as e:
+        c.raise_if_signed_out(e)
         return page("Event stores", tag("p", "This principal may not list topics (needs DESCRIBE on the cluster).",
                                        class_="notice"), writes=c.settings.allow_writes)
     rows = [[link(url("/events", t.name), t.name), when_ms(t.created_ms)] for t in shown if t.kind == "event-store"]
