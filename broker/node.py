@@ -360,7 +360,7 @@ class BrokerNode:
                 # the channel's next connection instead of failing at once, so a coordinator that
                 # comes back hears from us as soon as we connect, not a heartbeat interval later.
                 response = await self._metadata.BrokerHeartbeat(
-                    pb.BrokerHeartbeatRequest(broker_id=self.broker_id), timeout=COORDINATOR_RPC_TIMEOUT_S,
+                    pb.BrokerHeartbeatRequest(broker_id=self.broker_id), timeout=self._heartbeat_timeout_s(),
                     # With several coordinators an unreachable one is left for the next at once.
                     wait_for_ready=len(self._link.addresses) == 1,
                 )
@@ -375,6 +375,16 @@ class BrokerNode:
                 log.warning("broker heartbeat failed", broker_id=self.broker_id, error=e.details())
                 followed = await self._link.follow(e)
                 moves = moves + 1 if followed else 0
+
+    def _heartbeat_timeout_s(self) -> float:
+        """One coordinator: COORDINATOR_RPC_TIMEOUT_S (waiting for it to come back is all there is
+        to do). Several: two heartbeat intervals (half the session the coordinator gives us). A
+        paused active coordinator (SIGSTOP) never answers; a standby takes over about a lease TTL
+        later and gives this broker one session from its start to be heard. Waiting the full 5 s
+        on the paused one made the new one declare this live broker dead (issue 28)."""
+        if len(self._link.addresses) == 1:
+            return COORDINATOR_RPC_TIMEOUT_S
+        return min(COORDINATOR_RPC_TIMEOUT_S, 2 * self._heartbeat_interval_ms / 1000)
 
     async def _refresh_acls(self, version: int) -> None:
         """Copy the coordinator's ACLs when their version differs from ours (version -1: ask

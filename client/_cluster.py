@@ -184,6 +184,12 @@ class Cluster:
         """The coordinator's address (the one believed active, of several)."""
         return self._router.current if self._router is not None else self._bootstrap
 
+    @property
+    def coordinator_router(self) -> CoordinatorRouter | None:
+        """Which of several coordinators is active, as this client last learned (None: one
+        coordinator); the consumer's heartbeat thread follows it too."""
+        return self._router
+
     # -- channels --------------------------------------------------------------------------------
 
     def channel(self, address: str) -> grpc.Channel:
@@ -319,6 +325,18 @@ class Cluster:
         meta = self._topics.get(topic)
         if meta is None:  # pragma: no cover - refresh raises TopicNotFoundError instead
             raise TopicNotFoundError(f"topic {topic!r} not found")
+        return meta
+
+    def cached_metadata(self, topic: str) -> TopicMetadata | None:
+        """The cached metadata of `topic`, even stale or old (then a refresh is started, not waited
+        for); None when nothing is cached. For the producer: what send() needs of it (the partition
+        count, the size limits) no coordinator outage changes, and while no coordinator is active a
+        refresh cannot succeed (issue 28 item 5: the data path does not need the control plane)."""
+        meta = self._topics.get(topic)
+        now = time.monotonic()
+        if meta is not None and (topic in self._stale or now - meta.fetched_at > self.metadata_max_age_ms / 1000):
+            if now >= self._refresh_retry_at:
+                self._start_refresh((topic,))
         return meta
 
     def partitions_for(self, topic: str) -> int:

@@ -7,10 +7,13 @@ believes active, and its outcome is observed:
   1. UNAVAILABLE with the reason not-coordinator naming the active one: move there, unless that
      address refused a connection in the last DOWN_S (a standby may still name a dead
      coordinator until its lease lapses);
-  2. not-coordinator naming none, or no connection could be made: move to the next address;
+  2. not-coordinator naming none, no connection could be made, or no answer within the call's
+     deadline (a paused active coordinator, SIGSTOP, keeps its connections and answers nothing;
+     a standby takes over once its lease lapses): move to the next address;
   3. anything else: stay.
 A blocking call refused in case 1 or 2 is sent again at once to the new address (a standby did
-nothing, and a refused connection sent nothing), at most once per address; when every attempt
+nothing, and a refused connection sent nothing), at most once per address, but not one that
+timed out (the caller's time is spent, and the paused coordinator may yet act); when every attempt
 failed, a standby's answer (retriable UNAVAILABLE, which the caller's retry policy asks again
 after a pause) is raised in preference to a refused connection (which callers take as final).
 Futures and streams are only observed: their callers' own retries then reach the new address.
@@ -67,6 +70,7 @@ class CoordinatorRouter(grpc.Channel):
         reason = error_details.reason_of(trailing)
         named = error_details.value_of(trailing, error_details.ACTIVE_COORDINATOR_KEY)
         refused = code == grpc.StatusCode.UNAVAILABLE and is_connect_failure(details)
+        timed_out = code == grpc.StatusCode.DEADLINE_EXCEEDED
         with self._lock:
             now = time.monotonic()
             if refused:
@@ -77,14 +81,15 @@ class CoordinatorRouter(grpc.Channel):
                 target = named
                 if named not in self.addresses and len(self.addresses) < 16:  # bounded
                     self.addresses.append(named)
-            elif reason == error_details.NOT_COORDINATOR or refused:
+            elif reason == error_details.NOT_COORDINATOR or refused or timed_out:
                 target = self.addresses[(self.addresses.index(address) + 1) % len(self.addresses)]
             else:
                 return False
             if target == address:
                 return False
             self.current = target
-        log.info("following the active coordinator", old=address, new=target, reason=reason or "unreachable")
+        log.info("following the active coordinator", old=address, new=target,
+                 reason=reason or ("no answer" if timed_out else "unreachable"))
         return True
 
     # -- grpc.Channel ---------------------------------------------------------------------------
@@ -133,7 +138,8 @@ class Attempts:
         """None: send the call again; else the error to raise."""
         if not (callable(getattr(error, "details", None)) and is_connect_failure(error.details())):
             self._answered = error
-        if not self._router.observe(address, error):
+        timed_out = callable(getattr(error, "code", None)) and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        if not self._router.observe(address, error) or timed_out:  # moved, not sent again (see the module doc)
             return error
         self._left -= 1
         return (self._answered or error) if self._left <= 0 else None

@@ -267,7 +267,12 @@ class Sender:
         if payload is None:
             return
         try:
-            address = self._cluster.leader_for(b.topic, b.partition)
+            # A cached leader is used at once when the metadata is stale (a refresh is started
+            # meanwhile): while no coordinator is active a refresh cannot succeed, and waiting for
+            # one stopped every partition's produce until a coordinator was back (issue 28 item 5:
+            # the data path does not need the control plane). A leader that moved answers
+            # NOT_LEADER and the batch is retried, by then with the refreshed leader.
+            address = self._cluster.leader_for(b.topic, b.partition, timeout_s=0.0, allow_stale=True)
             request = frame_produce_request(b.topic, b.partition, self._acks, payload)
             call = self._cluster.raw_produce(address).future(request, timeout=self.request_timeout_s)
         except DMQError as e:  # no leader known (metadata refresh failed)

@@ -685,10 +685,10 @@ class Producer:
 
     # -- metadata --------------------------------------------------------------------------------
 
-    def _topic_metadata(self, topic: str) -> TopicMetadata:
-        """The topic's metadata; retriable failures are retried (dmq.client._calls, paced by
-        retry_backoff_ms) until max_block_ms after the first try (each try is bounded by it too:
-        see the Cluster's timeout in __init__)."""
+    def _topic_metadata(self, topic: str, *, fresh: bool = False) -> TopicMetadata:
+        """Cached, even stale (Cluster.cached_metadata), unless `fresh`; else asked, retried until max_block_ms."""
+        if not fresh and (cached := self._cluster.cached_metadata(topic)) is not None:
+            return cached
         deadline = time.monotonic() + self._max_block_ms / 1000
         try:
             return retry_call(lambda: self._cluster.topic_metadata(topic), policy=self._sender.retry, deadline=deadline)
@@ -703,7 +703,7 @@ class Producer:
             raise UnknownPartitionError(f"partition must be an int >= 0, got {partition!r}")
         if partition >= meta.partition_count:
             self._cluster.invalidate(topic)
-            meta = self._topic_metadata(topic)
+            meta = self._topic_metadata(topic, fresh=True)
             if partition >= meta.partition_count:
                 raise UnknownPartitionError(
                     f"partition {partition} does not exist: topic {topic!r} has partitions "

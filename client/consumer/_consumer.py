@@ -153,7 +153,8 @@ class DMQConsumer(ConsumerShell):
         self._core = ConsumerCore(config, self._subs, self._to_commit, self._log, now=time.monotonic())
         self._memberships: dict[str, Membership] = self._core.memberships  # the core's, read here
         self._ops: dict[str, _GroupOp] = {}  # topic -> the membership's group call in flight
-        self._heartbeat = HeartbeatThread(self.consumer_id, config, self._wakeup, self._poll_age_s)
+        self._heartbeat = HeartbeatThread(self.consumer_id, config, self._wakeup, self._poll_age_s,
+                                          router=self._cluster.coordinator_router)
         self._commits = Commits(self._offsets, self._core, self._fetcher.stats, self._log)
         self._closed = False
         # The Kafka-style API (methods at the end of the class): partitions given to assign()

@@ -16,6 +16,11 @@ max_poll_interval_ms, it leaves every group (Kafka's rule: a stuck processing lo
 its partitions) and flags the memberships, so the next commit fails with CommitFailedError and
 the next poll() joins again.
 
+With several coordinators (bootstrap_servers naming them all), both tasks send to whichever the
+cluster's CoordinatorRouter believes active, and report their failures to it, so they follow a
+takeover as the application thread's calls do: a member that kept heartbeating to the coordinator
+it joined at would never be heard by the new active one, which removes it after one session.
+
 What it never does: commit, fetch an assignment, or touch the SubscriptionState. It only sets
 Membership flags and the consumer's wake-up event; poll() acts on them on the caller's thread.
 The owner (DMQConsumer) calls stop(), which returns within about a second.
@@ -36,6 +41,7 @@ from typing import Any
 
 import grpc
 
+from dmq.client._coordinators import CoordinatorRouter
 from dmq.client._log import get_logger
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._group import Membership
@@ -58,8 +64,11 @@ class HeartbeatThread:
         config: ConsumerConfig,
         wakeup: threading.Event,
         poll_age_s: Callable[[], float],
+        *,
+        router: CoordinatorRouter | None = None,
     ) -> None:
         self.name = name
+        self._router = router
         self._config = config
         self._wakeup = wakeup
         self._poll_age_s = poll_age_s
@@ -203,6 +212,16 @@ class HeartbeatThread:
             ch = self._channels[address] = aio_channel(address, self._config.security, channel_options())
         return pb_grpc.GroupCoordinatorStub(ch)
 
+    def _address(self, m: Membership) -> str:
+        """Where m's calls go: the coordinator that answered for its group, or, when that is one
+        of several, whichever is active as far as the router knows."""
+        router = self._router
+        return router.current if router is not None and m.coordinator in router.addresses else m.coordinator
+
+    def _follow(self, address: str, error: grpc.aio.AioRpcError) -> None:
+        if self._router is not None:
+            self._router.observe(address, error)
+
     def _track(self, m: Membership) -> None:
         self._untrack(m.topic)
         if not m.member_id:
@@ -237,7 +256,6 @@ class HeartbeatThread:
     async def _heartbeat_loop(self, m: Membership, member_id: str) -> None:
         c = self._config
         interval_s = c.heartbeat_interval_ms / 1000
-        stub = self._stub(m.coordinator)
         while m.member_id == member_id and m.rejoin_reason is None and not self._told_to_end():
             await asyncio.sleep(interval_s)
             if m.member_id != member_id or m.rejoin_reason is not None or self._told_to_end():
@@ -251,8 +269,9 @@ class HeartbeatThread:
                 poll_age_ms=int(self._poll_age_s() * 1000),
                 member_secret=m.member_secret,
             )
+            address = self._address(m)
             try:
-                response = await self._await_call(stub.Heartbeat(request, timeout=max(interval_s, 1.0)))
+                response = await self._await_call(self._stub(address).Heartbeat(request, timeout=max(interval_s, 1.0)))
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND:
                     log.warning("coordinator forgot this member; re-joining at the next poll()",
@@ -262,6 +281,7 @@ class HeartbeatThread:
                 self.heartbeat_failures += 1
                 log.warning("heartbeat failed; retrying", group=m.group_id, member=member_id,
                             code=e.code().name, error=e.details())
+                self._follow(address, e)
                 continue
             self.heartbeats_sent += 1
             if self._told_to_end():
@@ -272,11 +292,11 @@ class HeartbeatThread:
     async def _watch_loop(self, m: Membership, member_id: str) -> None:
         c = self._config
         backoff_s = c.retry_backoff_ms / 1000
-        stub = self._stub(m.coordinator)
         me = asyncio.current_task()
         assert me is not None
         while m.member_id == member_id and m.rejoin_reason is None and not self._told_to_end():
-            call = stub.WatchGroup(pb.WatchGroupRequest(group_id=m.group_id, member_id=member_id,
+            address = self._address(m)
+            call = self._stub(address).WatchGroup(pb.WatchGroupRequest(group_id=m.group_id, member_id=member_id,
                                                         member_secret=m.member_secret))
             self._calls[me] = call
             try:
@@ -294,6 +314,7 @@ class HeartbeatThread:
                     return
                 log.debug("group watch broke; reopening", group=m.group_id, member=member_id,
                           code=code.name, error=e.details())
+                self._follow(address, e)
             finally:
                 self._calls.pop(me, None)
                 call.cancel()
@@ -326,7 +347,7 @@ class HeartbeatThread:
                 self._flag_rejoin(m, member_id, f"poll() not called for {age_s:.1f}s (max_poll_interval_ms)")
                 self._untrack(topic)
                 try:
-                    await self._await_call(self._stub(m.coordinator).LeaveGroup(
+                    await self._await_call(self._stub(self._address(m)).LeaveGroup(
                         pb.LeaveGroupRequest(group_id=m.group_id, member_id=member_id, member_secret=m.member_secret),
                         timeout=5.0,
                     ))

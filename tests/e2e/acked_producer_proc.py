@@ -4,7 +4,9 @@
 
 Sends values "N-<i>" to partition i % partitions at about R records/s until stdin says "close",
 then flushes. stdout, one JSON object per line:
-    {"ev": "acked", "p": partition, "o": offset, "v": value}   the broker acknowledged the record
+    {"ev": "acked", "p": partition, "o": offset, "v": value, "m": monotonic_s}   the broker acknowledged
+                                                                the record (m: when, on the clock all
+                                                                processes of this host share)
     {"ev": "failed", "v": value, "error": str}                  it was not (delivery timeout, ...)
     {"ev": "closed", "sent": n}
 """
@@ -54,7 +56,7 @@ def main() -> None:
     def reporter(value: str):  # type: ignore[no-untyped-def]
         def done(metadata, error):  # type: ignore[no-untyped-def]
             if error is None:
-                emit(ev="acked", p=metadata.partition, o=metadata.offset, v=value)
+                emit(ev="acked", p=metadata.partition, o=metadata.offset, v=value, m=time.monotonic())
             else:
                 emit(ev="failed", v=value, error=repr(error))
         return done

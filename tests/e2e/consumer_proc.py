@@ -6,8 +6,10 @@
 stdout: one JSON object per line, flushed at once, so the test sees events as they happen:
     {"ev": "ready"}                               subscribed (joined the group)
     {"ev": "assigned" | "revoked" | "lost", "partitions": [...], "t": epoch_s}
-    {"ev": "records", "items": [[partition, offset, value], ...], "t": epoch_s}
-    {"ev": "commit", "offsets": {partition: offset}}      --commit sync, after each commit_sync()
+    {"ev": "records", "items": [[partition, offset, value], ...], "t": epoch_s, "m": monotonic_s}
+    {"ev": "commit", "offsets": {partition: offset}, "m": monotonic_s}   --commit sync, after each commit_sync()
+(m: time.monotonic(), the clock every process of this host shares, so that events of several
+processes can be ordered)
     {"ev": "commit_failed", "error": str, "type": class name}
     {"ev": "closed"}
 stdin: one command per line:
@@ -95,12 +97,13 @@ def main() -> None:
         records = consumer.poll(200)
         if not records:
             continue
-        emit(ev="records", items=[[r.partition, r.offset, r.value.decode()] for r in records], t=time.time())
+        emit(ev="records", items=[[r.partition, r.offset, r.value.decode()] for r in records], t=time.time(),
+             m=time.monotonic())
         if args.commit == "sync":
             positions = {tp.partition: consumer.position(tp) for tp in records.partitions()}
             try:
                 consumer.commit_sync({tp: positions[tp.partition] for tp in records.partitions()})
-                emit(ev="commit", offsets=positions)
+                emit(ev="commit", offsets=positions, m=time.monotonic())
             except DMQError as e:  # fenced, or a broker failing over: the next poll's commit covers it
                 emit(ev="commit_failed", error=str(e), type=type(e).__name__)
 
