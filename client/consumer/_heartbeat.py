@@ -201,7 +201,7 @@ class HeartbeatThread:
         ch = self._channels.get(address)
         if ch is None:
             ch = self._channels[address] = aio_channel(address, self._config.security, channel_options())
-        return pb_grpc.GroupCoordinatorStub(ch)
+        return pb_grpc.GroupCoordinatorStub(ch)  # type: ignore[no-untyped-call]  # generated stubs are untyped
 
     def _track(self, m: Membership) -> None:
         self._untrack(m.topic)
