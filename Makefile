@@ -58,7 +58,7 @@ bench: $(DEV_STAMP)
 	$(PY) bench/spark_bench.py
 	$(PY) bench/spark_small_ranges.py
 
-## lint: ruff, then mypy ([tool.mypy] in pyproject.toml: strict for proto/ and coordinator/group/)
+## lint: ruff, then mypy ([tool.mypy] in pyproject.toml: strict for the whole tree, bar the checks it relaxes per module)
 # mypy reads `dmq` under its import names from build/mypy/dmq/, links to the top-level folders
 # (the editable install maps them through an import hook mypy cannot follow).
 lint: $(DEV_STAMP)

@@ -72,8 +72,8 @@ class CoordinatorLink:
                 self._dropped.append(self._channels.pop(named[0]))
             self._channels[address] = self._new_channel(address)
         self.channel = self._channels[address]
-        self.metadata = pb_grpc.MetadataStub(self.channel)
-        self.groups = pb_grpc.GroupCoordinatorStub(self.channel)
+        self.metadata = pb_grpc.MetadataStub(self.channel)  # type: ignore[no-untyped-call]  # generated stubs are untyped
+        self.groups = pb_grpc.GroupCoordinatorStub(self.channel)  # type: ignore[no-untyped-call]  # generated stubs are untyped
 
     async def follow(self, error: grpc.aio.AioRpcError) -> bool:
         """Move after `error` from the current coordinator when it says where (or that it is not

@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 import structlog
@@ -233,7 +233,7 @@ class BrokerService:
         self.budget = budget or ByteBudget()
 
     @contextlib.asynccontextmanager
-    async def _turn(self, size: int, context: grpc.aio.ServicerContext, what: str) -> AsyncIterator[None]:
+    async def _turn(self, size: int, context: grpc.aio.ServicerContext[Any, Any], what: str) -> AsyncIterator[None]:
         """A large request's turn to be worked on (see memory_budget.py, rule 3)."""
         try:
             async with self.budget.turn(size, context.time_remaining(), what):
@@ -241,7 +241,7 @@ class BrokerService:
         except BudgetExhaustedError as e:
             raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), error_details.BUSY) from None
 
-    async def _reserve(self, size: int, context: grpc.aio.ServicerContext, what: str) -> Lease:
+    async def _reserve(self, size: int, context: grpc.aio.ServicerContext[Any, Any], what: str) -> Lease:
         """Hold `size` bytes of the budget, waiting until the call's deadline; RESOURCE_EXHAUSTED after."""
         try:
             return await self.budget.acquire(size, context.time_remaining(), what)
@@ -282,7 +282,9 @@ class BrokerService:
     # -- produce ---------------------------------------------------------------------------------
 
     @_loaded
-    async def Produce(self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
+    async def Produce(
+        self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext[pb.ProduceRequest, pb.ProduceResponse]
+    ) -> pb.ProduceResponse:
         _check_topic(request.topic)
         _check_partition(request.partition)
         # Read once: every access to a bytes field of a parsed message copies it (1 MB each).
@@ -354,7 +356,7 @@ class BrokerService:
             record_offsets=info.record_offsets or (),
         )
 
-    async def _wait_replicated(self, replica: Replica, end_offset: int, context: grpc.aio.ServicerContext) -> None:
+    async def _wait_replicated(self, replica: Replica, end_offset: int, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """acks=all on a replicated partition: answered once the high watermark covers the batch
         (every in-sync replica has it durably), within the call's deadline and the broker's
         replica_ack_timeout_ms; fails retriable otherwise (the batch may be stored: an idempotent
@@ -513,7 +515,7 @@ class BrokerService:
         return True
 
     @_loaded
-    async def Fetch(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> bytes:
+    async def Fetch(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext[pb.FetchRequest, bytes]) -> bytes:
         """Answers a serialised FetchResponse (registered without a response serializer, see
         BrokerNode.add_to_server): framing it by hand copies the records once, not three times."""
         self._validate_fetch(request)
@@ -554,7 +556,9 @@ class BrokerService:
     # -- offsets ---------------------------------------------------------------------------------
 
     @_loaded
-    async def ListOffsets(self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.ListOffsetsResponse:
+    async def ListOffsets(
+        self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext[pb.ListOffsetsRequest, pb.ListOffsetsResponse]
+    ) -> pb.ListOffsetsResponse:
         if len(request.queries) > MAX_FETCH_PARTITIONS:
             _fail(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -598,7 +602,11 @@ class BrokerService:
         return pb.ListOffsetsResponse(answers=answers)
 
     @_loaded
-    async def CommitOffsets(self, request: pb.CommitOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.CommitOffsetsResponse:
+    async def CommitOffsets(
+        self,
+        request: pb.CommitOffsetsRequest,
+        context: grpc.aio.ServicerContext[pb.CommitOffsetsRequest, pb.CommitOffsetsResponse],
+    ) -> pb.CommitOffsetsResponse:
         _check_group(request.group_id)
         _checked(names.check_member_id, request.member_id, "member_id")
         if not request.offsets:
@@ -636,7 +644,9 @@ class BrokerService:
 
     @_loaded
     async def FetchCommittedOffsets(
-        self, request: pb.FetchCommittedOffsetsRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.FetchCommittedOffsetsRequest,
+        context: grpc.aio.ServicerContext[pb.FetchCommittedOffsetsRequest, pb.FetchCommittedOffsetsResponse],
     ) -> pb.FetchCommittedOffsetsResponse:
         _check_group(request.group_id)
         store = self._node.offsets
@@ -676,7 +686,9 @@ class BrokerService:
         return pb.FetchCommittedOffsetsResponse(offsets=out)
 
     @_loaded
-    async def DescribeLogs(self, request: pb.DescribeLogsRequest, context: grpc.aio.ServicerContext) -> pb.DescribeLogsResponse:
+    async def DescribeLogs(
+        self, request: pb.DescribeLogsRequest, context: grpc.aio.ServicerContext[pb.DescribeLogsRequest, pb.DescribeLogsResponse]
+    ) -> pb.DescribeLogsResponse:
         logs = self._node.logs
         if len(request.partitions) > MAX_FETCH_PARTITIONS:
             _fail(
@@ -718,7 +730,9 @@ class BrokerService:
         return pb.DescribeLogsResponse(logs=out)
 
     @_loaded
-    async def FindTrace(self, request: pb.FindTraceRequest, context: grpc.aio.ServicerContext) -> pb.FindTraceResponse:
+    async def FindTrace(
+        self, request: pb.FindTraceRequest, context: grpc.aio.ServicerContext[pb.FindTraceRequest, pb.FindTraceResponse]
+    ) -> pb.FindTraceResponse:
         try:
             trace_id = records.check_record_id(request.trace_id, "trace_id")
         except records.InvalidRecordIdError as e:
@@ -759,7 +773,9 @@ class BrokerService:
 
     @_guarded
     async def CreatePartitions(
-        self, request: pb.CreatePartitionsRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.CreatePartitionsRequest,
+        context: grpc.aio.ServicerContext[pb.CreatePartitionsRequest, pb.CreatePartitionsResponse],
     ) -> pb.CreatePartitionsResponse:
         _check_topic_partitions(request.topic, request.partitions)
         _check_topic_config(request.config)
@@ -774,7 +790,9 @@ class BrokerService:
 
     @_loaded
     async def UpdatePartitionStates(
-        self, request: pb.UpdatePartitionStatesRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.UpdatePartitionStatesRequest,
+        context: grpc.aio.ServicerContext[pb.UpdatePartitionStatesRequest, pb.UpdatePartitionStatesResponse],
     ) -> pb.UpdatePartitionStatesResponse:
         _check_states(request.states)
         node = self._node
@@ -787,7 +805,9 @@ class BrokerService:
 
     @_loaded
     async def OffsetForLeaderEpoch(
-        self, request: pb.OffsetForLeaderEpochRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.OffsetForLeaderEpochRequest,
+        context: grpc.aio.ServicerContext[pb.OffsetForLeaderEpochRequest, pb.OffsetForLeaderEpochResponse],
     ) -> pb.OffsetForLeaderEpochResponse:
         """A follower's question (KIP-101 / KIP-279): where `leader_epoch` ends in this leader's log."""
         if len(request.queries) > MAX_FETCH_PARTITIONS:
@@ -816,7 +836,9 @@ class BrokerService:
 
     @_guarded
     async def DeletePartitions(
-        self, request: pb.DeletePartitionsRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.DeletePartitionsRequest,
+        context: grpc.aio.ServicerContext[pb.DeletePartitionsRequest, pb.DeletePartitionsResponse],
     ) -> pb.DeletePartitionsResponse:
         _check_topic_partitions(request.topic, request.partitions)
         await self._node.delete_partitions(request.topic, set(request.partitions) or None)
@@ -824,7 +846,9 @@ class BrokerService:
 
     @_loaded
     async def DeleteGroupOffsets(
-        self, request: pb.DeleteGroupOffsetsRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.DeleteGroupOffsetsRequest,
+        context: grpc.aio.ServicerContext[pb.DeleteGroupOffsetsRequest, pb.DeleteGroupOffsetsResponse],
     ) -> pb.DeleteGroupOffsetsResponse:
         _check_group(request.group_id)
         removed = await self._node.offsets.delete_group(request.group_id)

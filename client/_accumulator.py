@@ -339,7 +339,7 @@ _FUTURE_STATE = frozenset({"_condition", "_state", "_result", "_exception", "_wa
 _materialize_lock = threading.Lock()
 
 
-class RecordFuture(concurrent.futures.Future):
+class RecordFuture(concurrent.futures.Future[RecordMetadata]):
     """The handle send() returns: the record's batch and its index in it.
 
     ``get(timeout)`` (also ``result``) waits for the batch and returns the RecordMetadata, or
@@ -376,6 +376,7 @@ class RecordFuture(concurrent.futures.Future):
 
     def _settle(self, metadata: RecordMetadata | None, error: Exception | None) -> None:
         if error is None:
+            assert metadata is not None  # a Callback gets the metadata exactly when there is no error
             concurrent.futures.Future.set_result(self, metadata)
         else:
             concurrent.futures.Future.set_exception(self, error)
@@ -420,12 +421,12 @@ class RecordFuture(concurrent.futures.Future):
         except concurrent.futures.TimeoutError:
             raise DMQTimeoutError(f"record not acknowledged within {timeout} s") from None
 
-    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[Any]], object]) -> None:
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[RecordMetadata]], object]) -> None:
         """concurrent.futures style: ``fn(self)`` once the record is acknowledged or failed."""
         self._materialize()
         concurrent.futures.Future.add_done_callback(self, fn)
 
-    def set_result(self, result: Any) -> None:
+    def set_result(self, result: RecordMetadata) -> None:
         raise RuntimeError("a RecordFuture is completed by the producer, not by its user")
 
     set_exception = set_result  # type: ignore[assignment]

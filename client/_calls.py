@@ -45,6 +45,7 @@ T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
 R = TypeVar("R", bound=Hashable)
 V = TypeVar("V")
+A = TypeVar("A")  # a call's answer
 
 DEFAULT_RETRY_BACKOFF_MS = 100
 DEFAULT_RETRY_BACKOFF_MAX_MS = 1_000
@@ -93,7 +94,7 @@ class RetryPolicy:
             raise ValueError(f"retry counts from 1, got {retry}")
         cap_ms = max(self.retry_backoff_ms, self.retry_backoff_max_ms)
         # 2**62 already passes any cap; a larger exponent would only build a huge int.
-        base_ms = min(cap_ms, self.retry_backoff_ms * 2 ** min(retry - 1, 62))
+        base_ms: int = min(cap_ms, self.retry_backoff_ms * 2 ** min(retry - 1, 62))
         factor = self.rng.uniform(1 - self.jitter, 1 + self.jitter) if self.jitter else 1.0
         return base_ms * factor / 1000
 
@@ -267,8 +268,8 @@ def fan_out_by_leader(
     keys: Iterable[K],
     *,
     route: Callable[[list[K], float], tuple[Mapping[R, list[K]], Mapping[K, DMQError]]],
-    send: Callable[[R, list[K], float], grpc.Future],
-    parse: Callable[[Any, R], Mapping[K, V | DMQError]],
+    send: Callable[[R, list[K], float], grpc.Future[A]],
+    parse: Callable[[A, R], Mapping[K, V | DMQError]],
     error: Callable[[grpc.RpcError, R, list[K]], DMQError],
     policy: RetryPolicy,
     deadline: float,

@@ -249,9 +249,12 @@ class Cluster:
         return stub
 
     def broker_stub(self, address: str) -> pb_grpc.BrokerStub:
-        return self._stub(address, pb_grpc.BrokerStub)
+        # _stub is Any: the generated stubs are untyped, and the asyncio client's wraps each one
+        stub: pb_grpc.BrokerStub = self._stub(address, pb_grpc.BrokerStub)
+        return stub
 
-    def _unary(self, address: str, method: str, serializer: Any, deserializer: Any) -> grpc.UnaryUnaryMultiCallable:
+    # [Any, Any]: the asyncio client's Cluster wraps the callable so that calling it gives an awaitable
+    def _unary(self, address: str, method: str, serializer: Any, deserializer: Any) -> grpc.UnaryUnaryMultiCallable[Any, Any]:
         key = (address, method)
         call = self._stubs.get(key)
         if call is None:
@@ -261,12 +264,12 @@ class Cluster:
             self._stubs[key] = call
         return call
 
-    def raw_produce(self, address: str) -> grpc.UnaryUnaryMultiCallable:
+    def raw_produce(self, address: str) -> grpc.UnaryUnaryMultiCallable[Any, Any]:
         """Broker.Produce taking an already serialised ProduceRequest (bytes), so the producer can
         frame the request around its batch with one copy (see dmq.proto.wire.frame_produce_request)."""
         return self._unary(address, wire.PRODUCE_METHOD, None, pb.ProduceResponse.FromString)
 
-    def raw_fetch(self, address: str) -> grpc.UnaryUnaryMultiCallable:
+    def raw_fetch(self, address: str) -> grpc.UnaryUnaryMultiCallable[Any, Any]:
         """Broker.Fetch answering the serialised FetchResponse (bytes): read it with
         fetch_results(), which keeps the records as views into it rather than copies."""
         return self._unary(address, wire.FETCH_METHOD, pb.FetchRequest.SerializeToString, None)
@@ -286,10 +289,13 @@ class Cluster:
         return list(self._router.addresses) if self._router is not None else [self._bootstrap]
 
     def metadata_stub(self) -> pb_grpc.MetadataStub:
-        return self._coordinator_stub(self.bootstrap, pb_grpc.MetadataStub)
+        stub: pb_grpc.MetadataStub = self._coordinator_stub(self.bootstrap, pb_grpc.MetadataStub)  # typed here: see broker_stub
+        return stub
 
     def group_stub(self, address: str | None = None) -> pb_grpc.GroupCoordinatorStub:
-        return self._coordinator_stub(address or self.bootstrap, pb_grpc.GroupCoordinatorStub)
+        # typed here, as in broker_stub
+        stub: pb_grpc.GroupCoordinatorStub = self._coordinator_stub(address or self.bootstrap, pb_grpc.GroupCoordinatorStub)
+        return stub
 
     @property
     def timeout_s(self) -> float:
@@ -425,7 +431,11 @@ class Cluster:
         return result
 
     def _refresh_done(
-        self, call: grpc.Future, names: tuple[str, ...], started: float, result: concurrent.futures.Future[None]
+        self,
+        call: grpc.Future[pb.GetMetadataResponse],
+        names: tuple[str, ...],
+        started: float,
+        result: concurrent.futures.Future[None],
     ) -> None:
         with self._refresh_lock:
             self._refreshes.pop(names, None)

@@ -41,8 +41,10 @@ class CoordinatorDescription:
 
 
 def describe_coordinators(channels: list[tuple[str, grpc.Channel]], timeout_s: float) -> list[CoordinatorDescription]:
-    pending = [(address, pb_grpc.CoordinatorStatusStub(channel).DescribeCoordinator.future(
-        pb.DescribeCoordinatorRequest(), timeout=timeout_s)) for address, channel in channels]
+    pending: list[tuple[str, grpc.Future[pb.DescribeCoordinatorResponse]]] = []
+    for address, channel in channels:
+        stub = pb_grpc.CoordinatorStatusStub(channel)  # type: ignore[no-untyped-call]  # generated stubs are untyped
+        pending.append((address, stub.DescribeCoordinator.future(pb.DescribeCoordinatorRequest(), timeout=timeout_s)))
     out: list[CoordinatorDescription] = []
     for address, future in pending:
         try:

@@ -64,8 +64,9 @@ from dmq.client.errors import (
 from dmq.coordinator.validation import (
     TopicSettings,
     ValidationError,
-    validate_partition_count,
-    validate_topic_name,
+    # explicit re-exports: dmq.client.aio.admin imports these two from here
+    validate_partition_count as validate_partition_count,
+    validate_topic_name as validate_topic_name,
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits
@@ -462,9 +463,12 @@ class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
                     errors[key] = e
             return by_leader, errors
 
-        def send(address: str, keys: list[TopicPartition], timeout_s: float) -> grpc.Future:
+        def send(address: str, keys: list[TopicPartition], timeout_s: float) -> grpc.Future[pb.ListOffsetsResponse]:
             qs = [pb.OffsetQuery(topic=t, partition=p, timestamp_ms=pending[(t, p)]) for t, p in keys]
-            return cluster.broker_stub(address).ListOffsets.future(pb.ListOffsetsRequest(queries=qs), timeout=timeout_s)
+            request = pb.ListOffsetsRequest(queries=qs)
+            stub = cluster.broker_stub(address)
+            future: grpc.Future[pb.ListOffsetsResponse] = stub.ListOffsets.future(request, timeout=timeout_s)
+            return future
 
         def parse(response: pb.ListOffsetsResponse, address: str) -> dict[TopicPartition, OffsetInfo | DMQError]:
             return {

@@ -49,7 +49,7 @@ class BrokerPool:
             self._entries.move_to_end(address)
             return entry[1]
         channel = aio_channel(address, self.security, channel_options())
-        stub = pb_grpc.BrokerStub(channel)
+        stub = pb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]  # generated stubs are untyped
         self._entries[address] = (channel, stub)
         while len(self._entries) > self.max_channels:
             old_address, (old_channel, _) = self._entries.popitem(last=False)

@@ -155,7 +155,9 @@ class WatchStreams:
     def __len__(self) -> int:
         return self._total
 
-    async def serve(self, group_id: str, member_id: str, context: grpc.aio.ServicerContext) -> None:
+    async def serve(
+        self, group_id: str, member_id: str, context: grpc.aio.ServicerContext[pb.WatchGroupRequest, pb.GroupEvent]
+    ) -> None:
         """Hold one stream open for the member (within the bounds) until it ends."""
         key = (group_id, member_id)
         watch = self._watches.get(key)
@@ -177,7 +179,9 @@ class WatchStreams:
             if watch.count == 0 and self._watches.get(key) is watch:
                 del self._watches[key]
 
-    async def _stream(self, group_id: str, member_id: str, context: grpc.aio.ServicerContext) -> None:
+    async def _stream(
+        self, group_id: str, member_id: str, context: grpc.aio.ServicerContext[pb.WatchGroupRequest, pb.GroupEvent]
+    ) -> None:
         key = (group_id, member_id)
         sent: tuple[int, bool] | None = None
         sent_ack = -1

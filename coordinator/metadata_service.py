@@ -43,7 +43,9 @@ class MetadataServicer(pb_grpc.MetadataServicer):
 
     @_handler
     async def RegisterBroker(
-        self, request: pb.RegisterBrokerRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.RegisterBrokerRequest,
+        context: grpc.aio.ServicerContext[pb.RegisterBrokerRequest, pb.RegisterBrokerResponse],
     ) -> pb.RegisterBrokerResponse:
         partitions = await self.metadata.controller.register_broker(
             request.broker_id, request.host, request.port, principal=current_principal.get(), rack=request.rack
@@ -55,7 +57,9 @@ class MetadataServicer(pb_grpc.MetadataServicer):
 
     @_handler
     async def BrokerHeartbeat(
-        self, request: pb.BrokerHeartbeatRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.BrokerHeartbeatRequest,
+        context: grpc.aio.ServicerContext[pb.BrokerHeartbeatRequest, pb.BrokerHeartbeatResponse],
     ) -> pb.BrokerHeartbeatResponse:
         if request.shutting_down:
             reregister = await self.metadata.controller.broker_shutting_down(request.broker_id)
@@ -65,7 +69,9 @@ class MetadataServicer(pb_grpc.MetadataServicer):
                                           controller_epoch=self.metadata.pusher.controller_epoch)
 
     @_handler
-    async def AlterIsr(self, request: pb.AlterIsrRequest, context: grpc.aio.ServicerContext) -> pb.AlterIsrResponse:
+    async def AlterIsr(
+        self, request: pb.AlterIsrRequest, context: grpc.aio.ServicerContext[pb.AlterIsrRequest, pb.AlterIsrResponse]
+    ) -> pb.AlterIsrResponse:
         topic, partition, state = await self.metadata.controller.alter_isr(
             request.broker_id, request.topic, request.partition, request.leader_epoch, request.partition_epoch,
             list(request.isr),
@@ -74,7 +80,9 @@ class MetadataServicer(pb_grpc.MetadataServicer):
 
     @_handler
     async def ReassignPartition(
-        self, request: pb.ReassignPartitionRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.ReassignPartitionRequest,
+        context: grpc.aio.ServicerContext[pb.ReassignPartitionRequest, pb.ReassignPartitionResponse],
     ) -> pb.ReassignPartitionResponse:
         state = await self.metadata.reassignments.reassign_partition(request.topic, request.partition, list(request.replicas))
         return pb.ReassignPartitionResponse(
@@ -82,31 +90,39 @@ class MetadataServicer(pb_grpc.MetadataServicer):
         )
 
     @_handler
-    async def AddAcls(self, request: pb.AddAclsRequest, context: grpc.aio.ServicerContext) -> pb.AclsChangeResponse:
+    async def AddAcls(
+        self, request: pb.AddAclsRequest, context: grpc.aio.ServicerContext[pb.AddAclsRequest, pb.AclsChangeResponse]
+    ) -> pb.AclsChangeResponse:
         self.metadata.check_ready()
         with coordinator_disk_full():
             return await self.acls.change(add=request.acls)
 
     @_handler
-    async def RemoveAcls(self, request: pb.RemoveAclsRequest, context: grpc.aio.ServicerContext) -> pb.AclsChangeResponse:
+    async def RemoveAcls(
+        self, request: pb.RemoveAclsRequest, context: grpc.aio.ServicerContext[pb.RemoveAclsRequest, pb.AclsChangeResponse]
+    ) -> pb.AclsChangeResponse:
         self.metadata.check_ready()
         with coordinator_disk_full():
             return await self.acls.change(remove=request.acls)
 
     @_handler
-    async def ListAcls(self, request: pb.ListAclsRequest, context: grpc.aio.ServicerContext) -> pb.ListAclsResponse:
+    async def ListAcls(
+        self, request: pb.ListAclsRequest, context: grpc.aio.ServicerContext[pb.ListAclsRequest, pb.ListAclsResponse]
+    ) -> pb.ListAclsResponse:
         self.metadata.check_ready()
         return self.acls.listing(request.principal)
 
     @_handler
     async def ListBrokers(
-        self, request: pb.ListBrokersRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ListBrokersRequest, context: grpc.aio.ServicerContext[pb.ListBrokersRequest, pb.ListBrokersResponse]
     ) -> pb.ListBrokersResponse:
         self.metadata.check_ready()
         return pb.ListBrokersResponse(brokers=broker_infos(self.metadata.membership, self.metadata.topics()))
 
     @_handler
-    async def CreateTopic(self, request: pb.CreateTopicRequest, context: grpc.aio.ServicerContext) -> pb.TopicInfo:
+    async def CreateTopic(
+        self, request: pb.CreateTopicRequest, context: grpc.aio.ServicerContext[pb.CreateTopicRequest, pb.TopicInfo]
+    ) -> pb.TopicInfo:
         record = await self.metadata.topic_admin.create_topic(
             request.name, request.partitions, topic_config_from_proto(request.config), principal=_principal()
         )
@@ -114,30 +130,34 @@ class MetadataServicer(pb_grpc.MetadataServicer):
 
     @_handler
     async def DeleteTopic(
-        self, request: pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
+        self, request: pb.DeleteTopicRequest, context: grpc.aio.ServicerContext[pb.DeleteTopicRequest, pb.DeleteTopicResponse]
     ) -> pb.DeleteTopicResponse:
         await self.metadata.topic_admin.delete_topic(request.name)
         return pb.DeleteTopicResponse()
 
     @_handler
     async def ListTopics(
-        self, request: pb.ListTopicsRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ListTopicsRequest, context: grpc.aio.ServicerContext[pb.ListTopicsRequest, pb.ListTopicsResponse]
     ) -> pb.ListTopicsResponse:
         self.metadata.check_ready()
         return pb.ListTopicsResponse(topics=[topic_info(self.metadata.membership, t) for t in self.metadata.topics()])
 
     @_handler
-    async def DescribeTopic(self, request: pb.DescribeTopicRequest, context: grpc.aio.ServicerContext) -> pb.TopicInfo:
+    async def DescribeTopic(
+        self, request: pb.DescribeTopicRequest, context: grpc.aio.ServicerContext[pb.DescribeTopicRequest, pb.TopicInfo]
+    ) -> pb.TopicInfo:
         return topic_info(self.metadata.membership, self._existing_topic(request.name))
 
     @_handler
-    async def AddPartitions(self, request: pb.AddPartitionsRequest, context: grpc.aio.ServicerContext) -> pb.TopicInfo:
+    async def AddPartitions(
+        self, request: pb.AddPartitionsRequest, context: grpc.aio.ServicerContext[pb.AddPartitionsRequest, pb.TopicInfo]
+    ) -> pb.TopicInfo:
         record = await self.metadata.topic_admin.add_partitions(request.name, request.partitions, principal=_principal())
         return topic_info(self.metadata.membership, record)
 
     @_handler
     async def GetMetadata(
-        self, request: pb.GetMetadataRequest, context: grpc.aio.ServicerContext
+        self, request: pb.GetMetadataRequest, context: grpc.aio.ServicerContext[pb.GetMetadataRequest, pb.GetMetadataResponse]
     ) -> pb.GetMetadataResponse:
         self.metadata.check_ready()
         if request.topics:

@@ -47,7 +47,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate, islice
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import structlog
 
@@ -218,7 +218,8 @@ class EventIndex:
     def _load_record(self, data: mmap.mmap, at: int) -> int:
         if len(data) - at < HEAD.size:
             raise IndexCorruptError(f"a record header at {at} is cut short")
-        body_len, crc, first, end, count, meta_len = HEAD.unpack_from(data, at)
+        # struct's unpack is typed as a tuple of Any; HEAD's six fields are all integers
+        body_len, crc, first, end, count, meta_len = cast("tuple[int, int, int, int, int, int]", HEAD.unpack_from(data, at))
         body_at = at + HEAD.size
         if body_at + body_len > len(data):
             raise IndexCorruptError(f"the record at {at} claims {body_len} bytes; the file ends before")

@@ -232,7 +232,9 @@ class EventStoreServicer:
     # -- append / read / subscribe ------------------------------------------------------------------
 
     @_guarded
-    async def EventAppend(self, request: pb.EventAppendRequest, context: grpc.aio.ServicerContext) -> pb.EventAppendResponse:
+    async def EventAppend(
+        self, request: pb.EventAppendRequest, context: grpc.aio.ServicerContext[pb.EventAppendRequest, pb.EventAppendResponse]
+    ) -> pb.EventAppendResponse:
         events = _events_from_proto(request.events)
         condition = None
         if request.HasField("condition"):
@@ -250,7 +252,9 @@ class EventStoreServicer:
         return pb.EventAppendResponse(last_position=last, append_time_ms=append_ms)
 
     @_guarded
-    async def EventRead(self, request: pb.EventReadRequest, context: grpc.aio.ServicerContext) -> pb.EventReadResponse | bytes:
+    async def EventRead(
+        self, request: pb.EventReadRequest, context: grpc.aio.ServicerContext[pb.EventReadRequest, pb.EventReadResponse | bytes]
+    ) -> pb.EventReadResponse | bytes:
         query = query_from_proto(request.query, "query")
         _check_position(request.after, "after")
         limit = _limit(request.limit, "limit", DEFAULT_READ_LIMIT)
@@ -264,7 +268,9 @@ class EventStoreServicer:
         return pb.EventReadResponse(events=columns_to_events(events), head=head)
 
     @_guarded
-    async def EventSubscribe(self, request: pb.EventSubscribeRequest, context: grpc.aio.ServicerContext) -> None:
+    async def EventSubscribe(
+        self, request: pb.EventSubscribeRequest, context: grpc.aio.ServicerContext[pb.EventSubscribeRequest, pb.EventReadResponse]
+    ) -> None:
         query = query_from_proto(request.query, "query")
         _check_position(request.after, "after")
         store = await self._store(request.topic)
@@ -293,7 +299,9 @@ class EventStoreServicer:
 
     @_guarded
     async def EventGroupControl(
-        self, request: pb.EventGroupControlRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.EventGroupControlRequest,
+        context: grpc.aio.ServicerContext[pb.EventGroupControlRequest, pb.EventGroupStatus],
     ) -> pb.EventGroupStatus:
         _check_group(request.group)
         action = request.action
@@ -317,7 +325,9 @@ class EventStoreServicer:
         return pb.EventGroupStatus(group=group, known=known, active=active)
 
     @_guarded
-    async def EventClaimNext(self, request: pb.EventClaimRequest, context: grpc.aio.ServicerContext) -> pb.EventClaimResponse:
+    async def EventClaimNext(
+        self, request: pb.EventClaimRequest, context: grpc.aio.ServicerContext[pb.EventClaimRequest, pb.EventClaimResponse]
+    ) -> pb.EventClaimResponse:
         _check_group(request.group)
         _check_worker(request.worker_id)
         partition_by = list(request.partition_by)
@@ -408,7 +418,9 @@ class EventStoreServicer:
         return pb.EventClaimAnswer()
 
     @_guarded
-    async def EventAck(self, request: pb.EventClaimRef, context: grpc.aio.ServicerContext) -> pb.EventClaimAnswer:
+    async def EventAck(
+        self, request: pb.EventClaimRef, context: grpc.aio.ServicerContext[pb.EventClaimRef, pb.EventClaimAnswer]
+    ) -> pb.EventClaimAnswer:
         _check_position(request.position, "position")
         r = request
         unwritten: list[AckWrite] = []
@@ -420,18 +432,24 @@ class EventStoreServicer:
         return answer
 
     @_guarded
-    async def EventRelease(self, request: pb.EventClaimRef, context: grpc.aio.ServicerContext) -> pb.EventClaimAnswer:
+    async def EventRelease(
+        self, request: pb.EventClaimRef, context: grpc.aio.ServicerContext[pb.EventClaimRef, pb.EventClaimAnswer]
+    ) -> pb.EventClaimAnswer:
         r = request
         return await self._claim_op(r, lambda g, until, now: g.release(r.group, r.partition_key, r.worker_id, now))
 
     @_guarded
-    async def EventRenewClaim(self, request: pb.EventClaimRef, context: grpc.aio.ServicerContext) -> pb.EventClaimAnswer:
+    async def EventRenewClaim(
+        self, request: pb.EventClaimRef, context: grpc.aio.ServicerContext[pb.EventClaimRef, pb.EventClaimAnswer]
+    ) -> pb.EventClaimAnswer:
         r = request
         return await self._claim_op(r, lambda g, until, now: g.renew(r.group, r.partition_key, r.worker_id, now))
 
     @_guarded
     async def EventGroupDescribe(
-        self, request: pb.EventGroupDescribeRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.EventGroupDescribeRequest,
+        context: grpc.aio.ServicerContext[pb.EventGroupDescribeRequest, pb.EventGroupDescription],
     ) -> pb.EventGroupDescription:
         _check_group(request.group)
         store = await self._store(request.topic)
@@ -443,7 +461,9 @@ class EventStoreServicer:
 
     @_guarded
     async def EventStoreDescribe(
-        self, request: pb.EventStoreDescribeRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.EventStoreDescribeRequest,
+        context: grpc.aio.ServicerContext[pb.EventStoreDescribeRequest, pb.EventStoreDescription],
     ) -> pb.EventStoreDescription:
         if not 0 <= request.limit <= STORE_DESCRIBE_LIMIT_MAX:
             _fail(grpc.StatusCode.INVALID_ARGUMENT, f"limit must be within 0..{STORE_DESCRIBE_LIMIT_MAX} "

@@ -411,7 +411,7 @@ class Segment:
 
     def walk(
         self, start: int, end: int, chunk_bytes: int = WALK_CHUNK_BYTES
-    ) -> Iterator[tuple[int, tuple]]:
+    ) -> Iterator[tuple[int, tuple[int, ...]]]:
         """Yield (position, raw header tuple) of the batches in [start, end), reading chunk_bytes
         at a time (a header beyond the chunk costs one more small read). Stops before known
         damage; an impossible header raises SegmentCorruptError."""
@@ -705,7 +705,7 @@ class Segment:
         self.ensure_indexes()
         return self.time_index.first_time_ms
 
-    def iter_headers(self, from_offset: int) -> Iterator[tuple[int, tuple]]:
+    def iter_headers(self, from_offset: int) -> Iterator[tuple[int, tuple[int, ...]]]:
         """Raw headers of the batches whose last offset >= from_offset (stopping at damage)."""
         start = self.locate(from_offset) if from_offset > self.base_offset else 0
         for p, h in self.walk(start, self.size):

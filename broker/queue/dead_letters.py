@@ -146,7 +146,7 @@ class DeadLetterWriter:
             self._channels[address] = channel
         started = time.monotonic()
         try:
-            response = await pb_grpc.BrokerStub(channel).Produce(
+            response = await pb_grpc.BrokerStub(channel).Produce(  # type: ignore[no-untyped-call]  # generated stubs are untyped
                 pb.ProduceRequest(topic=dlq, partition=0, batch=batch, acks=pb.ACKS_ALL), timeout=PRODUCE_TIMEOUT_S
             )
         except grpc.aio.AioRpcError as e:

@@ -131,7 +131,9 @@ class QueueServicer:
         current_access.get().require(needs, rpc)
 
     @_guarded
-    async def QueuePop(self, request: pb.QueuePopRequest, context: grpc.aio.ServicerContext) -> pb.QueuePopResponse:
+    async def QueuePop(
+        self, request: pb.QueuePopRequest, context: grpc.aio.ServicerContext[pb.QueuePopRequest, pb.QueuePopResponse]
+    ) -> pb.QueuePopResponse:
         _check(names.check_topic_name, request.topic, "topic")
         _check_group(request.group)
         _check_range(request.max_records, 1, MAX_POP_RECORDS, "max_records")
@@ -170,7 +172,9 @@ class QueueServicer:
         return response
 
     @_guarded
-    async def QueueAck(self, request: pb.QueueAckRequest, context: grpc.aio.ServicerContext) -> pb.QueueAckResponse:
+    async def QueueAck(
+        self, request: pb.QueueAckRequest, context: grpc.aio.ServicerContext[pb.QueueAckRequest, pb.QueueAckResponse]
+    ) -> pb.QueueAckResponse:
         _check_lease_id(request.lease_id)
         self._may_use_lease(request.lease_id, "QueueAck")
         up_to = request.up_to_offset if request.HasField("up_to_offset") else None
@@ -178,7 +182,9 @@ class QueueServicer:
         return pb.QueueAckResponse(acked_offset=acked)
 
     @_guarded
-    async def QueueNack(self, request: pb.QueueNackRequest, context: grpc.aio.ServicerContext) -> pb.QueueNackResponse:
+    async def QueueNack(
+        self, request: pb.QueueNackRequest, context: grpc.aio.ServicerContext[pb.QueueNackRequest, pb.QueueNackResponse]
+    ) -> pb.QueueNackResponse:
         _check_lease_id(request.lease_id)
         self._may_use_lease(request.lease_id, "QueueNack")
         _check_error(request.error)
@@ -187,7 +193,9 @@ class QueueServicer:
         return pb.QueueNackResponse(acked_offset=acked, delivery_count=count, dead_lettered=dead)
 
     @_guarded
-    async def QueueReject(self, request: pb.QueueRejectRequest, context: grpc.aio.ServicerContext) -> pb.QueueRejectResponse:
+    async def QueueReject(
+        self, request: pb.QueueRejectRequest, context: grpc.aio.ServicerContext[pb.QueueRejectRequest, pb.QueueRejectResponse]
+    ) -> pb.QueueRejectResponse:
         _check_lease_id(request.lease_id)
         self._may_use_lease(request.lease_id, "QueueReject", dead_letters=True)
         _check_error(request.error)
@@ -197,7 +205,9 @@ class QueueServicer:
         )
 
     @_guarded
-    async def QueueRenew(self, request: pb.QueueRenewRequest, context: grpc.aio.ServicerContext) -> pb.QueueRenewResponse:
+    async def QueueRenew(
+        self, request: pb.QueueRenewRequest, context: grpc.aio.ServicerContext[pb.QueueRenewRequest, pb.QueueRenewResponse]
+    ) -> pb.QueueRenewResponse:
         _check_lease_id(request.lease_id)
         self._may_use_lease(request.lease_id, "QueueRenew")
         _check_range(request.lease_ms, limits.LEASE_MS_MIN, limits.LEASE_MS_MAX, "lease_ms", zero_ok=True)
@@ -205,7 +215,9 @@ class QueueServicer:
 
     @_guarded
     async def QueueDescribe(
-        self, request: pb.QueueDescribeRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.QueueDescribeRequest,
+        context: grpc.aio.ServicerContext[pb.QueueDescribeRequest, pb.QueueDescribeResponse],
     ) -> pb.QueueDescribeResponse:
         if request.topic:
             _check(names.check_topic_name, request.topic, "topic")

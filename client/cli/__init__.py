@@ -51,9 +51,9 @@ class DMQGroup(click.Group):
         if cmd is not None or cmd_name not in _LAZY_COMMANDS:
             return cmd
         module, attr, _help = _LAZY_COMMANDS[cmd_name]
-        cmd = getattr(importlib.import_module(module), attr)
-        self.add_command(cmd, cmd_name)
-        return cmd
+        lazy: click.Command = getattr(importlib.import_module(module), attr)  # what _LAZY_COMMANDS names
+        self.add_command(lazy, cmd_name)
+        return lazy
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Help for lazy commands comes from the table above, so `dmq --help` imports nothing more.

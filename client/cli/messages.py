@@ -30,9 +30,10 @@ import click
 from dmq.client.admin import check_topic_name
 from dmq.client.cli._errors import bootstrap, explain, session
 from dmq.client.cli._output import err_console, human_bytes, note, print_json
-from dmq.client.cli._parse import jsonable_text, parse_headers, parse_size_bytes
+from dmq.client.cli._parse import jsonable_text, parse_headers
 from dmq.client.cli._session import CLIError
 from dmq.proto.offset_markers import EARLIEST, LATEST
+from dmq.proto.values import parse_size_bytes
 
 ACKS: dict[str, str | int] = {"all": "all", "1": 1, "leader": 1, "0": 0, "none": 0}
 # How often a group consumer commits what it has printed while it keeps running.

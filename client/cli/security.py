@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import os
 import pathlib
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from dmq.client.cli._output import output_option
+from dmq.client.cli._output import F, output_option
+
+if TYPE_CHECKING:  # for the annotation; _entries imports it when it runs, as these commands import lazily
+    from dmq.proto.security.acls import Acl
 
 
 @click.group("certs")
@@ -83,7 +87,7 @@ def acls() -> None:
     """Access-control lists: who may do what to which topics, groups and the cluster."""
 
 
-def _entry_options(f):
+def _entry_options(f: F) -> F:
     opts = [
         click.option("--principal", required=True, help="A principal name, or '*' for every principal."),
         click.option("--topic", "topic", default=None, show_default="none", help="The topic (or prefix) resource."),
@@ -105,7 +109,7 @@ def _entry_options(f):
 
 
 def _entries(principal: str, topic: str | None, group: str | None, cluster: bool, prefix: bool,
-             operations: tuple[str, ...], deny: bool) -> list:
+             operations: tuple[str, ...], deny: bool) -> list[Acl]:
     from dmq.proto.security.acls import CLUSTER_RESOURCE, Acl
 
     named = [(t, n) for t, n in (("topic", topic), ("group", group), ("cluster", CLUSTER_RESOURCE if cluster else None)) if n]
@@ -125,7 +129,7 @@ def _entries(principal: str, topic: str | None, group: str | None, cluster: bool
 @acls.command("add")
 @_entry_options
 @click.pass_context
-def acls_add(ctx: click.Context, **entry) -> None:
+def acls_add(ctx: click.Context, /, **entry: Any) -> None:
     """Allow (or --deny) a principal operations on a resource."""
     from dmq.client.cli._errors import admin
 
@@ -136,7 +140,7 @@ def acls_add(ctx: click.Context, **entry) -> None:
 @acls.command("remove")
 @_entry_options
 @click.pass_context
-def acls_remove(ctx: click.Context, **entry) -> None:
+def acls_remove(ctx: click.Context, /, **entry: Any) -> None:
     """Remove exactly these entries (as `dmq acls list` shows them)."""
     from dmq.client.cli._errors import admin
 

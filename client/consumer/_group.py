@@ -39,7 +39,7 @@ from dmq.client.errors import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from dmq.proto.names import group_id_for  # noqa: F401 - re-exported for the consumers
+from dmq.proto.names import group_id_for as group_id_for  # re-exported for the consumers
 
 log = get_logger(__name__)
 
@@ -162,12 +162,15 @@ class GroupClient:
         """Where the call goes: FindOrCreateGroup to the bootstrap coordinator, the others to the group's."""
         return None if kind == FIND else m.coordinator
 
-    def start(self, kind: str, m: Membership) -> grpc.Future:
+    def start(self, kind: str, m: Membership) -> grpc.Future[Any]:
         """The call as a grpc future, with its own deadline (it completes whatever poll()'s timeout)."""
         method, request, timeout_s = self.request(kind, m)
-        return getattr(self._cluster.group_stub(self.address(kind, m)), method).future(request, timeout=timeout_s)
+        # the answer's type depends on `kind`: result() hands it to code that knows which
+        stub = self._cluster.group_stub(self.address(kind, m))
+        future: grpc.Future[Any] = getattr(stub, method).future(request, timeout=timeout_s)
+        return future
 
-    def result(self, kind: str, m: Membership, future: grpc.Future) -> Any:
+    def result(self, kind: str, m: Membership, future: grpc.Future[Any]) -> Any:
         """A finished call's answer; DMQError when it failed."""
         try:
             return future.result()

@@ -210,7 +210,7 @@ class HeartbeatThread:
         ch = self._channels.get(address)
         if ch is None:
             ch = self._channels[address] = aio_channel(address, self._config.security, channel_options())
-        return pb_grpc.GroupCoordinatorStub(ch)
+        return pb_grpc.GroupCoordinatorStub(ch)  # type: ignore[no-untyped-call]  # generated stubs are untyped
 
     def _address(self, m: Membership) -> str:
         """Where m's calls go: the coordinator that answered for its group, or, when that is one

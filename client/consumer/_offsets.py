@@ -51,6 +51,7 @@ from dmq.proto import error_details
 log = get_logger(__name__)
 
 V = TypeVar("V")
+A = TypeVar("A")  # a call's answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +114,8 @@ class OffsetClient:
         self,
         what: str,
         tps: Iterable[TopicPartition],
-        send: Callable[[str, str, list[TopicPartition], float], grpc.Future],
-        parse: Callable[[Any, str], Mapping[TopicPartition, V | DMQError]],
+        send: Callable[[str, str, list[TopicPartition], float], grpc.Future[A]],
+        parse: Callable[[A, str], Mapping[TopicPartition, V | DMQError]],
         error: Callable[[grpc.RpcError, str, list[TopicPartition]], DMQError],
         timeout_s: float | None,
         retry: bool = True,
@@ -186,11 +187,15 @@ class OffsetClient:
         offsets = dict(offsets)
         # The membership (member id, generation) is read per attempt: a retry after a
         # re-join carries the new one.
-        def send(topic: str, address: str, part: list[TopicPartition], call_timeout_s: float) -> grpc.Future:
+        def send(
+            topic: str, address: str, part: list[TopicPartition], call_timeout_s: float
+        ) -> grpc.Future[pb.CommitOffsetsResponse]:
             request = _commit_request(_member(memberships, topic), part, offsets)
-            return self._cluster.broker_stub(address).CommitOffsets.future(request, timeout=call_timeout_s)
+            stub = self._cluster.broker_stub(address)
+            future: grpc.Future[pb.CommitOffsetsResponse] = stub.CommitOffsets.future(request, timeout=call_timeout_s)
+            return future
 
-        def parse(_response: Any, _address: str) -> dict[TopicPartition, OffsetAndMetadata]:
+        def parse(_response: pb.CommitOffsetsResponse, _address: str) -> dict[TopicPartition, OffsetAndMetadata]:
             return offsets
 
         def error(e: grpc.RpcError, address: str, part: list[TopicPartition]) -> DMQError:
@@ -218,7 +223,7 @@ class OffsetClient:
             result.set_exception(e if isinstance(e, DMQError) else DMQError(f"commit not sent: {e}"))
             return result
 
-        def done(fut: grpc.Future) -> None:
+        def done(fut: grpc.Future[pb.CommitOffsetsResponse]) -> None:
             try:
                 fut.result()
             except grpc.RpcError as e:
@@ -275,14 +280,15 @@ class OffsetClient:
     # -- reading -----------------------------------------------------------------------------------
 
     def start_fetch_committed(self, address: str, group_id: str, tps: list[TopicPartition],
-                              timeout_s: float | None = None) -> grpc.Future:
+                              timeout_s: float | None = None) -> grpc.Future[pb.FetchCommittedOffsetsResponse]:
         request = pb.FetchCommittedOffsetsRequest(
             group_id=group_id,
             partitions=[pb.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps],
         )
-        return self._cluster.broker_stub(address).FetchCommittedOffsets.future(
+        future: grpc.Future[pb.FetchCommittedOffsetsResponse] = self._cluster.broker_stub(address).FetchCommittedOffsets.future(
             request, timeout=self._timeout_s if timeout_s is None else max(0.001, timeout_s)
         )
+        return future
 
     @staticmethod
     def parse_committed(response: pb.FetchCommittedOffsetsResponse, _address: str = "") -> dict[
@@ -313,13 +319,14 @@ class OffsetClient:
         return outcome.done
 
     def start_list_offsets(self, address: str, queries: Mapping[TopicPartition, int],
-                           timeout_s: float | None = None) -> grpc.Future:
+                           timeout_s: float | None = None) -> grpc.Future[pb.ListOffsetsResponse]:
         request = pb.ListOffsetsRequest(
             queries=[pb.OffsetQuery(topic=tp.topic, partition=tp.partition, timestamp_ms=ts) for tp, ts in queries.items()]
         )
-        return self._cluster.broker_stub(address).ListOffsets.future(
+        future: grpc.Future[pb.ListOffsetsResponse] = self._cluster.broker_stub(address).ListOffsets.future(
             request, timeout=self._timeout_s if timeout_s is None else max(0.001, timeout_s)
         )
+        return future
 
     @staticmethod
     def parse_list_offsets(response: pb.ListOffsetsResponse, _address: str = "") -> dict[TopicPartition, int | DMQError]:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -44,7 +45,7 @@ _RESET = "reset"
 class _Lookup:
     kind: str
     address: str
-    future: grpc.Future
+    future: grpc.Future[Any]  # ListOffsetsResponse or FetchCommittedOffsetsResponse, as `kind` says
     # tp -> (the state object and its epoch when asked)
     asked: dict[TopicPartition, tuple[PartitionState, int]]
 
@@ -103,7 +104,7 @@ class PositionFinder:
                         functools.partial(self._offsets.start_list_offsets, address, queries))
         return fatal
 
-    def _start(self, kind: str, address: str, tps: list[TopicPartition], send: Callable[[], grpc.Future]) -> None:
+    def _start(self, kind: str, address: str, tps: list[TopicPartition], send: Callable[[], grpc.Future[Any]]) -> None:
         try:
             future = send()
         except (DMQError, ValueError) as e:  # closed client

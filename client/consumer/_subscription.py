@@ -27,7 +27,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from dmq.client.consumer._records import TopicPartition
-from dmq.proto.offset_markers import EARLIEST, LATEST, START_AT_LOG_START, START_BY_TIMESTAMP  # noqa: F401 - re-exported
+from dmq.proto.offset_markers import (  # re-exported (the `as` form says so to type checkers)
+    EARLIEST as EARLIEST,
+    LATEST as LATEST,
+    START_AT_LOG_START as START_AT_LOG_START,
+    START_BY_TIMESTAMP as START_BY_TIMESTAMP,
+)
 
 # dmq.v1.StartPosition.offset sentinels and ListOffsets timestamps: EARLIEST, LATEST,
 # START_AT_LOG_START, START_BY_TIMESTAMP (dmq.proto.offset_markers), re-exported for the consumers.

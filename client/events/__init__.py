@@ -596,7 +596,10 @@ class EventStore:
                           overrides={grpc.StatusCode.NOT_FOUND: GroupNotFoundError})
 
     def _control(self, group: str, action: pb.EventGroupAction) -> pb.EventGroupStatus:
-        return self._group_call("EventGroupControl", pb.EventGroupControlRequest(topic=self.topic, group=group, action=action))
+        status: pb.EventGroupStatus = self._group_call(
+            "EventGroupControl", pb.EventGroupControlRequest(topic=self.topic, group=group, action=action)
+        )
+        return status
 
     def register_group(self, group: str) -> None:
         """Create the group (idempotent: registering an existing group changes nothing)."""

@@ -34,9 +34,10 @@ from dmq.client.errors import DMQError, from_partition_error
 from dmq.client.spark._client import PartitionFetcher, SourceClient, TopicPartition
 from dmq.client.spark._worker import prepare_worker
 from dmq.client.spark.arrow import ArrowBuilder
-from dmq.client.spark.options import EARLIEST, LATEST, Credentials, OffsetSpec, OptionError, SourceOptions
+from dmq.client.spark.options import Credentials, OffsetSpec, OptionError, SourceOptions
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
+from dmq.proto.offset_markers import EARLIEST, LATEST
 
 try:  # Spark >= 4.2: admission control (read limits) and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -446,7 +447,7 @@ class DMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._leaders = _leaders(self.client, tps)
         return {tp: answers[tp].log_end_offset for tp in tps}
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, dict[str, int]]:
         tps = current_partitions(self.client, self.opts, streaming=True, warned=self._warned)
         offsets = resolve(self.client, self.opts.starting, tps, "startingOffsets")
         self._last_end = offsets
@@ -461,7 +462,7 @@ class DMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxRows(self.opts.max_offsets_per_trigger)
         return ReadAllAvailable()
 
-    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, dict[str, int]]:
         begin = from_json(start) if start is not None else dict(self._last_end or {})
         if start is not None:
             self._commit_to_group(begin)  # the batch ending at `start` is complete
@@ -491,10 +492,10 @@ class DMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_end = ends
         return to_json(ends)
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, dict[str, int]] | None:
         return None if self._latest is None else to_json(self._latest)
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin = from_json(start)
         stop = from_json(end)
         ranges = []
@@ -517,7 +518,7 @@ class DMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return iter(())
         return read_range(self.settings, partition)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         self._last_end = from_json(end)
         self._commit_to_group(from_json(end))
 
