@@ -95,7 +95,7 @@ from dmq.coordinator.metastore.base import (
     TopicExists,
     TopicRecord,
 )
-from dmq.coordinator.validation import (
+from dmq.proto.topic_settings import (
     TopicSettings,
     replication_defaults,
     validate_partition_count,
@@ -106,9 +106,9 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits
 from dmq.proto.names import shorten
-from dmq.proto.security.interceptor import ANONYMOUS, current_principal
-from dmq.proto.domain_errors import DomainError, ErrorCode
-from dmq.proto.server_errors import rpc_handler
+from dmq.proto.server.security.interceptor import ANONYMOUS, current_principal
+from dmq.proto.server.domain_errors import DomainError, ErrorCode
+from dmq.proto.server.server_errors import rpc_handler
 
 log = structlog.get_logger(__name__)
 
@@ -142,7 +142,7 @@ TopicDeletedListener = Callable[[str], Awaitable[None] | None]
 
 class MetadataError(DomainError):
     """A request the metadata service refuses; rpc_handler maps `code` to its gRPC status
-    (dmq.proto.server_errors), `reason` (dmq.proto.error_details) goes as trailing metadata."""
+    (dmq.proto.server.server_errors), `reason` (dmq.proto.error_details) goes as trailing metadata."""
 
 
 class InvalidMetadataRequestError(MetadataError):
@@ -1272,7 +1272,7 @@ def _principal() -> str | None:
 
 
 # MetadataError (a DomainError) becomes its status, anything unexpected INTERNAL (logged)
-# (dmq.proto.server_errors).
+# (dmq.proto.server.server_errors).
 _handler = rpc_handler(log=log)
 
 

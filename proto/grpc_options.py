@@ -12,7 +12,7 @@ Connections (servers):
     `ulimit -n 1024`, 1,100 idle connections used to make fsync fail with EMFILE;
   - a connection with no call for `idle_ms` is closed (`grpc.max_connection_idle_ms`, a GOAWAY the
     client's channel handles by reconnecting on its next call);
-  - per client address: see dmq.proto.connections (gRPC core has no such setting).
+  - per client address: see dmq.proto.server.connections (gRPC core has no such setting).
 
 Calls per connection (fairness): at most `max_calls_per_connection` calls of one connection are
 open at the server at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); the client's channel holds

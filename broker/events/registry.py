@@ -28,7 +28,7 @@ from dmq.broker.replication.manager import (
     ReplicaManager,
     ReplicatedDurability,
 )
-from dmq.proto.domain_errors import ErrorCode
+from dmq.proto.server.domain_errors import ErrorCode
 
 __all__ = ["EventStores", "NotAnEventStoreError", "PartitionReplication"]
 

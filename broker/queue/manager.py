@@ -68,7 +68,7 @@ from dmq.broker.queue.progress import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits, records
-from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.server.domain_errors import DomainError, ErrorCode
 
 if TYPE_CHECKING:
     from dmq.broker.node import BrokerNode

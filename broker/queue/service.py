@@ -5,7 +5,7 @@ the manager sees it, so a bad request gets INVALID_ARGUMENT naming the field and
 manager refuses with DomainErrors (broker/queue/errors.py: a lease that is not live, a full queue),
 which rpc_handler maps; storage failures are mapped by the broker's one mapping (BrokerService.storage_error).
 
-Who may use a lease (dmq.proto.security.rpc_table, Access.HANDLER): a request that acks, nacks,
+Who may use a lease (dmq.proto.server.security.rpc_table, Access.HANDLER): a request that acks, nacks,
 rejects or renews names only the lease id, so the lease's topic and group are looked up here and
 checked with the call's `current_access` before the manager acts, with no await in between: read
 on both, what QueuePop needs (its riding ack included); a reject also write on the dead-letter
@@ -28,10 +28,10 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits, names
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 from dmq.proto.security.acls import Operation, ResourceType
-from dmq.proto.security.interceptor import current_access
-from dmq.proto.security.rpc_table import Need
-from dmq.proto.server_errors import RpcAbort, rpc_handler
-from dmq.proto.server_errors import fail
+from dmq.proto.server.security.interceptor import current_access
+from dmq.proto.server.security.rpc_table import Need
+from dmq.proto.server.server_errors import RpcAbort, rpc_handler
+from dmq.proto.server.server_errors import fail
 
 if TYPE_CHECKING:
     from dmq.broker.node import BrokerNode
@@ -57,7 +57,7 @@ def _translate(servicer: Any, e: Exception) -> RpcAbort | None:
 _guarded = rpc_handler(log=log, translate=_translate, before=require_started)
 
 
-# A broken shared rule (FieldError) is INVALID_ARGUMENT through rpc_handler (dmq.proto.server_errors).
+# A broken shared rule (FieldError) is INVALID_ARGUMENT through rpc_handler (dmq.proto.server.server_errors).
 def _check(check: Any, value: object, field: str) -> None:
     check(value, field=field)
 

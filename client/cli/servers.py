@@ -16,7 +16,7 @@ from dmq.client.cli.logging_setup import configure_logging
 
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"])
 SUBSCRIPTION_MODES = click.Choice(["all", "new", "timestamp"])
-DEFAULT_METRICS_PORT = 9464  # dmq.proto.metrics.DEFAULT_METRICS_PORT (not imported: `dmq --help` stays light)
+DEFAULT_METRICS_PORT = 9464  # dmq.proto.server.metrics.DEFAULT_METRICS_PORT (not imported: `dmq --help` stays light)
 
 
 class MetricsPort(click.ParamType):
@@ -135,7 +135,7 @@ def _pop_security(kwargs: dict):
     processes) from the _security_options values, which are removed from kwargs."""
     import os
 
-    from dmq.proto.security.quotas import QuotaSettings, Rates
+    from dmq.proto.server.security.quotas import QuotaSettings, Rates
     from dmq.proto.security.settings import SecurityConfigError, ServerSecurity
 
     v = {k: kwargs.pop(k) for k in SECURITY_PARAMS}
@@ -380,7 +380,7 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
     import structlog
 
     from dmq.client.cli.runner import PortUnavailable, bind_probe
-    from dmq.proto.dirlock import DataDirLock, DataDirLocked
+    from dmq.proto.server.dirlock import DataDirLock, DataDirLocked
 
     log = structlog.get_logger("dmq.client.cli.servers")
     # One line now rather than a child failing a moment later (each child still takes its own

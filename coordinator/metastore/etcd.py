@@ -69,7 +69,7 @@ from dmq.coordinator.metastore.base import (
     TopicExists,
     TopicRecord,
 )
-from dmq.coordinator.validation import TopicSettings
+from dmq.proto.topic_settings import TopicSettings
 
 log = structlog.get_logger(__name__)
 

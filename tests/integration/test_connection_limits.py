@@ -9,7 +9,7 @@ import grpc
 from dmq.proto import error_details
 import pytest
 
-from dmq.proto.connections import PerAddressConnectionLimit, split_peer
+from dmq.proto.server.connections import PerAddressConnectionLimit, split_peer
 from dmq.proto.grpc_options import channel_options, connection_limit, server_options
 
 

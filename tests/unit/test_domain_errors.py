@@ -1,4 +1,4 @@
-"""The servers' one error contract (dmq.proto.domain_errors, dmq.proto.server_errors): every
+"""The servers' one error contract (dmq.proto.server.domain_errors, dmq.proto.server.server_errors): every
 DomainError code maps to the gRPC status of its name, rpc_handler answers a DomainError and a
 FieldError in one place, and the domain errors of every layer carry a code of that scheme."""
 
@@ -18,9 +18,9 @@ from dmq.coordinator import metadata
 from dmq.coordinator.controller import leadership, partition_states
 from dmq.coordinator.group import errors as group_errors
 from dmq.proto import error_details
-from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.server.domain_errors import DomainError, ErrorCode
 from dmq.proto.names import FieldError, check_topic_name
-from dmq.proto.server_errors import domain_status, rpc_handler, status_code
+from dmq.proto.server.server_errors import domain_status, rpc_handler, status_code
 
 
 class Aborted(Exception):

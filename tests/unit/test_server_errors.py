@@ -1,4 +1,4 @@
-"""dmq.proto.server_errors: the one error type and wrapper every service uses."""
+"""dmq.proto.server.server_errors: the one error type and wrapper every service uses."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from dmq.proto import error_details
-from dmq.proto.server_errors import RpcAbort, fail, rpc_handler
+from dmq.proto.server.server_errors import RpcAbort, fail, rpc_handler
 
 
 class Aborted(Exception):
