@@ -51,7 +51,8 @@ import grpc
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
-from dmq.proto.grpc_options import channel_options, raise_open_files_limit
+from dmq.proto.grpc_options import channel_options
+from dmq.proto.server.grpc_options import raise_open_files_limit
 
 MB = 1024 * 1024
 

@@ -56,7 +56,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto.server.connections import PerAddressConnectionLimit
 from dmq.proto.server.decoding import DecodeGuard
 from dmq.proto.server.dirlock import DataDirLock
-from dmq.proto.grpc_options import server_options
+from dmq.proto.server.grpc_options import server_options
 from dmq.client._malloc_tuning import keep_large_buffers
 from dmq.proto.server.metrics import ConnectionsCollector, MetricsEndpoint, QuotaCollector, RpcMetrics, new_registry
 from dmq.proto.server.security.interceptor import AclView, SecurityInterceptor

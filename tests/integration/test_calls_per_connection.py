@@ -14,7 +14,8 @@ import time
 import grpc
 
 from dmq.client import AdminClient, ConsumerConfig, DMQConsumer, Producer
-from dmq.proto.grpc_options import channel_options, server_options
+from dmq.proto.grpc_options import channel_options
+from dmq.proto.server.grpc_options import server_options
 
 CALLS = 24
 CAP = 8  # a small cap, set explicitly, to see the mechanism; the default is larger (below)
