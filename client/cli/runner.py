@@ -114,7 +114,7 @@ def _new_server(
 ) -> grpc.aio.Server:
     # Timing first (dmq.proto.server.metrics), so calls refused by any later interceptor are counted.
     # Connection limits: per server and idle timeout in the options, per client address by the
-    # interceptor (see dmq.proto.grpc_options and dmq.proto.server.connections). Then requests that do
+    # interceptor (see dmq.proto.server.grpc_options and dmq.proto.server.connections). Then requests that do
     # not decode: INVALID_ARGUMENT before any rule reads them (dmq.proto.server.decoding). Then security:
     # who calls, may they, how fast (dmq.proto.server.security.interceptor), after the connection limit
     # so a flood of bad credentials is bounded like any other flood.
