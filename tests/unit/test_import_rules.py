@@ -128,7 +128,7 @@ def test_the_tree_keeps_the_import_rules() -> None:
         ("dmq.client.producer", "dmq.client.clients", True),  # only its name starts like "cli"
         ("dmq.broker", "grpc", True),
         # the client never reaches into server code; only the server starters may
-        ("dmq.client.admin", "dmq.coordinator.validation", False),
+        ("dmq.client.admin", "dmq.coordinator.metadata", False),
         ("dmq.client.admin", "dmq.proto.topic_settings", True),
         ("dmq.client.producer", "dmq.proto.server.server_errors", False),
         ("dmq.client.spark._worker", "dmq.proto.server.metrics", False),
