@@ -121,7 +121,7 @@ def _brokers(root: pathlib.Path, bootstrap: str) -> list[_Server]:
 
 # One channel per coordinator address, kept (it reconnects to a restarted coordinator on its port):
 # a new channel per poll is a new TCP connection every 20 ms, and servers count a connection as in
-# use for 30 s after its last call (dmq.proto.connections), so polling that way took all 1,000 of
+# use for 30 s after its last call (dmq.proto.server.connections), so polling that way took all 1,000 of
 # 127.0.0.1's connections to the active coordinator and locked the brokers and clients out.
 _STATUS_CHANNELS: dict[str, grpc.Channel] = {}
 

@@ -19,7 +19,7 @@ policy, data in a temporary directory) and, against it:
 
 With --quota-produce-mb-per-s R the server runs with tokens, each client (loader, unread fetcher,
 flood, probe) is its own principal, and every principal may produce R MB/s
-(`--quota-produce-bytes-per-s`, token buckets that delay, never refuse: dmq.proto.security.quotas).
+(`--quota-produce-bytes-per-s`, token buckets that delay, never refuse: dmq.proto.server.security.quotas).
 That is the fairness DMQ offers against a flood, as Kafka's client quotas: without it the flood
 takes the disk and gRPC's queue of new calls from everyone else.
 
@@ -51,7 +51,8 @@ import grpc
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
-from dmq.proto.grpc_options import channel_options, raise_open_files_limit
+from dmq.proto.grpc_options import channel_options
+from dmq.proto.server.grpc_options import raise_open_files_limit
 
 MB = 1024 * 1024
 

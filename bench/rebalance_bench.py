@@ -57,7 +57,7 @@ TRIVIAL_SERVER_SCRIPT = textwrap.dedent(
     import asyncio
     import grpc
     from dmq.proto import dmq_pb2 as pb, dmq_pb2_grpc as pb_grpc
-    from dmq.proto.grpc_options import server_options
+    from dmq.proto.server.grpc_options import server_options
 
     class Trivial(pb_grpc.GroupCoordinatorServicer):
         async def Heartbeat(self, request, context):

@@ -12,7 +12,7 @@ The link keeps one channel per address (at most one per coordinator named) and m
 them: while no coordinator is active (an election under way, the standbys still naming the dead
 one) a broker goes round the list, and a new channel per move was a new TCP connection each time,
 ~50 a second, which the coordinators count for 30 s against the host's 1,000
-(dmq.proto.connections): the broker locked itself and every client on its host out of the new
+(dmq.proto.server.connections): the broker locked itself and every client on its host out of the new
 active coordinator. A call still on the previous channel ends at its own timeout. One owner: the
 broker node, which closes the link (every channel) when it stops.
 """

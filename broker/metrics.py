@@ -1,4 +1,4 @@
-"""A broker's Prometheus metrics (see dmq.proto.metrics for the endpoint and the RPC timings).
+"""A broker's Prometheus metrics (see dmq.proto.server.metrics for the endpoint and the RPC timings).
 
 Two kinds, so the hot path stays O(1) per request:
   - `TopicTraffic`: plain per-topic integers that Produce and Fetch add to, one dict lookup and

@@ -2,7 +2,7 @@
 
 Lifecycle (the owner is the process runner or a test fixture):
   1. `BrokerNode(...)`, `add_to_server(server)`, `server.start()`;
-  2. `await start()`: lock the data directory (dmq.proto.dirlock: a second process on it fails at
+  2. `await start()`: lock the data directory (dmq.proto.server.dirlock: a second process on it fails at
      once), recover the logs, open the offset store, register with the coordinator (which answers
      with every partition placed here) and start the background tasks;
   3. `await stop()`: stop the tasks, flush and close the logs cleanly (clean-shutdown marker),
@@ -52,14 +52,14 @@ from dmq.broker.servicers import add_broker_servicers
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
-from dmq.proto.dirlock import DataDirLock
+from dmq.proto.server.dirlock import DataDirLock
 from dmq.proto.event_headers import KIND_EVENT_STORE
 from dmq.proto.grpc_options import channel_options
-from dmq.proto.metrics import new_registry
+from dmq.proto.server.metrics import new_registry
 from dmq.proto.security.acls import Acl, AclSet
-from dmq.proto.security.interceptor import AclView
+from dmq.proto.server.security.interceptor import AclView
 from dmq.proto.security.settings import ClientSecurity, aio_channel
-from dmq.proto.server_errors import fail
+from dmq.proto.server.server_errors import fail
 
 log = structlog.get_logger(__name__)
 
@@ -113,7 +113,7 @@ class BrokerNode:
         metrics: CollectorRegistry | None = None,
         max_partition_series: int = DEFAULT_MAX_PARTITION_SERIES,
     ) -> None:
-        # The server's Prometheus registry (dmq.proto.metrics): shared with the coordinator when
+        # The server's Prometheus registry (dmq.proto.server.metrics): shared with the coordinator when
         # both sit on one server (`dmq server`), never the process-global one.
         self.metrics = metrics if metrics is not None else new_registry()
         self.data_dir = pathlib.Path(data_dir)

@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from dmq.proto.server_errors import fail
+from dmq.proto.server.server_errors import fail
 
 __all__ = ["require_started"]
 

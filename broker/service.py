@@ -63,8 +63,8 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, limits, names, records
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 from dmq.proto.offset_markers import EARLIEST, LATEST
-from dmq.proto.server_errors import RpcAbort, rpc_handler
-from dmq.proto.server_errors import fail as _fail
+from dmq.proto.server.server_errors import RpcAbort, rpc_handler
+from dmq.proto.server.server_errors import fail as _fail
 from dmq.proto.wire import frame_fetch_response
 
 log = structlog.get_logger(__name__)
@@ -82,7 +82,7 @@ TRACE_ANSWER_MAX_BYTES = 32 * 1024 * 1024
 
 def _checked(check: Callable[..., None], value: object, field: str) -> None:
     """Run one of dmq.proto's shared rules; its FieldError is INVALID_ARGUMENT naming field and limit
-    (rpc_handler's one mapping, dmq.proto.server_errors)."""
+    (rpc_handler's one mapping, dmq.proto.server.server_errors)."""
     check(value, field=field)
 
 

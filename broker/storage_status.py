@@ -23,7 +23,7 @@ from dmq.broker.log import CorruptLogError, LogClosedError, StorageUnavailableEr
 from dmq.broker.log.errors import DISK_FULL_ERRNOS
 from dmq.broker.replication.replica import NotEnoughReplicas, NotLeaderForPartition
 from dmq.proto import error_details
-from dmq.proto.server_errors import RpcAbort
+from dmq.proto.server.server_errors import RpcAbort
 
 log = structlog.get_logger(__name__)
 

@@ -2,7 +2,7 @@
 
 Layers (as in nats.py): gRPC messages -> this thin synchronous client -> small frozen
 dataclasses built with ``from_response()``. Requests are checked with the coordinator's own rules
-(`dmq.coordinator.validation`) before they are sent, so a bad name fails fast with the same
+(`dmq.proto.topic_settings`) before they are sent, so a bad name fails fast with the same
 message the server would give; every gRPC error is translated into a `dmq.client.errors` class.
 
 This is the one place that talks admin to the servers: the `dmq` CLI and the Spark source use
@@ -61,7 +61,7 @@ from dmq.client.errors import (
     from_rpc_error,
     is_connect_failure,
 )
-from dmq.coordinator.validation import (
+from dmq.proto.topic_settings import (
     TopicSettings,
     ValidationError,
     # explicit re-exports: dmq.client.aio.admin imports these two from here

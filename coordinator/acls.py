@@ -4,7 +4,7 @@ Every change (AddAcls / RemoveAcls) is one store transaction that also bumps the
 AclView the coordinator's server decides with is replaced at once, and brokers, which see the
 version in their heartbeat answers, fetch the new set with ListAcls (within a heartbeat interval).
 Changes are serialized by a lock, so versions are never reused or reordered. Refusals are
-DomainErrors (dmq.proto.domain_errors), answered by the servicer's rpc_handler.
+DomainErrors (dmq.proto.server.domain_errors), answered by the servicer's rpc_handler.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import structlog
 from dmq.coordinator.metastore.base import MetadataStore, StoreError, StoreFullError
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.security.acls import MAX_ACLS, Acl, AclSet
-from dmq.proto.security.interceptor import AclView
-from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.server.security.interceptor import AclView
+from dmq.proto.server.domain_errors import DomainError, ErrorCode
 
 log = structlog.get_logger(__name__)
 

@@ -30,7 +30,7 @@ from dmq.coordinator.metastore.base import TopicRecord
 from dmq.coordinator.topic_table import TopicTable, is_replicated
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details
-from dmq.proto.domain_errors import ErrorCode
+from dmq.proto.server.domain_errors import ErrorCode
 
 log = structlog.get_logger(__name__)
 

@@ -20,7 +20,7 @@ from dmq.coordinator.group import Group, GroupDescription, Subscription, Subscri
 from dmq.coordinator.metadata import MetadataManager
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.offset_markers import EARLIEST, LATEST
-from dmq.proto.server_errors import RpcAbort, fail
+from dmq.proto.server.server_errors import RpcAbort, fail
 
 __all__ = ["GroupBrokers", "describe_to_proto", "summaries_to_proto"]
 

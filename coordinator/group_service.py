@@ -96,14 +96,14 @@ from dmq.coordinator.metadata import MetadataManager
 from dmq.coordinator.store_writes import complete_even_if_cancelled
 from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.metastore.base import MetadataStore, StoreFullError
-from dmq.coordinator.validation import validate_topic_name
+from dmq.proto.topic_settings import validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits
-from dmq.proto.domain_errors import DomainError
+from dmq.proto.server.domain_errors import DomainError
 from dmq.proto.names import check_app_id, check_id
-from dmq.proto.server_errors import RpcAbort, rpc_handler
-from dmq.proto.server_errors import fail as _fail
+from dmq.proto.server.server_errors import RpcAbort, rpc_handler
+from dmq.proto.server.server_errors import fail as _fail
 
 if TYPE_CHECKING:
     from dmq.coordinator.node import CoordinatorNode
@@ -149,8 +149,8 @@ def build(node: CoordinatorNode) -> GroupService:
 # -- errors -----------------------------------------------------------------------------------
 
 
-# A request refused by this layer is an RpcAbort (dmq.proto.server_errors); the machine's own
-# errors are GroupError, a DomainError the one mapping (dmq.proto.server_errors) answers.
+# A request refused by this layer is an RpcAbort (dmq.proto.server.server_errors); the machine's own
+# errors are GroupError, a DomainError the one mapping (dmq.proto.server.server_errors) answers.
 
 
 def _not_recorded(what: str, e: Exception) -> NoReturn:
@@ -167,7 +167,7 @@ def _invalid(message: str) -> NoReturn:
 
 def _check_id(field: str, value: str, *, limit: int = MAX_ID_CHARS) -> None:
     """The shared id rule (dmq.proto.names): 1..limit UTF-8 bytes, no control characters; its
-    FieldError is INVALID_ARGUMENT through rpc_handler (dmq.proto.server_errors)."""
+    FieldError is INVALID_ARGUMENT through rpc_handler (dmq.proto.server.server_errors)."""
     check_id(value, field, field, limit)
 
 

@@ -34,7 +34,7 @@ from dmq.coordinator.group import (
     StateChanged,
 )
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto.server_errors import fail
+from dmq.proto.server.server_errors import fail
 
 __all__ = ["ALL_MEMBERS", "Signals", "WatchStreams", "affected", "wait_or_timeout"]
 

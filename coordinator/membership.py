@@ -28,7 +28,7 @@ from dmq.coordinator.metastore.base import BrokerRecord, MetadataStore
 from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.store_writes import complete_even_if_cancelled, coordinator_disk_full
 from dmq.proto import error_details
-from dmq.proto.domain_errors import ErrorCode
+from dmq.proto.server.domain_errors import ErrorCode
 
 log = structlog.get_logger(__name__)
 

@@ -38,7 +38,7 @@ from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.principal_limits import PrincipalLimits
 from dmq.coordinator.topic_admin import PartitionsAddedListener, TopicAdmin, TopicDeletedListener
 from dmq.coordinator.topic_table import TopicTable
-from dmq.coordinator.validation import TopicSettings
+from dmq.proto.topic_settings import TopicSettings
 
 log = structlog.get_logger(__name__)
 

@@ -1,7 +1,7 @@
 """The metadata service's refusals: MetadataError and the ones several of its parts raise.
 
-Each is a DomainError (dmq.proto.domain_errors): rpc_handler maps `code` to its gRPC status
-(dmq.proto.server_errors) and sends `reason` (dmq.proto.error_details) as trailing metadata. A
+Each is a DomainError (dmq.proto.server.domain_errors): rpc_handler maps `code` to its gRPC status
+(dmq.proto.server.server_errors) and sends `reason` (dmq.proto.error_details) as trailing metadata. A
 refusal that belongs to one job lives with it: BrokerIdTakenError (dmq.coordinator.membership),
 PartitionLimitExceededError (dmq.coordinator.topic_admin), PrincipalLimitExceededError
 (dmq.coordinator.principal_limits), BrokerRefusedError (dmq.coordinator.broker_calls).
@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from dmq.proto import error_details
-from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.server.domain_errors import DomainError, ErrorCode
 
 NO_LIVE_BROKERS = "no live brokers: start one with `dmq broker`"
 
 
 class MetadataError(DomainError):
     """A request the metadata service refuses; rpc_handler maps `code` to its gRPC status
-    (dmq.proto.server_errors), `reason` (dmq.proto.error_details) goes as trailing metadata."""
+    (dmq.proto.server.server_errors), `reason` (dmq.proto.error_details) goes as trailing metadata."""
 
 
 class InvalidMetadataRequestError(MetadataError):

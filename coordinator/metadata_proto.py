@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from dmq.coordinator.membership import BrokerMembership
 from dmq.coordinator.metastore.base import NO_LEADER, TopicRecord
-from dmq.coordinator.validation import TopicSettings
+from dmq.proto.topic_settings import TopicSettings
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits
 

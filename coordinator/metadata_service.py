@@ -1,7 +1,7 @@
 """The gRPC Metadata service: proto in, proto out. Each RPC is translated to the part of the
 metadata service that does the job (dmq.coordinator.metadata lists them) and its answer back to
 proto (dmq.coordinator.metadata_proto); a MetadataError (a DomainError) becomes its status, anything
-unexpected INTERNAL (logged) (dmq.proto.server_errors). No handler lets an exception escape.
+unexpected INTERNAL (logged) (dmq.proto.server.server_errors). No handler lets an exception escape.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from dmq.coordinator.metadata_errors import UnknownTopicError
 from dmq.coordinator.metadata_proto import broker_infos, topic_config_from_proto, topic_info
 from dmq.coordinator.metastore.base import TopicRecord
 from dmq.coordinator.store_writes import coordinator_disk_full
-from dmq.coordinator.validation import validate_topic_name
+from dmq.proto.topic_settings import validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from dmq.proto.security.interceptor import ANONYMOUS, current_principal
-from dmq.proto.server_errors import rpc_handler
+from dmq.proto.server.security.interceptor import ANONYMOUS, current_principal
+from dmq.proto.server.server_errors import rpc_handler
 
 log = structlog.get_logger(__name__)
 
@@ -32,7 +32,7 @@ def _principal() -> str | None:
 
 
 # MetadataError (a DomainError) becomes its status, anything unexpected INTERNAL (logged)
-# (dmq.proto.server_errors).
+# (dmq.proto.server.server_errors).
 _handler = rpc_handler(log=log)
 
 

@@ -1,4 +1,4 @@
-"""The coordinator's Prometheus metrics (see dmq.proto.metrics for the endpoint and RPC timings).
+"""The coordinator's Prometheus metrics (see dmq.proto.server.metrics for the endpoint and RPC timings).
 
 `CoordinatorCollector` reads the metadata and the group registry when scraped: whether this
 coordinator is active and its controller epoch (dmq.coordinator.controller.status), brokers alive,

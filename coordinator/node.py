@@ -2,7 +2,7 @@
 
 Lifecycle (the owner is the process runner or a test fixture):
   1. `CoordinatorNode(...)`, `add_to_server(server)`, `server.start()`;
-  2. `await start()`: lock the data directory (dmq.proto.dirlock: a second process on it fails at
+  2. `await start()`: lock the data directory (dmq.proto.server.dirlock: a second process on it fails at
      once), open <data_dir>/coordinator.sqlite, load brokers and topics, start the broker
      liveness monitor, then start the attached components (the group coordinator);
   3. `await stop()`: stop the components and the monitor (bounded waits), the controller's
@@ -66,11 +66,11 @@ from dmq.coordinator.metrics import install as install_metrics
 from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.metastore.base import MetadataStore
 from dmq.coordinator.store import CoordinatorStore
-from dmq.coordinator.validation import TopicConfigDefaults
+from dmq.proto.topic_settings import TopicConfigDefaults
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from dmq.proto.dirlock import DataDirLock
-from dmq.proto.metrics import new_registry
-from dmq.proto.security.interceptor import AclView
+from dmq.proto.server.dirlock import DataDirLock
+from dmq.proto.server.metrics import new_registry
+from dmq.proto.server.security.interceptor import AclView
 from dmq.proto.security.settings import ClientSecurity
 
 log = structlog.get_logger(__name__)
@@ -190,7 +190,7 @@ class CoordinatorNode:
         self._started = False
         self.groups = build_group_service(self)
         self.attach(self.groups)
-        # The server's Prometheus registry (dmq.proto.metrics), never the process-global one; the
+        # The server's Prometheus registry (dmq.proto.server.metrics), never the process-global one; the
         # endpoint awaits lag_cache.refresh before each scrape (consumer lag asks the brokers).
         self.metrics = metrics if metrics is not None else new_registry()
         self.lag_cache = install_metrics(self, self.metrics, max_partition_series=max_partition_series)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dmq.coordinator.metadata_errors import MetadataError
 from dmq.coordinator.metastore.base import TopicRecord
-from dmq.proto.domain_errors import ErrorCode
+from dmq.proto.server.domain_errors import ErrorCode
 from dmq.proto.names import shorten
 
 

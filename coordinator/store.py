@@ -71,7 +71,7 @@ from dmq.coordinator.metastore.base import (
     TopicExists,
     TopicRecord,
 )
-from dmq.coordinator.validation import TopicSettings
+from dmq.proto.topic_settings import TopicSettings
 
 __all__ = [
     "NO_LEADER", "BrokerRecord", "CoordinatorStore", "GroupRecord", "PartitionRecord", "PrincipalLimitsRecord",

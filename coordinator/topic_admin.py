@@ -47,7 +47,7 @@ from dmq.coordinator.metastore.base import MetadataStore, PartitionRecord, Topic
 from dmq.coordinator.principal_limits import PrincipalLimits, check_principal_limits
 from dmq.coordinator.store_writes import complete_even_if_cancelled, coordinator_disk_full
 from dmq.coordinator.topic_table import TopicTable
-from dmq.coordinator.validation import (
+from dmq.proto.topic_settings import (
     TopicSettings,
     replication_defaults,
     validate_partition_count,
@@ -55,7 +55,7 @@ from dmq.coordinator.validation import (
     validate_topic_name,
 )
 from dmq.proto import limits
-from dmq.proto.domain_errors import ErrorCode
+from dmq.proto.server.domain_errors import ErrorCode
 from dmq.proto.names import shorten
 
 log = structlog.get_logger(__name__)

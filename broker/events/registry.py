@@ -24,7 +24,7 @@ from dmq.broker.log import LogManager, PartitionLog, UnknownPartitionError
 from dmq.broker.offsets import OffsetStore
 from dmq.broker.replication.manager import ReplicaManager, ReplicatedDurability
 from dmq.broker.replication.replica import NotEnoughReplicas, NotLeaderForPartition
-from dmq.proto.domain_errors import ErrorCode
+from dmq.proto.server.domain_errors import ErrorCode
 
 __all__ = ["EventStores", "NotAnEventStoreError", "PartitionReplication"]
 

@@ -5,7 +5,7 @@ others (dmq.broker.servicers); it sees the broker through `EventServiceHost`, no
 work happens in store.py / groups.py. Every field is checked here against
 dmq.proto.event_headers' rules before a store is touched. The store's refusals are DomainErrors
 (broker/events/errors.py) and a broken rule a FieldError, both mapped by rpc_handler
-(dmq.proto.server_errors):
+(dmq.proto.server.server_errors):
 
   InvalidEventRequestError / FieldError  INVALID_ARGUMENT (the message names the field and the limit)
   ConditionFailedError                   FAILED_PRECONDITION, reason "append-condition-failed", the
@@ -44,8 +44,8 @@ from dmq.broker.storage_status import translate_storage
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import event_headers, records
 from dmq.proto.names import GROUP_ID_MAX_BYTES, MEMBER_ID_MAX_BYTES, check_id, check_topic_name
-from dmq.proto.server_errors import RpcAbort, rpc_handler
-from dmq.proto.server_errors import fail as _fail
+from dmq.proto.server.server_errors import RpcAbort, rpc_handler
+from dmq.proto.server.server_errors import fail as _fail
 
 __all__ = ["EventServiceHost", "EventStoreServicer", "DEFAULT_READ_LIMIT", "DEFAULT_CLAIM_TIMEOUT_MS"]
 

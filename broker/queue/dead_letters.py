@@ -33,7 +33,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import names, records
 from dmq.proto.grpc_options import channel_options
-from dmq.proto.server_errors import fail
+from dmq.proto.server.server_errors import fail
 
 log = structlog.get_logger(__name__)
 

@@ -1,11 +1,11 @@
-"""The queue's refusals: DomainErrors (dmq.proto.domain_errors) whose code the servers' one error
-mapping (dmq.proto.server_errors) turns into a gRPC status, so the queue's domain code never
+"""The queue's refusals: DomainErrors (dmq.proto.server.domain_errors) whose code the servers' one error
+mapping (dmq.proto.server.server_errors) turns into a gRPC status, so the queue's domain code never
 imports grpc."""
 
 from __future__ import annotations
 
 from dmq.proto import error_details
-from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.server.domain_errors import DomainError, ErrorCode
 
 __all__ = ["LeaseNotLiveError", "LeaseBusyError", "QueueError", "QueueOverLimitError", "QueueNotLeaderError"]
 

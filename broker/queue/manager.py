@@ -69,7 +69,7 @@ from dmq.broker.queue.progress import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits, records
-from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.server.domain_errors import DomainError, ErrorCode
 
 log = structlog.get_logger(__name__)
 

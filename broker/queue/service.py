@@ -7,7 +7,7 @@ and the limit. The manager refuses with DomainErrors (broker/queue/errors.py: a 
 live, a full queue), which rpc_handler maps; storage failures are mapped by the broker's one
 mapping (dmq.broker.storage_status).
 
-Who may use a lease (dmq.proto.security.rpc_table, Access.HANDLER): a request that acks, nacks,
+Who may use a lease (dmq.proto.server.security.rpc_table, Access.HANDLER): a request that acks, nacks,
 rejects or renews names only the lease id, so the lease's topic and group are looked up here and
 checked with the call's `current_access` before the manager acts, with no await in between: read
 on both, what QueuePop needs (its riding ack included); a reject also write on the dead-letter
@@ -32,10 +32,10 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits, names
 from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 from dmq.proto.security.acls import Operation, ResourceType
-from dmq.proto.security.interceptor import current_access
-from dmq.proto.security.rpc_table import Need
-from dmq.proto.server_errors import RpcAbort, rpc_handler
-from dmq.proto.server_errors import fail
+from dmq.proto.server.security.interceptor import current_access
+from dmq.proto.server.security.rpc_table import Need
+from dmq.proto.server.server_errors import RpcAbort, rpc_handler
+from dmq.proto.server.server_errors import fail
 
 log = structlog.get_logger(__name__)
 
@@ -56,7 +56,7 @@ def _translate(servicer: QueueServicer, e: Exception) -> RpcAbort | None:
 _guarded = rpc_handler(log=log, translate=_translate, before=require_started)
 
 
-# A broken shared rule (FieldError) is INVALID_ARGUMENT through rpc_handler (dmq.proto.server_errors).
+# A broken shared rule (FieldError) is INVALID_ARGUMENT through rpc_handler (dmq.proto.server.server_errors).
 def _check(check: Any, value: object, field: str) -> None:
     check(value, field=field)
 

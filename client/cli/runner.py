@@ -5,7 +5,7 @@ to import both `dmq.broker` and `dmq.coordinator`); the nodes themselves never t
 state. What a server process sets for itself is set here, by the `dmq server` / `dmq coordinator`
 / `dmq broker` runners only, never by LocalCluster / ClusterThread (which run inside a test's or
 a bench's process):
-  - the allocator keeps large buffers (dmq.proto.malloc_tuning), in processes that host a broker;
+  - the allocator keeps large buffers (dmq.client._malloc_tuning), in processes that host a broker;
   - the import-time heap is frozen out of the cyclic GC once the servers have started;
   - logging is configured by the commands in dmq.client.cli.servers before they get here.
 
@@ -16,7 +16,7 @@ background thread, so synchronous clients (Producer, DMQConsumer) can talk to it
 own thread without sharing its loop.
 
 Process lifecycle, the same for every runner here:
-  - the data directories are locked (dmq.proto.dirlock) before the ports are bound and before
+  - the data directories are locked (dmq.proto.server.dirlock) before the ports are bound and before
     anything is read, written or started, so a second server on them fails at once, never having
     listened on its port;
   - a port that cannot be bound raises `PortUnavailable` (an OSError with one line to print);
@@ -55,14 +55,14 @@ from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_M
 from dmq.coordinator.principal_limits import PrincipalLimits
 from dmq.coordinator.node import CoordinatorNode
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto.connections import PerAddressConnectionLimit
-from dmq.proto.decoding import DecodeGuard
-from dmq.proto.dirlock import DataDirLock
-from dmq.proto.grpc_options import server_options
-from dmq.proto.malloc_tuning import keep_large_buffers
-from dmq.proto.metrics import ConnectionsCollector, MetricsEndpoint, QuotaCollector, RpcMetrics, new_registry
-from dmq.proto.security.interceptor import AclView, SecurityInterceptor
-from dmq.proto.security.quotas import QuotaSettings
+from dmq.proto.server.connections import PerAddressConnectionLimit
+from dmq.proto.server.decoding import DecodeGuard
+from dmq.proto.server.dirlock import DataDirLock
+from dmq.proto.server.grpc_options import server_options
+from dmq.client._malloc_tuning import keep_large_buffers
+from dmq.proto.server.metrics import ConnectionsCollector, MetricsEndpoint, QuotaCollector, RpcMetrics, new_registry
+from dmq.proto.server.security.interceptor import AclView, SecurityInterceptor
+from dmq.proto.server.security.quotas import QuotaSettings
 from dmq.proto.security.settings import ServerSecurity
 
 log = structlog.get_logger(__name__)
@@ -98,7 +98,7 @@ class ClusterOptions:
     # 1 by default here: the embedded server has one broker, and the in-process multi-broker
     # clusters (tests) keep the unreplicated placement their tests were written for unless asked.
     replication_factor: int | None = 1
-    # Prometheus /metrics (dmq.proto.metrics): None off; 0 a free port per server (tests); P > 0:
+    # Prometheus /metrics (dmq.proto.server.metrics): None off; 0 a free port per server (tests); P > 0:
     # the coordinator's server on P and broker server i (when brokers have their own) on P + 1 + i.
     metrics_port: int | None = None
     # Per-partition series up to this many partitions, then per topic (dmq.broker.metrics).
@@ -114,11 +114,11 @@ def _new_server(
     security: ServerSecurity | None = None, acls: AclView | None = None, quotas: QuotaSettings | None = None,
     metrics: CollectorRegistry | None = None,
 ) -> grpc.aio.Server:
-    # Timing first (dmq.proto.metrics), so calls refused by any later interceptor are counted.
+    # Timing first (dmq.proto.server.metrics), so calls refused by any later interceptor are counted.
     # Connection limits: per server and idle timeout in the options, per client address by the
-    # interceptor (see dmq.proto.grpc_options and dmq.proto.connections). Then requests that do
-    # not decode: INVALID_ARGUMENT before any rule reads them (dmq.proto.decoding). Then security:
-    # who calls, may they, how fast (dmq.proto.security.interceptor), after the connection limit
+    # interceptor (see dmq.proto.server.grpc_options and dmq.proto.server.connections). Then requests that do
+    # not decode: INVALID_ARGUMENT before any rule reads them (dmq.proto.server.decoding). Then security:
+    # who calls, may they, how fast (dmq.proto.server.security.interceptor), after the connection limit
     # so a flood of bad credentials is bounded like any other flood.
     connections = PerAddressConnectionLimit()
     guard = SecurityInterceptor(security, acls, quotas)
@@ -718,7 +718,7 @@ def _locked_then_bound(
 
 def _keep_large_buffers() -> None:
     # A broker's Fetch answers and Produce requests are multi-megabyte buffers: reuse heap memory
-    # for them instead of page-faulting fresh mmap()s in (see dmq.proto.malloc_tuning for the
+    # for them instead of page-faulting fresh mmap()s in (see dmq.client._malloc_tuning for the
     # figures). Process-wide, so only the processes that host a broker set it.
     # Debug only: a start that fails (a busy port) must print its one line and nothing else.
     log.debug("allocator tuned", malloc_large_buffers=keep_large_buffers())

@@ -17,7 +17,7 @@ from dmq.client.cli.logging_setup import configure_logging
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"])
 SUBSCRIPTION_MODES = click.Choice(["all", "new", "timestamp"])
 MAX_COORDINATORS = 9  # `dmq server --coordinators M`: a development cluster, on one machine
-DEFAULT_METRICS_PORT = 9464  # dmq.proto.metrics.DEFAULT_METRICS_PORT (not imported: `dmq --help` stays light)
+DEFAULT_METRICS_PORT = 9464  # dmq.proto.server.metrics.DEFAULT_METRICS_PORT (not imported: `dmq --help` stays light)
 
 
 class MetricsPort(click.ParamType):
@@ -160,7 +160,7 @@ def _pop_security(kwargs: dict):
     processes) from the _security_options values, which are removed from kwargs."""
     import os
 
-    from dmq.proto.security.quotas import QuotaSettings, Rates
+    from dmq.proto.server.security.quotas import QuotaSettings, Rates
     from dmq.proto.security.settings import SecurityConfigError, ServerSecurity
 
     v = {k: kwargs.pop(k) for k in SECURITY_PARAMS}
@@ -451,7 +451,7 @@ def _run_process_cluster(host: str, port: int, data_dir: pathlib.Path, brokers: 
 
     from dmq.client.cli.runner import PortUnavailable, bind_probe
     from dmq.coordinator.controller.leadership import DEFAULT_LEASE_TTL_S
-    from dmq.proto.dirlock import DataDirLock, DataDirLocked
+    from dmq.proto.server.dirlock import DataDirLock, DataDirLocked
 
     log = structlog.get_logger("dmq.client.cli.servers")
     names = ["coordinator"] if coordinators == 1 else [f"coordinator-{i}" for i in range(coordinators)]

@@ -30,7 +30,7 @@ import os
 import sys
 
 from dmq.client._log import ROOT_LOGGER
-from dmq.proto.malloc_tuning import keep_large_buffers
+from dmq.client._malloc_tuning import keep_large_buffers
 
 __all__ = ["LOG_LEVEL_ENV", "prepare_worker"]
 
@@ -76,7 +76,7 @@ def prepare_worker() -> bool:
         return False
     _frozen = True
     # A worker reading a topic holds multi-megabyte Fetch buffers: keep them in the heap instead
-    # of page-faulting fresh mmap()s in (see dmq.proto.malloc_tuning).
+    # of page-faulting fresh mmap()s in (see dmq.client._malloc_tuning).
     keep_large_buffers()
     gc.collect()  # nothing unreachable goes into the permanent generation
     gc.freeze()

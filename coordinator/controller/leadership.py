@@ -42,7 +42,7 @@ import structlog
 from dmq.coordinator.metadata_errors import MetadataError
 from dmq.coordinator.metastore.base import StoreConflict, StoreError
 from dmq.proto import error_details
-from dmq.proto.domain_errors import ErrorCode
+from dmq.proto.server.domain_errors import ErrorCode
 
 log = structlog.get_logger(__name__)
 

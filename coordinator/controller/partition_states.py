@@ -41,11 +41,11 @@ from dmq.coordinator.controller.election import (
 )
 from dmq.coordinator.metastore.base import NO_LEADER, PartitionRecord
 from dmq.proto import limits
-from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.server.domain_errors import DomainError, ErrorCode
 
 
 class StateRefusedError(DomainError):
-    """A request to change a partition's state, refused with `code` (dmq.proto.domain_errors)."""
+    """A request to change a partition's state, refused with `code` (dmq.proto.server.domain_errors)."""
 
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message, code=code)

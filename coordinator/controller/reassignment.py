@@ -25,7 +25,7 @@ from dmq.coordinator.membership import BrokerMembership
 from dmq.coordinator.metadata_errors import MetadataError, MetadataPreconditionError
 from dmq.coordinator.metastore.base import PartitionRecord
 from dmq.coordinator.topic_table import TopicTable
-from dmq.coordinator.validation import validate_topic_name
+from dmq.proto.topic_settings import validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.names import shorten
 

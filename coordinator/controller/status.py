@@ -16,7 +16,7 @@ import structlog
 
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from dmq.proto.server_errors import rpc_handler
+from dmq.proto.server.server_errors import rpc_handler
 
 
 class _Ready(Protocol):

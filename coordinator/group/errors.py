@@ -1,7 +1,7 @@
 """Errors raised by the group machine.
 
-Each class is a DomainError (dmq.proto.domain_errors) whose ``code`` the servers' one error
-mapping (dmq.proto.server_errors) turns into a gRPC status, so this pure package never imports
+Each class is a DomainError (dmq.proto.server.domain_errors) whose ``code`` the servers' one error
+mapping (dmq.proto.server.server_errors) turns into a gRPC status, so this pure package never imports
 grpc. Messages are meant for a person and say what to do.
 
 Contract: a handler that raises has changed nothing (it validates before it mutates).
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from dmq.proto import error_details
-from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.server.domain_errors import DomainError, ErrorCode
 
 
 class GroupError(DomainError):

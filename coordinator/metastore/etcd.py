@@ -59,18 +59,11 @@ import aetcd.watcher
 import grpc
 import structlog
 
-from dmq.coordinator.metastore.base import (
-    AclRow,
-    BrokerRecord,
-    GroupRecord,
-    PartitionRecord,
-    PrincipalLimitsRecord,
-    StoreConflict,
-    StoreError,
-    TopicExists,
-    TopicRecord,
-)
-from dmq.coordinator.validation import TopicSettings
+# The errors through their module (base.StoreError): both stores implement one interface, and
+# importing all of its names one per line here repeated store.py's import line for line.
+from dmq.coordinator.metastore import base
+from dmq.coordinator.metastore.base import AclRow, BrokerRecord, GroupRecord, PartitionRecord, PrincipalLimitsRecord, TopicRecord
+from dmq.proto.topic_settings import TopicSettings
 
 log = structlog.get_logger(__name__)
 
@@ -178,10 +171,10 @@ class _Client(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type inform
 def _credentials(settings: EtcdSettings) -> grpc.ChannelCredentials | None:
     if settings.ca_file is None:
         if settings.cert_file is not None or settings.key_file is not None:
-            raise StoreError("etcd client certificate given without --etcd-ca-file: TLS needs the CA")
+            raise base.StoreError("etcd client certificate given without --etcd-ca-file: TLS needs the CA")
         return None
     if (settings.cert_file is None) != (settings.key_file is None):
-        raise StoreError("etcd mutual TLS needs both --etcd-cert-file and --etcd-key-file")
+        raise base.StoreError("etcd mutual TLS needs both --etcd-cert-file and --etcd-key-file")
     try:
         return grpc.ssl_channel_credentials(
             root_certificates=settings.ca_file.read_bytes(),
@@ -189,7 +182,7 @@ def _credentials(settings: EtcdSettings) -> grpc.ChannelCredentials | None:
             certificate_chain=settings.cert_file.read_bytes() if settings.cert_file else None,
         )
     except OSError as e:
-        raise StoreError(f"cannot read an etcd TLS file: {e}") from e
+        raise base.StoreError(f"cannot read an etcd TLS file: {e}") from e
 
 
 def _dumps(value: object) -> bytes:
@@ -273,7 +266,7 @@ class EtcdMetadataStore:
             self._client, self._endpoint = client, (host, port)
             log.info("etcd metadata store connected", endpoint=f"{host}:{port}", prefix=self.settings.prefix)
             return
-        raise StoreError(f"no etcd endpoint answered ({'; '.join(errors)})")
+        raise base.StoreError(f"no etcd endpoint answered ({'; '.join(errors)})")
 
     async def _fail_over(self) -> None:
         """Close the current endpoint's client and connect to the next that answers (the others in
@@ -298,7 +291,7 @@ class EtcdMetadataStore:
 
     def _conn(self) -> _Client:
         if self._client is None:
-            raise StoreError(f"etcd metadata store {self.settings!r} is not open")
+            raise base.StoreError(f"etcd metadata store {self.settings!r} is not open")
         return self._client
 
     async def _call(self, what: str, call: Callable[[_Client], Awaitable[T]]) -> T:
@@ -332,10 +325,10 @@ class EtcdMetadataStore:
                     client = self._conn()
                 else:
                     break
-            except (aetcd.exceptions.ClientError, grpc.RpcError, StoreError) as e:
+            except (aetcd.exceptions.ClientError, grpc.RpcError, base.StoreError) as e:
                 error = f"{error}; then: {e}"
                 break
-        raise StoreError(f"etcd at {self._where()} did not {what}: {error}")
+        raise base.StoreError(f"etcd at {self._where()} did not {what}: {error}")
 
     def _where(self) -> str:
         return "?" if self._endpoint is None else f"{self._endpoint[0]}:{self._endpoint[1]}"
@@ -392,8 +385,8 @@ class EtcdMetadataStore:
         if self._fence_revision is not None:
             got = await self._call("read the controller epoch", lambda c: c.get(self._key("controller_epoch")))
             if got is None or got.mod_revision != self._fence_revision:
-                raise StoreConflict(f"cannot {what}: another coordinator took control (the controller epoch changed)")
-        raise StoreConflict(f"cannot {what}: the record changed since this coordinator read it")
+                raise base.StoreConflict(f"cannot {what}: another coordinator took control (the controller epoch changed)")
+        raise base.StoreConflict(f"cannot {what}: the record changed since this coordinator read it")
 
     async def _range(self, *parts: str) -> list[Any]:
         prefix = self._key(*parts) + b"/"
@@ -418,7 +411,7 @@ class EtcdMetadataStore:
             [client.transactions.put(key, str(epoch + 1).encode())],
         )
         if not ok:
-            raise StoreConflict(f"another coordinator claimed the controller epoch after {epoch} first")
+            raise base.StoreConflict(f"another coordinator claimed the controller epoch after {epoch} first")
         self._fence_revision = applied
         log.info("controller epoch claimed", epoch=epoch + 1, prefix=self.settings.prefix)
         return epoch + 1
@@ -474,17 +467,17 @@ class EtcdMetadataStore:
             _responses, revision = await self._fenced_txn(
                 f"create topic {topic.name!r}", [absent], [client.transactions.put(topic_key, self._topic_json(topic, topic.partition_count))]
             )
-        except StoreConflict as e:
+        except base.StoreConflict as e:
             got = await self._call("read a topic", lambda c: c.get(topic_key))
             if got is not None:
-                raise TopicExists(f"topic {topic.name!r} is already stored") from e
+                raise base.TopicExists(f"topic {topic.name!r} is already stored") from e
             raise
         self._topic_revisions[topic.name] = revision
 
     async def _read_topic(self, name: str) -> dict[str, Any]:
         got = await self._call(f"read topic {name!r}", lambda c: c.get(self._key("topics", name)))
         if got is None:
-            raise StoreConflict(f"topic {name!r} is not stored")
+            raise base.StoreConflict(f"topic {name!r} is not stored")
         d: dict[str, Any] = json.loads(got.value)
         return d
 
@@ -691,7 +684,7 @@ class EtcdMetadataStore:
         reply = await self._call("renew the leadership lease", lambda c: c.refresh_lease(lease_id))
         ttl = 0 if reply is None else int(reply.TTL)
         if ttl <= 0:
-            raise StoreConflict("the leadership lease has lapsed: another coordinator may lead now")
+            raise base.StoreConflict("the leadership lease has lapsed: another coordinator may lead now")
         return ttl
 
     async def resign(self, lease_id: int) -> None:

@@ -11,7 +11,7 @@ A decision (`AclSet.allows`), as Kafka's authorizer makes it:
   2. else an allow entry matching it allows; an allow of read, write, delete or alter also allows
      describe (who may read a topic may see it);
   3. else refused: no entry, no access.
-Super-users and the cluster principal are decided before the ACLs (dmq.proto.security.authorizer).
+Super-users and the cluster principal are decided before the ACLs (dmq.proto.server.security.interceptor).
 
 An AclSet is immutable and carries the version it was read at; decisions are memoized per set
 (bounded), so the per-call cost does not grow with the number of entries.

@@ -33,7 +33,7 @@ ServerSecurity (what a server port requires):
     (cluster_token, or minted from token_secret);
   - insecure: allow binding a non-loopback address without TLS and authentication.
   Authentication is on when tokens or client certificates are accepted; then every call must
-  name a principal and every RPC is authorized against the ACLs (dmq.proto.security.interceptor).
+  name a principal and every RPC is authorized against the ACLs (dmq.proto.server.security.interceptor).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def test_server_metrics_lag_equals_groups_describe(tmp_path: pathlib.Path) -> No
 
 def test_metrics_port_refusals(dmq_bare, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]
     from dmq.client.cli.servers import DEFAULT_METRICS_PORT as CLI_DEFAULT
-    from dmq.proto.metrics import DEFAULT_METRICS_PORT
+    from dmq.proto.server.metrics import DEFAULT_METRICS_PORT
 
     assert CLI_DEFAULT == DEFAULT_METRICS_PORT == 9464  # the CLI keeps its own copy (a light `dmq --help`)
     bad = dmq_bare("server", "--data-dir", str(tmp_path / "d"), "--metrics-port", "nine")

@@ -47,7 +47,7 @@ def test_out_of_descriptors_is_retriable_and_the_partition_serves_again_without_
             assert err is None
             acked.append(b"before-%d" % i)
         # Exhaust the server's descriptors. Idle TCP connections no longer can: the server keeps half of
-        # its descriptors away from connections (dmq.proto.grpc_options), which tests/fault/
+        # its descriptors away from connections (dmq.proto.server.grpc_options), which tests/fault/
         # test_connection_flood.py checks. So lower the running server's own RLIMIT_NOFILE below every
         # descriptor number it could take (prlimit(2), as `ulimit -n` would have): its open files and
         # connections stay usable, every new open() fails with EMFILE, even after the handle cache

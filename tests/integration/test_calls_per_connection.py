@@ -1,7 +1,7 @@
 """Fairness between connections (issue 13): one connection's calls are capped at the server.
 
 A client that keeps many calls in flight used to have all of them queued in gRPC core's shared
-queue of new calls, so every other client waited behind them (see dmq.proto.grpc_options). With
+queue of new calls, so every other client waited behind them (see dmq.proto.server.grpc_options). With
 the servers' options a connection has at most DEFAULT_MAX_CALLS_PER_CONNECTION calls open at the
 server; the rest wait in the client's own channel (not refused), and other connections are served.
 """
@@ -14,7 +14,8 @@ import time
 import grpc
 
 from dmq.client import AdminClient, ConsumerConfig, DMQConsumer, Producer
-from dmq.proto.grpc_options import channel_options, server_options
+from dmq.proto.grpc_options import channel_options
+from dmq.proto.server.grpc_options import server_options
 
 CALLS = 24
 CAP = 8  # a small cap, set explicitly, to see the mechanism; the default is larger (below)

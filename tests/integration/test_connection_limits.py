@@ -9,8 +9,9 @@ import grpc
 from dmq.proto import error_details
 import pytest
 
-from dmq.proto.connections import PerAddressConnectionLimit, split_peer
-from dmq.proto.grpc_options import channel_options, connection_limit, server_options
+from dmq.proto.server.connections import PerAddressConnectionLimit, split_peer
+from dmq.proto.grpc_options import channel_options
+from dmq.proto.server.grpc_options import connection_limit, server_options
 
 
 def _echo_handlers() -> grpc.GenericRpcHandler:
@@ -89,7 +90,7 @@ def test_idle_connections_are_closed_and_clients_reconnect() -> None:
 
 
 def test_connection_limit_leaves_half_the_descriptors_to_files(monkeypatch) -> None:
-    from dmq.proto import grpc_options
+    from dmq.proto.server import grpc_options
 
     monkeypatch.setattr(grpc_options, "open_files_limit", lambda: 1024)
     assert connection_limit(10_000) == 512

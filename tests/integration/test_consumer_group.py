@@ -400,7 +400,7 @@ def test_a_broker_that_moves_is_found_again_through_metadata(cluster_factory: Ca
     """A broker restarts on another port: fetches and commits to the old address fail, the
     consumer refreshes metadata and carries on from where it was, without loss or duplicates."""
     from dmq.broker.node import BrokerNode
-    from dmq.proto.grpc_options import server_options
+    from dmq.proto.server.grpc_options import server_options
 
     cluster = cluster_factory(brokers=2, shared_port=False, rebalance_debounce_ms=100)
     with AdminClient(cluster.bootstrap) as admin:

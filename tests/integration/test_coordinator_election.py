@@ -170,7 +170,7 @@ def test_a_clean_stop_hands_over_at_once(tmp_path: pathlib.Path, etcd_url: str, 
 def status() -> object:
     """status(address): the coordinator's DescribeCoordinator answer, over one channel per address
     kept for the test: polling with a new channel each time opens a connection every 20 ms, and
-    a server counts each as in use for 30 s (dmq.proto.connections, 1,000 per client address)."""
+    a server counts each as in use for 30 s (dmq.proto.server.connections, 1,000 per client address)."""
     channels: dict[str, grpc.Channel] = {}
 
     def describe(address: str) -> pb.DescribeCoordinatorResponse:
@@ -339,7 +339,7 @@ def test_a_broker_following_coordinators_through_an_election_keeps_its_connectio
     """While no coordinator is active (the dead one's lease not yet lapsed, the standby naming it),
     a broker given every address goes round them; it must reuse one channel per address, not open
     a connection per attempt: the coordinators count each connection for 30 s against the
-    address's 1,000 (dmq.proto.connections), and a broker churning ~50 a second through a 5 s
+    address's 1,000 (dmq.proto.server.connections), and a broker churning ~50 a second through a 5 s
     lease locked itself and every client on its host out of the new active coordinator."""
     coordinators += [_Coordinator(tmp_path, f"c{i}", etcd_url, args=("--metrics-port", "auto")) for i in range(2)]
     first = _one_active(coordinators, WAIT_S)

@@ -23,7 +23,8 @@ from dmq.coordinator.node import CoordinatorNode
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
-from dmq.proto.grpc_options import channel_options, server_options
+from dmq.proto.grpc_options import channel_options
+from dmq.proto.server.grpc_options import server_options
 from tests import member_secrets
 
 DEBOUNCE_MS = 50

@@ -25,7 +25,7 @@ from dmq.coordinator.metastore.base import (
 )
 from dmq.coordinator.metastore.config import make_metadata_store
 from dmq.coordinator.metastore.etcd import EtcdUrlError, parse_etcd_url
-from dmq.coordinator.validation import TopicSettings
+from dmq.proto.topic_settings import TopicSettings
 
 Opener = Callable[[], Awaitable[MetadataStore]]
 

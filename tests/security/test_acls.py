@@ -12,7 +12,7 @@ from dmq.client import AdminClient, Producer
 from dmq.client.cli import cli
 from dmq.client.errors import DMQError
 from dmq.proto.security.acls import Acl, AclSet, Operation, ResourceType
-from dmq.proto.security.rpc_table import RULES, rule_for
+from dmq.proto.server.security.rpc_table import RULES, rule_for
 from tests.security.conftest import tls_client, token_for
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dmq.proto.security.acls import Acl, AclSet, Operation, ResourceType
-from dmq.proto.security.interceptor import SecurityInterceptor
+from dmq.proto.server.security.interceptor import SecurityInterceptor
 from dmq.proto.security.settings import ServerSecurity
 from dmq.proto.security.tokens import AuthenticationError
 from tests.security.conftest import SECRET

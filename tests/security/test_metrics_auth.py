@@ -58,7 +58,7 @@ def test_auth_failures_are_counted_by_kind(secure_cluster, certs):  # type: igno
 
 
 def test_quota_throttle_time_is_counted(secure_cluster, certs):  # type: ignore[no-untyped-def]
-    from dmq.proto.security.quotas import QuotaSettings, Rates
+    from dmq.proto.server.security.quotas import QuotaSettings, Rates
 
     # One request a second, a bucket of one: on one channel, calls after the first two each wait
     # about a second (the debt grows by what each arrives early), however fast the machine is.

@@ -3,7 +3,7 @@ mutual TLS: without credentials → refused and the cluster unchanged (tokens: U
 the server; mutual TLS: the TLS handshake refuses the client, UNAVAILABLE, see NO_CREDENTIALS); a
 principal lacking the permission → PERMISSION_DENIED and the cluster unchanged; granted the
 permission (the cluster principal for cluster-internal RPCs) → it works. The case table must cover
-dmq.proto.security.rpc_table.RULES.
+dmq.proto.server.security.rpc_table.RULES.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
 from dmq.proto.grpc_options import channel_options
-from dmq.proto.security.rpc_table import RULES
+from dmq.proto.server.security.rpc_table import RULES
 from dmq.proto.security.settings import ClientSecurity, sync_channel
 from tests.security.conftest import client_as, tls_client, token_for
 

@@ -10,7 +10,7 @@ from dmq.broker.events.service import EventStoreServicer
 from dmq.broker.queue.service import QueueServicer
 from dmq.broker.service import BrokerService
 from dmq.broker.servicers import BROKER_METHODS, BrokerRpcs
-from dmq.proto.security.rpc_table import RULES
+from dmq.proto.server.security.rpc_table import RULES
 from dmq.proto.wire import BROKER_SERVICE
 
 

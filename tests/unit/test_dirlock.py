@@ -10,11 +10,11 @@ import textwrap
 
 import pytest
 
-from dmq.proto.dirlock import LOCK_FILE, DataDirLock, DataDirLocked
+from dmq.proto.server.dirlock import LOCK_FILE, DataDirLock, DataDirLocked
 
 HOLD = textwrap.dedent("""
     import sys, time
-    from dmq.proto.dirlock import DataDirLock
+    from dmq.proto.server.dirlock import DataDirLock
     DataDirLock(sys.argv[1]).acquire()
     print("held", flush=True)
     time.sleep(60)

@@ -1,10 +1,9 @@
-"""The servers' one error contract (dmq.proto.domain_errors, dmq.proto.server_errors): every
+"""The servers' one error contract (dmq.proto.server.domain_errors, dmq.proto.server.server_errors): every
 DomainError code maps to the gRPC status of its name, rpc_handler answers a DomainError and a
 FieldError in one place, and the domain errors of every layer carry a code of that scheme."""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 
 import grpc
@@ -18,43 +17,21 @@ from dmq.coordinator import broker_calls, membership, metadata, metadata_errors,
 from dmq.coordinator.controller import leadership, partition_states
 from dmq.coordinator.group import errors as group_errors
 from dmq.proto import error_details
-from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.server.domain_errors import DomainError, ErrorCode
 from dmq.proto.names import FieldError, check_topic_name
-from dmq.proto.server_errors import domain_status, rpc_handler, status_code
+from dmq.proto.server.server_errors import domain_status, rpc_handler, status_code
+from _rpc_fakes import Log, Status, call
 
 
-class Aborted(Exception):
-    pass
-
-
-class FakeContext:
-    def __init__(self) -> None:
-        self.aborted: tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]] | None = None
-
-    async def abort(self, code: grpc.StatusCode, message: str, trailing_metadata: tuple = ()) -> None:
-        self.aborted = (code, message, tuple(trailing_metadata))
-        raise Aborted  # as grpc.aio's does: abort never returns
-
-
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, dict]] = []
-
-    def exception(self, event: str, **fields: object) -> None:
-        self.lines.append((event, fields))
-
-
-def _answer(error: Exception, log: Log | None = None) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+def _answer(error: Exception, log: Log | None = None) -> Status:
     class Service:
         @rpc_handler(log=log or Log())
         async def Call(self, request, context):  # noqa: N802
             raise error
 
-    context = FakeContext()
-    with pytest.raises(Aborted):
-        asyncio.run(Service().Call(object(), context))
-    assert context.aborted is not None
-    return context.aborted
+    _, aborted = call(Service().Call, object())
+    assert aborted is not None
+    return aborted
 
 
 @pytest.mark.parametrize("code", list(ErrorCode), ids=lambda c: c.name)

@@ -1,9 +1,9 @@
 """The servers' domain code never imports grpc (issue 27 item 5).
 
-A refusal in domain code is a DomainError (dmq.proto.domain_errors); only the servicers, the
+A refusal in domain code is a DomainError (dmq.proto.server.domain_errors); only the servicers, the
 modules that call other servers over gRPC, and the status mappings turn it into a gRPC status.
 Imports are read with `ast` (as tests/unit/test_import_rules.py does), nested ones included: a
-module of broker/ or coordinator/ that imports grpc, or dmq.proto.server_errors (whose `fail` takes a
+module of broker/ or coordinator/ that imports grpc, or dmq.proto.server.server_errors (whose `fail` takes a
 grpc.StatusCode), must be listed below with the reason it is not domain code. A new domain module
 that reaches for a gRPC status fails here; a listed module that no longer imports grpc must leave
 the list, so it never grows stale.
@@ -44,7 +44,7 @@ GRPC_ALLOWED = {
     "dmq.coordinator.metastore.etcd": "etcd's API is gRPC",
     "dmq.coordinator.node": "runs the coordinator's server",
 }
-FORBIDDEN = ("grpc", "dmq.proto.server_errors")
+FORBIDDEN = ("grpc", "dmq.proto.server.server_errors")
 
 
 def _speaks_grpc(path: pathlib.Path) -> list[str]:
@@ -66,7 +66,7 @@ def test_domain_modules_do_not_import_grpc(path: pathlib.Path) -> None:
         assert found, f"{module} no longer imports grpc: take it off GRPC_ALLOWED"
     else:
         assert not found, (
-            f"{module} is domain code but imports {found}: raise a DomainError (dmq.proto.domain_errors) "
+            f"{module} is domain code but imports {found}: raise a DomainError (dmq.proto.server.domain_errors) "
             "and let the servicer's rpc_handler map it"
         )
 

@@ -1,8 +1,11 @@
 """The layout's import rules (DESIGN.md, "Layout"), checked on every module's imports.
 
-`proto` imports nothing of ours; `broker` never imports `coordinator` or `client`; `coordinator`
-never imports `broker` or `client`; the client library (dmq.client outside dmq.client.cli) never
-imports the CLI. Imports are read with `ast` from the source, so imports inside functions (the
+`proto` imports nothing of ours, and the contract (dmq.proto outside dmq.proto.server) not even the
+servers' runtime (dmq.proto.server); `broker` never imports `coordinator` or `client`;
+`coordinator` never imports `broker` or `client`; the client library (dmq.client outside
+dmq.client.cli) never imports the CLI; and nothing of dmq.client, the CLI included, imports server
+code (dmq.broker, dmq.coordinator, dmq.proto.server) except the modules in SERVER_STARTERS, which
+exist to start servers in-process. Imports are read with `ast` from the source, so imports inside functions (the
 lazy ones) count as much as those at the top: a rule broken only on a rarely taken path is still
 broken. Relative imports are resolved against the importing module.
 """
@@ -17,6 +20,15 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The folders and the import names they are mapped to ([tool.setuptools.package-dir]).
 PACKAGES = {"proto": "dmq.proto", "broker": "dmq.broker", "coordinator": "dmq.coordinator", "client": "dmq.client"}
+# What only the servers run: the client may not import it, so it cannot depend on server internals.
+SERVER_CODE = ("dmq.broker", "dmq.coordinator", "dmq.proto.server")
+# The one exception (DESIGN.md "Layout": the program that starts servers is a process owner and
+# lives with the CLI): module -> why it may import server code. Kept narrow: a module that no
+# longer imports server code must leave the list (test_every_server_starter_starts_servers).
+SERVER_STARTERS = {
+    "dmq.client.cli.runner": "builds and runs the nodes in-process (dmq server, LocalCluster, ClusterThread)",
+    "dmq.client.cli.servers": "the `dmq server|coordinator|broker` commands: the servers' settings and data-dir locks",
+}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -65,15 +77,19 @@ def violation(importer: str, imported: str) -> str | None:
     if _within(importer, "dmq.proto"):
         if not _within(imported, "dmq.proto"):
             return "proto imports nothing of ours"
+        if not _within(importer, "dmq.proto.server") and _within(imported, "dmq.proto.server"):
+            return "the contract never imports the servers' runtime"
     elif _within(importer, "dmq.broker"):
         if _within(imported, "dmq.coordinator") or _within(imported, "dmq.client"):
             return "broker never imports coordinator or client"
     elif _within(importer, "dmq.coordinator"):
         if _within(imported, "dmq.broker") or _within(imported, "dmq.client"):
             return "coordinator never imports broker or client"
-    elif _within(importer, "dmq.client") and not _within(importer, "dmq.client.cli"):
-        if _within(imported, "dmq.client.cli"):
+    elif _within(importer, "dmq.client"):
+        if not _within(importer, "dmq.client.cli") and _within(imported, "dmq.client.cli"):
             return "the client library never imports the CLI"
+        if importer not in SERVER_STARTERS and any(_within(imported, s) for s in SERVER_CODE):
+            return "the client never imports server code (only the modules that start servers may)"
     return None
 
 
@@ -111,10 +127,39 @@ def test_the_tree_keeps_the_import_rules() -> None:
         ("dmq.client.cli.runner", "dmq.coordinator.node", True),
         ("dmq.client.producer", "dmq.client.clients", True),  # only its name starts like "cli"
         ("dmq.broker", "grpc", True),
+        # the client never reaches into server code; only the server starters may
+        ("dmq.client.admin", "dmq.coordinator.metadata", False),
+        ("dmq.client.admin", "dmq.proto.topic_settings", True),
+        ("dmq.client.producer", "dmq.proto.server.server_errors", False),
+        ("dmq.client.spark._worker", "dmq.proto.server.metrics", False),
+        ("dmq.client.cli.topics", "dmq.broker.log", False),  # the CLI too, beyond the starters
+        ("dmq.client.cli.runner", "dmq.proto.server.metrics", True),
+        ("dmq.client.cli.servers", "dmq.proto.server.dirlock", True),
+        ("dmq.client._cluster", "dmq.proto.security.settings", True),
+        ("dmq.client._cluster", "dmq.proto.serverless", True),  # only its name starts like "server"
+        # the contract never depends on the servers' runtime; the runtime builds on the contract
+        ("dmq.proto.records", "dmq.proto.server.handlers", False),
+        ("dmq.proto.security.settings", "dmq.proto.server.security.interceptor", False),
+        ("dmq.proto.server.server_errors", "dmq.proto.names", True),
+        ("dmq.proto.server.security.interceptor", "dmq.proto.security.settings", True),
+        ("dmq.proto.server.metrics", "dmq.broker.metrics", False),
+        ("dmq.broker.node", "dmq.proto.server.dirlock", True),
+        ("dmq.coordinator.node", "dmq.proto.server.metrics", True),
     ],
 )
 def test_the_rules_themselves(importer: str, imported: str, allowed: bool) -> None:
     assert (violation(importer, imported) is None) is allowed
+
+
+def test_every_server_starter_starts_servers() -> None:
+    """The exception stays narrow: each listed module exists and still imports server code."""
+    sources = {_module_name(p): p for p in _sources()}
+    for module in SERVER_STARTERS:
+        assert module in sources, f"{module} is gone: take it off SERVER_STARTERS"
+        names = [name for _, name in imports_of(sources[module])]
+        assert any(_within(n, s) for n in names for s in SERVER_CODE), (
+            f"{module} no longer imports server code: take it off SERVER_STARTERS"
+        )
 
 
 def test_relative_and_nested_imports_are_resolved(tmp_path: pathlib.Path) -> None:

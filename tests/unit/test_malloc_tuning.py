@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from dmq.proto.malloc_tuning import keep_large_buffers
+from dmq.client._malloc_tuning import keep_large_buffers
 
 # A child process has two threads allocate and free 1-15 MiB buffers of varying sizes, every page
 # written (as the copies of a Fetch answer are), and reports its minor page faults.
 CHILD = """
 import resource, sys, threading
-from dmq.proto.malloc_tuning import keep_large_buffers
+from dmq.client._malloc_tuning import keep_large_buffers
 if sys.argv[1] == "tuned":
     assert keep_large_buffers()
 blob = b"x" * (16 << 20)
@@ -55,7 +55,7 @@ def test_idempotent():
 # an application's) leaves it alone; the `dmq server` runner, a process owner, sets it.
 OWNER_CHILD = """
 import asyncio, json, os, pathlib, signal, sys
-from dmq.proto import malloc_tuning
+from dmq.client import _malloc_tuning as malloc_tuning
 from dmq.client.cli.runner import ClusterOptions, ClusterThread, run_embedded
 
 data = pathlib.Path(sys.argv[1])

@@ -1,4 +1,4 @@
-"""dmq.proto.server_errors: the one error type and wrapper every service uses."""
+"""dmq.proto.server.server_errors: the one error type and wrapper every service uses."""
 
 from __future__ import annotations
 
@@ -8,28 +8,8 @@ import grpc
 import pytest
 
 from dmq.proto import error_details
-from dmq.proto.server_errors import RpcAbort, fail, rpc_handler
-
-
-class Aborted(Exception):
-    pass
-
-
-class FakeContext:
-    def __init__(self) -> None:
-        self.aborted: tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]] | None = None
-
-    async def abort(self, code: grpc.StatusCode, message: str, trailing_metadata: tuple = ()) -> None:
-        self.aborted = (code, message, tuple(trailing_metadata))
-        raise Aborted  # as grpc.aio's does: abort never returns
-
-
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, dict]] = []
-
-    def exception(self, event: str, **fields: object) -> None:
-        self.lines.append((event, fields))
+from dmq.proto.server.server_errors import RpcAbort, fail, rpc_handler
+from _rpc_fakes import Log, call
 
 
 class DomainError(Exception):
@@ -78,12 +58,8 @@ class Request:
 
 
 def _call(service, name: str):
-    context = FakeContext()
-    try:
-        result = asyncio.run(getattr(service, name)(Request(), context))
-    except Aborted:
-        return context.aborted
-    return result
+    answer, aborted = call(getattr(service, name), Request())
+    return aborted if aborted is not None else answer
 
 
 def test_answers_pass_through():

@@ -18,7 +18,7 @@ from dmq.coordinator.store import (
     TopicExists,
     TopicRecord,
 )
-from dmq.coordinator.validation import TopicSettings
+from dmq.proto.topic_settings import TopicSettings
 
 
 @pytest.fixture

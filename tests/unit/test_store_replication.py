@@ -7,7 +7,7 @@ import pathlib
 import sqlite3
 
 from dmq.coordinator.store import BrokerRecord, CoordinatorStore, PartitionRecord, TopicRecord
-from dmq.coordinator.validation import TopicSettings
+from dmq.proto.topic_settings import TopicSettings
 
 
 async def test_states_and_racks_survive_reopen(tmp_path: pathlib.Path) -> None:

@@ -1,4 +1,4 @@
-"""Topic-name, partition-count and topic-setting rules (dmq.coordinator.validation)."""
+"""Topic-name, partition-count and topic-setting rules (dmq.proto.topic_settings)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dmq.coordinator.validation import (
+from dmq.proto.topic_settings import (
     MAX_MESSAGE_BYTES_MAX,
     PARTITIONS_MAX,
     SEGMENT_BYTES_MIN,

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from dmq.proto import error_details
-from dmq.proto.handlers import WrappingInterceptor, call_behavior, rewrap, stream_behavior
+from dmq.proto.server.handlers import WrappingInterceptor, call_behavior, rewrap, stream_behavior
 
 DEFAULT_MAX_PER_ADDRESS = 1_000
 DEFAULT_RECENT_S = 30.0

@@ -12,6 +12,10 @@ threshold raised to 32 MiB (glibc's ceiling) and the trim threshold to 128 MiB, 
 Called by processes DMQ owns: brokers, and Spark's Python workers reading a topic. The client library
 does not change an application's allocator on its own; applications can set the same through the
 environment (MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728).
+
+Lives in dmq.client, not with the servers: the allocator is process-wide, so the nodes never set it;
+its two callers are process owners in dmq.client (dmq.client.cli.runner for a process that hosts a
+broker, dmq.client.spark._worker), and the Spark worker may not import server code.
 """
 
 from __future__ import annotations

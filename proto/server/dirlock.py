@@ -10,7 +10,7 @@ flock rather than a pid file alone: the kernel drops the lock when its holder di
 included), so a stale file never blocks a restart. The descriptor is not inherited by children
 (Python opens files non-inheritable), so a process that spawns others keeps the lock its own.
 
-Lives in `proto` because both the broker and the coordinator take it and neither may import the other.
+Lives in `proto/server` because both the broker and the coordinator take it and neither may import the other.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ limit, e.g. `partitions: must be between 1 and 10000, got 0`.
 
 The rules themselves live in dmq.proto (names.py: names and ids, limits.py: numbers), shared
 with the brokers, so a topic the coordinator accepts is always one a broker can store; this module
-is the coordinator's and the client's view of them (TopicSettings, the error type).
+is the coordinator's and the client's view of them (TopicSettings, the error type). It is part of
+the contract, not of the coordinator, because the admin client checks with it and the client never
+imports server code.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ through unguarded. Each rule says:
       HANDLER        the request names no resource, only something the server holds (a queue
                      lease id): the interceptor authenticates, and the handler looks up what it
                      belongs to and checks the permissions with `current_access` before acting
-                     (dmq.proto.security.interceptor), the same ACL decision;
+                     (dmq.proto.server.security.interceptor), the same ACL decision;
   - `needs(request)`: the (resource type, name, operation) triples, read from the request;
   - `admin`: an administrative change (or a test of the request telling one: an offset reset is a
     commit with no member), logged as an audit event with its outcome;

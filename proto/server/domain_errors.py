@@ -2,7 +2,7 @@
 tell refusals apart, a reason.
 
 Domain code (the group machine, the metadata service, queue leases, the event store, ...) raises a
-`DomainError` subclass and never imports grpc; `dmq.proto.server_errors.rpc_handler` turns every
+`DomainError` subclass and never imports grpc; `dmq.proto.server.server_errors.rpc_handler` turns every
 DomainError into its gRPC status in one place (`status_code`), the message capped and the reason
 (dmq.proto.error_details) sent as trailing metadata. A subclass sets `code` (and `reason`) for all
 its instances; `DomainError(message, code=..., reason=...)` refuses one request ad hoc.

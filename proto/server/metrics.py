@@ -33,7 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from dmq.proto.handlers import Behavior, WrappingInterceptor, call_behavior, rewrap, stream_behavior
+from dmq.proto.server.handlers import Behavior, WrappingInterceptor, call_behavior, rewrap, stream_behavior
 
 __all__ = [
     "DEFAULT_METRICS_PORT",

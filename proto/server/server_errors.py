@@ -4,7 +4,7 @@ A handler (or anything it calls) refuses a request by raising `RpcAbort(code, me
 `rpc_handler` turns it into `context.abort` with the message capped (dmq.proto.names.cap_message)
 and the reason (dmq.proto.error_details) as trailing metadata, which is what clients read to pick
 their error class, never the message text. Domain code raises `DomainError`
-(dmq.proto.domain_errors), which never names grpc: its code maps to a status here (`status_code`),
+(dmq.proto.server.domain_errors), which never names grpc: its code maps to a status here (`status_code`),
 as a broken field rule (`FieldError`) maps to INVALID_ARGUMENT here, for every service. A service
 maps what is not its domain's (storage failures: OSError, a corrupt log) with a `translate`
 function; anything else is a bug, logged and answered as INTERNAL, so no request takes a server
@@ -21,7 +21,7 @@ from typing import Any, NoReturn, Protocol
 import grpc
 
 from dmq.proto import error_details
-from dmq.proto.domain_errors import DomainError, ErrorCode
+from dmq.proto.server.domain_errors import DomainError, ErrorCode
 from dmq.proto.names import FieldError, cap_message
 
 __all__ = ["RpcAbort", "fail", "rpc_handler", "status_code", "domain_status"]

@@ -1,6 +1,6 @@
 """The server's security interceptor: authenticate, authorize, throttle, audit — one place, every RPC.
 
-For each call (grpc.aio ServerInterceptor; the rule comes from dmq.proto.security.rpc_table):
+For each call (grpc.aio ServerInterceptor; the rule comes from dmq.proto.server.security.rpc_table):
   1. authenticate (when the server's ServerSecurity authenticates): the principal is the `sub` of
      the bearer token in the `authorization` metadata, or else the common name of the verified
      client certificate. Neither, or a bad token: UNAUTHENTICATED with the reason (an expired
@@ -10,7 +10,7 @@ For each call (grpc.aio ServerInterceptor; the rule comes from dmq.proto.securit
      ACLs (AclView: the coordinator's own, or a broker's cached copy with its version).
      Refusals: PERMISSION_DENIED naming the principal, the operation and the resource. A method
      the table does not know is refused too;
-  3. quotas (dmq.proto.security.quotas): requests and produced bytes delay the call before the
+  3. quotas (dmq.proto.server.security.quotas): requests and produced bytes delay the call before the
      handler, fetched bytes delay the answer;
   4. audit: admin operations (the rule's `admin`) are logged to the "dmq.audit" logger with the
      principal, the method, the resources and the outcome (ok, or the status code).
@@ -34,13 +34,13 @@ from typing import Any
 import grpc
 import structlog
 
-from dmq.proto.handlers import Behavior, WrappingInterceptor, call_behavior, rewrap, stream_behavior
+from dmq.proto.server.handlers import Behavior, WrappingInterceptor, call_behavior, rewrap, stream_behavior
 from dmq.proto.security.acls import AclSet
-from dmq.proto.security.quotas import Quotas, QuotaSettings
-from dmq.proto.security.rpc_table import Access, Need, RpcRule, rule_for
+from dmq.proto.server.security.quotas import Quotas, QuotaSettings
+from dmq.proto.server.security.rpc_table import Access, Need, RpcRule, rule_for
 from dmq.proto.security.settings import AUTHORIZATION_KEY, BEARER, ServerSecurity, read_pem
 from dmq.proto.security.tokens import AuthenticationError, TokenVerifier, check_principal
-from dmq.proto.server_errors import fail
+from dmq.proto.server.server_errors import fail
 
 __all__ = ["ANONYMOUS", "AclView", "CallAccess", "SecurityInterceptor", "current_access", "current_principal"]
 

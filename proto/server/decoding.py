@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from dmq.proto.handlers import Behavior, WrappingInterceptor, call_behavior, stream_behavior
+from dmq.proto.server.handlers import Behavior, WrappingInterceptor, call_behavior, stream_behavior
 from dmq.proto.names import cap_message
 
 __all__ = ["DecodeGuard", "Undecodable"]
