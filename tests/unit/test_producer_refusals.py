@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import pytest
 from test_producer_unit import WAIT_S, FakeBroker, FakeRpcError, make_producer, wait_until
@@ -99,16 +101,16 @@ def test_an_acks_0_batch_not_sent_yet_is_retried_or_fails_its_handle() -> None:
         leader_for = cluster.leader_for  # type: ignore[attr-defined]
         failures = [errors.BrokerUnavailableError("no live leader for t[0]")]
 
-        def flaky_leader(topic: str, partition: int) -> str:
+        def flaky_leader(topic: str, partition: int, **kwargs: Any) -> str:
             if failures:
                 raise failures.pop()
-            return leader_for(topic, partition)  # type: ignore[no-any-return]
+            return leader_for(topic, partition, **kwargs)  # type: ignore[no-any-return]
 
         cluster.leader_for = flaky_leader  # type: ignore[attr-defined]
         assert p.send("t", b"a").get(WAIT_S).offset == -1
         assert len(broker.calls) == 1 and p.metrics()["records_failed"] == 0
 
-        def no_leader(topic: str, partition: int) -> str:
+        def no_leader(topic: str, partition: int, **kwargs: Any) -> str:
             raise errors.BrokerUnavailableError(f"no live leader for {topic}[{partition}]")
 
         cluster.leader_for = no_leader  # type: ignore[attr-defined]

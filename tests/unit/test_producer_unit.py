@@ -183,7 +183,10 @@ class FakeCluster:
             topic, tuple(_pm(i) for i in range(n)), tuple(range(n)), time.monotonic()
         )
 
-    def leader_for(self, topic: str, partition: int) -> str:
+    def cached_metadata(self, topic: str) -> TopicMetadata | None:
+        return None  # nothing cached: the producer asks topic_metadata(), as these tests expect
+
+    def leader_for(self, topic: str, partition: int, *, timeout_s: float | None = None, allow_stale: bool = False) -> str:
         return self.leader
 
     def peek_leader(self, topic: str, partition: int, *, max_age_s: float) -> str:
