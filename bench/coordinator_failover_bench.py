@@ -49,6 +49,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests.et
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # metadata_store_bench
 
 import metadata_store_bench  # noqa: E402
+
 from dmq.client import AdminClient, DMQConsumer, Producer, TopicPartition  # noqa: E402
 from dmq.coordinator.metastore.config import make_metadata_store  # noqa: E402
 from dmq.proto import dmq_pb2 as pb  # noqa: E402

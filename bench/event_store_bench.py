@@ -34,16 +34,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 import multiprocessing as mp
 import os
 import pathlib
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))

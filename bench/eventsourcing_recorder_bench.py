@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _server import embedded_server  # noqa: E402  (the bench helpers, shared)
-
 from eventsourcing.dcb.api import DCBAppendCondition, DCBEvent, DCBQuery, DCBQueryItem  # noqa: E402
 
 from dmq.client import AdminClient, AppendCondition, Event, EventStore, Query, QueryItem  # noqa: E402

@@ -45,20 +45,20 @@ from dmq.broker.offsets import OffsetStore
 from dmq.broker.queue.manager import QueueManager
 from dmq.broker.queue.service import QueueServicer
 from dmq.broker.replication.manager import ReplicaManager, ReplicatedDurability
-from dmq.broker.replication.stage_trace import StageTrace
 from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
+from dmq.broker.replication.stage_trace import StageTrace
 from dmq.broker.service import BrokerService
 from dmq.broker.servicers import add_broker_servicers
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
-from dmq.proto.server.dirlock import DataDirLock
 from dmq.proto.event_headers import KIND_EVENT_STORE
 from dmq.proto.grpc_options import channel_options
-from dmq.proto.server.metrics import new_registry
 from dmq.proto.security.acls import Acl, AclSet
-from dmq.proto.server.security.interceptor import AclView
 from dmq.proto.security.settings import ClientSecurity, aio_channel
+from dmq.proto.server.dirlock import DataDirLock
+from dmq.proto.server.metrics import new_registry
+from dmq.proto.server.security.interceptor import AclView
 from dmq.proto.server.server_errors import fail
 
 log = structlog.get_logger(__name__)

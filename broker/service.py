@@ -37,6 +37,7 @@ import structlog
 
 from dmq.broker.append_notifier import AppendNotifier
 from dmq.broker.appender import Appender
+from dmq.broker.events.registry import EventStores
 from dmq.broker.log import (
     CorruptLogError,
     LogClosedError,
@@ -48,13 +49,11 @@ from dmq.broker.log import (
     ProducerFencedError,
     UnknownPartitionError,
 )
-from dmq.broker.events.registry import EventStores
-from dmq.broker.metrics import TopicTraffic
 from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
-from dmq.broker.offsets import OffsetStore
+from dmq.broker.metrics import TopicTraffic
+from dmq.broker.offsets import OffsetStore, check_offsets_log_name, is_offsets_log
 from dmq.broker.queue.manager import QueueManager
 from dmq.broker.readiness import require_started
-from dmq.broker.offsets import check_offsets_log_name, is_offsets_log
 from dmq.broker.replication.manager import ReplicaManager
 from dmq.broker.replication.replica import NotLeaderForPartition, Replica
 from dmq.broker.replication.stage_trace import StageTrace

@@ -70,9 +70,9 @@ if TYPE_CHECKING:
     from dmq.client.errors import DMQError
     from dmq.client.events import AppendCondition, Event, EventStore, EventType, Query, QueryItem
     from dmq.client.producer import Producer, RecordFuture, SendManyFuture
+    from dmq.client.queue import QueueConsumer, QueueLease
     from dmq.client.records import ConsumerRecord, RecordMetadata
     from dmq.client.serializers import json_deserializer, json_serializer, str_deserializer, str_serializer
-    from dmq.client.queue import QueueConsumer, QueueLease
     from dmq.client.simple_consumer import SimpleConsumer
 
 

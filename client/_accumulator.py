@@ -51,10 +51,9 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable, Sequence
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
-
 
 from dmq.client._log import get_logger
 from dmq.client.errors import DMQError, DMQTimeoutError, RecordTooLargeError

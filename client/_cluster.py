@@ -51,9 +51,9 @@ from dmq.client.errors import (
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto import wire
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.security.settings import ClientSecurity, SecurityConfigError, sync_channel
-from dmq.proto import wire
 from dmq.proto.wire import FetchPartitionView, WireError, parse_fetch_response
 
 log = get_logger(__name__)

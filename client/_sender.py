@@ -46,13 +46,12 @@ from typing import Any
 
 import grpc
 
-from dmq.client._calls import RetryPolicy
-from dmq.client._log import get_logger
 from dmq.client._accumulator import Accumulator, PartitionQueue, ProducerBatch
+from dmq.client._calls import RetryPolicy
 from dmq.client._cluster import Cluster
+from dmq.client._log import get_logger
 from dmq.client._metrics import ClientStats
 from dmq.client.errors import (
-    rpc_error_reason,
     ClientClosedError,
     DMQError,
     DMQTimeoutError,
@@ -64,6 +63,7 @@ from dmq.client.errors import (
     UnknownPartitionError,
     UnknownServerError,
     from_rpc_error,
+    rpc_error_reason,
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records

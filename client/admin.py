@@ -23,10 +23,8 @@ from typing import Any
 
 import grpc
 
-from dmq.client._security import pop_security
+from dmq.client._acl_admin import AclAdminMixin
 from dmq.client._calls import call_coordinator, fan_out_by_leader
-from dmq.client._log import get_logger
-from dmq.client._settings import bootstrap_address, check_positive, reject_unknown
 from dmq.client._cluster import Cluster
 from dmq.client._coordinator_status import CoordinatorDescription, describe_coordinators
 from dmq.client._groups import (
@@ -42,10 +40,10 @@ from dmq.client._groups import (
     check_reset,
     plan_reset,
 )
-from dmq.client._acl_admin import AclAdminMixin
-from dmq.client.queue_admin import QueueAdminMixin
+from dmq.client._log import get_logger
+from dmq.client._security import pop_security
+from dmq.client._settings import bootstrap_address, check_positive, reject_unknown
 from dmq.client._trace import TraceMixin
-from dmq.client.events import STORE_DESCRIBE_LIMIT_DEFAULT, EventStore, StoreDescription
 from dmq.client.errors import (
     CommitFailedError,
     CoordinatorUnavailableError,
@@ -61,16 +59,22 @@ from dmq.client.errors import (
     from_rpc_error,
     is_connect_failure,
 )
-from dmq.proto.topic_settings import (
-    TopicSettings,
-    ValidationError,
-    # explicit re-exports: dmq.client.aio.admin imports these two from here
-    validate_partition_count as validate_partition_count,
-    validate_topic_name as validate_topic_name,
-)
+from dmq.client.events import STORE_DESCRIBE_LIMIT_DEFAULT, EventStore, StoreDescription
+from dmq.client.queue_admin import QueueAdminMixin
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits
 from dmq.proto.offset_markers import EARLIEST, LATEST
+from dmq.proto.topic_settings import (
+    TopicSettings,
+    ValidationError,
+)
+from dmq.proto.topic_settings import (
+    # explicit re-exports: dmq.client.aio.admin imports these two from here
+    validate_partition_count as validate_partition_count,
+)
+from dmq.proto.topic_settings import (
+    validate_topic_name as validate_topic_name,
+)
 from dmq.proto.values import parse_setting
 from dmq.proto.wire import BROKER_SERVICE
 

@@ -64,9 +64,6 @@ from operator import add
 from threading import get_ident
 from typing import Any
 
-
-from dmq.client._security import pop_security
-from dmq.client._log import get_logger
 from dmq.client._accumulator import (
     HEADER_OFFSET_BYTES,
     MEMORY_CHUNK_BYTES,
@@ -83,10 +80,11 @@ from dmq.client._accumulator import (
 )
 from dmq.client._calls import retry_call
 from dmq.client._cluster import Cluster, TopicMetadata
+from dmq.client._log import get_logger
 from dmq.client._partitioner import Partitioner, StickyChooser, crc32_partition
+from dmq.client._security import pop_security
 from dmq.client._sender import Sender, new_producer_id
 from dmq.client._settings import bootstrap_address, reject_unknown
-from dmq.client.tracing import OTEL_EXTRA_HINT
 from dmq.client.errors import (
     ClientClosedError,
     DMQError,
@@ -97,6 +95,7 @@ from dmq.client.errors import (
     SerializationError,
     UnknownPartitionError,
 )
+from dmq.client.tracing import OTEL_EXTRA_HINT
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits, records
 from dmq.proto.tracecontext import TraceContext, check_traceparent

@@ -37,12 +37,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dmq.client._cluster import Cluster
-from dmq.client.admin import AdminClient
-from dmq.client._security import pop_security
 from dmq.client._log import get_logger
 from dmq.client._prefetch import MAX_PREFETCH_PARTITIONS, PREFETCH_THREADS, Prefetch
 from dmq.client._reader import INLINE, FetchWant, PartitionReader, partition_error
+from dmq.client._security import pop_security
 from dmq.client._settings import bootstrap_address, check_flag, check_positive, reject_unknown
+from dmq.client.admin import AdminClient
 from dmq.client.errors import CorruptRecordError, DMQError, InvalidArgumentError
 from dmq.client.records import RecordSequence
 from dmq.proto import dmq_pb2 as pb

@@ -17,8 +17,8 @@ import structlog
 from dmq.coordinator.metastore.base import MetadataStore, StoreError, StoreFullError
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.security.acls import MAX_ACLS, Acl, AclSet
-from dmq.proto.server.security.interceptor import AclView
 from dmq.proto.server.domain_errors import DomainError, ErrorCode
+from dmq.proto.server.security.interceptor import AclView
 
 log = structlog.get_logger(__name__)
 

@@ -65,7 +65,6 @@ import grpc
 import structlog
 
 from dmq.coordinator import group as machine
-from dmq.coordinator.group import durable
 from dmq.coordinator.group import (
     Clock,
     Event,
@@ -87,23 +86,24 @@ from dmq.coordinator.group import (
     RemovalReason,
     StateChanged,
     SubscriptionMode,
+    durable,
     group_id_for,
 )
 from dmq.coordinator.group_admin import GroupBrokers, describe_to_proto, subscription_to_proto, summaries_to_proto
 from dmq.coordinator.group_rows import group_to_row, record_to_row, row_to_record
 from dmq.coordinator.group_wakeups import ALL_MEMBERS, Signals, WatchStreams, affected, wait_or_timeout
 from dmq.coordinator.metadata import MetadataManager
-from dmq.coordinator.store_writes import complete_even_if_cancelled
-from dmq.coordinator.pause_watch import PauseWatch
 from dmq.coordinator.metastore.base import MetadataStore, StoreFullError
-from dmq.proto.topic_settings import validate_topic_name
+from dmq.coordinator.pause_watch import PauseWatch
+from dmq.coordinator.store_writes import complete_even_if_cancelled
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, limits
-from dmq.proto.server.domain_errors import DomainError
 from dmq.proto.names import check_app_id, check_id
+from dmq.proto.server.domain_errors import DomainError
 from dmq.proto.server.server_errors import RpcAbort, rpc_handler
 from dmq.proto.server.server_errors import fail as _fail
+from dmq.proto.topic_settings import validate_topic_name
 
 if TYPE_CHECKING:
     from dmq.coordinator.node import CoordinatorNode

@@ -9,9 +9,9 @@ from collections.abc import Iterable
 
 from dmq.coordinator.membership import BrokerMembership
 from dmq.coordinator.metastore.base import NO_LEADER, TopicRecord
-from dmq.proto.topic_settings import TopicSettings
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import limits
+from dmq.proto.topic_settings import TopicSettings
 
 _CONFIG_FIELDS = (*limits.TOPIC_CONFIG_RANGES, "kind", "unclean_leader_election")
 

@@ -16,11 +16,11 @@ from dmq.coordinator.metadata_errors import UnknownTopicError
 from dmq.coordinator.metadata_proto import broker_infos, topic_config_from_proto, topic_info
 from dmq.coordinator.metastore.base import TopicRecord
 from dmq.coordinator.store_writes import coordinator_disk_full
-from dmq.proto.topic_settings import validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.server.security.interceptor import ANONYMOUS, current_principal
 from dmq.proto.server.server_errors import rpc_handler
+from dmq.proto.topic_settings import validate_topic_name
 
 log = structlog.get_logger(__name__)
 

@@ -50,28 +50,28 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from dmq.coordinator.acls import AclManager
+from dmq.coordinator.broker_calls import DEFAULT_BROKER_CALL_TIMEOUT_MS
 from dmq.coordinator.broker_pool import BrokerPool
+from dmq.coordinator.controller.controller import DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS
 from dmq.coordinator.controller.leadership import Leadership, NotCoordinatorError
+from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, wall_clock_ms
 from dmq.coordinator.controller.status import CoordinatorStatusServicer
 from dmq.coordinator.group_service import build as build_group_service
-from dmq.coordinator.broker_calls import DEFAULT_BROKER_CALL_TIMEOUT_MS
-from dmq.coordinator.controller.controller import DEFAULT_PREFERRED_LEADER_CHECK_INTERVAL_MS
-from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS, wall_clock_ms
 from dmq.coordinator.metadata import MetadataManager
 from dmq.coordinator.metadata_errors import CoordinatorStartingError, MetadataError
 from dmq.coordinator.metadata_service import MetadataServicer
-from dmq.coordinator.principal_limits import PrincipalLimits
+from dmq.coordinator.metastore.base import MetadataStore
 from dmq.coordinator.metrics import DEFAULT_MAX_PARTITION_SERIES
 from dmq.coordinator.metrics import install as install_metrics
 from dmq.coordinator.pause_watch import PauseWatch
-from dmq.coordinator.metastore.base import MetadataStore
+from dmq.coordinator.principal_limits import PrincipalLimits
 from dmq.coordinator.store import CoordinatorStore
-from dmq.proto.topic_settings import TopicConfigDefaults
 from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto.security.settings import ClientSecurity
 from dmq.proto.server.dirlock import DataDirLock
 from dmq.proto.server.metrics import new_registry
 from dmq.proto.server.security.interceptor import AclView
-from dmq.proto.security.settings import ClientSecurity
+from dmq.proto.topic_settings import TopicConfigDefaults
 
 log = structlog.get_logger(__name__)
 

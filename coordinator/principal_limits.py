@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from dmq.coordinator.metadata_errors import MetadataError
 from dmq.coordinator.metastore.base import TopicRecord
-from dmq.proto.server.domain_errors import ErrorCode
 from dmq.proto.names import shorten
+from dmq.proto.server.domain_errors import ErrorCode
 
 
 class PrincipalLimitExceededError(MetadataError):

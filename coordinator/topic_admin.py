@@ -47,6 +47,9 @@ from dmq.coordinator.metastore.base import MetadataStore, PartitionRecord, Topic
 from dmq.coordinator.principal_limits import PrincipalLimits, check_principal_limits
 from dmq.coordinator.store_writes import complete_even_if_cancelled, coordinator_disk_full
 from dmq.coordinator.topic_table import TopicTable
+from dmq.proto import limits
+from dmq.proto.names import shorten
+from dmq.proto.server.domain_errors import ErrorCode
 from dmq.proto.topic_settings import (
     TopicSettings,
     replication_defaults,
@@ -54,9 +57,6 @@ from dmq.proto.topic_settings import (
     validate_partition_increase,
     validate_topic_name,
 )
-from dmq.proto import limits
-from dmq.proto.server.domain_errors import ErrorCode
-from dmq.proto.names import shorten
 
 log = structlog.get_logger(__name__)
 

@@ -16,9 +16,8 @@ GENERATED = ("dmq_pb2.py", "dmq_pb2_grpc.py", "dmq_pb2.pyi")
 
 
 def generate(out_dir: pathlib.Path) -> None:
-    from grpc_tools import protoc  # dev dependency: only needed to regenerate
-
     import grpc_tools
+    from grpc_tools import protoc  # dev dependency: only needed to regenerate
 
     include = pathlib.Path(grpc_tools.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory() as tmp:

@@ -86,6 +86,7 @@ import struct
 import sys
 import threading
 import time
+
 try:
     # ISA-L computes zlib's CRC-32 with carry-less multiplies at ~30 GB/s, ten times zlib 1.2's
     # ~3 GB/s: without it, checking the CRC of a produced batch costs more than writing it.

@@ -43,9 +43,9 @@ import structlog
 
 from dmq.broker.events.errors import (
     EventClaimNotHeldError,
+    EventGroupNotFoundError,
     EventStoreFullError,
     GroupConflictError,
-    EventGroupNotFoundError,
     InvalidEventRequestError,
 )
 from dmq.broker.events.index import EventIndex, split_tags

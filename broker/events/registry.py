@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 
+import structlog
+
 from dmq.broker.events.errors import EventStoreError
 from dmq.broker.events.progress import OffsetProgressStore, ProgressStore
 from dmq.broker.events.store import EventStore
-import structlog
-
 from dmq.broker.log import LogManager, PartitionLog, UnknownPartitionError
 from dmq.broker.offsets import OffsetStore
 from dmq.broker.replication.manager import ReplicaManager, ReplicatedDurability

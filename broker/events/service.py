@@ -31,10 +31,10 @@ import structlog
 
 from dmq.broker.events.errors import ConditionFailedError, EventStoreFullError
 from dmq.broker.events.groups import Claimed, GroupManager, PartitionView
+from dmq.broker.events.index import EventColumns, EventIndex, split_tags
 from dmq.broker.events.progress import AckWrite, GroupRecord
 from dmq.broker.events.query import QueryItem
 from dmq.broker.events.registry import EventStores
-from dmq.broker.events.index import EventColumns, EventIndex, split_tags
 from dmq.broker.events.store import Condition, EventStore, NewEvent
 from dmq.broker.log import UnknownPartitionError
 from dmq.broker.metrics import TopicTraffic

@@ -46,7 +46,7 @@ from typing import Protocol, TypeVar
 
 import structlog
 
-from dmq.broker.events.errors import EventClaimNotHeldError, ConditionFailedError, EventStoreError
+from dmq.broker.events.errors import ConditionFailedError, EventClaimNotHeldError, EventStoreError
 from dmq.broker.events.groups import Claimed, GroupManager
 from dmq.broker.events.index import EventColumns, EventIndex, PackedEvents, columns_of
 from dmq.broker.events.progress import AckWrite, ProgressStore

@@ -19,8 +19,8 @@ from dmq.broker.log.errors import (
     OutOfOrderSequenceError,
     ProducerFencedError,
     RecordsError,
-    StorageUnavailableError,
     RecordTooLargeError,
+    StorageUnavailableError,
     TruncatedBatchError,
     UnknownPartitionError,
 )

@@ -81,6 +81,8 @@ from typing import Any
 
 import structlog
 
+from dmq.broker.log.append_info import AppendInfo
+from dmq.broker.log.dedup import DEFAULT_MAX_ENTRIES
 from dmq.broker.log.errors import (
     CorruptLogError,
     InvalidBatchError,
@@ -89,13 +91,11 @@ from dmq.broker.log.errors import (
     OffsetOutOfRangeError,
     StorageUnavailableError,
 )
-from dmq.broker.log.dedup import DEFAULT_MAX_ENTRIES
 from dmq.broker.log.fsync_placement import FsyncPlacement
 from dmq.broker.log.handles import FileCache
 from dmq.broker.log.index import fsync_path
-from dmq.broker.log.append_info import AppendInfo
-from dmq.broker.log.record_ids import RecordIds
 from dmq.broker.log.producer_state import SNAPSHOT_SUFFIX, ProducerStateManager, list_snapshots, snapshot_path
+from dmq.broker.log.record_ids import RecordIds
 from dmq.broker.log.scan import Damaged
 from dmq.broker.log.segment import LOG_SUFFIX, MAX_RELATIVE_OFFSET, Segment, SegmentCorruptError
 from dmq.proto.limits import DEDUP_WINDOW_MS_DEFAULT, DEDUP_WINDOW_MS_MAX

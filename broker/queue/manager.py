@@ -57,7 +57,7 @@ from dmq.broker.queue.dead_letters import (
     DeadLetterWriter,
     Written,
 )
-from dmq.broker.queue.errors import LeaseBusyError, LeaseNotLiveError, QueueOverLimitError, QueueNotLeaderError
+from dmq.broker.queue.errors import LeaseBusyError, LeaseNotLiveError, QueueNotLeaderError, QueueOverLimitError
 from dmq.broker.queue.leases import Lease, LeaseTable
 from dmq.broker.queue.ports import QueueHost
 from dmq.broker.queue.progress import (

@@ -34,8 +34,7 @@ from dmq.proto.grpc_options import MAX_FETCH_RESPONSE_BYTES
 from dmq.proto.security.acls import Operation, ResourceType
 from dmq.proto.server.security.interceptor import current_access
 from dmq.proto.server.security.rpc_table import Need
-from dmq.proto.server.server_errors import RpcAbort, rpc_handler
-from dmq.proto.server.server_errors import fail
+from dmq.proto.server.server_errors import RpcAbort, fail, rpc_handler
 
 log = structlog.get_logger(__name__)
 

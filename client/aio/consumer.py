@@ -59,10 +59,10 @@ from typing import Any
 import grpc
 
 from dmq.client._calls import RetryPolicy, retry_call_async
+from dmq.client._log import get_logger
 from dmq.client._settings import reject_unknown
 from dmq.client.aio._cluster import AsyncCluster, TaskPool, Wakeup, bootstrap_address, settle
 from dmq.client.aio._consumer_parts import Chunk, Heartbeats
-from dmq.client._log import get_logger
 from dmq.client.consumer._common import check_seek_offset, commit_offsets, deserialize, time_queries
 from dmq.client.consumer._common import tp_of as _tp
 from dmq.client.consumer._common import tps_of as _tps
@@ -73,10 +73,10 @@ from dmq.client.consumer._group import FIND, HANDOVER, JOIN, GroupClient, Member
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
 from dmq.client.consumer._positions import PositionFinder
-from dmq.client.consumer._shell import ConsumerShell, topic_list
 from dmq.client.consumer._records import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
-from dmq.client.consumer._times import timestamp_of, timestamp_request
+from dmq.client.consumer._shell import ConsumerShell, topic_list
 from dmq.client.consumer._subscription import EARLIEST, LATEST, SubscriptionState
+from dmq.client.consumer._times import timestamp_of, timestamp_request
 from dmq.client.errors import (
     ClientClosedError,
     CommitFailedError,

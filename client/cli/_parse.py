@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from dmq.proto import limits
+
 # The grammar is dmq.proto.values's, shared with the client library's config dicts.
 from dmq.proto.values import parse_duration_ms, parse_size_bytes
 

@@ -30,11 +30,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from dmq.client.cli._errors import admin
-from dmq.client.cli._session import CLIError
 from dmq.client.cli._output import human_time_ms, note, output_option, print_json, show, table
 from dmq.client.cli._parse import parse_datetime_ms, parse_partitions
+from dmq.client.cli._session import CLIError
 from dmq.client.errors import DMQError, GroupNotFoundError
-
 from dmq.proto.names import group_id_for
 
 if TYPE_CHECKING:

@@ -626,7 +626,6 @@ def _consume_offsets(sess: Any, info: Any, partition: int | None, start: int | N
 def _consume_group(ctx: click.Context, topic: str, app: str, from_beginning: bool, max_messages: int | None,
                    idle_s: float | None, emit: Callable[[list[Any]], list[Any]], done: Callable[[], bool]) -> None:
     from dmq.client.consumer import DMQConsumer, TopicPartition
-
     from dmq.proto.names import app_id_in
 
     app = app_id_in(app, topic) or app  # the full group id was given

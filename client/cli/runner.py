@@ -36,8 +36,8 @@ import errno
 import gc
 import os
 import pathlib
-import socket
 import signal
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
@@ -51,19 +51,19 @@ from dmq.broker.log import LogConfig
 from dmq.broker.metrics import DEFAULT_MAX_PARTITION_SERIES
 from dmq.broker.node import BrokerNode
 from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
+from dmq.client._malloc_tuning import keep_large_buffers
 from dmq.coordinator.controller.sessions import DEFAULT_BROKER_SESSION_TIMEOUT_MS
-from dmq.coordinator.principal_limits import PrincipalLimits
 from dmq.coordinator.node import CoordinatorNode
+from dmq.coordinator.principal_limits import PrincipalLimits
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto.security.settings import ServerSecurity
 from dmq.proto.server.connections import PerAddressConnectionLimit
 from dmq.proto.server.decoding import DecodeGuard
 from dmq.proto.server.dirlock import DataDirLock
 from dmq.proto.server.grpc_options import server_options
-from dmq.client._malloc_tuning import keep_large_buffers
 from dmq.proto.server.metrics import ConnectionsCollector, MetricsEndpoint, QuotaCollector, RpcMetrics, new_registry
 from dmq.proto.server.security.interceptor import AclView, SecurityInterceptor
 from dmq.proto.server.security.quotas import QuotaSettings
-from dmq.proto.security.settings import ServerSecurity
 
 log = structlog.get_logger(__name__)
 

@@ -160,8 +160,8 @@ def _pop_security(kwargs: dict):
     processes) from the _security_options values, which are removed from kwargs."""
     import os
 
-    from dmq.proto.server.security.quotas import QuotaSettings, Rates
     from dmq.proto.security.settings import SecurityConfigError, ServerSecurity
+    from dmq.proto.server.security.quotas import QuotaSettings, Rates
 
     v = {k: kwargs.pop(k) for k in SECURITY_PARAMS}
     argv: list[str] = []
@@ -677,9 +677,9 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
                     advertise: str | None, lease_ttl_s: int | None, **security_options) -> None:
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups. Several on one
     etcd: one is active, the others stand by (--lease-ttl-s)."""
-    from dmq.coordinator.metastore.base import StoreError
     from dmq.client._cluster import parse_address
     from dmq.coordinator.controller.leadership import DEFAULT_LEASE_TTL_S
+    from dmq.coordinator.metastore.base import StoreError
     from dmq.coordinator.metastore.config import make_metadata_store
 
     try:

@@ -2,7 +2,6 @@
 
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._consumer import DMQConsumer
-from dmq.client.errors import CorruptRecordError, InvalidConfigError
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._records import (
     ConsumerRecord,
@@ -11,6 +10,7 @@ from dmq.client.consumer._records import (
     OffsetAndTimestamp,
     TopicPartition,
 )
+from dmq.client.errors import CorruptRecordError, InvalidConfigError
 
 __all__ = [
     "DMQConsumer",

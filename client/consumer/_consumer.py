@@ -53,8 +53,8 @@ from typing import Any
 
 import grpc
 
-from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster
+from dmq.client._log import get_logger
 from dmq.client.consumer._commits import CommitCallback, Commits
 from dmq.client.consumer._common import check_seek_offset, commit_offsets, deserialize, time_queries, tp_of, tps_of
 from dmq.client.consumer._config import ConsumerConfig
@@ -65,8 +65,8 @@ from dmq.client.consumer._heartbeat import HeartbeatThread
 from dmq.client.consumer._listener import ConsumerRebalanceListener
 from dmq.client.consumer._offsets import OffsetClient
 from dmq.client.consumer._positions import PositionFinder
-from dmq.client.consumer._shell import ConsumerShell, topic_list
 from dmq.client.consumer._records import ConsumerRecords, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from dmq.client.consumer._shell import ConsumerShell, topic_list
 from dmq.client.consumer._subscription import (
     EARLIEST,
     LATEST,

@@ -47,8 +47,8 @@ from dmq.client.consumer._subscription import PartitionState, SubscriptionState
 from dmq.client.errors import CorruptRecordError, DMQError, from_partition_error
 from dmq.client.records import ConsumerRecord, RecordSequence
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto.wire import FetchPartitionView
 from dmq.proto import records as codec
+from dmq.proto.wire import FetchPartitionView
 
 log = get_logger(__name__)
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import grpc
 
-from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster
+from dmq.client._log import get_logger
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.errors import (
     CoordinatorUnavailableError,

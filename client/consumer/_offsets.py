@@ -26,14 +26,13 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
-from dmq.client._log import get_logger
 from dmq.client._calls import FanOut, RetryPolicy, fan_out_by_leader
 from dmq.client._cluster import Cluster
+from dmq.client._log import get_logger
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._group import Membership
 from dmq.client.consumer._records import OffsetAndMetadata, TopicPartition
 from dmq.client.errors import (
-    rpc_error_reason,
     BrokerUnavailableError,
     CommitFailedError,
     DMQError,
@@ -44,6 +43,7 @@ from dmq.client.errors import (
     UnknownPartitionError,
     UnknownServerError,
     from_rpc_error,
+    rpc_error_reason,
 )
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details

@@ -29,8 +29,14 @@ from collections.abc import Iterable
 from dmq.client.consumer._records import TopicPartition
 from dmq.proto.offset_markers import (  # re-exported (the `as` form says so to type checkers)
     EARLIEST as EARLIEST,
+)
+from dmq.proto.offset_markers import (
     LATEST as LATEST,
+)
+from dmq.proto.offset_markers import (
     START_AT_LOG_START as START_AT_LOG_START,
+)
+from dmq.proto.offset_markers import (
     START_BY_TIMESTAMP as START_BY_TIMESTAMP,
 )
 

@@ -24,6 +24,7 @@ EventSubscribe stream; `stop()` (or leaving its `with`) ends it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+
 try:
     import eventsourcing.dcb.api  # noqa: F401  (only to say what to install when it is missing)
 except ImportError as e:  # the recorder is an optional extra: name it rather than a bare module

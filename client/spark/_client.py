@@ -13,9 +13,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-
-from dmq.client._log import get_logger
 from dmq.client._cluster import Cluster
+from dmq.client._log import get_logger
 from dmq.client._reader import FetchWant, PartitionReader
 from dmq.client._security import client_security
 from dmq.client.admin import AdminClient, OffsetInfo

@@ -34,10 +34,10 @@ from dmq.coordinator.metadata_errors import MetadataError
 from dmq.coordinator.metastore.base import MetadataStore, PartitionRecord, TopicRecord
 from dmq.coordinator.store_writes import complete_even_if_cancelled, coordinator_disk_full
 from dmq.coordinator.topic_table import StateChanges, TopicTable
-from dmq.proto.topic_settings import validate_topic_name
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto.server.domain_errors import ErrorCode
 from dmq.proto.names import shorten
+from dmq.proto.server.domain_errors import ErrorCode
+from dmq.proto.topic_settings import validate_topic_name
 
 log = structlog.get_logger(__name__)
 

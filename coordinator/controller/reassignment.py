@@ -25,9 +25,9 @@ from dmq.coordinator.membership import BrokerMembership
 from dmq.coordinator.metadata_errors import MetadataError, MetadataPreconditionError
 from dmq.coordinator.metastore.base import PartitionRecord
 from dmq.coordinator.topic_table import TopicTable
-from dmq.proto.topic_settings import validate_topic_name
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.names import shorten
+from dmq.proto.topic_settings import validate_topic_name
 
 log = structlog.get_logger(__name__)
 

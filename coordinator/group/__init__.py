@@ -6,11 +6,11 @@ from ``GroupRegistry.get(group_id)``, persists ``result.records``, acts on ``res
 ``next_deadline_ms()``. All of it under one lock (or on one event loop), I/O outside.
 """
 
-from .assignor import PartitionAssignor, RangeAssignor, range_assign
-from .clock import Clock, FakeClock, MonotonicClock
 from dmq.proto.names import group_id_for
 from dmq.proto.offset_markers import START_AT_LOG_START, START_BY_TIMESTAMP
 
+from .assignor import PartitionAssignor, RangeAssignor, range_assign
+from .clock import Clock, FakeClock, MonotonicClock
 from .effects import (
     Event,
     GenerationStarted,
@@ -32,15 +32,15 @@ from .effects import (
     record_to_dict,
 )
 from .errors import (
+    ConsumerGroupNotEmptyError,
+    ConsumerGroupNotFoundError,
     GroupError,
     GroupFullError,
     GroupIdCollisionError,
-    ConsumerGroupNotEmptyError,
-    ConsumerGroupNotFoundError,
     IllegalStateTransitionError,
     InvalidRequestError,
-    NotOwnerError,
     MemberSecretError,
+    NotOwnerError,
     UnknownGroupMemberError,
 )
 from .group import Group, GroupConfig, Member, Ownership, random_member_id
@@ -49,11 +49,11 @@ from .handlers import (
     handle_coordinator_pause,
     handle_get_assignment,
     handle_heartbeat,
-    prove_member,
     handle_join,
     handle_leave,
     handle_partition_count_change,
     handle_poll,
+    prove_member,
     tick,
 )
 from .messages import (

@@ -38,8 +38,8 @@ from .effects import (
     Result,
 )
 from .errors import (
-    GroupFullError,
     ConsumerGroupNotEmptyError,
+    GroupFullError,
     IllegalStateTransitionError,
     InvalidRequestError,
     MemberSecretError,

@@ -22,9 +22,9 @@ from .effects import (
     SubscriptionMode,
 )
 from .errors import (
-    GroupIdCollisionError,
     ConsumerGroupNotEmptyError,
     ConsumerGroupNotFoundError,
+    GroupIdCollisionError,
     InvalidRequestError,
 )
 from .group import Group, GroupConfig

@@ -22,8 +22,8 @@ from typing import Any
 
 import grpc
 
-from dmq.proto.server.handlers import Behavior, WrappingInterceptor, call_behavior, stream_behavior
 from dmq.proto.names import cap_message
+from dmq.proto.server.handlers import Behavior, WrappingInterceptor, call_behavior, stream_behavior
 
 __all__ = ["DecodeGuard", "Undecodable"]
 

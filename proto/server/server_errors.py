@@ -21,8 +21,8 @@ from typing import Any, NoReturn, Protocol
 import grpc
 
 from dmq.proto import error_details
-from dmq.proto.server.domain_errors import DomainError, ErrorCode
 from dmq.proto.names import FieldError, cap_message
+from dmq.proto.server.domain_errors import DomainError, ErrorCode
 
 __all__ = ["RpcAbort", "fail", "rpc_handler", "status_code", "domain_status"]
 

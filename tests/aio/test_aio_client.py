@@ -10,7 +10,6 @@ import time
 import grpc
 import pytest
 
-from dmq.proto.wire import frame_produce_request
 from dmq.client.aio import AsyncAdminClient, AsyncConsumer, AsyncProducer
 from dmq.client.consumer import TopicPartition
 from dmq.client.errors import (
@@ -22,6 +21,7 @@ from dmq.client.errors import (
     UnknownSettingError,
 )
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto.wire import frame_produce_request
 from tests.aio.conftest import FAST, create, produce
 
 pytestmark = pytest.mark.timeout(60)

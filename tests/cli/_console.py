@@ -4,7 +4,9 @@ mode; an operator's commit then sets offsets, so lag is known exactly without a 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pathlib
 import re
 import select
 import signal
@@ -13,8 +15,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import contextlib
-import pathlib
 from collections.abc import Iterator, Mapping
 
 import grpc

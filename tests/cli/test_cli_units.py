@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dmq.client.admin import plan_reset
 from dmq.client.cli import _check_bootstrap
 from dmq.client.cli._output import human_bytes, human_duration_ms
 from dmq.client.cli._parse import (
@@ -18,7 +19,6 @@ from dmq.client.cli._parse import (
     parse_size_bytes,
     parse_topic_config,
 )
-from dmq.client.admin import plan_reset
 from dmq.client.cli.bench import percentiles
 from dmq.client.errors import is_connect_failure
 

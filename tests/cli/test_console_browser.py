@@ -31,8 +31,8 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)) and not os.en
                 allow_module_level=True)
 
 from selenium import webdriver  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402

@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+
 from tests.cli.conftest import WAIT_S, Dmq, wait_for
 
 # Runs the real CLI; once it has printed ARM_AFTER records, it raises SIGINT in the main thread

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import signal
 import subprocess
+
 from tests.cli.conftest import WAIT_S, Dmq, wait_for
 
 

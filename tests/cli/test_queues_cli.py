@@ -4,7 +4,6 @@ a leased partition, a pending record with a failure, dead letters, a max_queue_s
 from __future__ import annotations
 
 from dmq.client import Producer, QueueConsumer
-
 from tests.cli.conftest import Dmq
 
 WAIT_S = 10.0

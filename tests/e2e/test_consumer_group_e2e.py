@@ -19,8 +19,8 @@ import pytest
 from _procs import ConsumerProc, ProducerProc
 
 from dmq.client import AdminClient
-from dmq.client.consumer import DMQConsumer, TopicPartition
 from dmq.client.cli.runner import ClusterThread
+from dmq.client.consumer import DMQConsumer, TopicPartition
 
 pytestmark = pytest.mark.slow
 

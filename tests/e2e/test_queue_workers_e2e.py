@@ -16,7 +16,6 @@ import time
 
 from dmq.client import AdminClient, Producer, SimpleConsumer
 from dmq.client.cli.runner import ClusterThread
-
 from tests.e2e._procs import Event, Proc
 
 PARTITIONS = 16

@@ -10,7 +10,6 @@ import subprocess
 import time
 
 import pytest
-
 from _storage_server import Server, create_topic, dmq_executable, fetch_all, produce
 
 from dmq.client import OffsetAndMetadata

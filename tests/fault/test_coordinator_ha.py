@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 
 import grpc
 import pytest
-
 from _ha_procs import CoordinatorProc, HaCluster
 
 from dmq.client import AdminClient, SimpleConsumer

@@ -16,8 +16,8 @@ import signal
 import sys
 import time
 
-from _isolation_procs import ProcCluster
 from _coordinator_faults import READY_TIMEOUT_S, SESSION_MS, TOPIC, create_rf3_topic, wait_for
+from _isolation_procs import ProcCluster
 
 from dmq.client import AdminClient
 from dmq.client.errors import GroupNotFoundError

@@ -23,15 +23,27 @@ from __future__ import annotations
 import pathlib
 import signal
 import time
-import grpc
 
-from _coordinator_faults import HEARTBEAT_MS, OUTAGE_S, READY_TIMEOUT_S, SESSION_MS, SLACK_S, TOPIC, all_alive, create_rf3_topic, wait_for
+import grpc
+from _coordinator_faults import (
+    HEARTBEAT_MS,
+    OUTAGE_S,
+    READY_TIMEOUT_S,
+    SESSION_MS,
+    SLACK_S,
+    TOPIC,
+    all_alive,
+    create_rf3_topic,
+    wait_for,
+)
 from _isolation_procs import ProcCluster
+
 from dmq.broker.node import COORDINATOR_RECONNECT_BACKOFF_MAX_MS
 from dmq.client import AdminClient
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
+
 
 class AcksAllProbe:
     """One acks=all Produce per partition to its leader, each with a short deadline: which

@@ -10,13 +10,12 @@ import time
 
 import grpc
 import pytest
+from _isolation_procs import ProcCluster
 
 from dmq.client import Producer, SimpleConsumer
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, records
-
-from _isolation_procs import ProcCluster
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -25,14 +25,13 @@ from collections import defaultdict
 
 import grpc
 import pytest
+from _isolation_procs import ProcCluster
 
 from dmq.broker.log import LogConfig, LogManager
 from dmq.client import SimpleConsumer
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
-
-from _isolation_procs import ProcCluster
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "e2e"))
 from _procs import ConsumerProc, Proc  # noqa: E402

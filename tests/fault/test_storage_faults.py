@@ -17,11 +17,10 @@ import uuid
 
 import grpc
 import pytest
+from _storage_server import Server, create_topic, dmq_executable, fetch_all, produce, reason
 
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, records
-
-from _storage_server import Server, create_topic, dmq_executable, fetch_all, produce, reason
 
 pytestmark = pytest.mark.timeout(90)
 

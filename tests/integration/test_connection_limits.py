@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import grpc
-
-from dmq.proto import error_details
 import pytest
 
-from dmq.proto.server.connections import PerAddressConnectionLimit, split_peer
+from dmq.proto import error_details
 from dmq.proto.grpc_options import channel_options
+from dmq.proto.server.connections import PerAddressConnectionLimit, split_peer
 from dmq.proto.server.grpc_options import connection_limit, server_options
 
 

@@ -14,11 +14,11 @@ import pytest
 
 from dmq.client._cluster import Cluster
 from dmq.client.admin import AdminClient
+from dmq.client.cli.runner import ClusterThread
 from dmq.client.consumer._config import ConsumerConfig
 from dmq.client.consumer._fetcher import Fetcher
 from dmq.client.consumer._records import TopicPartition
 from dmq.client.consumer._subscription import SubscriptionState
-from dmq.client.cli.runner import ClusterThread
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
 

@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from dmq.client import AdminClient, Producer
+from dmq.client.cli.runner import ClusterThread
 from dmq.client.consumer import (
     ConsumerRebalanceListener,
     ConsumerRecords,
@@ -31,7 +32,6 @@ from dmq.client.errors import (
     InvalidArgumentError,
     TopicNotFoundError,
 )
-from dmq.client.cli.runner import ClusterThread
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options

@@ -18,14 +18,13 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
+from test_metadata import FakeBroker, Harness, leaders
 
 from dmq.client import AdminClient
 from dmq.client import errors as client_errors
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
-
-from test_metadata import FakeBroker, Harness, leaders
 
 pytestmark = pytest.mark.timeout(60)
 

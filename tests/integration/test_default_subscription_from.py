@@ -16,9 +16,9 @@ import time
 import pytest
 
 from dmq.client import AdminClient, Producer
+from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.client.consumer import DMQConsumer
 from dmq.client.errors import InvalidConfigError
-from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.coordinator.node import CoordinatorNode
 
 WAIT_S = 15.0

@@ -23,9 +23,9 @@ from dmq.client import (
     str_deserializer,
     str_serializer,
 )
+from dmq.client.cli.runner import ClusterThread
 from dmq.client.consumer import OffsetAndTimestamp
 from dmq.client.errors import IllegalStateError, InvalidArgumentError, InvalidConfigError, SerializationError, UnknownSettingError
-from dmq.client.cli.runner import ClusterThread
 from tests.wall_clock import ms_after_acknowledged
 
 TIMEOUT_S = 15.0

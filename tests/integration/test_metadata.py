@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from dmq.coordinator import node as node_module
 from dmq.coordinator.broker_pool import BrokerPool
 from dmq.coordinator.node import CoordinatorNode
-from dmq.proto.topic_settings import PARTITIONS_MAX, TopicSettings
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.server.grpc_options import server_options
+from dmq.proto.topic_settings import PARTITIONS_MAX, TopicSettings
 
 SESSION_MS = 10_000
 T0_MS = 1_700_000_000_000

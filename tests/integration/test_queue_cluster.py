@@ -9,9 +9,7 @@ import pytest
 from dmq.client import AdminClient, Producer, QueueConsumer, SimpleConsumer
 from dmq.client.cli.runner import ClusterThread
 from dmq.client.errors import QueueFullError
-
 from tests.integration._queue_helpers import WAIT_S, produce
-
 
 
 def _produce(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:

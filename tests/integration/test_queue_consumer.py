@@ -11,9 +11,7 @@ from dmq.client import AdminClient, QueueConsumer
 from dmq.client.cli.runner import ClusterThread
 from dmq.client.queue import QueueLease
 from dmq.client.records import ConsumerRecord
-
 from tests.integration._queue_helpers import WAIT_S, create_topic, produce
-
 
 
 def _setup(bootstrap: str, topic: str, values: list[bytes]) -> None:

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from dmq.client import QueueConsumer
 from dmq.broker.offsets import offsets_log_topic
+from dmq.client import QueueConsumer
 from dmq.client.errors import LeaseExpiredError
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records

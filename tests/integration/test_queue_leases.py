@@ -17,10 +17,8 @@ import pytest
 from dmq.client import Producer, QueueConsumer
 from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.client.errors import InvalidArgumentError, LeaseExpiredError, TopicNotFoundError
-
 from tests.integration._queue_helpers import WAIT_S, create_topic, produce, stored
 from tests.wall_clock import wall_ms
-
 
 
 def test_pop_leases_records_in_order_and_ack_moves_the_group_on(cluster: ClusterThread) -> None:

@@ -25,7 +25,6 @@ from dmq.client.queue_admin import QueueGroupState
 from dmq.client.records import ConsumerRecord
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc
-
 from tests.integration._queue_helpers import WAIT_S, create_topic, produce
 
 

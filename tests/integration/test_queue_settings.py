@@ -10,10 +10,8 @@ import pytest
 from dmq.client import AdminClient, Producer, QueueConsumer, SimpleConsumer
 from dmq.client.cli.runner import ClusterThread
 from dmq.client.errors import InvalidArgumentError, QueueFullError
-
 from tests.integration._queue_helpers import WAIT_S, create_topic, send
 from tests.wall_clock import wait_wall_clock_past, wall_ms
-
 
 
 def _log_end(bootstrap: str, topic: str, partition: int = 0) -> int:

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dmq.proto.security.acls import Acl, AclSet, Operation, ResourceType
-from dmq.proto.server.security.interceptor import SecurityInterceptor
 from dmq.proto.security.settings import ServerSecurity
 from dmq.proto.security.tokens import AuthenticationError
+from dmq.proto.server.security.interceptor import SecurityInterceptor
 from tests.security.conftest import SECRET
 
 INTERCEPTOR = SecurityInterceptor(ServerSecurity(token_secret=SECRET))

@@ -20,9 +20,9 @@ from dmq.client.cli import cli
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
-from dmq.proto.server.security.interceptor import SecurityInterceptor
 from dmq.proto.security.settings import ServerSecurity, sync_channel
 from dmq.proto.security.tokens import AuthenticationError, TokenVerifier, create_token, parse_duration_s
+from dmq.proto.server.security.interceptor import SecurityInterceptor
 from tests.security.conftest import SECRET, client_as, tls_client, token_for
 
 pytestmark = pytest.mark.timeout(60)

@@ -19,11 +19,11 @@ import pytest
 
 from dmq.proto.security import acls as acls_module
 from dmq.proto.security.acls import Acl, AclSet, Operation, ResourceType
-from dmq.proto.server.security.interceptor import AclView, Refusal, SecurityInterceptor
-from dmq.proto.server.security.rpc_table import rule_for
 from dmq.proto.security.settings import ServerSecurity
 from dmq.proto.security.token_channels import CallToken
 from dmq.proto.security.tokens import LEEWAY_S, AuthenticationError, TokenVerifier, create_token
+from dmq.proto.server.security.interceptor import AclView, Refusal, SecurityInterceptor
+from dmq.proto.server.security.rpc_table import rule_for
 from tests.security.conftest import SECRET
 
 T = ResourceType.TOPIC

@@ -14,8 +14,8 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
 from dmq.proto.grpc_options import channel_options
-from dmq.proto.server.security.quotas import Quotas, QuotaSettings, Rates
 from dmq.proto.security.settings import sync_channel
+from dmq.proto.server.security.quotas import Quotas, QuotaSettings, Rates
 from tests.security.conftest import tls_client, token_for
 
 pytestmark = pytest.mark.timeout(60)

@@ -21,8 +21,8 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
 from dmq.proto.grpc_options import channel_options
-from dmq.proto.server.security.rpc_table import RULES
 from dmq.proto.security.settings import ClientSecurity, sync_channel
+from dmq.proto.server.security.rpc_table import RULES
 from tests.security.conftest import client_as, tls_client, token_for
 
 pytestmark = pytest.mark.timeout(120)

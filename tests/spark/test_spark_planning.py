@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from dmq.client.spark.options import OptionError, parse_source_options
 from dmq.client.spark import reader as spark_reader
+from dmq.client.spark.options import OptionError, parse_source_options
 from dmq.client.spark.reader import (
     DataLossError,
     DMQBatchReader,

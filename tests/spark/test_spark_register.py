@@ -14,12 +14,13 @@ register(spark), then reads a topic of this test's server:
 from __future__ import annotations
 
 import os
-import shutil
 import pathlib
+import shutil
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+
 import pytest
 
 from dmq.client import AdminClient, Producer

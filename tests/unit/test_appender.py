@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from dmq.broker.log import PartitionLog
 from dmq.broker.appender import Appender
+from dmq.broker.log import PartitionLog
 from dmq.proto import records
 
 LARGE = records.encode([b"L" * (300 * 1024)])

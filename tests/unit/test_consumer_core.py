@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
+from _seeded import simulate
 
 from dmq.client._calls import RetryPolicy
 from dmq.client._log import get_logger
@@ -30,7 +31,6 @@ from dmq.client.errors import (
     UnknownMemberError,
 )
 from dmq.proto import dmq_pb2 as pb
-from _seeded import simulate
 
 T = "orders"
 BACKOFF_MS = 100

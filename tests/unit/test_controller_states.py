@@ -9,8 +9,8 @@ from dmq.coordinator.controller import partition_states as ps
 from dmq.coordinator.controller.partition_states import StateRefusedError
 from dmq.coordinator.controller.placement import place_partitions
 from dmq.coordinator.store import NO_LEADER, PartitionRecord
-from dmq.proto.topic_settings import TopicSettings, ValidationError, replication_defaults
 from dmq.proto.server.domain_errors import ErrorCode
+from dmq.proto.topic_settings import TopicSettings, ValidationError, replication_defaults
 
 S = PartitionRecord
 

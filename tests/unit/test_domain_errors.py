@@ -8,6 +8,7 @@ import inspect
 
 import grpc
 import pytest
+from _rpc_fakes import Log, Status, call
 
 from dmq.broker.events import errors as event_errors
 from dmq.broker.events import registry as event_registry
@@ -17,10 +18,9 @@ from dmq.coordinator import broker_calls, membership, metadata, metadata_errors,
 from dmq.coordinator.controller import leadership, partition_states
 from dmq.coordinator.group import errors as group_errors
 from dmq.proto import error_details
-from dmq.proto.server.domain_errors import DomainError, ErrorCode
 from dmq.proto.names import FieldError, check_topic_name
+from dmq.proto.server.domain_errors import DomainError, ErrorCode
 from dmq.proto.server.server_errors import domain_status, rpc_handler, status_code
-from _rpc_fakes import Log, Status, call
 
 
 def _answer(error: Exception, log: Log | None = None) -> Status:

@@ -14,7 +14,6 @@ from dmq.broker.events.index import HEAD, INDEX_FILE, MAGIC, EventIndex
 from dmq.broker.events.query import QueryItem
 from dmq.broker.events.store import NewEvent
 from dmq.broker.log import PartitionLog
-
 from tests.unit.test_event_index import _all_rows, append, open_store
 
 K = (QueryItem((), ("k:1",)),)

@@ -12,6 +12,8 @@ from dmq.coordinator.group import (
     START_BY_TIMESTAMP,
     VALID_PREVIOUS_STATES,
     CheckOwnershipRequest,
+    ConsumerGroupNotEmptyError,
+    ConsumerGroupNotFoundError,
     FakeClock,
     FindOrCreateGroupRequest,
     GenerationStarted,
@@ -23,8 +25,6 @@ from dmq.coordinator.group import (
     GroupDeleted,
     GroupFullError,
     GroupIdCollisionError,
-    ConsumerGroupNotEmptyError,
-    ConsumerGroupNotFoundError,
     GroupRegistry,
     GroupState,
     HeartbeatRequest,
@@ -54,7 +54,6 @@ from dmq.coordinator.group import (
     tick,
     transition_to,
 )
-
 from dmq.coordinator.group.group import REBALANCE_TIMER
 
 TOPIC = "orders"

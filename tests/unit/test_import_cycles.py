@@ -17,7 +17,6 @@ import functools
 import pathlib
 
 import pytest
-
 from test_import_rules import _module_name, _resolve, _sources
 
 # Cycles that exist only through `if TYPE_CHECKING:` imports (annotations naming CoordinatorNode

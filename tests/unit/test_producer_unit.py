@@ -34,8 +34,7 @@ from dmq.client.errors import (
 from dmq.client.producer import Producer
 from dmq.client.records import RecordMetadata
 from dmq.proto import dmq_pb2 as pb
-from dmq.proto import error_details
-from dmq.proto import records
+from dmq.proto import error_details, records
 
 WAIT_S = 10.0
 

@@ -19,7 +19,6 @@ import dataclasses
 import random
 
 import pytest
-
 from _seeded import simulate
 
 from dmq.broker.queue.leases import Lease, LeaseTable

@@ -6,10 +6,10 @@ import asyncio
 
 import grpc
 import pytest
+from _rpc_fakes import Log, call
 
 from dmq.proto import error_details
 from dmq.proto.server.server_errors import RpcAbort, fail, rpc_handler
-from _rpc_fakes import Log, call
 
 
 class DomainError(Exception):

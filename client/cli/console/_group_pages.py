@@ -12,10 +12,10 @@ import time
 import click
 
 from dmq.client.admin import RESET_TARGETS, GroupDescription
+from dmq.client.cli._parse import parse_datetime_ms
 from dmq.client.cli.console._app import BadRequest, Console, Request
 from dmq.client.cli.console._browse import OFFSET_MAX, TIME_MS_MAX
 from dmq.client.cli.console._cluster_pages import LISTED_MAX
-from dmq.client.cli._parse import parse_datetime_ms
 from dmq.client.cli.console._html import Html, ago_ms, badge, definition, join, link, page, table, tag, url, when_ms
 from dmq.client.errors import AuthorizationError, DMQError, GroupNotFoundError
 

@@ -34,12 +34,12 @@ from typing import Any
 import grpc
 import structlog
 
-from dmq.proto.server.handlers import Behavior, WrappingInterceptor, call_behavior, rewrap, stream_behavior
 from dmq.proto.security.acls import AclSet
-from dmq.proto.server.security.quotas import Quotas, QuotaSettings
-from dmq.proto.server.security.rpc_table import Access, Need, RpcRule, rule_for
 from dmq.proto.security.settings import AUTHORIZATION_KEY, BEARER, ServerSecurity, read_pem
 from dmq.proto.security.tokens import AuthenticationError, TokenVerifier, check_principal
+from dmq.proto.server.handlers import Behavior, WrappingInterceptor, call_behavior, rewrap, stream_behavior
+from dmq.proto.server.security.quotas import Quotas, QuotaSettings
+from dmq.proto.server.security.rpc_table import Access, Need, RpcRule, rule_for
 from dmq.proto.server.server_errors import fail
 
 __all__ = ["ANONYMOUS", "AclView", "CallAccess", "SecurityInterceptor", "current_access", "current_principal"]
