@@ -1,11 +1,16 @@
-"""A follower broker SIGKILLed and restarted in a 3-broker RF-3 cluster: once the data partition
-shows every replica in sync again, group commits (stored in the internal offsets log beside it,
-which shares its in-sync set) are acknowledged at once (issue 28: they were refused for seconds
-with "the in-sync replicas did not all get the write" — the restarted follower was counted in sync
-on the offsets log before it held it).
+"""Group commits are stored in the internal offsets log beside each data partition, which shares
+the data partition's in-sync set; a commit is acknowledged once every member has it. Issue 28 (the
+HA fault test): after a broker restart, commits were refused with "`__offsets+T[0]`: the in-sync
+replicas did not all get the write" although the data partition showed every replica in sync.
 
-Real processes: a coordinator and three brokers (ProcCluster); one committer thread commits
-increasing offsets to the partition's leader the whole time and records each refusal.
+- A follower SIGKILLed and restarted (while it is down the leader compacts the offsets log past
+  its copy): every commit sent once the data partition shows it back in sync is acknowledged.
+- A follower that keeps up with the data but never fetches the offsets log (a broker process whose
+  fetcher skips them, offsets_stall_broker_proc.py) leaves the in-sync set after
+  replica_lag_time_max_ms and commits succeed; before the fix only the data was checked, the
+  follower stayed in, and every commit waited out replica_ack_timeout_ms and was refused.
+
+Real processes: a coordinator and three brokers (ProcCluster); commits to the partition's leader.
 """
 
 from __future__ import annotations
