@@ -333,7 +333,10 @@ class ReplicaManager:
         if companion is None or companion.leading is None:
             return True
         follower = companion.leading.followers.get(replica_id)
-        return follower is not None and follower.log_end_offset >= companion.leading.high_watermark
+        # ... and is not lagging on it by the rule that removes members (_offsets_lagging), or it
+        # would be removed again at the next check
+        return (follower is not None and follower.log_end_offset >= companion.leading.high_watermark
+                and _now_ms() - follower.last_caught_up_ms <= self.lag_time_max_ms)
 
     def _hw_moved(self, r: Replica) -> None:
         assert r.leading is not None
@@ -400,9 +403,20 @@ class ReplicaManager:
                 if leading is None or r.alter_pending or is_offsets_log(r.topic):
                     continue  # an offsets log's in-sync set is its data partition's
                 self.sync_leader(r)
-                lagging = leading.lagging(now, self.lag_time_max_ms)
+                lagging = leading.lagging(now, self.lag_time_max_ms) | self._offsets_lagging(r, now)
                 if lagging:
                     self._alter_isr(r, leading.isr - lagging, f"followers {sorted(lagging)} lagging")
+
+    def _offsets_lagging(self, r: Replica, now_ms: int) -> set[int]:
+        """Followers of the shared in-sync set that keep up with the data but not with its internal
+        offsets log. Commits wait for every member on the offsets log, so such a follower must
+        leave the set as a lagging one of the data does; checking the data alone left it in,
+        and every commit waited out replica_ack_timeout_ms and was refused (issue 28)."""
+        companion = self.offsets_replica(r)
+        if companion is None or companion.leading is None:
+            return set()
+        self.sync_leader(companion)
+        return companion.leading.lagging(now_ms, self.lag_time_max_ms)
 
     def _alter_isr(self, r: Replica, isr: set[int], why: str) -> None:
         if r.leading is not None and len(isr) < len(r.leading.isr):
