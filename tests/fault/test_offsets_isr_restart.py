@@ -24,8 +24,8 @@ import time
 
 import grpc
 import pytest
-
 from _isolation_procs import ProcCluster
+
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
