@@ -193,7 +193,7 @@ def _check_secret(secret: str) -> None:
 _rpc = rpc_handler(log=log, before=lambda service: service._check_serving())
 
 
-def _peer_host(context: grpc.aio.ServicerContext) -> str:
+def _peer_host(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     """"ipv4:127.0.0.1:5000" -> "127.0.0.1"; "ipv6:[::1]:5000" -> "::1" (the member's host, for
     describe)."""
     try:
@@ -281,7 +281,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
     # -- lifecycle -------------------------------------------------------------------------------
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        pb_grpc.add_GroupCoordinatorServicer_to_server(self, server)
+        pb_grpc.add_GroupCoordinatorServicer_to_server(self, server)  # type: ignore[no-untyped-call]  # generated stubs are untyped
 
     async def start(self) -> None:
         """Load the groups from SQLite (the node's metadata is loaded already), hook the topic
@@ -514,7 +514,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
 
     @_rpc
     async def FindOrCreateGroup(  # noqa: N802
-        self, request: pb.FindOrCreateGroupRequest, context: grpc.aio.ServicerContext
+        self, request: pb.FindOrCreateGroupRequest,
+        context: grpc.aio.ServicerContext[pb.FindOrCreateGroupRequest, pb.FindOrCreateGroupResponse],
     ) -> pb.FindOrCreateGroupResponse:
         topic, app_id = request.topic, request.app_id
         validate_topic_name(topic, field="topic")
@@ -653,7 +654,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
 
     @_rpc
     async def JoinGroup(  # noqa: N802
-        self, request: pb.JoinGroupRequest, context: grpc.aio.ServicerContext
+        self, request: pb.JoinGroupRequest, context: grpc.aio.ServicerContext[pb.JoinGroupRequest, pb.JoinGroupResponse]
     ) -> pb.JoinGroupResponse:
         group_id = request.group_id
         _check_id("group_id", group_id)
@@ -677,7 +678,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
 
     @_rpc
     async def GetAssignment(  # noqa: N802
-        self, request: pb.GetAssignmentRequest, context: grpc.aio.ServicerContext
+        self, request: pb.GetAssignmentRequest,
+        context: grpc.aio.ServicerContext[pb.GetAssignmentRequest, pb.GetAssignmentResponse],
     ) -> pb.GetAssignmentResponse:
         group_id, member_id = request.group_id, request.member_id
         _check_id("group_id", group_id)
@@ -714,7 +716,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
 
     @_rpc
     async def Heartbeat(  # noqa: N802
-        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext
+        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext[pb.HeartbeatRequest, pb.HeartbeatResponse]
     ) -> pb.HeartbeatResponse:
         group_id, member_id = request.group_id, request.member_id
         _check_id("group_id", group_id)
@@ -737,7 +739,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
 
     @_rpc
     async def WatchGroup(  # noqa: N802
-        self, request: pb.WatchGroupRequest, context: grpc.aio.ServicerContext
+        self, request: pb.WatchGroupRequest, context: grpc.aio.ServicerContext[pb.WatchGroupRequest, pb.GroupEvent]
     ) -> None:
         group_id, member_id = request.group_id, request.member_id
         _check_id("group_id", group_id)
@@ -749,7 +751,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
 
     @_rpc
     async def LeaveGroup(  # noqa: N802
-        self, request: pb.LeaveGroupRequest, context: grpc.aio.ServicerContext
+        self, request: pb.LeaveGroupRequest, context: grpc.aio.ServicerContext[pb.LeaveGroupRequest, pb.LeaveGroupResponse]
     ) -> pb.LeaveGroupResponse:
         group_id, member_id = request.group_id, request.member_id
         _check_id("group_id", group_id)
@@ -766,7 +768,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
 
     @_rpc
     async def CheckOwnership(  # noqa: N802
-        self, request: pb.CheckOwnershipRequest, context: grpc.aio.ServicerContext
+        self, request: pb.CheckOwnershipRequest,
+        context: grpc.aio.ServicerContext[pb.CheckOwnershipRequest, pb.CheckOwnershipResponse],
     ) -> pb.CheckOwnershipResponse:
         group_id = request.group_id
         _check_id("group_id", group_id)
@@ -801,7 +804,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
 
     @_rpc
     async def ListGroups(  # noqa: N802
-        self, request: pb.ListGroupsRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ListGroupsRequest, context: grpc.aio.ServicerContext[pb.ListGroupsRequest, pb.ListGroupsResponse]
     ) -> pb.ListGroupsResponse:
         async with self._lock:
             summaries = summaries_to_proto(self.registry.groups())
@@ -809,7 +812,8 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
 
     @_rpc
     async def DescribeGroup(  # noqa: N802
-        self, request: pb.DescribeGroupRequest, context: grpc.aio.ServicerContext
+        self, request: pb.DescribeGroupRequest,
+        context: grpc.aio.ServicerContext[pb.DescribeGroupRequest, pb.DescribeGroupResponse],
     ) -> pb.DescribeGroupResponse:
         _check_id("group_id", request.group_id)
         async with self._lock:
@@ -819,7 +823,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
 
     @_rpc
     async def DeleteGroup(  # noqa: N802
-        self, request: pb.DeleteGroupRequest, context: grpc.aio.ServicerContext
+        self, request: pb.DeleteGroupRequest, context: grpc.aio.ServicerContext[pb.DeleteGroupRequest, pb.DeleteGroupResponse]
     ) -> pb.DeleteGroupResponse:
         """Only an EMPTY group: its offsets on the brokers go first (so a failure leaves the group
         in place to retry), then the group. Joins and commits wait meanwhile (UNAVAILABLE)."""

@@ -209,8 +209,8 @@ class CoordinatorNode:
         self.components.append(component)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        pb_grpc.add_MetadataServicer_to_server(self.metadata_service, server)
-        pb_grpc.add_CoordinatorStatusServicer_to_server(CoordinatorStatusServicer(self), server)
+        pb_grpc.add_MetadataServicer_to_server(self.metadata_service, server)  # type: ignore[no-untyped-call]  # generated stubs are untyped
+        pb_grpc.add_CoordinatorStatusServicer_to_server(CoordinatorStatusServicer(self), server)  # type: ignore[no-untyped-call]  # generated stubs are untyped
         for component in self.components:
             component.add_to_server(server)
 

@@ -287,7 +287,9 @@ class AsyncCluster(Cluster):
 
     async def _connected(self, address: str, deadline: float) -> grpc.ChannelConnectivity | None:
         """The channel's state once settled (READY, TRANSIENT_FAILURE, SHUTDOWN) or None at the deadline."""
-        channel = self.channel(address)
+        # channel() is typed Any (Cluster.channel answers a sync grpc.Channel, which an override
+        # may not replace); what it returns here is the aio channel _channels holds.
+        channel: grpc.aio.Channel = self.channel(address)
         done = (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE,
                 grpc.ChannelConnectivity.SHUTDOWN)
         state = channel.get_state(try_to_connect=True)

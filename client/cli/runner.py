@@ -41,6 +41,7 @@ import socket
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import grpc
 import structlog
@@ -122,7 +123,7 @@ def _new_server(
     # so a flood of bad credentials is bounded like any other flood.
     connections = PerAddressConnectionLimit()
     guard = SecurityInterceptor(security, acls, quotas)
-    interceptors: list[grpc.aio.ServerInterceptor] = []
+    interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
     if metrics is not None:
         interceptors.append(RpcMetrics(metrics))
         metrics.register(ConnectionsCollector(connections.connection_count))

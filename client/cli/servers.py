@@ -8,11 +8,29 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from dmq.broker.replication.settings import REPLICA_ACK_TIMEOUT_MS_DEFAULT, REPLICA_LAG_TIME_MAX_MS_DEFAULT
 from dmq.client.cli.logging_setup import configure_logging
+
+if TYPE_CHECKING:
+    from dmq.broker.log import LogConfig
+    from dmq.client.cli.runner import LocalCluster
+    from dmq.coordinator.principal_limits import PrincipalLimits
+    from dmq.proto.security.settings import ServerSecurity
+    from dmq.proto.server.security.quotas import QuotaSettings
+
+    # click types a parameter type by the value it converts to; the runtime class is subscripted
+    # only by the click releases that made it generic, so the parameter is given to mypy alone.
+    _PortParamType = click.ParamType[int | None]
+else:
+    _PortParamType = click.ParamType
+
+# A command callback being decorated with options (the option helpers below return it as given).
+F = TypeVar("F", bound=Callable[..., Any])
 
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"])
 SUBSCRIPTION_MODES = click.Choice(["all", "new", "timestamp"])
@@ -20,7 +38,7 @@ MAX_COORDINATORS = 9  # `dmq server --coordinators M`: a development cluster, on
 DEFAULT_METRICS_PORT = 9464  # dmq.proto.server.metrics.DEFAULT_METRICS_PORT (not imported: `dmq --help` stays light)
 
 
-class MetricsPort(click.ParamType):
+class MetricsPort(_PortParamType):
     """--metrics-port: a port, 0 for no endpoint, or `auto` for a free port (printed at start).
     Converted to what the runners take: None (off), 0 (a free port) or the port."""
 
@@ -49,7 +67,7 @@ DEFAULT_MAX_PARTITION_SERIES = 1000
 MAX_PARTITION_SERIES_LIMIT = 100_000
 
 
-def _metrics_option(default: str, help_text: str, envvar: str | None = None):
+def _metrics_option(default: str, help_text: str, envvar: str | None = None) -> Callable[[F], F]:
     """--metrics-port and --metrics-max-partition-series (the bound on its label sets)."""
     port = click.option("--metrics-port", "metrics_port", type=MetricsPort(), default=default, show_default=True,
                         envvar=envvar, show_envvar=envvar is not None,
@@ -80,7 +98,8 @@ def _metrics_argv(port: int | None, offset: int) -> list[str]:
     return ["--metrics-port", "auto" if port == 0 else str(port + offset), "--metrics-max-partition-series", str(series)]
 
 
-def _log_config(flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int):
+def _log_config(flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int,
+                retention_bytes: int) -> LogConfig:
     from dmq.broker.log import LogConfig
 
     return LogConfig(
@@ -92,7 +111,7 @@ def _log_config(flush: str, flush_interval_ms: int, segment_bytes: int, retentio
     )
 
 
-def _storage_options(f):
+def _storage_options(f: F) -> F:
     f = click.option(
         "--flush",
         type=click.Choice(["fsync", "interval"]),
@@ -112,7 +131,7 @@ def _storage_options(f):
     return f
 
 
-def _security_options(f):
+def _security_options(f: F) -> F:
     """TLS, authentication and quotas of a server port (dmq.proto.security.settings)."""
     opts = [
         click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True), default=None, show_default="none",
@@ -155,7 +174,7 @@ SECURITY_PARAMS = ("tls_cert", "tls_key", "tls_ca", "require_client_cert", "toke
                    "quota_fetch_bytes_per_s", "quota_requests_per_s")
 
 
-def _pop_security(kwargs: dict):
+def _pop_security(kwargs: dict[str, Any]) -> tuple[ServerSecurity | None, QuotaSettings | None, list[str]]:
     """(ServerSecurity or None, QuotaSettings or None, the argv that repeats them for child
     processes) from the _security_options values, which are removed from kwargs."""
     import os
@@ -210,14 +229,14 @@ def _check_flush_interval(flush: str) -> None:
 
 # The default is coordinator.controller.sessions.DEFAULT_BROKER_SESSION_TIMEOUT_MS (a test checks), kept
 # literal so that the CLI does not import the coordinator to show its help.
-def _broker_session_option(f):
+def _broker_session_option(f: F) -> F:
     return click.option(
         "--broker-session-timeout-ms", type=click.IntRange(100), default=6_000, show_default=True,
         help="A broker that has not heartbeated for this long is declared dead (clients stop waiting on it).",
     )(f)
 
 
-def _principal_limit_options(f):
+def _principal_limit_options(f: F) -> F:
     """Topics and partitions one principal may create (the coordinator's; 0 = no limit)."""
     f = click.option("--max-topics-per-principal", type=click.IntRange(0), default=0, show_default=True,
                      help="Topics one principal may have created; super-users and the cluster principal are "
@@ -227,7 +246,7 @@ def _principal_limit_options(f):
     return f
 
 
-def _principal_limits(max_topics: int, max_partitions: int):
+def _principal_limits(max_topics: int, max_partitions: int) -> tuple[PrincipalLimits | None, list[str]]:
     """(PrincipalLimits or None, the argv that repeats them for the coordinator child process)."""
     from dmq.coordinator.principal_limits import PrincipalLimits
 
@@ -237,7 +256,7 @@ def _principal_limits(max_topics: int, max_partitions: int):
             ["--max-topics-per-principal", str(max_topics), "--max-partitions-per-principal", str(max_partitions)])
 
 
-def _subscription_from_option(f):
+def _subscription_from_option(f: F) -> F:
     return click.option(
         "--default-subscription-from", "default_subscription_from", default=None, metavar="TIME", show_default="none",
         help="With --default-subscription-mode timestamp (and only then): the time a new group starts from, "
@@ -300,7 +319,7 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, coord
                default_subscription_from: str | None, log_level: str, flush: str, flush_interval_ms: int,
                segment_bytes: int, retention_ms: int, retention_bytes: int, broker_session_timeout_ms: int,
                max_topics_per_principal: int, max_partitions_per_principal: int, metrics_port: int | None,
-               metrics_max_partition_series: int, **security_options) -> None:
+               metrics_max_partition_series: int, **security_options: Any) -> None:
     """Run DMQ for development: a coordinator and broker(s), data under --data-dir.
 
     Security is off by default, on 127.0.0.1; see README "Securing a cluster"."""
@@ -337,7 +356,7 @@ def server_cmd(host: str, port: int, data_dir: pathlib.Path, brokers: int, coord
         max_partition_series=metrics_max_partition_series,
     )
 
-    def ready(cluster) -> None:
+    def ready(cluster: LocalCluster) -> None:
         metrics = "".join(f"  metrics at {e.url}\n" for e in cluster.metrics_endpoints)
         click.echo(
             f"DMQ is running: coordinator and broker on {cluster.bootstrap}, data in {data_dir.resolve()}\n{metrics}"
@@ -674,7 +693,7 @@ def coordinator_cmd(host: str, port: int, data_dir: pathlib.Path, default_subscr
                     metrics_max_partition_series: int, metadata_store: str, etcd_user: str | None, etcd_password: str | None,
                     etcd_ca_file: pathlib.Path | None, etcd_cert_file: pathlib.Path | None,
                     etcd_key_file: pathlib.Path | None, address_file: pathlib.Path | None,
-                    advertise: str | None, lease_ttl_s: int | None, **security_options) -> None:
+                    advertise: str | None, lease_ttl_s: int | None, **security_options: Any) -> None:
     """Run the coordinator alone: metadata (brokers, topics) and consumer groups. Several on one
     etcd: one is active, the others stand by (--lease-ttl-s)."""
     from dmq.client._cluster import parse_address
@@ -760,7 +779,7 @@ def _listening(name: str, address: str, address_file: pathlib.Path | None) -> No
 def broker_cmd(coordinator: str, broker_id: int, host: str, port: int, data_dir: pathlib.Path, log_level: str,
                rack: str, replica_lag_time_max_ms: int, replica_ack_timeout_ms: int,
                flush: str, flush_interval_ms: int, segment_bytes: int, retention_ms: int, retention_bytes: int,
-               metrics_port: int | None, metrics_max_partition_series: int, **security_options) -> None:
+               metrics_port: int | None, metrics_max_partition_series: int, **security_options: Any) -> None:
     """Run one storage broker that registers with --coordinator."""
     security, quotas, _argv = _pop_security(security_options)
     _check_metrics_series(metrics_port)
