@@ -99,6 +99,8 @@ def test_killed_member_is_replaced_within_the_session_timeout_and_nothing_is_los
     victim, survivors = consumers[0], consumers[1:]
     victim.wait_for(lambda e: e["ev"] == "commit", RUN_S, "a first commit by the victim")
     victim_partitions = victim.owned()
+    pause_watch = server.cluster.coordinator.groups.pause_watch
+    pauses_before = pause_watch.pauses
     victim.kill()  # SIGKILL: no leave, no final commit
     killed_at = time.time()
 
@@ -109,8 +111,16 @@ def test_killed_member_is_replaced_within_the_session_timeout_and_nothing_is_los
     reowned_at = max(
         e["t"] for c in survivors for e in c.of("assigned") if set(e["partitions"]) & victim_partitions
     )
-    print(f"victim's partitions {sorted(victim_partitions)} re-owned {reowned_at - killed_at:.2f}s after SIGKILL")
-    assert reowned_at - killed_at <= SESSION_TIMEOUT_MS / 1000 + 1.0, f"re-owned after {reowned_at - killed_at:.2f}s"
+    # The coordinator runs in this process: when its event loop stalls past its pause watch's
+    # threshold, the sessions that could have expired meanwhile restart, by design (issue 28: time
+    # it did not run is not counted against members), so each pause seen adds one session to the
+    # bound (a full run under xdist load: "coordinator was not running ... paused_ms=2437" 2.2 s
+    # after the kill, re-owned after 6.10 s).
+    pauses = pause_watch.pauses - pauses_before
+    print(f"victim's partitions {sorted(victim_partitions)} re-owned {reowned_at - killed_at:.2f}s after SIGKILL"
+          f" ({pauses} coordinator pauses)")
+    bound_s = (1 + pauses) * SESSION_TIMEOUT_MS / 1000 + 1.0
+    assert reowned_at - killed_at <= bound_s, f"re-owned after {reowned_at - killed_at:.2f}s, {pauses} pauses"
 
     producer.wait_for(lambda e: e["ev"] == "done", RUN_S, "the producer to finish")
 
