@@ -76,10 +76,15 @@ def test_a_commit_survives_its_leader_and_is_refused_below_min_insync(tmp_path: 
         assert _committed(cluster.broker_addresses[new_leader], group) == (7, "at 7")
         _commit(cluster.broker_addresses[new_leader], group, 9)
 
-        # The old leader back as a follower: a follower never answers its own (stale) view of the
-        # commits; it refuses (the client asks the leader), as the third replica does.
+        # The old leader back: a follower never answers its own (stale) view of the commits; it
+        # refuses (the client asks the leader). Back in sync, the old leader (the preferred
+        # replica) takes the lead back at the controller's next preferred-leader check (every
+        # 5 s): wait for that too, or the lead moves during the reads below and a broker read as
+        # a follower answers as the leader (ci12 on a5fe457 failed so; forced by a 6 s sleep).
         cluster.start_broker(old_leader)
-        info = _wait(metadata, lambda i: len(i.isr) == 3, "the old leader back in sync")
+        info = _wait(metadata, lambda i: len(i.isr) == 3 and i.leader_id == i.replicas[0],
+                     "the old leader back in sync and leading again")
+        assert info.leader_id == old_leader
         for broker in range(3):
             if broker == info.leader_id:
                 assert _committed(cluster.broker_addresses[broker], group) == (9, "at 9")
