@@ -12,10 +12,14 @@ import contextlib
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
+import structlog
+
 from dmq.coordinator.metadata_errors import CoordinatorDiskFullError, MetadataStoreUnavailableError
 from dmq.coordinator.metastore.base import StoreConflict, StoreError, StoreFullError
 
 T = TypeVar("T")
+
+log = structlog.get_logger(__name__)
 
 
 @contextlib.contextmanager
@@ -45,5 +49,10 @@ async def complete_even_if_cancelled(coro: Coroutine[Any, Any, T]) -> T:
         except asyncio.CancelledError:
             cancelled = True
     if cancelled:
+        # The caller is gone, so nobody awaits the write's outcome: a failure is logged here, and
+        # retrieving it keeps asyncio from reporting "Task exception was never retrieved".
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            log.warning("a metadata write failed after its caller was cancelled", error=str(error) or repr(error))
         raise asyncio.CancelledError
     return task.result()
