@@ -127,13 +127,28 @@ def etcd_url(etcd_server: EtcdServer) -> str:
 # leave the other workers idle at the end.
 _FIRST_UNDER_XDIST = ("tests/fault/", "tests/e2e/", "tests/cli/")
 
+# The fault tests that run clusters of processes under timing bounds (a takeover within the lease
+# TTL + 1 s, produce again within a broker session + 3 s): one worker runs them one after another,
+# as the Spark tests. Two of them at once on 2 cores starved each other's coordinators: a full
+# run had the twenty-fault test and the coordinator HA test side by side at load 10-16, and the
+# HA test's coordinators lost their leases to ~1 s stalls of their own event loops.
+_SERIAL_CLUSTER_FAULTS = frozenset({
+    "tests/fault/test_coordinator_ha.py",
+    "tests/fault/test_replication_faults.py",
+    "tests/fault/test_restart_commit_storm.py",
+    "tests/fault/test_coordinator_restart_groups.py",
+    "tests/fault/test_coordinator_pause.py",
+    "tests/fault/test_offsets_isr_restart.py",
+})
+
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist with --dist loadgroup (`make test`): tests are handed to the workers one
     by one, longest folders first; the Spark tests form one group, so one worker runs them all
-    with one SparkSession (~10 s and a JVM each). A module fixture starts once in each worker that
-    runs a test of its module; each worker has its own, so no state is shared between workers."""
+    with one SparkSession (~10 s and a JVM each), and the cluster fault tests another. A module
+    fixture starts once in each worker that runs a test of its module; each worker has its own,
+    so no state is shared between workers."""
     if getattr(config.option, "dist", "no") != "loadgroup":
         return
 
@@ -143,5 +158,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     items.sort(key=rank)  # stable: file order within each rank
     for item in items:
-        if item.nodeid.startswith("tests/spark/") and item.get_closest_marker("xdist_group") is None:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        if item.nodeid.startswith("tests/spark/"):
             item.add_marker(pytest.mark.xdist_group("spark"))
+        elif item.nodeid.split("::", 1)[0] in _SERIAL_CLUSTER_FAULTS:
+            item.add_marker(pytest.mark.xdist_group("cluster-faults"))

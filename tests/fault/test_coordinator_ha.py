@@ -1,6 +1,6 @@
 """The control plane survives its faults (issue 28, Acceptance): real processes throughout.
 
-A real etcd, three `dmq coordinator`s on it (lease TTL 2 s: one active, two standing by), three
+A real etcd, three `dmq coordinator`s on it (lease TTL 3 s: one active, two standing by), three
 `dmq broker`s given all three addresses, an RF-3 topic of 6 partitions (min in-sync 2), an
 idempotent acks=all producer and a 2-member consumer group (each its own process, committing after
 every poll) running throughout. In a seeded order (the seed is printed; DMQ_FAULT_SEED replays it):
@@ -61,7 +61,13 @@ TOPIC = "ha"
 PARTITIONS = 6
 APP = "ha-app"
 DEPOSED_TOPIC = "written-by-the-deposed"
-LEASE_TTL_S = 2  # etcd's minimum: the shortest takeover
+# Not etcd's minimum of 2 s: with it (renewals every 0.67 s, acting until 1.5 s after the last one
+# was sent) a coordinator whose loop stalls ~1 s steps down, and a full run at load 10-16 on 2
+# cores saw stalls of 0.56 and 0.96 s: the lease went c2, c0, c2, c0 ... (epochs 3-8) for 10 s
+# after fault 1 and broker 1's partitions took produce again only after 19.5 s. Forced: twelve
+# 1.0 s SIGSTOPs of an active coordinator at every phase of its renewal cycle stepped it down 3
+# times with TTL 2, never with TTL 3 (renewals every 1 s, acting until 2.25 s after one).
+LEASE_TTL_S = 3
 BROKER_SESSION_MS = 2_000
 REPLICA_LAG_MS = 2_000
 # The group must read again within its session + 3 s of a takeover, and where a broker died too
