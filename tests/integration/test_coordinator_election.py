@@ -7,6 +7,7 @@ to lead again later) or stopped cleanly (its lease revoked: at once, far sooner 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import pathlib
 import signal
@@ -26,6 +27,7 @@ from dmq.coordinator.metastore.config import make_metadata_store
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
+from tests import polling
 from tests.etcd_server import running_etcd
 
 START_TIMEOUT_S = 30.0  # a child importing grpc on a loaded 2-core machine
@@ -68,13 +70,7 @@ class _Coordinator:
         self.proc.wait(10)
 
 
-def _wait(predicate: object, timeout_s: float, what: str) -> float:
-    started = time.monotonic()
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"no {what} within {timeout_s:.1f}s")
-        time.sleep(0.02)  # polling a condition under a deadline
-    return time.monotonic() - started
+_wait = functools.partial(polling.seconds_until, poll_s=0.02)  # (predicate, timeout_s, what) -> seconds
 
 
 def _one_active(coordinators: list[_Coordinator], timeout_s: float) -> _Coordinator:
@@ -270,6 +266,16 @@ def test_etcd_unreachable_past_the_ttl_deposes_the_active_one_which_stands_by_an
         only.kill()
 
 
+def _stop(broker: subprocess.Popen[bytes] | None, coordinators: list[_Coordinator]) -> None:
+    """A test's cleanup: SIGKILL the broker process (if one was started) and every coordinator."""
+    if broker is not None:
+        if broker.poll() is None:
+            broker.send_signal(signal.SIGKILL)
+        broker.wait(10)
+    for c in coordinators:
+        c.kill()
+
+
 def _broker(root: pathlib.Path, coordinators: list[_Coordinator]) -> subprocess.Popen[bytes]:
     log_path = root / "broker0.log"
     with open(log_path, "ab") as log:
@@ -328,9 +334,7 @@ def test_a_client_and_a_broker_given_every_address_follow_a_takeover(
         assert sorted(got) == sorted([f"before-{i}".encode() for i in range(10)] + [f"after-{i}".encode() for i in range(10)])
         assert second.proc.poll() is None
     finally:
-        if broker.poll() is None:
-            broker.send_signal(signal.SIGKILL)
-        broker.wait(10)
+        _stop(broker, [])
 
 
 def test_a_broker_following_coordinators_through_an_election_keeps_its_connections(
