@@ -21,8 +21,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import click
 
@@ -108,6 +108,19 @@ def _fmt_ms(v: float | int | None) -> str:
     return "-" if v is None else f"{v:.2f} ms"
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _reporting_options(command: F) -> F:
+    """The options every bench command shares: how it shows progress and its summary."""
+    command = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
+                           show_default=True, help="Summary as a table or as JSON.")(command)
+    command = click.option("--progress/--no-progress", default=True, show_default=True,
+                           help="Show progress while running.")(command)
+    return click.option("--report-interval-ms", type=click.IntRange(100), default=5000, show_default=True,
+                        help="Progress line period when stderr is not a terminal.")(command)
+
+
 @click.group("bench")
 def bench() -> None:
     """Measure produce and consume throughput and latency against a running cluster."""
@@ -131,11 +144,7 @@ def bench() -> None:
               help="Producer batch size in bytes.")
 @click.option("--linger-ms", type=click.FloatRange(0), default=5, show_default=True,
               help="Producer linger: how long a batch may wait to fill.")
-@click.option("--report-interval-ms", type=click.IntRange(100), default=5000, show_default=True,
-              help="Progress line period when stderr is not a terminal.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress while running.")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="Summary as a table or as JSON.")
+@_reporting_options
 @click.pass_context
 def bench_produce(ctx: click.Context, topic: str, num_records: int, record_size: int, throughput: int,
                   partitions: int, acks: str, compression: str, batch_size: int, linger_ms: float,
@@ -241,11 +250,7 @@ def _quick_median(samples: list[float]) -> float | None:
               help="Bytes per partition per fetch.")
 @click.option("--timeout-ms", "idle_timeout_ms", type=click.IntRange(1), default=10_000, show_default=True,
               help="Give up when no record arrives for this long.")
-@click.option("--report-interval-ms", type=click.IntRange(100), default=5000, show_default=True,
-              help="Progress line period when stderr is not a terminal.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress while running.")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="Summary as a table or as JSON.")
+@_reporting_options
 @click.pass_context
 def bench_consume(ctx: click.Context, topic: str, messages: int | None, app: str | None, fetch_max_bytes: int,
                   idle_timeout_ms: int, report_interval_ms: int, progress: bool, output: str) -> None:

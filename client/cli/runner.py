@@ -613,14 +613,7 @@ async def run_coordinator_only(
         try:
             await _stop_group_service(node)
         finally:
-            try:
-                await server.stop(SHUTDOWN_GRACE_S)
-            finally:
-                try:
-                    await node.stop()
-                finally:
-                    if endpoint is not None:
-                        await endpoint.stop()
+            await _stop_in_order(server, node, endpoint)
 
     await serve_until_signalled(start, stop, lambda: on_ready(f"{host}:{bound}"))
 
@@ -692,16 +685,23 @@ async def run_broker_only(
     async def stop() -> None:
         await server_health.shutting_down()
         node.queues.end_pops()  # waiting queue pops answer now, not after the grace period
-        try:
-            await server.stop(SHUTDOWN_GRACE_S)
-        finally:
-            try:
-                await node.stop()
-            finally:
-                if endpoint is not None:
-                    await endpoint.stop()
+        await _stop_in_order(server, node, endpoint)
 
     await serve_until_signalled(start, stop, lambda: on_ready(f"{host}:{bound}"))
+
+
+async def _stop_in_order(server: grpc.aio.Server, node: CoordinatorNode | BrokerNode,
+                         endpoint: MetricsEndpoint | None) -> None:
+    """A clean stop: the gRPC server (its grace period lets calls in flight finish), then the
+    node, then the metrics endpoint; each one even when the one before failed."""
+    try:
+        await server.stop(SHUTDOWN_GRACE_S)
+    finally:
+        try:
+            await node.stop()
+        finally:
+            if endpoint is not None:
+                await endpoint.stop()
 
 
 def _locked_then_bound(
