@@ -145,6 +145,11 @@ class ServerProcess:
                 time.sleep(0.05)
         raise TimeoutError(f"dmq server at {self.bootstrap} not ready in {timeout_s}s: {self.log_tail()}")
 
+    def metrics_url(self) -> str:
+        """The URL of its /metrics (started with `--metrics-port auto`), once it has printed it."""
+        return str(wait_for(lambda: (m := re.search(r"metrics at (http://\S+)", self.log_tail())) and m.group(1),
+                            "the metrics URL on stderr"))
+
     def log_tail(self, chars: int = 3000) -> str:
         self._log.flush()
         return self.log_path.read_text(errors="replace")[-chars:]

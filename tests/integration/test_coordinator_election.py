@@ -80,13 +80,19 @@ def _one_active(coordinators: list[_Coordinator], timeout_s: float) -> _Coordina
     return active[0]
 
 
-def _list_topics(address: str) -> grpc.RpcError | None:
+def _refusal(address: str, call: Callable[[grpc.Channel], object]) -> grpc.RpcError | None:
+    """call(a channel to `address`): None when answered, else its refusal."""
     with grpc.insecure_channel(address) as channel:
         try:
-            pb_grpc.MetadataStub(channel).ListTopics(pb.ListTopicsRequest(), timeout=WAIT_S)
+            call(channel)
         except grpc.RpcError as e:
             return e
     return None
+
+
+def _list_topics(address: str) -> grpc.RpcError | None:
+    """A metadata RPC (ListTopics) at `address`: None when answered, else its refusal."""
+    return _refusal(address, lambda ch: pb_grpc.MetadataStub(ch).ListTopics(pb.ListTopicsRequest(), timeout=WAIT_S))
 
 
 def _active_named_by(address: str) -> str | None:
@@ -180,12 +186,7 @@ def status() -> object:
 
 def _group_refusal(address: str) -> grpc.RpcError | None:
     """A group RPC (ListGroups) at `address`: None when answered, else its refusal."""
-    with grpc.insecure_channel(address) as channel:
-        try:
-            pb_grpc.GroupCoordinatorStub(channel).ListGroups(pb.ListGroupsRequest(), timeout=WAIT_S)
-        except grpc.RpcError as e:
-            return e
-    return None
+    return _refusal(address, lambda ch: pb_grpc.GroupCoordinatorStub(ch).ListGroups(pb.ListGroupsRequest(), timeout=WAIT_S))
 
 
 def _coordinators_list(bootstrap: str) -> dict[str, tuple[str, int]]:
