@@ -104,6 +104,20 @@ def _summary_table(rows: list[tuple[str, str]]) -> Any:
     return table(["measure", "value"], [list(r) for r in rows], show_header=False)
 
 
+def _report(output: str, summary: dict[str, Any], elapsed: float, rows: list[tuple[str, str]]) -> None:
+    """The run's summary: JSON (`-o json`), or a table of `rows` after its first (what was moved),
+    with the elapsed time and the throughput, which every bench command reports."""
+    if output == "json":
+        print_json(summary)
+        return
+    show(_summary_table([
+        rows[0],
+        ("elapsed", f"{elapsed:.2f} s"),
+        ("throughput", f"{summary['msgs_per_s']:,.0f} msgs/s  {summary['mb_per_s']:.2f} MB/s"),
+        *rows[1:],
+    ]))
+
+
 def _fmt_ms(v: float | int | None) -> str:
     return "-" if v is None else f"{v:.2f} ms"
 
@@ -220,17 +234,12 @@ def bench_produce(ctx: click.Context, topic: str, num_records: int, record_size:
         "elapsed_s": round(elapsed, 3), "msgs_per_s": round(num_records / elapsed, 1),
         "mb_per_s": round(total_bytes / MB / elapsed, 3), "latency_ms": lat,
     }
-    if output == "json":
-        print_json(summary)
-        return
-    show(_summary_table([
+    _report(output, summary, elapsed, [
         ("records", f"{num_records:,} x {record_size} B"),
-        ("elapsed", f"{elapsed:.2f} s"),
-        ("throughput", f"{summary['msgs_per_s']:,.0f} msgs/s  {summary['mb_per_s']:.2f} MB/s"),
         ("latency avg", _fmt_ms(lat["avg"])), ("latency p50", _fmt_ms(lat["p50"])),
         ("latency p95", _fmt_ms(lat["p95"])), ("latency p99", _fmt_ms(lat["p99"])),
         ("latency p99.9", _fmt_ms(lat["p999"])), ("latency max", _fmt_ms(lat["max"])),
-    ]))
+    ])
 
 
 def _quick_median(samples: list[float]) -> float | None:
@@ -336,14 +345,9 @@ def bench_consume(ctx: click.Context, topic: str, messages: int | None, app: str
         "msgs_per_s": round(count / elapsed, 1), "mb_per_s": round(nbytes / MB / elapsed, 3),
         "fetches": len(latencies_ms), "fetch_latency_ms": lat,
     }
-    if output == "json":
-        print_json(summary)
-        return
-    show(_summary_table([
+    _report(output, summary, elapsed, [
         ("records", f"{count:,} ({nbytes / MB:.2f} MB)"),
-        ("elapsed", f"{elapsed:.2f} s"),
-        ("throughput", f"{summary['msgs_per_s']:,.0f} msgs/s  {summary['mb_per_s']:.2f} MB/s"),
         ("fetches", str(summary["fetches"])),
         ("fetch p50", _fmt_ms(lat["p50"])), ("fetch p95", _fmt_ms(lat["p95"])),
         ("fetch p99", _fmt_ms(lat["p99"])), ("fetch max", _fmt_ms(lat["max"])),
-    ]))
+    ])
