@@ -2,7 +2,9 @@
 
 The asyncio client reuses the synchronous client's pure parts (request building, answer parsing,
 error mapping, the metadata cache, retry and idempotence rules of the sender, the fetch buffers)
-rather than writing them again. Those parts talk to gRPC through a small surface: a stub method's
+rather than writing them again. The producer's sender starts its Produce calls as tasks
+(``start_call``: a task's done-callback and result() are all it asks of a call). The consumer's
+reused parts (its fetcher, offsets and group calls) still talk to gRPC through a stub method's
 ``.future(request, timeout=)`` returning a grpc.Future (done / result / add_done_callback /
 cancel), and ``Cluster.leader_for`` / ``topic_metadata`` lookups. This module gives that surface
 on grpc.aio:
