@@ -38,11 +38,11 @@ import structlog
 from dmq.broker.append_notifier import AppendNotifier
 from dmq.broker.appender import Appender
 from dmq.broker.events.registry import EventStores
+from dmq.broker.host import StorageHost
 from dmq.broker.log import (
     CorruptLogError,
     LogClosedError,
     LogError,
-    LogManager,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     PartitionLog,
@@ -51,7 +51,7 @@ from dmq.broker.log import (
 )
 from dmq.broker.memory_budget import BudgetExhaustedError, ByteBudget, Lease
 from dmq.broker.metrics import TopicTraffic
-from dmq.broker.offsets import OffsetStore, check_offsets_log_name, is_offsets_log
+from dmq.broker.offsets import check_offsets_log_name, is_offsets_log
 from dmq.broker.queue.manager import QueueManager
 from dmq.broker.readiness import require_started
 from dmq.broker.replication.manager import ReplicaManager
@@ -169,23 +169,15 @@ _guarded = rpc_handler(log=log, translate=_translate)
 _loaded = rpc_handler(log=log, translate=_translate, before=require_started)
 
 
-class BrokerHost(Protocol):
+class BrokerHost(StorageHost, Protocol):
     """The broker as its data-path servicer sees it (the BrokerNode is one): a Protocol, so this
-    module names no node and the node imports it without a cycle."""
+    module names no node and the node imports it without a cycle. Its id, logs and offsets
+    store are StorageHost's."""
 
     controller_epoch: int  # the newest heard of; UpdatePartitionStates moves it
 
     @property
     def ready(self) -> bool: ...
-
-    @property
-    def broker_id(self) -> int: ...
-
-    @property
-    def logs(self) -> LogManager: ...
-
-    @property
-    def offsets(self) -> OffsetStore: ...
 
     @property
     def replication(self) -> ReplicaManager: ...

@@ -527,15 +527,10 @@ class BufferPool:
         return self._available
 
     def reserve(self, nbytes: int, max_block_ms: int) -> None:
-        if nbytes > self.total_bytes:
-            raise RecordTooLargeError(
-                f"a record needs {nbytes} bytes of buffer but buffer_memory is {self.total_bytes}: "
-                "raise buffer_memory or send smaller records"
-            )
+        """Take nbytes, blocking up to max_block_ms for them (the sync producer)."""
+        if self.try_reserve(nbytes):
+            return
         with self._cond:
-            if self._available >= nbytes:
-                self._available -= nbytes
-                return
             deadline = time.monotonic() + max_block_ms / 1000
             self.waiters += 1
             try:
@@ -544,15 +539,31 @@ class BufferPool:
                 while self._available < nbytes:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        raise DMQTimeoutError(
-                            f"buffer_memory ({self.total_bytes} bytes) stayed full for max_block_ms "
-                            f"({max_block_ms} ms): the brokers are not keeping up or cannot be "
-                            "reached; raise buffer_memory or max_block_ms, or produce more slowly"
-                        )
+                        raise self.stayed_full(max_block_ms)
                     self._cond.wait(remaining)
             finally:
                 self.waiters -= 1
             self._available -= nbytes
+
+    def try_reserve(self, nbytes: int) -> bool:
+        """Take nbytes if they are free now; RecordTooLargeError if they never could be."""
+        if nbytes > self.total_bytes:
+            raise RecordTooLargeError(
+                f"a record needs {nbytes} bytes of buffer but buffer_memory is {self.total_bytes}: "
+                "raise buffer_memory or send smaller records"
+            )
+        with self._cond:
+            if self._available >= nbytes:
+                self._available -= nbytes
+                return True
+        return False
+
+    def stayed_full(self, max_block_ms: int) -> DMQTimeoutError:
+        return DMQTimeoutError(
+            f"buffer_memory ({self.total_bytes} bytes) stayed full for max_block_ms "
+            f"({max_block_ms} ms): the brokers are not keeping up or cannot be "
+            "reached; raise buffer_memory or max_block_ms, or produce more slowly"
+        )
 
     def release(self, nbytes: int) -> None:
         if nbytes <= 0:

@@ -94,17 +94,21 @@ class CoordinatorRouter(grpc.Channel):
 
     # -- grpc.Channel ---------------------------------------------------------------------------
 
+    # What a method of this channel is: the sync calls here; the asyncio router's awaitables.
+    UNARY: type[RoutedMethod]
+    STREAM: type[RoutedMethod]
+
     def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _Routed(self, lambda ch: ch.unary_unary(method, *args, **kwargs))
+        return self.UNARY(self, lambda ch: ch.unary_unary(method, *args, **kwargs))
 
     def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _Routed(self, lambda ch: ch.unary_stream(method, *args, **kwargs))
+        return self.STREAM(self, lambda ch: ch.unary_stream(method, *args, **kwargs))
 
     def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _Routed(self, lambda ch: ch.stream_unary(method, *args, **kwargs))
+        return self.STREAM(self, lambda ch: ch.stream_unary(method, *args, **kwargs))
 
     def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _Routed(self, lambda ch: ch.stream_stream(method, *args, **kwargs))
+        return self.STREAM(self, lambda ch: ch.stream_stream(method, *args, **kwargs))
 
     def subscribe(self, callback: Any, try_to_connect: bool = False) -> None:
         self._channel_for(self.current).subscribe(callback, try_to_connect=try_to_connect)
@@ -144,11 +148,19 @@ class Attempts:
         self._left -= 1
         return (self._answered or error) if self._left <= 0 else None
 
+    def again_or_raise(self, address: str, error: grpc.RpcError) -> None:
+        """again(), raising what it says to raise; returns when the call is to be sent again."""
+        raised = self.again(address, error)
+        if raised is error:
+            raise error
+        if raised is not None:
+            raise raised from None  # a standby's answer rather than a later refused connection
 
-class _Routed:
-    """One method's multicallable, at whichever coordinator is current."""
 
-    def __init__(self, router: CoordinatorRouter, make: Callable[[grpc.Channel], Any]) -> None:
+class RoutedMethod:
+    """One method's multicallable per coordinator address, made on first use."""
+
+    def __init__(self, router: CoordinatorRouter, make: Callable[[Any], Any]) -> None:
         self._router = router
         self._make = make
         self._by_address: dict[str, Any] = {}
@@ -159,6 +171,10 @@ class _Routed:
             call = self._by_address[address] = self._make(self._router._channel_for(address))
         return call
 
+
+class _Routed(RoutedMethod):
+    """One method's multicallable, at whichever coordinator is current."""
+
     def _blocking(self, name: str, request: Any, kwargs: dict[str, Any]) -> Any:
         attempts = Attempts(self._router)
         while True:
@@ -166,11 +182,7 @@ class _Routed:
             try:
                 return getattr(self._at(address), name)(request, **kwargs)
             except grpc.RpcError as e:
-                error = attempts.again(address, e)
-                if error is e:
-                    raise
-                if error is not None:
-                    raise error from None  # a standby's answer rather than a later refused connection
+                attempts.again_or_raise(address, e)
 
     def __call__(self, request: Any, **kwargs: Any) -> Any:
         return self._blocking("__call__", request, kwargs)
@@ -188,3 +200,6 @@ class _Routed:
 
         future.add_done_callback(done)
         return future
+
+
+CoordinatorRouter.UNARY = CoordinatorRouter.STREAM = _Routed

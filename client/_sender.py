@@ -90,6 +90,9 @@ _PRODUCE_ERRORS_WITH_REASON = {grpc.StatusCode.NOT_FOUND: UnknownPartitionError}
 
 
 class Sender:
+    # What a cancelled call's result() raises (the producer is closing); asyncio's on the loop.
+    CANCELLED: tuple[type[BaseException], ...] = (grpc.FutureCancelledError,)
+
     def __init__(
         self,
         acc: Accumulator,
@@ -152,17 +155,26 @@ class Sender:
         try:
             while not self._stopping:
                 self._wakeup.wait(timeout)
-                self._wakeup.clear()
-                if self._stopping:
-                    break
-                timeout = self._step(time.monotonic())
+                timeout = self._turn()
         except BaseException as e:  # noqa: BLE001 - report, fail every pending record, end
-            log.exception("producer sender thread crashed")
-            self.error = e
-            with self._acc.lock:
-                self._acc.closed = True
-                self._acc.seal_all()
-            self.fail_all(UnknownServerError(f"the producer's sender thread crashed: {e!r}"))
+            self._crashed(e, UnknownServerError(f"the producer's sender thread crashed: {e!r}"))
+
+    def _turn(self) -> float | None:
+        """After a wake-up (the thread's or the asyncio task's loop): one turn, unless stopping;
+        how long the loop may wait for the next wake-up."""
+        self._wakeup.clear()
+        if self._stopping:
+            return None
+        return self._step(time.monotonic())
+
+    def _crashed(self, e: BaseException, err: DMQError) -> None:
+        """The loop raised: report it, refuse later sends, fail every pending record with `err`."""
+        log.exception("producer sender crashed", name=self.thread.name)
+        self.error = e
+        with self._acc.lock:
+            self._acc.closed = True
+            self._acc.seal_all()
+        self.fail_all(err)
 
     # -- one turn ----------------------------------------------------------------------------------
 
@@ -274,7 +286,7 @@ class Sender:
             # NOT_LEADER and the batch is retried, by then with the refreshed leader.
             address = self._cluster.leader_for(b.topic, b.partition, timeout_s=0.0, allow_stale=True)
             request = frame_produce_request(b.topic, b.partition, self._acks, payload)
-            call = self._cluster.raw_produce(address).future(request, timeout=self.request_timeout_s)
+            call = self._start_call(address, request)
         except DMQError as e:  # no leader known (metadata refresh failed)
             b.attempts += 1
             self._attempt_failed(q, b, e, now, address="")
@@ -287,6 +299,11 @@ class Sender:
         if not self._wait_for_ack and not b.future.done():
             b.resolve(-1)  # acks=0: nobody waits for the broker
         call.add_done_callback(functools.partial(self._queue_response, b, address, time.monotonic()))
+
+    def _start_call(self, address: str, request: bytes) -> Any:
+        """Start the Produce; what it returns gives ``add_done_callback(fn)`` (fn gets the call)
+        and ``result()`` (the response, or raises the error or one of CANCELLED)."""
+        return self._cluster.raw_produce(address).future(request, timeout=self.request_timeout_s)
 
     def _queue_response(self, b: ProducerBatch, address: str, sent: float, call: Any) -> None:
         # On a gRPC thread: hand over to the sender, touch nothing else (the latency ends here).
@@ -313,7 +330,7 @@ class Sender:
                 )
                 err.args = (err.message,)
             self._attempt_failed(q, b, err, now, address=address)
-        except grpc.FutureCancelledError:
+        except self.CANCELLED:
             self._fail(q, b, ClientClosedError(f"{b.topic}[{b.partition}]: Produce cancelled: the producer is closing"))
         else:
             if response.record_offsets:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from dmq.broker.log import LogManager
-from dmq.broker.offsets import OffsetStore
+from dmq.broker.host import StorageHost
 from dmq.broker.replication.stage_trace import StageTrace
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.security.settings import ClientSecurity
@@ -43,19 +42,10 @@ class _NoListener:
 NO_LISTENER: ReplicaLogListener = _NoListener()
 
 
-class ReplicaHost(Protocol):
-    """The broker as replication sees it: its id, logs and offsets store, who to tell about new
-    data, the stage trace, how to call other servers, and the coordinator's metadata service
-    (None before the broker started; AlterIsr)."""
-
-    @property
-    def broker_id(self) -> int: ...
-
-    @property
-    def logs(self) -> LogManager: ...
-
-    @property
-    def offsets(self) -> OffsetStore: ...
+class ReplicaHost(StorageHost, Protocol):
+    """The broker as replication sees it: its id, logs and offsets store (StorageHost), who to
+    tell about new data, the stage trace, how to call other servers, and the coordinator's
+    metadata service (None before the broker started; AlterIsr)."""
 
     @property
     def notifier(self) -> AppendListener: ...

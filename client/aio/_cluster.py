@@ -2,7 +2,9 @@
 
 The asyncio client reuses the synchronous client's pure parts (request building, answer parsing,
 error mapping, the metadata cache, retry and idempotence rules of the sender, the fetch buffers)
-rather than writing them again. Those parts talk to gRPC through a small surface: a stub method's
+rather than writing them again. The producer's sender starts its Produce calls as tasks
+(``start_call``: a task's done-callback and result() are all it asks of a call). The consumer's
+reused parts (its fetcher, offsets and group calls) still talk to gRPC through a stub method's
 ``.future(request, timeout=)`` returning a grpc.Future (done / result / add_done_callback /
 cancel), and ``Cluster.leader_for`` / ``topic_metadata`` lookups. This module gives that surface
 on grpc.aio:
@@ -49,16 +51,21 @@ class CallCancelledError(grpc.FutureCancelledError, concurrent.futures.Cancelled
     reused sync parts catch one or the other."""
 
 
+def start_call(awaitable: Awaitable[Any], running: set[asyncio.Future[Any]]) -> asyncio.Future[Any]:
+    task = asyncio.ensure_future(awaitable)
+    running.add(task)
+    task.add_done_callback(running.discard)
+    return task
+
+
 class CallFuture:
     """The grpc.Future surface over an asyncio task (see the module comment)."""
 
     __slots__ = ("task",)
 
-    def __init__(self, awaitable: Awaitable[Any], running: set[CallFuture] | None = None) -> None:
-        self.task: asyncio.Future[Any] = asyncio.ensure_future(awaitable)
-        if running is not None:  # the owner's register of calls in flight (see AsyncCluster.aclose)
-            running.add(self)
-            self.task.add_done_callback(lambda _t: running.discard(self))
+    def __init__(self, awaitable: Awaitable[Any], running: set[asyncio.Future[Any]]) -> None:
+        # registered in the owner's calls in flight (see AsyncCluster.aclose)
+        self.task: asyncio.Future[Any] = start_call(awaitable, running)
 
     def __repr__(self) -> str:
         return f"<CallFuture {self.task!r}>"
@@ -95,7 +102,7 @@ class FutureMethod:
 
     __slots__ = ("_call", "_running")
 
-    def __init__(self, call: Any, running: set[CallFuture]) -> None:
+    def __init__(self, call: Any, running: set[asyncio.Future[Any]]) -> None:
         self._call = call
         self._running = running
 
@@ -109,7 +116,7 @@ class FutureMethod:
 class FutureStub:
     __slots__ = ("_stub", "_running")
 
-    def __init__(self, stub: Any, running: set[CallFuture]) -> None:
+    def __init__(self, stub: Any, running: set[asyncio.Future[Any]]) -> None:
         self._stub = stub
         self._running = running
 
@@ -193,7 +200,7 @@ class AsyncCluster(Cluster):
 
     def __init__(self, bootstrap: str, **settings: Any) -> None:
         super().__init__(bootstrap, **settings)
-        self.running: set[CallFuture] = set()  # calls started here and not finished yet
+        self.running: set[asyncio.Future[Any]] = set()  # calls started here and not finished yet
         if self._router is not None:  # several coordinators: the same rule, awaited calls
             self._router = AioCoordinatorRouter(self._router.addresses, self.channel)
 
@@ -244,6 +251,10 @@ class AsyncCluster(Cluster):
         if meta is None:  # pragma: no cover - the refresh raises TopicNotFoundError instead
             raise DMQError(f"no metadata for topic {topic!r}")
         return meta
+
+    def start_call(self, awaitable: Awaitable[Any]) -> asyncio.Future[Any]:
+        """An aio call (``await``-able) as a task on the loop, ended by aclose() if still running."""
+        return start_call(awaitable, self.running)
 
     def knows(self, topic: str) -> bool:
         """Whether the cache holds the topic (fresh or not)."""
@@ -311,7 +322,7 @@ class AsyncCluster(Cluster):
         self._closed = True
         # Cancel the calls still in flight and let them finish before the channels close: a call
         # left behind would deliver its completion to a loop that may be closed by then.
-        tasks = [f.task for f in self.running]
+        tasks = list(self.running)
         for task in tasks:
             task.cancel()
         if tasks:

@@ -21,8 +21,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import click
 
@@ -104,8 +104,35 @@ def _summary_table(rows: list[tuple[str, str]]) -> Any:
     return table(["measure", "value"], [list(r) for r in rows], show_header=False)
 
 
+def _report(output: str, summary: dict[str, Any], elapsed: float, rows: list[tuple[str, str]]) -> None:
+    """The run's summary: JSON (`-o json`), or a table of `rows` after its first (what was moved),
+    with the elapsed time and the throughput, which every bench command reports."""
+    if output == "json":
+        print_json(summary)
+        return
+    show(_summary_table([
+        rows[0],
+        ("elapsed", f"{elapsed:.2f} s"),
+        ("throughput", f"{summary['msgs_per_s']:,.0f} msgs/s  {summary['mb_per_s']:.2f} MB/s"),
+        *rows[1:],
+    ]))
+
+
 def _fmt_ms(v: float | int | None) -> str:
     return "-" if v is None else f"{v:.2f} ms"
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _reporting_options(command: F) -> F:
+    """The options every bench command shares: how it shows progress and its summary."""
+    command = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
+                           show_default=True, help="Summary as a table or as JSON.")(command)
+    command = click.option("--progress/--no-progress", default=True, show_default=True,
+                           help="Show progress while running.")(command)
+    return click.option("--report-interval-ms", type=click.IntRange(100), default=5000, show_default=True,
+                        help="Progress line period when stderr is not a terminal.")(command)
 
 
 @click.group("bench")
@@ -131,11 +158,7 @@ def bench() -> None:
               help="Producer batch size in bytes.")
 @click.option("--linger-ms", type=click.FloatRange(0), default=5, show_default=True,
               help="Producer linger: how long a batch may wait to fill.")
-@click.option("--report-interval-ms", type=click.IntRange(100), default=5000, show_default=True,
-              help="Progress line period when stderr is not a terminal.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress while running.")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="Summary as a table or as JSON.")
+@_reporting_options
 @click.pass_context
 def bench_produce(ctx: click.Context, topic: str, num_records: int, record_size: int, throughput: int,
                   partitions: int, acks: str, compression: str, batch_size: int, linger_ms: float,
@@ -211,17 +234,12 @@ def bench_produce(ctx: click.Context, topic: str, num_records: int, record_size:
         "elapsed_s": round(elapsed, 3), "msgs_per_s": round(num_records / elapsed, 1),
         "mb_per_s": round(total_bytes / MB / elapsed, 3), "latency_ms": lat,
     }
-    if output == "json":
-        print_json(summary)
-        return
-    show(_summary_table([
+    _report(output, summary, elapsed, [
         ("records", f"{num_records:,} x {record_size} B"),
-        ("elapsed", f"{elapsed:.2f} s"),
-        ("throughput", f"{summary['msgs_per_s']:,.0f} msgs/s  {summary['mb_per_s']:.2f} MB/s"),
         ("latency avg", _fmt_ms(lat["avg"])), ("latency p50", _fmt_ms(lat["p50"])),
         ("latency p95", _fmt_ms(lat["p95"])), ("latency p99", _fmt_ms(lat["p99"])),
         ("latency p99.9", _fmt_ms(lat["p999"])), ("latency max", _fmt_ms(lat["max"])),
-    ]))
+    ])
 
 
 def _quick_median(samples: list[float]) -> float | None:
@@ -241,11 +259,7 @@ def _quick_median(samples: list[float]) -> float | None:
               help="Bytes per partition per fetch.")
 @click.option("--timeout-ms", "idle_timeout_ms", type=click.IntRange(1), default=10_000, show_default=True,
               help="Give up when no record arrives for this long.")
-@click.option("--report-interval-ms", type=click.IntRange(100), default=5000, show_default=True,
-              help="Progress line period when stderr is not a terminal.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress while running.")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="Summary as a table or as JSON.")
+@_reporting_options
 @click.pass_context
 def bench_consume(ctx: click.Context, topic: str, messages: int | None, app: str | None, fetch_max_bytes: int,
                   idle_timeout_ms: int, report_interval_ms: int, progress: bool, output: str) -> None:
@@ -331,14 +345,9 @@ def bench_consume(ctx: click.Context, topic: str, messages: int | None, app: str
         "msgs_per_s": round(count / elapsed, 1), "mb_per_s": round(nbytes / MB / elapsed, 3),
         "fetches": len(latencies_ms), "fetch_latency_ms": lat,
     }
-    if output == "json":
-        print_json(summary)
-        return
-    show(_summary_table([
+    _report(output, summary, elapsed, [
         ("records", f"{count:,} ({nbytes / MB:.2f} MB)"),
-        ("elapsed", f"{elapsed:.2f} s"),
-        ("throughput", f"{summary['msgs_per_s']:,.0f} msgs/s  {summary['mb_per_s']:.2f} MB/s"),
         ("fetches", str(summary["fetches"])),
         ("fetch p50", _fmt_ms(lat["p50"])), ("fetch p95", _fmt_ms(lat["p95"])),
         ("fetch p99", _fmt_ms(lat["p99"])), ("fetch max", _fmt_ms(lat["max"])),
-    ]))
+    ])

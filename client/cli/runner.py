@@ -572,12 +572,7 @@ async def run_coordinator_only(
     `advertise`: the address brokers and clients are told to use (default: host and the bound port).
     With `lease_ttl_s` (several coordinators on one etcd), a coordinator deposed by a lapsed lease
     stands by again in the same process (dmq.coordinator.node)."""
-    check_bind_security(host, security)
-    acls = AclView()
-    registry = new_registry() if metrics_port is not None else None
-    server = _new_server(security, acls, quotas, registry)
-    lock = DataDirLock(data_dir)
-    bound = _locked_then_bound(lock, server, host, port, security)
+    acls, registry, server, lock, bound = _bound_server(data_dir, host, port, security, quotas, metrics_port)
     node = CoordinatorNode(
         data_dir, advertised_address=advertise or f"{host}:{bound}", acls=acls,
         client_security=security.cluster_client() if security is not None else None,
@@ -613,14 +608,7 @@ async def run_coordinator_only(
         try:
             await _stop_group_service(node)
         finally:
-            try:
-                await server.stop(SHUTDOWN_GRACE_S)
-            finally:
-                try:
-                    await node.stop()
-                finally:
-                    if endpoint is not None:
-                        await endpoint.stop()
+            await _stop_in_order(server, node, endpoint)
 
     await serve_until_signalled(start, stop, lambda: on_ready(f"{host}:{bound}"))
 
@@ -642,13 +630,8 @@ async def run_broker_only(
     on_metrics: Callable[[str], None] | None = None,
     max_partition_series: int = DEFAULT_MAX_PARTITION_SERIES,
 ) -> None:
-    check_bind_security(host, security)
-    _keep_large_buffers()
-    acls = AclView()
-    registry = new_registry() if metrics_port is not None else None
-    server = _new_server(security, acls, quotas, registry)
-    lock = DataDirLock(data_dir)
-    bound = _locked_then_bound(lock, server, host, port, security)
+    acls, registry, server, lock, bound = _bound_server(data_dir, host, port, security, quotas, metrics_port,
+                                                        before=_keep_large_buffers)
     node = BrokerNode(
         data_dir,
         broker_id=broker_id,
@@ -692,16 +675,41 @@ async def run_broker_only(
     async def stop() -> None:
         await server_health.shutting_down()
         node.queues.end_pops()  # waiting queue pops answer now, not after the grace period
-        try:
-            await server.stop(SHUTDOWN_GRACE_S)
-        finally:
-            try:
-                await node.stop()
-            finally:
-                if endpoint is not None:
-                    await endpoint.stop()
+        await _stop_in_order(server, node, endpoint)
 
     await serve_until_signalled(start, stop, lambda: on_ready(f"{host}:{bound}"))
+
+
+async def _stop_in_order(server: grpc.aio.Server, node: CoordinatorNode | BrokerNode,
+                         endpoint: MetricsEndpoint | None) -> None:
+    """A clean stop: the gRPC server (its grace period lets calls in flight finish), then the
+    node, then the metrics endpoint; each one even when the one before failed."""
+    try:
+        await server.stop(SHUTDOWN_GRACE_S)
+    finally:
+        try:
+            await node.stop()
+        finally:
+            if endpoint is not None:
+                await endpoint.stop()
+
+
+def _bound_server(
+    data_dir: pathlib.Path, host: str, port: int, security: ServerSecurity | None, quotas: QuotaSettings | None,
+    metrics_port: int | None, *, before: Callable[[], None] | None = None,
+) -> tuple[AclView, CollectorRegistry | None, grpc.aio.Server, DataDirLock, int]:
+    """A server process's first steps, before its node exists: check the security settings for
+    the address (then run `before`), its ACL view, its metrics registry (when a /metrics port is
+    asked for), the gRPC server, and the data directory locked, then bound (_locked_then_bound).
+    Answers (acls, registry, server, lock, bound port)."""
+    check_bind_security(host, security)
+    if before is not None:
+        before()
+    acls = AclView()
+    registry = new_registry() if metrics_port is not None else None
+    server = _new_server(security, acls, quotas, registry)
+    lock = DataDirLock(data_dir)
+    return acls, registry, server, lock, _locked_then_bound(lock, server, host, port, security)
 
 
 def _locked_then_bound(

@@ -13,7 +13,7 @@ import time
 
 from dmq.client.aio import AsyncAdminClient, AsyncConsumer, AsyncProducer
 from dmq.client.errors import DMQError
-from tests.integration.test_coordinator_election import WAIT_S, _broker, _Coordinator, _one_active
+from tests.integration.test_coordinator_election import WAIT_S, _broker, _Coordinator, _one_active, _stop
 
 
 async def _eventually(check: object, what: str) -> float:
@@ -91,9 +91,4 @@ def test_aio_admin_and_group_member_follow_a_takeover(tmp_path: pathlib.Path, et
         asyncio.run(scenario())
         assert standby.proc.poll() is None
     finally:
-        if broker is not None:
-            if broker.poll() is None:
-                broker.send_signal(signal.SIGKILL)
-            broker.wait(10)
-        for c in coordinators:
-            c.kill()
+        _stop(broker, coordinators)

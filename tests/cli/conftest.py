@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests import polling
+
 # A deadline on readiness, not a wait: `dmq server --brokers 3` starts its brokers once its
 # coordinator listens, four processes importing grpc, which took over 30 s under load average 18.
 SERVER_START_TIMEOUT_S = 90.0
@@ -32,13 +34,7 @@ WAIT_S = 30.0  # a bound on each wait for a state, not a timed assertion
 
 def wait_for(predicate: Any, what: str, timeout_s: float = WAIT_S) -> Any:
     """predicate()'s first truthy value, polled every 0.1 s; AssertionError after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    return polling.wait_for(predicate, what, timeout_s)
 
 
 def dmq_executable() -> str:
@@ -148,6 +144,11 @@ class ServerProcess:
                     pass
                 time.sleep(0.05)
         raise TimeoutError(f"dmq server at {self.bootstrap} not ready in {timeout_s}s: {self.log_tail()}")
+
+    def metrics_url(self) -> str:
+        """The URL of its /metrics (started with `--metrics-port auto`), once it has printed it."""
+        return str(wait_for(lambda: (m := re.search(r"metrics at (http://\S+)", self.log_tail())) and m.group(1),
+                            "the metrics URL on stderr"))
 
     def log_tail(self, chars: int = 3000) -> str:
         self._log.flush()

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import pathlib
-import re
 import socket
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cli.conftest import Dmq, ServerProcess, wait_for
+from tests.cli.conftest import Dmq, ServerProcess
 
 
 def _samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -24,8 +23,7 @@ def test_server_metrics_lag_equals_groups_describe(tmp_path: pathlib.Path) -> No
     server = ServerProcess(tmp_path / "data", tmp_path / "server.log", ("--metrics-port", "auto"))
     try:
         server.wait_ready()
-        url = wait_for(lambda: (m := re.search(r"metrics at (http://\S+)", server.log_tail())) and m.group(1),
-                       "the metrics URL on stderr")
+        url = server.metrics_url()
         dmq = Dmq(server.bootstrap)
         dmq.ok("topics", "create", "m-orders", "-p", "2")
         dmq.ok("produce", "m-orders", "--key-separator", ":", input="".join(f"k{i}:v{i}\n" for i in range(10)))

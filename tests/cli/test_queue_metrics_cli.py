@@ -7,13 +7,12 @@ so a gauge that mixed groups up cannot pass."""
 from __future__ import annotations
 
 import pathlib
-import re
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from dmq.client import AdminClient, Producer, QueueConsumer
-from tests.cli.conftest import Dmq, ServerProcess, wait_for
+from tests.cli.conftest import Dmq, ServerProcess
 
 LEASE_MS = 120_000  # far longer than the test: the lease is live when the gauges are read
 
@@ -36,8 +35,7 @@ def test_queue_gauges_equal_dmq_queues_describe(tmp_path: pathlib.Path) -> None:
     server = ServerProcess(tmp_path / "data", tmp_path / "server.log", ("--metrics-port", "auto"))
     try:
         server.wait_ready()
-        url = wait_for(lambda: (m := re.search(r"metrics at (http://\S+)", server.log_tail())) and m.group(1),
-                       "the metrics URL on stderr")
+        url = server.metrics_url()
         dmq = Dmq(server.bootstrap)
         with AdminClient(server.bootstrap) as admin:  # set up in process: each `dmq` run costs a second or more
             admin.create_topic("jobs", partitions=2, config={"max_queue_size": 100})

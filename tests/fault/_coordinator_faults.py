@@ -3,12 +3,12 @@ test stays short, and waits on conditions with deadlines."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+import functools
 
 from _isolation_procs import ProcCluster
 
 from dmq.client import AdminClient
+from tests import polling
 
 TOPIC = "ctl"
 PARTITIONS = 3
@@ -22,14 +22,8 @@ SLACK_S = 2.0
 OUTAGE_S = 8.0
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
-    """Seconds until predicate() held; AssertionError after timeout_s."""
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"no {what} within {timeout_s:.1f}s")
-        time.sleep(0.05)
-    return time.monotonic() - started
+# (predicate, timeout_s, what) -> seconds until predicate() held; AssertionError after timeout_s
+wait_for = functools.partial(polling.seconds_until, poll_s=0.05)
 
 
 def all_alive(admin: AdminClient, ids: set[int]) -> bool:

@@ -12,6 +12,7 @@ what it printed every second), each in its own group, and `dmq consume` without 
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from _isolation_procs import CliReader, PartitionWriter, ProcCluster
 from dmq.client import AdminClient
 from dmq.client.consumer import DMQConsumer
 from dmq.proto.names import group_id_for
+from tests import polling
 
 TOPIC = "iso"
 MAX_GAP_S = 2.0
@@ -69,13 +71,7 @@ def committed_everywhere(admin: AdminClient, app: str) -> bool:
     return len(committed) == 3 and None not in committed.values()
 
 
-def wait_for(predicate, timeout_s: float, what: str) -> float:  # type: ignore[no-untyped-def]
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"no {what} within {timeout_s}s")
-        time.sleep(0.05)
-    return time.monotonic() - started
+wait_for = functools.partial(polling.seconds_until, poll_s=0.05)  # (predicate, timeout_s, what) -> seconds
 
 
 def test_group_keeps_reading_healthy_partitions_through_sigkill_and_sigstop(tmp_path: pathlib.Path) -> None:

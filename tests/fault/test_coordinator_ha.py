@@ -32,6 +32,7 @@ events with it), so events of several processes are ordered without wall-clock c
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -54,6 +55,8 @@ from dmq.proto.names import group_id_for
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "e2e"))
 from _procs import ConsumerProc, Proc  # noqa: E402
+
+from tests import polling  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -104,13 +107,7 @@ class Fault:
         return self.takeover_at - self.at
 
 
-def wait_for(predicate: object, timeout_s: float, what: str) -> float:
-    started = time.monotonic()
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"no {what} within {timeout_s:.1f}s")
-        time.sleep(0.02)  # polling a condition under a deadline
-    return time.monotonic() - started
+wait_for = functools.partial(polling.seconds_until, poll_s=0.02)  # (predicate, timeout_s, what) -> seconds
 
 
 def partitions(admin: AdminClient) -> list[object] | None:

@@ -17,18 +17,13 @@ Every wait is on a condition with a deadline.
 
 from __future__ import annotations
 
+import functools
 import pathlib
-import re
 import signal
 import sys
-import time
-import urllib.request
-from collections.abc import Callable
-from typing import Any
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from dmq.client import AdminClient
 from dmq.proto import dmq_pb2 as pb
@@ -37,43 +32,18 @@ from dmq.proto import records
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _isolation_procs import ProcCluster  # noqa: E402
+from _scrape import scrape, total, url_in  # noqa: E402
+
+from tests import polling  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
 WAIT_S = 30.0
 LAG_TIME_MAX_MS = 1000
-SCRAPE_TIMEOUT_S = 5.0
 METRICS = ["--metrics-port", "auto"]
 
-Samples = list[tuple[str, dict[str, str], float]]
 
-
-def wait_for(predicate: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {WAIT_S}s waiting for {what} (last: {last!r})")
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as answer:
-        text = answer.read().decode()
-    return [(s.name, dict(s.labels), s.value) for f in text_string_to_metric_families(text) for s in f.samples]
-
-
-def total(samples: Samples, name: str) -> float:
-    return sum(v for n, _labels, v in samples if n == name)
-
-
-def url_in(log: pathlib.Path, who: str) -> str:
-    """The metrics URL `who` printed last (a restarted process appends to the same log)."""
-    found = re.findall(rf"{who} metrics at (\S+)", log.read_text(errors="replace"))
-    assert found, f"{who} printed no metrics URL"
-    return str(found[-1])
+wait_for = functools.partial(polling.wait_for, timeout_s=WAIT_S, poll_s=0.1)
 
 
 def follower_lags(url: str, topic: str) -> dict[tuple[int, int], float]:

@@ -11,18 +11,13 @@ with a deadline; the broker session (30 s) is far longer than the stop, so no le
 
 from __future__ import annotations
 
+import functools
 import pathlib
-import re
 import signal
 import sys
-import time
-import urllib.request
-from collections.abc import Callable
-from typing import Any
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from dmq.client import AdminClient, Producer
 from dmq.proto import dmq_pb2 as pb
@@ -30,6 +25,9 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _isolation_procs import ProcCluster  # noqa: E402
+from _scrape import scrape, total, url_in  # noqa: E402
+
+from tests import polling  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -37,30 +35,17 @@ TOPIC = "watched"
 PARTITIONS = 3
 WAIT_S = 30.0
 LAG_TIME_MAX_MS = 1000
-SCRAPE_TIMEOUT_S = 5.0
 
 
-def wait_for(predicate: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {WAIT_S}s waiting for {what} (last: {last!r})")
+wait_for = functools.partial(polling.wait_for, timeout_s=WAIT_S, poll_s=0.1)
 
 
 def gauge(url: str, name: str) -> float:
-    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as answer:
-        text = answer.read().decode()
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+    return total(scrape(url), name)
 
 
 def metrics_url(log: pathlib.Path, broker: int) -> str:
-    found = re.search(rf"broker {broker} metrics at (\S+)", log.read_text(errors="replace"))
-    assert found, f"broker {broker} printed no metrics URL"
-    return found.group(1)
+    return url_in(log, f"broker {broker}")
 
 
 def test_under_replicated_partitions_follow_a_stopped_follower(tmp_path: pathlib.Path) -> None:

@@ -25,10 +25,10 @@ import time
 import grpc
 import pytest
 from _isolation_procs import ProcCluster
+from _replicated_group import create_topic_and_group, produce_ten, wait_partition
 
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from dmq.proto import records
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -40,18 +40,8 @@ COMMITS_AFTER_INSYNC = 10
 ACK_TIMEOUT_MS = 4000
 
 
-def _partition(metadata: pb_grpc.MetadataStub) -> pb.PartitionInfo:
-    return metadata.GetMetadata(pb.GetMetadataRequest(topics=[TOPIC]), timeout=10).topics[0].partitions[0]
-
-
 def _wait(metadata: pb_grpc.MetadataStub, ok, what: str) -> pb.PartitionInfo:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        info = _partition(metadata)
-        if ok(info):
-            return info
-        assert time.monotonic() < deadline, f"{what} did not happen: {info}"
-        time.sleep(0.05)  # polling a condition under a deadline
+    return wait_partition(metadata, TOPIC, ok, what, WAIT_S, 0.05)
 
 
 class Committer:
@@ -103,15 +93,10 @@ def test_commits_are_acknowledged_once_the_restarted_follower_is_back_in_sync(tm
         broker_args=["--replica-lag-time-max-ms", "1000", "--replica-ack-timeout-ms", str(ACK_TIMEOUT_MS)],
     ) as cluster, grpc.insecure_channel(cluster.bootstrap) as channel:
         metadata = pb_grpc.MetadataStub(channel)
-        config = pb.TopicConfig(replication_factor=3, min_insync_replicas=2)
-        metadata.CreateTopic(pb.CreateTopicRequest(name=TOPIC, partitions=1, config=config), timeout=30)
-        group = pb_grpc.GroupCoordinatorStub(channel).FindOrCreateGroup(
-            pb.FindOrCreateGroupRequest(topic=TOPIC, app_id="offsisr"), timeout=10).group_id
+        group = create_topic_and_group(channel, TOPIC, "offsisr")
         info = _wait(metadata, lambda i: len(i.isr) == 3, "all in sync")
         leader = info.leader_id
-        with grpc.insecure_channel(cluster.broker_addresses[leader]) as conn:
-            pb_grpc.BrokerStub(conn).Produce(pb.ProduceRequest(
-                topic=TOPIC, partition=0, batch=records.encode([b"x"] * 10), acks=pb.ACKS_ALL), timeout=20)
+        produce_ten(cluster.broker_addresses[leader], TOPIC)
 
         committer = Committer(cluster.broker_addresses[leader], group)
         try:
@@ -183,10 +168,7 @@ def test_a_follower_behind_on_the_offsets_log_leaves_the_in_sync_set(tmp_path: p
         stalled = _start_stalled_broker(cluster, tmp_path, 2)
         try:
             metadata = pb_grpc.MetadataStub(channel)
-            config = pb.TopicConfig(replication_factor=3, min_insync_replicas=2)
-            metadata.CreateTopic(pb.CreateTopicRequest(name=TOPIC, partitions=3, config=config), timeout=30)
-            group = pb_grpc.GroupCoordinatorStub(channel).FindOrCreateGroup(
-                pb.FindOrCreateGroupRequest(topic=TOPIC, app_id="offsisr"), timeout=10).group_id
+            group = create_topic_and_group(channel, TOPIC, "offsisr", partitions=3)
             deadline = time.monotonic() + WAIT_S
             while True:  # a partition broker 2 follows (the placement is the coordinator's)
                 parts = metadata.GetMetadata(pb.GetMetadataRequest(topics=[TOPIC]), timeout=10).topics[0].partitions

@@ -8,33 +8,23 @@ from __future__ import annotations
 
 import pathlib
 import signal
-import time
 
 import grpc
 import pytest
 from _isolation_procs import ProcCluster
+from _replicated_group import create_topic_and_group, produce_ten, wait_partition
 
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from dmq.proto import error_details, records
+from dmq.proto import error_details
 
 pytestmark = pytest.mark.timeout(180)
 
 TOPIC = "committed"
 
 
-def _state(metadata: pb_grpc.MetadataStub) -> pb.PartitionInfo:
-    return metadata.GetMetadata(pb.GetMetadataRequest(topics=[TOPIC]), timeout=10).topics[0].partitions[0]
-
-
 def _wait(metadata: pb_grpc.MetadataStub, ok, what: str, timeout_s: float = 30.0) -> pb.PartitionInfo:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        info = _state(metadata)
-        if ok(info):
-            return info
-        assert time.monotonic() < deadline, f"{what} did not happen: {info}"
-        time.sleep(0.1)
+    return wait_partition(metadata, TOPIC, ok, what, timeout_s, 0.1)
 
 
 def _commit(address: str, group: str, offset: int) -> None:
@@ -58,15 +48,10 @@ def test_a_commit_survives_its_leader_and_is_refused_below_min_insync(tmp_path: 
         tmp_path, 3, broker_session_timeout_ms=1000, broker_args=["--replica-lag-time-max-ms", "1000"]
     ) as cluster, grpc.insecure_channel(cluster.bootstrap) as channel:
         metadata = pb_grpc.MetadataStub(channel)
-        config = pb.TopicConfig(replication_factor=3, min_insync_replicas=2)
-        metadata.CreateTopic(pb.CreateTopicRequest(name=TOPIC, partitions=1, config=config), timeout=30)
-        group = pb_grpc.GroupCoordinatorStub(channel).FindOrCreateGroup(
-            pb.FindOrCreateGroupRequest(topic=TOPIC, app_id="ops"), timeout=10).group_id
+        group = create_topic_and_group(channel, TOPIC, "ops")
         info = _wait(metadata, lambda i: len(i.isr) == 3, "all in sync")
         old_leader = info.leader_id
-        with grpc.insecure_channel(cluster.broker_addresses[old_leader]) as leader:
-            pb_grpc.BrokerStub(leader).Produce(pb.ProduceRequest(
-                topic=TOPIC, partition=0, batch=records.encode([b"x"] * 10), acks=pb.ACKS_ALL), timeout=20)
+        produce_ten(cluster.broker_addresses[old_leader], TOPIC)
         for offset in (3, 7):
             _commit(cluster.broker_addresses[old_leader], group, offset)
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
+import pytest
 
 from dmq.broker.log import LogConfig
 from dmq.broker.node import BrokerNode
@@ -206,3 +207,13 @@ async def until(check: Callable[[], bool | Awaitable[bool]], timeout_s: float = 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what or check}")
         await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def rc(tmp_path: pathlib.Path) -> AsyncIterator[ReplicationCluster]:
+    """A started ReplicationCluster with its default settings, closed after the test (import it
+    into a test module to use it)."""
+    c = ReplicationCluster(tmp_path)
+    await c.start()
+    yield c
+    await c.close()

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,6 +20,7 @@ from dmq.client.errors import (
     InvalidArgumentError,
     UnknownPartitionError,
 )
+from tests import polling
 from tests.wall_clock import ms_after_acknowledged
 
 TOPIC = "ledger"
@@ -28,14 +29,7 @@ WAIT_S = 15.0
 FAST = {"heartbeat_interval_ms": 200, "session_timeout_ms": 3000, "retry_backoff_ms": 50}
 
 
-def _wait_for(predicate: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
+_wait_for = functools.partial(polling.wait_for, timeout_s=WAIT_S, poll_s=0.05)
 
 
 def _produce(bootstrap: str, per_partition: int, partitions: int = 2, topic: str = TOPIC) -> None:

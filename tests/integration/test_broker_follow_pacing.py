@@ -23,7 +23,7 @@ import grpc
 from dmq.broker.node import FOLLOW_PAUSE_S
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
-from tests.integration.test_coordinator_election import WAIT_S, _broker, _Coordinator, _one_active, _wait
+from tests.integration.test_coordinator_election import WAIT_S, _broker, _Coordinator, _one_active, _stop, _wait
 
 TTL_S = 8
 FAILED = "broker heartbeat failed"
@@ -61,9 +61,4 @@ def test_a_broker_follows_a_takeover_at_its_heartbeat_pace(tmp_path: pathlib.Pat
         # Its connections were never refused: it is alive at the new active coordinator.
         _wait(lambda: _broker_alive_at(second.address), WAIT_S, "broker alive at the new active coordinator")
     finally:
-        if broker is not None:
-            if broker.poll() is None:
-                broker.send_signal(signal.SIGKILL)
-            broker.wait(10)
-        for c in coordinators:
-            c.kill()
+        _stop(broker, coordinators)

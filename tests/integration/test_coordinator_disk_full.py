@@ -14,11 +14,12 @@ import asyncio
 import pathlib
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import grpc
 import pytest
 from test_metadata import FakeBroker, Harness, leaders
+from test_metadata import harness as harness  # noqa: F401 - the fixture
 
 from dmq.client import AdminClient
 from dmq.client import errors as client_errors
@@ -44,16 +45,6 @@ class FullBroker(FakeBroker):
                 trailing_metadata=((error_details.REASON_KEY, error_details.DISK_FULL),),
             )
         return await super().CreatePartitions(request, context)
-
-
-@pytest.fixture
-async def harness(tmp_path: pathlib.Path) -> AsyncIterator[Harness]:
-    h = Harness(tmp_path / "coordinator")
-    await h.start_coordinator()
-    try:
-        yield h
-    finally:
-        await h.close()
 
 
 async def add_full_broker(h: Harness, broker_id: int) -> FullBroker:

@@ -7,6 +7,7 @@ to lead again later) or stopped cleanly (its lease revoked: at once, far sooner 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import pathlib
 import signal
@@ -26,6 +27,7 @@ from dmq.coordinator.metastore.config import make_metadata_store
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details
+from tests import polling
 from tests.etcd_server import running_etcd
 
 START_TIMEOUT_S = 30.0  # a child importing grpc on a loaded 2-core machine
@@ -68,13 +70,7 @@ class _Coordinator:
         self.proc.wait(10)
 
 
-def _wait(predicate: object, timeout_s: float, what: str) -> float:
-    started = time.monotonic()
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"no {what} within {timeout_s:.1f}s")
-        time.sleep(0.02)  # polling a condition under a deadline
-    return time.monotonic() - started
+_wait = functools.partial(polling.seconds_until, poll_s=0.02)  # (predicate, timeout_s, what) -> seconds
 
 
 def _one_active(coordinators: list[_Coordinator], timeout_s: float) -> _Coordinator:
@@ -84,13 +80,19 @@ def _one_active(coordinators: list[_Coordinator], timeout_s: float) -> _Coordina
     return active[0]
 
 
-def _list_topics(address: str) -> grpc.RpcError | None:
+def _refusal(address: str, call: Callable[[grpc.Channel], object]) -> grpc.RpcError | None:
+    """call(a channel to `address`): None when answered, else its refusal."""
     with grpc.insecure_channel(address) as channel:
         try:
-            pb_grpc.MetadataStub(channel).ListTopics(pb.ListTopicsRequest(), timeout=WAIT_S)
+            call(channel)
         except grpc.RpcError as e:
             return e
     return None
+
+
+def _list_topics(address: str) -> grpc.RpcError | None:
+    """A metadata RPC (ListTopics) at `address`: None when answered, else its refusal."""
+    return _refusal(address, lambda ch: pb_grpc.MetadataStub(ch).ListTopics(pb.ListTopicsRequest(), timeout=WAIT_S))
 
 
 def _active_named_by(address: str) -> str | None:
@@ -184,12 +186,7 @@ def status() -> object:
 
 def _group_refusal(address: str) -> grpc.RpcError | None:
     """A group RPC (ListGroups) at `address`: None when answered, else its refusal."""
-    with grpc.insecure_channel(address) as channel:
-        try:
-            pb_grpc.GroupCoordinatorStub(channel).ListGroups(pb.ListGroupsRequest(), timeout=WAIT_S)
-        except grpc.RpcError as e:
-            return e
-    return None
+    return _refusal(address, lambda ch: pb_grpc.GroupCoordinatorStub(ch).ListGroups(pb.ListGroupsRequest(), timeout=WAIT_S))
 
 
 def _coordinators_list(bootstrap: str) -> dict[str, tuple[str, int]]:
@@ -270,6 +267,16 @@ def test_etcd_unreachable_past_the_ttl_deposes_the_active_one_which_stands_by_an
         only.kill()
 
 
+def _stop(broker: subprocess.Popen[bytes] | None, coordinators: list[_Coordinator]) -> None:
+    """A test's cleanup: SIGKILL the broker process (if one was started) and every coordinator."""
+    if broker is not None:
+        if broker.poll() is None:
+            broker.send_signal(signal.SIGKILL)
+        broker.wait(10)
+    for c in coordinators:
+        c.kill()
+
+
 def _broker(root: pathlib.Path, coordinators: list[_Coordinator]) -> subprocess.Popen[bytes]:
     log_path = root / "broker0.log"
     with open(log_path, "ab") as log:
@@ -328,9 +335,7 @@ def test_a_client_and_a_broker_given_every_address_follow_a_takeover(
         assert sorted(got) == sorted([f"before-{i}".encode() for i in range(10)] + [f"after-{i}".encode() for i in range(10)])
         assert second.proc.poll() is None
     finally:
-        if broker.poll() is None:
-            broker.send_signal(signal.SIGKILL)
-        broker.wait(10)
+        _stop(broker, [])
 
 
 def test_a_broker_following_coordinators_through_an_election_keeps_its_connections(

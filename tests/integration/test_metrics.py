@@ -5,7 +5,7 @@ its status code (refusals included); per-partition series stop at the configured
 
 from __future__ import annotations
 
-import time
+import functools
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +21,7 @@ from dmq.client.simple_consumer import SimpleConsumer
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
+from tests import polling
 
 TOPIC = "metered"
 WAIT_S = 15.0
@@ -47,14 +48,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for ls, v in samples.get(name, []) if all(ls.get(k) == w for k, w in labels.items()))
 
 
-def wait_for(predicate: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
+wait_for = functools.partial(polling.wait_for, timeout_s=WAIT_S, poll_s=0.05)
 
 
 @pytest.fixture

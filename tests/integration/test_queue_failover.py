@@ -17,16 +17,9 @@ from dmq.client.errors import LeaseExpiredError
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
 from tests.integration._replication_cluster import ReplicationCluster
+from tests.integration._replication_cluster import rc as rc  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def rc(tmp_path):
-    c = ReplicationCluster(tmp_path)
-    await c.start()
-    yield c
-    await c.close()
 
 
 async def _produce(rc: ReplicationCluster, broker: int, values: list[bytes]) -> None:

@@ -11,20 +11,13 @@ import pytest
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
 from tests.integration._replication_cluster import ReplicationCluster, until
+from tests.integration._replication_cluster import rc as rc  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(60)
 
 # How long the leader's fsync holds out for the followers; it only runs out when they cannot
 # fetch while it runs (the defect), so a passing test never waits for it.
 HOLD_S = 5.0
-
-
-@pytest.fixture
-async def rc(tmp_path):
-    c = ReplicationCluster(tmp_path)
-    await c.start()
-    yield c
-    await c.close()
 
 
 async def test_followers_take_a_batch_while_the_leaders_fsync_of_it_runs(rc: ReplicationCluster):

@@ -13,17 +13,11 @@ from dmq.client.cli.runner import ClusterThread
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import records
 from dmq.proto.grpc_options import channel_options
+from tests.integration.test_names_and_validation import ALLOWED as ACTIONABLE
 
-ALLOWED = {
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.ALREADY_EXISTS,
-    grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.OUT_OF_RANGE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,  # long polls and watches cut short by the test's own timeout
-}
+# The statuses a client can act on (test_names_and_validation's), and DEADLINE_EXCEEDED: long polls
+# and watches cut short by the test's own timeout.
+ALLOWED = ACTIONABLE | {grpc.StatusCode.DEADLINE_EXCEEDED}
 # Registering brokers at random addresses would make later calls wait on brokers that do not exist.
 SKIPPED = {"RegisterBroker"}
 TIMEOUT_S = 1.0

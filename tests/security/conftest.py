@@ -8,12 +8,12 @@ refuse). Clusters are real servers on loopback (ClusterThread), as everywhere in
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from dmq.client.cli._certs import create_ca, create_dev_certs, issue
-from dmq.client.cli.runner import ClusterOptions, ClusterThread
+from dmq.client.cli.runner import ClusterThread
 from dmq.proto.security.settings import ClientSecurity, ServerSecurity
 from dmq.proto.security.tokens import create_token
 
@@ -74,18 +74,14 @@ def client_as(certs: pathlib.Path, mode: str, principal: str | None) -> ClientSe
 
 
 @pytest.fixture
-def secure_cluster(tmp_path: pathlib.Path, certs: pathlib.Path) -> Iterator[Callable[..., ClusterThread]]:
-    """secure_cluster(mode, **options) -> a started ClusterThread, stopped after the test."""
-    started: list[ClusterThread] = []
+def secure_cluster(
+    cluster_factory: Callable[..., ClusterThread], certs: pathlib.Path
+) -> Callable[..., ClusterThread]:
+    """secure_cluster(mode, **options) -> a started ClusterThread, stopped after the test (the
+    suite's cluster_factory, with the mode's server security)."""
 
     def make(mode: str, **kwargs: object) -> ClusterThread:
         security = kwargs.pop("security", None) or server_security(certs, mode)
-        thread = ClusterThread(ClusterOptions(data_dir=tmp_path / f"cluster-{len(started)}", security=security,
-                                              **kwargs))  # type: ignore[arg-type]
-        thread.start()
-        started.append(thread)
-        return thread
+        return cluster_factory(security=security, **kwargs)
 
-    yield make
-    for thread in reversed(started):
-        thread.stop()
+    return make
