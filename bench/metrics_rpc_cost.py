@@ -1,7 +1,7 @@
-"""Server CPU per RPC with metrics on vs off (issue 29): a figure a busy machine does not move much.
+"""Server CPU per RPC and per scrape with metrics on vs off (issue 29), in figures a busy machine moves little.
 
     .venv/bin/python bench/metrics_rpc_cost.py [--calls 20000] [--rounds 5] [--concurrency 8]
-        [--other PYTHON]...
+        [--layers-only] [--other NAME=PYTHON]...
 
 Wall-clock throughput on a shared machine varies by more than the 3% that issue 29 bounds the cost
 of metrics to. CPU time does not: the server's user + system seconds (/proc/PID/stat) to answer N
@@ -16,9 +16,20 @@ each with --concurrency calls in flight from one grpc.aio channel, after --warmu
 kind off the clock. Each arm's figure is the median over rounds of the server's CPU microseconds
 per call; the arms alternate order round by round.
 
---other PYTHON adds, for each mode, an arm run by another installation's interpreter (e.g. a
+That figure is the real server's, and it is not as steady as hoped: CPU per call falls as the call
+rate rises (a busier loop answers more calls per turn), so on a loaded machine it swings by 10-20%
+from round to round, far more than the interceptors' few microseconds. So the script first prints
+the figures that do hold under load:
+  - the interceptors' CPU per call, off the wire (see `_layer_cost`): a few microseconds, measured
+    as thread CPU, the best of 7 repeats per round, in a child process per arm;
+  - the server's CPU per scrape of /metrics (idle server, --scrapes per round);
+  - how many calls bench/metrics_overhead.py's workload makes (--workload-records, read from the
+    server's own dmq_rpc_server_duration_seconds), to turn a per-call cost into a share of it.
+Use --layers-only to skip the over-the-wire calls.
+
+--other NAME=PYTHON adds, for each mode, arms run by another installation's interpreter (e.g. a
 virtualenv of an earlier commit), so a change is compared with what it replaced in the same run,
-on the same load. The printed table is what RESULTS.md records.
+on the same load. The printed tables are what RESULTS.md records.
 """
 
 from __future__ import annotations
@@ -239,7 +250,9 @@ def main() -> None:
                     help="another installation's interpreter to run the same arms, named NAME (repeatable)")
     ap.add_argument("--layers-calls", type=int, default=20_000, help="calls per repeat of the interceptor figure")
     ap.add_argument("--layers-only", action="store_true", help="no calls over the wire (their figure is load-bound)")
-    ap.add_argument("--scrapes", type=int, default=50, help="scrapes timed for the per-scrape figure")
+    ap.add_argument("--scrapes", type=int, default=100, help="scrapes timed per round for the per-scrape figure")
+    ap.add_argument("--workload-records", type=int, default=1_000_000,
+                    help="records of metrics_overhead.py's workload whose calls are counted (0: skip)")
     ap.add_argument("--layers-child", choices=("off", "on"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.layers_child:
@@ -257,7 +270,13 @@ def main() -> None:
         print(f"{name}: {python} (dmq at {_commit_of(python)})")
     print(f"load average {os.getloadavg()[0]:.1f} at start")
     layers(pythons, args.rounds, args.layers_calls)
-    scrapes(pythons, args.scrapes)
+    scrapes(pythons, args.scrapes, args.rounds)
+    if args.workload_records:
+        counts = workload(args.workload_records, args.partitions)
+        cpu = counts.pop("server CPU s")
+        print(f"bench/metrics_overhead.py's workload, {args.workload_records:,} records, {args.partitions} partitions "
+              f"(this install, metrics on, no scrapes): {int(sum(counts.values())):,} calls in {cpu:.2f} s of server "
+              "CPU: " + ", ".join(f"{m} {int(n):,}" for m, n in sorted(counts.items(), key=lambda kv: -kv[1])))
     if not args.layers_only:
         calls(pythons, args)
 
@@ -312,11 +331,47 @@ def _scrape_child(python: str, count: int) -> tuple[float, int]:
             server.stop()
 
 
-def scrapes(pythons: list[tuple[str, str]], count: int) -> None:
-    print(f"a scrape of /metrics ({count} scrapes of an idle server, one topic of 8 partitions):")
-    for name, python in pythons:
-        ms, size = _scrape_child(python, count)
-        print(f"  {name}: {ms:.2f} ms of server CPU per scrape, {size:,} bytes")
+def scrapes(pythons: list[tuple[str, str]], count: int, rounds: int) -> None:
+    got: dict[str, list[float]] = {name: [] for name, _python in pythons}
+    size = 0
+    for r in range(rounds):
+        for name, python in (pythons if r % 2 == 0 else pythons[::-1]):
+            ms, size = _scrape_child(python, count)
+            got[name].append(ms)
+    print(f"server CPU per scrape of /metrics, ms ({count} scrapes of an idle server with one topic of 8 partitions, "
+          f"{size:,} bytes; median of {rounds} rounds): "
+          + ", ".join(f"{name} {statistics.median(ms):.2f} ({min(ms):.2f}-{max(ms):.2f})" for name, ms in got.items()))
+
+
+def workload(records: int, partitions: int) -> dict[str, float]:
+    """bench/metrics_overhead.py's workload once (send() then consume_batches() of `records` 100 B
+    values, no scrapes) against this install's server with metrics on: the calls it made by method,
+    read from /metrics, and the server's CPU seconds for it."""
+    from produce_consume import bench_consume_batches, bench_send, make_values
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from dmq.client import AdminClient
+
+    values = make_values(records, 100)
+    with tempfile.TemporaryDirectory(prefix="dmq-bench-rpc-cost-workload-") as tmp:
+        server = ChildServer(SCRIPT_WITH_URL, tmp, "on")
+        try:
+            with AdminClient(server.bootstrap) as admin:
+                admin.create_topic("perf", partitions)
+            cpu0 = server.cpu_s()
+            bench_send(server.bootstrap, "perf", values)
+            bench_consume_batches(server.bootstrap, "perf", partitions)
+            cpu = server.cpu_s() - cpu0
+            text = urllib.request.urlopen(server.ready_fields[-1], timeout=10).read().decode()
+        finally:
+            server.stop()
+    counts: dict[str, float] = {"server CPU s": cpu}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "dmq_rpc_server_duration_seconds_count":
+                method = sample.labels["method"]
+                counts[method] = counts.get(method, 0) + sample.value
+    return counts
 
 
 def calls(pythons: list[tuple[str, str]], args: argparse.Namespace) -> None:

@@ -79,7 +79,7 @@ class LatencyHistogram(Collector):
     (buckets, _count, _sum, _created), at a fraction of its cost per observation.
 
     prometheus_client's Histogram takes a lock for the sum and another for the bucket on every
-    observe, and walks the bounds in Python: ~0.7 us a call, a fifth of what timing an RPC cost
+    observe, and walks the bounds in Python: ~0.7 us a call, a quarter of what timing an RPC cost
     (bench/metrics_rpc_cost.py). Here an observation is one bisect and two additions. No locks:
     series are written on the server's event loop, and read there by MetricsEndpoint; a reader on
     another thread may see a bucket and the sum one observation apart, as prometheus_client's
