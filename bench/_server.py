@@ -39,11 +39,12 @@ def _die_with_parent() -> None:
 
 
 class ChildServer:
-    """`python -c script *args` that prints READY host:port; the owner calls stop()."""
+    """`python -c script *args` that prints READY host:port; the owner calls stop(). `python`: the
+    interpreter (another installation's, to compare an earlier commit in the same run)."""
 
-    def __init__(self, script: str, *args: str) -> None:
+    def __init__(self, script: str, *args: str, python: str = sys.executable) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent
+            [python, "-c", script, *args], stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # the child prints READY or dies

@@ -62,7 +62,7 @@ from dmq.proto.server.connections import PerAddressConnectionLimit
 from dmq.proto.server.decoding import DecodeGuard
 from dmq.proto.server.dirlock import DataDirLock
 from dmq.proto.server.grpc_options import server_options
-from dmq.proto.server.metrics import ConnectionsCollector, MetricsEndpoint, QuotaCollector, RpcMetrics, new_registry
+from dmq.proto.server.metrics import ConnectionsCollector, MetricsEndpoint, QuotaCollector, RpcTimings, new_registry
 from dmq.proto.server.security.interceptor import AclView, SecurityInterceptor
 from dmq.proto.server.security.quotas import QuotaSettings
 
@@ -115,22 +115,21 @@ def _new_server(
     security: ServerSecurity | None = None, acls: AclView | None = None, quotas: QuotaSettings | None = None,
     metrics: CollectorRegistry | None = None,
 ) -> grpc.aio.Server:
-    # Timing first (dmq.proto.server.metrics), so calls refused by any later interceptor are counted.
-    # Connection limits: per server and idle timeout in the options, per client address by the
-    # interceptor (see dmq.proto.server.grpc_options and dmq.proto.server.connections). Then requests that do
-    # not decode: INVALID_ARGUMENT before any rule reads them (dmq.proto.server.decoding). Then security:
-    # who calls, may they, how fast (dmq.proto.server.security.interceptor), after the connection limit
-    # so a flood of bad credentials is bounded like any other flood.
-    connections = PerAddressConnectionLimit()
+    # The per-address connection limit first (dmq.proto.server.connections; per server and idle
+    # timeout are in the options, dmq.proto.server.grpc_options). With metrics it also times every
+    # call (dmq.proto.server.metrics.RpcTimings), so calls refused by any later interceptor are
+    # counted, at no interceptor of their own. Then requests that do not decode: INVALID_ARGUMENT
+    # before any rule reads them (dmq.proto.server.decoding). Then security: who calls, may they,
+    # how fast (dmq.proto.server.security.interceptor), after the connection limit so a flood of bad
+    # credentials is bounded like any other flood.
+    connections = PerAddressConnectionLimit(timings=RpcTimings(metrics) if metrics is not None else None)
     guard = SecurityInterceptor(security, acls, quotas)
-    interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
     if metrics is not None:
-        interceptors.append(RpcMetrics(metrics))
         metrics.register(ConnectionsCollector(connections.connection_count))
         quota = guard.quotas
         if quota is not None:
             metrics.register(QuotaCollector(lambda: quota.throttled_s))
-    interceptors += [connections, DecodeGuard(), guard]
+    interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = [connections, DecodeGuard(), guard]
     return grpc.aio.server(
         options=server_options(),
         interceptors=interceptors,

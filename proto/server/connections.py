@@ -14,6 +14,11 @@ Connections through a unix socket are not counted (no address to count by).
 
 The table is bounded: entries without calls for `recent_s` are dropped when an address reaches its
 limit, and the whole table is swept when it exceeds `max_entries`.
+
+It is the server's first interceptor, and given `timings` (dmq.proto.server.metrics.RpcTimings)
+it also times every call, refusals by itself and by every later interceptor included. Timing has
+no interceptor of its own because each one costs grpc.aio an `intercept_service` coroutine per
+call and its wrapper another coroutine layer (issue 29, bench/metrics_rpc_cost.py).
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from time import perf_counter
+from typing import Any, NoReturn
 
 import grpc
 
 from dmq.proto import error_details
-from dmq.proto.server.handlers import WrappingInterceptor, call_behavior, rewrap, stream_behavior
+from dmq.proto.server.handlers import Behavior, WrappingInterceptor, awaitable_behavior, rewrap, stream_behavior
+from dmq.proto.server.metrics import MethodTimer, RpcTimings
 
 DEFAULT_MAX_PER_ADDRESS = 1_000
 DEFAULT_RECENT_S = 30.0
@@ -59,10 +66,12 @@ class PerAddressConnectionLimit(WrappingInterceptor):
         recent_s: float = DEFAULT_RECENT_S,
         max_entries: int = DEFAULT_MAX_ENTRIES,
         clock: Callable[[], float] = time.monotonic,
+        timings: RpcTimings | None = None,
     ) -> None:
         if max_per_address < 1:
             raise ValueError(f"max_per_address must be >= 1, got {max_per_address}")
         super().__init__()
+        self.timings = timings
         self.max_per_address = max_per_address
         self.recent_s = recent_s
         self.max_entries = max_entries
@@ -77,7 +86,7 @@ class PerAddressConnectionLimit(WrappingInterceptor):
     def __repr__(self) -> str:
         return (
             f"<PerAddressConnectionLimit max_per_address={self.max_per_address} "
-            f"addresses={len(self._by_address)} connections={self._entries}>"
+            f"addresses={len(self._by_address)} connections={self._entries} timed={self.timings is not None}>"
         )
 
     def connections(self, address: str) -> int:
@@ -130,32 +139,64 @@ class PerAddressConnectionLimit(WrappingInterceptor):
     # -- the interceptor -------------------------------------------------------------------------
 
     def wrap(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
-        return rewrap(handler, unary=self._wrap_unary, stream=self._wrap_stream)
+        if self.timings is None:
+            return rewrap(handler, unary=self._wrap_unary, stream=self._wrap_stream)
+        timer = self.timings.method_timer(method)
+        return rewrap(handler, unary=lambda b: self._wrap_unary_timed(b, timer),
+                      stream=lambda b: self._wrap_stream_timed(b, timer))
 
-    async def _admit(self, context: grpc.aio.ServicerContext[Any, Any]) -> _Connection | None:
-        entered = self.enter(context.peer() or "")
-        if isinstance(entered, str):
-            # the busy reason: a client waits and retries (never reads it as "batch too large")
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, entered,
-                trailing_metadata=((error_details.REASON_KEY, error_details.BUSY),),
-            )
-        return entered
+    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], message: str) -> NoReturn:
+        # the busy reason: a client waits and retries (never reads it as "batch too large")
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, message,
+            trailing_metadata=((error_details.REASON_KEY, error_details.BUSY),),
+        )
 
-    def _wrap_unary(self, behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    # Timed and untimed wrappers apart, so metrics off pays nothing for them. Admission is a plain
+    # call; only a refusal awaits (context.abort raises).
+
+    def _wrap_unary(self, behavior: Behavior) -> Callable[..., Awaitable[Any]]:
+        inner = awaitable_behavior(behavior)
+
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            conn = await self._admit(context)
+            conn = self.enter(context.peer() or "")
+            if isinstance(conn, str):
+                await self._refuse(context, conn)
             try:
-                return await call_behavior(behavior, request, context)
+                return await inner(request, context)
             finally:
                 if conn is not None:
                     self.leave(conn)
 
         return wrapped
 
-    def _wrap_stream(self, behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
+    def _wrap_unary_timed(self, behavior: Behavior, timer: MethodTimer) -> Callable[..., Awaitable[Any]]:
+        inner = awaitable_behavior(behavior)
+
+        async def timed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            started = perf_counter()
+            conn: _Connection | str | None = None
+            try:
+                conn = self.enter(context.peer() or "")
+                if isinstance(conn, str):
+                    await self._refuse(context, conn)
+                answer = await inner(request, context)
+            except BaseException as e:
+                timer.failed(e, context, perf_counter() - started)
+                raise
+            finally:
+                if isinstance(conn, _Connection):
+                    self.leave(conn)
+            timer.answered(context, perf_counter() - started)
+            return answer
+
+        return timed
+
+    def _wrap_stream(self, behavior: Behavior) -> Callable[..., AsyncIterator[Any]]:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-            conn = await self._admit(context)
+            conn = self.enter(context.peer() or "")
+            if isinstance(conn, str):
+                await self._refuse(context, conn)
             try:
                 async for item in stream_behavior(behavior, request, context):
                     yield item
@@ -164,3 +205,23 @@ class PerAddressConnectionLimit(WrappingInterceptor):
                     self.leave(conn)
 
         return wrapped
+
+    def _wrap_stream_timed(self, behavior: Behavior, timer: MethodTimer) -> Callable[..., AsyncIterator[Any]]:
+        async def timed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            started = perf_counter()
+            conn: _Connection | str | None = None
+            try:
+                conn = self.enter(context.peer() or "")
+                if isinstance(conn, str):
+                    await self._refuse(context, conn)
+                async for item in stream_behavior(behavior, request, context):
+                    yield item
+            except BaseException as e:
+                timer.failed(e, context, perf_counter() - started)
+                raise
+            finally:
+                if isinstance(conn, _Connection):
+                    self.leave(conn)
+            timer.answered(context, perf_counter() - started)
+
+        return timed

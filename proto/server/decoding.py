@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 
 from dmq.proto.names import cap_message
-from dmq.proto.server.handlers import Behavior, WrappingInterceptor, call_behavior, stream_behavior
+from dmq.proto.server.handlers import Behavior, WrappingInterceptor, awaitable_behavior, stream_behavior
 
 __all__ = ["DecodeGuard", "Undecodable"]
 
@@ -58,10 +58,12 @@ def tolerant(deserializer: Callable[[bytes], Any], message_type: str) -> Callabl
 
 
 def _guard_unary(behavior: Behavior) -> Callable[..., Awaitable[Any]]:
+    inner = awaitable_behavior(behavior)  # no call_behavior coroutine per call
+
     async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         if type(request) is Undecodable:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-        return await call_behavior(behavior, request, context)
+        return await inner(request, context)
 
     return guarded
 

@@ -11,6 +11,7 @@ that wraps each method's handler once (`wrap`) and hands out that wrapping on ev
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 else:
     ServerInterceptorBase = grpc.aio.ServerInterceptor
 
-__all__ = ["WrappingInterceptor", "call_behavior", "rewrap", "stream_behavior"]
+__all__ = ["WrappingInterceptor", "awaitable_behavior", "call_behavior", "rewrap", "stream_behavior"]
 
 # Wrappings an interceptor keeps (one per method): a server has a few dozen methods; a call naming
 # an unknown one gets no handler and is never wrapped, so the bound is only a backstop.
@@ -61,6 +62,15 @@ def rewrap(
 async def call_behavior(behavior: Behavior, request: Any, context: Any) -> Any:
     result = behavior(request, context)
     return (await result) if inspect.isawaitable(result) else result
+
+
+def awaitable_behavior(behavior: Behavior) -> Callable[..., Awaitable[Any]]:
+    """A unary behavior as a function whose result is awaited: the behavior itself when it is a
+    coroutine function (every servicer and wrapper of ours), so a wrapper awaits it with no
+    `call_behavior` coroutine in between, once per call; else `call_behavior` bound to it."""
+    if inspect.iscoroutinefunction(behavior):
+        return behavior
+    return functools.partial(call_behavior, behavior)
 
 
 async def stream_behavior(behavior: Behavior, request: Any, context: Any) -> AsyncIterator[Any]:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dmq.proto import error_details
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.server.connections import PerAddressConnectionLimit, split_peer
 from dmq.proto.server.grpc_options import connection_limit, server_options
+from dmq.proto.server.metrics import RpcTimings, new_registry
 
 
 def _echo_handlers() -> grpc.GenericRpcHandler:
@@ -66,6 +70,40 @@ def test_calls_beyond_the_per_address_limit_are_refused_naming_it() -> None:
             await server.stop(0)
 
     asyncio.run(run())
+
+
+def test_with_timings_every_call_is_timed_its_own_refusals_included() -> None:
+    """Metrics time calls in this, the server's first interceptor (issue 29): unary and streamed
+    answers as OK, and the calls it refuses itself as RESOURCE_EXHAUSTED."""
+
+    async def run() -> None:
+        registry = new_registry()
+        limit = PerAddressConnectionLimit(1, recent_s=30.0, timings=RpcTimings(registry))
+        server, address = await _server(limit)
+        channels = [grpc.aio.insecure_channel(address, options=channel_options()) for _ in range(2)]
+        try:
+            assert await channels[0].unary_unary("/test.Echo/Echo")(b"hi", timeout=5) == b"hi"
+            assert [m async for m in channels[0].unary_stream("/test.Echo/Repeat")(b"r", timeout=5)] == [b"r"] * 3
+            for call in (channels[1].unary_unary("/test.Echo/Echo")(b"hi", timeout=5),
+                         _drain(channels[1].unary_stream("/test.Echo/Repeat")(b"r", timeout=5))):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call
+                assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        finally:
+            for ch in channels:
+                await ch.close()
+            await server.stop(0)
+        counts = {(s.labels["method"], s.labels["code"]): s.value
+                  for family in text_string_to_metric_families(generate_latest(registry).decode())
+                  for s in family.samples if s.name == "dmq_rpc_server_duration_seconds_count"}
+        assert counts == {("Echo", "OK"): 1, ("Repeat", "OK"): 1,
+                          ("Echo", "RESOURCE_EXHAUSTED"): 1, ("Repeat", "RESOURCE_EXHAUSTED"): 1}
+
+    asyncio.run(run())
+
+
+async def _drain(stream: Any) -> list[Any]:
+    return [m async for m in stream]
 
 
 def test_idle_connections_are_closed_and_clients_reconnect() -> None:
