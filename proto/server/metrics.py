@@ -25,25 +25,18 @@ The endpoint has no authentication: bind it where only the monitoring system can
 from __future__ import annotations
 
 import asyncio
-import math
-import time
-from bisect import bisect_left
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
 import structlog
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from prometheus_client import metrics as prometheus_metrics
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
-from prometheus_client.utils import floatToGoString
 
 __all__ = [
     "DEFAULT_METRICS_PORT",
     "ConnectionsCollector",
-    "LatencyHistogram",
     "MethodTimer",
     "MetricsEndpoint",
     "QuotaCollector",
@@ -65,85 +58,11 @@ REFRESH_TIMEOUT_S = 5.0
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 RefreshHook = Callable[[], Awaitable[None]]
-# How prometheus_client writes a bucket's `le` ("0.0005", "1.0", "+Inf"); untyped there.
-_go_float: Callable[[float], str] = floatToGoString
 
 
 def new_registry() -> CollectorRegistry:
     # auto_describe: a collector's families are checked against the others' names at register time.
     return CollectorRegistry(auto_describe=True)
-
-
-class LatencyHistogram(Collector):
-    """A labelled histogram that renders as prometheus_client's `Histogram` does, sample for sample
-    (buckets, _count, _sum, _created), at a fraction of its cost per observation.
-
-    prometheus_client's Histogram takes a lock for the sum and another for the bucket on every
-    observe, and walks the bounds in Python: ~0.7 us a call, a quarter of what timing an RPC cost
-    (bench/metrics_rpc_cost.py). Here an observation is one bisect and two additions. No locks:
-    series are written on the server's event loop, and read there by MetricsEndpoint; a reader on
-    another thread may see a bucket and the sum one observation apart, as prometheus_client's
-    per-value locks also allow. The number of series is bounded by the caller (RpcTimings)."""
-
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
-        bounds = tuple(float(b) for b in buckets)
-        if list(bounds) != sorted(bounds) or not bounds or bounds[-1] == math.inf:
-            raise ValueError(f"{name}: buckets must be sorted, finite and not empty (+Inf is implied): {buckets}")
-        self.name = name
-        self.documentation = documentation
-        self.labelnames = tuple(labelnames)
-        self._bounds = bounds
-        self._le = [_go_float(b) for b in bounds] + ["+Inf"]
-        self._series: dict[tuple[str, ...], HistogramSeries] = {}
-
-    def __repr__(self) -> str:
-        return f"<LatencyHistogram {self.name} series={len(self._series)}>"
-
-    def labels(self, *values: str) -> HistogramSeries:
-        """The series of these label values, made on first use (exported from then on, as
-        prometheus_client's `labels()` does)."""
-        if len(values) != len(self.labelnames):
-            raise ValueError(f"{self.name}: {len(self.labelnames)} label values expected, got {values!r}")
-        series = self._series.get(values)
-        if series is None:
-            series = self._series[values] = HistogramSeries(self._bounds)
-        return series
-
-    def describe(self) -> Iterable[HistogramMetricFamily]:
-        yield HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-
-    def collect(self) -> Iterable[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        created = getattr(prometheus_metrics, "_use_created", True)  # PROMETHEUS_DISABLE_CREATED_SERIES
-        for values, series in list(self._series.items()):
-            counts, total = list(series.counts), series.sum
-            buckets, acc = [], 0.0
-            for le, count in zip(self._le, counts):
-                acc += count
-                buckets.append((le, acc))
-            family.add_metric(values, buckets, total)
-            if created:
-                family.samples.append(Sample(self.name + "_created", dict(zip(self.labelnames, values)),
-                                             series.created, None, None))
-        yield family
-
-
-class HistogramSeries:
-    """One label set's buckets (not cumulative; the last is +Inf) and sum."""
-
-    __slots__ = ("_bounds", "counts", "created", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self._bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-        self.created = time.time()
-
-    def observe(self, amount: float) -> None:
-        # bisect_left: the first bound >= amount, i.e. Prometheus' `le` (an amount equal to a bound
-        # falls in that bound's bucket); past the last bound, +Inf.
-        self.counts[bisect_left(self._bounds, amount)] += 1
-        self.sum += amount
 
 
 class RpcTimings:
@@ -158,11 +77,10 @@ class RpcTimings:
     max_method_labels = MAX_METHOD_LABELS
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.duration = LatencyHistogram(
+        self.duration = Histogram(
             "dmq_rpc_server_duration_seconds", "Time to answer a gRPC call, by method and status code",
-            ["method", "code"], LATENCY_BUCKETS_S,
+            ["method", "code"], registry=registry, buckets=LATENCY_BUCKETS_S,
         )
-        registry.register(self.duration)
         self.auth_failures = Counter(
             "dmq_auth_failures_total", "Calls refused: authentication (UNAUTHENTICATED) or authorization (PERMISSION_DENIED)",
             ["kind"], registry=registry,
@@ -204,7 +122,7 @@ class MethodTimer:
         self._timings = timings
         self._method = method
         # made on the first OK answer, not here: a method that never answered OK exports no OK series
-        self._ok: HistogramSeries | None = None
+        self._ok: Any = None  # a labelled child of the histogram
 
     def __repr__(self) -> str:
         return f"<MethodTimer {self._method}>"
