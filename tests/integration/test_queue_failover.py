@@ -60,6 +60,7 @@ async def test_a_lease_outlives_its_leaders_death_and_is_acked_at_the_new_leader
         await asyncio.to_thread(second.close)
 
 
+@pytest.mark.slow
 async def test_a_moved_lease_is_renewed_at_the_new_leader_and_expires_there_as_counted(rc: ReplicationCluster) -> None:
     await rc.create("t", [1, 2, 3])
     await _produce(rc, 1, [b"x", b"y"])
