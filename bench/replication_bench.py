@@ -346,6 +346,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--profile", action="store_true", help="profile the RF 3 brokers instead (see above)")
+    parser.add_argument("--only", choices=("throughput", "failover", "latency"),
+                        help="run one of the three parts (default: all)")
     args = parser.parse_args()
     if args.profile:
         profile(args)
@@ -357,22 +359,27 @@ def main() -> None:
         cluster = Cluster(pathlib.Path(tmp), args.session_timeout_ms)
         try:
             value = b"v" * args.value_bytes
-            cluster.create_topic("rf1", 1, 1)
-            cluster.create_topic("rf3", 3, 2)
-            rates = {}
-            for topic in ("rf1", "rf3"):
-                rates[topic], cpu = throughput(cluster, topic, args.records, value)
-                shares = ", ".join(f"{role} {s:.1f}" for role, s in cpu.items())
-                print(f"produce {topic} acks=all: {rates[topic]:10,.0f} msgs/s   CPU s per 1M records: {shares}",
-                      flush=True)
-            print(f"RF 3 / RF 1 throughput: {rates['rf3'] / rates['rf1']:.0%} (target >= 60%)", flush=True)
+            if args.only in (None, "throughput"):
+                cluster.create_topic("rf1", 1, 1)
+                cluster.create_topic("rf3", 3, 2)
+                rates = {}
+                for topic in ("rf1", "rf3"):
+                    rates[topic], cpu = throughput(cluster, topic, args.records, value)
+                    shares = ", ".join(f"{role} {s:.1f}" for role, s in cpu.items())
+                    print(f"produce {topic} acks=all: {rates[topic]:10,.0f} msgs/s   CPU s per 1M records: {shares}",
+                          flush=True)
+                print(f"RF 3 / RF 1 throughput: {rates['rf3'] / rates['rf1']:.0%} (target >= 60%)", flush=True)
 
-            cluster.create_topic("failover", 3, 2)
-            times = failover(cluster, "failover", args.trials)
-            print(f"failover over {len(times)} trials: p50 {statistics.median(times) * 1000:.0f} ms, "
-                  f"p99 {_percentile(times, 0.99) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms "
-                  f"(target p99 <= {args.session_timeout_ms + 1000} ms)", flush=True)
+            if args.only in (None, "failover"):
+                cluster.create_topic("failover", 3, 2)
+                times = failover(cluster, "failover", args.trials)
+                print(f"failover over {len(times)} trials: p50 {statistics.median(times) * 1000:.0f} ms, "
+                      f"p99 {_percentile(times, 0.99) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms "
+                      f"(target p99 <= {args.session_timeout_ms + 1000} ms)", flush=True)
 
+            latencies: list[float] = []
+            if args.only not in (None, "latency"):
+                return
             cluster.create_topic("latency", 3, 2)
             info = cluster.partition("latency")
             records = end_to_end(cluster, "latency", args.rate, args.latency_seconds)
