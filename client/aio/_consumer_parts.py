@@ -83,7 +83,8 @@ class Chunk:
         if isinstance(records, RecordSequence):
             self.it, self.cursor = records.cursor()
         else:
-            self.it = self.cursor = iter(records)
+            self.it = iter(records)
+            self.cursor = self.it
 
     def __repr__(self) -> str:
         return f"<Chunk {self.tp} next={self.next_offset()} left={self.left()}>"
