@@ -17,7 +17,8 @@ policy, data in a temporary directory) and, in one run, prints:
      partition is fully in sync again. p50 / p99 / max. Target: p99 <= session timeout + 1 s, and
      <= 2 s with --session-timeout-ms 1000.
   3. end-to-end latency (send -> a consumer receives it) at --rate msgs/s for --latency-seconds on
-     an RF 3 partition: p50 / p99, and where it goes: the brokers run with DMQ_STAGE_TRACE (see
+     an RF 3 partition (producer acks=all, linger_ms=0: a latency test's setting, not the default
+     linger of 5 ms; the default durability), p50 / p99, and where it goes: the brokers run with DMQ_STAGE_TRACE (see
      dmq.broker.replication.stage_trace), so each record's path is timed stage by stage (producer
      linger and send, leader append and fsync, each follower's fetch wake-up, append + fsync and
      report back, the high watermark's advance, the consumer's long-poll wake-up, the answer's
@@ -382,6 +383,9 @@ def main() -> None:
                 return
             cluster.create_topic("latency", 3, 2)
             info = cluster.partition("latency")
+            print("end-to-end: producer acks=all, linger_ms=0 (the default durability: fsync before the ack on every "
+                  "in-sync replica; the client keeps one Produce in flight per partition), consumer "
+                  "SimpleConsumer.consume_batches(max_wait_ms=100) in a thread of the same process", flush=True)
             records = end_to_end(cluster, "latency", args.rate, args.latency_seconds)
             latencies = [got - sent for _, sent, got in records]
             if latencies:
