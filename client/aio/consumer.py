@@ -51,9 +51,8 @@ import inspect
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields
-from operator import length_hint
 from typing import Any
 
 import grpc
@@ -246,7 +245,7 @@ class AsyncConsumer(ConsumerShell):
     # -- records ---------------------------------------------------------------------------------
 
     async def getmany(self, *partitions: TopicPartition, timeout_ms: int = 0,
-                      max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
+                      max_records: int | None = None) -> dict[TopicPartition, Sequence[ConsumerRecord]]:
         """Records of the owned partitions (of `partitions` only, when given), at most
         max_records (default max_poll_records), waiting up to timeout_ms for some. Rebalances
         are carried out here."""
@@ -317,7 +316,7 @@ class AsyncConsumer(ConsumerShell):
             return None
         while pending:
             chunk = pending[0]
-            if length_hint(chunk.it):
+            if chunk.left():
                 return chunk
             pending.popleft()
         return None
@@ -329,9 +328,9 @@ class AsyncConsumer(ConsumerShell):
         # ones only when none was buffered): back to the front they go, in order.
         self._pending.extendleft(Chunk(tp, records) for tp, records in reversed(batch.items()))
 
-    def _take_pending(self, limit: int, only: set[TopicPartition] | None) -> dict[TopicPartition, list[ConsumerRecord]]:
+    def _take_pending(self, limit: int, only: set[TopicPartition] | None) -> dict[TopicPartition, Sequence[ConsumerRecord]]:
         """Buffered records first (they were fetched before anything newer), up to limit."""
-        out: dict[TopicPartition, list[ConsumerRecord]] = {}
+        out: dict[TopicPartition, Sequence[ConsumerRecord]] = {}
         kept: deque[Chunk] = deque()
         while self._pending and limit > 0:
             chunk = self._pending.popleft()
@@ -340,9 +339,10 @@ class AsyncConsumer(ConsumerShell):
                 continue
             taken = chunk.take(limit)
             if taken:
-                out.setdefault(chunk.tp, []).extend(taken)
+                had = out.get(chunk.tp)  # a partition's chunks follow each other in offset order
+                out[chunk.tp] = taken if had is None else [*had, *taken]
                 limit -= len(taken)
-            if length_hint(chunk.it):
+            if chunk.left():
                 kept.append(chunk)
         kept.extend(self._pending)
         self._pending = kept
@@ -357,7 +357,7 @@ class AsyncConsumer(ConsumerShell):
             self._pending = deque(c for c in self._pending if c.tp not in gone)
 
     async def _poll(self, timeout_s: float, limit: int,
-                    only: set[TopicPartition] | None) -> dict[TopicPartition, list[ConsumerRecord]]:
+                    only: set[TopicPartition] | None) -> dict[TopicPartition, Sequence[ConsumerRecord]]:
         deadline = time.monotonic() + timeout_s
         fetcher = self._fetcher
         self._maybe_auto_commit()
@@ -384,11 +384,10 @@ class AsyncConsumer(ConsumerShell):
             collected = fetcher.collect(limit, hold)
             fetcher.send_fetches()
             if collected:
-                # lists: the chunks of getone() / ``async for`` read their iterators' length_hint
-                records = {tp: list(rs) for tp, rs in collected.items()}
+                # RecordSequences, as DMQConsumer.poll()'s: records built as the application reaches them
                 if self._deserializing:  # only records new from the fetcher: buffered ones already are
-                    records = deserialize(self.config, records, self.seek)
-                return records
+                    return dict(deserialize(self.config, collected, self.seek))
+                return dict(collected)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return {}
