@@ -544,14 +544,17 @@ class AsyncConsumer(ConsumerShell):
         if tasks:
             await asyncio.wait(tasks, timeout=max(0.0, timeout_s))
         for task, call in tasks.items():
-            error = task.exception() if task.done() and not task.cancelled() else None
-            if task.done() and not task.cancelled() and error is None:
-                self._subs.mark_committed({tp: o.offset for tp, o in call.offsets.items()})
-                continue
+            err: DMQError
             if not task.done():
                 task.cancel()
-            err = error if isinstance(error, DMQError) else DMQTimeoutError(
-                f"commit to broker {call.address} did not answer within {timeout_s:.3g} s")
+                err = DMQTimeoutError(f"commit to broker {call.address} did not answer within {timeout_s:.3g} s")
+            elif task.cancelled():  # by aclose()
+                err = DMQError("commit cancelled: the consumer closed")
+            elif (error := task.exception()) is None:
+                self._subs.mark_committed({tp: o.offset for tp, o in call.offsets.items()})
+                continue
+            else:
+                err = error if isinstance(error, DMQError) else DMQError(f"commit to broker {call.address}: {error!r}")
             errors.update(dict.fromkeys(call.offsets, err))
         return errors
 
@@ -704,6 +707,8 @@ class AsyncConsumer(ConsumerShell):
                 task.cancel()  # those still running when this is cancelled (a no-op once done)
         out: dict[TopicPartition, int] = {}
         for task in tasks:
+            if task.cancelled():  # by aclose()
+                raise ClientClosedError("ListOffsets cancelled: the consumer stopped")
             for tp, value in OffsetClient.parse_list_offsets(task.result()).items():
                 if isinstance(value, DMQError):
                     raise value
