@@ -39,13 +39,6 @@ log = logging.getLogger(__name__)
 CHANNEL_CLOSE_TIMEOUT_S = 1.0
 
 
-def start_call(awaitable: Awaitable[Any], running: set[asyncio.Future[Any]]) -> asyncio.Future[Any]:
-    task = asyncio.ensure_future(awaitable)
-    running.add(task)
-    task.add_done_callback(running.discard)
-    return task
-
-
 class Wakeup:
     """The sync parts' wake-up event (they only call set()), on asyncio: the owner awaits it."""
 
@@ -148,11 +141,14 @@ class AsyncCluster(Cluster):
 
     def start_call(self, awaitable: Awaitable[Any]) -> asyncio.Future[Any]:
         """An aio call (``await``-able) as a task on the loop, ended by aclose() if still running."""
-        return start_call(awaitable, self.running)
+        task = asyncio.ensure_future(awaitable)
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+        return task
 
     def start_unary(self, method: Any, request: Any, timeout: float) -> asyncio.Future[Any]:
         """Cluster.start_unary on the loop: the aio call of `method` as a task (start_call)."""
-        return start_call(method(request, timeout=timeout), self.running)
+        return self.start_call(method(request, timeout=timeout))
 
     def knows(self, topic: str) -> bool:
         """Whether the cache holds the topic (fresh or not)."""
