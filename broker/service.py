@@ -57,6 +57,7 @@ from dmq.broker.readiness import require_started
 from dmq.broker.replication.manager import ReplicaManager
 from dmq.broker.replication.replica import NotLeaderForPartition, Replica
 from dmq.broker.replication.stage_trace import StageTrace
+from dmq.broker.sequence_gate import SequenceGate
 from dmq.broker.storage_status import translate_storage
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details, limits, names, records
@@ -222,6 +223,8 @@ class BrokerService:
         self.appender = Appender()
         # Fetch answers and produce requests in flight, together (see memory_budget.py).
         self.budget = budget or ByteBudget()
+        # One idempotent producer's batches of a partition, appended in sequence order.
+        self.sequences = SequenceGate()
 
     @contextlib.asynccontextmanager
     async def _turn(self, size: int, context: grpc.aio.ServicerContext[Any, Any], what: str) -> AsyncIterator[None]:
@@ -298,6 +301,16 @@ class BrokerService:
         if replica is not None and acks_all and not self._node.replication.enough_replicas(replica):
             _fail(grpc.StatusCode.UNAVAILABLE, _not_enough_replicas(replica, self._node.broker_id),
                   error_details.NOT_ENOUGH_REPLICAS)
+        # An idempotent producer's earlier batches are appended first (dmq.broker.sequence_gate):
+        # waited for here, before the budget and the turn, whose waits could reorder them.
+        try:
+            header: records.BatchHeader | None = records.read_header(batch, max_batch_bytes=limit)
+        except records.RecordsError:
+            header = None  # the append refuses it, naming what is wrong
+        producer_id = -1 if header is None else header.producer_id
+        if header is not None and producer_id >= 0:
+            await self.sequences.wait(plog, producer_id, header.producer_epoch, header.base_sequence,
+                                      header.record_count, len(batch), context.time_remaining())
         # The batch is in memory already; holding its size until it is appended makes a flood
         # of produces wait (or be refused) instead of piling up in the broker.
         what = f"produce to {request.topic}[{request.partition}]"
@@ -310,6 +323,7 @@ class BrokerService:
             async with self._turn(len(batch), context, what):
                 with self._node.queues.admission(request.topic, batch):  # max_queue_size: refused whole
                     info = await self.appender.append(plog, batch)
+            self.sequences.appended(request.topic, request.partition, producer_id)  # its successors go on
             trace.mark("leader_appended", request.topic, request.partition, info.last_offset + 1)
             if replica is not None:
                 # the followers' parked fetches take it now, while the leader fsyncs

@@ -153,6 +153,9 @@ class ProducerBatch:
         "callbacks",
         "accumulator",
         "record_offsets",
+        "outcome",
+        "tracked",
+        "sent",
         "__weakref__",
     )
 
@@ -187,6 +190,13 @@ class ProducerBatch:
         # Every record's offset when the broker answered some as duplicate transaction ids
         # (stored earlier, at other offsets); None: record i is at the base offset + i.
         self.record_offsets: list[int] | None = None
+        # The sender's, with several Produce calls of a partition in flight (dmq.client._sender):
+        # the answer kept until the batches before it are answered (a base offset, or the error
+        # it failed with for good); whether it is in its partition's `unresolved` queue; whether
+        # its current encoding was handed to gRPC.
+        self.outcome: Any = None
+        self.tracked = False
+        self.sent = False
 
     def __repr__(self) -> str:
         state = "done" if self.future.done() else "sealed" if self.sealed else "open"
@@ -578,17 +588,22 @@ def now_ms() -> int:
 
 
 class PartitionQueue:
-    """A partition's sealed batches in order, and the one in flight (the sender's; sealers append
-    to ``ready`` under the accumulator lock)."""
+    """A partition's sealed batches in order, and those sent and not yet resolved (the sender's;
+    sealers append to ``ready`` under the accumulator lock).
 
-    __slots__ = ("topic", "partition", "ready", "inflight", "retry_at", "epoch", "next_sequence",
-                 "failed_leader", "failures")
+    ``unresolved``: batches handed to the sender's dispatch at least once and not yet resolved,
+    in seal (= sequence) order; a batch is resolved (its future completed) only once every batch
+    before it is. ``in_flight``: Produce calls of the partition awaiting their answer."""
+
+    __slots__ = ("topic", "partition", "ready", "unresolved", "in_flight", "retry_at", "epoch", "next_sequence",
+                 "failed_leader", "failures", "confirmed_at", "bump_pending")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
         self.partition = partition
         self.ready: deque[ProducerBatch] = deque()
-        self.inflight: ProducerBatch | None = None
+        self.unresolved: deque[ProducerBatch] = deque()
+        self.in_flight = 0
         self.retry_at = 0.0  # monotonic; no dispatch before (backoff)
         self.epoch = 0  # idempotence: bumped when the sequence can no longer be trusted
         self.next_sequence = 0
@@ -597,16 +612,21 @@ class PartitionQueue:
         # metadata and retries at once when another live leader shows up (as Kafka's KIP-951).
         self.failed_leader: str | None = None
         self.failures = 0  # consecutive failed attempts since the last success or leader change
+        # monotonic time of the last acknowledgement in this epoch (0: none since the last failure
+        # or epoch bump); several calls are in flight only while it is recent (dmq.client._sender)
+        self.confirmed_at = 0.0
+        self.bump_pending = False  # the epoch is bumped once no call of the partition is in flight
 
     def __repr__(self) -> str:
         return (
             f"<PartitionQueue {self.topic}[{self.partition}] ready={len(self.ready)} "
-            f"inflight={self.inflight is not None} epoch={self.epoch} next_sequence={self.next_sequence}>"
+            f"in_flight={self.in_flight} unresolved={len(self.unresolved)} epoch={self.epoch} "
+            f"next_sequence={self.next_sequence}>"
         )
 
     @property
     def idle(self) -> bool:
-        return self.inflight is None and not self.ready
+        return self.in_flight == 0 and not self.ready and not self.unresolved
 
 
 class Accumulator:

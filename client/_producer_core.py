@@ -75,6 +75,10 @@ DEFAULT_BATCH_SIZE = 1024 * 1024
 MAX_BATCH_SIZE = records.DEFAULT_MAX_BATCH_BYTES // 2
 DEFAULT_BUFFER_MEMORY = 64 * 1024 * 1024
 SENDER_STOP_TIMEOUT_S = 5.0
+# max_in_flight_requests_per_connection's bound and idempotent default (Kafka's): the brokers keep
+# the last 5 batches of each producer for de-duplication (dmq.broker.log.producer_state), so a
+# retry of any batch in flight is still recognised.
+MAX_IN_FLIGHT = 5
 IN_FLIGHT_POLL_S = 0.005  # close() looks this often whether the calls in flight have ended
 # The shortest metadata look-up timeout (max_block_ms=0 still allows one quick look-up).
 METADATA_TIMEOUT_MIN_MS = 100
@@ -90,10 +94,11 @@ HeaderList = list[tuple[str, bytes | None]]
 def check_settings(
     *, acks: Any, compression: Any, enable_idempotence: Any, linger_ms: Any, batch_size: Any, buffer_memory: Any,
     max_block_ms: Any, retries: Any, retry_backoff_ms: Any, retry_backoff_max_ms: Any, request_timeout_ms: Any,
-    delivery_timeout_ms: Any, max_record_bytes: Any,
-) -> bool:
+    delivery_timeout_ms: Any, max_record_bytes: Any, max_in_flight_requests_per_connection: Any = None,
+) -> tuple[bool, int]:
     """The producer settings' rules: InvalidConfigError naming the setting; returns whether the
-    producer is idempotent (None: unless acks=0)."""
+    producer is idempotent (None: unless acks=0) and its max_in_flight_requests_per_connection
+    (None: 5 when idempotent, else 1)."""
     if acks not in ACKS:
         raise InvalidConfigError(f"acks must be 'all', 1 or 0, got {acks!r}")
     if _codec_name(compression) not in CODECS:
@@ -129,7 +134,18 @@ def check_settings(
         )
     if buffer_memory < batch_size:
         raise InvalidConfigError(f"buffer_memory ({buffer_memory}) must be at least batch_size ({batch_size})")
-    return bool(enable_idempotence)
+    in_flight = max_in_flight_requests_per_connection
+    if in_flight is None:
+        # Kafka's default with idempotence; without it a retried batch could overtake the next
+        # (Kafka's documented caveat), so one at a time unless the user asks for more.
+        in_flight = MAX_IN_FLIGHT if enable_idempotence else 1
+    elif isinstance(in_flight, bool) or not isinstance(in_flight, int) or not 1 <= in_flight <= MAX_IN_FLIGHT:
+        raise InvalidConfigError(
+            f"max_in_flight_requests_per_connection must be an integer within 1..{MAX_IN_FLIGHT} (Produce "
+            f"requests per partition awaiting an answer; the brokers de-duplicate the last {MAX_IN_FLIGHT} "
+            f"batches of a producer), got {in_flight!r}"
+        )
+    return bool(enable_idempotence), in_flight
 
 
 class Pending:
@@ -160,19 +176,21 @@ class ProducerCore:
         enable_idempotence: bool | None, buffer_memory: int, max_block_ms: int, retries: int,
         retry_backoff_ms: int, retry_backoff_max_ms: int, request_timeout_ms: int, delivery_timeout_ms: int,
         max_record_bytes: int | None, partitioner: Partitioner | None, client_id: str | None, wakeup: Any,
-        shell: str, runner: str, closer: str,
+        shell: str, runner: str, closer: str, max_in_flight_requests_per_connection: int | None = None,
     ) -> None:
         if partitioner is not None and not callable(partitioner):
             raise InvalidConfigError(f"partitioner must be a callable (key, partition count) -> partition, got {partitioner!r}")
         if client_id is not None and (not isinstance(client_id, str) or not client_id):
             raise InvalidConfigError(f"client_id must be a non-empty string, got {client_id!r}")
-        idempotent = check_settings(
+        idempotent, in_flight = check_settings(
             acks=acks, compression=compression, enable_idempotence=enable_idempotence, linger_ms=linger_ms,
             batch_size=batch_size, buffer_memory=buffer_memory, max_block_ms=max_block_ms, retries=retries,
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
             request_timeout_ms=request_timeout_ms, delivery_timeout_ms=delivery_timeout_ms,
             max_record_bytes=max_record_bytes,
+            max_in_flight_requests_per_connection=max_in_flight_requests_per_connection,
         )
+        self.max_in_flight = in_flight
         self.shell, self.runner, self.closer = shell, runner, closer
         self.acks = acks
         self.producer_id = new_producer_id() if idempotent else -1
@@ -189,6 +207,7 @@ class ProducerCore:
             retry_backoff_max_ms=max(retry_backoff_ms, retry_backoff_max_ms), producer_id=self.producer_id,
             # None: prepare() already held each record within its topic's max_message_bytes
             max_record_bytes=max_record_bytes or limits.MAX_MESSAGE_BYTES_MAX,
+            max_in_flight=in_flight,
         )
         # Metadata look-ups are bounded by max_block_ms as well (a coordinator that accepts
         # connections but does not answer held send() for a whole request timeout).

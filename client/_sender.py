@@ -4,9 +4,9 @@ One thread per Producer, owned by it (`start()` in the constructor, `stop()` in 
 turn of the loop (woken by new batches, responses, or the next linger/backoff deadline):
 
   1. handle finished Produce calls (gRPC calls our callback on its own thread; it only queues);
-  2. seal open batches whose partition is idle and whose age reached linger_ms (at once when a
+  2. seal open batches whose partition has room for another call and whose age reached linger_ms (at once when a
      send() is blocked on buffer_memory, so memory comes back);
-  3. for each partition with nothing in flight, encode its next sealed batch (assigning its
+  3. for each partition with room (see "Ordering"), encode its next sealed batch (assigning its
      idempotent sequence) and send it to the partition's leader with `Produce.future`;
   4. fail batches older than delivery_timeout_ms that are still waiting.
 
@@ -24,8 +24,36 @@ acks=0: nobody waits for the broker, so a batch's handle resolves once the batch
 gRPC; a batch dropped after that (an error answer) is logged and counted in records_failed. A
 batch not handed over yet (no leader known) is retried, or its handle fails, like any other.
 
-Ordering: at most ONE Produce per partition is in flight, so batches land in seal order and a
-retried batch never overtakes the next. Different partitions are in flight concurrently.
+Ordering: up to max_in_flight_requests_per_connection (Kafka's name; 1..5, default 5 when
+idempotent, else 1) batches of a partition are sent and not yet resolved at once. Why the log
+still holds them in seal order, exactly once, for an idempotent producer:
+  - sequences are assigned at encoding, and batches are encoded and first sent in seal order
+    (only the head of `ready` is ever encoded or sent);
+  - the broker appends a producer's batch only directly after its predecessor in the same epoch
+    (the sequence check); one that arrives, or reaches the append, before its predecessor waits
+    for it, bounded (dmq.broker.sequence_gate), and is answered OUT_OF_ORDER_SEQUENCE if it does
+    not come. So batch k+1 is in the log only if batch k is, right before it;
+  - a failed batch goes back into `ready` in seal order, before every batch sealed after it, so
+    retries are sent in order too; OUT_OF_ORDER_SEQUENCE for a batch with an earlier batch still
+    unresolved means "not yet", and the batch is simply retried after it (no epoch bump);
+  - at most max_in_flight (<= 5) batches are unresolved, counted from the oldest, and the broker
+    keeps the last 5 batches of each producer, so a retry of any of them whose first answer was
+    lost is still recognised as a duplicate and answered with its original offset;
+  - an epoch bump (sequence back to 0) happens only with no call of the partition in flight
+    (`bump_pending`): an old-epoch call answered after the new epoch started would be fenced.
+    Every batch re-encoded by the bump is proven absent from the log: never sent, or refused
+    OUT_OF_ORDER_SEQUENCE (so its successors are absent too). A batch that fails for good while
+    a later batch of its epoch was already sent bumps nothing: the broker has the later one only
+    if it has this one, and otherwise refuses it with OUT_OF_ORDER_SEQUENCE, which bumps then;
+  - a broker that does not know the producer (state expired after a day idle, or a new leader
+    whose log lost all its batches) accepts it at any sequence, so two batches racing there
+    could land in either order: a partition sends one batch at a time until a batch of the
+    current epoch is acknowledged, after any failure, and when the last acknowledgement is older
+    than CONFIRMED_MAX_AGE_S.
+Futures and callbacks complete in seal order: an answer is kept on its batch (`outcome`) until
+every batch before it is resolved (`_settle`). Without idempotence more than 1 in flight may
+reorder a retried batch (Kafka's documented caveat); the default there is 1. Different partitions
+are in flight concurrently.
 
 Idempotence: a batch's (producer_id, epoch, base_sequence) is fixed when it is first encoded and
 reused by every retry, so a batch whose response was lost is answered by the broker as a
@@ -73,6 +101,13 @@ log = get_logger(__name__)
 
 __all__ = ["Sender"]
 
+INF = float("inf")
+# The broker drops an idle producer's sequence state (producer_id_expiration_ms, a day by
+# default) and then accepts it with any sequence. Batches go one at a time until one is
+# acknowledged in the current epoch and while the last acknowledgement is older than this, so a
+# broker that may not know the producer's sequence never gets two of them at once.
+CONFIRMED_MAX_AGE_S = 60.0
+_DROPPED = object()  # acks=0: the batch's outcome when its call failed (its handle said "sent")
 IDLE_WAKE_S = 1.0  # an idle sender still wakes this often (expiry checks; no unbounded wait)
 # While a partition backs off after its leader failed, the sender looks at the metadata this often
 # (a background GetMetadata at most this often), to retry as soon as a new leader is elected.
@@ -105,6 +140,7 @@ class Sender:
         producer_id: int,
         max_record_bytes: int,
         name: str,
+        max_in_flight: int = 1,
     ) -> None:
         self._acc = acc
         self._cluster = cluster
@@ -118,6 +154,8 @@ class Sender:
         self.retry = RetryPolicy(retry_backoff_ms, retry_backoff_max_ms, request_timeout_ms)
         self._producer_id = producer_id  # -1: not idempotent
         self._max_record_bytes = max_record_bytes
+        # max_in_flight_requests_per_connection: Produce calls (and unresolved batches) per partition
+        self._max_in_flight = max_in_flight
         self._wakeup = acc.wakeup
         self._completions: deque[tuple[ProducerBatch, str, Any, float]] = deque()
         # Producer.metrics(): one recording per answered request (dmq.client._metrics)
@@ -187,7 +225,7 @@ class Sender:
                 linger = self._linger_s
                 for b in list(acc.open):
                     q = acc.queues.get((b.topic, b.partition))
-                    if q is not None and not q.idle:
+                    if q is not None and not self._has_room(q, now):
                         continue  # keeps filling; looked at again when the partition frees up
                     due = b.created + linger
                     if rush or due <= now:
@@ -198,33 +236,63 @@ class Sender:
                 self._active |= acc.newly_ready
                 acc.newly_ready.clear()
         for q in list(self._active):
-            if q.inflight is not None:
-                if q.ready and q.ready[0].payload is None:
-                    # Encode the next batch while this one is in flight, so that when the answer
-                    # comes the next Produce goes out at once (its sequence follows in order).
-                    self._encode_or_fail(q, q.ready[0], pop=True)
-                continue
-            if not q.ready:
+            next_at = min(next_at, self._service(q, now))
+        return max(0.0, next_at - time.monotonic())
+
+    def _window(self, q: PartitionQueue, now: float) -> int:
+        """How many of the partition's batches may be unresolved (sent and not yet answered in
+        order), and how many calls in flight: max_in_flight, except for an idempotent producer
+        whose partition has no recent acknowledgement in this epoch (see the module docstring)."""
+        n = self._max_in_flight
+        if n > 1 and self._producer_id >= 0 and not (q.confirmed_at and now - q.confirmed_at < CONFIRMED_MAX_AGE_S):
+            return 1
+        return n
+
+    def _has_room(self, q: PartitionQueue, now: float) -> bool:
+        """Whether the partition could send one more batch now (else its open batch keeps filling)."""
+        window = self._window(q, now)
+        return not q.ready and not q.bump_pending and q.in_flight < window and len(q.unresolved) < window
+
+    def _service(self, q: PartitionQueue, now: float) -> float:
+        """Expire, encode and send what the partition may send now; when to look again."""
+        if q.bump_pending and not q.in_flight:
+            self._bump_epoch(q)
+        if not q.ready:
+            if not q.in_flight and not q.bump_pending:
                 self._active.discard(q)
-                continue
+            return INF
+        if not q.in_flight:
             while q.ready and q.ready[0].deadline <= now:
                 self._expire(q, q.ready.popleft())
             if not q.ready:
-                continue
-            if q.retry_at > now and q.failed_leader is not None:
-                leader = self._cluster.peek_leader(q.topic, q.partition, max_age_s=LEADER_POLL_S)
-                if leader and leader != q.failed_leader:
-                    # A new leader is known: waiting out the backoff would only add latency.
-                    log.info("new leader known; retrying without waiting out the backoff",
-                             topic=q.topic, partition=q.partition, leader=leader)
-                    q.retry_at, q.failed_leader, q.failures = 0.0, None, 0
-                else:
-                    next_at = min(next_at, now + LEADER_POLL_S)
-            if q.retry_at > now:
-                next_at = min(next_at, q.retry_at)
-                continue
+                return INF
+        next_at = INF
+        if q.retry_at > now and q.failed_leader is not None:
+            leader = self._cluster.peek_leader(q.topic, q.partition, max_age_s=LEADER_POLL_S)
+            if leader and leader != q.failed_leader:
+                # A new leader is known: waiting out the backoff would only add latency.
+                log.info("new leader known; retrying without waiting out the backoff",
+                         topic=q.topic, partition=q.partition, leader=leader)
+                q.retry_at, q.failed_leader, q.failures = 0.0, None, 0
+            else:
+                next_at = now + LEADER_POLL_S
+        if q.retry_at > now:
+            return min(next_at, q.retry_at)
+        window = self._window(q, now)
+        while q.ready and not q.bump_pending and q.in_flight < window:
+            b = q.ready[0]
+            # its place among the partition's unresolved batches (a retry has one already)
+            if (q.unresolved.index(b) if b.tracked else len(q.unresolved)) >= window:
+                break
             self._dispatch(q, q.ready.popleft(), now)
-        return max(0.0, next_at - time.monotonic())
+            if q.retry_at > now:
+                break  # no leader known: backing off
+            window = self._window(q, now)
+        if q.in_flight and q.ready and q.ready[0].payload is None and not q.bump_pending:
+            # Encode the next batch while the calls are in flight, so that when an answer comes
+            # the next Produce goes out at once (its sequence follows in order).
+            self._encode_or_fail(q, q.ready[0], pop=True)
+        return next_at
 
     # -- sending -----------------------------------------------------------------------------------
 
@@ -249,6 +317,7 @@ class Sender:
             base_sequence=seq,
             max_record_bytes=self._max_record_bytes,
         )
+        b.sent = False  # this encoding has not been handed to gRPC
         if pid >= 0:
             b.epoch, b.base_sequence = epoch, seq
             # sequences wrap from 2**31-1 to 0, as the broker expects
@@ -275,6 +344,9 @@ class Sender:
         payload = b.payload if b.payload is not None else self._encode_or_fail(q, b)
         if payload is None:
             return
+        if not b.tracked:  # every batch before it is tracked (or resolved) already: seal order
+            b.tracked = True
+            q.unresolved.append(b)
         try:
             # A cached leader is used at once when the metadata is stale (a refresh is started
             # meanwhile): while no coordinator is active a refresh cannot succeed, and waiting for
@@ -294,7 +366,8 @@ class Sender:
             self._fail(q, b, ClientClosedError(f"{where}: the producer was closed before the batch was sent ({e})"))
             return
         b.attempts += 1
-        q.inflight = b
+        b.sent = True
+        q.in_flight += 1
         if not self._wait_for_ack and not b.future.done():
             b.resolve(-1)  # acks=0: nobody waits for the broker
         call.add_done_callback(functools.partial(self._queue_response, b, address, time.monotonic()))
@@ -306,7 +379,7 @@ class Sender:
 
     def _on_response(self, b: ProducerBatch, address: str, call: Any, now: float, latency_s: float = 0.0) -> None:
         q = self._acc.queue(b.topic, b.partition)
-        q.inflight = None
+        q.in_flight -= 1
         try:
             response = call.result()
         except grpc.RpcError as e:
@@ -339,9 +412,11 @@ class Sender:
                     attempts=b.attempts,
                 )
             q.failed_leader, q.failures = None, 0
+            q.confirmed_at = now
             self.stats.request(latency_s)
             self.stats.transferred(b.count, len(b.payload or b""))
-            self._done(b, response.base_offset)
+            b.outcome = response.base_offset
+            self._settle(q)  # resolved once the batches before it are
         self._active.add(q)
 
     def _attempt_failed(
@@ -349,8 +424,8 @@ class Sender:
     ) -> None:
         """Retry `b` (first in its partition, after a backoff) or fail it. `address`: the broker
         the attempt went to ("" when no leader was known)."""
-        q.inflight = None
         q.failures += 1
+        q.confirmed_at = 0.0  # the next attempts go one at a time until one is acknowledged
         self._active.add(q)
         where = dict(topic=b.topic, partition=b.partition, attempt=b.attempts)
         if not self._wait_for_ack and b.future.done():
@@ -359,16 +434,24 @@ class Sender:
             log.warning("produce failed with acks=0; records dropped", error=str(err), records=b.count, **where)
             with self._acc.lock:
                 self._acc.records_failed += b.count
-            self._release(b)
+            b.outcome = _DROPPED
+            self._settle(q)
             return
         if err.invalid_metadata:
             self._cluster.invalidate(b.topic)
             q.failed_leader = address
         if isinstance(err, OutOfOrderSequenceError) and b.attempts <= self._retries:
+            if q.unresolved and q.unresolved[0] is not b:
+                # An earlier batch is in flight or being retried: the broker held this one for a
+                # while, then refused it. It follows that batch again (no epoch bump).
+                log.info("batch refused before its predecessor was appended; retried after it", error=str(err),
+                         **where)
+                self._requeue(q, b)
+                return
             log.warning("broker lost this producer's sequence; bumping the epoch", error=str(err), **where)
-            self._bump_epoch(q)
             b.payload = None  # re-encoded with the new epoch, sequence 0
-            q.ready.appendleft(b)
+            self._requeue(q, b)
+            self._bump_epoch_when_idle(q)
             return
         # NOT_FOUND from a broker: the partition may have moved; the metadata refresh before the
         # retry raises TopicNotFoundError if the topic itself is gone.
@@ -378,7 +461,7 @@ class Sender:
             log.warning("produce failed; retrying", error=str(err), backoff_ms=round(backoff * 1000), **where)
             b.last_error = str(err)
             q.retry_at = now + backoff
-            q.ready.appendleft(b)
+            self._requeue(q, b)
             return
         if retriable and now + backoff >= b.deadline:
             err = DMQTimeoutError(
@@ -410,14 +493,66 @@ class Sender:
         self._release(b)
 
     def _fail(self, q: PartitionQueue, b: ProducerBatch, err: DMQError) -> None:
+        """`b` failed for good: rejected once the batches before it are resolved."""
         q.failed_leader, q.failures = None, 0  # the next batch starts its backoff afresh
         log.error("produce failed", topic=b.topic, partition=b.partition, records=b.count, error=str(err))
-        if b.base_sequence >= 0:
+        if not b.tracked:  # never sent: the first of the partition's batches not yet tracked
+            b.tracked = True
+            q.unresolved.append(b)
+        if b.base_sequence >= 0 and not self._successor_sent(q, b):
             # The broker may or may not hold it: continuing the sequence could leave a gap or a
-            # duplicate; a new epoch starting at 0 is unambiguous.
+            # duplicate; a new epoch starting at 0 is unambiguous. (When a later batch of this
+            # epoch was sent already, the broker decides instead: it has that batch only if it
+            # has this one, and a gap is answered OUT_OF_ORDER_SEQUENCE, which bumps the epoch.)
+            self._bump_epoch_when_idle(q)
+        b.outcome = err
+        self._settle(q)
+
+    def _settle(self, q: PartitionQueue) -> None:
+        """Resolve the partition's answered batches in seal order: futures and callbacks complete
+        in the order the batches were sealed, whatever order their answers came in."""
+        unresolved = q.unresolved
+        while unresolved and unresolved[0].outcome is not None:
+            b = unresolved.popleft()
+            b.tracked = False
+            outcome = b.outcome
+            if outcome is _DROPPED:
+                self._release(b)
+            elif isinstance(outcome, BaseException):
+                b.reject(outcome)
+                self._release(b)
+            else:
+                self._done(b, outcome)
+
+    def _requeue(self, q: PartitionQueue, b: ProducerBatch) -> None:
+        """Put a tracked batch back among the batches to send, in seal order: after the retries
+        sealed before it, before those sealed after it and before every fresh batch."""
+        place = q.unresolved.index(b)
+        for i, other in enumerate(q.ready):
+            if not other.tracked or q.unresolved.index(other) > place:
+                q.ready.insert(i, b)
+                return
+        q.ready.append(b)
+
+    @staticmethod
+    def _successor_sent(q: PartitionQueue, b: ProducerBatch) -> bool:
+        """Whether a batch sealed after `b` was handed to gRPC with its current encoding."""
+        after = False
+        for other in q.unresolved:
+            if after and other.sent:
+                return True
+            after = after or other is b
+        return False
+
+    def _bump_epoch_when_idle(self, q: PartitionQueue) -> None:
+        """Bump the epoch now, or once no call of the partition is in flight: a call of the old
+        epoch answered after the new one started would be refused as fenced."""
+        if self._producer_id < 0:
+            return
+        if q.in_flight:
+            q.bump_pending = True
+        else:
             self._bump_epoch(q)
-        b.reject(err)
-        self._release(b)
 
     def _release(self, b: ProducerBatch) -> None:
         acc = self._acc
@@ -432,6 +567,8 @@ class Sender:
             return
         q.epoch += 1
         q.next_sequence = 0
+        q.bump_pending = False
+        q.confirmed_at = 0.0
         if q.epoch > INT16_MAX:  # pragma: no cover - 32k fatal errors on one partition
             raise RuntimeError(f"{q.topic}[{q.partition}]: producer epoch exhausted; create a new Producer")
         for waiting in q.ready:

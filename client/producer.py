@@ -24,10 +24,12 @@ traceparent carries (dmq.client._otel). AdminClient.find_trace / ``dmq trace`` f
 across topics. (Clients before traceparent wrote a ``dmq.trace`` header: the broker still
 indexes it, and a header given in ``headers=`` is sent as it is.)
 
-Batching: a partition's batch ships when it is full or ``linger_ms`` old
-and nothing is in flight for that partition; while a Produce is in flight the next batch keeps
-filling. At most one Produce per partition is in flight, so records keep their order, even
-across retries; different partitions are sent concurrently. See `dmq.client._accumulator` for
+Batching: a partition's batch ships when it is full or ``linger_ms`` old and the partition has
+room for another Produce in flight; meanwhile it keeps filling. ``max_in_flight_requests_per_connection``
+(Kafka's name; 1..5, default 5 with idempotence, else 1) bounds a partition's Produce calls awaiting
+an answer. With idempotence records keep their order even across retries (the broker appends a
+producer's batches in sequence order, and retries go out in seal order); without it, more than 1
+may reorder a retried batch, as in Kafka. Different partitions are sent concurrently. See `dmq.client._accumulator` for
 the lock-free fast path of send() and `dmq.client._sender` for retries and idempotence.
 
 Batch size: an encoded batch (header, arrays, compression included) is at most
@@ -131,6 +133,7 @@ class Producer:
         retry_backoff_max_ms: int = 1_000,
         request_timeout_ms: int = 30_000,
         delivery_timeout_ms: int = 120_000,
+        max_in_flight_requests_per_connection: int | None = None,
         max_record_bytes: int | None = None,
         partitioner: Partitioner | None = None,
         client_id: str | None = None,
@@ -162,6 +165,7 @@ class Producer:
             retries=retries, retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
             request_timeout_ms=request_timeout_ms, delivery_timeout_ms=delivery_timeout_ms,
             max_record_bytes=max_record_bytes, partitioner=partitioner, client_id=client_id, wakeup=wakeup,
+            max_in_flight_requests_per_connection=max_in_flight_requests_per_connection,
             shell="Producer", runner="thread", closer="close()",
         )
         self.client_id = client_id or f"producer-{id(self):x}"

@@ -862,6 +862,14 @@ class PartitionLog:
 
     # -- append ----------------------------------------------------------------------------------
 
+    def awaits_predecessor(self, producer_id: int, epoch: int, base_sequence: int, record_count: int) -> bool:
+        """Whether an idempotent batch is ahead of its producer's next sequence here, i.e. earlier
+        batches of the same epoch have not been appended yet (ProducerStateManager.awaits_predecessor)."""
+        if producer_id < 0:
+            return False
+        with self._lock:
+            return self._producers.awaits_predecessor(producer_id, epoch, base_sequence, record_count)
+
     def append(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
         """Validate and append one batch (not fsynced). A bytearray is patched in place."""
         return self._append(batch, hold=False)[0]

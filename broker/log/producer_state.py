@@ -140,6 +140,27 @@ class ProducerStateManager:
             f"the producer must bump its epoch or restart"
         )
 
+    def awaits_predecessor(self, producer_id: int, epoch: int, base_sequence: int, record_count: int) -> bool:
+        """Whether the batch follows a gap in its producer's sequence (same epoch, known producer)
+        that batches still on their way may fill: a producer with several Produce requests in
+        flight for this partition (max_in_flight_requests_per_connection > 1) may have them
+        arrive, or reach the append, in another order than it sent them. The Broker servicer
+        holds such a batch for a bounded time (dmq.broker.sequence_gate) instead of answering
+        OUT_OF_ORDER_SEQUENCE at once. A duplicate or an old retry is not ahead."""
+        if producer_id < 0 or base_sequence < 0:
+            return False
+        entry = self.producers.get(producer_id)
+        if entry is None or epoch != entry.epoch or not entry.batches:
+            return False
+        last_seq = last_sequence(base_sequence, record_count)
+        for b in entry.batches:
+            if b.last_seq == last_seq and (b.first_seq - base_sequence) % (INT32_MAX + 1) < record_count:
+                return False  # a duplicate: answered with its original offset at once
+        gap = (base_sequence - _next_sequence(entry.batches[-1].last_seq)) % (INT32_MAX + 1)
+        # ahead by less than half the sequence space (sequences wrap); further "ahead" is an old
+        # retry from behind, refused at once
+        return 0 < gap <= INT32_MAX // 2
+
     def update(
         self,
         producer_id: int,

@@ -143,6 +143,7 @@ class AsyncProducer:
         retry_backoff_max_ms: int = 1_000,
         request_timeout_ms: int = 30_000,
         delivery_timeout_ms: int = 120_000,
+        max_in_flight_requests_per_connection: int | None = None,
         max_record_bytes: int = records.DEFAULT_MAX_RECORD_BYTES,
         partitioner: Partitioner | None = None,
         client_id: str | None = None,
@@ -155,6 +156,7 @@ class AsyncProducer:
             retries=retries, retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
             request_timeout_ms=request_timeout_ms, delivery_timeout_ms=delivery_timeout_ms,
             max_record_bytes=max_record_bytes, partitioner=partitioner, client_id=client_id, wakeup=Wakeup(),
+            max_in_flight_requests_per_connection=max_in_flight_requests_per_connection,
             shell="AsyncProducer", runner="task", closer="stop()",
         )
         self.acks = acks

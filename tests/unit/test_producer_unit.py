@@ -276,7 +276,9 @@ def test_linger_ships_a_young_batch_after_linger_ms() -> None:
 
 def test_one_batch_in_flight_per_partition_and_sequences_follow() -> None:
     broker = FakeBroker(auto=False)
-    with make_producer(broker, batch_size=500, buffer_memory=100_000) as p:
+    # max_in_flight_requests_per_connection=1: today's one-at-a-time behaviour, kept on request
+    # (tests/unit/test_producer_in_flight.py covers more than one in flight)
+    with make_producer(broker, batch_size=500, buffer_memory=100_000, max_in_flight_requests_per_connection=1) as p:
         handles = [p.send("t", b"%03d" % i + b"." * 97) for i in range(30)]
         broker.wait_pending(1)
         answered = 0
