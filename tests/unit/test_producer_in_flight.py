@@ -125,18 +125,27 @@ def _answer_until_done(broker: SequencedBroker, handles: list[Any]) -> None:
     raise AssertionError("the records were not acknowledged after 50 answers")
 
 
-def test_first_of_three_in_flight_fails_the_later_two_are_refused_then_all_land_in_order() -> None:
+@pytest.mark.parametrize("first_failure_last", [False, True])
+def test_first_of_three_in_flight_fails_the_later_two_are_refused_then_all_land_in_order(
+    first_failure_last: bool,
+) -> None:
     broker = SequencedBroker()
     order: list[int] = []
     with _confirmed_producer(broker) as p:
         handles = _send_three(p, broker, order)
         c1, c2, c3 = broker.wait_pending(3)
-        broker.fail(c1, UNAVAILABLE)  # not stored: retriable
-        broker.answer(c2)  # the broker's gate gave up waiting for batch 1: OUT_OF_ORDER_SEQUENCE
-        broker.answer(c3)
+        if first_failure_last:  # the answers come back in reverse order
+            broker.answer(c3)
+            broker.answer(c2)
+            broker.fail(c1, UNAVAILABLE)
+        else:
+            broker.fail(c1, UNAVAILABLE)  # not stored: retriable
+            broker.answer(c2)  # the broker's gate gave up waiting for batch 1: OUT_OF_ORDER_SEQUENCE
+            broker.answer(c3)
+        handles.append(p.send("t", b"b4"))  # a fresh batch behind the retries
         _answer_until_done(broker, handles)
-        assert [h.get(WAIT_S).offset for h in handles] == [1, 2, 3]
-    assert broker.values("t", 0) == [b"b0", b"b1", b"b2", b"b3"]  # in order, none twice
+        assert [h.get(WAIT_S).offset for h in handles] == [1, 2, 3, 4]
+    assert broker.values("t", 0) == [b"b0", b"b1", b"b2", b"b3", b"b4"]  # in order, none twice
     assert order == [1, 2, 3]
     # refused for a predecessor still being retried: no epoch bump (the sequence stays)
     assert {c.header.producer_epoch for c in broker.calls} == {0}
