@@ -56,6 +56,8 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 
 START_TIMEOUT_S = 60.0
+# --max-in-flight: the producers' max_in_flight_requests_per_connection (None: the default, 5)
+IN_FLIGHT: list[int | None] = [None]
 SYNC_TIMEOUT_S = 60.0
 
 
@@ -168,7 +170,7 @@ def throughput(cluster: Cluster, topic: str, records: int, value: bytes) -> tupl
     roles = {"leader": info.leader_id, **{f"follower {b}": b for b in info.replicas if b != info.leader_id}}
     before = {role: _cpu_s(cluster.brokers[b].pid) for role, b in roles.items()}
     client_before = time.process_time()
-    with Producer(cluster.bootstrap, acks="all", linger_ms=5) as producer:
+    with Producer(cluster.bootstrap, acks="all", linger_ms=5, max_in_flight_requests_per_connection=IN_FLIGHT[0]) as producer:
         start = time.perf_counter()
         for _ in range(records):
             producer.send(topic, value)
@@ -218,7 +220,7 @@ def end_to_end(cluster: Cluster, topic: str, rate: int, seconds: float) -> list[
     reader.start()
     time.sleep(1.0)  # the consumer is positioned at the log end before the first send
     padding = b"x" * 92
-    with Producer(cluster.bootstrap, acks="all", linger_ms=0) as producer:
+    with Producer(cluster.bootstrap, acks="all", linger_ms=0, max_in_flight_requests_per_connection=IN_FLIGHT[0]) as producer:
         start = time.perf_counter()
         for i in range(total):
             due = start + i / rate
@@ -346,10 +348,13 @@ def main() -> None:
     parser.add_argument("--session-timeout-ms", type=int, default=1000)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--max-in-flight", type=int, default=None,
+                        help="the producers' max_in_flight_requests_per_connection (default: the producer's, 5)")
     parser.add_argument("--profile", action="store_true", help="profile the RF 3 brokers instead (see above)")
     parser.add_argument("--only", choices=("throughput", "failover", "latency"),
                         help="run one of the three parts (default: all)")
     args = parser.parse_args()
+    IN_FLIGHT[0] = args.max_in_flight
     if args.profile:
         profile(args)
         return
@@ -384,7 +389,7 @@ def main() -> None:
             cluster.create_topic("latency", 3, 2)
             info = cluster.partition("latency")
             print("end-to-end: producer acks=all, linger_ms=0 (the default durability: fsync before the ack on every "
-                  "in-sync replica; the client keeps one Produce in flight per partition), consumer "
+                  f"in-sync replica; max_in_flight_requests_per_connection {IN_FLIGHT[0] or 'default (5)'}), consumer "
                   "SimpleConsumer.consume_batches(max_wait_ms=100) in a thread of the same process", flush=True)
             records = end_to_end(cluster, "latency", args.rate, args.latency_seconds)
             latencies = [got - sent for _, sent, got in records]

@@ -42,9 +42,12 @@ still holds them in seal order, exactly once, for an idempotent producer:
   - an epoch bump (sequence back to 0) happens only with no call of the partition in flight
     (`bump_pending`): an old-epoch call answered after the new epoch started would be fenced.
     Every batch re-encoded by the bump is proven absent from the log: never sent, or refused
-    OUT_OF_ORDER_SEQUENCE (so its successors are absent too). A batch that fails for good while
-    a later batch of its epoch was already sent bumps nothing: the broker has the later one only
-    if it has this one, and otherwise refuses it with OUT_OF_ORDER_SEQUENCE, which bumps then;
+    OUT_OF_ORDER_SEQUENCE as the oldest unresolved batch (so its successors are absent too). A
+    batch that fails for good bumps the epoch only as the oldest unresolved batch with no later
+    batch sent; otherwise a batch the bump would re-encode might be stored (an earlier one
+    awaiting its retry, a later one sent), so nothing is bumped: the broker has a later batch
+    only if it has this one, and refuses a gap with OUT_OF_ORDER_SEQUENCE, which bumps then. A
+    batch never sent gives its sequence numbers back (when it was the last encoded);
   - a broker that does not know the producer (state expired after a day idle, or a new leader
     whose log lost all its batches) accepts it at any sequence, so two batches racing there
     could land in either order: a partition sends one batch at a time until a batch of the
@@ -499,12 +502,19 @@ class Sender:
         if not b.tracked:  # never sent: the first of the partition's batches not yet tracked
             b.tracked = True
             q.unresolved.append(b)
-        if b.base_sequence >= 0 and not self._successor_sent(q, b):
-            # The broker may or may not hold it: continuing the sequence could leave a gap or a
-            # duplicate; a new epoch starting at 0 is unambiguous. (When a later batch of this
-            # epoch was sent already, the broker decides instead: it has that batch only if it
-            # has this one, and a gap is answered OUT_OF_ORDER_SEQUENCE, which bumps the epoch.)
-            self._bump_epoch_when_idle(q)
+        if b.base_sequence >= 0:
+            if not b.sent and b.epoch == q.epoch and q.next_sequence == (b.base_sequence + b.count) % (INT32_MAX + 1):
+                # Never handed to gRPC in this encoding, and the last batch encoded: its
+                # sequence numbers are simply given to the next batch.
+                q.next_sequence = b.base_sequence
+            elif q.unresolved[0] is b and not self._successor_sent(q, b):
+                # The broker may or may not hold it: continuing the sequence could leave a gap; a
+                # new epoch starting at 0 is unambiguous. Only when no batch of this partition
+                # that the bump re-encodes could be in the log: none before it is unresolved (one
+                # awaiting its retry may be stored), none after it was sent. Otherwise the broker
+                # decides: it has a later batch only if it has this one, and refuses a gap with
+                # OUT_OF_ORDER_SEQUENCE, which bumps the epoch once that batch is the oldest.
+                self._bump_epoch_when_idle(q)
         b.outcome = err
         self._settle(q)
 

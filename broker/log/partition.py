@@ -867,8 +867,11 @@ class PartitionLog:
         batches of the same epoch have not been appended yet (ProducerStateManager.awaits_predecessor)."""
         if producer_id < 0:
             return False
-        with self._lock:
-            return self._producers.awaits_predecessor(producer_id, epoch, base_sequence, record_count)
+        # Without the log's lock: the event loop asks, while a large append may hold the lock in
+        # an append thread for milliseconds. The state is read atomically (see the method); a
+        # read racing an append can only make the caller wait for a wake-up it then gets, or
+        # not wait (the append then answers as without the wait).
+        return self._producers.awaits_predecessor(producer_id, epoch, base_sequence, record_count)
 
     def append(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
         """Validate and append one batch (not fsynced). A bytearray is patched in place."""

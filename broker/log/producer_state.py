@@ -149,14 +149,19 @@ class ProducerStateManager:
         OUT_OF_ORDER_SEQUENCE at once. A duplicate or an old retry is not ahead."""
         if producer_id < 0 or base_sequence < 0:
             return False
+        # Lock-free reads (PartitionLog.awaits_predecessor): a dict lookup and a tuple() copy of
+        # the deque are each atomic under the GIL, while an append thread may update the entry.
         entry = self.producers.get(producer_id)
-        if entry is None or epoch != entry.epoch or not entry.batches:
+        if entry is None or epoch != entry.epoch:
+            return False
+        batches = tuple(entry.batches)
+        if not batches:
             return False
         last_seq = last_sequence(base_sequence, record_count)
-        for b in entry.batches:
+        for b in batches:
             if b.last_seq == last_seq and (b.first_seq - base_sequence) % (INT32_MAX + 1) < record_count:
                 return False  # a duplicate: answered with its original offset at once
-        gap = (base_sequence - _next_sequence(entry.batches[-1].last_seq)) % (INT32_MAX + 1)
+        gap = (base_sequence - _next_sequence(batches[-1].last_seq)) % (INT32_MAX + 1)
         # ahead by less than half the sequence space (sequences wrap); further "ahead" is an old
         # retry from behind, refused at once
         return 0 < gap <= INT32_MAX // 2

@@ -9,7 +9,7 @@ What is shared with the synchronous Producer (dmq.client.producer): the core
 (dmq.client._producer_core: the settings and their rules, record checks, the batch caps,
 partition placement, every batching decision, flush / close bookkeeping, metrics), the
 batches and the buffer-memory accounting (dmq.client._accumulator), and the whole sender:
-sealing lingering batches, encoding, one Produce in flight per partition, retries with backoff
+sealing lingering batches, encoding, max_in_flight_requests_per_connection Produce calls per partition, retries with backoff
 until delivery_timeout_ms, idempotent sequences and epoch bumps, error mapping
 (dmq.client._sender.Sender). What differs is the waiting: the sender runs as a task on the
 caller's event loop (AsyncSender) with grpc.aio calls (AsyncCluster), send() never blocks the

@@ -211,3 +211,24 @@ def test_max_in_flight_defaults() -> None:
     assert check_settings(acks=1, enable_idempotence=False, **common) == (False, 1)
     assert check_settings(acks=1, enable_idempotence=False, max_in_flight_requests_per_connection=3, **common) == (
         False, 3)
+
+
+def test_a_later_batch_failing_for_good_does_not_re_encode_an_earlier_one_awaiting_its_retry() -> None:
+    # Seen in the fault test: batch 1's answer was lost (it is stored), batch 2 then failed for
+    # good; bumping the epoch there re-encoded batch 1 at sequence 0 and stored it twice.
+    broker = SequencedBroker()
+    with _confirmed_producer(broker) as p:
+        one = p.send("t", b"b1")
+        broker.wait_pending(1)
+        two = p.send("t", b"b2")
+        c1, c2 = broker.wait_pending(2)
+        broker.fail(c1, UNAVAILABLE, store=True)
+        broker.fail(c2, FakeRpcError(grpc.StatusCode.CANCELLED, "the broker went away"))
+        _answer_until_done(broker, [one, two])
+        assert one.get(WAIT_S).offset == 1
+        with pytest.raises(errors.DMQError):
+            two.get(0)
+        three = p.send("t", b"b3")  # after the gap batch 2 left: refused, epoch bumped, stored
+        _answer_until_done(broker, [three])
+        assert three.get(WAIT_S).offset == 2
+    assert broker.values("t", 0) == [b"b0", b"b1", b"b3"]
