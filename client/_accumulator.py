@@ -596,7 +596,7 @@ class PartitionQueue:
     before it is. ``in_flight``: Produce calls of the partition awaiting their answer."""
 
     __slots__ = ("topic", "partition", "ready", "unresolved", "in_flight", "retry_at", "epoch", "next_sequence",
-                 "failed_leader", "failures", "confirmed_at", "bump_pending")
+                 "failed_leader", "failures", "confirmed_at", "bump_pending", "last_sent_at", "rtt_s")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -616,6 +616,8 @@ class PartitionQueue:
         # or epoch bump); several calls are in flight only while it is recent (dmq.client._sender)
         self.confirmed_at = 0.0
         self.bump_pending = False  # the epoch is bumped once no call of the partition is in flight
+        self.last_sent_at = 0.0  # monotonic time the last Produce call of the partition started
+        self.rtt_s = 0.0  # the partition's Produce round trip, a moving average of the answers
 
     def __repr__(self) -> str:
         return (

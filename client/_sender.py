@@ -228,10 +228,11 @@ class Sender:
                 linger = self._linger_s
                 for b in list(acc.open):
                     q = acc.queues.get((b.topic, b.partition))
-                    if q is not None and not self._has_room(q, now):
+                    room_at = now if q is None else self._room_at(q, now)
+                    if room_at is None:
                         continue  # keeps filling; looked at again when the partition frees up
-                    due = b.created + linger
-                    if rush or due <= now:
+                    due = max(b.created + linger, room_at)
+                    if (rush and room_at <= now) or due <= now:
                         acc.seal(b)
                     elif due < next_at:
                         next_at = due
@@ -251,10 +252,20 @@ class Sender:
             return 1
         return n
 
-    def _has_room(self, q: PartitionQueue, now: float) -> bool:
-        """Whether the partition could send one more batch now (else its open batch keeps filling)."""
+    def _room_at(self, q: PartitionQueue, now: float) -> float | None:
+        """When the partition may take one more lingering batch (its open batch keeps filling
+        until then): None while its window is full (an answer frees it). With calls in flight, at
+        most one every round trip / window: a record then waits at most that long for its call,
+        where one call in flight made it wait up to a whole round trip, and a partition sends at
+        most `window` calls per round trip (with linger_ms=0 it otherwise sent a call of one or
+        two records every turn, and the brokers' per-call work crowded out everything else).
+        A full batch is sealed by the accumulator and sent at once (window permitting)."""
         window = self._window(q, now)
-        return not q.ready and not q.bump_pending and q.in_flight < window and len(q.unresolved) < window
+        if q.ready or q.bump_pending or q.in_flight >= window or len(q.unresolved) >= window:
+            return None
+        if not q.in_flight:
+            return now
+        return q.last_sent_at + q.rtt_s / window
 
     def _service(self, q: PartitionQueue, now: float) -> float:
         """Expire, encode and send what the partition may send now; when to look again."""
@@ -371,6 +382,7 @@ class Sender:
         b.attempts += 1
         b.sent = True
         q.in_flight += 1
+        q.last_sent_at = now
         if not self._wait_for_ack and not b.future.done():
             b.resolve(-1)  # acks=0: nobody waits for the broker
         call.add_done_callback(functools.partial(self._queue_response, b, address, time.monotonic()))
@@ -416,6 +428,7 @@ class Sender:
                 )
             q.failed_leader, q.failures = None, 0
             q.confirmed_at = now
+            q.rtt_s = latency_s if not q.rtt_s else 0.8 * q.rtt_s + 0.2 * latency_s
             self.stats.request(latency_s)
             self.stats.transferred(b.count, len(b.payload or b""))
             b.outcome = response.base_offset
