@@ -8,6 +8,7 @@ them, which makes the broker's side of the protocol explicit and lets the clock 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 import time
 from collections.abc import AsyncIterator
@@ -149,14 +150,21 @@ class Harness:
             await broker.stop()
 
 
-@pytest.fixture
-async def harness(tmp_path: pathlib.Path) -> AsyncIterator[Harness]:
-    h = Harness(tmp_path / "coordinator")
+@contextlib.asynccontextmanager
+async def running_harness(data_dir: pathlib.Path) -> AsyncIterator[Harness]:
+    """A Harness with its coordinator started, closed (with its brokers) on leaving."""
+    h = Harness(data_dir)
     await h.start_coordinator()
     try:
         yield h
     finally:
         await h.close()
+
+
+@pytest.fixture
+async def harness(tmp_path: pathlib.Path) -> AsyncIterator[Harness]:
+    async with running_harness(tmp_path / "coordinator") as h:
+        yield h
 
 
 async def expect_error(call: object, code: grpc.StatusCode, *fragments: str) -> str:

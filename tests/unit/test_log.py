@@ -457,15 +457,23 @@ def test_flush_all_from_a_thread(tmp_path):
 # -- reopening -----------------------------------------------------------------------------------
 
 
-def test_reopen_after_clean_close_does_not_scan(tmp_path):
-    config = LogConfig(segment_bytes=2048, index_interval_bytes=128)
-    plog = open_log(tmp_path, config)
+REOPEN_CONFIG = LogConfig(segment_bytes=2048, index_interval_bytes=128)
+
+
+def fifty_batches(tmp_path) -> PartitionLog:  # type: ignore[no-untyped-def]
+    """A log of 50 one-record batches over several small segments, to close or crash and reopen."""
+    plog = open_log(tmp_path, REOPEN_CONFIG)
     for i in range(50):
         plog.append(batch(size=100, tag=i))
+    return plog
+
+
+def test_reopen_after_clean_close_does_not_scan(tmp_path):
+    plog = fifty_batches(tmp_path)
     before = plog.read(0, 1 << 30)
     plog.close()
     with structlog.testing.capture_logs() as logs:
-        again = open_log(tmp_path, config)
+        again = open_log(tmp_path, REOPEN_CONFIG)
     assert again.recovery.clean and again.recovery.segments_scanned == 0
     opened = [e for e in logs if e["event"] == "log opened"]
     assert opened and opened[0]["clean"] is True and opened[0]["topic"] == "t"
@@ -475,14 +483,11 @@ def test_reopen_after_clean_close_does_not_scan(tmp_path):
 
 
 def test_reopen_after_unclean_close_scans_and_keeps_everything(tmp_path):
-    config = LogConfig(segment_bytes=2048, index_interval_bytes=128)
-    plog = open_log(tmp_path, config)
-    for i in range(50):
-        plog.append(batch(size=100, tag=i))
+    plog = fifty_batches(tmp_path)
     plog.flush()
     expected = {o: plog.read(o, 1) for o in range(50)}
     plog.abandon()  # like a crash: no marker, no final index writes
-    again = open_log(tmp_path, config)
+    again = open_log(tmp_path, REOPEN_CONFIG)
     assert not again.recovery.clean and again.recovery.segments_scanned >= 1
     assert again.recovery.bytes_truncated == 0
     assert again.log_end_offset == 50
@@ -490,7 +495,7 @@ def test_reopen_after_unclean_close_scans_and_keeps_everything(tmp_path):
     assert again.append(batch()).base_offset == 50
     again.close()
     # the close after recovery is clean again
-    third = open_log(tmp_path, config)
+    third = open_log(tmp_path, REOPEN_CONFIG)
     assert third.recovery.clean and third.log_end_offset == 51
     third.close()
 

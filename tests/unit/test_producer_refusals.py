@@ -23,17 +23,8 @@ from dmq.proto import error_details
 OLD_ADVICE = "batch_size"
 
 
-class RpcErrorWithReason(FakeRpcError):
-    def __init__(self, code: grpc.StatusCode, details: str, reason: str | None) -> None:
-        super().__init__(code, details)
-        self._reason = reason
-
-    def trailing_metadata(self) -> object:
-        return ((error_details.REASON_KEY, self._reason),) if self._reason else ()
-
-
-def exhausted(reason: str | None, details: str = "no room") -> RpcErrorWithReason:
-    return RpcErrorWithReason(grpc.StatusCode.RESOURCE_EXHAUSTED, details, reason)
+def exhausted(reason: str | None, details: str = "no room") -> FakeRpcError:
+    return FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, details, reason)
 
 
 def test_a_batch_too_large_says_what_to_do_and_refreshes_the_metadata() -> None:
