@@ -27,20 +27,10 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.server.grpc_options import server_options
 from dmq.proto.topic_settings import PARTITIONS_MAX, TopicSettings
+from tests.clocks import ManualClockMs
 
 SESSION_MS = 10_000
 T0_MS = 1_700_000_000_000
-
-
-class FakeClock:
-    def __init__(self, now_ms: int = T0_MS) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-    def advance(self, ms: int) -> None:
-        self.now_ms += ms
 
 
 class FakeBroker(pb_grpc.BrokerServicer):
@@ -82,7 +72,7 @@ class FakeBroker(pb_grpc.BrokerServicer):
 @dataclass
 class Harness:
     data_dir: pathlib.Path
-    clock: FakeClock = field(default_factory=FakeClock)
+    clock: ManualClockMs = field(default_factory=lambda: ManualClockMs(T0_MS))
     node: CoordinatorNode | None = None
     server: grpc.aio.Server | None = None
     channel: grpc.aio.Channel | None = None

@@ -26,14 +26,7 @@ from dmq.broker.log import (
     UnknownPartitionError,
 )
 from dmq.proto import records
-
-
-class Clock:
-    def __init__(self, now_ms: int = 1_000_000) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
+from tests.clocks import ManualClockMs
 
 
 def batch(n: int = 1, size: int = 10, *, pid: int = -1, epoch: int = -1, seq: int = -1, tag: int = 0) -> bytes:
@@ -159,7 +152,7 @@ def test_roll_by_size_and_reads_across_segments(tmp_path):
 
 
 def test_roll_by_time_uses_the_injected_clock(tmp_path):
-    clock = Clock()
+    clock = ManualClockMs()
     plog = open_log(tmp_path, LogConfig(segment_ms=1000), clock_ms=clock)
     plog.append(batch())
     clock.now_ms += 999
@@ -194,7 +187,7 @@ def test_offset_index_is_sparse_and_lookups_are_exact(tmp_path):
 
 
 def test_offset_for_time_is_exact_and_monotonic(tmp_path):
-    clock = Clock(10_000)
+    clock = ManualClockMs(10_000)
     plog = open_log(tmp_path, LogConfig(segment_bytes=1024), clock_ms=clock)
     times = {}
     for i in range(30):
@@ -220,7 +213,7 @@ def test_offset_for_time_is_exact_and_monotonic(tmp_path):
 
 
 def test_retention_by_age_deletes_old_segments_and_moves_log_start(tmp_path):
-    clock = Clock()
+    clock = ManualClockMs()
     config = LogConfig(segment_bytes=1024, retention_ms=60_000)
     plog = open_log(tmp_path, config, clock_ms=clock)
     for i in range(10):
@@ -246,7 +239,7 @@ def test_retention_by_age_deletes_old_segments_and_moves_log_start(tmp_path):
 
 
 def test_retention_by_age_keeps_the_active_segment(tmp_path):
-    clock = Clock()
+    clock = ManualClockMs()
     plog = open_log(tmp_path, LogConfig(retention_ms=1), clock_ms=clock)
     plog.append(batch())
     clock.now_ms += 1_000_000
@@ -286,7 +279,7 @@ def test_log_manager_retention_opens_lazily_registered_partitions(tmp_path):
 
 
 def test_duplicate_batch_returns_original_offsets_and_is_not_written(tmp_path):
-    clock = Clock()
+    clock = ManualClockMs()
     plog = open_log(tmp_path, clock_ms=clock)
     plog.append(batch())
     first = plog.append(batch(n=3, pid=7, epoch=0, seq=0))
@@ -558,7 +551,7 @@ def test_log_manager_recovers_unclean_partitions_eagerly(tmp_path):
 
 def test_appends_and_reads_stay_consistent_while_threads_flush_and_apply_retention(tmp_path):
     """The broker runs flush_all and enforce_retention in worker threads next to the event loop."""
-    clock = Clock()
+    clock = ManualClockMs()
     config = LogConfig(segment_bytes=1024, retention_bytes=4096, retention_ms=-1)
     mgr = LogManager(tmp_path, config, clock_ms=clock)
     plog = mgr.create("t", 0)
