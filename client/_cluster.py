@@ -35,6 +35,7 @@ from typing import Any
 import grpc
 
 from dmq.client._calls import DEFAULT_RETRY_BACKOFF_MAX_MS, DEFAULT_RETRY_BACKOFF_MS, RetryPolicy
+from dmq.client._closing import ClosedOnExit
 from dmq.client._coordinators import CoordinatorRouter
 from dmq.client._log import get_logger
 from dmq.client.errors import (
@@ -132,7 +133,7 @@ class BrokerMetadata:
     alive: bool
 
 
-class Cluster:
+class Cluster(ClosedOnExit):
     """Channels per address plus the topic metadata cache. Thread-safe; the owner calls close()."""
 
     def __init__(
@@ -507,12 +508,6 @@ class Cluster:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def __enter__(self) -> Cluster:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def topic_names(self) -> list[str]:
         """The names of the topics in the cache: every topic after refresh(None) answered."""
