@@ -28,8 +28,7 @@ def exhausted(reason: str | None, details: str = "no room") -> FakeRpcError:
 
 
 def test_a_batch_too_large_says_what_to_do_and_refreshes_the_metadata() -> None:
-    broker = FakeBroker()
-    broker.script = [exhausted(None, "batch is 2000 bytes; the limit (max_batch_bytes) is 1024")]
+    broker = FakeBroker(script=[exhausted(None, "batch is 2000 bytes; the limit (max_batch_bytes) is 1024")])
     with make_producer(broker, retry_backoff_ms=1) as p:
         h = p.send("t", b"x" * 100)
         p.flush(WAIT_S)
@@ -46,8 +45,7 @@ def test_a_batch_too_large_says_what_to_do_and_refreshes_the_metadata() -> None:
 
 @pytest.mark.parametrize("reason", [error_details.DISK_FULL, error_details.BUSY])
 def test_a_known_reason_is_retried_and_never_told_to_lower_batch_size(reason: str) -> None:
-    broker = FakeBroker()
-    broker.script = [exhausted(reason)] * 1000
+    broker = FakeBroker(script=[exhausted(reason)] * 1000)
     with make_producer(broker, retry_backoff_ms=5, retry_backoff_max_ms=5, delivery_timeout_ms=2000,
                        request_timeout_ms=50) as p:
         with pytest.raises(errors.DMQTimeoutError) as info:
@@ -57,8 +55,7 @@ def test_a_known_reason_is_retried_and_never_told_to_lower_batch_size(reason: st
 
 
 def test_an_unknown_reason_is_resource_exhausted_not_too_large() -> None:
-    broker = FakeBroker()
-    broker.script = [exhausted("some-later-reason")]
+    broker = FakeBroker(script=[exhausted("some-later-reason")])
     with make_producer(broker, retry_backoff_ms=1) as p:
         h = p.send("t", b"a")
         p.flush(WAIT_S)
@@ -71,8 +68,7 @@ def test_an_unknown_reason_is_resource_exhausted_not_too_large() -> None:
 
 
 def test_acks_0_batches_dropped_after_an_error_are_counted_as_failed() -> None:
-    broker = FakeBroker()
-    broker.script = [exhausted(error_details.DISK_FULL), None, exhausted(None, "too large")]
+    broker = FakeBroker(script=[exhausted(error_details.DISK_FULL), None, exhausted(None, "too large")])
     with make_producer(broker, acks=0, enable_idempotence=False) as p:
         for i in range(3):
             h = p.send("t", b"v%d" % i)

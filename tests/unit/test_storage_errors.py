@@ -25,8 +25,7 @@ def disk_full() -> FakeRpcError:
 
 
 def test_producer_retries_a_full_disk_until_space_is_back() -> None:
-    broker = FakeBroker()
-    broker.script = [disk_full()] * 3
+    broker = FakeBroker(script=[disk_full()] * 3)
     with make_producer(broker, retry_backoff_ms=1, retry_backoff_max_ms=5) as p:
         assert p.send("t", b"x").get(WAIT_S).offset == 0
     assert len(broker.calls) == 4
@@ -34,9 +33,8 @@ def test_producer_retries_a_full_disk_until_space_is_back() -> None:
 
 
 def test_producer_retries_transient_storage_errors() -> None:
-    broker = FakeBroker()
-    broker.script = [FakeRpcError(grpc.StatusCode.UNAVAILABLE, "broker 0: storage temporarily unavailable: "
-                                  "EMFILE", error_details.STORAGE_UNAVAILABLE)] * 2
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.UNAVAILABLE, "broker 0: storage temporarily unavailable: "
+                                             "EMFILE", error_details.STORAGE_UNAVAILABLE)] * 2)
     with make_producer(broker, retry_backoff_ms=1) as p:
         assert p.send("t", b"x").get(WAIT_S).offset == 0
         cluster = p.cluster
@@ -47,18 +45,16 @@ def test_producer_retries_transient_storage_errors() -> None:
 def test_producer_retries_a_busy_broker() -> None:
     """The broker's in-flight byte budget refuses with RESOURCE_EXHAUSTED and the busy reason: a
     wait, not a batch to drop (before, every RESOURCE_EXHAUSTED was RecordTooLargeError)."""
-    broker = FakeBroker()
-    broker.script = [FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "no room in max_in_flight_bytes before "
-                                  "the deadline", error_details.BUSY)] * 2
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "no room in max_in_flight_bytes before "
+                                             "the deadline", error_details.BUSY)] * 2)
     with make_producer(broker, retry_backoff_ms=1, retry_backoff_max_ms=5) as p:
         assert p.send("t", b"x").get(WAIT_S).offset == 0
     assert len(broker.calls) == 3
 
 
 def test_a_batch_too_large_is_not_retried() -> None:
-    broker = FakeBroker()
-    broker.script = [FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "batch is 2000000 bytes; the limit is "
-                                  "1048576", None)]
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "batch is 2000000 bytes; the limit is "
+                                             "1048576", None)])
     with make_producer(broker, retry_backoff_ms=1) as p:
         h = p.send("t", b"x")
         p.flush(WAIT_S)
@@ -68,8 +64,7 @@ def test_a_batch_too_large_is_not_retried() -> None:
 
 
 def test_a_full_disk_past_the_delivery_timeout_says_so() -> None:
-    broker = FakeBroker()
-    broker.script = [disk_full()] * 1000
+    broker = FakeBroker(script=[disk_full()] * 1000)
     with make_producer(broker, retry_backoff_ms=5, retry_backoff_max_ms=5, delivery_timeout_ms=100, request_timeout_ms=50) as p:
         with pytest.raises(errors.DMQTimeoutError, match="disk full on broker 0"):
             p.send("t", b"a").get(WAIT_S)
