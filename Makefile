@@ -39,10 +39,14 @@ TEST_WORKERS ?= 3
 test: lint
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests
 
-## check: the fast inner loop: ruff and the unit tests (about a minute; no server processes, no Spark)
+## check: the fast inner loop (under 3 minutes): ruff, then the unit, integration, asyncio and
+## security tests that start no process of their own (real servers on loopback ports inside the
+## test process) and are not marked slow; `make test` runs everything.
+CHECK_MARKS := not processes and not slow
 check: $(DEV_STAMP)
 	$(VENV)/bin/ruff check proto broker coordinator client tests bench
-	$(PY) -m pytest -q -p no:cacheprovider -x tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup -m "$(CHECK_MARKS)" \
+		tests/unit tests/integration tests/aio tests/security
 
 ## proto: regenerate the committed gRPC stubs from proto/dmq.proto
 proto: $(DEV_STAMP)

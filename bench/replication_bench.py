@@ -17,7 +17,8 @@ policy, data in a temporary directory) and, in one run, prints:
      partition is fully in sync again. p50 / p99 / max. Target: p99 <= session timeout + 1 s, and
      <= 2 s with --session-timeout-ms 1000.
   3. end-to-end latency (send -> a consumer receives it) at --rate msgs/s for --latency-seconds on
-     an RF 3 partition: p50 / p99, and where it goes: the brokers run with DMQ_STAGE_TRACE (see
+     an RF 3 partition (producer acks=all, linger_ms=0: a latency test's setting, not the default
+     linger of 5 ms; the default durability), p50 / p99, and where it goes: the brokers run with DMQ_STAGE_TRACE (see
      dmq.broker.replication.stage_trace), so each record's path is timed stage by stage (producer
      linger and send, leader append and fsync, each follower's fetch wake-up, append + fsync and
      report back, the high watermark's advance, the consumer's long-poll wake-up, the answer's
@@ -346,6 +347,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--profile", action="store_true", help="profile the RF 3 brokers instead (see above)")
+    parser.add_argument("--only", choices=("throughput", "failover", "latency"),
+                        help="run one of the three parts (default: all)")
     args = parser.parse_args()
     if args.profile:
         profile(args)
@@ -357,24 +360,32 @@ def main() -> None:
         cluster = Cluster(pathlib.Path(tmp), args.session_timeout_ms)
         try:
             value = b"v" * args.value_bytes
-            cluster.create_topic("rf1", 1, 1)
-            cluster.create_topic("rf3", 3, 2)
-            rates = {}
-            for topic in ("rf1", "rf3"):
-                rates[topic], cpu = throughput(cluster, topic, args.records, value)
-                shares = ", ".join(f"{role} {s:.1f}" for role, s in cpu.items())
-                print(f"produce {topic} acks=all: {rates[topic]:10,.0f} msgs/s   CPU s per 1M records: {shares}",
-                      flush=True)
-            print(f"RF 3 / RF 1 throughput: {rates['rf3'] / rates['rf1']:.0%} (target >= 60%)", flush=True)
+            if args.only in (None, "throughput"):
+                cluster.create_topic("rf1", 1, 1)
+                cluster.create_topic("rf3", 3, 2)
+                rates = {}
+                for topic in ("rf1", "rf3"):
+                    rates[topic], cpu = throughput(cluster, topic, args.records, value)
+                    shares = ", ".join(f"{role} {s:.1f}" for role, s in cpu.items())
+                    print(f"produce {topic} acks=all: {rates[topic]:10,.0f} msgs/s   CPU s per 1M records: {shares}",
+                          flush=True)
+                print(f"RF 3 / RF 1 throughput: {rates['rf3'] / rates['rf1']:.0%} (target >= 60%)", flush=True)
 
-            cluster.create_topic("failover", 3, 2)
-            times = failover(cluster, "failover", args.trials)
-            print(f"failover over {len(times)} trials: p50 {statistics.median(times) * 1000:.0f} ms, "
-                  f"p99 {_percentile(times, 0.99) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms "
-                  f"(target p99 <= {args.session_timeout_ms + 1000} ms)", flush=True)
+            if args.only in (None, "failover"):
+                cluster.create_topic("failover", 3, 2)
+                times = failover(cluster, "failover", args.trials)
+                print(f"failover over {len(times)} trials: p50 {statistics.median(times) * 1000:.0f} ms, "
+                      f"p99 {_percentile(times, 0.99) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms "
+                      f"(target p99 <= {args.session_timeout_ms + 1000} ms)", flush=True)
 
+            latencies: list[float] = []
+            if args.only not in (None, "latency"):
+                return
             cluster.create_topic("latency", 3, 2)
             info = cluster.partition("latency")
+            print("end-to-end: producer acks=all, linger_ms=0 (the default durability: fsync before the ack on every "
+                  "in-sync replica; the client keeps one Produce in flight per partition), consumer "
+                  "SimpleConsumer.consume_batches(max_wait_ms=100) in a thread of the same process", flush=True)
             records = end_to_end(cluster, "latency", args.rate, args.latency_seconds)
             latencies = [got - sent for _, sent, got in records]
             if latencies:

@@ -20,16 +20,22 @@ policy (as aiokafka has one ``retry_backoff_ms``):
     together; the partitions that failed retriably are asked again, regrouped by their leaders.
 
 The asyncio client uses the same `RetryPolicy` (``backoff_s``) with its own awaits.
+
+`PendingCall` is what the parts shared by both clients (the fetch reader, the position look-ups,
+the metadata refresh) ask of a call they started without waiting: a grpc Future in the sync
+client, an asyncio task on the loop in the asyncio one (`Cluster.start_unary` starts either).
+`CALL_CANCELLED` is what its result() raises when it was cancelled, in either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import random
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 
@@ -38,10 +44,11 @@ from dmq.client.errors import DMQError, UnknownServerError, from_rpc_error, is_c
 
 log = get_logger(__name__)
 
-__all__ = ["RetryPolicy", "Backoffs", "FanOut", "call_coordinator", "call_leader", "fan_out_by_leader", "retry_call",
-           "retry_call_async"]
+__all__ = ["RetryPolicy", "Backoffs", "FanOut", "PendingCall", "CALL_CANCELLED", "call_coordinator", "call_leader",
+           "fan_out_by_leader", "retry_call", "retry_call_async"]
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 K = TypeVar("K", bound=Hashable)
 R = TypeVar("R", bound=Hashable)
 V = TypeVar("V")
@@ -55,6 +62,22 @@ DEFAULT_JITTER = 0.2
 _STALE_METADATA_CODES = frozenset({grpc.StatusCode.NOT_FOUND.name, grpc.StatusCode.UNAVAILABLE.name})
 # The shortest per-call gRPC timeout a retry is sent with: a call with less left fails at once.
 MIN_CALL_TIMEOUT_S = 0.05
+# What a cancelled PendingCall's result() raises: a grpc Future's, a thread pool's, a loop task's.
+CALL_CANCELLED: tuple[type[BaseException], ...] = (
+    grpc.FutureCancelledError, concurrent.futures.CancelledError, asyncio.CancelledError)
+
+
+class PendingCall(Protocol[T_co]):
+    """A call started without waiting (see the module docstring). result() is asked only once
+    done() says so: a loop task cannot be waited for from the loop's own thread."""
+
+    def done(self) -> bool: ...
+
+    def result(self) -> T_co: ...
+
+    def cancel(self) -> bool: ...
+
+    def add_done_callback(self, fn: Callable[[Any], None], /) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +291,7 @@ def fan_out_by_leader(
     keys: Iterable[K],
     *,
     route: Callable[[list[K], float], tuple[Mapping[R, list[K]], Mapping[K, DMQError]]],
-    send: Callable[[R, list[K], float], grpc.Future[A]],
+    send: Callable[[R, list[K], float], PendingCall[A]],
     parse: Callable[[A, R], Mapping[K, V | DMQError]],
     error: Callable[[grpc.RpcError, R, list[K]], DMQError],
     policy: RetryPolicy,
@@ -284,7 +307,7 @@ def fan_out_by_leader(
     `deadline`. Never raises for a key: the FanOut says what each got.
 
     `route(keys, timeout_s)` groups keys by leader (and says which have none); `send` starts one
-    call (a grpc Future); `parse` turns its answer into each key's value or DMQError; `error`
+    call (a grpc Future: result() waits for it, so this is for the sync client); `parse` turns its answer into each key's value or DMQError; `error`
     turns a failed call into the error of all its keys. Before a retry `on_retry(errors)` is told
     (the caller marks stale metadata) and only the retriable keys are asked again."""
     out: FanOut[K, V] = FanOut()
@@ -306,7 +329,7 @@ def fan_out_by_leader(
             except grpc.RpcError as e:
                 errors.update(dict.fromkeys(part, error(e, r, part)))
                 continue
-            except grpc.FutureCancelledError:
+            except CALL_CANCELLED:
                 errors.update(dict.fromkeys(part, DMQError(f"{what}: cancelled (the client closed)")))
                 continue
             for k in part:

@@ -34,7 +34,13 @@ from typing import Any
 
 import grpc
 
-from dmq.client._calls import DEFAULT_RETRY_BACKOFF_MAX_MS, DEFAULT_RETRY_BACKOFF_MS, RetryPolicy
+from dmq.client._calls import (
+    CALL_CANCELLED,
+    DEFAULT_RETRY_BACKOFF_MAX_MS,
+    DEFAULT_RETRY_BACKOFF_MS,
+    PendingCall,
+    RetryPolicy,
+)
 from dmq.client._closing import ClosedOnExit
 from dmq.client._coordinators import CoordinatorRouter
 from dmq.client._log import get_logger
@@ -250,11 +256,18 @@ class Cluster(ClosedOnExit):
         return stub
 
     def broker_stub(self, address: str) -> pb_grpc.BrokerStub:
-        # _stub is Any: the generated stubs are untyped, and the asyncio client's wraps each one
+        # _stub is Any: the generated stubs are untyped (and on the AsyncCluster's aio channels)
         stub: pb_grpc.BrokerStub = self._stub(address, pb_grpc.BrokerStub)
         return stub
 
-    # [Any, Any]: the asyncio client's Cluster wraps the callable so that calling it gives an awaitable
+    def start_unary(self, method: Any, request: Any, timeout: float) -> PendingCall[Any]:
+        """Start a unary call of a stub `method` without waiting: a grpc Future here; the
+        AsyncCluster makes it a task on the loop. The parts both clients share start their
+        calls through this (same signature as an Executor's ``submit(method, request, timeout=)``)."""
+        future: grpc.Future[Any] = method.future(request, timeout=timeout)
+        return future
+
+    # [Any, Any]: on the AsyncCluster's aio channels calling it gives an awaitable
     def _unary(self, address: str, method: str, serializer: Any, deserializer: Any) -> grpc.UnaryUnaryMultiCallable[Any, Any]:
         key = (address, method)
         call = self._stubs.get(key)
@@ -419,7 +432,7 @@ class Cluster(ClosedOnExit):
             started = time.monotonic()
             request = pb.GetMetadataRequest(topics=list(names))
             try:
-                call = self.metadata_stub().GetMetadata.future(request, timeout=self.timeout_s)
+                call = self.start_unary(self.metadata_stub().GetMetadata, request, timeout=self.timeout_s)
             except ValueError as e:  # the channel was closed under us
                 result.set_exception(ClientClosedError(f"the client for {self.bootstrap} is closed"))
                 del e
@@ -433,7 +446,7 @@ class Cluster(ClosedOnExit):
 
     def _refresh_done(
         self,
-        call: grpc.Future[pb.GetMetadataResponse],
+        call: PendingCall[pb.GetMetadataResponse],
         names: tuple[str, ...],
         started: float,
         result: concurrent.futures.Future[None],
@@ -442,7 +455,7 @@ class Cluster(ClosedOnExit):
             self._refreshes.pop(names, None)
         try:
             response = call.result()
-        except grpc.FutureCancelledError:
+        except CALL_CANCELLED:
             result.set_exception(ClientClosedError(f"the client for {self.bootstrap} is closed"))
             return
         except grpc.RpcError as e:

@@ -28,6 +28,8 @@ is every fetch of a consumer that keeps up (~0.8 ms per poll on this machine, on
 an answer to poll() returning). A pooled thread is started once. The pool never holds more
 threads than brokers have a Fetch in flight (MAX_FETCH_THREADS at most); `INLINE` runs the call
 on the caller's thread instead, for a single blocking fetch that would only wait for the pool.
+The asyncio consumer has no pool: its Fetches are tasks on its loop (``start=`` the
+AsyncCluster's start_unary), taken in by answers() as the sync ones are; result() is not for it.
 
 Not thread-safe: one owner thread sends and takes answers (the pool's threads only make the
 calls and set the wake-up event).
@@ -43,7 +45,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from dmq.client._calls import RetryPolicy
+from dmq.client._calls import CALL_CANCELLED, PendingCall, RetryPolicy
 from dmq.client._cluster import Cluster, fetch_results
 from dmq.client._log import get_logger
 from dmq.client.errors import (
@@ -144,7 +146,7 @@ INLINE: concurrent.futures.Executor = _Inline()
 class _InFlight:
     __slots__ = ("future", "wants", "sent_at")
 
-    def __init__(self, future: concurrent.futures.Future[bytes], wants: dict[Key, FetchWant]) -> None:
+    def __init__(self, future: PendingCall[bytes], wants: dict[Key, FetchWant]) -> None:
         self.future = future
         self.wants = wants
         self.sent_at = time.monotonic()
@@ -167,6 +169,7 @@ class PartitionReader:
         leader_hints: Mapping[Key, str] | None = None,
         wakeup: threading.Event | None = None,
         pool: concurrent.futures.Executor | None = None,
+        start: Callable[..., PendingCall[bytes]] | None = None,
         name: str = "dmq-reader",
     ) -> None:
         """`leader_wait_s`: how long a leader look-up may wait for the coordinator (None: the
@@ -174,7 +177,9 @@ class PartitionReader:
         `allow_stale` a known leader is used while its refresh fails. `leader_hints`: leaders
         already known (a planner's), used until they fail. `wakeup`, if given, is set whenever
         a Fetch completes. `pool`: where the blocking calls run (default: the reader's own
-        threads; INLINE: the caller's); close() shuts it down."""
+        threads; INLINE: the caller's); close() shuts it down. `start`, instead of a pool:
+        ``start(call, request, timeout=)`` starts a Fetch without blocking (the asyncio
+        consumer's AsyncCluster.start_unary: a task on its loop)."""
         self._cluster = cluster
         self.max_wait_ms = max_wait_ms
         self.min_bytes = min_bytes
@@ -188,9 +193,15 @@ class PartitionReader:
         self._hints = dict(leader_hints or {})
         self._wakeup = wakeup
         self._timeout_s = max_wait_ms / 1000 + cluster.timeout_s
-        self._pool = pool or concurrent.futures.ThreadPoolExecutor(
-            max_workers=MAX_FETCH_THREADS, thread_name_prefix=f"{name}-fetch"
-        )
+        self._pool: concurrent.futures.Executor | None = None
+        if start is None:
+            self._pool = pool or concurrent.futures.ThreadPoolExecutor(
+                max_workers=MAX_FETCH_THREADS, thread_name_prefix=f"{name}-fetch"
+            )
+            start = self._pool.submit  # submit(call, request, timeout=): start's signature
+        elif pool is not None:
+            raise ValueError("give PartitionReader a pool or start, not both")
+        self._start = start
         self._inflight: dict[str, _InFlight] = {}  # broker address -> its Fetch in flight
         self._inflight_keys: dict[Key, str] = {}  # partition -> the broker fetching it now
         self._backoff_until: dict[str, float] = {}
@@ -265,7 +276,7 @@ class PartitionReader:
         )
         try:
             call = self._cluster.raw_fetch(address)
-            future = self._pool.submit(call, request, timeout=self._timeout_s)
+            future = self._start(call, request, timeout=self._timeout_s)
         except (DMQError, RuntimeError) as e:  # closed client or pool
             log.debug("fetch not sent", broker=address, error=str(e))
             return
@@ -305,7 +316,7 @@ class PartitionReader:
             response = inflight.future.result()
         except grpc.RpcError as e:
             error = from_rpc_error(e, context=f"Fetch from broker {address}")
-        except concurrent.futures.CancelledError:
+        except CALL_CANCELLED:
             return None
         except ValueError as e:  # the channel was closed under the call
             log.debug("fetch abandoned", broker=address, error=str(e))
@@ -407,6 +418,9 @@ class PartitionReader:
             if address not in self._inflight:
                 return ClientClosedError("the reader is closed")
         inflight = self._inflight[address]
+        # A pool's future (result() waits, so it is not for a reader whose Fetches are loop tasks)
+        if not isinstance(inflight.future, concurrent.futures.Future):
+            raise IllegalStateError("result() waits for a Fetch: the reader must run its calls on a pool")
         concurrent.futures.wait([inflight.future])  # bounded: the call has its deadline
         answer = self._finish(address, inflight)
         if answer is None:
@@ -431,4 +445,5 @@ class PartitionReader:
         """Drop everything; calls still running end when the owner closes the channels."""
         self._closed = True
         self.cancel()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -47,7 +47,7 @@ from typing import Any
 import grpc
 
 from dmq.client._accumulator import Accumulator, PartitionQueue, ProducerBatch
-from dmq.client._calls import RetryPolicy
+from dmq.client._calls import CALL_CANCELLED, RetryPolicy
 from dmq.client._cluster import Cluster
 from dmq.client._log import get_logger
 from dmq.client._metrics import ClientStats
@@ -90,9 +90,6 @@ _PRODUCE_ERRORS_WITH_REASON = {grpc.StatusCode.NOT_FOUND: UnknownPartitionError}
 
 
 class Sender:
-    # What a cancelled call's result() raises (the producer is closing); asyncio's on the loop.
-    CANCELLED: tuple[type[BaseException], ...] = (grpc.FutureCancelledError,)
-
     def __init__(
         self,
         acc: Accumulator,
@@ -286,7 +283,9 @@ class Sender:
             # NOT_LEADER and the batch is retried, by then with the refreshed leader.
             address = self._cluster.leader_for(b.topic, b.partition, timeout_s=0.0, allow_stale=True)
             request = frame_produce_request(b.topic, b.partition, self._acks, payload)
-            call = self._start_call(address, request)
+            # A grpc future; on the AsyncCluster a task on the loop (both give add_done_callback
+            # and result(), which raises the call's error or one of CALL_CANCELLED).
+            call = self._cluster.start_unary(self._cluster.raw_produce(address), request, timeout=self.request_timeout_s)
         except DMQError as e:  # no leader known (metadata refresh failed)
             b.attempts += 1
             self._attempt_failed(q, b, e, now, address="")
@@ -299,11 +298,6 @@ class Sender:
         if not self._wait_for_ack and not b.future.done():
             b.resolve(-1)  # acks=0: nobody waits for the broker
         call.add_done_callback(functools.partial(self._queue_response, b, address, time.monotonic()))
-
-    def _start_call(self, address: str, request: bytes) -> Any:
-        """Start the Produce; what it returns gives ``add_done_callback(fn)`` (fn gets the call)
-        and ``result()`` (the response, or raises the error or one of CANCELLED)."""
-        return self._cluster.raw_produce(address).future(request, timeout=self.request_timeout_s)
 
     def _queue_response(self, b: ProducerBatch, address: str, sent: float, call: Any) -> None:
         # On a gRPC thread: hand over to the sender, touch nothing else (the latency ends here).
@@ -330,7 +324,7 @@ class Sender:
                 )
                 err.args = (err.message,)
             self._attempt_failed(q, b, err, now, address=address)
-        except self.CANCELLED:
+        except CALL_CANCELLED:
             self._fail(q, b, ClientClosedError(f"{b.topic}[{b.partition}]: Produce cancelled: the producer is closing"))
         else:
             if response.record_offsets:

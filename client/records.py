@@ -135,9 +135,20 @@ class RecordSequence(Sequence[ConsumerRecord]):
     def __iter__(self) -> Iterator[ConsumerRecord]:
         return self._rows(self._offsets, self._keys, self._values, self._timestamps, self._headers)
 
-    def _rows(self, *columns: Sequence[object]) -> Iterator[ConsumerRecord]:
-        # tuple.__new__ builds each NamedTuple in C (see consumer_records)
-        return map(tuple.__new__, repeat(ConsumerRecord), zip(repeat(self._topic), repeat(self._partition), *columns))
+    def cursor(self) -> tuple[Iterator[ConsumerRecord], Iterator[int]]:
+        """An iterator over the records and its cursor: the iterator of offsets it steps, whose
+        ``operator.length_hint`` is exactly how many records are left, and which, exhausted
+        (``deque(cursor, maxlen=0)``), ends the records iterator too. For a consumer handing
+        records out one at a time through C iterators (``yield from``) that must later know how
+        many went out, and stop a reader between two records, with no Python step per record."""
+        left = iter(self._offsets)
+        return self._rows(left, self._keys, self._values, self._timestamps, self._headers), left
+
+    def _rows(self, offsets: Iterable[int], *columns: Sequence[object]) -> Iterator[ConsumerRecord]:
+        # tuple.__new__ builds each NamedTuple in C (see consumer_records). The offsets come
+        # first after the constants: zip stops at them before taking anything from the rest.
+        return map(tuple.__new__, repeat(ConsumerRecord),
+                   zip(repeat(self._topic), repeat(self._partition), offsets, *columns))
 
     @overload
     def __getitem__(self, index: int) -> ConsumerRecord: ...

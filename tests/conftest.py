@@ -148,6 +148,12 @@ _SERIAL_CLUSTER_FAULTS = frozenset({
 })
 
 
+# Every test in these folders starts processes (servers, the CLI, Spark's JVM, children it kills):
+# `make check` leaves them out with `-m "not processes"`. Elsewhere a module that starts one says so
+# itself with `pytestmark = pytest.mark.processes` (tests/unit/test_check_tier.py holds it to that).
+_PROCESS_FOLDERS = ("tests/fault/", "tests/e2e/", "tests/spark/", "tests/cli/")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist with --dist loadgroup (`make test`): tests are handed to the workers one
@@ -155,6 +161,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     with one SparkSession (~10 s and a JVM each), and the cluster fault tests another. A module
     fixture starts once in each worker that runs a test of its module; each worker has its own,
     so no state is shared between workers."""
+    for item in items:
+        if item.nodeid.startswith(_PROCESS_FOLDERS):
+            item.add_marker(pytest.mark.processes)
     if getattr(config.option, "dist", "no") != "loadgroup":
         return
 

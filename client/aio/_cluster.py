@@ -2,18 +2,12 @@
 
 The asyncio client reuses the synchronous client's pure parts (request building, answer parsing,
 error mapping, the metadata cache, retry and idempotence rules of the sender, the fetch buffers)
-rather than writing them again. The producer's sender starts its Produce calls as tasks
-(``start_call``: a task's done-callback and result() are all it asks of a call). The consumer's
-reused parts (its fetcher, offsets and group calls) still talk to gRPC through a stub method's
-``.future(request, timeout=)`` returning a grpc.Future (done / result / add_done_callback /
-cancel), and ``Cluster.leader_for`` / ``topic_metadata`` lookups. This module gives that surface
-on grpc.aio:
+rather than writing them again. Its stubs are plain grpc.aio stubs: ``await stub.X(req,
+timeout=)`` is the answer. The reused parts that keep calls in flight across polls (the producer's
+sender, the consumer's fetch reader and position look-ups, the metadata refresh) start them
+through ``start_unary``, which makes each a task on the loop: what they ask of a call (done(),
+result() once done, cancel(), add_done_callback(), dmq.client._calls.PendingCall) a task gives.
 
-    CallFuture     a grpc.Future view of an asyncio task running one aio call. result() never
-                   blocks (the event loop must run for any answer to arrive): asked before the
-                   call is done it raises grpc.FutureTimeoutError.
-    FutureStub     wraps an aio stub: ``stub.X.future(req, timeout=)`` -> CallFuture, and
-                   ``await stub.X(req, timeout=)`` -> the response.
     AsyncCluster   a Cluster whose channels are aio channels and whose synchronous look-ups
                    never wait: they answer from the cache (stale entries included: partitions
                    never move between brokers) and start a refresh in the background, whose
@@ -26,11 +20,10 @@ No thread is started: every call is a task on the caller's event loop.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 import grpc
@@ -44,95 +37,6 @@ from dmq.proto.security.settings import SecurityConfigError, aio_channel
 log = logging.getLogger(__name__)
 
 CHANNEL_CLOSE_TIMEOUT_S = 1.0
-
-
-class CallCancelledError(grpc.FutureCancelledError, concurrent.futures.CancelledError):
-    """A CallFuture's call was cancelled (the client closed). Both base classes, because the
-    reused sync parts catch one or the other."""
-
-
-def start_call(awaitable: Awaitable[Any], running: set[asyncio.Future[Any]]) -> asyncio.Future[Any]:
-    task = asyncio.ensure_future(awaitable)
-    running.add(task)
-    task.add_done_callback(running.discard)
-    return task
-
-
-class CallFuture:
-    """The grpc.Future surface over an asyncio task (see the module comment)."""
-
-    __slots__ = ("task",)
-
-    def __init__(self, awaitable: Awaitable[Any], running: set[asyncio.Future[Any]]) -> None:
-        # registered in the owner's calls in flight (see AsyncCluster.aclose)
-        self.task: asyncio.Future[Any] = start_call(awaitable, running)
-
-    def __repr__(self) -> str:
-        return f"<CallFuture {self.task!r}>"
-
-    def done(self) -> bool:
-        return self.task.done()
-
-    def cancel(self) -> bool:
-        return self.task.cancel()
-
-    def cancelled(self) -> bool:
-        return self.task.cancelled()
-
-    def result(self, timeout: float | None = None) -> Any:
-        if not self.task.done():
-            raise grpc.FutureTimeoutError()
-        if self.task.cancelled():
-            raise CallCancelledError()
-        return self.task.result()
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self.task.done():
-            raise grpc.FutureTimeoutError()
-        if self.task.cancelled():
-            raise CallCancelledError()
-        return self.task.exception()
-
-    def add_done_callback(self, fn: Callable[[CallFuture], Any]) -> None:
-        self.task.add_done_callback(lambda _t: fn(self))
-
-
-class FutureMethod:
-    """One aio multi-callable: awaitable when called, grpc.Future-like through ``future()``."""
-
-    __slots__ = ("_call", "_running")
-
-    def __init__(self, call: Any, running: set[asyncio.Future[Any]]) -> None:
-        self._call = call
-        self._running = running
-
-    def __call__(self, request: Any, timeout: float | None = None) -> Any:
-        return self._call(request, timeout=timeout)
-
-    def future(self, request: Any, timeout: float | None = None) -> CallFuture:
-        return CallFuture(self._call(request, timeout=timeout), self._running)
-
-
-class FutureStub:
-    __slots__ = ("_stub", "_running")
-
-    def __init__(self, stub: Any, running: set[asyncio.Future[Any]]) -> None:
-        self._stub = stub
-        self._running = running
-
-    def __getattr__(self, name: str) -> FutureMethod:
-        return FutureMethod(getattr(self._stub, name), self._running)
-
-
-class TaskPool:
-    """Stands in for the sync Fetcher's thread pool: ``submit(call, request, timeout=)`` starts
-    the aio call (a FutureMethod) as a task; the cluster's aclose() ends what still runs."""
-
-    def submit(self, fn: FutureMethod, request: Any, timeout: float | None = None) -> CallFuture:
-        return fn.future(request, timeout=timeout)
-
-    def shutdown(self, wait: bool = False, cancel_futures: bool = True) -> None:
-        """Nothing to do here: the calls belong to the cluster (AsyncCluster.aclose)."""
 
 
 class Wakeup:
@@ -215,23 +119,6 @@ class AsyncCluster(Cluster):
                 raise InvalidConfigError(str(e)) from None
         return ch
 
-    def _stub(self, address: str, cls: type) -> Any:
-        stub = self._stubs.get((address, cls))
-        if stub is None:
-            stub = self._stubs[(address, cls)] = FutureStub(cls(self.channel(address)), self.running)
-        return stub
-
-    def _unary(self, address: str, method: str, serializer: Any, deserializer: Any) -> Any:
-        return FutureMethod(super()._unary(address, method, serializer, deserializer), self.running)
-
-    def _coordinator_stub(self, address: str, cls: type) -> Any:
-        if self._router is None or address not in self._router.addresses:
-            return self._stub(address, cls)
-        stub = self._stubs.get(("", cls))
-        if stub is None:
-            stub = self._stubs[("", cls)] = FutureStub(cls(self._router), self.running)
-        return stub
-
     # Never wait in a synchronous look-up: nothing could answer while the loop is held.
     def topic_metadata(self, topic: str, *, timeout_s: float | None = None, allow_stale: bool = False) -> TopicMetadata:
         return super().topic_metadata(topic, timeout_s=0, allow_stale=True)
@@ -254,7 +141,14 @@ class AsyncCluster(Cluster):
 
     def start_call(self, awaitable: Awaitable[Any]) -> asyncio.Future[Any]:
         """An aio call (``await``-able) as a task on the loop, ended by aclose() if still running."""
-        return start_call(awaitable, self.running)
+        task = asyncio.ensure_future(awaitable)
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+        return task
+
+    def start_unary(self, method: Any, request: Any, timeout: float) -> asyncio.Future[Any]:
+        """Cluster.start_unary on the loop: the aio call of `method` as a task (start_call)."""
+        return self.start_call(method(request, timeout=timeout))
 
     def knows(self, topic: str) -> bool:
         """Whether the cache holds the topic (fresh or not)."""
@@ -336,10 +230,3 @@ class AsyncCluster(Cluster):
 
     def close(self) -> None:  # pragma: no cover - the async owners call aclose()
         raise RuntimeError("AsyncCluster is closed with `await cluster.aclose()`")
-
-
-async def settle(futures: Iterable[Any], timeout_s: float) -> None:
-    """Wait until the CallFutures are done or `timeout_s` passed (their own deadlines end them)."""
-    tasks = {f.task for f in futures if not f.done()}
-    if tasks:
-        await asyncio.wait(tasks, timeout=max(0.0, timeout_s))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import islice
 from operator import length_hint
 from typing import Any
@@ -13,7 +13,7 @@ from typing import Any
 from dmq.client.aio._cluster import AsyncCluster
 from dmq.client.consumer._heartbeat import HeartbeatThread
 from dmq.client.consumer._records import TopicPartition
-from dmq.client.records import ConsumerRecord
+from dmq.client.records import ConsumerRecord, RecordSequence
 
 HEARTBEAT_STOP_TIMEOUT_S = 1.0
 
@@ -61,39 +61,58 @@ class Heartbeats(HeartbeatThread):
 class Chunk:
     """Records of one partition fetched for getone() / ``async for`` and not all handed out yet.
 
-    The records are handed out through `it`, an iterator over the list shared by every reader
-    (getone(), getmany(), each ``async for``): taking a record from it IS handing it out, so each
-    record goes out once, and the position a commit must cover is read back from it (a list
-    iterator's length_hint is exactly the number of records left). Whoever must stop a reader
-    that is draining the chunk between two records (group work starting, stop(), seek(),
-    revocation) ends the iterator it holds with detach() or drop(), so ``async for`` needs no
-    check per record: __anext__ finds the iterator ended and asks _ready_chunk() again."""
+    The records are handed out through `it`, an iterator over the sequence shared by every
+    reader (getone(), getmany(), each ``async for``): taking a record from it IS handing it out,
+    so each record goes out once, and the position a commit must cover is read back from its
+    cursor (RecordSequence.cursor(); a list's iterator is its own), whose length_hint is exactly
+    the number of records left. Whoever must stop a reader that is draining the chunk between
+    two records (group work starting, stop(), seek(), revocation) ends
+    the iterator it holds (by exhausting the cursor), so ``async for`` needs no check per record:
+    __anext__ finds the iterator ended and asks _ready_chunk() again."""
 
-    __slots__ = ("tp", "records", "it")
+    __slots__ = ("tp", "records", "it", "cursor")
 
-    def __init__(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
+    def __init__(self, tp: TopicPartition, records: Sequence[ConsumerRecord]) -> None:
         self.tp = tp
+        self._start(records)
+
+    def _start(self, records: Sequence[ConsumerRecord]) -> None:
         self.records = records
-        self.it: Iterator[ConsumerRecord] = iter(records)
+        self.it: Iterator[ConsumerRecord]
+        self.cursor: Iterator[object]
+        if isinstance(records, RecordSequence):
+            self.it, self.cursor = records.cursor()
+        else:
+            self.it = iter(records)
+            self.cursor = self.it
 
     def __repr__(self) -> str:
-        return f"<Chunk {self.tp} next={self.next_offset()} left={length_hint(self.it)}>"
+        return f"<Chunk {self.tp} next={self.next_offset()} left={self.left()}>"
+
+    def left(self) -> int:
+        """How many records are not handed out yet."""
+        return length_hint(self.cursor)
 
     def next_offset(self) -> int | None:
         """The offset of the next record to hand out; None when all were handed out."""
-        left = length_hint(self.it)
+        left = length_hint(self.cursor)
         return self.records[len(self.records) - left].offset if left else None
 
-    def take(self, n: int) -> list[ConsumerRecord]:
-        """Hand out up to n records at once."""
-        return list(islice(self.it, n))
+    def take(self, n: int) -> Sequence[ConsumerRecord]:
+        """Hand out up to n records at once: a slice (a RecordSequence's records are built when
+        the application reaches them), stepped past on the shared iterator."""
+        first = len(self.records) - length_hint(self.cursor)
+        taken = self.records[first:first + n]
+        deque(islice(self.it, len(taken)), maxlen=0)
+        return taken
 
     def detach(self) -> None:
         """Keep the records not handed out yet, behind a new iterator: a reader holding the old
         one finds it ended and comes back through _ready_chunk(), which decides again."""
-        self.records = list(self.it)  # ends the old iterator
-        self.it = iter(self.records)
+        first = len(self.records) - length_hint(self.cursor)
+        deque(self.cursor, maxlen=0)  # ends the old iterator
+        self._start(self.records[first:])
 
     def drop(self) -> None:
         """End the iterator: nothing more is handed out of this chunk (its records are dropped)."""
-        deque(self.it, maxlen=0)
+        deque(self.cursor, maxlen=0)

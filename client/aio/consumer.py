@@ -22,10 +22,11 @@ error means, the listener callbacks and their order, the commit rules. This modu
 the calls (awaiting them on the loop) and carries out what the core returns.
 
 Reused from the sync consumer, unchanged: ConsumerConfig (settings and their checks),
-SubscriptionState, the Fetcher (pipelined per-broker fetches and lazy decoding; its calls become
-tasks through TaskPool), PositionFinder (committed offset, group start position or reset),
-GroupClient (group requests and error mapping) and OffsetClient (request building, answer
-parsing, error mapping through CallFuture), the application of the key / value deserializers
+SubscriptionState, the Fetcher (pipelined per-broker fetches and lazy decoding) and
+PositionFinder (committed offset, group start position or reset), whose calls are tasks on this
+loop (started by AsyncCluster.start_unary: no thread, no grpc.Future), GroupClient (group requests
+and error mapping) and OffsetClient (request building, answer parsing, error mapping) around the
+calls this module awaits itself, the application of the key / value deserializers
 (consumer/_common.py), the heartbeat/watch/max-poll-interval coroutines of HeartbeatThread (run
 as tasks on this loop by Heartbeats, _consumer_parts.py), and the record types.
 
@@ -51,9 +52,8 @@ import inspect
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields
-from operator import length_hint
 from typing import Any
 
 import grpc
@@ -61,7 +61,7 @@ import grpc
 from dmq.client._calls import RetryPolicy, retry_call_async
 from dmq.client._log import get_logger
 from dmq.client._settings import reject_unknown
-from dmq.client.aio._cluster import AsyncCluster, TaskPool, Wakeup, bootstrap_address, settle
+from dmq.client.aio._cluster import AsyncCluster, Wakeup, bootstrap_address
 from dmq.client.aio._consumer_parts import Chunk, Heartbeats
 from dmq.client.consumer._common import check_seek_offset, commit_offsets, deserialize, time_queries
 from dmq.client.consumer._common import tp_of as _tp
@@ -71,7 +71,7 @@ from dmq.client.consumer._core import HANDOVER_COMMIT_WAIT_S, ConsumerCore, Grou
 from dmq.client.consumer._fetcher import Fetcher
 from dmq.client.consumer._group import FIND, HANDOVER, JOIN, GroupClient, Membership, group_id_for
 from dmq.client.consumer._listener import ConsumerRebalanceListener
-from dmq.client.consumer._offsets import OffsetClient
+from dmq.client.consumer._offsets import CommitCall, OffsetClient
 from dmq.client.consumer._positions import PositionFinder
 from dmq.client.consumer._records import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from dmq.client.consumer._shell import ConsumerShell, topic_list
@@ -170,9 +170,9 @@ class AsyncConsumer(ConsumerShell):
         c = self.config
         self._cluster = AsyncCluster(c.address, request_timeout_ms=c.request_timeout_ms, security=c.security)
         self._wakeup = Wakeup()
-        # Fetches become tasks on this loop instead of calls on the Fetcher's thread pool.
-        self._fetcher = Fetcher(self._cluster, self._subs, c, self._wakeup, name=self.consumer_id,
-                                pool=TaskPool())  # type: ignore[arg-type]
+        # Fetches are tasks on this loop (AsyncCluster.start_unary), not calls on a thread pool.
+        self._fetcher = Fetcher(self._cluster, self._subs, c, self._wakeup,
+                                name=self.consumer_id, start=self._cluster.start_unary)
         self._groups = GroupClient(self._cluster, c, self.consumer_id)
         self._offsets = OffsetClient(self._cluster, c)
         self._retry = RetryPolicy(retry_backoff_ms=c.retry_backoff_ms, request_timeout_ms=c.request_timeout_ms)
@@ -246,7 +246,7 @@ class AsyncConsumer(ConsumerShell):
     # -- records ---------------------------------------------------------------------------------
 
     async def getmany(self, *partitions: TopicPartition, timeout_ms: int = 0,
-                      max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
+                      max_records: int | None = None) -> dict[TopicPartition, Sequence[ConsumerRecord]]:
         """Records of the owned partitions (of `partitions` only, when given), at most
         max_records (default max_poll_records), waiting up to timeout_ms for some. Rebalances
         are carried out here."""
@@ -317,7 +317,7 @@ class AsyncConsumer(ConsumerShell):
             return None
         while pending:
             chunk = pending[0]
-            if length_hint(chunk.it):
+            if chunk.left():
                 return chunk
             pending.popleft()
         return None
@@ -329,9 +329,9 @@ class AsyncConsumer(ConsumerShell):
         # ones only when none was buffered): back to the front they go, in order.
         self._pending.extendleft(Chunk(tp, records) for tp, records in reversed(batch.items()))
 
-    def _take_pending(self, limit: int, only: set[TopicPartition] | None) -> dict[TopicPartition, list[ConsumerRecord]]:
+    def _take_pending(self, limit: int, only: set[TopicPartition] | None) -> dict[TopicPartition, Sequence[ConsumerRecord]]:
         """Buffered records first (they were fetched before anything newer), up to limit."""
-        out: dict[TopicPartition, list[ConsumerRecord]] = {}
+        out: dict[TopicPartition, Sequence[ConsumerRecord]] = {}
         kept: deque[Chunk] = deque()
         while self._pending and limit > 0:
             chunk = self._pending.popleft()
@@ -340,9 +340,10 @@ class AsyncConsumer(ConsumerShell):
                 continue
             taken = chunk.take(limit)
             if taken:
-                out.setdefault(chunk.tp, []).extend(taken)
+                had = out.get(chunk.tp)  # a partition's chunks follow each other in offset order
+                out[chunk.tp] = taken if had is None else [*had, *taken]
                 limit -= len(taken)
-            if length_hint(chunk.it):
+            if chunk.left():
                 kept.append(chunk)
         kept.extend(self._pending)
         self._pending = kept
@@ -357,7 +358,7 @@ class AsyncConsumer(ConsumerShell):
             self._pending = deque(c for c in self._pending if c.tp not in gone)
 
     async def _poll(self, timeout_s: float, limit: int,
-                    only: set[TopicPartition] | None) -> dict[TopicPartition, list[ConsumerRecord]]:
+                    only: set[TopicPartition] | None) -> dict[TopicPartition, Sequence[ConsumerRecord]]:
         deadline = time.monotonic() + timeout_s
         fetcher = self._fetcher
         self._maybe_auto_commit()
@@ -384,11 +385,10 @@ class AsyncConsumer(ConsumerShell):
             collected = fetcher.collect(limit, hold)
             fetcher.send_fetches()
             if collected:
-                # lists: the chunks of getone() / ``async for`` read their iterators' length_hint
-                records = {tp: list(rs) for tp, rs in collected.items()}
+                # RecordSequences, as DMQConsumer.poll()'s: records built as the application reaches them
                 if self._deserializing:  # only records new from the fetcher: buffered ones already are
-                    records = deserialize(self.config, records, self.seek)
-                return records
+                    return dict(deserialize(self.config, collected, self.seek))
+                return dict(collected)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return {}
@@ -539,20 +539,32 @@ class AsyncConsumer(ConsumerShell):
                     return dict.fromkeys(offsets, e)
         calls, errors = self._offsets.commit_calls(offsets, memberships, timeout_s=0)
         self._fetcher.stats.committed()
-        futures = {asyncio.wrap_future(self._offsets.send_commit(call, max(0.001, timeout_s))): call for call in calls}
-        if futures:
-            await asyncio.wait(futures, timeout=max(0.0, timeout_s))
-        for future, call in futures.items():
-            if future.done() and future.exception() is None:
+        tasks = {self._cluster.start_call(self._commit_one(call, max(0.001, timeout_s))): call for call in calls}
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(0.0, timeout_s))
+        for task, call in tasks.items():
+            err: DMQError
+            if not task.done():
+                task.cancel()
+                err = DMQTimeoutError(f"commit to broker {call.address} did not answer within {timeout_s:.3g} s")
+            elif task.cancelled():  # by aclose()
+                err = DMQError("commit cancelled: the consumer closed")
+            elif (error := task.exception()) is None:
                 self._subs.mark_committed({tp: o.offset for tp, o in call.offsets.items()})
                 continue
-            error = future.exception() if future.done() else None
-            if not future.done():
-                future.cancel()
-            err = error if isinstance(error, DMQError) else DMQTimeoutError(
-                f"commit to broker {call.address} did not answer within {timeout_s:.3g} s")
+            else:
+                err = error if isinstance(error, DMQError) else DMQError(f"commit to broker {call.address}: {error!r}")
             errors.update(dict.fromkeys(call.offsets, err))
         return errors
+
+    async def _commit_one(self, call: CommitCall, timeout_s: float) -> None:
+        """One CommitOffsets; a refusal raised as the OffsetClient maps it (CommitFailedError)."""
+        try:
+            await self._cluster.broker_stub(call.address).CommitOffsets(call.request, timeout=timeout_s)
+        except grpc.RpcError as e:
+            raise self._offsets.commit_error(e, call) from e
+        except ValueError as e:  # the channel was closed under the call
+            raise DMQError(f"commit not sent: {e}") from e
 
     async def commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None) -> None:
         """Commit `offsets` (the next offset to consume, per partition), or the positions of
@@ -618,22 +630,13 @@ class AsyncConsumer(ConsumerShell):
         return await retry_call_async(lambda: self._committed_once(tp, group_id, deadline), policy=self._retry,
                                       deadline=deadline, on_retry=on_retry)
 
-    async def _rpc(self, future: Any, what: str) -> Any:
-        """Wait for a call's future (its own deadline is request_timeout_ms)."""
-        await settle([future], self.config.request_timeout_ms / 1000 + 1)
-        if not future.done():
-            future.cancel()
-            raise DMQTimeoutError(f"{what}: no answer within request_timeout_ms ({self.config.request_timeout_ms})")
-        return future
-
     async def _committed_once(self, tp: TopicPartition, group_id: str, deadline: float) -> int | None:
         await self._cluster.metadata(tp.topic, max(0.001, deadline - time.monotonic()))
         address = self._cluster.leader_for(tp.topic, tp.partition)
-        future = await self._rpc(
-            self._offsets.start_fetch_committed(address, group_id, [tp], max(0.001, deadline - time.monotonic())),
-            f"FetchCommittedOffsets of {tp}")
-        try:
-            response = future.result()
+        try:  # the call's own deadline bounds the wait
+            response = await self._cluster.broker_stub(address).FetchCommittedOffsets(
+                OffsetClient.committed_request(group_id, [tp]),
+                timeout=self._offsets.call_timeout_s(deadline - time.monotonic()))
         except grpc.RpcError as e:
             raise from_rpc_error(e, context=f"FetchCommittedOffsets of {tp} from broker {address}") from e
         found = OffsetClient.parse_committed(response).get(tp)
@@ -692,23 +695,31 @@ class AsyncConsumer(ConsumerShell):
         for tp, ts in queries.items():
             await self._cluster.metadata(tp.topic, self.config.request_timeout_ms / 1000)
             by_leader.setdefault(self._cluster.leader_for(tp.topic, tp.partition), {})[tp] = ts
-        calls = {address: self._offsets.start_list_offsets(address, part) for address, part in by_leader.items()}
-        await settle(calls.values(), self.config.request_timeout_ms / 1000 + 1)
+        # The brokers in parallel, each call bounded by its own deadline (request_timeout_ms); the
+        # first failure, in the brokers' order, is raised once all have answered.
+        tasks = [self._cluster.start_call(self._list_offsets_at(address, part)) for address, part in by_leader.items()]
+        try:
+            if tasks:
+                await asyncio.wait(tasks)
+        finally:
+            for task in tasks:
+                task.cancel()  # those still running when this is cancelled (a no-op once done)
         out: dict[TopicPartition, int] = {}
-        for address, future in calls.items():
-            if not future.done():
-                future.cancel()
-                raise DMQTimeoutError(f"ListOffsets from broker {address}: no answer within request_timeout_ms "
-                                      f"({self.config.request_timeout_ms})")
-            try:
-                response = future.result()
-            except grpc.RpcError as e:
-                raise from_rpc_error(e, context=f"ListOffsets from broker {address}") from e
-            for tp, value in OffsetClient.parse_list_offsets(response).items():
+        for task in tasks:
+            if task.cancelled():  # by aclose()
+                raise ClientClosedError("ListOffsets cancelled: the consumer stopped")
+            for tp, value in OffsetClient.parse_list_offsets(task.result()).items():
                 if isinstance(value, DMQError):
                     raise value
                 out[tp] = value
         return out
+
+    async def _list_offsets_at(self, address: str, queries: Mapping[TopicPartition, int]) -> Any:
+        try:
+            return await self._cluster.broker_stub(address).ListOffsets(
+                OffsetClient.list_offsets_request(queries), timeout=self._offsets.call_timeout_s(None))
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, context=f"ListOffsets from broker {address}") from e
 
     # -- positions -------------------------------------------------------------------------------
 

@@ -77,11 +77,9 @@ class AsyncRecordFuture(RecordFuture):
 
 class AsyncSender(Sender):
     """The sync Sender's turn (`_step`) and outcome handling, run by a task instead of a thread.
-    Its Produce calls are tasks on the loop (AsyncCluster.start_call); a task's done-callback
+    Its Produce calls are tasks on the loop (AsyncCluster.start_unary); a task's done-callback
     and result() are what the Sender asks of a call, so `_dispatch` and `_on_response` are the
     sync ones unchanged."""
-
-    CANCELLED = (asyncio.CancelledError,)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -90,10 +88,6 @@ class AsyncSender(Sender):
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run_async(), name=self.thread.name)
-
-    def _start_call(self, address: str, request: bytes) -> Any:
-        cluster: AsyncCluster = self._cluster  # type: ignore[assignment]
-        return cluster.start_call(cluster.raw_produce(address)(request, timeout=self.request_timeout_s))
 
     async def _run_async(self) -> None:
         wakeup: Wakeup = self._wakeup  # type: ignore[assignment]

@@ -48,7 +48,9 @@ import re
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from operator import length_hint
 from typing import Any
 
 import grpc
@@ -82,6 +84,7 @@ from dmq.client.errors import (
     InvalidArgumentError,
     TopicNotFoundError,
 )
+from dmq.client.records import RecordSequence
 
 log = get_logger(__name__)
 
@@ -165,13 +168,7 @@ class DMQConsumer(ConsumerShell):
         self._pattern_listener: ConsumerRebalanceListener | None = None
         self._next_pattern_listing = 0.0
         self._counters = {"polls": 0, "records_returned": 0}
-        # ``for record in consumer``: the records of the last poll() per partition, an iterator
-        # over them all, how many there are and how many were handed out (see __next__ and
-        # _hand_back_unreturned). The records are built as the iterator reaches them.
-        self._iter_parts: list[Sequence[Any]] = []
-        self._iter_records: Iterator[Any] = iter(())
-        self._iter_count = 0
-        self._iter_next = 0
+        self._reset_iteration()
         if topics:
             try:
                 self.subscribe(list(topics))  # type: ignore[arg-type]
@@ -196,46 +193,93 @@ class DMQConsumer(ConsumerShell):
 
     # -- iteration (kafka-python's ``for record in consumer``) -----------------------------------
 
-    def __iter__(self) -> DMQConsumer:
-        return self
+    def _reset_iteration(self) -> None:
+        """``for record in consumer``'s state: the per-partition sequences of the poll() being
+        handed out, the one handed out now (_iter_pos), its records iterator and that iterator's
+        cursor (see RecordSequence.cursor: its length_hint is how many records are left)."""
+        self._iter_parts: list[Sequence[Any]] = []
+        self._iter_pos = 0
+        self._iter_rows: Iterator[Any] = iter(())
+        self._iter_left: Iterator[Any] = self._iter_rows
+        self._iterator: Iterator[Any] | None = None  # the generator next(consumer) steps
+
+    def __iter__(self) -> Iterator[Any]:
+        """The records, one by one; the loop ends once none came for consumer_timeout_ms
+        (default: never), or when the consumer is closed. Records are fetched a poll() at a time
+        and handed out one by one: a record counts as consumed (positions, commits) only once
+        handed out, so leaving the loop and committing or closing never covers the rest.
+
+        A generator stepping each partition's records iterator with ``yield from``: a record
+        costs one generator resume and the C iterator's step, no Python code (a __next__ method
+        per record cost about twice as much: bench/iteration_cost.py). What was handed out is
+        read back from the iterator's cursor when needed (_hand_back_unreturned)."""
+        return self._records()
 
     def __next__(self) -> Any:
-        """The next record; StopIteration once none came for consumer_timeout_ms (default:
-        never), or when the consumer is closed. Records are fetched a poll() at a time and
-        handed out one by one: a record counts as consumed (positions, commits) only once
-        handed out, so leaving the loop and committing or closing never covers the rest."""
-        i = self._iter_next
-        if i < self._iter_count:
-            self._iter_next = i + 1
-            return next(self._iter_records)
+        """next(consumer): one step of the same iteration (one generator kept for these calls)."""
+        it = self._iterator
+        if it is None:
+            it = self._iterator = self._records()
+        try:
+            return next(it)
+        except BaseException:
+            self._iterator = None  # ended (timeout, closed) or raised: the next call starts afresh
+            raise
+
+    def _records(self) -> Iterator[Any]:
+        while True:
+            rows = self._iter_rows
+            yield from rows
+            # `rows` ran out, or a hand-back or another iterator over this consumer ended or
+            # moved past it: only the iterator that finished the current records moves on.
+            if rows is self._iter_rows and not self._next_part():
+                return
+
+    def _next_part(self) -> bool:
+        """Go on to the next partition's records of the poll() being handed out, else to a new
+        poll()'s, waiting up to consumer_timeout_ms for one; False when none came or closed."""
+        pos = self._iter_pos + 1
+        if pos < len(self._iter_parts):
+            self._start_part(pos)
+            return True
+        self._iter_parts = []  # all handed out: poll() has nothing to hand back
         if self._closed:
-            raise StopIteration
+            return False
         deadline = time.monotonic() + self.config.consumer_timeout_ms / 1000
         while True:
             batch = self.poll(max(0.0, deadline - time.monotonic()) * 1000)
             if batch:
                 self._iter_parts = list(batch.values())
-                self._iter_records = iter(batch)
-                self._iter_count, self._iter_next = len(batch), 1
-                return next(self._iter_records)
+                self._start_part(0)
+                return True
             if time.monotonic() >= deadline:
-                raise StopIteration
+                return False
+
+    def _start_part(self, pos: int) -> None:
+        part = self._iter_parts[pos]
+        self._iter_pos = pos
+        if isinstance(part, RecordSequence):
+            self._iter_rows, self._iter_left = part.cursor()
+        else:  # deserialized records: a list, whose iterator is its own cursor
+            self._iter_rows = self._iter_left = iter(part)
 
     def _hand_back_unreturned(self) -> None:
-        """Move each partition back to the first record of the iterator's batch not handed out
-        yet (poll() advanced it past the whole batch): called before anything reads, commits or
-        sets positions, and by poll(), which then returns those records again."""
-        if self._iter_next >= self._iter_count:
+        """Move each partition back to the first record of the iteration's poll() not handed out
+        yet (poll() advanced it past all of them), and end the iteration's records iterator (a
+        loop stepping it comes back for records, through poll()): called before anything reads,
+        commits or sets positions, and by poll(), which then returns those records again."""
+        parts = self._iter_parts
+        if not parts:
             return
-        skip, parts = self._iter_next, self._iter_parts
-        self._iter_parts, self._iter_records, self._iter_count, self._iter_next = [], iter(()), 0, 0
+        pos, left = self._iter_pos, length_hint(self._iter_left)
+        deque(self._iter_left, maxlen=0)  # ends _iter_rows
+        self._iter_parts, self._iter_pos = [], 0
+        self._iter_rows = self._iter_left = iter(())
         firsts: dict[TopicPartition, int] = {}
-        for part in parts:  # handed out in order: the first `skip` records, then none
-            if skip >= len(part):
-                skip -= len(part)
-                continue
-            r = part[skip]
-            skip = 0
+        current = parts[pos]
+        rest = [current[len(current) - left]] if left else []
+        rest += [part[0] for part in parts[pos + 1:] if part]
+        for r in rest:
             firsts.setdefault(TopicPartition(r.topic, r.partition), r.offset)
         for tp, offset in firsts.items():
             if self._subs.get(tp) is not None:
@@ -333,7 +377,7 @@ class DMQConsumer(ConsumerShell):
         absent coordinator."""
         self._check_open()
         timeout_s, limit = self._poll_arguments(timeout_ms, max_records, timeout)
-        if self._iter_next < self._iter_count:
+        if self._iter_parts:
             self._hand_back_unreturned()
         if not self._memberships and not self._manual and self._pattern is None:
             raise IllegalStateError("poll() needs a subscription: call subscribe(topic) or assign(partitions) first")

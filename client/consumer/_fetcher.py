@@ -1,7 +1,8 @@
 """Fetcher: pipelined fetches, one in flight per broker, records decoded lazily.
 
 Flow (all on the application's thread, except the blocking Fetch calls themselves, which run on a
-small pool of I/O threads whose only other act is setting the consumer's wake-up event)::
+small pool of I/O threads whose only other act is setting the consumer's wake-up event; in the
+asyncio consumer everything runs on its loop, the Fetch calls as tasks)::
 
     send_fetches()  for each broker leading fetchable partitions and having no fetch in flight,
                     one Fetch naming those partitions at their next fetch offset
@@ -32,11 +33,11 @@ revoked, reset) is dropped.
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from dmq.client._calls import PendingCall
 from dmq.client._cluster import Cluster
 from dmq.client._log import get_logger
 from dmq.client._metrics import ClientStats
@@ -116,10 +117,11 @@ class Fetcher:
         config: ConsumerConfig,
         wakeup: threading.Event,
         name: str = "dmq-consumer",
-        pool: concurrent.futures.Executor | None = None,
+        start: Callable[..., PendingCall[bytes]] | None = None,
     ) -> None:
-        """`pool` runs the Fetch calls (default: the reader's own threads; the asyncio consumer
-        makes them tasks on its loop)."""
+        """`start` starts each Fetch call (default: on the reader's own threads; the asyncio
+        consumer's AsyncCluster.start_unary makes it a task on its loop). `wakeup` is set when
+        one is done: a threading.Event, or the asyncio consumer's Wakeup (set() is all that is used)."""
         self._subs = subscriptions
         self._config = config
         self._buffers: dict[TopicPartition, _PartitionBuffer] = {}
@@ -136,7 +138,7 @@ class Fetcher:
             leader_wait_s=0,
             allow_stale=True,
             wakeup=wakeup,
-            pool=pool,
+            start=start,
             name=name,
         )
         self._closed = False

@@ -12,8 +12,12 @@ only the partitions of a failing broker are retried (dmq.client._calls: retry_ba
 doubling up to 1 s) until the caller's deadline. A synchronous call reports which partitions it finished
 (``Outcome``), so a commit to three brokers of which one is dead still records the two others.
 
-The building blocks used by poll() without waiting (`start_*` returning a gRPC future,
-`parse_*` reading the answer) are exposed for the consumer's PositionFinder.
+The building blocks are exposed for the consumers' PositionFinder and the asyncio consumer:
+`*_request` building a request, `start_*` starting the call without waiting (through
+`Cluster.start_unary`: a grpc future, or a task on the asyncio consumer's loop), `parse_*` reading
+the answer and `commit_error` mapping a refused commit. The asyncio consumer awaits its own calls
+with them; the blocking paths here (`commit_sync`, `fetch_committed`, `list_offsets`) are the sync
+consumer's.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
-from dmq.client._calls import FanOut, RetryPolicy, fan_out_by_leader
+from dmq.client._calls import CALL_CANCELLED, FanOut, PendingCall, RetryPolicy, fan_out_by_leader
 from dmq.client._cluster import Cluster
 from dmq.client._log import get_logger
 from dmq.client.consumer._config import ConsumerConfig
@@ -114,7 +118,7 @@ class OffsetClient:
         self,
         what: str,
         tps: Iterable[TopicPartition],
-        send: Callable[[str, str, list[TopicPartition], float], grpc.Future[A]],
+        send: Callable[[str, str, list[TopicPartition], float], PendingCall[A]],
         parse: Callable[[A, str], Mapping[TopicPartition, V | DMQError]],
         error: Callable[[grpc.RpcError, str, list[TopicPartition]], DMQError],
         timeout_s: float | None,
@@ -156,6 +160,10 @@ class OffsetClient:
             calls.append(CommitCall(address, m, _commit_request(m, tps, offsets), {tp: offsets[tp] for tp in tps}))
         return calls, errors
 
+    def commit_error(self, e: grpc.RpcError, call: CommitCall) -> DMQError:
+        """A CommitCall's failure as the DMQError the consumers act on (CommitFailedError: refused)."""
+        return self._commit_error(e, call.address, call.membership, ", ".join(str(tp) for tp in call.offsets))
+
     def _commit_error(self, e: grpc.RpcError, address: str, membership: Membership, where: str) -> DMQError:
         c = self._config
         code = e.code() if callable(getattr(e, "code", None)) else None
@@ -189,11 +197,10 @@ class OffsetClient:
         # re-join carries the new one.
         def send(
             topic: str, address: str, part: list[TopicPartition], call_timeout_s: float
-        ) -> grpc.Future[pb.CommitOffsetsResponse]:
+        ) -> PendingCall[pb.CommitOffsetsResponse]:
             request = _commit_request(_member(memberships, topic), part, offsets)
-            stub = self._cluster.broker_stub(address)
-            future: grpc.Future[pb.CommitOffsetsResponse] = stub.CommitOffsets.future(request, timeout=call_timeout_s)
-            return future
+            return self._cluster.start_unary(self._cluster.broker_stub(address).CommitOffsets, request,
+                                             timeout=call_timeout_s)
 
         def parse(_response: pb.CommitOffsetsResponse, _address: str) -> dict[TopicPartition, OffsetAndMetadata]:
             return offsets
@@ -214,22 +221,20 @@ class OffsetClient:
         """Send one CommitOffsets once; the future resolves (on a gRPC thread) with its offsets."""
         result: concurrent.futures.Future[dict[TopicPartition, OffsetAndMetadata]] = concurrent.futures.Future()
         result.set_running_or_notify_cancel()
-        where = ", ".join(str(tp) for tp in call.offsets)
         try:
-            f = self._cluster.broker_stub(call.address).CommitOffsets.future(
-                call.request, timeout=self._timeout_s if timeout_s is None else max(0.001, timeout_s)
-            )
+            f = self._cluster.start_unary(self._cluster.broker_stub(call.address).CommitOffsets, call.request,
+                                          timeout=self._timeout_s if timeout_s is None else max(0.001, timeout_s))
         except (DMQError, ValueError) as e:
             result.set_exception(e if isinstance(e, DMQError) else DMQError(f"commit not sent: {e}"))
             return result
 
-        def done(fut: grpc.Future[pb.CommitOffsetsResponse]) -> None:
+        def done(fut: PendingCall[pb.CommitOffsetsResponse]) -> None:
             try:
                 fut.result()
             except grpc.RpcError as e:
-                result.set_exception(self._commit_error(e, call.address, call.membership, where))
+                result.set_exception(self.commit_error(e, call))
                 return
-            except grpc.FutureCancelledError:
+            except CALL_CANCELLED:
                 result.set_exception(DMQError("commit cancelled: the consumer closed"))
                 return
             result.set_result(call.offsets)
@@ -279,16 +284,21 @@ class OffsetClient:
 
     # -- reading -----------------------------------------------------------------------------------
 
-    def start_fetch_committed(self, address: str, group_id: str, tps: list[TopicPartition],
-                              timeout_s: float | None = None) -> grpc.Future[pb.FetchCommittedOffsetsResponse]:
-        request = pb.FetchCommittedOffsetsRequest(
+    @staticmethod
+    def committed_request(group_id: str, tps: Iterable[TopicPartition]) -> pb.FetchCommittedOffsetsRequest:
+        return pb.FetchCommittedOffsetsRequest(
             group_id=group_id,
             partitions=[pb.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps],
         )
-        future: grpc.Future[pb.FetchCommittedOffsetsResponse] = self._cluster.broker_stub(address).FetchCommittedOffsets.future(
-            request, timeout=self._timeout_s if timeout_s is None else max(0.001, timeout_s)
-        )
-        return future
+
+    def call_timeout_s(self, timeout_s: float | None) -> float:
+        """A call's gRPC timeout: `timeout_s` (at least 1 ms), request_timeout_ms when None."""
+        return self._timeout_s if timeout_s is None else max(0.001, timeout_s)
+
+    def start_fetch_committed(self, address: str, group_id: str, tps: list[TopicPartition],
+                              timeout_s: float | None = None) -> PendingCall[pb.FetchCommittedOffsetsResponse]:
+        return self._cluster.start_unary(self._cluster.broker_stub(address).FetchCommittedOffsets,
+                                         self.committed_request(group_id, tps), timeout=self.call_timeout_s(timeout_s))
 
     @staticmethod
     def parse_committed(response: pb.FetchCommittedOffsetsResponse, _address: str = "") -> dict[
@@ -318,15 +328,16 @@ class OffsetClient:
             raise _timed_out(err, self._config)
         return outcome.done
 
-    def start_list_offsets(self, address: str, queries: Mapping[TopicPartition, int],
-                           timeout_s: float | None = None) -> grpc.Future[pb.ListOffsetsResponse]:
-        request = pb.ListOffsetsRequest(
+    @staticmethod
+    def list_offsets_request(queries: Mapping[TopicPartition, int]) -> pb.ListOffsetsRequest:
+        return pb.ListOffsetsRequest(
             queries=[pb.OffsetQuery(topic=tp.topic, partition=tp.partition, timestamp_ms=ts) for tp, ts in queries.items()]
         )
-        future: grpc.Future[pb.ListOffsetsResponse] = self._cluster.broker_stub(address).ListOffsets.future(
-            request, timeout=self._timeout_s if timeout_s is None else max(0.001, timeout_s)
-        )
-        return future
+
+    def start_list_offsets(self, address: str, queries: Mapping[TopicPartition, int],
+                           timeout_s: float | None = None) -> PendingCall[pb.ListOffsetsResponse]:
+        return self._cluster.start_unary(self._cluster.broker_stub(address).ListOffsets,
+                                         self.list_offsets_request(queries), timeout=self.call_timeout_s(timeout_s))
 
     @staticmethod
     def parse_list_offsets(response: pb.ListOffsetsResponse, _address: str = "") -> dict[TopicPartition, int | DMQError]:

@@ -6,8 +6,9 @@ A partition with no position goes through (DESIGN.md "Subscription modes")::
     start       else the group's start position: an exact offset, or a reset
     reset       ListOffsets to its broker: log start, log end, or first offset at a time
 
-Like the fetcher, it keeps at most one look-up of each kind in flight per broker, each a gRPC
-future with its own request_timeout_ms deadline; update() (called by every poll() iteration)
+Like the fetcher, it keeps at most one look-up of each kind in flight per broker, each started
+without waiting (Cluster.start_unary: a gRPC future, or a task on the asyncio consumer's loop)
+with its own request_timeout_ms deadline; update() (called by every poll() iteration)
 harvests the finished ones and starts new ones, and returns at once. So a dead or stopped broker
 delays only its own partitions: the others get their positions, and their records, as soon as
 their brokers answer. A failed look-up is retried after a per-broker backoff (retry_backoff_ms,
@@ -26,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from dmq.client._calls import CALL_CANCELLED, PendingCall
 from dmq.client._cluster import Cluster
 from dmq.client._log import get_logger
 from dmq.client.consumer._config import ConsumerConfig
@@ -45,7 +47,7 @@ _RESET = "reset"
 class _Lookup:
     kind: str
     address: str
-    future: grpc.Future[Any]  # ListOffsetsResponse or FetchCommittedOffsetsResponse, as `kind` says
+    future: PendingCall[Any]  # ListOffsetsResponse or FetchCommittedOffsetsResponse, as `kind` says
     # tp -> (the state object and its epoch when asked)
     asked: dict[TopicPartition, tuple[PartitionState, int]]
 
@@ -104,7 +106,7 @@ class PositionFinder:
                         functools.partial(self._offsets.start_list_offsets, address, queries))
         return fatal
 
-    def _start(self, kind: str, address: str, tps: list[TopicPartition], send: Callable[[], grpc.Future[Any]]) -> None:
+    def _start(self, kind: str, address: str, tps: list[TopicPartition], send: Callable[[], PendingCall[Any]]) -> None:
         try:
             future = send()
         except (DMQError, ValueError) as e:  # closed client
@@ -124,7 +126,7 @@ class PositionFinder:
             what = "FetchCommittedOffsets" if lk.kind == _COMMITTED else "ListOffsets"
             try:
                 response = lk.future.result()
-            except grpc.FutureCancelledError:
+            except CALL_CANCELLED:
                 continue
             except grpc.RpcError as e:
                 err = from_rpc_error(e, context=f"{what} from broker {lk.address}")

@@ -11,9 +11,13 @@ import pathlib
 import signal
 import time
 
+import pytest
+
 from dmq.client.aio import AsyncAdminClient, AsyncConsumer, AsyncProducer
 from dmq.client.errors import DMQError
 from tests.integration.test_coordinator_election import WAIT_S, _broker, _Coordinator, _one_active, _stop
+
+pytestmark = pytest.mark.processes  # left out of `make check`
 
 
 async def _eventually(check: object, what: str) -> float:

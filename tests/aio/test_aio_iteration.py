@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from operator import length_hint
 
 import pytest
 
@@ -40,7 +39,7 @@ async def read(consumer: AsyncConsumer, n: int, seen: list[tuple[int, int]]) -> 
 
 def buffered_left(consumer: AsyncConsumer) -> int:
     """Records fetched for ``async for`` and not handed out: > 0 means the loop was left mid-chunk."""
-    return sum(length_hint(chunk.it) for chunk in consumer._pending)
+    return sum(chunk.left() for chunk in consumer._pending)
 
 
 async def test_each_record_once_across_stops_mid_chunk_commits_and_reopens(server):

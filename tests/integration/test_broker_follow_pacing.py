@@ -19,11 +19,14 @@ import signal
 import time
 
 import grpc
+import pytest
 
 from dmq.broker.node import FOLLOW_PAUSE_S
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from tests.integration.test_coordinator_election import WAIT_S, _broker, _Coordinator, _one_active, _stop, _wait
+
+pytestmark = pytest.mark.processes  # left out of `make check`
 
 TTL_S = 8
 FAILED = "broker heartbeat failed"

@@ -12,6 +12,7 @@ import asyncio
 import time
 
 import grpc
+import pytest
 
 from dmq.client import AdminClient, ConsumerConfig, DMQConsumer, Producer
 from dmq.proto.grpc_options import channel_options
@@ -82,6 +83,7 @@ def test_one_connection_gets_a_bounded_share_and_its_excess_calls_wait_not_fail(
     asyncio.run(run())
 
 
+@pytest.mark.slow
 def test_a_consumer_of_many_topics_keeps_every_membership(cluster) -> None:  # type: ignore[no-untyped-def]
     """The default cap stays above what a well-behaved client holds open for good: one watch
     stream per subscribed topic on its coordinator channel. At a cap of 8, a consumer of 12

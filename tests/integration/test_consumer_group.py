@@ -393,6 +393,7 @@ def test_close_leaves_and_stops_the_heartbeat_thread_within_a_second(server: Clu
         pump([other], lambda: partitions(other) == set(range(6)), timeout_s=5)
 
 
+@pytest.mark.slow
 def test_a_broker_that_moves_is_found_again_through_metadata(cluster_factory: Callable[..., ClusterThread]) -> None:
     """A broker restarts on another port: fetches and commits to the old address fail, the
     consumer refreshes metadata and carries on from where it was, without loss or duplicates."""

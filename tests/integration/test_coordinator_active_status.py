@@ -14,10 +14,13 @@ import subprocess
 import sys
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.test_coordinator_election import WAIT_S, _Coordinator, _one_active, _wait
 from tests.integration.test_coordinator_election import coordinators as coordinators  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.processes  # left out of `make check`
 
 
 def _metrics_url(c: _Coordinator) -> str:

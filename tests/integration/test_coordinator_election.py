@@ -30,6 +30,8 @@ from dmq.proto import error_details
 from tests import polling
 from tests.etcd_server import running_etcd
 
+pytestmark = pytest.mark.processes  # left out of `make check`
+
 START_TIMEOUT_S = 30.0  # a child importing grpc on a loaded 2-core machine
 WAIT_S = 30.0
 TTL_S = 2  # etcd's minimum: keeps each test short

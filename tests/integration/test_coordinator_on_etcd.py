@@ -22,6 +22,8 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from tests.etcd_server import running_etcd
 
+pytestmark = pytest.mark.processes  # left out of `make check`
+
 START_TIMEOUT_S = 30.0  # a child importing grpc on a loaded 2-core machine
 WAIT_S = 30.0
 

@@ -21,6 +21,8 @@ from dmq.client.consumer import DMQConsumer
 from dmq.client.errors import InvalidConfigError
 from dmq.coordinator.node import CoordinatorNode
 
+pytestmark = pytest.mark.processes  # left out of `make check`
+
 WAIT_S = 15.0
 
 

@@ -73,6 +73,7 @@ def test_local_acks_ride_on_the_next_round_trip(store: EventStore) -> None:
     assert all(states[h.partition_key] == 0 for h in held if h is not None)
 
 
+@pytest.mark.slow
 def test_acks_only_recorded_locally_are_lost_with_a_crashed_worker(store: EventStore, cluster: ClusterThread) -> None:
     crashed = EventStore(cluster.bootstrap, "tasks")
     # 3 s: c2 is handed out from the prefetched claims (fresh for 1 s) even on a loaded machine,

@@ -318,6 +318,7 @@ def test_a_crashed_workers_claim_is_reaped(store: EventStore) -> None:
         store.ack(crashed)
 
 
+@pytest.mark.slow
 def test_a_renewing_workers_claim_is_never_reaped(store: EventStore) -> None:
     store.append(CourseCreated.new(course_name="Algebra"))
     # Renewed every ~0.2 s (plus two calls) within a 1 s timeout: with 300 ms, two slow calls

@@ -52,6 +52,7 @@ def _retried(fn, what: str):  # noqa: ANN001, ANN202 - one client call
     raise AssertionError(f"{what}: still failing after 100 attempts")
 
 
+@pytest.mark.slow
 async def test_a_new_leader_serves_acknowledged_events_conditions_and_group_progress(rc: ReplicationCluster):
     store = EventStore(rc.controller_address, "es")
     try:
@@ -118,6 +119,7 @@ async def test_a_new_leader_serves_acknowledged_events_conditions_and_group_prog
 # The deposed leader's append is refused after 2 s. The ack timeout also bounds the first append's
 # replication: at 0.3 s a full run under load (load average 18) failed that append with
 # NOT_ENOUGH_REPLICAS before anything was deposed.
+@pytest.mark.slow
 @pytest.mark.parametrize("rc", [2_000], indirect=True)
 async def test_a_deposed_leaders_unacknowledged_events_leave_its_index(rc: ReplicationCluster):
     store = EventStore(rc.controller_address, "es")
@@ -172,6 +174,7 @@ async def test_below_min_insync_replicas_an_append_is_refused_and_nothing_is_sto
     assert rc.log_end(1, "es") == 1  # nothing appended
 
 
+@pytest.mark.slow
 def test_with_the_coordinator_as_controller_a_stopped_leaders_store_moves_with_its_groups(tmp_path) -> None:
     from dmq.client import AdminClient
     from dmq.client.cli.runner import ClusterOptions, ClusterThread

@@ -23,6 +23,8 @@ from dmq.client import AdminClient
 from dmq.client.cli.runner import ClusterThread
 from dmq.client.events.eventsourcing import DMQDCBFactory, DMQDCBRecorder
 
+pytestmark = pytest.mark.processes  # left out of `make check`
+
 MODULE = "dmq.client.events.eventsourcing"
 
 

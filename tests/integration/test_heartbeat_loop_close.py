@@ -21,8 +21,12 @@ import sys
 import textwrap
 import uuid
 
+import pytest
+
 from dmq.client import AdminClient, Producer
 from dmq.client.cli.runner import ClusterThread
+
+pytestmark = pytest.mark.processes  # left out of `make check`
 
 ROUNDS = 30
 CHILDREN = 3

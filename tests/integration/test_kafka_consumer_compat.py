@@ -50,6 +50,7 @@ def _first_poll(c: DMQConsumer, **kwargs: Any) -> ConsumerRecords:
     raise AssertionError("no records within TIMEOUT_S")
 
 
+@pytest.mark.slow
 def test_for_msg_in_consumer_ends_after_consumer_timeout_ms(server: ClusterThread) -> None:
     with DMQConsumer("t", bootstrap_servers=server.bootstrap, group_id="g", consumer_timeout_ms=2000,
                      auto_offset_reset="earliest", **FAST) as c:

@@ -27,6 +27,8 @@ from dmq.coordinator.metastore.config import make_metadata_store
 from dmq.coordinator.metastore.etcd import EtcdUrlError, parse_etcd_url
 from dmq.proto.topic_settings import TopicSettings
 
+pytestmark = pytest.mark.processes  # left out of `make check`
+
 Opener = Callable[[], Awaitable[MetadataStore]]
 
 

@@ -13,6 +13,8 @@ from dmq.coordinator.metastore.base import BrokerRecord, StoreError
 from dmq.coordinator.metastore.config import make_metadata_store
 from tests.etcd_server import EtcdServer, etcd_binary, running_etcd
 
+pytestmark = pytest.mark.processes  # left out of `make check`
+
 PASSWORD = "s3cret-for-tests"
 
 

@@ -7,9 +7,13 @@ import pathlib
 import socket
 import time
 
+import pytest
+
 from dmq.coordinator.metastore.base import BrokerRecord, PartitionRecord, TopicRecord
 from dmq.coordinator.metastore.config import make_metadata_store
 from tests.etcd_server import healthy, running_etcd_cluster
+
+pytestmark = pytest.mark.processes  # left out of `make check`
 
 QUORUM_TIMEOUT_S = 30.0
 

@@ -14,6 +14,8 @@ from dmq.coordinator.metastore.base import StoreConflict
 from dmq.coordinator.metastore.config import make_metadata_store
 from dmq.coordinator.metastore.etcd import EtcdMetadataStore
 
+pytestmark = pytest.mark.processes  # left out of `make check`
+
 TTL_S = 2
 LAPSE_TIMEOUT_S = 15.0  # etcd's lessor checks expiry every 500 ms; a loaded machine adds more
 

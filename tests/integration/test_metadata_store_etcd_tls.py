@@ -13,6 +13,8 @@ from dmq.coordinator.metastore.base import BrokerRecord, StoreError
 from dmq.coordinator.metastore.config import make_metadata_store
 from tests.etcd_server import EtcdServer, EtcdTls, running_etcd
 
+pytestmark = pytest.mark.processes  # left out of `make check`
+
 
 @pytest.fixture
 def tls_etcd(tmp_path: pathlib.Path) -> Iterator[tuple[EtcdServer, pathlib.Path]]:

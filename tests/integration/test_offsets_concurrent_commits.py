@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import pytest
 
 from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.proto import dmq_pb2 as pb
@@ -67,11 +68,13 @@ def _batch(count: int) -> bytes:
     return records.encode([b"v"] * count)
 
 
+@pytest.mark.slow
 def test_concurrent_commits_never_fail(cluster: ClusterThread) -> None:
     failures, _ = asyncio.run(_commit_storm(cluster.bootstrap))
     assert failures == [], f"{len(failures)} of {COMMITS} commits failed, e.g. {failures[:3]}"
 
 
+@pytest.mark.slow
 def test_concurrent_commits_survive_a_restart(cluster_factory, tmp_path) -> None:
     data_dir = tmp_path / "restart"
     with ClusterThread(ClusterOptions(data_dir=data_dir)) as first:

@@ -22,6 +22,8 @@ from dmq.client.errors import UnknownPartitionError
 from dmq.client.tracing import process_span
 from dmq.proto.tracecontext import TraceContext
 
+pytestmark = pytest.mark.processes  # left out of `make check`
+
 WAIT_S = 30.0
 
 

@@ -72,6 +72,7 @@ async def test_a_lease_outlives_its_leaders_death_and_is_acked_at_the_new_leader
         assert after.delivery_count == 0
 
 
+@pytest.mark.slow
 async def test_a_moved_lease_is_renewed_at_the_new_leader_and_expires_there_as_counted(rc: ReplicationCluster) -> None:
     async with _two_workers(rc, [b"x", b"y"], lease_ms=1_500) as (first, second):
         lease = await asyncio.to_thread(first.pop, 5)

@@ -18,6 +18,8 @@ import pytest
 from dmq.client import AdminClient
 from dmq.client.cli.runner import ClusterThread
 
+pytestmark = pytest.mark.processes  # left out of `make check`
+
 SCRIPT = textwrap.dedent(
     """
     import sys, time

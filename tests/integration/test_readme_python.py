@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from dmq.client.cli.runner import ClusterThread
 from tests.readme_examples import run_section, section_blocks, section_script
 
 
+@pytest.mark.slow
 def test_readme_python_examples_run(cluster: ClusterThread) -> None:
     assert len(section_blocks("Python client")) >= 2
     script = section_script("Python client")

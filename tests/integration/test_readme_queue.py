@@ -11,12 +11,15 @@ import json
 import re
 import shlex
 
+import pytest
+
 from dmq.client import SimpleConsumer
 from dmq.client.cli.runner import ClusterThread
 from tests.cli.conftest import run_dmq
 from tests.readme_examples import README, run_section, section_script
 
 
+@pytest.mark.slow
 def test_readme_queue_example_runs(cluster: ClusterThread) -> None:
     assert "QueueConsumer(" in section_script("Queue mode")
     lines = run_section("Queue mode", cluster.bootstrap)

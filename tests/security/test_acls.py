@@ -76,6 +76,7 @@ def _admin(c, certs):
     return AdminClient(c.bootstrap, ssl_cafile=str(certs / "ca.pem"), token=token_for("admin"))
 
 
+@pytest.mark.slow
 def test_acls_cli_and_brokers_follow_changes(secure_cluster, certs, monkeypatch):
     c = secure_cluster("tokens", brokers=2, shared_port=False)
     with _admin(c, certs) as admin:

@@ -105,6 +105,7 @@ def _setup(secure_cluster, certs, rates: Rates, alice_may: str):
     return channels, stubs
 
 
+@pytest.mark.slow
 def test_a_greedy_producer_is_slowed_to_its_rate_and_others_are_not(secure_cluster, certs):
     channels, stubs = _setup(secure_cluster, certs, Rates(produce_bytes_per_s=RATE), "write")
     chunk = 64 * 1024
@@ -120,6 +121,7 @@ def test_a_greedy_producer_is_slowed_to_its_rate_and_others_are_not(secure_clust
     _check_throttled("producer", *result, chunk=chunk)
 
 
+@pytest.mark.slow
 def test_a_greedy_consumer_is_slowed_to_its_fetch_rate_and_others_are_not(secure_cluster, certs):
     channels, stubs = _setup(secure_cluster, certs, Rates(fetch_bytes_per_s=RATE), "read")
     chunk = 64 * 1024

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 
 def _section_script(text: str) -> str:

@@ -331,6 +331,7 @@ def test_the_case_table_covers_every_rule():
     assert set(CASES) == set(RULES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["tokens", "mtls"])
 def test_every_rpc_needs_credentials_and_its_permission(secure_cluster, certs, mode):
     c = secure_cluster(mode)

@@ -12,6 +12,8 @@ import pytest
 
 from dmq.proto.server.dirlock import LOCK_FILE, DataDirLock, DataDirLocked
 
+pytestmark = pytest.mark.processes  # left out of `make check`
+
 HOLD = textwrap.dedent("""
     import sys, time
     from dmq.proto.server.dirlock import DataDirLock

@@ -171,6 +171,7 @@ def test_broker_modes_name_no_node_and_no_servicer() -> None:
 @pytest.mark.parametrize(
     "mode", ["dmq.broker.queue.manager", "dmq.broker.events.service", "dmq.broker.replication.fetcher"]
 )
+@pytest.mark.slow
 def test_a_mode_naming_the_node_again_is_a_new_cycle(mode: str) -> None:
     """The allow-list no longer covers the broker's old circle: one type-only import of the node
     from a mode (as before issue 27's item 4) is a cycle the test above refuses."""

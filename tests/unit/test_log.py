@@ -549,6 +549,7 @@ def test_log_manager_recovers_unclean_partitions_eagerly(tmp_path):
     mgr.close()
 
 
+@pytest.mark.slow
 def test_appends_and_reads_stay_consistent_while_threads_flush_and_apply_retention(tmp_path):
     """The broker runs flush_all and enforce_retention in worker threads next to the event loop."""
     clock = ManualClockMs()

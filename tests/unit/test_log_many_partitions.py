@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from dmq.broker.log import LogConfig, LogManager
 from dmq.proto import records
 
@@ -16,6 +18,7 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.slow
 def test_ten_thousand_partitions_with_bounded_file_descriptors(tmp_path):
     baseline = open_fds()
     bound = baseline + MAX_OPEN_FILES

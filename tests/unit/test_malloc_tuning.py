@@ -9,6 +9,8 @@ import pytest
 
 from dmq.client._malloc_tuning import keep_large_buffers
 
+pytestmark = pytest.mark.processes  # left out of `make check`
+
 # A child process has two threads allocate and free 1-15 MiB buffers of varying sizes, every page
 # written (as the copies of a Fetch answer are), and reports its minor page faults.
 CHILD = """

@@ -9,6 +9,8 @@ import zipfile
 
 import pytest
 
+pytestmark = pytest.mark.processes  # left out of `make check`
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOLDERS = {"proto": "dmq.proto", "broker": "dmq.broker", "coordinator": "dmq.coordinator", "client": "dmq.client"}
 

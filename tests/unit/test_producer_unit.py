@@ -195,6 +195,9 @@ class FakeCluster:
     def raw_produce(self, address: str) -> FakeBroker:
         return self.broker
 
+    def start_unary(self, method: Any, request: Any, timeout: float) -> Any:
+        return method.future(request, timeout=timeout)  # as Cluster.start_unary: the FakeBroker's FakeCall
+
     def invalidate(self, topic: str) -> None:
         self.invalidated.append(topic)
 

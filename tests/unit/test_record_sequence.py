@@ -5,6 +5,8 @@ behaves as the tuple it replaced (indexing, slices, equality, hash, len)."""
 from __future__ import annotations
 
 import gc
+from collections import deque
+from operator import length_hint
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -61,6 +63,22 @@ def test_the_same_records_as_building_them_up_front(data: list[bytes], draw: st.
             assert seq[i] == eager[i]
     assert seq[1:] == eager[1:] and seq[::-2] == eager[::-2] and list(reversed(seq)) == list(reversed(eager))
     assert type(seq[1:]) is RecordSequence and seq[1:][1:3] == eager[2:4] and len(seq[5:5]) == 0
+
+
+@FUZZ
+@given(batch_runs(), st.data())
+def test_cursor_counts_the_records_left_and_ends_the_iterator(data: list[bytes], draw: st.DataObject) -> None:
+    """cursor(): the records iterator gives the sequence's records; its cursor's length_hint is
+    how many are left at every step, and exhausting the cursor ends the records iterator."""
+    seq = RecordSequence("t", 3, [r.decode(raw) for raw in data], 0, 2**41)
+    whole = draw.draw(st.sampled_from([seq, seq[1:], seq[::2]]))
+    rows, left = whole.cursor()
+    taken = draw.draw(st.integers(0, len(whole)))
+    assert length_hint(left) == len(whole)
+    for i in range(taken):
+        assert next(rows) == whole[i] and length_hint(left) == len(whole) - i - 1
+    deque(left, maxlen=0)
+    assert list(rows) == [] and length_hint(left) == 0
 
 
 def test_out_of_range_index_and_comparisons() -> None:
