@@ -42,6 +42,12 @@ def open_log(path, config=None, **kw) -> PartitionLog:  # type: ignore[no-untype
     return PartitionLog(path / "t-0", "t", 0, config or LogConfig(), **kw)
 
 
+def clocked_log(path, config=None, now_ms: int = 1_000_000) -> tuple[PartitionLog, ManualClockMs]:  # type: ignore[no-untyped-def]
+    """open_log() on a clock the test moves by hand (clock.now_ms)."""
+    clock = ManualClockMs(now_ms)
+    return open_log(path, config, clock_ms=clock), clock
+
+
 # -- append / read -------------------------------------------------------------------------------
 
 
@@ -152,8 +158,7 @@ def test_roll_by_size_and_reads_across_segments(tmp_path):
 
 
 def test_roll_by_time_uses_the_injected_clock(tmp_path):
-    clock = ManualClockMs()
-    plog = open_log(tmp_path, LogConfig(segment_ms=1000), clock_ms=clock)
+    plog, clock = clocked_log(tmp_path, LogConfig(segment_ms=1000))
     plog.append(batch())
     clock.now_ms += 999
     plog.append(batch())
@@ -187,8 +192,7 @@ def test_offset_index_is_sparse_and_lookups_are_exact(tmp_path):
 
 
 def test_offset_for_time_is_exact_and_monotonic(tmp_path):
-    clock = ManualClockMs(10_000)
-    plog = open_log(tmp_path, LogConfig(segment_bytes=1024), clock_ms=clock)
+    plog, clock = clocked_log(tmp_path, LogConfig(segment_bytes=1024), now_ms=10_000)
     times = {}
     for i in range(30):
         clock.now_ms += 10 if i % 3 else 0  # several batches share a millisecond
@@ -213,9 +217,8 @@ def test_offset_for_time_is_exact_and_monotonic(tmp_path):
 
 
 def test_retention_by_age_deletes_old_segments_and_moves_log_start(tmp_path):
-    clock = ManualClockMs()
     config = LogConfig(segment_bytes=1024, retention_ms=60_000)
-    plog = open_log(tmp_path, config, clock_ms=clock)
+    plog, clock = clocked_log(tmp_path, config)
     for i in range(10):
         plog.append(batch(size=300, tag=i))  # ~1 batch per segment after the first few
         clock.now_ms += 10_000
@@ -239,8 +242,7 @@ def test_retention_by_age_deletes_old_segments_and_moves_log_start(tmp_path):
 
 
 def test_retention_by_age_keeps_the_active_segment(tmp_path):
-    clock = ManualClockMs()
-    plog = open_log(tmp_path, LogConfig(retention_ms=1), clock_ms=clock)
+    plog, clock = clocked_log(tmp_path, LogConfig(retention_ms=1))
     plog.append(batch())
     clock.now_ms += 1_000_000
     assert plog.enforce_retention() == 0 and plog.log_end_offset == 1
@@ -279,8 +281,7 @@ def test_log_manager_retention_opens_lazily_registered_partitions(tmp_path):
 
 
 def test_duplicate_batch_returns_original_offsets_and_is_not_written(tmp_path):
-    clock = ManualClockMs()
-    plog = open_log(tmp_path, clock_ms=clock)
+    plog, clock = clocked_log(tmp_path)
     plog.append(batch())
     first = plog.append(batch(n=3, pid=7, epoch=0, seq=0))
     clock.now_ms += 50
