@@ -1,10 +1,12 @@
 """What the bench scripts share besides the servers (bench/_server.py): their command line, the
-workload options most of them take, quiet logs, and a percentile."""
+workload options most of them take, quiet logs, a percentile and an open-loop send schedule."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import time
+from collections.abc import Iterator
 
 import structlog
 
@@ -39,3 +41,14 @@ def percentile(values: list[float], q: float) -> float:
     """The q-quantile (0 <= q <= 1) of values by rank, no interpolation."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def paced(rate: float, total: int, step: int = 1) -> Iterator[int]:
+    """0, step, 2*step, ... below total, each yielded no earlier than its due time (start + i / rate):
+    an open-loop schedule, so a slow answer does not slow the sends that follow it."""
+    start = time.perf_counter()
+    for sent in range(0, total, step):
+        delay = start + sent / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        yield sent
