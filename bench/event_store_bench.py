@@ -304,8 +304,11 @@ def main() -> None:
                 run_claims(b, args.cycles, args.claim_workers, args.claim_prefetch)
                 return
             create_topic(b, "store")
+            cpu0 = server.cpu_s()
             s = fill(b, "store", args.n, seed=1)
-            print(f"(b) unconditional append x{BATCH}, store 0 -> {args.n:,}: {args.n / s:,.0f} events/s ({s:.1f} s)")
+            fill_cpu_ms = (server.cpu_s() - cpu0) / (args.n // BATCH) * 1e3
+            print(f"(b) unconditional append x{BATCH}, store 0 -> {args.n:,}: {args.n / s:,.0f} events/s ({s:.1f} s); "
+                  f"server CPU per {BATCH}-event append {fill_cpu_ms:.2f} ms ({fill_cpu_ms * 1e3 / BATCH:.1f} us per event)")
             figures["fill_rate"] = args.n / s
             expected = args.n // HOT_EVERY
             if args.only_appends:

@@ -15,7 +15,7 @@ batch, and per catch-up read of the log), never per event. A record, little-endi
   batches    i64 x count      the offset of the record batch holding each event
   lengths    u32 x count      each event's fragment length
   meta       meta_len bytes   UTF-8: type "\\x01" tags-joined, per event, "\\x00" between events
-  fragments  each event's read answer, encoded (fragments.answer_fragment), in position order
+  fragments  each event's read answer, encoded (fragments.answer_fragments), in position order
 
 The crc covers the header after it and the body. `end_offset` is the log end indexed once the
 record is in; the last record's is the index's `end`. A record whose crc or length does not hold
@@ -51,7 +51,7 @@ from typing import NamedTuple, cast
 
 import structlog
 
-from dmq.broker.events.fragments import answer_fragment
+from dmq.broker.events.fragments import answer_fragments
 from dmq.broker.events.query import QueryItem
 from dmq.broker.log import PartitionLog
 from dmq.proto import dmq_pb2 as pb
@@ -261,7 +261,9 @@ class EventIndex:
         """Append one record and take it into memory (after the write: a failed write changes
         nothing; its bytes past the old end are cut off)."""
         count = len(positions)
-        meta = "\x00".join([f"{t}\x01{j}" for t, j in zip(types, tags, strict=True)]).encode()
+        if len(types) != count or len(tags) != count:
+            raise ValueError(f"_write_record: {count} positions, {len(types)} types, {len(tags)} tags")
+        meta = "\x00".join(map("\x01".join, zip(types, tags))).encode()
         lengths = array("I", map(len, fragments))
         body = b"".join([positions.tobytes(), batches.tobytes(), lengths.tobytes(), meta, *fragments])
         rest = HEAD.pack(len(body), 0, positions[0] if count else end_offset, end_offset, count, len(meta))[8:]
@@ -432,11 +434,15 @@ class EventIndex:
         return (self._positions[lo:hi], self._batches[lo:hi], [self._type_names[t] for t in self._type_of[lo:hi]],
                 self._tags[lo:hi], [bytes(view[self._starts[i] : self._ends[i]]) for i in range(lo, hi)])
 
+    def sync_due(self) -> bool:
+        """Whether written records wait for their periodic fsync (SYNC_INTERVAL_S since the last)."""
+        return self._dirty and self._clock() - self._synced_at >= SYNC_INTERVAL_S
+
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self, *, sync: bool = True) -> Iterator[None]:
         """Stage records; on an error what was staged inside is forgotten and cut from the file
-        (catch_up() indexes those events again from the log). The file is fsynced at most once
-        per SYNC_INTERVAL_S, here."""
+        (catch_up() indexes those events again from the log). With `sync` the file is fsynced
+        here, at most once per SYNC_INTERVAL_S (without, the caller runs sync() when sync_due())."""
         events, records, file_end, end = len(self._positions), len(self._records), self._file_end, self.end
         try:
             yield
@@ -448,17 +454,25 @@ class EventIndex:
                 self._file_end = file_end
             self.end = end
             raise
-        if self._dirty and self._clock() - self._synced_at >= SYNC_INTERVAL_S:
+        if sync and self.sync_due():
             self.sync()
 
     def stage(self, rows: Sequence[EventRow], end_offset: int) -> None:
         """Index events (position, type, tags, batch offset, payload, metadata, record timestamp)
         and move `end` to end_offset: one record, written, seen by queries at once."""
-        joined = ["\n".join(row[2]) for row in rows]
-        fragments = [answer_fragment(p, t, j, payload, meta, ms)
-                     for (p, t, _, _, payload, meta, ms), j in zip(rows, joined, strict=True)]
-        self._write_record(array("q", [row[0] for row in rows]), array("q", [row[3] for row in rows]),
-                           [row[1] for row in rows], joined, fragments, end_offset)
+        if rows:
+            positions, types, tags, batches, payloads, metadata, times_ms = zip(*rows)
+            self.stage_columns(positions, types, list(map("\n".join, tags)), batches, payloads, metadata, times_ms,
+                               end_offset)
+        else:
+            self._write_record(array("q"), array("q"), [], [], [], end_offset)
+
+    def stage_columns(self, positions: Sequence[int], types: Sequence[str], tags: Sequence[str], batches: Sequence[int],
+                      payloads: Sequence[bytes], metadata: Sequence[bytes], times_ms: Sequence[int],
+                      end_offset: int) -> None:
+        """stage() of the events as parallel columns, tags joined by "\n" (an append's batch)."""
+        fragments = answer_fragments(positions, types, tags, payloads, metadata, times_ms)
+        self._write_record(array("q", positions), array("q", batches), types, tags, fragments, end_offset)
 
     def add(self, rows: Sequence[EventRow], end_offset: int) -> None:
         """stage() in a transaction of its own."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -119,19 +120,21 @@ def columns_to_events(c: EventColumns) -> list[pb.SequencedEvent]:
     ]
 
 
+_TYPE, _TAGS, _PAYLOAD, _METADATA = (operator.attrgetter(f) for f in ("type", "tags", "payload", "metadata"))
+
+
 def _events_from_proto(events: Sequence[pb.Event]) -> list[NewEvent]:
     if not events:
         _fail(grpc.StatusCode.INVALID_ARGUMENT, "events must hold at least one event")
     if len(events) > event_headers.EVENTS_PER_APPEND_MAX:
         _fail(grpc.StatusCode.INVALID_ARGUMENT,
               f"events has {len(events)} events; the limit is {event_headers.EVENTS_PER_APPEND_MAX}")
-    out = []
-    for i, e in enumerate(events):
-        tags = list(e.tags)
-        event_headers.check_event_type(e.type, field=f"events[{i}].type")
-        event_headers.check_tags(tags, field=f"events[{i}].tags")
-        out.append(NewEvent(e.type, tuple(tags), e.payload, e.metadata))
-    return out
+    # column by column, each a loop in C (map): an append of 100 events spent more on its
+    # per-event Python here than on storing them
+    types: list[str] = list(map(_TYPE, events))
+    tags: list[tuple[str, ...]] = list(map(tuple, map(_TAGS, events)))
+    _checked(lambda: event_headers.check_events(types, tags, field="events"))
+    return list(map(NewEvent, types, tags, map(_PAYLOAD, events), map(_METADATA, events)))
 
 
 def _attributes(values: dict[str, str]) -> list[pb.Attribute]:
