@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import mmap
+import operator
 import os
 import struct
 import time
@@ -46,7 +47,7 @@ import zlib
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate, islice
+from itertools import accumulate, islice, repeat
 from typing import NamedTuple, cast
 
 import structlog
@@ -305,18 +306,30 @@ class EventIndex:
         self._tags.extend(tags)
         type_ids, by_type, by_tag = self._type_ids, self._by_type, self._by_tag
         type_of = self._type_of
-        # one dict lookup per tag in the common case (a known tag): the KeyError path is the rare one
-        for p, t, joined in zip(positions, types, tags, strict=True):
-            try:
-                tid = type_ids[t]
-            except KeyError:  # type ids stay when their events are cut (a few names)
+        count = len(positions)
+        if count and len(types) == count and types.count(types[0]) == count:
+            # one type for the whole record (an append's usual batch): its columns in one step each
+            t = types[0]
+            tid = type_ids.get(t)
+            if tid is None:  # type ids stay when their events are cut (a few names)
                 tid = type_ids[t] = len(self._type_names)
                 self._type_names.append(t)
-            type_of.append(tid)
-            try:
-                by_type[t].append(p)
-            except KeyError:
-                by_type[t] = array("q", [p])
+            type_of.extend(repeat(tid, count))
+            by_type.setdefault(t, array("q")).extend(positions)
+        else:
+            for p, t in zip(positions, types, strict=True):
+                try:
+                    tid = type_ids[t]
+                except KeyError:
+                    tid = type_ids[t] = len(self._type_names)
+                    self._type_names.append(t)
+                type_of.append(tid)
+                try:
+                    by_type[t].append(p)
+                except KeyError:
+                    by_type[t] = array("q", [p])
+        # one dict lookup per tag in the common case (a known tag): the KeyError path is the rare one
+        for p, joined in zip(positions, tags, strict=True):
             if joined:
                 for tag in joined.split("\n"):
                     try:
@@ -369,6 +382,14 @@ class EventIndex:
         if positions[-1] - first == len(positions) - 1:
             return position - first
         return bisect_left(positions, position)
+
+    def _slots(self, positions: Sequence[int]) -> list[int]:
+        """_slot() of each position: one subtraction in C per position while positions are dense
+        (a 10,000-event read spent ~3 ms calling _slot per event)."""
+        columns = self._positions
+        if columns and columns[-1] - columns[0] == len(columns) - 1:
+            return list(map(operator.sub, positions, repeat(columns[0], len(positions))))
+        return list(map(self._slot, positions))
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -544,7 +565,7 @@ class EventIndex:
 
     def _pairs(self, positions: Sequence[int]) -> array[int]:
         """The (start, end) of these events' fragments, flat."""
-        slots = list(map(self._slot, positions))
+        slots = self._slots(positions)
         pairs = array("Q", bytes(16 * len(slots)))
         pairs[0::2] = array("Q", map(self._starts.__getitem__, slots))
         pairs[1::2] = array("Q", map(self._ends.__getitem__, slots))

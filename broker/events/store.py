@@ -11,7 +11,10 @@ The writer thread (owned here, stopped by close()):
     in memory, index.py: a check costs microseconds and sees the appends before it), and the
     index file is written once per append, never fsynced on this path (the log's group commit
     is the fsync; the log is the truth).
-Reads run in the writer too: the index's memory is the writer's alone. A read is one index
+Reads run in the writer too: the index's memory is the writer's alone. While the writer is idle
+(no job in flight, none queued), the loop appends and reads itself instead (`_idle_index`): jobs
+are only submitted from the loop, so the writer cannot start one meanwhile, and a hand-off to the
+thread and back cost more than an append. A read is one index
 lookup: the index file keeps a copy of each event's payload, metadata and time beside its type
 and tags (copied from the log, so catch_up() derives the same records), and no record is read or
 parsed. The price: a large read delays the appends queued behind it (a read answer is bounded:
@@ -353,13 +356,19 @@ class EventStore:
         self._notify()
         return info_end, append_ms
 
-    def _may_append_inline(self, count: int) -> bool:
-        """Whether the loop may run this append itself: the writer idle with nothing queued (so
-        nothing else reads or changes the index meanwhile: the loop is the append lock now), the
-        index caught up with the log, and the append small enough not to hold the loop long."""
+    def _idle_index(self) -> EventIndex | None:
+        """The index, when the loop may use it itself: the writer idle with nothing queued (so
+        nothing else reads or changes the index meanwhile: the loop is the append lock now) and
+        the index caught up with the log; else None (the writer's turn)."""
         index = self._index
-        return (self._writer_jobs == 0 and not self._queue and index is not None and not self._closed
-                and count <= INLINE_EVENTS_MAX and index.end == self.plog.log_end_offset)
+        if (self._writer_jobs or self._queue or index is None or self._closed
+                or index.end != self.plog.log_end_offset):
+            return None
+        return index
+
+    def _may_append_inline(self, count: int) -> bool:
+        """_idle_index(), and the append small enough not to hold the loop long."""
+        return count <= INLINE_EVENTS_MAX and self._idle_index() is not None
 
     def _append_inline(self, job: _Job) -> tuple[int, int]:
         """_append_all for one append, on the loop: no hand-off to the writer thread and back
@@ -477,6 +486,9 @@ class EventStore:
         alone (its fragments hold each event whole), no record read from the log."""
         await self.ensure_open()
         until = self.readable_end()
+        index = self._idle_index()
+        if index is not None:  # as an append: on the loop while the writer is idle (no hand-off)
+            return index.read_packed(query, after, until, limit), until
         return await self.on_writer(lambda: self._writer_index().read_packed(query, after, until, limit)), until
 
     async def read(self, query: Sequence[QueryItem], after: int, limit: int) -> tuple[EventColumns, int]:

@@ -1,7 +1,7 @@
-"""Appends on the event loop while the event store's writer thread is idle (store.py,
-_append_inline), on a real log: no thread hand-off then; behind a busy writer they queue and keep
-their order; a condition is still checked before anything is stored; the index file's periodic
-fsync is handed to the writer."""
+"""Appends and reads on the event loop while the event store's writer thread is idle (store.py,
+_idle_index), on a real log: no thread hand-off then; behind a busy writer they wait for it and
+appends keep their order; a condition is still checked before anything is stored; the index
+file's periodic fsync is handed to the writer."""
 
 from __future__ import annotations
 
@@ -55,9 +55,29 @@ async def test_an_append_runs_on_the_loop_while_the_writer_is_idle(store: EventS
     assert (await store.append([event("a:1"), event("a:2")], None))[0] == 2
     last, _ = await store.append([event("a:3")], Condition((QueryItem(tags=("a:9",)),), 0))
     assert last == 3 and jobs == []
-    # the writer still serves what only it does (a read), and the events are there
+    # a read too, and the events are there; the writer still runs what only it does (the groups)
     events, head = await store.read((QueryItem(tags=("a:2",)),), 0, 10)
-    assert (events.positions, events.payloads, head) == ([2], [b"a:2"], 3) and jobs == ["<lambda>"]
+    assert (events.positions, events.payloads, head) == ([2], [b"a:2"], 3) and jobs == []
+    await store.groups(lambda g, until, now: g.register("g"))
+    assert jobs == ["run"]
+
+
+async def test_a_read_behind_a_busy_writer_waits_for_it(store: EventStore) -> None:
+    await store.append([event("r:1")], None)
+    started, release = threading.Event(), threading.Event()
+
+    def busy() -> None:
+        started.set()
+        assert release.wait(10)
+
+    blocker = asyncio.ensure_future(store.on_writer(busy))
+    await asyncio.to_thread(started.wait, 10)
+    read = asyncio.ensure_future(store.read((QueryItem(tags=("r:1",)),), 0, 10))
+    await asyncio.sleep(0.05)
+    assert not read.done()  # the index is the writer's while it runs a job
+    release.set()
+    await blocker
+    assert (await read)[0].positions == [1]
 
 
 async def test_a_failed_condition_stores_nothing(store: EventStore) -> None:
