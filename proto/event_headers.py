@@ -131,7 +131,8 @@ def _events_hold(types: Sequence[object], tag_lists: Sequence[Sequence[object]])
         for names, limit in ((types, EVENT_TYPE_MAX_BYTES), (tags, TAG_MAX_BYTES)):
             if not names:
                 continue
-            joined = "".join(names)  # type: ignore[arg-type]  (TypeError: a name is not a string)
+            # a name that is not a string: TypeError, caught below
+            joined = "".join(names)  # type: ignore[arg-type]
             lengths = list(map(len, names))  # type: ignore[arg-type]
             if min(lengths) == 0 or max(lengths) * 4 > limit or CONTROL_CHARACTER_RE.search(joined):
                 return False

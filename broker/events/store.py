@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import structlog
 
@@ -199,7 +199,7 @@ class EventStore:
         fut.add_done_callback(self._writer_job_done)
         return fut
 
-    def _writer_job_done(self, _fut: asyncio.Future[object]) -> None:
+    def _writer_job_done(self, _fut: asyncio.Future[Any]) -> None:
         self._writer_jobs -= 1
 
     async def ensure_open(self) -> None:
