@@ -373,8 +373,11 @@ class EventStore:
     def _append_inline(self, job: _Job) -> tuple[int, int]:
         """_append_all for one append, on the loop: no hand-off to the writer thread and back
         (a submit, a thread wake-up, a call_soon_threadsafe and the GIL passed twice cost more
-        server CPU than the append itself). The index file's periodic fsync goes to the writer."""
-        [result] = self._append_all([job], sync_index=False)
+        server CPU than the append itself). Once the batch is in the log its group-commit fsync
+        starts in the flush pool (PartitionLog.begin_flush, when the disk is too slow for the
+        loop), so the index record is built and written while the disk syncs. The index file's
+        periodic fsync goes to the writer."""
+        [result] = self._append_all([job], sync_index=False, on_logged=self.plog.begin_flush)
         index = self._index
         if index is not None and index.sync_due():
             self._start(index.sync, "sync the event index")
@@ -419,7 +422,8 @@ class EventStore:
         if self._index.end != self.plog.log_end_offset:
             self._index.catch_up(self.plog)
 
-    def _append_all(self, jobs: list[_Job], *, sync_index: bool = True) -> list[tuple[int, int] | Exception]:
+    def _append_all(self, jobs: list[_Job], *, sync_index: bool = True,
+                    on_logged: Callable[[], object] | None = None) -> list[tuple[int, int] | Exception]:
         """In the writer (or on the loop while the writer is idle: _append_inline): each job's condition checked against the index, which already holds the
         jobs before it (staged in the same transaction), then its batch appended and indexed.
 
@@ -437,7 +441,7 @@ class EventStore:
                 for job in jobs:
                     try:
                         self._replication.check_writable()
-                        out.append(self._append_one(index, job.events, job.condition, job.batch))
+                        out.append(self._append_one(index, job.events, job.condition, job.batch, on_logged))
                     except (EventStoreError, LogError, records.RecordsError, NotLeaderForPartition,
                             NotEnoughReplicas) as e:
                         out.append(e)
@@ -453,7 +457,8 @@ class EventStore:
         return out
 
     def _append_one(
-        self, index: EventIndex, events: Sequence[NewEvent], condition: Condition | None, batch: bytes
+        self, index: EventIndex, events: Sequence[NewEvent], condition: Condition | None, batch: bytes,
+        on_logged: Callable[[], object] | None = None,
     ) -> tuple[int, int]:
         if condition is not None:
             conflict = index.first_match(condition.query, condition.after, index.end)
@@ -464,6 +469,8 @@ class EventStore:
                     conflict,
                 )
         info = self.plog.append(batch)
+        if on_logged is not None:  # on the loop: the log's fsync starts while the index record is written
+            on_logged()
         # every record of the batch has its first timestamp (append() encodes one), as the log keeps it
         ms = records.read_header(batch, 0, max_batch_bytes=len(batch)).first_timestamp
         result = (info.last_offset + 1, info.append_time_ms)

@@ -134,3 +134,25 @@ async def test_the_index_files_periodic_fsync_goes_to_the_writer(store: EventSto
     await store.on_writer(lambda: None)  # after the sync (one writer, in order)
     assert jobs == ["recorded", "<lambda>"] and len(synced_in) == 1 and synced_in[0].startswith("dmq-events-es-w")
     assert not index._dirty
+
+
+async def test_the_index_record_is_written_while_the_log_fsyncs(tmp_path: pathlib.Path) -> None:
+    """The append starts the log's pooled fsync (PartitionLog.begin_flush) before it builds and
+    writes the index record, instead of after."""
+    plog = PartitionLog(tmp_path / "es-0", "es", 0, LogConfig(flush_policy="fsync"))  # no placement: the pool
+    s = EventStore(plog, progress=lambda: SqliteProgressStore(str(plog.directory)))
+    await s.ensure_open()
+    index = s._index
+    assert index is not None
+    flushing: list[bool] = []
+    stage = index.stage_columns
+
+    def recorded(*args: Any) -> None:
+        flushing.append(plog._inflight is not None and not plog._inflight.done())
+        stage(*args)
+
+    index.stage_columns = recorded  # type: ignore[method-assign]
+    assert (await s.append([event("f:1")], None))[0] == 1
+    assert flushing == [True] and plog.durable_end_offset == 1
+    await s.close()
+    await asyncio.to_thread(plog.close)
