@@ -261,7 +261,8 @@ def run_peer(args: argparse.Namespace) -> dict[str, Any]:
 def print_ratios(dmq: dict[str, Any], peer: dict[str, Any], clients: int) -> None:
     """DMQ / PostgreSQL per workload, beside the issue's targets (issue 30)."""
     print("DMQ / PostgreSQL DCB peer, this run:")
-    rows = [("(b) unconditional append x100", dmq["fill_rate"], peer["fill_rate"], 5.0, ""),
+    rows = [("(b) unconditional append x100", dmq["fill_rate"], peer["fill_rate"], 5.0,
+             f"; server CPU per 100-event append {dmq['fill_cpu_ms']:.2f} ms"),
             ("(a) conditional append, 1 client", dmq["cond"][1]["rate"], peer["cond"][1]["rate"], 1.5,
              f"; p50 {dmq['cond'][1]['p50_ms']:.2f} ms vs {peer['cond'][1]['p50_ms']:.2f} ms; "
              f"server CPU per append {dmq['cond'][1]['server_cpu_ms']:.3f} ms (target <= 0.2)"),
@@ -310,6 +311,7 @@ def main() -> None:
             print(f"(b) unconditional append x{BATCH}, store 0 -> {args.n:,}: {args.n / s:,.0f} events/s ({s:.1f} s); "
                   f"server CPU per {BATCH}-event append {fill_cpu_ms:.2f} ms ({fill_cpu_ms * 1e3 / BATCH:.1f} us per event)")
             figures["fill_rate"] = args.n / s
+            figures["fill_cpu_ms"] = fill_cpu_ms
             expected = args.n // HOT_EVERY
             if args.only_appends:
                 run_appends(server, b, args.clients, args.cond_n)

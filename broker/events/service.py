@@ -131,6 +131,7 @@ def _events_from_proto(events: Sequence[pb.Event]) -> list[NewEvent]:
               f"events has {len(events)} events; the limit is {event_headers.EVENTS_PER_APPEND_MAX}")
     # column by column, each a loop in C (map): an append of 100 events spent more on its
     # per-event Python here than on storing them
+    events = list(events)  # the message objects made once, not once per column
     types: list[str] = list(map(_TYPE, events))
     tags: list[tuple[str, ...]] = list(map(tuple, map(_TAGS, events)))
     _checked(lambda: event_headers.check_events(types, tags, field="events"))

@@ -68,6 +68,8 @@ T = TypeVar("T")
 # An append of at most this many events runs on the event loop when the writer is idle
 # (_append_inline); a larger one goes to the writer thread, so the loop is never held long.
 INLINE_EVENTS_MAX = 1_000
+# Likewise a read of at most this many events (a page of the client's read(): the broker's default).
+INLINE_READ_EVENTS_MAX = 10_000
 
 
 class NewEvent(NamedTuple):
@@ -493,7 +495,7 @@ class EventStore:
         alone (its fragments hold each event whole), no record read from the log."""
         await self.ensure_open()
         until = self.readable_end()
-        index = self._idle_index()
+        index = self._idle_index() if limit <= INLINE_READ_EVENTS_MAX else None
         if index is not None:  # as an append: on the loop while the writer is idle (no hand-off)
             return index.read_packed(query, after, until, limit), until
         return await self.on_writer(lambda: self._writer_index().read_packed(query, after, until, limit)), until
