@@ -187,16 +187,18 @@ def encode_events_headers(types: Sequence[str], tag_lists: Sequence[Sequence[str
     (name, value) tuple per header; a batch's types are encoded once each."""
     type_parts: dict[str, bytes] = {}
     out = []
-    uvarint = _uvarint
+    uvarint, one_byte = _uvarint, _ONE_BYTE
     for event_type, tags, meta in zip(types, tag_lists, metadata, strict=True):
         type_part = type_parts.get(event_type)
         if type_part is None:
             raw = event_type.encode()
             type_part = type_parts[event_type] = _TYPE_KEY + uvarint(len(raw) + 1) + raw
-        parts = [uvarint(len(tags) + (2 if meta else 1)), type_part]
+        count = len(tags) + (2 if meta else 1)
+        parts = [one_byte[count] if count < 0x80 else uvarint(count), type_part]
         for tag in tags:
             raw = tag.encode()
-            parts += (_TAG_KEY, uvarint(len(raw) + 1), raw)
+            n = len(raw) + 1
+            parts += (_TAG_KEY, one_byte[n] if n < 0x80 else uvarint(n), raw)
         if meta:
             parts += (_METADATA_KEY, uvarint(len(meta) + 1), meta)
         out.append(b"".join(parts))

@@ -122,7 +122,9 @@ def test_encode_takes_headers_or_encoded_headers_not_both() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(rows=st.lists(st.tuples(st.one_of(st.integers(1, 200), st.integers(1, 2**63 - 1)),
+@given(rows=st.lists(st.tuples(st.one_of(st.integers(1, 200), st.integers(1, 2**63 - 1),
+                                         st.integers(0x3F00, 0x4100), st.integers(0x1FFF00, 0x200100),
+                                         st.sampled_from([0x7F, 0x80, 0x3FFF, 0x4000, 0x1FFFFF, 0x200000])),
                                st.text(max_size=300), st.text(max_size=200), st.binary(max_size=300),
                                st.binary(max_size=200), st.integers(-(2**63), 2**63 - 1)),
                      max_size=6))
