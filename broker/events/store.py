@@ -379,7 +379,7 @@ class EventStore:
         starts in the flush pool (PartitionLog.begin_flush, when the disk is too slow for the
         loop), so the index record is built and written while the disk syncs. The index file's
         periodic fsync goes to the writer."""
-        [result] = self._append_all([job], sync_index=False, on_logged=self.plog.begin_flush)
+        [result] = self._append_all([job], on_loop=True)
         index = self._index
         if index is not None and index.sync_due():
             self._start(index.sync, "sync the event index")
@@ -424,14 +424,15 @@ class EventStore:
         if self._index.end != self.plog.log_end_offset:
             self._index.catch_up(self.plog)
 
-    def _append_all(self, jobs: list[_Job], *, sync_index: bool = True,
-                    on_logged: Callable[[], object] | None = None) -> list[tuple[int, int] | Exception]:
-        """In the writer (or on the loop while the writer is idle: _append_inline): each job's condition checked against the index, which already holds the
+    def _append_all(self, jobs: list[_Job], *, on_loop: bool = False) -> list[tuple[int, int] | Exception]:
+        """In the writer (or, `on_loop`, on the event loop while the writer is idle:
+        _append_inline): each job's condition checked against the index, which already holds the
         jobs before it (staged in the same transaction), then its batch appended and indexed.
 
-        When the index fails (its file cannot be written), the jobs not yet done get a retriable error: checking them
-        against an index that lacks events would be wrong. The events already appended are in
-        the log (the truth) and are reported stored; they are indexed again from the log."""
+        When the index fails (its file cannot be written), the jobs not yet done get a retriable
+        error: checking them against an index that lacks events would be wrong. The events
+        already appended are in the log (the truth) and are reported stored; they are indexed
+        again from the log (by the writer when on the loop: a catch-up may read much of the log)."""
         if self._closed:
             raise LogClosedError(f"the event store {self.topic} is closing")
         index = self._index
@@ -439,7 +440,8 @@ class EventStore:
         out: list[tuple[int, int] | Exception] = []
         try:
             self._follow_log()
-            with index.transaction(sync=sync_index):
+            on_logged = self.plog.begin_flush if on_loop else None
+            with index.transaction(sync=not on_loop):
                 for job in jobs:
                     try:
                         self._replication.check_writable()
@@ -452,8 +454,11 @@ class EventStore:
                         raise e.cause from None
         except OSError as e:
             log.warning("event index write failed; re-indexing from the log", topic=self.topic, error=str(e))
-            with contextlib.suppress(OSError):
-                index.catch_up(self.plog)
+            if on_loop:
+                self._start(self._follow_log, "re-index from the log")
+            else:
+                with contextlib.suppress(OSError):
+                    index.catch_up(self.plog)
             out += [StorageUnavailableError(f"{self.topic}: the event index is unavailable ({e}); nothing of this "
                                             "append was stored; retry") for _ in jobs[len(out):]]
         return out

@@ -156,3 +156,25 @@ async def test_the_index_record_is_written_while_the_log_fsyncs(tmp_path: pathli
     assert flushing == [True] and plog.durable_end_offset == 1
     await s.close()
     await asyncio.to_thread(plog.close)
+
+
+async def test_an_index_write_failure_on_the_loop_is_indexed_again_by_the_writer(store: EventStore,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    index = store._index
+    assert index is not None
+    write = index._write_all
+    failures = [OSError(28, "No space left on device")]
+
+    def full_once(data: bytes | memoryview, at: int) -> None:
+        if failures:
+            raise failures.pop()
+        write(data, at)
+
+    monkeypatch.setattr(index, "_write_all", full_once)
+    jobs = count_writer_jobs(store)
+    # the batch is in the log (the truth): reported stored; its index record failed
+    assert (await store.append([event("x:1")], None))[0] == 1
+    await store.on_writer(lambda: None)  # after the writer's catch-up
+    assert jobs[0] == "_follow_log" and index.end == 1 and index.matching((QueryItem(tags=("x:1",)),), 0, 1, 10) == [1]
+    with pytest.raises(ConditionFailedError):
+        await store.append([event("x:2")], Condition((QueryItem(tags=("x:1",)),), 0))
