@@ -11,6 +11,8 @@ process (and, for the concurrent conditional appends, in --clients processes):
 
   (b) unconditional appends of 100 events each (100-byte payloads, tags `course:<id>` and
       `student:<id>`), 1 client; this fills the store to --n events, 1% tagged `course:hot`;
+      with the server's CPU per append (its /proc times: what one append costs it, which a busy
+      machine moves far less than the rate);
   (c) the tag query `course:hot` (N/100 matches): one read() (the client pages through the
       broker's 10,000-event answers), --reads times, median; and the same paged 1,000 at a time;
   (a) conditional appends of 1 event each on that store from 1 client and from --clients client
