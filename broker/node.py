@@ -254,6 +254,7 @@ class BrokerNode:
         self.ready = False
         self._stopping.set()
         try:
+            await self.event_service.close()  # append streams answer what they read, then end
             await self.queues.stop()
             await self.replication.stop()
             for task in self._tasks:

@@ -24,12 +24,13 @@ import asyncio
 import contextlib
 import functools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 import grpc
 import structlog
 
+from dmq.broker.events.append_stream import AppendStreams
 from dmq.broker.events.errors import ConditionFailedError, EventStoreFullError
 from dmq.broker.events.groups import Claimed, GroupManager, PartitionView
 from dmq.broker.events.index import EventColumns, EventIndex, split_tags
@@ -45,7 +46,7 @@ from dmq.broker.storage_status import translate_storage
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import event_headers, records
 from dmq.proto.names import GROUP_ID_MAX_BYTES, MEMBER_ID_MAX_BYTES, check_id, check_topic_name
-from dmq.proto.server.server_errors import RpcAbort, rpc_handler
+from dmq.proto.server.server_errors import RpcAbort, error_status, rpc_handler
 from dmq.proto.server.server_errors import fail as _fail
 
 __all__ = ["EventServiceHost", "EventStoreServicer", "DEFAULT_READ_LIMIT", "DEFAULT_CLAIM_TIMEOUT_MS"]
@@ -203,10 +204,12 @@ class EventServiceHost(Protocol):
 
 
 class EventStoreServicer:
-    """EventAppend / EventRead / EventSubscribe, the event groups' RPCs and EventStoreDescribe."""
+    """EventAppend / EventAppendStream / EventRead / EventSubscribe, the event groups' RPCs and
+    EventStoreDescribe. close() ends the append streams (BrokerNode.stop)."""
 
     def __init__(self, node: EventServiceHost) -> None:
         self._node = node  # `_node`: what require_started reads
+        self._append_streams = AppendStreams(self._append_message, self._message_status)
 
     def __repr__(self) -> str:
         return f"<EventStoreServicer broker={self._node.broker_id}>"
@@ -239,6 +242,28 @@ class EventStoreServicer:
     async def EventAppend(
         self, request: pb.EventAppendRequest, context: grpc.aio.ServicerContext[pb.EventAppendRequest, pb.EventAppendResponse]
     ) -> pb.EventAppendResponse:
+        return await self._append(request)
+
+    async def EventAppendStream(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, pb.EventAppendResponse]
+    ) -> AsyncIterator[pb.EventAppendResponse]:
+        """Each message one EventAppend, answered in order (broker/events/append_stream.py)."""
+        async for answer in self._append_streams.serve(requests, context):
+            yield answer
+
+    async def _append_message(self, request: pb.EventAppendRequest) -> pb.EventAppendResponse:
+        """One message of an append stream: EventAppend behind its readiness gate."""
+        require_started(self)
+        return await self._append(request)
+
+    def _message_status(self, e: Exception, request: object) -> RpcAbort:
+        return error_status(e, self, request, log=log, translate=_translate, name="EventAppendStream")
+
+    async def close(self) -> None:
+        """The broker stopping: end the append streams (they answer what they read)."""
+        await self._append_streams.close()
+
+    async def _append(self, request: pb.EventAppendRequest) -> pb.EventAppendResponse:
         events = _events_from_proto(request.events)
         condition = None
         if request.HasField("condition"):

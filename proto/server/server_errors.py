@@ -24,7 +24,7 @@ from dmq.proto import error_details
 from dmq.proto.names import FieldError, cap_message
 from dmq.proto.server.domain_errors import DomainError, ErrorCode
 
-__all__ = ["RpcAbort", "fail", "rpc_handler", "status_code", "domain_status"]
+__all__ = ["RpcAbort", "fail", "rpc_handler", "status_code", "domain_status", "error_status"]
 
 # How much of an unexpected exception's text an INTERNAL status echoes: it may quote request data.
 INTERNAL_DETAIL_MAX_CHARS = 300
@@ -78,9 +78,33 @@ class _Logger(Protocol):
     def exception(self, event: str, **fields: Any) -> Any: ...
 
 
-Handler = Callable[..., Awaitable[Any]]
 # (servicer, exception) -> its status, or None for "not one of this service's errors: a bug"
 Translate = Callable[[Any, Exception], "RpcAbort | None"]
+
+
+def error_status(
+    e: Exception, servicer: Any, request: Any, *, log: _Logger, translate: Translate | None, name: str
+) -> RpcAbort:
+    """The status a handler's exception is answered with (rpc_handler's mapping; also a stream's
+    per-message answers): RpcAbort as it is, DomainError / FieldError / translated errors their
+    status, anything else INTERNAL, logged with the rpc's name."""
+    if isinstance(e, RpcAbort):
+        return e
+    translated = domain_status(e)
+    if translated is None and translate is not None:
+        translated = translate(servicer, e)
+    if translated is not None:
+        if translated.code == grpc.StatusCode.INTERNAL:  # a DomainError that says it is a bug
+            log.exception("handler failed", rpc=name, error=str(e))
+        return translated
+    log.exception("handler failed", rpc=name, group=getattr(request, "group_id", None) or None)
+    detail = str(e)
+    if len(detail) > INTERNAL_DETAIL_MAX_CHARS:
+        detail = detail[:INTERNAL_DETAIL_MAX_CHARS] + "... (cut)"
+    return RpcAbort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {detail}")
+
+
+Handler = Callable[..., Awaitable[Any]]
 
 
 def rpc_handler(
@@ -101,22 +125,8 @@ def rpc_handler(
                 return await method(self, request, context)
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
-            except RpcAbort as e:
-                status: RpcAbort = e
             except Exception as e:  # noqa: BLE001 - the last line of defence of a server
-                translated = domain_status(e)
-                if translated is None and translate is not None:
-                    translated = translate(self, e)
-                if translated is not None:
-                    if translated.code == grpc.StatusCode.INTERNAL:  # a DomainError that says it is a bug
-                        log.exception("handler failed", rpc=name, error=str(e))
-                    status = translated
-                else:
-                    log.exception("handler failed", rpc=name, group=getattr(request, "group_id", None) or None)
-                    detail = str(e)
-                    if len(detail) > INTERNAL_DETAIL_MAX_CHARS:
-                        detail = detail[:INTERNAL_DETAIL_MAX_CHARS] + "... (cut)"
-                    status = RpcAbort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {detail}")
+                status = error_status(e, self, request, log=log, translate=translate, name=name)
             await context.abort(status.code, cap_message(status.message), trailing_metadata=status.trailing_metadata())
             raise AssertionError("unreachable: context.abort raises")
 

@@ -72,11 +72,12 @@ class CallAccess:
     """What the principal of the call in progress may do (`current_access`): `allows(needs)`, or
     `require(needs, rpc)` raising PERMISSION_DENIED (RpcAbort) as the interceptor words it."""
 
-    __slots__ = ("principal", "_interceptor")
+    __slots__ = ("principal", "_interceptor", "_quotas")
 
-    def __init__(self, principal: str, interceptor: SecurityInterceptor | None) -> None:
+    def __init__(self, principal: str, interceptor: SecurityInterceptor | None, quotas: Quotas | None = None) -> None:
         self.principal = principal
         self._interceptor = interceptor  # None: security off, everything allowed
+        self._quotas = quotas  # None: no quotas (or the cluster principal, never throttled)
 
     def __repr__(self) -> str:
         return f"<CallAccess principal={self.principal!r} open={self._interceptor is None}>"
@@ -92,6 +93,12 @@ class CallAccess:
         need = self.denied(needs)
         if need is not None:
             fail(grpc.StatusCode.PERMISSION_DENIED, _denial(self.principal, need, rpc))
+
+    def quota_delay_s(self, kind: str, amount: int) -> float:
+        """Charge `amount` of `kind` ("requests", "produce" bytes) to the principal's quota: the
+        seconds to delay by (0: within its rate, or no quotas). For a handler whose one call
+        carries many requests (an append stream): the interceptor charges a call once, at its start."""
+        return 0.0 if self._quotas is None else self._quotas.delay_s(self.principal, kind, amount)
 
 
 # Security off (or a call the interceptor did not wrap because nothing is checked): all allowed.
@@ -282,8 +289,11 @@ class SecurityInterceptor(WrappingInterceptor):
             del needs
             # Not reset: the call's task (and with it this context) ends with the stream.
             current_principal.set(principal)
-            if self.security.authenticates:
-                current_access.set(CallAccess(principal, self))
+            if self.security.authenticates or self.quotas is not None:
+                # a stream of requests (EventAppendStream) is checked and charged per message by
+                # its handler, with this access
+                quotas = self.quotas if principal != self.security.cluster_principal else None
+                current_access.set(CallAccess(principal, self if self.security.authenticates else None, quotas))
             async for item in stream_behavior(behavior, request, context):
                 yield item
 
