@@ -60,6 +60,7 @@ from dmq.client.errors import (
     TopicNotFoundError,
     from_rpc_error,
 )
+from dmq.client.events._append_stream import AppendStream
 from dmq.client.events._model import AppendCondition, Event, EventType, Query, QueryItem, _query_proto
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.event_headers import READ_LIMIT_MAX
@@ -489,6 +490,9 @@ class EventStore:
         self._lock = threading.Lock()
         self._prefetched: dict[tuple[Any, ...], deque[tuple[Claim, float]]] = {}
         self._local_acks: dict[str, list[pb.EventClaimRef]] = {}
+        # appends as messages on one open stream to the leader, opened by the first append
+        # (_append_stream.py); unary EventAppend at a broker without it
+        self._appends = AppendStream(self._cluster, topic, self._append_unary)
 
     def __repr__(self) -> str:
         return f"<EventStore topic={self.topic!r} bootstrap={self._cluster.bootstrap!r}>"
@@ -503,6 +507,7 @@ class EventStore:
                 self.commit(group, release_prefetched=True)
             except DMQError as e:
                 log.warning("event-store close: acks or releases not sent", topic=self.topic, group=group, error=str(e))
+        self._appends.close()
         if self._own_cluster:
             self._cluster.close()
 
@@ -536,7 +541,11 @@ class EventStore:
         request = pb.EventAppendRequest(topic=self.topic, events=[e.to_proto() for e in batch])
         if condition is not None:
             request.condition.CopyFrom(condition.to_proto())
-        return int(self._call("EventAppend", request).last_position)
+        return int(self._appends.append(request).last_position)
+
+    def _append_unary(self, request: pb.EventAppendRequest) -> pb.EventAppendResponse:
+        answer: pb.EventAppendResponse = self._call("EventAppend", request)
+        return answer
 
     def read(self, query: Query | Sequence[QueryItem] | None = None, after: int | None = None,
              limit: int | None = None) -> ReadResult:

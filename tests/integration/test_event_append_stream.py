@@ -1,0 +1,283 @@
+"""EventAppendStream (broker/events/append_stream.py) and the client's stream path
+(client/events/_append_stream.py): per-message authorization and refusals on one stream, bad
+messages, fuzzing, the bounds, and the fallback to unary EventAppend at a broker without it."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent import futures
+from typing import Any
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dmq.broker.events.append_stream import AppendStreams
+from dmq.client._calls import RetryPolicy
+from dmq.client.errors import AppendConditionError, InvalidArgumentError
+from dmq.client.events import AppendCondition, Event, EventStore, Query, QueryItem
+from dmq.client.events._append_stream import AppendStream
+from dmq.proto import dmq_pb2 as pb
+from dmq.proto import dmq_pb2_grpc as pb_grpc
+from dmq.proto import error_details
+from dmq.proto.grpc_options import channel_options
+from tests.integration.test_rpc_fuzz import _message
+
+pytestmark = pytest.mark.timeout(180)
+
+NEVER = {grpc.StatusCode.INTERNAL.value[0], grpc.StatusCode.UNKNOWN.value[0]}
+METHOD = "/dmq.v1.Broker/EventAppendStream"
+
+
+def _event_store(channel: grpc.Channel, name: str) -> str:
+    pb_grpc.MetadataStub(channel).CreateTopic(
+        pb.CreateTopicRequest(name=name, partitions=1, config=pb.TopicConfig(kind="event-store")), timeout=10)
+    return name
+
+
+def _append(topic: str, type_: str = "t") -> pb.EventAppendRequest:
+    return pb.EventAppendRequest(topic=topic, events=[pb.Event(type=type_, tags=["k:v"])])
+
+
+def _stream(channel: grpc.Channel, requests: list[Any]) -> list[pb.EventAppendResponse]:
+    """Every answer of one stream carrying `requests` (messages, or raw bytes)."""
+    raw = [r if isinstance(r, bytes) else r.SerializeToString() for r in requests]
+    call = channel.stream_stream(METHOD)(iter(raw), timeout=30)
+    return [pb.EventAppendResponse.FromString(a) for a in call]
+
+
+def _code(answer: pb.EventAppendResponse) -> grpc.StatusCode:
+    return next(c for c in grpc.StatusCode if c.value[0] == answer.error_code)
+
+
+@pytest.fixture
+def channel(cluster):
+    ch = grpc.insecure_channel(cluster.bootstrap, options=channel_options())
+    yield ch
+    ch.close()
+
+
+# -- refusals and bad messages: answered, the stream goes on --------------------------------------------
+
+
+def test_refusals_are_answers_and_the_stream_goes_on(channel):
+    topic = _event_store(channel, "es")
+    answers = _stream(channel, [
+        _append(topic),
+        b"\xff",  # does not decode
+        pb.EventAppendRequest(topic=topic),  # no events
+        pb.EventAppendRequest(topic="bad name!", events=[pb.Event(type="t")]),
+        pb.EventAppendRequest(topic=topic, events=[pb.Event(type="t")],
+                              condition=pb.AppendCondition(after=-1)),
+        pb.EventAppendRequest(topic=topic, events=[pb.Event(type="t")], condition=pb.AppendCondition(after=0)),
+        pb.EventAppendRequest(topic="missing", events=[pb.Event(type="t")]),
+        _append(topic),
+    ])
+    codes = [_code(a) for a in answers]
+    S = grpc.StatusCode
+    assert codes == [S.OK, S.INVALID_ARGUMENT, S.INVALID_ARGUMENT, S.INVALID_ARGUMENT, S.INVALID_ARGUMENT,
+                     S.FAILED_PRECONDITION, S.NOT_FOUND, S.OK]
+    assert "dmq.v1.EventAppendRequest" in answers[1].error_message
+    assert "events" in answers[2].error_message
+    assert "topic" in answers[3].error_message
+    assert "condition.after" in answers[4].error_message
+    metadata = {m.name: m.value for m in answers[5].error_metadata}
+    assert metadata == {error_details.REASON_KEY: error_details.APPEND_CONDITION_FAILED,
+                        error_details.CONFLICT_POSITION_KEY: "1"}
+    assert [answers[0].last_position, answers[-1].last_position] == [1, 2]
+
+
+def test_the_client_appends_on_one_stream_with_the_unary_errors(cluster, channel):
+    topic = _event_store(channel, "es")
+    with EventStore(cluster.bootstrap, topic) as store:
+        assert store.append(Event("t", b"x", ["k:v"])) == 1
+        stream = store._appends
+        call = stream._call
+        assert call is not None and not call.done()  # the stream stays open between appends
+        with pytest.raises(AppendConditionError) as e:
+            store.append(Event("t", b"y"), AppendCondition(Query([QueryItem(tags=["k:v"])]), after=0))
+        assert e.value.position == 1
+        with pytest.raises(InvalidArgumentError):
+            store.append([Event("", b"z")])  # no type
+        assert store.append(Event("t", b"w", ["k:v"]), AppendCondition(Query([QueryItem(tags=["k:v"])]), after=1)) == 2
+        assert stream._call is call  # refusals did not end it
+    assert stream._call is None  # close() ended it
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(messages=st.lists(st.one_of(_message(pb.EventAppendRequest.DESCRIPTOR).map(lambda m: m.SerializeToString()),
+                                   st.binary(max_size=64)), min_size=1, max_size=8))
+def test_fuzzed_messages_are_each_answered_never_internal(cluster, messages):
+    ch = grpc.insecure_channel(cluster.bootstrap, options=channel_options())
+    try:
+        answers = _stream(ch, messages)  # the stream ends OK: no RpcError
+    finally:
+        ch.close()
+    assert len(answers) == len(messages)
+    for a in answers:
+        assert a.error_code not in NEVER, a
+        assert len(a.error_message) <= 2_100
+
+
+# -- the bounds (AppendStreams on its own, no gRPC) --------------------------------------------------
+
+
+class _Context:
+    def __init__(self, peer: str = "ipv4:127.0.0.1:5000") -> None:
+        self._peer = peer
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
+
+    def peer(self) -> str:
+        return self._peer
+
+    async def abort(self, code: grpc.StatusCode, message: str, trailing_metadata: Any = ()) -> None:
+        self.aborted = (code, message)
+        raise grpc.aio.AbortError()
+
+
+async def _requests(n: int, sent: list[int]) -> Any:
+    for i in range(n):
+        sent.append(i)
+        yield _append("es").SerializeToString()
+
+
+def test_at_most_in_flight_max_messages_are_read_before_an_answer_goes_out():
+    async def run() -> tuple[int, int]:
+        release = asyncio.Event()
+        started: list[int] = []
+
+        async def append(request: pb.EventAppendRequest) -> pb.EventAppendResponse:
+            started.append(1)
+            await release.wait()
+            return pb.EventAppendResponse(last_position=len(started))
+
+        streams = AppendStreams(append, lambda e, r: None, in_flight_max=4)  # type: ignore[arg-type, return-value]
+        sent: list[int] = []
+        answers = streams.serve(_requests(20, sent), _Context())  # type: ignore[arg-type]
+        first = asyncio.ensure_future(answers.__anext__())
+        await asyncio.sleep(0.1)
+        read_before = len(sent)
+        release.set()
+        await first
+        rest = [a async for a in answers]
+        return read_before, 1 + len(rest)
+
+    read_before, answered = asyncio.run(run())
+    # four read and in flight, none answered: the reader waits for a slot before reading the fifth
+    assert read_before == 4
+    assert answered == 20
+
+
+def test_streams_per_connection_are_bounded():
+    async def run() -> _Context:
+        async def append(request: pb.EventAppendRequest) -> pb.EventAppendResponse:
+            return pb.EventAppendResponse(last_position=1)
+
+        streams = AppendStreams(append, lambda e, r: None, streams_per_connection_max=1)  # type: ignore[arg-type, return-value]
+        hold = asyncio.Event()
+
+        async def never() -> Any:
+            await hold.wait()
+            yield b""
+
+        first = streams.serve(never(), _Context())  # type: ignore[arg-type]
+        task = asyncio.ensure_future(first.__anext__())
+        await asyncio.sleep(0.05)
+        assert streams.open_count == 1
+        ctx = _Context()
+        with pytest.raises(grpc.aio.AbortError):
+            await streams.serve(never(), ctx).__anext__()  # type: ignore[arg-type]
+        other = _Context("ipv4:127.0.0.1:5001")  # another connection may open one
+        second = asyncio.ensure_future(streams.serve(never(), other).__anext__())  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        assert streams.open_count == 2
+        await streams.close()  # the broker stopping: both end (OK, nothing was read)
+        for t in (task, second):
+            with pytest.raises(StopAsyncIteration):
+                await t
+        assert streams.open_count == 0
+        return ctx
+
+    ctx = asyncio.run(run())
+    assert ctx.aborted is not None and ctx.aborted[0] is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "streams_per_connection" not in ctx.aborted[1] and "1 on this connection" in ctx.aborted[1]
+
+
+def test_an_idle_stream_ends_ok_after_answering_what_it_read():
+    async def run() -> list[pb.EventAppendResponse]:
+        async def append(request: pb.EventAppendRequest) -> pb.EventAppendResponse:
+            return pb.EventAppendResponse(last_position=7)
+
+        streams = AppendStreams(append, lambda e, r: None, idle_timeout_s=0.1)  # type: ignore[arg-type, return-value]
+        hold = asyncio.Event()
+
+        async def one_then_nothing() -> Any:
+            yield _append("es").SerializeToString()
+            await hold.wait()
+            yield b""
+
+        return [a async for a in streams.serve(one_then_nothing(), _Context())]  # type: ignore[arg-type]
+
+    answers = asyncio.run(asyncio.wait_for(run(), 5))
+    assert [a.last_position for a in answers] == [7]
+
+
+# -- the client: fallback to unary EventAppend ---------------------------------------------------------
+
+
+class _OldBroker(pb_grpc.BrokerServicer):
+    """A broker from before EventAppendStream: only the unary append."""
+
+    def __init__(self) -> None:
+        self.appends = 0
+
+    def EventAppend(self, request: pb.EventAppendRequest, context: Any) -> pb.EventAppendResponse:  # noqa: N802
+        self.appends += 1
+        return pb.EventAppendResponse(last_position=self.appends)
+
+
+class _FixedCluster:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.retry = RetryPolicy(request_timeout_ms=5_000)
+        self.channel = grpc.insecure_channel(address)
+        self.invalidated = 0
+
+    def leader_for(self, topic: str, partition: int) -> str:
+        return self.address
+
+    def broker_stub(self, address: str) -> pb_grpc.BrokerStub:
+        return pb_grpc.BrokerStub(self.channel)
+
+    def invalidate(self, topic: str) -> None:
+        self.invalidated += 1
+
+
+def test_a_broker_without_the_stream_gets_unary_appends():
+    old = _OldBroker()
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    generic = {"EventAppend": grpc.unary_unary_rpc_method_handler(
+        old.EventAppend, request_deserializer=pb.EventAppendRequest.FromString,
+        response_serializer=pb.EventAppendResponse.SerializeToString)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("dmq.v1.Broker", generic),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    cluster = _FixedCluster(f"127.0.0.1:{port}")
+    unary_calls: list[int] = []
+
+    def unary(request: pb.EventAppendRequest) -> pb.EventAppendResponse:
+        unary_calls.append(1)
+        answer: pb.EventAppendResponse = cluster.broker_stub(cluster.address).EventAppend(request, timeout=5)
+        return answer
+
+    stream = AppendStream(cluster, "es", unary)
+    try:
+        assert stream.append(_append("es")).last_position == 1  # UNIMPLEMENTED, then unary
+        assert stream.append(_append("es")).last_position == 2  # straight to unary
+        assert len(unary_calls) == 2 and old.appends == 2
+        assert cluster.address in stream._unsupported and stream._call is None
+    finally:
+        stream.close()
+        cluster.channel.close()
+        server.stop(0)
