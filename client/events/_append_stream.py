@@ -170,8 +170,8 @@ class AppendStream:
         finally:
             self._deadline = 0.0
         if answer.error_code:
-            err = from_rpc_error(_Refusal(answer), context=f"EventAppend on {self._topic} at {address}",
-                                 overrides=_OVERRIDES)  # type: ignore[arg-type]  # an RpcError's shape
+            refusal: Any = _Refusal(answer)  # an RpcError's shape: what from_rpc_error reads
+            err = from_rpc_error(refusal, context=f"EventAppend on {self._topic} at {address}", overrides=_OVERRIDES)
             if err.invalid_metadata or err.code in _STALE_CODES:
                 self._cluster.invalidate(self._topic)
                 self._drop()  # the next append asks where the leader is now
