@@ -5,6 +5,7 @@ messages, fuzzing, the bounds, and the fallback to unary EventAppend at a broker
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent import futures
 from typing import Any
 
@@ -281,3 +282,20 @@ def test_a_broker_without_the_stream_gets_unary_appends():
         stream.close()
         cluster.channel.close()
         server.stop(0)
+
+
+def test_the_client_opens_a_new_stream_after_the_broker_ends_an_idle_one(cluster, channel):
+    topic = _event_store(channel, "es")
+    streams = cluster.cluster.brokers[0].event_service._append_streams
+    streams.idle_timeout_s = 0.2
+    with EventStore(cluster.bootstrap, topic) as store:
+        assert store.append(Event("t", b"1")) == 1
+        first = store._appends._call
+        deadline = time.monotonic() + 10
+        while not first.done() and time.monotonic() < deadline:  # the broker ended it, OK
+            time.sleep(0.05)
+        assert first.code() is grpc.StatusCode.OK and streams.open_count == 0
+        assert store.append(Event("t", b"2")) == 2  # on a new stream, the append stored once
+        assert store._appends._call is not first
+    with EventStore(cluster.bootstrap, topic) as reader:
+        assert [e.position for e in reader.read().events] == [1, 2]
