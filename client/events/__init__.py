@@ -13,7 +13,11 @@ The names are the DCB specification's (`Event(type, data, tags)`, `Query`, `Quer
 
 - `append(events, condition=None)` stores the events atomically and returns the last position; a
   failed condition raises `AppendConditionError` (its ``position`` is the first conflicting event)
-  and stores nothing. Appends are never retried by the library (a retry could store twice).
+  and stores nothing. Appends are never retried by the library (a retry could store twice), but
+  for one surely not stored. They travel as messages on one EventAppendStream to the leader,
+  opened by the first append and kept until close() (a message costs the broker a third of a
+  unary call's CPU); one at a time per EventStore (threads sharing one take turns); a broker
+  without the stream gets unary EventAppend calls (_append_stream.py).
 - `read(query=None, after=None, limit=None)` -> `ReadResult(events, head)`; it pages through the
   broker's answers until `limit` events or the head. `subscribe(query, after)` iterates matching
   events as they are appended (close() it, or use it as a context manager).
