@@ -299,3 +299,37 @@ def test_the_client_opens_a_new_stream_after_the_broker_ends_an_idle_one(cluster
         assert store._appends._call is not first
     with EventStore(cluster.bootstrap, topic) as reader:
         assert [e.position for e in reader.read().events] == [1, 2]
+
+
+class _MeteredAccess:
+    """current_access as the security interceptor sets it for a stream: records what is charged."""
+
+    def __init__(self) -> None:
+        self.charged: list[tuple[str, int]] = []
+        self.required: list[str] = []
+
+    def require(self, needs: Any, rpc: str) -> None:
+        self.required.extend(f"{n.operation} {n.name}" for n in needs)
+
+    def quota_delay_s(self, kind: str, amount: int) -> float:
+        self.charged.append((kind, amount))
+        return 0.0
+
+
+def test_each_message_is_authorized_and_charged_to_the_quotas():
+    from dmq.proto.server.security.interceptor import current_access
+
+    async def run(access: _MeteredAccess) -> int:
+        async def append(request: pb.EventAppendRequest) -> pb.EventAppendResponse:
+            return pb.EventAppendResponse(last_position=1)
+
+        streams = AppendStreams(append, lambda e, r: None)  # type: ignore[arg-type, return-value]
+        current_access.set(access)  # type: ignore[arg-type]  # as the interceptor does for the call
+        sent: list[int] = []
+        return len([a async for a in streams.serve(_requests(3, sent), _Context())])  # type: ignore[arg-type]
+
+    access = _MeteredAccess()
+    assert asyncio.run(run(access)) == 3
+    size = len(_append("es").SerializeToString())
+    assert access.required == ["write es"] * 3
+    assert access.charged == [("requests", 1), ("produce", size)] * 3

@@ -4,6 +4,7 @@ stream goes on."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grpc
@@ -73,3 +74,27 @@ def _client(c: Any, certs: Any, topic: str) -> EventStore:
     return store
 
 
+
+
+def test_each_message_is_charged_to_the_principals_produce_quota(secure_cluster, certs):
+    """A stream is one call, but every message's bytes count against the produce rate: 6 appends of
+    ~1 KB at 2 KB/s (a second of burst) take about two seconds, not a few milliseconds."""
+    from dmq.proto.server.security.quotas import QuotaSettings, Rates
+
+    c = secure_cluster("tokens", quotas=QuotaSettings(principals={"alice": Rates(produce_bytes_per_s=2_000)}))
+    admin = sync_channel(c.bootstrap, client_as(certs, "tokens", "admin"), channel_options())
+    alice = sync_channel(c.bootstrap, client_as(certs, "tokens", "alice"), channel_options())
+    try:
+        topic = _event_store(admin, "metered")
+        pb_grpc.MetadataStub(admin).AddAcls(pb.AddAclsRequest(acls=[pb.AclEntry(
+            principal="alice", resource_type="topic", resource_name=topic, operation="write", permission="allow")]),
+            timeout=10)
+        request = pb.EventAppendRequest(topic=topic, events=[pb.Event(type="t", payload=b"x" * 1_000)])
+        started = time.monotonic()
+        answers = _stream(alice, [request] * 6)
+        elapsed_s = time.monotonic() - started
+        assert [a.error_code for a in answers] == [0] * 6
+        assert elapsed_s >= 1.5, elapsed_s
+    finally:
+        admin.close()
+        alice.close()
