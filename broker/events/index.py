@@ -259,7 +259,8 @@ class EventIndex:
         os.fsync(self._fd)
 
     def _write_record(self, positions: array[int], batches: array[int], types: Sequence[str],
-                      tags: Sequence[str], fragments: Sequence[bytes], end_offset: int) -> None:
+                      tags: Sequence[str], fragments: Sequence[bytes], end_offset: int,
+                      tag_lists: Sequence[Sequence[str]] | None = None) -> None:
         """Append one record and take it into memory (after the write: a failed write changes
         nothing; its bytes past the old end are cut off)."""
         count = len(positions)
@@ -281,7 +282,7 @@ class EventIndex:
         self._file_end = at + HEAD.size + len(body)
         self._dirty = True
         self._remember(at, positions, batches, types, tags, at + HEAD.size + 20 * count + len(meta), lengths,
-                       end_offset)
+                       end_offset, tag_lists)
 
     def sync(self) -> None:
         if self._dirty:
@@ -296,7 +297,10 @@ class EventIndex:
     # -- memory --------------------------------------------------------------------------------------
 
     def _remember(self, record_at: int, positions: array[int], batches: array[int], types: Sequence[str],
-                  tags: Sequence[str], fragments_at: int, lengths: array[int], end_offset: int) -> None:
+                  tags: Sequence[str], fragments_at: int, lengths: array[int], end_offset: int,
+                  tag_lists: Sequence[Sequence[str]] | None = None) -> None:
+        """Take a record into memory; `tag_lists`: each event's tags (`tags` joined), when the
+        caller has them."""
         self._records.append(record_at)
         self._record_first.append(len(self._positions))
         bounds = array("Q", accumulate(lengths, initial=fragments_at))
@@ -329,21 +333,26 @@ class EventIndex:
                     by_type[t].append(p)
                 except KeyError:
                     by_type[t] = array("q", [p])
-        # one dict lookup per tag in the common case (a known tag): the KeyError path is the rare one
-        for p, joined in zip(positions, tags, strict=True):
-            if joined:
-                for tag in joined.split("\n"):
-                    try:
-                        by_tag[tag].append(p)
-                    except KeyError:
-                        self._new_tag(tag, p)
+        # an append passes its events' tags as it has them; a record read back splits its joined ones
+        split = tag_lists if tag_lists is not None else [j.split("\n") if j else () for j in tags]
+        # one dict lookup per tag in the common case (a known tag): the KeyError path is the rarer one
+        for p, event_tags in zip(positions, split, strict=True):
+            for tag in event_tags:
+                try:
+                    by_tag[tag].append(p)
+                except KeyError:
+                    self._new_tag(tag, p)
         self.end = end_offset
 
     def _new_tag(self, tag: str, p: int) -> None:
-        self._by_tag[tag] = array("q", [p])
+        self._by_tag[tag] = array("q", (p,))
         name, sep, _ = tag.partition(":")
         if sep:
-            self._attr_tags.setdefault(name, set()).add(tag)
+            tags = self._attr_tags.get(name)
+            if tags is None:
+                self._attr_tags[name] = {tag}
+            else:
+                tags.add(tag)
 
     def _forget_from(self, k: int, record: int) -> None:
         """Forget the events from column index k on (they are the last ones of every array) and
@@ -491,10 +500,11 @@ class EventIndex:
 
     def stage_columns(self, positions: Sequence[int], types: Sequence[str], tags: Sequence[str], batches: Sequence[int],
                       payloads: Sequence[bytes], metadata: Sequence[bytes], times_ms: Sequence[int],
-                      end_offset: int) -> None:
-        """stage() of the events as parallel columns, tags joined by "\n" (an append's batch)."""
+                      end_offset: int, tag_lists: Sequence[Sequence[str]] | None = None) -> None:
+        """stage() of the events as parallel columns, tags joined by "\n" (an append's batch);
+        `tag_lists`, each event's tags unjoined, spares splitting them again."""
         fragments = answer_fragments(positions, types, tags, payloads, metadata, times_ms)
-        self._write_record(array("q", positions), array("q", batches), types, tags, fragments, end_offset)
+        self._write_record(array("q", positions), array("q", batches), types, tags, fragments, end_offset, tag_lists)
 
     def add(self, rows: Sequence[EventRow], end_offset: int) -> None:
         """stage() in a transaction of its own."""

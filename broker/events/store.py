@@ -486,7 +486,7 @@ class EventStore:
             base, n = info.base_offset, len(events)
             types, tags, payloads, metadata = zip(*events)
             index.stage_columns(range(base + 1, base + 1 + n), types, list(map("\n".join, tags)), [base] * n,
-                                payloads, metadata, [ms] * n, info.last_offset + 1)
+                                payloads, metadata, [ms] * n, info.last_offset + 1, tags)
         except OSError as e:
             raise _IndexWriteFailed(result, e) from e
         return result

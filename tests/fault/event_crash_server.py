@@ -47,11 +47,11 @@ def install(step: str) -> None:
         return append(self, batch, *args, **kwargs)
 
     def staged(self: EventIndex, positions: Any, types: Any, tags: Any, batches: Any, payloads: Any, metadata: Any,
-               times_ms: Any, end_offset: int) -> None:
+               times_ms: Any, end_offset: int, tag_lists: Any = None) -> None:
         crash = CRASH in payloads  # the index step of an append (and of a catch-up: stage() calls it)
         if crash and step == "before-index":
             die()
-        stage(self, positions, types, tags, batches, payloads, metadata, times_ms, end_offset)
+        stage(self, positions, types, tags, batches, payloads, metadata, times_ms, end_offset, tag_lists)
         if crash and step == "before-fsync":
             die()
         if crash:
