@@ -333,3 +333,91 @@ def test_each_message_is_authorized_and_charged_to_the_quotas():
     size = len(_append("es").SerializeToString())
     assert access.required == ["write es"] * 3
     assert access.charged == [("requests", 1), ("produce", size)] * 3
+
+
+class _ScriptedBroker:
+    """EventAppendStream as scripted per stream: "answer" (answer every message), "fail" (read one
+    message, then end the call UNAVAILABLE), "end" (end OK without reading), "slow" (never answer)."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = script
+        self.streams = 0
+        self.read = 0
+
+    def stream(self, requests: Any, context: grpc.ServicerContext) -> Any:
+        mode = self.script[min(self.streams, len(self.script) - 1)]
+        self.streams += 1
+        if mode == "end":
+            return
+        for _raw in requests:
+            self.read += 1
+            if mode == "fail":
+                context.abort(grpc.StatusCode.UNAVAILABLE, "broker going away")
+            if mode == "slow":
+                time.sleep(3)
+                return
+            yield pb.EventAppendResponse(last_position=self.read)
+
+
+def _scripted(script: list[str]) -> tuple[_ScriptedBroker, Any, _FixedCluster]:
+    broker = _ScriptedBroker(script)
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    handlers = {"EventAppendStream": grpc.stream_stream_rpc_method_handler(
+        broker.stream, request_deserializer=pb.EventAppendRequest.FromString,
+        response_serializer=pb.EventAppendResponse.SerializeToString)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("dmq.v1.Broker", handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return broker, server, _FixedCluster(f"127.0.0.1:{port}")
+
+
+def _never_unary(request: pb.EventAppendRequest) -> pb.EventAppendResponse:
+    raise AssertionError("no unary fallback here")
+
+
+def test_an_append_whose_stream_failed_after_reading_it_is_not_sent_again():
+    from dmq.client.errors import DMQError
+
+    broker, server, cluster = _scripted(["fail", "answer"])
+    stream = AppendStream(cluster, "es", _never_unary)
+    try:
+        with pytest.raises(DMQError) as e:
+            stream.append(_append("es"))
+        assert e.value.code == "UNAVAILABLE" and broker.read == 1 and broker.streams == 1  # outcome unknown: raised
+        assert cluster.invalidated == 1  # the leader is looked up again
+        assert stream.append(_append("es")).last_position == 2  # the next append opens a new stream
+        assert broker.streams == 2
+    finally:
+        stream.close()
+        cluster.channel.close()
+        server.stop(0)
+
+
+def test_an_append_a_stream_ended_without_reading_is_sent_again_on_a_new_one():
+    broker, server, cluster = _scripted(["end", "answer"])
+    stream = AppendStream(cluster, "es", _never_unary)
+    try:
+        assert stream.append(_append("es")).last_position == 1
+        assert broker.streams == 2 and broker.read == 1  # read once, by the second stream
+    finally:
+        stream.close()
+        cluster.channel.close()
+        server.stop(0)
+
+
+def test_an_append_past_its_deadline_raises_a_timeout_and_the_stream_is_dropped():
+    from dmq.client.errors import DMQTimeoutError
+
+    broker, server, cluster = _scripted(["slow", "answer"])
+    cluster.retry = RetryPolicy(request_timeout_ms=300)
+    stream = AppendStream(cluster, "es", _never_unary)
+    try:
+        started = time.monotonic()
+        with pytest.raises(DMQTimeoutError):
+            stream.append(_append("es"))
+        assert time.monotonic() - started < 2.0  # the watchdog cancelled it, not the broker's 3 s
+        assert stream._call is None
+    finally:
+        stream.close()
+        cluster.channel.close()
+        server.stop(0)
