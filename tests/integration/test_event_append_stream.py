@@ -421,3 +421,19 @@ def test_an_append_past_its_deadline_raises_a_timeout_and_the_stream_is_dropped(
         stream.close()
         cluster.channel.close()
         server.stop(0)
+
+
+def test_threads_sharing_an_event_store_take_turns_on_its_stream(cluster, channel):
+    topic = _event_store(channel, "es")
+    with EventStore(cluster.bootstrap, topic) as store, futures.ThreadPoolExecutor(8) as pool:
+        def work(t: int) -> list[tuple[int, bytes]]:
+            out = []
+            for i in range(25):
+                data = f"{t}:{i}".encode()
+                out.append((store.append(Event("t", data)), data))
+            return out
+
+        answered = dict(p for ps in pool.map(work, range(8)) for p in ps)
+        assert sorted(answered) == list(range(1, 201))
+        # each thread got its own append's position, not another's answer
+        assert {e.position: e.data for e in store.read().events} == answered
