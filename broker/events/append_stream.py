@@ -20,10 +20,10 @@ type. The stream itself ends with a status only when it cannot go on:
 
   - too many streams (per connection, `streams_per_connection_max`; per broker, `streams_max`):
     RESOURCE_EXHAUSTED (reason server-busy) before any message is read;
-  - idle (no message read and none in flight for `idle_timeout_s`) or the broker stopping
-    (`close()`): the stream stops reading, answers what it read, and ends OK. So when a stream
-    ends OK, every request it did not answer was never read and nothing of it was stored: a
-    client may send those again on a new stream.
+  - idle (no message read for `idle_timeout_s`) or the broker stopping (`close()`): the stream
+    stops reading, answers what it read, and ends OK. So when a stream ends OK, every request it
+    did not answer was never handled and nothing of it was stored: a client may send those again
+    on a new stream.
 
 Bounds: at most `in_flight_max` messages read and not yet answered per stream (the next is not
 read until an answer goes out; gRPC's flow control then holds the client), the stream counts
@@ -62,7 +62,7 @@ IN_FLIGHT_MAX = 64
 # needs one per EventStore; the per-broker bound keeps the reader tasks bounded.
 STREAMS_PER_CONNECTION_MAX = 64
 STREAMS_MAX = 4_096
-# A stream with no message read and none in flight for this long ends (OK); its client opens a new one.
+# A stream with no message read for this long ends (OK, after its answers); its client opens a new one.
 IDLE_TIMEOUT_S = 300.0
 # How long close() waits for the streams to answer what they read before leaving them to grpc's stop.
 CLOSE_WAIT_S = 5.0
@@ -137,15 +137,15 @@ class _Stream:
             while True:
                 await self._slots.acquire()  # at most in_flight_max read and not yet answered
                 try:
-                    while True:  # idle: nothing read and nothing in flight for idle_timeout_s
-                        try:
-                            async with asyncio.timeout(owner.idle_timeout_s):
-                                data = await requests.__anext__()
-                            break
-                        except TimeoutError:
-                            if self.in_flight == 0:
-                                log.info("idle event append stream closed", peer=self.peer)
-                                return
+                    # Idle: nothing read for idle_timeout_s. Stop reading for good, even with
+                    # answers still owed (they are sent): a read cut short may have taken a
+                    # message off the wire that is then never handled, which a client can only
+                    # tell by the stream ending OK with it unanswered (see the module docstring).
+                    async with asyncio.timeout(owner.idle_timeout_s):
+                        data = await requests.__anext__()
+                except TimeoutError:
+                    log.info("idle event append stream closed", peer=self.peer, in_flight=self.in_flight)
+                    return
                 except StopAsyncIteration:
                     return  # the client half-closed: answer what was read, then OK
                 self.in_flight += 1
