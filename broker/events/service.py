@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import functools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 import grpc
@@ -44,8 +44,8 @@ from dmq.broker.replication.replica import ReplicaLookup
 from dmq.broker.storage_status import translate_storage
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import event_headers, records
-from dmq.proto.names import GROUP_ID_MAX_BYTES, MEMBER_ID_MAX_BYTES, check_id, check_topic_name
-from dmq.proto.server.server_errors import RpcAbort, rpc_handler
+from dmq.proto.names import GROUP_ID_MAX_BYTES, MEMBER_ID_MAX_BYTES, cap_message, check_id, check_topic_name
+from dmq.proto.server.server_errors import RpcAbort, rpc_handler, rpc_status
 from dmq.proto.server.server_errors import fail as _fail
 
 __all__ = ["EventServiceHost", "EventStoreServicer", "DEFAULT_READ_LIMIT", "DEFAULT_CLAIM_TIMEOUT_MS"]
@@ -203,7 +203,8 @@ class EventServiceHost(Protocol):
 
 
 class EventStoreServicer:
-    """EventAppend / EventRead / EventSubscribe, the event groups' RPCs and EventStoreDescribe."""
+    """EventAppend (and EventAppendStream) / EventRead / EventSubscribe, the event groups' RPCs and
+    EventStoreDescribe."""
 
     def __init__(self, node: EventServiceHost) -> None:
         self._node = node  # `_node`: what require_started reads
@@ -239,6 +240,27 @@ class EventStoreServicer:
     async def EventAppend(
         self, request: pb.EventAppendRequest, context: grpc.aio.ServicerContext[pb.EventAppendRequest, pb.EventAppendResponse]
     ) -> pb.EventAppendResponse:
+        return await self._append(request)
+
+    async def EventAppendStream(
+        self, requests: AsyncIterator[pb.EventAppendRequest],
+        context: grpc.aio.ServicerContext[pb.EventAppendRequest, pb.EventAppendResponse],
+    ) -> AsyncIterator[pb.EventAppendResponse]:
+        """EventAppend, request after request on one stream: each answered in order, a refusal
+        in the answer's status fields (as EventAppend's call would end), the stream going on."""
+        async for request in requests:
+            try:
+                require_started(self)
+                answer = await self._append(request)
+            except Exception as e:  # noqa: BLE001 - answered, as rpc_handler answers a unary call
+                status = rpc_status(e, log=log, servicer=self, translate=_translate, rpc="EventAppendStream",
+                                    request=request)
+                answer = pb.EventAppendResponse(
+                    status_code=status.code.value[0], status_message=cap_message(status.message),
+                    status_metadata=[pb.Attribute(name=k, value=v) for k, v in status.trailing_metadata()])
+            yield answer
+
+    async def _append(self, request: pb.EventAppendRequest) -> pb.EventAppendResponse:
         events = _events_from_proto(request.events)
         condition = None
         if request.HasField("condition"):

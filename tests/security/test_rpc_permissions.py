@@ -48,6 +48,10 @@ class Caller:
         rpc = getattr(stub, name)
         if name in ("WatchGroup", "Watch", "EventSubscribe"):  # streams: the first event proves the call was served
             return next(iter(rpc(request, timeout=3)))
+        if name == "EventAppendStream":  # a stream of requests: one, and its answer
+            answer = next(iter(rpc(iter([request]), timeout=10)))
+            assert answer.status_code == 0, answer.status_message
+            return answer
         return rpc(request, timeout=10)
 
     def close(self) -> None:
@@ -176,6 +180,9 @@ CASES: dict[str, Case] = {
     # Broker: event store
     "/dmq.v1.Broker/EventAppend": Case(lambda a, n: pb.EventAppendRequest(topic=_event_topic(a, n), events=[pb.Event(type="t")]),
                                        lambda n: [("topic", n, "write", False)]),
+    "/dmq.v1.Broker/EventAppendStream": Case(
+        lambda a, n: pb.EventAppendRequest(topic=_event_topic(a, n), events=[pb.Event(type="t")]),
+        lambda n: [("topic", n, "write", False)]),
     "/dmq.v1.Broker/EventRead": Case(lambda a, n: pb.EventReadRequest(topic=_event_topic(a, n)),
                                      lambda n: [("topic", n, "read", False)]),
     "/dmq.v1.Broker/EventSubscribe": Case(lambda a, n: pb.EventSubscribeRequest(topic=_event_topic(a, n)),

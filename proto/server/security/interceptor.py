@@ -198,6 +198,9 @@ class SecurityInterceptor(WrappingInterceptor):
     def wrap(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
         rule = rule_for(method)
         if self.security.authenticates or self.quotas is not None or (rule is not None and rule.admin is not False):
+            if handler.request_streaming:  # each request of the stream admitted as a call of its own
+                return rewrap(handler, unary=lambda b: self._wrap_unary(method, rule, b),
+                              stream=lambda b: self._wrap_request_stream(method, rule, b))
             return rewrap(handler, unary=lambda b: self._wrap_unary(method, rule, b),
                           stream=lambda b: self._wrap_stream(method, rule, b))
         return handler  # the plain path: nothing to check, throttle or record
@@ -285,6 +288,30 @@ class SecurityInterceptor(WrappingInterceptor):
             if self.security.authenticates:
                 current_access.set(CallAccess(principal, self))
             async for item in stream_behavior(behavior, request, context):
+                yield item
+
+        return wrapped
+
+
+    def _wrap_request_stream(self, method: str, rule: RpcRule | None,
+                             behavior: Behavior) -> Callable[..., AsyncIterator[Any]]:
+        """A stream of requests (EventAppendStream): every request is authenticated, authorized
+        and throttled as the unary call it stands for before the handler sees it; a refusal
+        ends the stream with its status."""
+        async def wrapped(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            async def admitted() -> AsyncIterator[Any]:
+                async for request in requests:
+                    try:
+                        principal, _needs = await self._admit(method, rule, request, context)
+                    except Refusal as r:
+                        await context.abort(r.code, str(r))
+                    # Not reset: the call's task (and with it this context) ends with the stream.
+                    current_principal.set(principal)
+                    if self.security.authenticates:
+                        current_access.set(CallAccess(principal, self))
+                    yield request
+
+            async for item in stream_behavior(behavior, admitted(), context):
                 yield item
 
         return wrapped
