@@ -13,7 +13,9 @@ The names are the DCB specification's (`Event(type, data, tags)`, `Query`, `Quer
 
 - `append(events, condition=None)` stores the events atomically and returns the last position; a
   failed condition raises `AppendConditionError` (its ``position`` is the first conflicting event)
-  and stores nothing. Appends are never retried by the library (a retry could store twice).
+  and stores nothing. Appends are never retried by the library (a retry could store twice). They
+  travel as messages on one open EventAppendStream per store (_stream.py: gRPC's per-call cost
+  paid once), an append from another thread meanwhile as a call of its own.
 - `read(query=None, after=None, limit=None)` -> `ReadResult(events, head)`; it pages through the
   broker's answers until `limit` events or the head. `subscribe(query, after)` iterates matching
   events as they are appended (close() it, or use it as a context manager).
