@@ -302,11 +302,12 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def EventAppendStream(self, request_iterator, context):
-        """Appends as messages on one long-lived stream (a unary call costs the server ~0.5 ms of CPU
-        before any work, a message on an open stream ~0.15 ms): each request is handled as one
-        EventAppend (the same checks; WRITE on each message's own topic), answered in request order.
-        A refused append is an answer carrying its status (error_code ...), and the stream goes on;
-        only stream-level problems end it with a status (see EventAppendResponse).
+        """EventAppend for a client that appends again and again: one long-lived stream, each request
+        answered in order by one response, so gRPC's per-call cost is paid once, not per append. A
+        refused append is answered in the response's status fields and the stream goes on. The
+        stream itself ends with a status only when it cannot go on: too many streams
+        (RESOURCE_EXHAUSTED), or it ends OK when idle or when the broker stops, after answering every
+        request it read: a request a stream ended OK without answering was not stored.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

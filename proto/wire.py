@@ -241,9 +241,8 @@ def encoded_or_serialized(answer: bytes | Any) -> bytes:
 
 def add_broker_servicer(servicer: Any, server: Any) -> None:
     """Register a Broker servicer as the generated code would, except Fetch: its handler answers
-    bytes framed by `frame_fetch_response`, so it is registered with no response serializer;
-    EventRead, which answers a message or, when columnar, its encoding (encoded_or_serialized); and
-    EventAppendStream, whose requests its handler decodes itself."""
+    bytes framed by `frame_fetch_response`, so it is registered with no response serializer; and
+    EventRead, which answers a message or, when columnar, its encoding (encoded_or_serialized)."""
     capture = _HandlerCapture()
     pb_grpc.add_BrokerServicer_to_server(servicer, capture)  # type: ignore[no-untyped-call]  # generated code, unannotated
     handlers = capture.handlers
@@ -255,12 +254,6 @@ def add_broker_servicer(servicer: Any, server: Any) -> None:
     # a columnar event read is answered already encoded (the stored per-event encodings joined)
     handlers["EventRead"] = grpc.unary_unary_rpc_method_handler(
         servicer.EventRead, request_deserializer=pb.EventReadRequest.FromString, response_serializer=encoded_or_serialized
-    )
-    # an append stream's requests arrive as bytes, decoded by its handler one by one: a message that
-    # does not decode is answered INVALID_ARGUMENT and the stream goes on (grpc.aio would end the
-    # call UNKNOWN, and DecodeGuard leaves streamed requests alone)
-    handlers["EventAppendStream"] = grpc.stream_stream_rpc_method_handler(
-        servicer.EventAppendStream, response_serializer=pb.EventAppendResponse.SerializeToString
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(BROKER_SERVICE, handlers),))
     server.add_registered_method_handlers(BROKER_SERVICE, handlers)

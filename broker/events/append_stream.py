@@ -6,17 +6,17 @@ than a conditional append itself; a message on an open stream costs ~0.15-0.19 m
 append as a message on it, as Kafka's protocol pipelines requests on one connection.
 
 Each message is one EventAppend, handled exactly as the unary call (`append(request)`, the
-servicer's): the same readiness gate, the same field checks, and the same authorization, per
-message: the stream's call is authenticated by the security interceptor (its RPC table rule is
-Access.HANDLER), and each message's own topic needs WRITE (`current_access`, the interceptor's
-decision with the ACLs as they are now), checked before the store is touched; the principal's
-quotas are charged per message (requests, and the message's bytes as produce bytes).
+servicer's): the same readiness gate, the same field checks, and the same admission, per message:
+the security interceptor authenticates, authorizes (WRITE on the message's own topic) and
+throttles each request of the stream as the unary call it stands for
+(SecurityInterceptor._wrap_request_stream), and hands a refused one over as a RefusedRequest,
+answered here with its status; a message that does not decode ends the stream INVALID_ARGUMENT
+naming its type (DecodeGuard).
 
 Answers come in request order. A refused append is an answer carrying the status the unary call
-would have ended with (error_code, error_message, and its trailing metadata as error_metadata:
+would have ended with (status_code, status_message, and its trailing metadata as status_metadata:
 the reason, the conflicting position of a failed condition) and nothing of it is stored; the
-stream goes on. A message that does not decode is answered INVALID_ARGUMENT naming the message
-type. The stream itself ends with a status only when it cannot go on:
+stream goes on. The stream itself ends with a status only when it cannot go on:
 
   - too many streams (per connection, `streams_per_connection_max`; per broker, `streams_max`):
     RESOURCE_EXHAUSTED (reason server-busy) before any message is read;
@@ -25,39 +25,35 @@ type. The stream itself ends with a status only when it cannot go on:
     did not answer was never handled and nothing of it was stored: a client may send those again
     on a new stream.
 
-Bounds: at most `in_flight_max` messages read and not yet answered per stream (the next is not
-read until an answer goes out; gRPC's flow control then holds the client), the stream counts
-above, and the idle timeout. Ownership: each stream's reader task belongs to its call's handler,
-which cancels and awaits it when the call ends for any reason; `close()` (BrokerNode.stop) ends
-every stream.
+One message at a time per stream: read, appended, answered, and only then the next read, so a
+stream's appends are stored in the order they were sent (a client sending ahead finds its later
+conditions checked against its earlier appends) and at most one is in flight per stream; what a
+client sends ahead waits in gRPC's flow-control window. (Appends taken concurrently, a task each,
+were reordered by the awaits before the store's append lock; no CPU was saved by them either.)
+Bounds: one message in flight per stream, the stream counts above, and the idle timeout.
+Ownership: a stream has no task of its own, only its call's handler; `close()` (BrokerNode.stop)
+ends every stream.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 import structlog
-from google.protobuf.message import DecodeError
 
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details
 from dmq.proto.names import cap_message
-from dmq.proto.security.acls import Operation, ResourceType
-from dmq.proto.server.security.interceptor import CallAccess, current_access
-from dmq.proto.server.security.rpc_table import Need
+from dmq.proto.server.security.interceptor import RefusedRequest
 from dmq.proto.server.server_errors import RpcAbort
 
-__all__ = ["AppendStreams", "IN_FLIGHT_MAX", "STREAMS_PER_CONNECTION_MAX", "STREAMS_MAX", "IDLE_TIMEOUT_S"]
+__all__ = ["AppendStreams", "STREAMS_PER_CONNECTION_MAX", "STREAMS_MAX", "IDLE_TIMEOUT_S"]
 
 log = structlog.get_logger(__name__)
 
-RPC = "EventAppendStream"
-# Messages read and not yet answered, per stream: a client pipelining more waits on flow control.
-IN_FLIGHT_MAX = 64
 # Open append streams per client connection (one peer address and port) and per broker. A client
 # needs one per EventStore; the per-broker bound keeps the reader tasks bounded.
 STREAMS_PER_CONNECTION_MAX = 64
@@ -67,9 +63,9 @@ IDLE_TIMEOUT_S = 300.0
 # How long close() waits for the streams to answer what they read before leaving them to grpc's stop.
 CLOSE_WAIT_S = 5.0
 
-_END: Any = object()  # the reader's last item: nothing more will be read
-_INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
+# what the handler reads: a request, or one the security interceptor refused
+Request = pb.EventAppendRequest | RefusedRequest
 Append = Callable[[pb.EventAppendRequest], Awaitable[pb.EventAppendResponse]]
 # (exception, request) -> the status it is answered with (the servicer's rpc_handler mapping)
 ErrorStatus = Callable[[Exception, Any], RpcAbort]
@@ -78,97 +74,58 @@ ErrorStatus = Callable[[Exception, Any], RpcAbort]
 def refused(status: RpcAbort) -> pb.EventAppendResponse:
     """The answer of a refused append: the unary call's status as data."""
     return pb.EventAppendResponse(
-        error_code=status.code.value[0],
-        error_message=cap_message(status.message),
-        error_metadata=[pb.Attribute(name=k, value=v) for k, v in status.trailing_metadata()],
+        status_code=status.code.value[0],
+        status_message=cap_message(status.message),
+        status_metadata=[pb.Attribute(name=k, value=v) for k, v in status.trailing_metadata()],
     )
 
 
 class _Stream:
-    """One open append stream: a reader task that reads, checks and starts each message's append,
-    and the call's handler (`answers`) writing their answers in order."""
+    """One open append stream, served by its call's handler: read a message, append, answer, then
+    read the next (no task of its own)."""
 
-    def __init__(self, owner: AppendStreams, requests: AsyncIterator[bytes], access: CallAccess, peer: str) -> None:
+    def __init__(self, owner: AppendStreams, requests: AsyncIterator[Request], peer: str) -> None:
         self._owner = owner
         self._requests = requests
-        self._access = access
         self.peer = peer
-        self._answers: asyncio.Queue[asyncio.Future[pb.EventAppendResponse] | Any] = asyncio.Queue()
-        self._slots = asyncio.Semaphore(owner.in_flight_max)
-        self.in_flight = 0
-        self.reader: asyncio.Task[None] | None = None
+        self.reading: asyncio.Timeout | None = None  # the idle timeout of the read in progress
+        self.stopped = False
 
     def __repr__(self) -> str:
-        return f"<AppendStream peer={self.peer} in_flight={self.in_flight}>"
+        return f"<AppendStream peer={self.peer} reading={self.reading is not None} stopped={self.stopped}>"
 
     async def answers(self) -> AsyncIterator[pb.EventAppendResponse]:
-        self.reader = asyncio.create_task(self._read(), name=f"event-append-stream {self.peer}")
-        try:
-            while True:
-                item = await self._answers.get()
-                if item is _END:
-                    break
-                answer: pb.EventAppendResponse = await item
-                self.in_flight -= 1
-                self._slots.release()
-                yield answer
-            await self.reader  # its own failure (a bug) ends the call: re-raised here
-        finally:
-            reader = self.reader
-            if not reader.done():
-                reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(reader, return_exceptions=True)
-            # appends started and not answered (the call was cancelled): let them finish, unanswered
-            while not self._answers.empty():
-                item = self._answers.get_nowait()
-                if item is not _END:
-                    await asyncio.gather(item, return_exceptions=True)
-
-    def stop_reading(self) -> None:
-        """End the stream cleanly: nothing more is read, what was read is answered, then OK."""
-        if self.reader is not None and not self.reader.done():
-            self.reader.cancel()
-
-    async def _read(self) -> None:
         owner = self._owner
         requests = self._requests.__aiter__()
-        try:
-            while True:
-                await self._slots.acquire()  # at most in_flight_max read and not yet answered
-                try:
-                    # Idle: nothing read for idle_timeout_s. Stop reading for good, even with
-                    # answers still owed (they are sent): a read cut short may have taken a
-                    # message off the wire that is then never handled, which a client can only
-                    # tell by the stream ending OK with it unanswered (see the module docstring).
-                    async with asyncio.timeout(owner.idle_timeout_s):
-                        data = await requests.__anext__()
-                except TimeoutError:
-                    log.info("idle event append stream closed", peer=self.peer, in_flight=self.in_flight)
-                    return
-                except StopAsyncIteration:
-                    return  # the client half-closed: answer what was read, then OK
-                self.in_flight += 1
-                self._answers.put_nowait(asyncio.ensure_future(self._answer(data)))
-        except asyncio.CancelledError:
-            return  # stop_reading() or the call's end: no more messages
-        finally:
-            self._answers.put_nowait(_END)
-
-    async def _answer(self, data: bytes) -> pb.EventAppendResponse:
-        """One message's answer: never raises (but for cancellation)."""
-        request: Any = None
-        try:
+        while not self.stopped:
             try:
-                request = pb.EventAppendRequest.FromString(data)
-            except DecodeError as e:
-                return refused(RpcAbort(_INVALID, f"request: the bytes do not decode as a dmq.v1.EventAppendRequest ({e})"))
-            # the unary call's interceptor rule, per message: WRITE on this message's topic
-            self._access.require([Need(ResourceType.TOPIC, request.topic, Operation.WRITE)], RPC)
-            access = self._access
-            delay_s = max(access.quota_delay_s("requests", 1), access.quota_delay_s("produce", len(data)))
-            if delay_s > 0:
-                await asyncio.sleep(delay_s)
+                # Idle: nothing read for idle_timeout_s (or stop() cut the read short). A read cut
+                # short may have taken a message off the wire that is then never handled, which a
+                # client tells by the stream ending OK with it unanswered (module docstring).
+                async with asyncio.timeout(owner.idle_timeout_s) as self.reading:
+                    request = await requests.__anext__()
+            except TimeoutError:
+                if not self.stopped:
+                    log.info("idle event append stream closed", peer=self.peer)
+                return
+            except StopAsyncIteration:
+                return  # the client half-closed: all answered, OK
+            finally:
+                self.reading = None
+            yield await self._answer(request)
+
+    def stop(self) -> None:
+        """End the stream cleanly: the read in progress is cut short (an append in progress is
+        answered first), nothing more is read, then OK."""
+        self.stopped = True
+        if self.reading is not None:
+            self.reading.reschedule(asyncio.get_running_loop().time())
+
+    async def _answer(self, request: Request) -> pb.EventAppendResponse:
+        """One message's answer: never raises (but for cancellation)."""
+        if isinstance(request, RefusedRequest):  # the security interceptor's refusal of this one
+            return refused(RpcAbort(request.code, request.message))
+        try:
             return await self._owner.append(request)
         except asyncio.CancelledError:
             raise
@@ -184,17 +141,14 @@ class AppendStreams:
         append: Append,
         error_status: ErrorStatus,
         *,
-        in_flight_max: int = IN_FLIGHT_MAX,
         streams_per_connection_max: int = STREAMS_PER_CONNECTION_MAX,
         streams_max: int = STREAMS_MAX,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
-        if min(in_flight_max, streams_per_connection_max, streams_max) < 1 or idle_timeout_s <= 0:
-            raise ValueError("in_flight_max, streams_per_connection_max and streams_max must be >= 1, "
-                             "idle_timeout_s > 0")
+        if min(streams_per_connection_max, streams_max) < 1 or idle_timeout_s <= 0:
+            raise ValueError("streams_per_connection_max and streams_max must be >= 1, idle_timeout_s > 0")
         self.append = append
         self.error_status = error_status
-        self.in_flight_max = in_flight_max
         self.streams_per_connection_max = streams_per_connection_max
         self.streams_max = streams_max
         self.idle_timeout_s = idle_timeout_s
@@ -210,7 +164,7 @@ class AppendStreams:
         return len(self._streams)
 
     async def serve(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, pb.EventAppendResponse]
+        self, requests: AsyncIterator[Request], context: grpc.aio.ServicerContext[Any, pb.EventAppendResponse]
     ) -> AsyncIterator[pb.EventAppendResponse]:
         """The call's handler: answers until the stream ends (see the module docstring)."""
         peer = context.peer() or ""
@@ -224,7 +178,7 @@ class AppendStreams:
                 f"{self.streams_max}); close EventStores you do not use, or share one",
                 trailing_metadata=((error_details.REASON_KEY, error_details.BUSY),),
             )
-        stream = _Stream(self, requests, current_access.get(), peer)
+        stream = _Stream(self, requests, peer)
         self._streams.add(stream)
         self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
         try:
@@ -241,7 +195,7 @@ class AppendStreams:
         Waits up to `wait_s` for them to end (a client not reading its answers is left to grpc's stop)."""
         self._closing = True
         for stream in list(self._streams):
-            stream.stop_reading()
+            stream.stop()
         deadline = asyncio.get_running_loop().time() + wait_s
         while self._streams and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.01)

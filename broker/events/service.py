@@ -46,7 +46,8 @@ from dmq.broker.storage_status import translate_storage
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import event_headers, records
 from dmq.proto.names import GROUP_ID_MAX_BYTES, MEMBER_ID_MAX_BYTES, check_id, check_topic_name
-from dmq.proto.server.server_errors import RpcAbort, error_status, rpc_handler
+from dmq.proto.server.security.interceptor import RefusedRequest
+from dmq.proto.server.server_errors import RpcAbort, rpc_handler, rpc_status
 from dmq.proto.server.server_errors import fail as _fail
 
 __all__ = ["EventServiceHost", "EventStoreServicer", "DEFAULT_READ_LIMIT", "DEFAULT_CLAIM_TIMEOUT_MS"]
@@ -204,7 +205,7 @@ class EventServiceHost(Protocol):
 
 
 class EventStoreServicer:
-    """EventAppend / EventAppendStream / EventRead / EventSubscribe, the event groups' RPCs and
+    """EventAppend (and EventAppendStream) / EventRead / EventSubscribe, the event groups' RPCs and
     EventStoreDescribe. close() ends the append streams (BrokerNode.stop)."""
 
     def __init__(self, node: EventServiceHost) -> None:
@@ -245,9 +246,12 @@ class EventStoreServicer:
         return await self._append(request)
 
     async def EventAppendStream(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, pb.EventAppendResponse]
+        self, requests: AsyncIterator[pb.EventAppendRequest | RefusedRequest],
+        context: grpc.aio.ServicerContext[pb.EventAppendRequest, pb.EventAppendResponse],
     ) -> AsyncIterator[pb.EventAppendResponse]:
-        """Each message one EventAppend, answered in order (broker/events/append_stream.py)."""
+        """EventAppend, request after request on one stream: each answered in order, a refusal
+        in the answer's status fields (as EventAppend's call would end), the stream going on;
+        bounded, and ended by close() (broker/events/append_stream.py)."""
         async for answer in self._append_streams.serve(requests, context):
             yield answer
 
@@ -257,10 +261,10 @@ class EventStoreServicer:
         return await self._append(request)
 
     def _message_status(self, e: Exception, request: object) -> RpcAbort:
-        return error_status(e, self, request, log=log, translate=_translate, name="EventAppendStream")
+        return rpc_status(e, log=log, servicer=self, translate=_translate, rpc="EventAppendStream", request=request)
 
     async def close(self) -> None:
-        """The broker stopping: end the append streams (they answer what they read)."""
+        """The broker stopping: end the append streams (they answer what they read, then end OK)."""
         await self._append_streams.close()
 
     async def _append(self, request: pb.EventAppendRequest) -> pb.EventAppendResponse:

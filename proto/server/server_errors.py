@@ -24,7 +24,7 @@ from dmq.proto import error_details
 from dmq.proto.names import FieldError, cap_message
 from dmq.proto.server.domain_errors import DomainError, ErrorCode
 
-__all__ = ["RpcAbort", "fail", "rpc_handler", "status_code", "domain_status", "error_status"]
+__all__ = ["RpcAbort", "fail", "rpc_handler", "rpc_status", "status_code", "domain_status"]
 
 # How much of an unexpected exception's text an INTERNAL status echoes: it may quote request data.
 INTERNAL_DETAIL_MAX_CHARS = 300
@@ -78,16 +78,16 @@ class _Logger(Protocol):
     def exception(self, event: str, **fields: Any) -> Any: ...
 
 
+Handler = Callable[..., Awaitable[Any]]
 # (servicer, exception) -> its status, or None for "not one of this service's errors: a bug"
 Translate = Callable[[Any, Exception], "RpcAbort | None"]
 
 
-def error_status(
-    e: Exception, servicer: Any, request: Any, *, log: _Logger, translate: Translate | None, name: str
-) -> RpcAbort:
-    """The status a handler's exception is answered with (rpc_handler's mapping; also a stream's
-    per-message answers): RpcAbort as it is, DomainError / FieldError / translated errors their
-    status, anything else INTERNAL, logged with the rpc's name."""
+def rpc_status(e: Exception, *, log: _Logger, servicer: Any, translate: Translate | None, rpc: str,
+               request: Any = None) -> RpcAbort:
+    """The status a handler's exception is answered with (rpc_handler's rules, for a handler
+    that answers a refusal itself, e.g. one message of a stream): an RpcAbort as it is, a
+    DomainError or FieldError by its code, a translated error, anything else INTERNAL (logged)."""
     if isinstance(e, RpcAbort):
         return e
     translated = domain_status(e)
@@ -95,16 +95,13 @@ def error_status(
         translated = translate(servicer, e)
     if translated is not None:
         if translated.code == grpc.StatusCode.INTERNAL:  # a DomainError that says it is a bug
-            log.exception("handler failed", rpc=name, error=str(e))
+            log.exception("handler failed", rpc=rpc, error=str(e))
         return translated
-    log.exception("handler failed", rpc=name, group=getattr(request, "group_id", None) or None)
+    log.exception("handler failed", rpc=rpc, group=getattr(request, "group_id", None) or None)
     detail = str(e)
     if len(detail) > INTERNAL_DETAIL_MAX_CHARS:
         detail = detail[:INTERNAL_DETAIL_MAX_CHARS] + "... (cut)"
-    return RpcAbort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {detail}")
-
-
-Handler = Callable[..., Awaitable[Any]]
+    return RpcAbort(grpc.StatusCode.INTERNAL, f"internal error in {rpc}: {type(e).__name__}: {detail}")
 
 
 def rpc_handler(
@@ -126,7 +123,7 @@ def rpc_handler(
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
             except Exception as e:  # noqa: BLE001 - the last line of defence of a server
-                status = error_status(e, self, request, log=log, translate=translate, name=name)
+                status = rpc_status(e, log=log, servicer=self, translate=translate, rpc=name, request=request)
             await context.abort(status.code, cap_message(status.message), trailing_metadata=status.trailing_metadata())
             raise AssertionError("unreachable: context.abort raises")
 

@@ -40,14 +40,14 @@ class _Refused(grpc.RpcError):
     """An EventAppendStream answer carrying a status: its message's refusal, as an RpcError."""
 
     def __init__(self, answer: pb.EventAppendResponse) -> None:
-        super().__init__(answer.error_message)
+        super().__init__(answer.status_message)
         self._answer = answer
 
     def code(self) -> grpc.StatusCode:
-        return next(c for c in grpc.StatusCode if c.value[0] == self._answer.error_code)
+        return next(c for c in grpc.StatusCode if c.value[0] == self._answer.status_code)
 
     def details(self) -> str:
-        return self._answer.error_message
+        return self._answer.status_message
 
 
 def _call(channel: grpc.Channel, method: str, streaming: bool, body: bytes, timeout_s: float) -> grpc.RpcError | None:
@@ -57,7 +57,7 @@ def _call(channel: grpc.Channel, method: str, streaming: bool, body: bytes, time
         if method.endswith("/EventAppendStream"):
             for raw in channel.stream_stream(method)(iter([body]), timeout=timeout_s):
                 answer = pb.EventAppendResponse.FromString(raw)
-                return _Refused(answer) if answer.error_code else None
+                return _Refused(answer) if answer.status_code else None
             return None
         if streaming:
             call = channel.unary_stream(method)(body, timeout=timeout_s)
