@@ -7,13 +7,16 @@ serves; SIGTERM stops it cleanly.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
 
 EMBEDDED_SCRIPT = textwrap.dedent(
     """
@@ -36,6 +39,16 @@ def _die_with_parent() -> None:
     if sys.platform == "linux":
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def stop_process(proc: subprocess.Popen[str], timeout_s: float = 30) -> None:
+    """SIGTERM, and SIGKILL if the process has not exited within timeout_s; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 class ChildServer:
@@ -63,13 +76,21 @@ class ChildServer:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
 
 
 def embedded_server(data_dir: pathlib.Path) -> ChildServer:
     """`dmq server`'s shape (coordinator + one broker on one port), data in data_dir."""
     return ChildServer(EMBEDDED_SCRIPT, str(data_dir))
+
+
+@contextlib.contextmanager
+def running_embedded_server(prefix: str) -> Iterator[ChildServer]:
+    """embedded_server() on a new temporary directory (its name starting with prefix), stopped and
+    the directory removed on leaving."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        server = embedded_server(pathlib.Path(tmp))
+        try:
+            yield server
+        finally:
+            server.stop()

@@ -22,20 +22,16 @@ consumer runs in the same time.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import logging
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 
-import structlog
-
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _server import embedded_server  # noqa: E402  (the bench helpers, shared)
+from _common import bench_parser, quiet_logs  # noqa: E402  (the bench helpers, shared)
+from _server import running_embedded_server  # noqa: E402
 from produce_consume import make_values  # noqa: E402
 
 
@@ -144,39 +140,32 @@ def line(name: str, rates: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--records", type=int, default=500_000)
-    p.add_argument("--partitions", type=int, default=6)
-    p.add_argument("--runs", type=int, default=3)
+    p = bench_parser(__doc__, records=500_000, partitions=6, runs=3)
     p.add_argument("--consume-only", action="store_true", help="skip the produce phases")
     args = p.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     from dmq.client import AdminClient, Producer
 
     values = make_values(args.records, 100)
-    with tempfile.TemporaryDirectory(prefix="dmq-aio-bench-") as tmp:
-        server = embedded_server(pathlib.Path(tmp))
-        try:
-            with AdminClient(server.bootstrap) as admin:
-                admin.create_topic("produce", args.partitions)
-                admin.create_topic("consume", args.partitions)
-            per = args.records // args.partitions  # spread evenly, as bench/consumer_bench.py does
-            with Producer(server.bootstrap, acks="all") as producer:
-                for part in range(args.partitions):
-                    chunk = values[part * per : (part + 1) * per if part < args.partitions - 1 else None]
-                    for i in range(0, len(chunk), 10_000):
-                        producer.send_many("consume", chunk[i : i + 10_000], partition=part)
-                producer.flush(300)
-            rates: dict[str, list[tuple[float, float]]] = {k: [] for k in ("sp", "ap", "sc", "ac", "ai")}
-            for _ in range(args.runs):
-                if not args.consume_only:
-                    rates["sp"].append(sync_produce(server.bootstrap, "produce", values))
-                    rates["ap"].append(asyncio.run(aio_produce(server.bootstrap, "produce", values)))
-                rates["sc"].append(sync_consume(server.bootstrap, "consume", args.records))
-                rates["ac"].append(asyncio.run(aio_consume(server.bootstrap, "consume", args.records)))
-                rates["ai"].append(asyncio.run(aio_consume(server.bootstrap, "consume", args.records, iterate=True)))
-        finally:
-            server.stop()
+    with running_embedded_server("dmq-aio-bench-") as server:
+        with AdminClient(server.bootstrap) as admin:
+            admin.create_topic("produce", args.partitions)
+            admin.create_topic("consume", args.partitions)
+        per = args.records // args.partitions  # spread evenly, as bench/consumer_bench.py does
+        with Producer(server.bootstrap, acks="all") as producer:
+            for part in range(args.partitions):
+                chunk = values[part * per : (part + 1) * per if part < args.partitions - 1 else None]
+                for i in range(0, len(chunk), 10_000):
+                    producer.send_many("consume", chunk[i : i + 10_000], partition=part)
+            producer.flush(300)
+        rates: dict[str, list[tuple[float, float]]] = {k: [] for k in ("sp", "ap", "sc", "ac", "ai")}
+        for _ in range(args.runs):
+            if not args.consume_only:
+                rates["sp"].append(sync_produce(server.bootstrap, "produce", values))
+                rates["ap"].append(asyncio.run(aio_produce(server.bootstrap, "produce", values)))
+            rates["sc"].append(sync_consume(server.bootstrap, "consume", args.records))
+            rates["ac"].append(asyncio.run(aio_consume(server.bootstrap, "consume", args.records)))
+            rates["ai"].append(asyncio.run(aio_consume(server.bootstrap, "consume", args.records, iterate=True)))
     print(f"{args.records:,} x 100-byte values, {args.partitions} partitions, acks=all, server in a subprocess, "
           f"{args.runs} alternating runs:")
     if not args.consume_only:

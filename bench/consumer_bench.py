@@ -23,20 +23,17 @@ Figures vary from run to run on a shared machine: compare within one run.
 from __future__ import annotations
 
 import argparse
-import logging
 import pathlib
 import statistics
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import uuid
 
-import structlog
-
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _server import embedded_server  # noqa: E402  (the bench helpers, shared)
+from _common import bench_parser, percentile, quiet_logs  # noqa: E402  (the bench helpers, shared)
+from _server import running_embedded_server  # noqa: E402
 from produce_consume import make_values  # noqa: E402
 
 PRODUCER_SCRIPT = textwrap.dedent(
@@ -159,41 +156,31 @@ def bench_latency(
     return latencies_ms, (float(done[2]), float(done[3]))
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
-
-
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--records", type=int, default=1_000_000)
-    p.add_argument("--partitions", type=int, default=6)
+    p = bench_parser(__doc__, records=1_000_000, partitions=6)
     p.add_argument("--rate", type=float, default=10_000)
     p.add_argument("--latency-seconds", type=float, default=10.0)
     p.add_argument("--runs", type=int, default=3, help="throughput runs per setting (best and median shown)")
     p.add_argument("--only", choices=["throughput", "latency"], help="run one of the two parts")
     p.add_argument("--acks", choices=["all", "1"], default="all", help="the latency producer's acks")
     args = p.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     from dmq.client import AdminClient
 
-    with tempfile.TemporaryDirectory(prefix="dmq-consumer-bench-") as tmp:
-        server = embedded_server(pathlib.Path(tmp))
-        try:
-            with AdminClient(server.bootstrap) as admin:
-                admin.create_topic("bench", args.partitions)
-                admin.create_topic("latency", args.partitions)
-            if args.only != "latency":
-                run_throughput(server.bootstrap, args)
-            if args.only != "throughput":
-                got, (ack50, ack99) = bench_latency(server.bootstrap, "latency", args.rate, args.latency_seconds, args.acks)
-                lat = sorted(got)
-                print(f"End-to-end latency send() -> poll(), {args.rate:,.0f} msgs/s for {args.latency_seconds:.0f} s "
-                      f"({len(lat):,} records; producer acks={args.acks}, linger_ms=0, in another process):")
-                print(f"  p50 {percentile(lat, 0.5):.2f} ms  p99 {percentile(lat, 0.99):.2f} ms  "
-                      f"p99.9 {percentile(lat, 0.999):.2f} ms  max {lat[-1]:.2f} ms   "
-                      f"(the producer's own send() -> ack: p50 {ack50:.2f} ms, p99 {ack99:.2f} ms)")
-        finally:
-            server.stop()
+    with running_embedded_server("dmq-consumer-bench-") as server:
+        with AdminClient(server.bootstrap) as admin:
+            admin.create_topic("bench", args.partitions)
+            admin.create_topic("latency", args.partitions)
+        if args.only != "latency":
+            run_throughput(server.bootstrap, args)
+        if args.only != "throughput":
+            got, (ack50, ack99) = bench_latency(server.bootstrap, "latency", args.rate, args.latency_seconds, args.acks)
+            lat = sorted(got)
+            print(f"End-to-end latency send() -> poll(), {args.rate:,.0f} msgs/s for {args.latency_seconds:.0f} s "
+                  f"({len(lat):,} records; producer acks={args.acks}, linger_ms=0, in another process):")
+            print(f"  p50 {percentile(lat, 0.5):.2f} ms  p99 {percentile(lat, 0.99):.2f} ms  "
+                  f"p99.9 {percentile(lat, 0.999):.2f} ms  max {lat[-1]:.2f} ms   "
+                  f"(the producer's own send() -> ack: p50 {ack50:.2f} ms, p99 {ack99:.2f} ms)")
 
 
 if __name__ == "__main__":

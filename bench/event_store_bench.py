@@ -11,6 +11,8 @@ process (and, for the concurrent conditional appends, in --clients processes):
 
   (b) unconditional appends of 100 events each (100-byte payloads, tags `course:<id>` and
       `student:<id>`), 1 client; this fills the store to --n events, 1% tagged `course:hot`;
+      with the server's CPU per append (its /proc times: what one append costs it, which a busy
+      machine moves far less than the rate);
   (c) the tag query `course:hot` (N/100 matches): one read() (the client pages through the
       broker's 10,000-event answers), --reads times, median; and the same paged 1,000 at a time;
   (a) conditional appends of 1 event each on that store from 1 client and from --clients client
@@ -261,7 +263,8 @@ def run_peer(args: argparse.Namespace) -> dict[str, Any]:
 def print_ratios(dmq: dict[str, Any], peer: dict[str, Any], clients: int) -> None:
     """DMQ / PostgreSQL per workload, beside the issue's targets (issue 30)."""
     print("DMQ / PostgreSQL DCB peer, this run:")
-    rows = [("(b) unconditional append x100", dmq["fill_rate"], peer["fill_rate"], 5.0, ""),
+    rows = [("(b) unconditional append x100", dmq["fill_rate"], peer["fill_rate"], 5.0,
+             f"; server CPU per 100-event append {dmq['fill_cpu_ms']:.2f} ms"),
             ("(a) conditional append, 1 client", dmq["cond"][1]["rate"], peer["cond"][1]["rate"], 1.5,
              f"; p50 {dmq['cond'][1]['p50_ms']:.2f} ms vs {peer['cond'][1]['p50_ms']:.2f} ms; "
              f"server CPU per append {dmq['cond'][1]['server_cpu_ms']:.3f} ms (target <= 0.2)"),
@@ -304,9 +307,13 @@ def main() -> None:
                 run_claims(b, args.cycles, args.claim_workers, args.claim_prefetch)
                 return
             create_topic(b, "store")
+            cpu0 = server.cpu_s()
             s = fill(b, "store", args.n, seed=1)
-            print(f"(b) unconditional append x{BATCH}, store 0 -> {args.n:,}: {args.n / s:,.0f} events/s ({s:.1f} s)")
+            fill_cpu_ms = (server.cpu_s() - cpu0) / (args.n // BATCH) * 1e3
+            print(f"(b) unconditional append x{BATCH}, store 0 -> {args.n:,}: {args.n / s:,.0f} events/s ({s:.1f} s); "
+                  f"server CPU per {BATCH}-event append {fill_cpu_ms:.2f} ms ({fill_cpu_ms * 1e3 / BATCH:.1f} us per event)")
             figures["fill_rate"] = args.n / s
+            figures["fill_cpu_ms"] = fill_cpu_ms
             expected = args.n // HOT_EVERY
             if args.only_appends:
                 run_appends(server, b, args.clients, args.cond_n)

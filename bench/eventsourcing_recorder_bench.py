@@ -18,17 +18,16 @@ Figures vary run to run on a shared machine: compare the two columns of one run.
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _server import embedded_server  # noqa: E402  (the bench helpers, shared)
+from _common import bench_parser  # noqa: E402  (the bench helpers, shared)
+from _server import running_embedded_server  # noqa: E402
 from eventsourcing.dcb.api import DCBAppendCondition, DCBEvent, DCBQuery, DCBQueryItem  # noqa: E402
 
 from dmq.client import AdminClient, AppendCondition, Event, EventStore, Query, QueryItem  # noqa: E402
@@ -119,26 +118,22 @@ def run(clients: Sequence[tuple[str, Direct | Recorder]], n: int, cond_n: int, r
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--cond-n", type=int, default=2_000)
     parser.add_argument("--reads", type=int, default=5)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        server = embedded_server(pathlib.Path(tmp) / "data")
-        try:
-            with AdminClient(server.bootstrap) as admin:
-                admin.create_topic("direct", kind="event-store")
-            factory = DMQDCBFactory({"DMQ_BOOTSTRAP_SERVERS": server.bootstrap, "DMQ_EVENT_STORE_TOPIC": "recorder"})
-            with EventStore(server.bootstrap, "direct") as store:
-                try:
-                    run([("EventStore", Direct(store)), ("recorder", Recorder(factory.dcb_recorder()))],
-                        args.n, args.cond_n, args.reads)
-                finally:
-                    factory.close()
-            print(f"load average {os.getloadavg()[0]:.1f}")
-        finally:
-            server.stop()
+    with running_embedded_server("dmq-recorder-bench-") as server:
+        with AdminClient(server.bootstrap) as admin:
+            admin.create_topic("direct", kind="event-store")
+        factory = DMQDCBFactory({"DMQ_BOOTSTRAP_SERVERS": server.bootstrap, "DMQ_EVENT_STORE_TOPIC": "recorder"})
+        with EventStore(server.bootstrap, "direct") as store:
+            try:
+                run([("EventStore", Direct(store)), ("recorder", Recorder(factory.dcb_recorder()))],
+                    args.n, args.cond_n, args.reads)
+            finally:
+                factory.close()
+        print(f"load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

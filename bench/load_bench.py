@@ -32,7 +32,6 @@ probe p99 <= 50 ms. Figures vary run to run on a shared machine: compare builds 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import os
@@ -53,6 +52,10 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.server.grpc_options import raise_open_files_limit
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _common import bench_parser, percentile  # noqa: E402  (the bench helpers, shared)
+from _server import stop_process  # noqa: E402
 
 MB = 1024 * 1024
 
@@ -163,13 +166,8 @@ def _wait_ready(address: str, timeout_s: float, token: str) -> grpc.Channel:
         time.sleep(0.2)
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--idle", type=int, default=5000)
     parser.add_argument("--unread", type=int, default=40)
     parser.add_argument("--fetch-mb", type=int, default=45)
@@ -279,7 +277,7 @@ def main() -> None:
             if latencies_ms:
                 print(
                     f"small producer (acks={args.probe_acks}):{' ' * (7 - len(args.probe_acks))}n={len(latencies_ms)} p50 {statistics.median(latencies_ms):.1f} ms"
-                    f"  p99 {_pct(latencies_ms, 0.99):.1f} ms  max {max(latencies_ms):.1f} ms   (target p99 <= 50 ms)"
+                    f"  p99 {percentile(latencies_ms, 0.99):.1f} ms  max {max(latencies_ms):.1f} ms   (target p99 <= 50 ms)"
                 )
             print(f"small producer errors:         {errors or 'none'}")
             quota = f"{args.quota_produce_mb_per_s:g} MB/s per principal" if quota_argv else "none"
@@ -300,12 +298,7 @@ def main() -> None:
                     child.send_signal(signal.SIGCONT)
                     child.kill()
                 child.wait(10)
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(10)
+            stop_process(server)
 
 
 if __name__ == "__main__":

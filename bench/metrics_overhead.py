@@ -13,7 +13,6 @@ rounds, and the ratio on / off. Compare within one run: the machine is shared.
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
 import statistics
@@ -24,7 +23,8 @@ import threading
 import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _server import ChildServer  # noqa: E402  (the bench helpers, shared)
+from _common import bench_parser, quiet_logs  # noqa: E402  (the bench helpers, shared)
+from _server import ChildServer  # noqa: E402
 from produce_consume import bench_consume_batches, bench_send, make_values  # noqa: E402
 
 SCRIPT = textwrap.dedent(
@@ -98,18 +98,10 @@ def one(mode: str, values: list[bytes], partitions: int, interval_s: float) -> t
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--records", type=int, default=300_000)
-    ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = bench_parser(__doc__, records=300_000, partitions=8, rounds=3)
     ap.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between scrapes (metrics on)")
     args = ap.parse_args()
-
-    import logging
-
-    import structlog
-
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
     values = make_values(args.records, 100)
     results: dict[str, list[tuple[float, float, int, float]]] = {"off": [], "on": []}
     print(f"{args.records:,} records of 100 B, {args.partitions} partitions, acks=all, fsync flush, "

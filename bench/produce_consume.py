@@ -37,7 +37,8 @@ import time
 import structlog
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _server import embedded_server  # noqa: E402  (the bench helpers, shared)
+from _common import paced, percentile  # noqa: E402  (the bench helpers, shared)
+from _server import embedded_server  # noqa: E402
 
 
 def make_values(n: int, size: int) -> list[bytes]:
@@ -175,13 +176,7 @@ def bench_latency(
         warmup = int(rate * warmup_s)
         total = warmup + int(rate * seconds)
         per_tick = max(1, rate // 1000)  # send in 1 ms ticks
-        start = time.perf_counter()
-        sent = 0
-        while sent < total:
-            due = start + sent / rate
-            delay = due - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
+        for sent in paced(rate, total, per_tick):
             if sent < warmup:
                 for _ in range(per_tick):
                     producer.send(topic, value)
@@ -189,14 +184,8 @@ def bench_latency(
                 for _ in range(per_tick):
                     t = time.perf_counter()
                     producer.send(topic, value, callback=lambda m, e, t=t: latencies.append(time.perf_counter() - t))
-            sent += per_tick
         producer.flush(60)
     return latencies
-
-
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def main() -> None:

@@ -31,25 +31,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import pathlib
 import statistics
 import sys
-import tempfile
 import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import grpc
-import structlog
 
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _server import ChildServer, embedded_server  # noqa: E402  (the bench helpers, shared)
+from _common import bench_parser, quiet_logs  # noqa: E402  (the bench helpers, shared)
+from _server import ChildServer, running_embedded_server  # noqa: E402
 
 # The empty-call baseline: a GroupCoordinator whose Heartbeat does nothing, served the same way.
 TRIVIAL_SERVER_SCRIPT = textwrap.dedent(
@@ -397,24 +395,22 @@ async def run(args: argparse.Namespace, server: ChildServer, trivial: ChildServe
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="heartbeat measurements per server (best kept)")
     parser.add_argument("--members", type=int, default=1000)
     args = parser.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    quiet_logs()
 
-    with tempfile.TemporaryDirectory(prefix="dmq-rebalance-bench-") as tmp:
-        server = embedded_server(pathlib.Path(tmp))
+    with running_embedded_server("dmq-rebalance-bench-") as server:
         trivial = ChildServer(TRIVIAL_SERVER_SCRIPT)
         try:
             asyncio.run(run(args, server, trivial))
         finally:
             with contextlib.suppress(Exception):
                 trivial.stop()
-            server.stop()
 
 
 if __name__ == "__main__":

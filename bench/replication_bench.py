@@ -55,6 +55,9 @@ from dmq.client import Producer, SimpleConsumer
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _common import paced, percentile  # noqa: E402  (the bench helpers, shared)
+
 START_TIMEOUT_S = 60.0
 # --max-in-flight: the producers' max_in_flight_requests_per_connection (None: the default, 5)
 IN_FLIGHT: list[int | None] = [None]
@@ -221,12 +224,7 @@ def end_to_end(cluster: Cluster, topic: str, rate: int, seconds: float) -> list[
     time.sleep(1.0)  # the consumer is positioned at the log end before the first send
     padding = b"x" * 92
     with Producer(cluster.bootstrap, acks="all", linger_ms=0, max_in_flight_requests_per_connection=IN_FLIGHT[0]) as producer:
-        start = time.perf_counter()
-        for i in range(total):
-            due = start + i / rate
-            delay = due - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
+        for _ in paced(rate, total):
             producer.send(topic, struct.pack("<d", time.time()) + padding)
         producer.flush()
     reader.join(seconds + 30)
@@ -335,11 +333,6 @@ def profile(args: argparse.Namespace) -> None:
         print_profile(root / f"broker{follower}.prof", f"follower (broker {follower})")
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=200_000)
@@ -380,7 +373,7 @@ def main() -> None:
                 cluster.create_topic("failover", 3, 2)
                 times = failover(cluster, "failover", args.trials)
                 print(f"failover over {len(times)} trials: p50 {statistics.median(times) * 1000:.0f} ms, "
-                      f"p99 {_percentile(times, 0.99) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms "
+                      f"p99 {percentile(times, 0.99) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms "
                       f"(target p99 <= {args.session_timeout_ms + 1000} ms)", flush=True)
 
             latencies: list[float] = []
@@ -395,7 +388,7 @@ def main() -> None:
             latencies = [got - sent for _, sent, got in records]
             if latencies:
                 print(f"end-to-end at {args.rate:,} msgs/s RF 3: {len(latencies)} records, "
-                      f"p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {_percentile(latencies, 0.99) * 1000:.1f} ms",
+                      f"p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {percentile(latencies, 0.99) * 1000:.1f} ms",
                       flush=True)
             else:
                 print("end-to-end: no record received", flush=True)
@@ -407,7 +400,7 @@ def main() -> None:
                   "the leader's fsync runs beside the followers' fetches):", flush=True)
             for name, values in breakdown(pathlib.Path(tmp), "latency", info.leader_id, followers, records):
                 print(f"  {name:<80} {statistics.median(values) * 1000:6.2f} / "
-                      f"{_percentile(values, 0.99) * 1000:6.2f}", flush=True)
+                      f"{percentile(values, 0.99) * 1000:6.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ Spark's Python data source path allows the source gets; ceiling/tuples bounds an
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import os
 import pathlib
@@ -46,8 +45,8 @@ from typing import Any
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-import structlog  # noqa: E402
-from _server import embedded_server  # noqa: E402  (the bench helpers, shared)
+from _common import bench_parser, quiet_logs  # noqa: E402  (the bench helpers, shared)
+from _server import embedded_server  # noqa: E402
 
 from dmq.client import AdminClient, Producer, SimpleConsumer  # noqa: E402
 from dmq.client.spark import local_session, python_worker_conf, register  # noqa: E402
@@ -169,10 +168,8 @@ def cluster_session(master: str, conf: dict[str, str]) -> Any:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__, value_bytes=100, runs=5)
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=4, help="untimed rounds of every reader and query first")
     parser.add_argument("--bootstrap", help="use this running DMQ server instead of an embedded one")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
@@ -180,7 +177,7 @@ def main() -> None:
     where.add_argument("--standalone", action="store_true", help="start a standalone Spark cluster and run on it")
     where.add_argument("--master", help="a running Spark master (spark://host:port) instead of local[2]")
     args = parser.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings and up
+    quiet_logs()
 
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="dmq-spark-bench-"))
     server = None

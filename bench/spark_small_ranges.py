@@ -13,7 +13,6 @@ It prints the median time per range, the number of Fetch calls and the bytes fet
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import statistics
 import sys
@@ -21,7 +20,7 @@ import tempfile
 import time
 from typing import Any
 
-import structlog
+from _common import bench_parser, quiet_logs
 from _server import embedded_server
 from spark_bench import PARTITIONS, TOPIC, produce
 
@@ -50,12 +49,10 @@ class CountingFetcher(spark_reader.PartitionFetcher):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__, value_bytes=100, runs=7)
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    quiet_logs()
     per_partition = args.rows // PARTITIONS
     sizes = [s for s in SIZES if s <= per_partition // 2] or [1]
 

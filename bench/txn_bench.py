@@ -24,16 +24,15 @@ is clearer there than in msgs/s, which the client's Python bounds on a small mac
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _server import ChildServer, embedded_server  # noqa: E402  (the bench helpers, shared)
+from _common import bench_parser, quiet_logs  # noqa: E402  (the bench helpers, shared)
+from _server import ChildServer, running_embedded_server  # noqa: E402
 
 CASES = ("plain", "keyed", "txn, dedup off", "txn, dedup on", "trace ids")
 
@@ -69,16 +68,8 @@ def run_case(server: ChildServer, case: str, topic: str, values: list[bytes]) ->
 
 
 def main() -> None:
-    import logging
-
-    import structlog
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--records", type=int, default=200_000)
-    ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--runs", type=int, default=3)
-    args = ap.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    args = bench_parser(__doc__, records=200_000, partitions=8, runs=3).parse_args()
+    quiet_logs()
     from dmq.client import AdminClient
 
     blob = os.urandom(args.records * 100)
@@ -86,20 +77,16 @@ def main() -> None:
     print(f"load average at start: {os.getloadavg()[0]:.2f}; {args.records:,} records x 100 B, "
           f"{args.partitions} partitions, acks=all, {args.runs} alternating runs")
     results: dict[str, list[tuple[float, float]]] = {c: [] for c in CASES}
-    with tempfile.TemporaryDirectory(prefix="dmq-txn-bench-") as tmp:
-        server = embedded_server(pathlib.Path(tmp))
-        try:
-            with AdminClient(server.bootstrap) as admin:
-                for run in range(args.runs):
-                    for i, case in enumerate(CASES):
-                        topic = f"t{run}-{i}"
-                        config = {"dedup_window_ms": 0} if case == "txn, dedup off" else None
-                        admin.create_topic(topic, args.partitions, config=config)
-                        results[case].append(run_case(server, case, topic, values))
-                        print(f"  run {run + 1} {case:<16} {results[case][-1][0]:>10,.0f} msgs/s "
-                              f"server CPU {results[case][-1][1]:.2f} s", flush=True)
-        finally:
-            server.stop()
+    with running_embedded_server("dmq-txn-bench-") as server:
+        with AdminClient(server.bootstrap) as admin:
+            for run in range(args.runs):
+                for i, case in enumerate(CASES):
+                    topic = f"t{run}-{i}"
+                    config = {"dedup_window_ms": 0} if case == "txn, dedup off" else None
+                    admin.create_topic(topic, args.partitions, config=config)
+                    results[case].append(run_case(server, case, topic, values))
+                    print(f"  run {run + 1} {case:<16} {results[case][-1][0]:>10,.0f} msgs/s "
+                          f"server CPU {results[case][-1][1]:.2f} s", flush=True)
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     keyed = statistics.median(r for r, _ in results["keyed"])
     off = statistics.median(r for r, _ in results["txn, dedup off"])

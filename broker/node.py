@@ -75,21 +75,22 @@ FOLLOW_PAUSE_S = 0.1
 COORDINATOR_RECONNECT_BACKOFF_MAX_MS = 1_000
 
 
+# The topic settings a partition log applies: TopicConfig field -> LogConfig field.
+_LOG_CONFIG_FIELDS = (
+    ("retention_ms", "retention_ms"),
+    ("retention_bytes", "retention_bytes"),
+    ("segment_bytes", "segment_bytes"),
+    ("segment_ms", "segment_ms"),
+    ("max_message_bytes", "max_batch_bytes"),
+    ("dedup_window_ms", "dedup_window_ms"),
+)
+
+
 def log_config_for(base: LogConfig, config: pb.TopicConfig) -> LogConfig:
     """The broker's defaults overridden by the topic's explicit settings."""
-    changes: dict[str, Any] = {}  # LogConfig fields by name, for replace()
-    if config.HasField("retention_ms"):
-        changes["retention_ms"] = config.retention_ms
-    if config.HasField("retention_bytes"):
-        changes["retention_bytes"] = config.retention_bytes
-    if config.HasField("segment_bytes"):
-        changes["segment_bytes"] = config.segment_bytes
-    if config.HasField("segment_ms"):
-        changes["segment_ms"] = config.segment_ms
-    if config.HasField("max_message_bytes"):
-        changes["max_batch_bytes"] = config.max_message_bytes
-    if config.HasField("dedup_window_ms"):
-        changes["dedup_window_ms"] = config.dedup_window_ms
+    changes: dict[str, Any] = {  # LogConfig fields by name, for replace()
+        field: getattr(config, name) for name, field in _LOG_CONFIG_FIELDS if config.HasField(name)
+    }
     return replace(base, **changes) if changes else base
 
 
@@ -253,6 +254,7 @@ class BrokerNode:
         self.ready = False
         self._stopping.set()
         try:
+            await self.event_service.close()  # append streams answer what they read, then end
             await self.queues.stop()
             await self.replication.stop()
             for task in self._tasks:

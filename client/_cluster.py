@@ -41,6 +41,7 @@ from dmq.client._calls import (
     PendingCall,
     RetryPolicy,
 )
+from dmq.client._closing import ClosedOnExit
 from dmq.client._coordinators import CoordinatorRouter
 from dmq.client._log import get_logger
 from dmq.client.errors import (
@@ -138,7 +139,7 @@ class BrokerMetadata:
     alive: bool
 
 
-class Cluster:
+class Cluster(ClosedOnExit):
     """Channels per address plus the topic metadata cache. Thread-safe; the owner calls close()."""
 
     def __init__(
@@ -520,12 +521,6 @@ class Cluster:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def __enter__(self) -> Cluster:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def topic_names(self) -> list[str]:
         """The names of the topics in the cache: every topic after refresh(None) answered."""

@@ -25,6 +25,7 @@ import grpc
 
 from dmq.client._acl_admin import AclAdminMixin
 from dmq.client._calls import call_coordinator, fan_out_by_leader
+from dmq.client._closing import ClosedOnExit
 from dmq.client._cluster import Cluster
 from dmq.client._coordinator_status import CoordinatorDescription, describe_coordinators
 from dmq.client._groups import (
@@ -292,7 +293,7 @@ def check_topic_name(name: str) -> None:
         raise InvalidArgumentError(f"invalid topic name: {str(e).removeprefix('name: ')}") from e
 
 
-class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
+class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin, ClosedOnExit):
     """Topic and cluster administration. Synchronous, thread-safe; close() (or `with`) when done.
 
     Queue operations (describe_queue, list_queues) come from dmq.client.queue_admin, find_trace
@@ -738,12 +739,6 @@ class AdminClient(QueueAdminMixin, TraceMixin, AclAdminMixin):
     def close(self) -> None:
         if self._own_cluster:
             self._cluster.close()
-
-    def __enter__(self) -> AdminClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _health_failure(e: grpc.RpcError, timeout_s: float) -> str:

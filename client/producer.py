@@ -74,6 +74,7 @@ from dmq.client._accumulator import (
     ThreadState,
 )
 from dmq.client._calls import retry_call
+from dmq.client._closing import ClosedOnExit
 from dmq.client._cluster import Cluster, TopicMetadata
 from dmq.client._log import get_logger
 from dmq.client._partitioner import Partitioner
@@ -113,7 +114,7 @@ Serializer = Callable[[Any], bytes]
 _BYTES_ONLY = {bytes}
 
 
-class Producer:
+class Producer(ClosedOnExit):
     """Sends records to DMQ topics. Thread-safe. Close it (or use `with`) to deliver what is
     buffered and stop its sender thread."""
 
@@ -572,12 +573,6 @@ class Producer:
     def _check_open(self) -> None:
         if self._acc.closed:
             self._core.check_open(self._sender.error)
-
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def cluster(self) -> Cluster:

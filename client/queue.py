@@ -54,6 +54,7 @@ from typing import Any
 import grpc
 
 from dmq.client._calls import call_leader
+from dmq.client._closing import ClosedOnExit
 from dmq.client._cluster import Cluster
 from dmq.client._log import get_logger
 from dmq.client._settings import bootstrap_address, check_positive, reject_unknown
@@ -227,7 +228,7 @@ class _Renewer:
                         self._lease = None  # lost: nothing more to renew
 
 
-class QueueConsumer:
+class QueueConsumer(ClosedOnExit):
     """A queue-group worker on one topic. Thread-safe for pop/ack/nack/reject/renew; close() when done."""
 
     def __init__(
@@ -286,12 +287,6 @@ class QueueConsumer:
 
     def __repr__(self) -> str:
         return f"<QueueConsumer topic={self.topic!r} group={self.group!r} bootstrap={self._cluster.bootstrap!r}>"
-
-    def __enter__(self) -> QueueConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Stop; with prefetch, first make the recorded acks durable and give back the records

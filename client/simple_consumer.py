@@ -36,6 +36,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from dmq.client._closing import ClosedOnExit
 from dmq.client._cluster import Cluster
 from dmq.client._log import get_logger
 from dmq.client._prefetch import MAX_PREFETCH_PARTITIONS, PREFETCH_THREADS, Prefetch
@@ -60,7 +61,7 @@ DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 FETCH_ATTEMPTS = 4
 
 
-class SimpleConsumer:
+class SimpleConsumer(ClosedOnExit):
     """Fetches records of one partition at a time. Thread-safe; close() (or `with`) when done."""
 
     def __init__(
@@ -314,12 +315,6 @@ class SimpleConsumer:
             pool.shutdown(wait=False, cancel_futures=True)  # calls still running end with the channels
         if self._own_cluster:
             self._cluster.close()
-
-    def __enter__(self) -> SimpleConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _checked(r: FetchPartitionView) -> FetchPartitionView:

@@ -59,7 +59,8 @@ import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, NoReturn
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import grpc
 import structlog
@@ -169,6 +170,19 @@ def _check_id(field: str, value: str, *, limit: int = MAX_ID_CHARS) -> None:
     """The shared id rule (dmq.proto.names): 1..limit UTF-8 bytes, no control characters; its
     FieldError is INVALID_ARGUMENT through rpc_handler (dmq.proto.server.server_errors)."""
     check_id(value, field, field, limit)
+
+
+class _MemberRequest(Protocol):
+    group_id: str
+    member_id: str
+
+
+def _member_ids(request: _MemberRequest) -> tuple[str, str]:
+    """(group_id, member_id) of a member's request (GetAssignment, Heartbeat, WatchGroup,
+    LeaveGroup), each checked by the id rule."""
+    _check_id("group_id", request.group_id)
+    _check_id("member_id", request.member_id)
+    return request.group_id, request.member_id
 
 
 def _check_range(field: str, value: int, low: int, high: int) -> None:
@@ -540,6 +554,13 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         record = self._metadata.topic(topic)
         if record is None:
             _fail(grpc.StatusCode.NOT_FOUND, f"topic {topic!r} not found: create it first (dmq topics create)")
+        pure = machine.FindOrCreateGroupRequest(
+            topic=topic,
+            app_id=app_id,
+            partition_count=record.partition_count,
+            subscription_mode=mode,
+            subscription_from_ms=from_ms if mode is SubscriptionMode.TIMESTAMP else None,
+        )
         result = None
         while result is None:
             # One creator per group id at a time: a second request waits for the first, so
@@ -553,9 +574,9 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 continue
             async with self._lock:
                 if self.registry.find(group_id) is not None:
-                    result = self._find_or_create(request, mode, from_ms, record.partition_count, None)
+                    result = self._find_or_create(pure)
             if result is None and group_id not in self._creating:
-                result = await self._create(request, mode, from_ms, record.partition_count)
+                result = await self._create(pure)
         await self._recorded(result.events, "record the group's partition count")
         self._publish(result.events)
 
@@ -589,51 +610,28 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
             _invalid(f"subscription_mode {code} is not one of ALL (1), NEW (2), TIMESTAMP (3)")
         return mode
 
-    def _find_or_create(
-        self,
-        request: pb.FindOrCreateGroupRequest,
-        mode: SubscriptionMode,
-        from_ms: int,
-        partition_count: int,
-        snapshot: dict[int, int] | None,
-    ) -> machine.Result[machine.FindOrCreateGroupResponse]:
-        pure = machine.FindOrCreateGroupRequest(
-            topic=request.topic,
-            app_id=request.app_id,
-            partition_count=partition_count,
-            subscription_mode=mode,
-            subscription_from_ms=from_ms if mode is SubscriptionMode.TIMESTAMP else None,
-            snapshot_offsets=snapshot,
-            created_ms=self._wall_clock_ms(),
-        )
-        return self.registry.find_or_create(pure, self.clock.now_ms())
+    def _find_or_create(self, pure: machine.FindOrCreateGroupRequest) -> machine.Result[machine.FindOrCreateGroupResponse]:
+        return self.registry.find_or_create(replace(pure, created_ms=self._wall_clock_ms()), self.clock.now_ms())
 
-    async def _create(
-        self, request: pb.FindOrCreateGroupRequest, mode: SubscriptionMode, from_ms: int, partition_count: int
-    ) -> machine.Result[machine.FindOrCreateGroupResponse]:
+    async def _create(self, pure: machine.FindOrCreateGroupRequest) -> machine.Result[machine.FindOrCreateGroupResponse]:
         """Create the group: snapshot the log ends first for mode `new`, then record it durably."""
-        group_id = group_id_for(request.topic, request.app_id)
+        group_id = group_id_for(pure.topic, pure.app_id)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._creating[group_id] = done
         try:
-            snapshot = None
-            if mode is SubscriptionMode.NEW:
-                snapshot = await self._brokers.latest_offsets(request.topic, partition_count)
-            return await complete_even_if_cancelled(self._create_durably(request, mode, from_ms, partition_count, snapshot))
+            if pure.subscription_mode is SubscriptionMode.NEW:
+                snapshot = await self._brokers.latest_offsets(pure.topic, pure.partition_count)
+                pure = replace(pure, snapshot_offsets=snapshot)
+            return await complete_even_if_cancelled(self._create_durably(pure))
         finally:
             del self._creating[group_id]
             done.set_result(None)
 
     async def _create_durably(
-        self,
-        request: pb.FindOrCreateGroupRequest,
-        mode: SubscriptionMode,
-        from_ms: int,
-        partition_count: int,
-        snapshot: dict[int, int] | None,
+        self, pure: machine.FindOrCreateGroupRequest
     ) -> machine.Result[machine.FindOrCreateGroupResponse]:
         async with self._lock:
-            result = self._find_or_create(request, mode, from_ms, partition_count, snapshot)
+            result = self._find_or_create(pure)
         try:
             await self._persist(result.records)
         except Exception as e:
@@ -641,15 +639,15 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
                 for record in result.records:
                     if isinstance(record, GroupCreated):
                         self.registry.replay(GroupDeleted(record.group_id))
-            log.exception("could not record the new group", group=result.response.group_id, topic=request.topic)
+            log.exception("could not record the new group", group=result.response.group_id, topic=pure.topic)
             _not_recorded(f"record group {result.response.group_id!r}", e)
-        if result.records and self._metadata.topic(request.topic) is None:
+        if result.records and self._metadata.topic(pure.topic) is None:
             # The topic was deleted while the group was being recorded (its listener found no
             # group to delete then): take the group away again.
             async with self._lock:
-                deleted = self.registry.topic_deleted(request.topic, self.clock.now_ms())
+                deleted = self.registry.topic_deleted(pure.topic, self.clock.now_ms())
             await self._persist(deleted.records)
-            _fail(grpc.StatusCode.NOT_FOUND, f"topic {request.topic!r} was deleted")
+            _fail(grpc.StatusCode.NOT_FOUND, f"topic {pure.topic!r} was deleted")
         return result
 
     @_rpc
@@ -681,9 +679,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
         self, request: pb.GetAssignmentRequest,
         context: grpc.aio.ServicerContext[pb.GetAssignmentRequest, pb.GetAssignmentResponse],
     ) -> pb.GetAssignmentResponse:
-        group_id, member_id = request.group_id, request.member_id
-        _check_id("group_id", group_id)
-        _check_id("member_id", member_id)
+        group_id, member_id = _member_ids(request)
         _check_range("wait_ms", request.wait_ms, 0, MAX_WAIT_MS)
         wait_s = request.wait_ms / 1000
         remaining = context.time_remaining()
@@ -718,9 +714,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
     async def Heartbeat(  # noqa: N802
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext[pb.HeartbeatRequest, pb.HeartbeatResponse]
     ) -> pb.HeartbeatResponse:
-        group_id, member_id = request.group_id, request.member_id
-        _check_id("group_id", group_id)
-        _check_id("member_id", member_id)
+        group_id, member_id = _member_ids(request)
         if request.generation < -1:
             _invalid(f"generation must be >= -1 (-1 = none yet), got {request.generation}")
         poll_age_ms = request.poll_age_ms if request.HasField("poll_age_ms") else 0
@@ -741,9 +735,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
     async def WatchGroup(  # noqa: N802
         self, request: pb.WatchGroupRequest, context: grpc.aio.ServicerContext[pb.WatchGroupRequest, pb.GroupEvent]
     ) -> None:
-        group_id, member_id = request.group_id, request.member_id
-        _check_id("group_id", group_id)
-        _check_id("member_id", member_id)
+        group_id, member_id = _member_ids(request)
         _check_secret(request.member_secret)
         # NOT_FOUND / PERMISSION_DENIED before anything is held
         machine.prove_member(self.registry.get(group_id), member_id, request.member_secret)
@@ -753,9 +745,7 @@ class GroupService(pb_grpc.GroupCoordinatorServicer):
     async def LeaveGroup(  # noqa: N802
         self, request: pb.LeaveGroupRequest, context: grpc.aio.ServicerContext[pb.LeaveGroupRequest, pb.LeaveGroupResponse]
     ) -> pb.LeaveGroupResponse:
-        group_id, member_id = request.group_id, request.member_id
-        _check_id("group_id", group_id)
-        _check_id("member_id", member_id)
+        group_id, member_id = _member_ids(request)
         async with self._lock:
             _check_secret(request.member_secret)
             leave = machine.LeaveGroupRequest(member_id, member_secret=request.member_secret)

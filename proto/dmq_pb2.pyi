@@ -599,12 +599,18 @@ class EventAppendRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., condition: _Optional[_Union[AppendCondition, _Mapping]] = ...) -> None: ...
 
 class EventAppendResponse(_message.Message):
-    __slots__ = ("last_position", "append_time_ms")
+    __slots__ = ("last_position", "append_time_ms", "status_code", "status_message", "status_metadata")
     LAST_POSITION_FIELD_NUMBER: _ClassVar[int]
     APPEND_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_METADATA_FIELD_NUMBER: _ClassVar[int]
     last_position: int
     append_time_ms: int
-    def __init__(self, last_position: _Optional[int] = ..., append_time_ms: _Optional[int] = ...) -> None: ...
+    status_code: int
+    status_message: str
+    status_metadata: _containers.RepeatedCompositeFieldContainer[Attribute]
+    def __init__(self, last_position: _Optional[int] = ..., append_time_ms: _Optional[int] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ..., status_metadata: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ...) -> None: ...
 
 class EventReadRequest(_message.Message):
     __slots__ = ("topic", "query", "after", "limit", "columnar")

@@ -129,6 +129,11 @@ class BrokerStub:
                 request_serializer=dmq_dot_proto_dot_dmq__pb2.EventAppendRequest.SerializeToString,
                 response_deserializer=dmq_dot_proto_dot_dmq__pb2.EventAppendResponse.FromString,
                 _registered_method=True)
+        self.EventAppendStream = channel.stream_stream(
+                '/dmq.v1.Broker/EventAppendStream',
+                request_serializer=dmq_dot_proto_dot_dmq__pb2.EventAppendRequest.SerializeToString,
+                response_deserializer=dmq_dot_proto_dot_dmq__pb2.EventAppendResponse.FromString,
+                _registered_method=True)
         self.EventRead = channel.unary_unary(
                 '/dmq.v1.Broker/EventRead',
                 request_serializer=dmq_dot_proto_dot_dmq__pb2.EventReadRequest.SerializeToString,
@@ -296,6 +301,18 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EventAppendStream(self, request_iterator, context):
+        """EventAppend for a client that appends again and again: one long-lived stream, each request
+        answered in order by one response, so gRPC's per-call cost is paid once, not per append. A
+        refused append is answered in the response's status fields and the stream goes on. The
+        stream itself ends with a status only when it cannot go on: too many streams
+        (RESOURCE_EXHAUSTED), or it ends OK when idle or when the broker stops, after answering every
+        request it read: a request a stream ended OK without answering was not stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EventRead(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -447,6 +464,11 @@ def add_BrokerServicer_to_server(servicer, server):
             ),
             'EventAppend': grpc.unary_unary_rpc_method_handler(
                     servicer.EventAppend,
+                    request_deserializer=dmq_dot_proto_dot_dmq__pb2.EventAppendRequest.FromString,
+                    response_serializer=dmq_dot_proto_dot_dmq__pb2.EventAppendResponse.SerializeToString,
+            ),
+            'EventAppendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.EventAppendStream,
                     request_deserializer=dmq_dot_proto_dot_dmq__pb2.EventAppendRequest.FromString,
                     response_serializer=dmq_dot_proto_dot_dmq__pb2.EventAppendResponse.SerializeToString,
             ),
@@ -1007,6 +1029,33 @@ class Broker:
             request,
             target,
             '/dmq.v1.Broker/EventAppend',
+            dmq_dot_proto_dot_dmq__pb2.EventAppendRequest.SerializeToString,
+            dmq_dot_proto_dot_dmq__pb2.EventAppendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EventAppendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dmq.v1.Broker/EventAppendStream',
             dmq_dot_proto_dot_dmq__pb2.EventAppendRequest.SerializeToString,
             dmq_dot_proto_dot_dmq__pb2.EventAppendResponse.FromString,
             options,

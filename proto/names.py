@@ -23,7 +23,6 @@ megabyte name cannot push a status past gRPC's metadata limit.
 from __future__ import annotations
 
 import re
-import unicodedata
 
 TOPIC_NAME_MAX_BYTES = 249
 APP_ID_MAX_BYTES = 249
@@ -33,6 +32,10 @@ ECHO_MAX_CHARS = 60
 
 _TOPIC_NAME_RE = re.compile(r"[a-zA-Z0-9._-]+")
 TOPIC_NAME_CHARACTERS = "ASCII letters, digits, '.', '_' and '-'"
+# What an id may not hold: Unicode's Cc (control characters: newlines, NUL, escapes; exactly
+# U+0000-U+001F and U+007F-U+009F, fixed by Unicode's stability policy) and Cs (lone surrogates,
+# not encodable). One regex search instead of a unicodedata.category() call per character.
+CONTROL_CHARACTER_RE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 class FieldError(ValueError):
@@ -55,47 +58,43 @@ def utf8_length(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-def check_topic_name(name: object, *, field: str = "name") -> None:
-    if not isinstance(name, str):
-        raise FieldError(field, f"topic name must be a string, got {type(name).__name__}")
-    if not name:
-        raise FieldError(field, "topic name must not be empty")
-    size = utf8_length(name)
-    if size > TOPIC_NAME_MAX_BYTES:
-        raise FieldError(field, f"topic name is {size} bytes long, the limit is {TOPIC_NAME_MAX_BYTES}")
-    if name in (".", ".."):
-        raise FieldError(field, f"topic name cannot be {name!r}")
-    if not _TOPIC_NAME_RE.fullmatch(name):
-        bad = next(c for c in name if not _TOPIC_NAME_RE.fullmatch(c))
-        raise FieldError(field, f"topic name {shorten(name)} contains {bad!r}; allowed are {TOPIC_NAME_CHARACTERS}")
-
-
-def check_id(value: object, field: str, what: str, limit: int, *, allow_empty: bool = False) -> None:
-    """An id of at most `limit` UTF-8 bytes without control characters."""
+def _check_string(value: object, field: str, what: str, limit: int, *, allow_empty: bool = False) -> str:
+    """value, once it is a string of at most `limit` UTF-8 bytes (and not empty unless allowed)."""
     if not isinstance(value, str):
         raise FieldError(field, f"{what} must be a string, got {type(value).__name__}")
     if not value and not allow_empty:
         raise FieldError(field, f"{what} must not be empty")
-    size = utf8_length(value)
-    if size > limit:
-        raise FieldError(field, f"{what} is {size} bytes long, the limit is {limit}")
-    for c in value:
-        # Cc: control characters (newlines, NUL, escapes); Cs: lone surrogates, not encodable.
-        if unicodedata.category(c) in ("Cc", "Cs"):
-            raise FieldError(field, f"{what} {shorten(value)} contains the control character {c!r}")
+    if len(value) * 4 > limit:  # a character is at most 4 UTF-8 bytes: shorter ones need no count
+        size = utf8_length(value)
+        if size > limit:
+            raise FieldError(field, f"{what} is {size} bytes long, the limit is {limit}")
+    return value
+
+
+def _check_legal_name(value: object, field: str, what: str, limit: int) -> str:
+    """value, once it is 1..limit bytes of TOPIC_NAME_CHARACTERS (the rule of topic names and app ids)."""
+    name = _check_string(value, field, what, limit)
+    if not _TOPIC_NAME_RE.fullmatch(name):
+        bad = next(c for c in name if not _TOPIC_NAME_RE.fullmatch(c))
+        raise FieldError(field, f"{what} {shorten(name)} contains {bad!r}; allowed are {TOPIC_NAME_CHARACTERS}")
+    return name
+
+
+def check_topic_name(name: object, *, field: str = "name") -> None:
+    if _check_legal_name(name, field, "topic name", TOPIC_NAME_MAX_BYTES) in (".", ".."):
+        raise FieldError(field, f"topic name cannot be {name!r}")
+
+
+def check_id(value: object, field: str, what: str, limit: int, *, allow_empty: bool = False) -> None:
+    """An id of at most `limit` UTF-8 bytes without control characters."""
+    text = _check_string(value, field, what, limit, allow_empty=allow_empty)
+    bad = CONTROL_CHARACTER_RE.search(text)
+    if bad is not None:
+        raise FieldError(field, f"{what} {shorten(text)} contains the control character {bad.group()!r}")
 
 
 def check_app_id(app_id: object, *, field: str = "app_id") -> None:
-    if not isinstance(app_id, str):
-        raise FieldError(field, f"app_id must be a string, got {type(app_id).__name__}")
-    if not app_id:
-        raise FieldError(field, "app_id must not be empty")
-    size = utf8_length(app_id)
-    if size > APP_ID_MAX_BYTES:
-        raise FieldError(field, f"app_id is {size} bytes long, the limit is {APP_ID_MAX_BYTES}")
-    if not _TOPIC_NAME_RE.fullmatch(app_id):
-        bad = next(c for c in app_id if not _TOPIC_NAME_RE.fullmatch(c))
-        raise FieldError(field, f"app_id {shorten(app_id)} contains {bad!r}; allowed are {TOPIC_NAME_CHARACTERS}")
+    _check_legal_name(app_id, field, "app_id", APP_ID_MAX_BYTES)
 
 
 def check_group_id(group_id: object, *, field: str = "group_id") -> None:

@@ -669,8 +669,13 @@ def encode(
     base_offset: int = 0,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+    encoded_headers: Sequence[bytes] | None = None,
 ) -> bytes:
     """Build one batch from parallel lists (values required, the rest optional).
+
+    encoded_headers: instead of `headers`, each record's headers already encoded as the body
+    holds them (as `headers` would be encoded; b"" for none), from a writer that encodes
+    its own headers faster (dmq.proto.event_headers.encode_events_headers).
 
     Timestamps: `timestamps` per record, else every record gets `timestamp_ms`, else now.
     compression_level: the codec's own scale (zstd 1-22, default 3; lz4 frame 0-16, default 0).
@@ -717,10 +722,19 @@ def encode(
     header_parts: list[bytes] = []
     header_total = 0
     if headers is not None:
+        if encoded_headers is not None:
+            raise RecordsError("encode: pass headers or encoded_headers, not both")
         if len(headers) != n:
             raise RecordsError(f"encode: {len(headers)} header lists for {n} values")
         if any(headers):
             header_parts = [_encode_record_headers(h) if h else b"" for h in headers]
+            header_lengths = list(map(len, header_parts))
+            header_total = sum(header_lengths)
+    elif encoded_headers is not None:
+        if len(encoded_headers) != n:
+            raise RecordsError(f"encode: {len(encoded_headers)} encoded header blocks for {n} values")
+        if any(encoded_headers):
+            header_parts = list(encoded_headers)
             header_lengths = list(map(len, header_parts))
             header_total = sum(header_lengths)
 

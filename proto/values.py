@@ -31,26 +31,28 @@ _SIZE_UNITS = {
 _NUM_UNIT = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_duration_ms(text: str) -> int:
-    """'604800000', '7d', '12h', '30m', '45s', '500ms', '-1' (forever) -> milliseconds."""
+def _number_with_unit(text: str, units: dict[str, int], default_unit: str, not_a: str, known_units: str) -> int:
+    """text as a number and an optional unit of `units` (default_unit when none), in the base unit.
+    not_a and known_units word the errors: "... is not a <not_a>", "use <known_units>"."""
     m = _NUM_UNIT.match(text)
     if not m:
-        raise ValueError(f"{text!r} is not a duration (e.g. 604800000, 7d, 12h, 30m, 45s, -1)")
-    number, unit = m.group(1), m.group(2).lower() or "ms"
-    if unit not in _DURATION_UNITS_MS:
-        raise ValueError(f"unknown unit {m.group(2)!r} in {text!r}; use ms, s, m, h, d or w")
-    return int(float(number) * _DURATION_UNITS_MS[unit])
+        raise ValueError(f"{text!r} is not a {not_a}")
+    number, unit = m.group(1), m.group(2).lower() or default_unit
+    if unit not in units:
+        raise ValueError(f"unknown unit {m.group(2)!r} in {text!r}; use {known_units}")
+    return int(float(number) * units[unit])
+
+
+def parse_duration_ms(text: str) -> int:
+    """'604800000', '7d', '12h', '30m', '45s', '500ms', '-1' (forever) -> milliseconds."""
+    return _number_with_unit(text, _DURATION_UNITS_MS, "ms", "duration (e.g. 604800000, 7d, 12h, 30m, 45s, -1)",
+                             "ms, s, m, h, d or w")
 
 
 def parse_size_bytes(text: str) -> int:
     """'1073741824', '1GiB', '64MiB', '500MB', '-1' (no limit) -> bytes."""
-    m = _NUM_UNIT.match(text)
-    if not m:
-        raise ValueError(f"{text!r} is not a size (e.g. 1073741824, 1GiB, 64MiB, 500MB, -1)")
-    number, unit = m.group(1), m.group(2).lower() or "b"
-    if unit not in _SIZE_UNITS:
-        raise ValueError(f"unknown unit {m.group(2)!r} in {text!r}; use B, KiB, MiB, GiB, KB, MB or GB")
-    return int(float(number) * _SIZE_UNITS[unit])
+    return _number_with_unit(text, _SIZE_UNITS, "b", "size (e.g. 1073741824, 1GiB, 64MiB, 500MB, -1)",
+                             "B, KiB, MiB, GiB, KB, MB or GB")
 
 
 def parse_setting(name: str, value: object) -> object:

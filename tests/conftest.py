@@ -12,7 +12,7 @@ import os
 import pathlib
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
@@ -23,6 +23,7 @@ import pytest
 # The suite forks children while its in-process servers' channels are live, so it turns that off.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
+from dmq.client import AdminClient  # noqa: E402
 from dmq.client.cli.runner import ClusterOptions, ClusterThread  # noqa: E402
 from tests.etcd_server import EtcdServer, running_etcd  # noqa: E402
 
@@ -34,14 +35,19 @@ os.environ["DMQ_METRICS_PORT"] = "0"
 
 @pytest.fixture
 def cluster_factory(tmp_path: pathlib.Path) -> Iterator[Callable[..., ClusterThread]]:
-    """Start clusters with custom options; every one started is stopped after the test."""
+    """Start clusters with custom options; every one started is stopped after the test.
+    topics={name: partitions}: created once the cluster is up."""
     started: list[ClusterThread] = []
 
-    def make(**kwargs: object) -> ClusterThread:
+    def make(topics: Mapping[str, int] | None = None, **kwargs: object) -> ClusterThread:
         data_dir = kwargs.pop("data_dir", None) or tmp_path / f"cluster-{len(started)}"
         thread = ClusterThread(ClusterOptions(data_dir=data_dir, **kwargs))  # type: ignore[arg-type]
         thread.start()
         started.append(thread)
+        if topics:
+            with AdminClient(thread.bootstrap) as admin:
+                for name, partitions in topics.items():
+                    admin.create_topic(name, partitions)
         return thread
 
     yield make

@@ -11,7 +11,10 @@ The writer thread (owned here, stopped by close()):
     in memory, index.py: a check costs microseconds and sees the appends before it), and the
     index file is written once per append, never fsynced on this path (the log's group commit
     is the fsync; the log is the truth).
-Reads run in the writer too: the index's memory is the writer's alone. A read is one index
+Reads run in the writer too: the index's memory is the writer's alone. While the writer is idle
+(no job in flight, none queued), the loop appends and reads itself instead (`_idle_index`): jobs
+are only submitted from the loop, so the writer cannot start one meanwhile, and a hand-off to the
+thread and back cost more than an append. A read is one index
 lookup: the index file keeps a copy of each event's payload, metadata and time beside its type
 and tags (copied from the log, so catch_up() derives the same records), and no record is read or
 parsed. The price: a large read delays the appends queued behind it (a read answer is bounded:
@@ -42,7 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import structlog
 
@@ -54,7 +57,7 @@ from dmq.broker.events.query import QueryItem
 from dmq.broker.log import LogClosedError, LogError, PartitionLog, StorageUnavailableError
 from dmq.broker.replication.replica import NotEnoughReplicas, NotLeaderForPartition
 from dmq.proto import records
-from dmq.proto.event_headers import event_headers
+from dmq.proto.event_headers import encode_events_headers
 
 __all__ = ["EventStore", "NewEvent", "Condition", "Replication", "Unreplicated"]
 
@@ -62,9 +65,17 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
+# An append of at most this many events runs on the event loop when the writer is idle
+# (_append_inline); a larger one goes to the writer thread, so the loop is never held long.
+INLINE_EVENTS_MAX = 1_000
+# Likewise a read of at most this many events (a page of the client's read(): the broker's default).
+INLINE_READ_EVENTS_MAX = 10_000
 
-@dataclass(frozen=True, slots=True)
-class NewEvent:
+
+class NewEvent(NamedTuple):
+    """An event to append. A tuple, not a dataclass: an append of many events makes one each,
+    and a tuple is made several times faster."""
+
     type: str
     tags: tuple[str, ...]
     payload: bytes
@@ -85,7 +96,7 @@ class _Job:
     events: Sequence[NewEvent]
     condition: Condition | None
     batch: bytes
-    done: asyncio.Future[tuple[int, int]]
+    done: asyncio.Future[tuple[int, int]] | None  # None: appended inline, on the loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +167,10 @@ class EventStore:
         self._queue: list[_Job] = []  # appends waiting for the writer
         self._draining = False  # a writer job is appending; it hands the queue on when done
         self._following = False  # a follower's index catch-up is queued on the writer
+        # Writer jobs submitted and not yet seen done on the loop: while 0, the writer thread runs
+        # nothing and cannot start anything (jobs are only submitted from the loop), so the loop
+        # may append itself (`_append_inline`).
+        self._writer_jobs = 0
 
     def __repr__(self) -> str:
         end = self._index.end if self._index is not None else None
@@ -178,12 +193,23 @@ class EventStore:
         if fut is not None and not fut.done():
             fut.set_result(None)
 
+    def _submit(self, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
+        """fn(*args) on the writer thread, counted in `_writer_jobs` until the loop sees it done.
+        On the loop only; RuntimeError when the writer is shut down."""
+        fut = asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+        self._writer_jobs += 1
+        fut.add_done_callback(self._writer_job_done)
+        return fut
+
+    def _writer_job_done(self, _fut: asyncio.Future[Any]) -> None:
+        self._writer_jobs -= 1
+
     async def ensure_open(self) -> None:
         """Open on first use (catching the index up may read the whole log: done once, shared)."""
         if self._closed:
             raise LogClosedError(f"the event store {self.topic} is closed")
         if self._opened is None:
-            self._opened = asyncio.get_running_loop().run_in_executor(self._writer, self._open)
+            self._opened = self._submit(self._open)
         await asyncio.shield(self._opened)
 
     def _open(self) -> None:
@@ -200,12 +226,11 @@ class EventStore:
             return
         self._closed = True
         self._notify()
-        loop = asyncio.get_running_loop()
         if self._opened is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._opened)
         if self._index is not None:
-            await loop.run_in_executor(self._writer, self._close_writer)
+            await self._submit(self._close_writer)
         await asyncio.to_thread(self._writer.shutdown, True)
 
     def _close_writer(self) -> None:
@@ -216,17 +241,14 @@ class EventStore:
             if self._progress is not None:
                 self._progress.close()
 
-    async def _in(self, executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
+    async def on_writer(self, fn: Callable[[], T]) -> T:
         await self.ensure_open()
         try:
-            fut = asyncio.get_running_loop().run_in_executor(executor, fn)
+            fut = self._submit(fn)
         except RuntimeError as e:  # the executor is shut down: the broker is stopping
             raise LogClosedError(f"the event store {self.topic} is closing") from e
         # shielded: a cancelled caller must not leave the store's state half-changed
         return await asyncio.shield(fut)
-
-    async def on_writer(self, fn: Callable[[], T]) -> T:
-        return await self._in(self._writer, fn)
 
     # -- replicas -----------------------------------------------------------------------------------
 
@@ -235,11 +257,10 @@ class EventStore:
         store is closed or closing."""
         if self._closed:
             return None
-        loop = asyncio.get_running_loop()
         try:
             if self._opened is None:
-                self._opened = loop.run_in_executor(self._writer, self._open)
-            fut = loop.run_in_executor(self._writer, fn)
+                self._opened = self._submit(self._open)
+            fut = self._submit(fn)
         except RuntimeError:  # the writer is shut down: the store is closing
             return None
 
@@ -303,19 +324,23 @@ class EventStore:
         """Store `events` atomically unless the condition fails (ConditionFailedError); the last
         position and the append time."""
         max_batch = self.plog.config.max_batch_bytes
+        types, tags, payloads, metadata = zip(*events)  # NewEvents are tuples: the columns, in C
         batch = records.encode(
-            [e.payload for e in events],
-            headers=[event_headers(e.type, e.tags, e.metadata) for e in events],
+            payloads,
+            encoded_headers=encode_events_headers(types, tags, metadata),
             timestamp_ms=self._clock(),
             max_batch_bytes=max_batch,
             max_record_bytes=max_batch,
         )
         await self.ensure_open()
-        done: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Job(events, condition, batch, done))
-        if not self._draining:
-            self._drain()
-        info_end, append_ms = await asyncio.shield(done)
+        if self._may_append_inline(len(events)):
+            info_end, append_ms = self._append_inline(_Job(events, condition, batch, None))
+        else:
+            done: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+            self._queue.append(_Job(events, condition, batch, done))
+            if not self._draining:
+                self._drain()
+            info_end, append_ms = await asyncio.shield(done)
         self._replication.appended()
         if self.plog.config.flush_policy == "fsync":
             try:
@@ -333,14 +358,44 @@ class EventStore:
         self._notify()
         return info_end, append_ms
 
+    def _idle_index(self) -> EventIndex | None:
+        """The index, when the loop may use it itself: the writer idle with nothing queued (so
+        nothing else reads or changes the index meanwhile: the loop is the append lock now) and
+        the index caught up with the log; else None (the writer's turn)."""
+        index = self._index
+        if (self._writer_jobs or self._queue or index is None or self._closed
+                or index.end != self.plog.log_end_offset):
+            return None
+        return index
+
+    def _may_append_inline(self, count: int) -> bool:
+        """_idle_index(), and the append small enough not to hold the loop long."""
+        return count <= INLINE_EVENTS_MAX and self._idle_index() is not None
+
+    def _append_inline(self, job: _Job) -> tuple[int, int]:
+        """_append_all for one append, on the loop: no hand-off to the writer thread and back
+        (a submit, a thread wake-up, a call_soon_threadsafe and the GIL passed twice cost more
+        server CPU than the append itself). Once the batch is in the log its group-commit fsync
+        starts in the flush pool (PartitionLog.begin_flush, when the disk is too slow for the
+        loop), so the index record is built and written while the disk syncs. The index file's
+        periodic fsync goes to the writer."""
+        [result] = self._append_all([job], on_loop=True)
+        index = self._index
+        if index is not None and index.sync_due():
+            self._start(index.sync, "sync the event index")
+        if isinstance(result, Exception):
+            raise result
+        return result
+
     def _drain(self) -> None:
         """Hand every queued append to the writer as one job (one index transaction for all)."""
         jobs, self._queue = self._queue, []
         try:
-            fut = asyncio.get_running_loop().run_in_executor(self._writer, self._append_all, jobs)
+            fut = self._submit(self._append_all, jobs)
         except RuntimeError:  # the writer is shut down: the store is closing
             self._draining = False
             for job in jobs:
+                assert job.done is not None
                 job.done.set_exception(LogClosedError(f"the event store {self.topic} is closing"))
             return
         self._draining = True
@@ -349,6 +404,7 @@ class EventStore:
             error = f.exception() if not f.cancelled() else LogClosedError(f"the event store {self.topic} is closing")
             results: list[tuple[int, int] | BaseException] = [error] * len(jobs) if error else list(f.result())
             for i, job in enumerate(jobs):
+                assert job.done is not None  # queued jobs have their future
                 if job.done.done():
                     continue
                 result = results[i] if i < len(results) else LogClosedError(f"the event store {self.topic} is closing")
@@ -368,13 +424,15 @@ class EventStore:
         if self._index.end != self.plog.log_end_offset:
             self._index.catch_up(self.plog)
 
-    def _append_all(self, jobs: list[_Job]) -> list[tuple[int, int] | Exception]:
-        """In the writer: each job's condition checked against the index, which already holds the
+    def _append_all(self, jobs: list[_Job], *, on_loop: bool = False) -> list[tuple[int, int] | Exception]:
+        """In the writer (or, `on_loop`, on the event loop while the writer is idle:
+        _append_inline): each job's condition checked against the index, which already holds the
         jobs before it (staged in the same transaction), then its batch appended and indexed.
 
-        When the index fails (its file cannot be written), the jobs not yet done get a retriable error: checking them
-        against an index that lacks events would be wrong. The events already appended are in
-        the log (the truth) and are reported stored; they are indexed again from the log."""
+        When the index fails (its file cannot be written), the jobs not yet done get a retriable
+        error: checking them against an index that lacks events would be wrong. The events
+        already appended are in the log (the truth) and are reported stored; they are indexed
+        again from the log (by the writer when on the loop: a catch-up may read much of the log)."""
         if self._closed:
             raise LogClosedError(f"the event store {self.topic} is closing")
         index = self._index
@@ -382,11 +440,12 @@ class EventStore:
         out: list[tuple[int, int] | Exception] = []
         try:
             self._follow_log()
-            with index.transaction():
+            on_logged = self.plog.begin_flush if on_loop else None
+            with index.transaction(sync=not on_loop):
                 for job in jobs:
                     try:
                         self._replication.check_writable()
-                        out.append(self._append_one(index, job.events, job.condition, job.batch))
+                        out.append(self._append_one(index, job.events, job.condition, job.batch, on_logged))
                     except (EventStoreError, LogError, records.RecordsError, NotLeaderForPartition,
                             NotEnoughReplicas) as e:
                         out.append(e)
@@ -395,14 +454,18 @@ class EventStore:
                         raise e.cause from None
         except OSError as e:
             log.warning("event index write failed; re-indexing from the log", topic=self.topic, error=str(e))
-            with contextlib.suppress(OSError):
-                index.catch_up(self.plog)
+            if on_loop:
+                self._start(self._follow_log, "re-index from the log")
+            else:
+                with contextlib.suppress(OSError):
+                    index.catch_up(self.plog)
             out += [StorageUnavailableError(f"{self.topic}: the event index is unavailable ({e}); nothing of this "
                                             "append was stored; retry") for _ in jobs[len(out):]]
         return out
 
     def _append_one(
-        self, index: EventIndex, events: Sequence[NewEvent], condition: Condition | None, batch: bytes
+        self, index: EventIndex, events: Sequence[NewEvent], condition: Condition | None, batch: bytes,
+        on_logged: Callable[[], object] | None = None,
     ) -> tuple[int, int]:
         if condition is not None:
             conflict = index.first_match(condition.query, condition.after, index.end)
@@ -413,14 +476,17 @@ class EventStore:
                     conflict,
                 )
         info = self.plog.append(batch)
+        if on_logged is not None:  # on the loop: the log's fsync starts while the index record is written
+            on_logged()
         # every record of the batch has its first timestamp (append() encodes one), as the log keeps it
         ms = records.read_header(batch, 0, max_batch_bytes=len(batch)).first_timestamp
         result = (info.last_offset + 1, info.append_time_ms)
         try:
-            # the same rows catch_up() derives from the log (index.py)
-            base = info.base_offset
-            index.stage([(base + 1 + i, e.type, e.tags, base, e.payload, e.metadata, ms) for i, e in enumerate(events)],
-                        info.last_offset + 1)
+            # the same records catch_up() derives from the log (index.py), column by column
+            base, n = info.base_offset, len(events)
+            types, tags, payloads, metadata = zip(*events)
+            index.stage_columns(range(base + 1, base + 1 + n), types, list(map("\n".join, tags)), [base] * n,
+                                payloads, metadata, [ms] * n, info.last_offset + 1, tags)
         except OSError as e:
             raise _IndexWriteFailed(result, e) from e
         return result
@@ -434,6 +500,9 @@ class EventStore:
         alone (its fragments hold each event whole), no record read from the log."""
         await self.ensure_open()
         until = self.readable_end()
+        index = self._idle_index() if limit <= INLINE_READ_EVENTS_MAX else None
+        if index is not None:  # as an append: on the loop while the writer is idle (no hand-off)
+            return index.read_packed(query, after, until, limit), until
         return await self.on_writer(lambda: self._writer_index().read_packed(query, after, until, limit)), until
 
     async def read(self, query: Sequence[QueryItem], after: int, limit: int) -> tuple[EventColumns, int]:

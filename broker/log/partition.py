@@ -1127,6 +1127,39 @@ class PartitionLog:
                 self._check_epoch(epoch, end_offset)
                 raise
 
+    def begin_flush(self) -> bool:
+        """Start now, in the flush pool, the group-commit flush that wait_durable() would start
+        for what is written so far (flush policy "fsync"), so that a writer with more to do
+        before it waits (an event store writing its index record) does it while the disk syncs.
+        Nothing (False) when a flush is in flight (wait_durable waits for it, then the next),
+        everything is durable, the fsync would run on the loop's own thread anyway
+        (FsyncPlacement: the disk is fast), or the flush cannot be prepared (wait_durable then
+        fails it as usual). On the event loop; never blocks."""
+        if self.config.flush_policy != "fsync" or self.durable_end_offset >= self.log_end_offset:
+            return False
+        loop = asyncio.get_running_loop()
+        fut = self._inflight
+        if fut is not None and not fut.done() and fut.get_loop() is loop:
+            return False
+        if self._placement is not None and self._placement.inline_ok():
+            return False
+        try:
+            with self._lock:
+                job = self._prepare_flush()
+        except LogError:
+            return False
+        if job is None:
+            return False
+        try:
+            fut = loop.run_in_executor(self._get_executor(), self._run_job, job)
+        except RuntimeError:  # the pool is shut down: the log is closing
+            for path, fd in job.fds:
+                self._cache.unpin(path, fd)
+            return False
+        self._inflight = fut
+        fut.add_done_callback(self._clear_inflight)
+        return True
+
     async def _flush_inline(self, end_offset: int) -> None:
         """One flush on this (the event loop's) thread. It first yields once, so that the appends
         of requests already due on the loop join this fsync (group commit), as they would join a

@@ -118,9 +118,11 @@ class QueueServicer:
     def _queues(self) -> QueueManager:
         return self._node.queues
 
-    def _may_use_lease(self, lease_id: str, rpc: str, *, dead_letters: bool = False) -> None:
-        """PERMISSION_DENIED unless the caller may read the lease's topic and group (and, for a
+    def _check_lease(self, lease_id: str, rpc: str, *, field: str = "lease_id", dead_letters: bool = False) -> None:
+        """INVALID_ARGUMENT (naming `field`) unless lease_id is one QueuePop could have given, then
+        PERMISSION_DENIED unless the caller may read the lease's topic and group (and, for a
         reject, write its dead-letter topic). A lease not live is left to the manager to refuse."""
+        _check_lease_id(lease_id, field)
         lease = self._queues().lease_of(lease_id)
         if lease is None:
             return
@@ -139,8 +141,8 @@ class QueueServicer:
         _check_range(request.lease_ms, limits.LEASE_MS_MIN, limits.LEASE_MS_MAX, "lease_ms", zero_ok=True)
         _check_range(request.timeout_ms, 0, MAX_POP_WAIT_MS, "timeout_ms")
         _check_range(request.max_bytes, 1, MAX_FETCH_RESPONSE_BYTES, "max_bytes", zero_ok=True)
-        if request.ack_lease_id:
-            _check_lease_id(request.ack_lease_id, "ack_lease_id")
+        if request.ack_lease_id:  # may be another group's lease
+            self._check_lease(request.ack_lease_id, "QueuePop", field="ack_lease_id")
         elif request.HasField("ack_up_to_offset"):
             fail(grpc.StatusCode.INVALID_ARGUMENT, "ack_up_to_offset needs ack_lease_id (the lease it acknowledges)")
         queues = self._queues()
@@ -149,7 +151,6 @@ class QueueServicer:
         timeout_s = request.timeout_ms / 1000
         max_bytes = request.max_bytes or DEFAULT_POP_MAX_BYTES
         if request.ack_lease_id:
-            self._may_use_lease(request.ack_lease_id, "QueuePop")  # may be another group's lease
             up_to = request.ack_up_to_offset if request.HasField("ack_up_to_offset") else None
             response.acked_offset, popped = await queues.ack_and_pop(
                 request.ack_lease_id, request.topic, request.group, request.max_records, lease_ms, timeout_s, max_bytes,
@@ -174,8 +175,7 @@ class QueueServicer:
     async def QueueAck(
         self, request: pb.QueueAckRequest, context: grpc.aio.ServicerContext[pb.QueueAckRequest, pb.QueueAckResponse]
     ) -> pb.QueueAckResponse:
-        _check_lease_id(request.lease_id)
-        self._may_use_lease(request.lease_id, "QueueAck")
+        self._check_lease(request.lease_id, "QueueAck")
         up_to = request.up_to_offset if request.HasField("up_to_offset") else None
         acked = await self._queues().ack(request.lease_id, up_to, request.keep_lease)
         return pb.QueueAckResponse(acked_offset=acked)
@@ -184,8 +184,7 @@ class QueueServicer:
     async def QueueNack(
         self, request: pb.QueueNackRequest, context: grpc.aio.ServicerContext[pb.QueueNackRequest, pb.QueueNackResponse]
     ) -> pb.QueueNackResponse:
-        _check_lease_id(request.lease_id)
-        self._may_use_lease(request.lease_id, "QueueNack")
+        self._check_lease(request.lease_id, "QueueNack")
         _check_error(request.error)
         failed = request.failed_offset if request.HasField("failed_offset") else None
         acked, count, dead = await self._queues().nack(request.lease_id, request.error, failed)
@@ -195,8 +194,7 @@ class QueueServicer:
     async def QueueReject(
         self, request: pb.QueueRejectRequest, context: grpc.aio.ServicerContext[pb.QueueRejectRequest, pb.QueueRejectResponse]
     ) -> pb.QueueRejectResponse:
-        _check_lease_id(request.lease_id)
-        self._may_use_lease(request.lease_id, "QueueReject", dead_letters=True)
+        self._check_lease(request.lease_id, "QueueReject", dead_letters=True)
         _check_error(request.error)
         acked, written = await self._queues().reject(request.lease_id, request.offset, request.error)
         return pb.QueueRejectResponse(
@@ -207,8 +205,7 @@ class QueueServicer:
     async def QueueRenew(
         self, request: pb.QueueRenewRequest, context: grpc.aio.ServicerContext[pb.QueueRenewRequest, pb.QueueRenewResponse]
     ) -> pb.QueueRenewResponse:
-        _check_lease_id(request.lease_id)
-        self._may_use_lease(request.lease_id, "QueueRenew")
+        self._check_lease(request.lease_id, "QueueRenew")
         _check_range(request.lease_ms, limits.LEASE_MS_MIN, limits.LEASE_MS_MAX, "lease_ms", zero_ok=True)
         return pb.QueueRenewResponse(expiry_ms=await self._queues().renew(request.lease_id, request.lease_ms))
 

@@ -32,23 +32,24 @@ _console: Any = None
 _err_console: Any = None
 
 
+def _new_console(stream: Any, **options: Any) -> Any:
+    """A rich Console for stream: its terminal's width, or PIPE_WIDTH when it is not a terminal."""
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if stream.isatty() else PIPE_WIDTH, **options)
+
+
 def console() -> Any:
     global _console
     if _console is None:
-        from rich.console import Console
-
-        width = None if sys.stdout.isatty() else PIPE_WIDTH
-        _console = Console(highlight=False, width=width, soft_wrap=False)
+        _console = _new_console(sys.stdout, soft_wrap=False)
     return _console
 
 
 def err_console() -> Any:
     global _err_console
     if _err_console is None:
-        from rich.console import Console
-
-        width = None if sys.stderr.isatty() else PIPE_WIDTH
-        _err_console = Console(stderr=True, highlight=False, width=width)
+        _err_console = _new_console(sys.stderr, stderr=True)
     return _err_console
 
 
@@ -96,6 +97,30 @@ def show(*renderables: Any) -> None:
 
 
 # -- formatting -----------------------------------------------------------------------------------
+
+
+def if_exists_option(what: str) -> Callable[[F], F]:
+    """`--if-exists` for a `delete` command: a `what` that is not there is no error then."""
+    return click.option("--if-exists", is_flag=True, help=f"Succeed quietly when the {what} does not exist.")
+
+
+def show_deletion(
+    delete: Callable[[], object], missing: type[Exception], if_exists: bool, name: str, output: str, done: str,
+    absent: str,
+) -> None:
+    """`dmq ... delete [--if-exists]`: delete(), where `missing` (the thing is not there) is an
+    error unless if_exists; then {"deleted": name, or null} with -o json, else `done` or `absent`."""
+    try:
+        delete()
+        deleted = True
+    except missing:
+        if not if_exists:
+            raise
+        deleted = False
+    if output == "json":
+        print_json({"deleted": name if deleted else None})
+        return
+    show(done if deleted else absent)
 
 
 def human_bytes(n: int | None) -> str:

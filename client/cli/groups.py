@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from dmq.client.cli._errors import admin
-from dmq.client.cli._output import human_time_ms, note, output_option, print_json, show, table
+from dmq.client.cli._output import human_time_ms, if_exists_option, note, output_option, print_json, show, show_deletion, table
 from dmq.client.cli._parse import parse_datetime_ms, parse_partitions
 from dmq.client.cli._session import CLIError
 from dmq.client.errors import DMQError, GroupNotFoundError
@@ -305,21 +305,12 @@ def reset_offsets(ctx: click.Context, group: str, to_earliest: bool, to_latest: 
 
 @groups.command("delete")
 @click.argument("group")
-@click.option("--if-exists", is_flag=True, help="Succeed quietly when the group does not exist.")
+@if_exists_option("group")
 @output_option
 @click.pass_context
 def delete(ctx: click.Context, group: str, if_exists: bool, output: str) -> None:
     """Delete GROUP with its committed offsets and subscription (it must have no members)."""
     _check_group(group)
-    try:
-        admin(ctx).delete_group(group)
-        deleted = True
-    except GroupNotFoundError:
-        if not if_exists:
-            raise
-        deleted = False
-    if output == "json":
-        print_json({"deleted": group if deleted else None})
-        return
-    show(f"Deleted group [bold cyan]{group}[/] and its committed offsets." if deleted
-         else f"Group {group} does not exist; nothing to do.")
+    show_deletion(lambda: admin(ctx).delete_group(group), GroupNotFoundError, if_exists, group, output,
+                  f"Deleted group [bold cyan]{group}[/] and its committed offsets.",
+                  f"Group {group} does not exist; nothing to do.")

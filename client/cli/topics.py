@@ -32,10 +32,12 @@ from dmq.client.cli._output import (
     human_bytes,
     human_duration_ms,
     human_time_ms,
+    if_exists_option,
     note,
     output_option,
     print_json,
     show,
+    show_deletion,
     table,
 )
 from dmq.client.cli._parse import CONFIG_KEYS, parse_topic_config
@@ -305,22 +307,13 @@ def alter(ctx: click.Context, name: str, partitions: int, output: str) -> None:
 
 @topics.command("delete")
 @click.argument("name")
-@click.option("--if-exists", is_flag=True, help="Succeed quietly when the topic does not exist.")
+@if_exists_option("topic")
 @output_option
 @click.pass_context
 def delete(ctx: click.Context, name: str, if_exists: bool, output: str) -> None:
     """Delete topic NAME and all its data (no undo)."""
-    try:
-        admin(ctx).delete_topic(name)
-        deleted = True
-    except TopicNotFoundError:
-        if not if_exists:
-            raise
-        deleted = False
-    if output == "json":
-        print_json({"deleted": name if deleted else None})
-        return
-    show(f"Deleted topic [bold cyan]{name}[/]." if deleted else f"Topic {name} does not exist; nothing to do.")
+    show_deletion(lambda: admin(ctx).delete_topic(name), TopicNotFoundError, if_exists, name, output,
+                  f"Deleted topic [bold cyan]{name}[/].", f"Topic {name} does not exist; nothing to do.")
 
 
 @topics.command("verify")

@@ -144,6 +144,26 @@ class OffsetClient:
         )
         return Outcome(got.done, got.errors)
 
+    def _read_per_broker(
+        self,
+        what: str,
+        rpc: str,
+        tps: Iterable[TopicPartition],
+        send: Callable[[str, str, list[TopicPartition], float], PendingCall[A]],
+        parse: Callable[[A, str], Mapping[TopicPartition, V | DMQError]],
+        timeout_s: float | None,
+    ) -> dict[TopicPartition, V]:
+        """A read through _per_broker that answers for every partition or raises the Outcome's
+        error (a timeout as _timed_out says); a failed call names the rpc and the broker."""
+        outcome = self._per_broker(
+            what, tps, send, parse, lambda e, address, _part: from_rpc_error(e, context=f"{rpc} from broker {address}"),
+            timeout_s,
+        )
+        err = outcome.error(what)
+        if err is not None:
+            raise _timed_out(err, self._config)
+        return outcome.done
+
     # -- commits -----------------------------------------------------------------------------------
 
     def commit_calls(
@@ -316,17 +336,11 @@ class OffsetClient:
         tps = list(tps)
         if not tps:
             return {}
-        outcome = self._per_broker(
-            "reading committed offsets", tps,
+        return self._read_per_broker(
+            "reading committed offsets", "FetchCommittedOffsets", tps,
             lambda topic, address, part, t: self.start_fetch_committed(address, group_ids[topic], part, t),
-            self.parse_committed,
-            lambda e, address, _part: from_rpc_error(e, context=f"FetchCommittedOffsets from broker {address}"),
-            timeout_s,
+            self.parse_committed, timeout_s,
         )
-        err = outcome.error("reading committed offsets")
-        if err is not None:
-            raise _timed_out(err, self._config)
-        return outcome.done
 
     @staticmethod
     def list_offsets_request(queries: Mapping[TopicPartition, int]) -> pb.ListOffsetsRequest:
@@ -363,17 +377,11 @@ class OffsetClient:
         after it (the log end when there is none)."""
         if not queries:
             return {}
-        outcome = self._per_broker(
-            "listing offsets", queries,
+        return self._read_per_broker(
+            "listing offsets", "ListOffsets", queries,
             lambda _topic, address, part, t: self.start_list_offsets(address, {tp: queries[tp] for tp in part}, t),
-            self.parse_list_offsets,
-            lambda e, address, _part: from_rpc_error(e, context=f"ListOffsets from broker {address}"),
-            timeout_s,
+            self.parse_list_offsets, timeout_s,
         )
-        err = outcome.error("listing offsets")
-        if err is not None:
-            raise _timed_out(err, self._config)
-        return outcome.done
 
 
 def _member(memberships: Mapping[str, Membership], topic: str) -> Membership:

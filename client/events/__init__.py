@@ -13,7 +13,9 @@ The names are the DCB specification's (`Event(type, data, tags)`, `Query`, `Quer
 
 - `append(events, condition=None)` stores the events atomically and returns the last position; a
   failed condition raises `AppendConditionError` (its ``position`` is the first conflicting event)
-  and stores nothing. Appends are never retried by the library (a retry could store twice).
+  and stores nothing. Appends are never retried by the library (a retry could store twice). They
+  travel as messages on one open EventAppendStream per store (_stream.py: gRPC's per-call cost
+  paid once), an append from another thread meanwhile as a call of its own.
 - `read(query=None, after=None, limit=None)` -> `ReadResult(events, head)`; it pages through the
   broker's answers until `limit` events or the head. `subscribe(query, after)` iterates matching
   events as they are appended (close() it, or use it as a context manager).
@@ -61,6 +63,7 @@ from dmq.client.errors import (
     from_rpc_error,
 )
 from dmq.client.events._model import AppendCondition, Event, EventType, Query, QueryItem, _query_proto
+from dmq.client.events._stream import AnswerStatus, AppendStream
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto.event_headers import READ_LIMIT_MAX
 
@@ -487,6 +490,11 @@ class EventStore:
         # Prefetching claim_next: claims not yet handed out (with when they were claimed), and the
         # acks recorded locally per group, sent with the group's next call to the broker.
         self._lock = threading.Lock()
+        # append's stream (_stream.py): one append at a time uses it, the others the unary call
+        self._stream_lock = threading.Lock()
+        self._stream: AppendStream | None = None
+        self._stream_supported = True  # False once a broker answered UNIMPLEMENTED (an older one)
+        self._request_timeout_s = request_timeout_ms / 1000
         self._prefetched: dict[tuple[Any, ...], deque[tuple[Claim, float]]] = {}
         self._local_acks: dict[str, list[pb.EventClaimRef]] = {}
 
@@ -503,6 +511,10 @@ class EventStore:
                 self.commit(group, release_prefetched=True)
             except DMQError as e:
                 log.warning("event-store close: acks or releases not sent", topic=self.topic, group=group, error=str(e))
+        with self._stream_lock:
+            if self._stream is not None:
+                self._stream.close()
+                self._stream = None
         if self._own_cluster:
             self._cluster.close()
 
@@ -536,7 +548,49 @@ class EventStore:
         request = pb.EventAppendRequest(topic=self.topic, events=[e.to_proto() for e in batch])
         if condition is not None:
             request.condition.CopyFrom(condition.to_proto())
+        if self._stream_supported and self._stream_lock.acquire(blocking=False):
+            try:
+                answer = self._append_streamed(request)
+            finally:
+                self._stream_lock.release()
+            if answer is not None:
+                return int(answer.last_position)
         return int(self._call("EventAppend", request).last_position)
+
+    def _append_streamed(self, request: pb.EventAppendRequest) -> pb.EventAppendResponse | None:
+        """The append on the store's stream (_stream.py; the caller holds _stream_lock); None
+        when the broker has no stream (UNIMPLEMENTED: nothing was appended), and then the unary
+        call is used from now on. Never retried, as the unary append is not."""
+        cluster = self._cluster
+        address = cluster.leader_for(self.topic, 0)
+        stream = self._stream
+        if stream is None or not stream.usable(address):
+            if stream is not None:
+                stream.close()
+            # each append waits at most twice request_timeout_ms (see _stream.py)
+            stream = self._stream = AppendStream(cluster.broker_stub(address), address, 2 * self._request_timeout_s)
+        try:
+            answer = stream.send(request)
+            error: grpc.RpcError | None = AnswerStatus(answer) if answer.status_code else None
+        except grpc.RpcError as e:
+            stream.close()
+            self._stream = None
+            if e.code() is grpc.StatusCode.UNIMPLEMENTED:
+                self._stream_supported = False
+                log.info("the broker has no EventAppendStream: appends take one call each", topic=self.topic,
+                         broker=address)
+                return None
+            error = e
+        if error is None:
+            return answer
+        err = from_rpc_error(error, context=f"EventAppend on {self.topic} at {address}",
+                             overrides={grpc.StatusCode.NOT_FOUND: TopicNotFoundError})
+        if err.invalid_metadata or err.code in ("NOT_FOUND", "UNAVAILABLE"):
+            cluster.invalidate(self.topic)  # the leader may have moved: the next append looks it up
+            if self._stream is not None:
+                self._stream.close()
+                self._stream = None
+        raise err from None
 
     def read(self, query: Query | Sequence[QueryItem] | None = None, after: int | None = None,
              limit: int | None = None) -> ReadResult:

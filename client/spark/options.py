@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -404,26 +404,32 @@ def _parse_offsets(name: str, raw: str, *, allow: tuple[str, ...]) -> OffsetSpec
             f"option {name!r} must be 'earliest', 'latest' or per-partition JSON such as "
             f'{{"orders": {{"0": 23, "1": -2}}}}, got {raw!r}'
         )
-    data = _json(name, raw, '{"orders": {"0": 23, "1": -2}}')
-    if not isinstance(data, dict) or not data:
-        raise OptionError(f"option {name!r} must be a JSON object of topic -> {{partition: offset}}")
     offsets: dict[tuple[str, int], int] = {}
+    for topic, partition, off in _per_partition(name, raw, "offset", '{"orders": {"0": 23, "1": -2}}'):
+        if not isinstance(off, int) or isinstance(off, bool) or off < EARLIEST:
+            raise OptionError(
+                f"option {name!r}: offset of {topic}[{partition}] must be an integer >= 0, "
+                f"or -2 (earliest) / -1 (latest); got {off!r}"
+            )
+        if off == EARLIEST and "earliest" not in allow:
+            raise OptionError(_not_allowed(name, "earliest (-2)"))
+        if off == LATEST and "latest" not in allow:
+            raise OptionError(_not_allowed(name, "latest (-1)"))
+        offsets[(topic, partition)] = off
+    return OffsetSpec("specific", offsets)
+
+
+def _per_partition(name: str, raw: str, what: str, example: str) -> Iterator[tuple[str, int, object]]:
+    """Option `name`'s JSON object of topic -> {partition: <what>}: (topic, partition, value) for
+    each entry, the value for the caller to check."""
+    data = _json(name, raw, example)
+    if not isinstance(data, dict) or not data:
+        raise OptionError(f"option {name!r} must be a JSON object of topic -> {{partition: {what}}}, e.g. {example}")
     for topic, parts in data.items():
         if not isinstance(parts, dict) or not parts:
-            raise OptionError(f"option {name!r}: topic {topic!r} must map to an object of partition -> offset")
-        for p, off in parts.items():
-            partition = _partition_key(name, topic, p)
-            if not isinstance(off, int) or isinstance(off, bool) or off < EARLIEST:
-                raise OptionError(
-                    f"option {name!r}: offset of {topic}[{partition}] must be an integer >= 0, "
-                    f"or -2 (earliest) / -1 (latest); got {off!r}"
-                )
-            if off == EARLIEST and "earliest" not in allow:
-                raise OptionError(_not_allowed(name, "earliest (-2)"))
-            if off == LATEST and "latest" not in allow:
-                raise OptionError(_not_allowed(name, "latest (-1)"))
-            offsets[(topic, partition)] = off
-    return OffsetSpec("specific", offsets)
+            raise OptionError(f"option {name!r}: topic {topic!r} must map to an object of partition -> {what}")
+        for p, value in parts.items():
+            yield topic, _partition_key(name, topic, p), value
 
 
 def _partition_key(name: str, topic: str, p: str) -> int:
@@ -457,22 +463,15 @@ def _parse_pattern(raw: str) -> str:
 
 
 def _parse_timestamps(name: str, raw: str) -> OffsetSpec:
-    example = '{"orders": {"0": 1700000000000, "1": 1700000000000}}'
-    data = _json(name, raw, example)
-    if not isinstance(data, dict) or not data:
-        raise OptionError(f"option {name!r} must be a JSON object of topic -> {{partition: timestamp_ms}}, e.g. {example}")
     stamps: dict[tuple[str, int], int] = {}
-    for topic, parts in data.items():
-        if not isinstance(parts, dict) or not parts:
-            raise OptionError(f"option {name!r}: topic {topic!r} must map to an object of partition -> timestamp_ms")
-        for p, ts in parts.items():
-            partition = _partition_key(name, topic, p)
-            if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
-                raise OptionError(
-                    f"option {name!r}: timestamp of {topic}[{partition}] must be an integer >= 0 (ms since the "
-                    f"epoch), got {ts!r}"
-                )
-            stamps[(topic, partition)] = ts
+    example = '{"orders": {"0": 1700000000000, "1": 1700000000000}}'
+    for topic, partition, ts in _per_partition(name, raw, "timestamp_ms", example):
+        if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
+            raise OptionError(
+                f"option {name!r}: timestamp of {topic}[{partition}] must be an integer >= 0 (ms since the "
+                f"epoch), got {ts!r}"
+            )
+        stamps[(topic, partition)] = ts
     return OffsetSpec("timestamps", stamps)
 
 

@@ -115,8 +115,7 @@ def handle_join(group: Group, request: JoinGroupRequest, now_ms: int) -> Result[
     )
     group.members[member_id] = member
     group.index_consumer(member)
-    _touch_session(group, member, now_ms)
-    _touch_poll(group, member, now_ms)
+    _touch_active(group, member, now_ms)
     events.append(MemberJoined(group.group_id, member_id, request.client_id))
     _request_rebalance(group, now_ms, events)
     return Result(_join_response(group, member, rejoined=False), events=tuple(events))
@@ -174,8 +173,7 @@ def handle_get_assignment(
     """
     member = prove_member(group, request.member_id, request.member_secret)
     events: list[Event] = []
-    _touch_session(group, member, now_ms)
-    _touch_poll(group, member, now_ms)
+    _touch_active(group, member, now_ms)
     member.acked_generation = group.generation
 
     member_id = member.member_id
@@ -237,8 +235,7 @@ def handle_heartbeat(
 
 def handle_poll(group: Group, request: PollRequest, now_ms: int) -> Result[PollResponse]:
     member = group.member(request.member_id)
-    _touch_session(group, member, now_ms)
-    _touch_poll(group, member, now_ms)
+    _touch_active(group, member, now_ms)
     return Result(PollResponse(generation=group.generation))
 
 
@@ -288,8 +285,7 @@ def check_ownership(
             )
     if reasons:
         raise NotOwnerError(group.group_id, member.member_id, reasons)
-    _touch_session(group, member, now_ms)
-    _touch_poll(group, member, now_ms)
+    _touch_active(group, member, now_ms)
     return Result(CheckOwnershipResponse(generation=group.generation))
 
 
@@ -363,6 +359,12 @@ def handle_coordinator_pause(group: Group, paused_ms: int, now_ms: int) -> Resul
 
 
 # ------------------------------------------------------------------------------- internals
+
+
+def _touch_active(group: Group, member: Member, now_ms: int) -> None:
+    """The member spoke and is polling: its session and its poll interval both start again."""
+    _touch_session(group, member, now_ms)
+    _touch_poll(group, member, now_ms)
 
 
 def _touch_session(group: Group, member: Member, now_ms: int) -> None:

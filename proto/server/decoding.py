@@ -11,8 +11,9 @@ the resources of a request that has none), answers it INVALID_ARGUMENT:
     request: the bytes do not decode as a dmq.v1.QueuePopRequest (Error parsing message ...)
 
 Every service the servers register goes through it, the health service included. A method whose
-requests arrive as a stream would get Undecodable items in its iterator; no service of ours has
-one, so such handlers are left as they are (and so are raw-bytes methods, nothing to decode).
+requests arrive as a stream (EventAppendStream) gets its iterator guarded: a message that does not
+decode ends the stream so, before the handler sees it. Raw-bytes methods are left as they are
+(nothing to decode).
 """
 
 from __future__ import annotations
@@ -78,13 +79,32 @@ def _guard_stream(behavior: Behavior) -> Callable[..., AsyncIterator[Any]]:
     return guarded
 
 
+def _guard_request_stream(behavior: Behavior) -> Callable[..., AsyncIterator[Any]]:
+    """A stream of requests (EventAppendStream): one that does not decode ends the stream with
+    INVALID_ARGUMENT naming its type, before the handler sees it."""
+    async def guarded(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        async def decoded() -> AsyncIterator[Any]:
+            async for request in requests:
+                if type(request) is Undecodable:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+                yield request
+
+        async for item in stream_behavior(behavior, decoded(), context):
+            yield item
+
+    return guarded
+
+
 def guard(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
     """`handler` with a deserializer that never raises and a behaviour refusing what it could not
-    decode; unchanged when its requests are a stream or raw bytes."""
+    decode; unchanged when its requests are raw bytes (or a stream answered once: none is)."""
     deserializer = handler.request_deserializer
-    if deserializer is None or handler.request_streaming:
+    if deserializer is None or handler.stream_unary is not None:
         return handler
     decode = tolerant(deserializer, message_type_of(deserializer, method))
+    if handler.stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(_guard_request_stream(handler.stream_stream), decode,
+                                                     handler.response_serializer)
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(_guard_unary(handler.unary_unary), decode,
                                                    handler.response_serializer)

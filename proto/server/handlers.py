@@ -40,22 +40,16 @@ def rewrap(
     stream: Callable[[Behavior], Callable[..., AsyncIterator[Any]]],
 ) -> grpc.RpcMethodHandler[Any, Any]:
     """The handler with its behavior wrapped by `unary` (one answer) or `stream` (a stream)."""
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(
-            unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
-        )
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(
-            unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
-        )
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
-        )
-    if handler.stream_stream is not None:
-        return grpc.stream_stream_rpc_method_handler(
-            stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
-        )
+    # (behavior, the grpc factory for its kind, the wrapping for its answer): at most one is set
+    kinds: tuple[tuple[Behavior | None, Callable[..., grpc.RpcMethodHandler[Any, Any]], Callable[[Behavior], Any]], ...] = (
+        (handler.unary_unary, grpc.unary_unary_rpc_method_handler, unary),
+        (handler.stream_unary, grpc.stream_unary_rpc_method_handler, unary),
+        (handler.unary_stream, grpc.unary_stream_rpc_method_handler, stream),
+        (handler.stream_stream, grpc.stream_stream_rpc_method_handler, stream),
+    )
+    for behavior, factory, wrap in kinds:
+        if behavior is not None:
+            return factory(wrap(behavior), handler.request_deserializer, handler.response_serializer)
     return handler  # no behavior at all: grpc answers UNIMPLEMENTED as it would without us
 
 

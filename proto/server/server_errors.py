@@ -24,7 +24,7 @@ from dmq.proto import error_details
 from dmq.proto.names import FieldError, cap_message
 from dmq.proto.server.domain_errors import DomainError, ErrorCode
 
-__all__ = ["RpcAbort", "fail", "rpc_handler", "status_code", "domain_status"]
+__all__ = ["RpcAbort", "fail", "rpc_handler", "rpc_status", "status_code", "domain_status"]
 
 # How much of an unexpected exception's text an INTERNAL status echoes: it may quote request data.
 INTERNAL_DETAIL_MAX_CHARS = 300
@@ -83,6 +83,27 @@ Handler = Callable[..., Awaitable[Any]]
 Translate = Callable[[Any, Exception], "RpcAbort | None"]
 
 
+def rpc_status(e: Exception, *, log: _Logger, servicer: Any, translate: Translate | None, rpc: str,
+               request: Any = None) -> RpcAbort:
+    """The status a handler's exception is answered with (rpc_handler's rules, for a handler
+    that answers a refusal itself, e.g. one message of a stream): an RpcAbort as it is, a
+    DomainError or FieldError by its code, a translated error, anything else INTERNAL (logged)."""
+    if isinstance(e, RpcAbort):
+        return e
+    translated = domain_status(e)
+    if translated is None and translate is not None:
+        translated = translate(servicer, e)
+    if translated is not None:
+        if translated.code == grpc.StatusCode.INTERNAL:  # a DomainError that says it is a bug
+            log.exception("handler failed", rpc=rpc, error=str(e))
+        return translated
+    log.exception("handler failed", rpc=rpc, group=getattr(request, "group_id", None) or None)
+    detail = str(e)
+    if len(detail) > INTERNAL_DETAIL_MAX_CHARS:
+        detail = detail[:INTERNAL_DETAIL_MAX_CHARS] + "... (cut)"
+    return RpcAbort(grpc.StatusCode.INTERNAL, f"internal error in {rpc}: {type(e).__name__}: {detail}")
+
+
 def rpc_handler(
     *, log: _Logger, translate: Translate | None = None, before: Callable[[Any], None] | None = None
 ) -> Callable[[Handler], Handler]:
@@ -101,22 +122,8 @@ def rpc_handler(
                 return await method(self, request, context)
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
-            except RpcAbort as e:
-                status: RpcAbort = e
             except Exception as e:  # noqa: BLE001 - the last line of defence of a server
-                translated = domain_status(e)
-                if translated is None and translate is not None:
-                    translated = translate(self, e)
-                if translated is not None:
-                    if translated.code == grpc.StatusCode.INTERNAL:  # a DomainError that says it is a bug
-                        log.exception("handler failed", rpc=name, error=str(e))
-                    status = translated
-                else:
-                    log.exception("handler failed", rpc=name, group=getattr(request, "group_id", None) or None)
-                    detail = str(e)
-                    if len(detail) > INTERNAL_DETAIL_MAX_CHARS:
-                        detail = detail[:INTERNAL_DETAIL_MAX_CHARS] + "... (cut)"
-                    status = RpcAbort(grpc.StatusCode.INTERNAL, f"internal error in {name}: {type(e).__name__}: {detail}")
+                status = rpc_status(e, log=log, servicer=self, translate=translate, rpc=name, request=request)
             await context.abort(status.code, cap_message(status.message), trailing_metadata=status.trailing_metadata())
             raise AssertionError("unreachable: context.abort raises")
 

@@ -9,7 +9,6 @@ import os
 import pathlib
 import re
 import select
-import signal
 import subprocess
 import time
 import urllib.error
@@ -25,6 +24,7 @@ from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from tests.cli.conftest import dmq_executable
+from tests.processes import stop_process
 from tests.security.conftest import server_security
 
 START_TIMEOUT_S = 30.0
@@ -92,13 +92,7 @@ class ConsoleProcess:
 
     def stop(self) -> int:
         """SIGTERM, then the exit code (the console stops cleanly on it)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(START_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(START_TIMEOUT_S)
+        stop_process(self.proc, START_TIMEOUT_S)
         assert self.proc.stdout is not None and self.proc.stderr is not None
         self.proc.stdout.close()
         self.stderr = self.proc.stderr.read().decode(errors="replace")

@@ -11,7 +11,6 @@ import os
 import pathlib
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests import polling
+from tests.processes import stop_process, wait_until_a_broker_is_alive
 
 # A deadline on readiness, not a wait: `dmq server --brokers 3` starts its brokers once its
 # coordinator listens, four processes importing grpc, which took over 30 s under load average 18.
@@ -116,7 +116,6 @@ class ServerProcess:
         registered (created topics need a live broker)."""
         import grpc
 
-        from dmq.proto import dmq_pb2 as pb
         from dmq.proto import dmq_pb2_grpc as pb_grpc
 
         deadline = time.monotonic() + timeout_s
@@ -132,17 +131,8 @@ class ServerProcess:
             else:
                 time.sleep(0.05)
         with grpc.insecure_channel(self.bootstrap) as channel:
-            stub = pb_grpc.MetadataStub(channel)
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"dmq server exited with {self.proc.returncode}: {self.log_tail()}")
-                try:
-                    answer = stub.ListBrokers(pb.ListBrokersRequest(), timeout=1.0)
-                    if any(b.alive for b in answer.brokers):
-                        return
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.05)
+            if wait_until_a_broker_is_alive(pb_grpc.MetadataStub(channel), self.proc, deadline, self.log_tail):
+                return
         raise TimeoutError(f"dmq server at {self.bootstrap} not ready in {timeout_s}s: {self.log_tail()}")
 
     def metrics_url(self) -> str:
@@ -155,13 +145,7 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")[-chars:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(SERVER_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(SERVER_STOP_TIMEOUT_S)
+        stop_process(self.proc, SERVER_STOP_TIMEOUT_S)
         self._log.close()
 
 
@@ -170,6 +154,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One live `dmq server` for the whole test module (starting one costs about a second)."""
     base = tmp_path_factory.mktemp("dmq-server")
     srv = ServerProcess(base / "data", base / "server.log")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def metered_server(tmp_path: pathlib.Path) -> Iterator[ServerProcess]:
+    """A `dmq server` of the test's own serving /metrics (`--metrics-port auto`), ready."""
+    srv = ServerProcess(tmp_path / "data", tmp_path / "server.log", ("--metrics-port", "auto"))
     try:
         srv.wait_ready()
         yield srv

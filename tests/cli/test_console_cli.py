@@ -51,6 +51,17 @@ def console(server: ServerProcess) -> Iterator[ConsoleProcess]:
         assert proc.stop() == 0, proc.stderr
 
 
+def _topic_with_records(bootstrap: str, topic: str, partitions: int, n: int, value_prefix: bytes = b"v",
+                        config: dict[str, int] | None = None) -> None:
+    """topic created, then n records value_prefix + b"0", b"1"... round-robin over its partitions, each
+    acknowledged before the next."""
+    with AdminClient(bootstrap) as admin:
+        admin.create_topic(topic, partitions=partitions, config=config)
+    with Producer(bootstrap) as p:
+        for i in range(n):
+            p.send(topic, value_prefix + b"%d" % i, partition=i % partitions).get(30)
+
+
 def test_user_bytes_are_escaped_or_shown_as_hex(dmq: Dmq, console: ConsoleProcess) -> None:
     with AdminClient(dmq.bootstrap) as admin:
         admin.create_topic("escapes", partitions=1)
@@ -70,11 +81,7 @@ def test_user_bytes_are_escaped_or_shown_as_hex(dmq: Dmq, console: ConsoleProces
 
 
 def test_read_only_by_default_refuses_writes(dmq: Dmq, console: ConsoleProcess) -> None:
-    with AdminClient(dmq.bootstrap) as admin:
-        admin.create_topic("ro", partitions=1)
-    with Producer(dmq.bootstrap) as p:
-        for i in range(5):
-            p.send("ro", b"v%d" % i, partition=0).get(30)
+    _topic_with_records(dmq.bootstrap, "ro", 1, 5)
     group = make_group(dmq.bootstrap, "ro", "roapp", "all", {0: 3})
     status, page = console.get(f"/groups/{group}")
     assert status == 200 and "read-only" in page and 'id="reset"' not in page
@@ -84,11 +91,7 @@ def test_read_only_by_default_refuses_writes(dmq: Dmq, console: ConsoleProcess) 
 
 
 def test_writes_when_enabled_preview_first_and_need_the_form_token(server: ServerProcess, dmq: Dmq) -> None:
-    with AdminClient(dmq.bootstrap) as admin:
-        admin.create_topic("rw", partitions=2)
-    with Producer(dmq.bootstrap) as p:
-        for i in range(6):
-            p.send("rw", b"v%d" % i, partition=i % 2).get(30)
+    _topic_with_records(dmq.bootstrap, "rw", 2, 6)
     group = make_group(dmq.bootstrap, "rw", "rwapp", "all", {0: 3, 1: 3})
     writer = ConsoleProcess(server.bootstrap, "--allow-writes")
     try:
@@ -173,11 +176,7 @@ def test_message_trace_ids_link_to_the_trace_view(dmq: Dmq, console: ConsoleProc
 
 
 def test_queue_page_shows_live_leases_and_why_each_dead_letter_failed(dmq: Dmq, console: ConsoleProcess) -> None:
-    with AdminClient(dmq.bootstrap) as admin:
-        admin.create_topic("jobs", partitions=2, config={"max_queue_size": 100})
-    with Producer(dmq.bootstrap) as p:
-        for i in range(6):
-            p.send("jobs", b"job-%d" % i, partition=i % 2).get(30)
+    _topic_with_records(dmq.bootstrap, "jobs", 2, 6, b"job-", config={"max_queue_size": 100})
     with QueueConsumer(dmq.bootstrap, "jobs", "workers", max_records=3, lease_ms=60_000) as queue:
         lease = queue.pop(timeout=10)
         assert lease is not None
@@ -233,11 +232,7 @@ def test_event_store_page_shows_types_tags_and_a_groups_claims(dmq: Dmq, console
 
 
 def test_message_browser_from_an_offset_and_from_a_time(dmq: Dmq, console: ConsoleProcess) -> None:
-    with AdminClient(dmq.bootstrap) as admin:
-        admin.create_topic("browse-from", partitions=2)
-    with Producer(dmq.bootstrap) as p:
-        for i in range(8):
-            p.send("browse-from", b"rec-%d" % i, partition=i % 2).get(30)
+    _topic_with_records(dmq.bootstrap, "browse-from", 2, 8, b"rec-")
 
     def values(query: str) -> list[str]:
         status, body = console.get(f"/topics/browse-from/messages?{query}")

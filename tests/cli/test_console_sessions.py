@@ -19,6 +19,7 @@ from dmq.client.cli.console import ConsoleSettings, create_app
 from dmq.client.cli.console._app import SESSION_COOKIE, ConsoleServer
 from dmq.client.cli.console._viewers import Session, Sessions
 from dmq.client.errors import AuthorizationError
+from tests.clocks import ManualClock
 
 
 class FakeClient:
@@ -30,21 +31,13 @@ class FakeClient:
         self.closes += 1
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _add(sessions: Sessions, name: str) -> tuple[Session, FakeClient]:
     client = FakeClient(name)
     return sessions.add(name, cast(AdminClient, client)), client
 
 
 def test_past_the_cap_the_least_recently_used_session_ends_and_its_client_is_closed() -> None:
-    clock = Clock()
+    clock = ManualClock()
     sessions = Sessions(max_sessions=2, idle_s=60, clock=clock)
     a, a_client = _add(sessions, "alice")
     b, b_client = _add(sessions, "bob")
@@ -60,7 +53,7 @@ def test_past_the_cap_the_least_recently_used_session_ends_and_its_client_is_clo
 
 
 def test_an_idle_session_ends_on_the_next_access_or_sweep() -> None:
-    clock = Clock()
+    clock = ManualClock()
     sessions = Sessions(max_sessions=10, idle_s=60, clock=clock)
     a, a_client = _add(sessions, "alice")
     b, b_client = _add(sessions, "bob")
@@ -77,7 +70,7 @@ def test_an_idle_session_ends_on_the_next_access_or_sweep() -> None:
 
 
 def test_a_session_ended_under_a_page_is_closed_by_the_last_page_out() -> None:
-    clock = Clock()
+    clock = ManualClock()
     sessions = Sessions(max_sessions=1, idle_s=60, clock=clock)
     a, a_client = _add(sessions, "alice")
     first, second = sessions.take(a.session_id), sessions.take(a.session_id)
@@ -98,7 +91,7 @@ def test_a_session_ended_under_a_page_is_closed_by_the_last_page_out() -> None:
 
 
 def test_close_ends_every_session_once_and_ids_are_unguessable() -> None:
-    sessions = Sessions(max_sessions=5, idle_s=60, clock=Clock())
+    sessions = Sessions(max_sessions=5, idle_s=60, clock=ManualClock())
     made = [_add(sessions, f"p{i}") for i in range(5)]
     ids = {s.session_id for s, _ in made}
     assert len(ids) == 5 and all(len(i) >= 40 for i in ids)  # 32 random bytes, URL-safe base64

@@ -39,26 +39,26 @@ def test_a_group_naming_no_mode_starts_at_the_server_default_time(tmp_path: path
         srv.stop()
 
 
-def test_dmq_coordinator_refuses_a_timestamp_default_without_a_time(tmp_path: pathlib.Path, dmq_exe: str) -> None:
+def assert_refuses_timestamp_default_without_a_time(dmq_exe: str, *command: str) -> None:
+    """`dmq <command> --default-subscription-mode timestamp` (no --default-subscription-from)
+    exits at once with a usage error naming the missing option."""
+    argv = [dmq_exe, *command, "--default-subscription-mode", "timestamp"]
     try:
-        result = subprocess.run([dmq_exe, "coordinator", "--port", "0", "--data-dir", str(tmp_path / "c"),
-                                 "--default-subscription-mode", "timestamp"], capture_output=True, text=True,
-                                timeout=10)
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=10)
     except subprocess.TimeoutExpired as e:
-        raise AssertionError("`dmq coordinator` started instead of refusing the setting") from e
+        raise AssertionError(f"`dmq {' '.join(command)}` started instead of refusing the setting") from e
     assert result.returncode == 2, result
     assert "--default-subscription-from" in result.stderr
+
+
+def test_dmq_coordinator_refuses_a_timestamp_default_without_a_time(tmp_path: pathlib.Path, dmq_exe: str) -> None:
+    assert_refuses_timestamp_default_without_a_time(
+        dmq_exe, "coordinator", "--port", "0", "--data-dir", str(tmp_path / "c"))
 
 
 def test_dmq_server_with_brokers_refuses_a_timestamp_default_without_a_time(tmp_path: pathlib.Path,
                                                                              dmq_exe: str) -> None:
     """Refused before any child process starts, so the coordinator child never fails later."""
-    try:
-        result = subprocess.run([dmq_exe, "server", "--brokers", "2", "--port", "0", "--data-dir", str(tmp_path / "d"),
-                                 "--default-subscription-mode", "timestamp"], capture_output=True, text=True,
-                                timeout=10)
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError("`dmq server --brokers 2` started instead of refusing the setting") from e
-    assert result.returncode == 2, result
-    assert "--default-subscription-from" in result.stderr
+    assert_refuses_timestamp_default_without_a_time(
+        dmq_exe, "server", "--brokers", "2", "--port", "0", "--data-dir", str(tmp_path / "d"))
     assert not (tmp_path / "d").exists()

@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from tests.cli.conftest import dmq_executable, run_dmq
+from tests.processes import stop_process
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -91,12 +92,7 @@ def test_broker_waiting_for_its_coordinator_is_not_serving(tmp_path, refusing_ad
                 time.sleep(0.05)
         assert check(address, "dmq.v1.Broker") == NOT_SERVING
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        if not stop_process(proc, 15):
             pytest.fail("the broker did not stop within 15 s of SIGTERM")
 
 

@@ -19,40 +19,35 @@ def _samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             for f in text_string_to_metric_families(text) for s in f.samples}
 
 
-def test_server_metrics_lag_equals_groups_describe(tmp_path: pathlib.Path) -> None:
-    server = ServerProcess(tmp_path / "data", tmp_path / "server.log", ("--metrics-port", "auto"))
-    try:
-        server.wait_ready()
-        url = server.metrics_url()
-        dmq = Dmq(server.bootstrap)
-        dmq.ok("topics", "create", "m-orders", "-p", "2")
-        dmq.ok("produce", "m-orders", "--key-separator", ":", input="".join(f"k{i}:v{i}\n" for i in range(10)))
-        dmq.ok("consume", "m-orders", "--group", "app1", "--max-messages", "4")
-        group = "G_m-orders_app1"
-        described = dmq.json("groups", "describe", group)
-        assert described["total_lag"] == 6
-        samples = _samples(url)
-        assert samples[("dmq_consumer_group_lag_sum_records", (("group", group), ("topic", "m-orders")))] == 6
-        for p in described["partitions"]:
-            key = ("dmq_consumer_group_lag_records", (("group", group), ("partition", str(p["partition"])),
-                                                      ("topic", "m-orders")))
-            assert samples[key] == p["lag"]
-        assert sum(v for (name, labels), v in samples.items()
-                   if name == "dmq_broker_records_in_total" and ("topic", "m-orders") in labels) == 10
-        # The broker leads both partitions (replication factor 1), as `dmq brokers list` says.
-        [broker] = dmq.json("brokers", "list")["brokers"]
-        assert broker["partitions_led"] == 2
-        assert samples[("dmq_broker_partitions_led", (("broker", str(broker["broker_id"])),))] == 2
-        # A lone coordinator (SQLite, no election) is always the active one, with the epoch it claimed.
-        assert samples[("dmq_coordinator_active", ())] == 1
-        epoch = samples[("dmq_coordinator_controller_epoch", ())]
-        assert epoch >= 1
-        listed = dmq.json("coordinators", "list")
-        assert listed == {"controller_epoch": epoch, "coordinators": [
-            {"address": server.bootstrap, "state": "active", "controller_epoch": epoch,
-             "active_address": server.bootstrap, "error": None}]}
-    finally:
-        server.stop()
+def test_server_metrics_lag_equals_groups_describe(metered_server: ServerProcess) -> None:
+    url = metered_server.metrics_url()
+    dmq = Dmq(metered_server.bootstrap)
+    dmq.ok("topics", "create", "m-orders", "-p", "2")
+    dmq.ok("produce", "m-orders", "--key-separator", ":", input="".join(f"k{i}:v{i}\n" for i in range(10)))
+    dmq.ok("consume", "m-orders", "--group", "app1", "--max-messages", "4")
+    group = "G_m-orders_app1"
+    described = dmq.json("groups", "describe", group)
+    assert described["total_lag"] == 6
+    samples = _samples(url)
+    assert samples[("dmq_consumer_group_lag_sum_records", (("group", group), ("topic", "m-orders")))] == 6
+    for p in described["partitions"]:
+        key = ("dmq_consumer_group_lag_records", (("group", group), ("partition", str(p["partition"])),
+                                                  ("topic", "m-orders")))
+        assert samples[key] == p["lag"]
+    assert sum(v for (name, labels), v in samples.items()
+               if name == "dmq_broker_records_in_total" and ("topic", "m-orders") in labels) == 10
+    # The broker leads both partitions (replication factor 1), as `dmq brokers list` says.
+    [broker] = dmq.json("brokers", "list")["brokers"]
+    assert broker["partitions_led"] == 2
+    assert samples[("dmq_broker_partitions_led", (("broker", str(broker["broker_id"])),))] == 2
+    # A lone coordinator (SQLite, no election) is always the active one, with the epoch it claimed.
+    assert samples[("dmq_coordinator_active", ())] == 1
+    epoch = samples[("dmq_coordinator_controller_epoch", ())]
+    assert epoch >= 1
+    listed = dmq.json("coordinators", "list")
+    assert listed == {"controller_epoch": epoch, "coordinators": [
+        {"address": metered_server.bootstrap, "state": "active", "controller_epoch": epoch,
+         "active_address": metered_server.bootstrap, "error": None}]}
 
 
 def test_metrics_port_refusals(dmq_bare, tmp_path: pathlib.Path) -> None:  # type: ignore[no-untyped-def]

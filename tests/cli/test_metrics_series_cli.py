@@ -12,11 +12,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dmq.client import AdminClient, Producer
-from dmq.client.consumer import DMQConsumer, TopicPartition
 from tests.cli.conftest import ServerProcess, wait_for
+from tests.groups import commit_as_sole_member
 
 TOPIC = "bounded"
-FAST = {"heartbeat_interval_ms": 200, "session_timeout_ms": 3000, "retry_backoff_ms": 50}
 
 
 def _samples(url: str) -> list[tuple[str, dict[str, str], float]]:
@@ -41,13 +40,7 @@ def test_server_bounds_partition_series(tmp_path: pathlib.Path, brokers: int) ->
             for p in (0, 1):
                 producer.send(TOPIC, b"v", partition=p)
             producer.flush(30)
-        consumer = DMQConsumer(bootstrap_servers=server.bootstrap, group_id="app", enable_auto_commit=False, **FAST)
-        try:
-            consumer.subscribe(TOPIC)
-            wait_for(lambda: consumer.poll(200) is not None and len(consumer.assignment()) == 2, "the assignment")
-            consumer.commit_sync({TopicPartition(TOPIC, 0): 0, TopicPartition(TOPIC, 1): 1})
-        finally:
-            consumer.close()
+        commit_as_sole_member(server.bootstrap, "app", TOPIC, {0: 0, 1: 1})
         samples = [s for url in urls for s in _samples(url)]
         # Two partitions per server > 1: each broker sums the topic into one series...
         sizes = [labels for name, labels, _v in samples if name == "dmq_log_size_bytes" and labels["topic"] == TOPIC]

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 import pytest
 from _procs import ConsumerProc, ProducerProc
 
-from dmq.client import AdminClient
 from dmq.client.cli.runner import ClusterThread
 from dmq.client.consumer import DMQConsumer, TopicPartition
 
@@ -35,10 +34,7 @@ RUN_S = 60.0
 
 @pytest.fixture
 def server(cluster_factory: Callable[..., ClusterThread]) -> ClusterThread:
-    cluster = cluster_factory(rebalance_debounce_ms=200)
-    with AdminClient(cluster.bootstrap) as admin:
-        admin.create_topic(TOPIC, PARTITIONS)
-    return cluster
+    return cluster_factory(rebalance_debounce_ms=200, topics={TOPIC: PARTITIONS})
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ committed offsets (the offsets log beside each partition shares its in-sync set)
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import grpc
 
@@ -46,3 +46,16 @@ def produce_ten(address: str, topic: str) -> None:
     with grpc.insecure_channel(address) as conn:
         pb_grpc.BrokerStub(conn).Produce(pb.ProduceRequest(
             topic=topic, partition=0, batch=records.encode([b"x"] * 10), acks=pb.ACKS_ALL), timeout=20)
+
+
+def in_sync_group_with_ten_records(
+    channel: grpc.Channel, broker_addresses: Mapping[int, str], topic: str, app_id: str, timeout_s: float,
+    poll_s: float,
+) -> tuple[str, pb.PartitionInfo]:
+    """create_topic_and_group(), then, once all three replicas are in sync, produce_ten() at the
+    leader: (the group id, partition 0's metadata then)."""
+    group = create_topic_and_group(channel, topic, app_id)
+    info = wait_partition(pb_grpc.MetadataStub(channel), topic, lambda i: len(i.isr) == 3, "all in sync", timeout_s,
+                          poll_s)
+    produce_ten(broker_addresses[info.leader_id], topic)
+    return group, info

@@ -22,6 +22,7 @@ import grpc
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import error_details, records
+from tests.processes import stop_process, wait_until_a_broker_is_alive
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -76,15 +77,8 @@ class Server:
                 self.metadata = pb_grpc.MetadataStub(self.channel)
             else:
                 time.sleep(0.05)
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"dmq server exited with {self.proc.returncode}: {self.log_tail()}")
-            try:
-                if any(b.alive for b in self.metadata.ListBrokers(pb.ListBrokersRequest(), timeout=1.0).brokers):
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.05)
+        if wait_until_a_broker_is_alive(self.metadata, self.proc, deadline, self.log_tail):
+            return
         raise TimeoutError(f"dmq server not ready: {self.log_tail()}")
 
     def open_fds(self) -> int:
@@ -97,13 +91,7 @@ class Server:
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.channel is not None:
             self.channel.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(STOP_TIMEOUT_S)
+        stop_process(self.proc, STOP_TIMEOUT_S, sig)
         self._log.close()
 
 

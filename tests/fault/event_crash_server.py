@@ -39,18 +39,19 @@ def die() -> None:
 
 def install(step: str) -> None:
     armed: list[str] = []  # the topic whose crash event is in the log, waiting for its fsync
-    append, stage, wait_durable = PartitionLog.append, EventIndex.stage, PartitionLog.wait_durable
+    append, stage, wait_durable = PartitionLog.append, EventIndex.stage_columns, PartitionLog.wait_durable
 
     def logged(self: PartitionLog, batch: Any, *args: Any, **kwargs: Any) -> Any:
         if step == "before-log" and CRASH in bytes(batch):
             die()
         return append(self, batch, *args, **kwargs)
 
-    def staged(self: EventIndex, rows: Any, end_offset: int) -> None:
-        crash = any(row[4] == CRASH for row in rows)
+    def staged(self: EventIndex, positions: Any, types: Any, tags: Any, batches: Any, payloads: Any, metadata: Any,
+               times_ms: Any, end_offset: int, tag_lists: Any = None) -> None:
+        crash = CRASH in payloads  # the index step of an append (and of a catch-up: stage() calls it)
         if crash and step == "before-index":
             die()
-        stage(self, rows, end_offset)
+        stage(self, positions, types, tags, batches, payloads, metadata, times_ms, end_offset, tag_lists)
         if crash and step == "before-fsync":
             die()
         if crash:
@@ -62,7 +63,7 @@ def install(step: str) -> None:
             die()
 
     PartitionLog.append = logged  # type: ignore[method-assign]
-    EventIndex.stage = staged  # type: ignore[method-assign]
+    EventIndex.stage_columns = staged  # type: ignore[method-assign]
     PartitionLog.wait_durable = durable  # type: ignore[method-assign]
 
 

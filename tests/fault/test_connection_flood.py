@@ -24,6 +24,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
 from dmq.proto.grpc_options import channel_options
+from tests.processes import stop_process
 
 NOFILE = 1024
 FLOOD = 1_100
@@ -51,12 +52,7 @@ def server(tmp_path: pathlib.Path):
     line = proc.stdout.readline()
     assert line.startswith("READY"), line
     yield proc, line.split()[1]
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+    stop_process(proc, 15)
     proc.stdout.close()  # our end of the pipe (else a ResourceWarning)
 
 

@@ -25,7 +25,7 @@ import time
 import grpc
 import pytest
 from _isolation_procs import ProcCluster
-from _replicated_group import create_topic_and_group, produce_ten, wait_partition
+from _replicated_group import create_topic_and_group, in_sync_group_with_ten_records, wait_partition
 
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -93,10 +93,8 @@ def test_commits_are_acknowledged_once_the_restarted_follower_is_back_in_sync(tm
         broker_args=["--replica-lag-time-max-ms", "1000", "--replica-ack-timeout-ms", str(ACK_TIMEOUT_MS)],
     ) as cluster, grpc.insecure_channel(cluster.bootstrap) as channel:
         metadata = pb_grpc.MetadataStub(channel)
-        group = create_topic_and_group(channel, TOPIC, "offsisr")
-        info = _wait(metadata, lambda i: len(i.isr) == 3, "all in sync")
+        group, info = in_sync_group_with_ten_records(channel, cluster.broker_addresses, TOPIC, "offsisr", WAIT_S, 0.05)
         leader = info.leader_id
-        produce_ten(cluster.broker_addresses[leader], TOPIC)
 
         committer = Committer(cluster.broker_addresses[leader], group)
         try:

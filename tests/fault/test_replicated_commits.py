@@ -12,7 +12,7 @@ import signal
 import grpc
 import pytest
 from _isolation_procs import ProcCluster
-from _replicated_group import create_topic_and_group, produce_ten, wait_partition
+from _replicated_group import in_sync_group_with_ten_records, wait_partition
 
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
@@ -48,10 +48,8 @@ def test_a_commit_survives_its_leader_and_is_refused_below_min_insync(tmp_path: 
         tmp_path, 3, broker_session_timeout_ms=1000, broker_args=["--replica-lag-time-max-ms", "1000"]
     ) as cluster, grpc.insecure_channel(cluster.bootstrap) as channel:
         metadata = pb_grpc.MetadataStub(channel)
-        group = create_topic_and_group(channel, TOPIC, "ops")
-        info = _wait(metadata, lambda i: len(i.isr) == 3, "all in sync")
+        group, info = in_sync_group_with_ten_records(channel, cluster.broker_addresses, TOPIC, "ops", 30.0, 0.1)
         old_leader = info.leader_id
-        produce_ten(cluster.broker_addresses[old_leader], TOPIC)
         for offset in (3, 7):
             _commit(cluster.broker_addresses[old_leader], group, offset)
 

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Iterable
 
 import grpc
 import pytest
@@ -32,6 +33,19 @@ EXHAUSTED_NOFILE = 12
 def lowest_free_fd(pid: int) -> int:
     used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
     return next(fd for fd in range(len(used) + 1) if fd not in used)
+
+
+def produce_until_refused(
+    srv: Server, topic: str, values: Iterable[bytes], acked: list[bytes]
+) -> tuple[grpc.RpcError | None, bytes | None]:
+    """Produce values one call each (acks=all), appending each acknowledged one to acked, until one
+    is refused: that error and value (None, None when every one was taken)."""
+    for value in values:
+        _, err = produce(srv, topic, [value])
+        if err is not None:
+            return err, value
+        acked.append(value)
+    return None, None
 
 
 def test_out_of_descriptors_is_retriable_and_the_partition_serves_again_without_restart(tmp_path):
@@ -57,20 +71,12 @@ def test_out_of_descriptors_is_retriable_and_the_partition_serves_again_without_
         assert lowest_free_fd(srv.proc.pid) > EXHAUSTED_NOFILE
         # acks=all produces until one needs a new file (segments roll every 4 KiB): a retriable
         # error naming the cause, never INTERNAL, never "restart the broker"
-        failed = None
-        for i in range(40):
-            value = b"during-%d" % i + bytes(600)
-            base, err = produce(srv, "fds", [value])
-            if err is None:
-                acked.append(value)
-                continue
-            failed = err
-            break
+        failed, failed_value = produce_until_refused(
+            srv, "fds", (b"during-%d" % i + bytes(600) for i in range(40)), acked)
         assert failed is not None, "no produce needed a new descriptor"
         assert failed.code() == grpc.StatusCode.UNAVAILABLE, (failed.code(), failed.details())
         assert reason(failed) == error_details.STORAGE_UNAVAILABLE
         assert "EMFILE" in failed.details() and "restart" not in failed.details()
-        failed_value = value
     finally:
         if lowered:
             resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE, limits_before)
@@ -115,15 +121,7 @@ def test_full_disk_is_resource_exhausted_retried_by_the_producer_and_loses_nothi
         create_topic(srv, "full")
         acked: list[bytes] = []
         fill_disk(filler, 256 * 1024)
-        full = None
-        for i in range(200):
-            value = b"v%04d" % i + os.urandom(16 * 1024)
-            base, err = produce(srv, "full", [value])
-            if err is None:
-                acked.append(value)
-                continue
-            full = err
-            break
+        full, _ = produce_until_refused(srv, "full", (b"v%04d" % i + os.urandom(16 * 1024) for i in range(200)), acked)
         assert full is not None, "the disk never filled"
         assert full.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (full.code(), full.details())
         assert reason(full) == error_details.DISK_FULL

@@ -48,6 +48,13 @@ def make(c: Cluster, cluster: ClusterThread, **kw: object) -> tuple[Fetcher, Sub
     return Fetcher(c, subs, config, wakeup), subs, wakeup
 
 
+def assign(subs: SubscriptionState, partition: int, position: int = 0) -> TopicPartition:
+    """The partition of TOPIC added to the subscription (no group) and positioned at `position`."""
+    tp = TopicPartition(TOPIC, partition)
+    subs.add(tp, -2).position = position
+    return tp
+
+
 def drain(f: Fetcher, wakeup: threading.Event, want: int, max_records: int = 1000, timeout_s: float = 10) -> list:
     out: list = []
     deadline = time.monotonic() + timeout_s
@@ -68,7 +75,7 @@ def test_reads_every_partition_in_order_within_max_records(setup: tuple[Cluster,
         produce(c, p, 0, 1000)
     f, subs, wakeup = make(c, cluster)
     for p in range(3):
-        subs.add(TopicPartition(TOPIC, p), -2).position = 0 if p != 2 else 950
+        assign(subs, p, 0 if p != 2 else 950)
     f.send_fetches()
     wakeup.wait(5)
     got = f.collect(120)
@@ -89,8 +96,7 @@ def test_next_fetch_travels_while_records_are_buffered_and_undecoded(setup: tupl
     c, cluster = setup
     produce(c, 0, 0, 5000, per_batch=500)
     f, subs, wakeup = make(c, cluster, max_partition_fetch_bytes=20_000)
-    tp = TopicPartition(TOPIC, 0)
-    subs.add(tp, -2).position = 0
+    tp = assign(subs, 0)
     f.send_fetches()
     assert wakeup.wait(5)
     f.harvest()
@@ -111,8 +117,7 @@ def test_seek_drops_buffered_and_in_flight_data(setup: tuple[Cluster, ClusterThr
     c, cluster = setup
     produce(c, 1, 0, 300)
     f, subs, wakeup = make(c, cluster)
-    tp = TopicPartition(TOPIC, 1)
-    subs.add(tp, -2).position = 0
+    tp = assign(subs, 1)
     f.send_fetches()
     subs.seek(tp, 200)  # while the fetch from 0 is in flight
     f.drop(tp)
@@ -124,8 +129,7 @@ def test_pause_returns_nothing_and_resume_continues(setup: tuple[Cluster, Cluste
     c, cluster = setup
     produce(c, 0, 0, 100)
     f, subs, wakeup = make(c, cluster)
-    tp = TopicPartition(TOPIC, 0)
-    subs.add(tp, -2).position = 0
+    tp = assign(subs, 0)
     first = drain(f, wakeup, 10, max_records=10)
     assert [r.offset for r in first] == list(range(10))
     subs.pause(tp)
@@ -139,8 +143,7 @@ def test_position_beyond_the_log_end_moves_back_to_it(setup: tuple[Cluster, Clus
     c, cluster = setup
     produce(c, 2, 0, 50)
     f, subs, wakeup = make(c, cluster)
-    tp = TopicPartition(TOPIC, 2)
-    subs.add(tp, -2).position = 10_000
+    tp = assign(subs, 2, 10_000)
     deadline = time.monotonic() + 5
     while subs.state(tp).position != 50 and time.monotonic() < deadline:
         wakeup.clear()
@@ -161,7 +164,7 @@ def test_a_broker_that_goes_away_is_retried_after_a_metadata_refresh(cluster_fac
     produce(c, 1, 0, 10)
     f, subs, wakeup = make(c, cluster, retry_backoff_ms=50)
     for p in range(2):
-        subs.add(TopicPartition(TOPIC, p), -2).position = 0
+        assign(subs, p)
     assert len(drain(f, wakeup, 20)) == 20
     gone = cluster.cluster.brokers[1].address
     alive_partition = next(p for p in range(2) if c.leader_for(TOPIC, p) != gone)

@@ -45,10 +45,7 @@ FAST = {"heartbeat_interval_ms": 200, "session_timeout_ms": 3000, "retry_backoff
 
 @pytest.fixture
 def server(cluster_factory: Callable[..., ClusterThread]) -> ClusterThread:
-    cluster = cluster_factory(rebalance_debounce_ms=100)
-    with AdminClient(cluster.bootstrap) as admin:
-        admin.create_topic(TOPIC, PARTITIONS)
-    return cluster
+    return cluster_factory(rebalance_debounce_ms=100, topics={TOPIC: PARTITIONS})
 
 
 @pytest.fixture

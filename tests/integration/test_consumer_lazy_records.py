@@ -4,6 +4,7 @@ exactly what was returned, over a real server."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 
@@ -60,19 +61,11 @@ def test_leaving_an_iteration_mid_poll_commits_only_what_it_gave(server: Cluster
     """One poll() brings both partitions' records; the loop leaves after 120 of the 150. The
     next consumer of the group gets exactly the other 30."""
     settings = dict(bootstrap_servers=server.bootstrap, group_id="g", consumer_timeout_ms=10_000, **FAST)
-    seen: list[tuple[int, int]] = []
     with DMQConsumer("t", **settings) as c:  # type: ignore[arg-type]
-        for msg in c:
-            seen.append((msg.partition, msg.offset))
-            if len(seen) == 120:
-                break
+        seen = [(msg.partition, msg.offset) for msg in itertools.islice(c, 120)]
         positions = {p: c.position(TopicPartition("t", p)) for p in COUNTS}
-    rest: list[tuple[int, int]] = []
     with DMQConsumer("t", **settings) as c:  # type: ignore[arg-type]
-        for msg in c:
-            rest.append((msg.partition, msg.offset))
-            if len(rest) == 30:
-                break
+        rest = [(msg.partition, msg.offset) for msg in itertools.islice(c, 30)]
     assert len(set(seen + rest)) == 150 and set(seen + rest) == everything()
     for p in COUNTS:
         assert positions[p] == max((o + 1 for q, o in seen if q == p), default=0)

@@ -23,10 +23,7 @@ FAST = {"heartbeat_interval_ms": 200, "session_timeout_ms": 3000, "retry_backoff
 
 @pytest.fixture
 def server(cluster_factory: Callable[..., ClusterThread]) -> ClusterThread:
-    cluster = cluster_factory(rebalance_debounce_ms=100)
-    with AdminClient(cluster.bootstrap) as admin:
-        admin.create_topic("events", 2)
-    return cluster
+    return cluster_factory(rebalance_debounce_ms=100, topics={"events": 2})
 
 
 def _drain(c: DMQConsumer, n: int) -> list[Any]:

@@ -36,10 +36,7 @@ DEAD = "127.0.0.1:9"
 
 @pytest.fixture
 def server(cluster_factory: Callable[..., ClusterThread]) -> ClusterThread:
-    cluster = cluster_factory(rebalance_debounce_ms=100)
-    with AdminClient(cluster.bootstrap) as admin:
-        admin.create_topic("t", 2)
-    return cluster
+    return cluster_factory(rebalance_debounce_ms=100, topics={"t": 2})
 
 
 def _drain(c: DMQConsumer, n: int, timeout_s: float = TIMEOUT_S) -> list[Any]:

@@ -6,6 +6,7 @@ topics(), and offsets_for_times() giving OffsetAndTimestamp."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -74,18 +75,10 @@ def test_leaving_the_loop_commits_only_the_records_it_gave(server: ClusterThread
     _produce(server, [b"%d" % i for i in range(6)], partition=0)
     settings = dict(bootstrap_servers=server.bootstrap, group_id="g", consumer_timeout_ms=10_000, **FAST)
     with DMQConsumer("t", **settings) as c:  # type: ignore[arg-type]
-        seen = []
-        for msg in c:
-            seen.append(msg.value)
-            if len(seen) == 2:
-                break
+        seen = [msg.value for msg in itertools.islice(c, 2)]
         assert c.position(TP0) == 2
     with DMQConsumer("t", **settings) as c:  # type: ignore[arg-type]
-        rest = []
-        for msg in c:
-            rest.append(msg.value)
-            if len(rest) == 4:
-                break
+        rest = [msg.value for msg in itertools.islice(c, 4)]
     assert seen + rest == [b"%d" % i for i in range(6)]
 
 

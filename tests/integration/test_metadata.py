@@ -8,6 +8,7 @@ them, which makes the broker's side of the protocol explicit and lets the clock 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 import time
 from collections.abc import AsyncIterator
@@ -26,20 +27,10 @@ from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.server.grpc_options import server_options
 from dmq.proto.topic_settings import PARTITIONS_MAX, TopicSettings
+from tests.clocks import ManualClockMs
 
 SESSION_MS = 10_000
 T0_MS = 1_700_000_000_000
-
-
-class FakeClock:
-    def __init__(self, now_ms: int = T0_MS) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-    def advance(self, ms: int) -> None:
-        self.now_ms += ms
 
 
 class FakeBroker(pb_grpc.BrokerServicer):
@@ -81,7 +72,7 @@ class FakeBroker(pb_grpc.BrokerServicer):
 @dataclass
 class Harness:
     data_dir: pathlib.Path
-    clock: FakeClock = field(default_factory=FakeClock)
+    clock: ManualClockMs = field(default_factory=lambda: ManualClockMs(T0_MS))
     node: CoordinatorNode | None = None
     server: grpc.aio.Server | None = None
     channel: grpc.aio.Channel | None = None
@@ -149,14 +140,21 @@ class Harness:
             await broker.stop()
 
 
-@pytest.fixture
-async def harness(tmp_path: pathlib.Path) -> AsyncIterator[Harness]:
-    h = Harness(tmp_path / "coordinator")
+@contextlib.asynccontextmanager
+async def running_harness(data_dir: pathlib.Path) -> AsyncIterator[Harness]:
+    """A Harness with its coordinator started, closed (with its brokers) on leaving."""
+    h = Harness(data_dir)
     await h.start_coordinator()
     try:
         yield h
     finally:
         await h.close()
+
+
+@pytest.fixture
+async def harness(tmp_path: pathlib.Path) -> AsyncIterator[Harness]:
+    async with running_harness(tmp_path / "coordinator") as h:
+        yield h
 
 
 async def expect_error(call: object, code: grpc.StatusCode, *fragments: str) -> str:

@@ -189,12 +189,18 @@ async def test_controller_epoch_fences_the_deposed_coordinator(open_store: Opene
         await second.upsert_broker(BrokerRecord(3, "h3", 3, 3))
 
 
-async def test_two_writers_of_one_partition_state_one_wins(open_store: Opener) -> None:
-    setup = await open_store()
-    await setup.create_topic(replicated("t", 2))
+async def two_writers_of_topic_t(open_store: Opener, partitions: int) -> tuple[MetadataStore, MetadataStore]:
+    """Topic t (replicated, with `partitions`) created, then two more openings of the store, each
+    having read it: two coordinators about to write the same state."""
+    await (await open_store()).create_topic(replicated("t", partitions))
     a, b = await open_store(), await open_store()
     await a.load_topics()
     await b.load_topics()
+    return a, b
+
+
+async def test_two_writers_of_one_partition_state_one_wins(open_store: Opener) -> None:
+    a, b = await two_writers_of_topic_t(open_store, 2)
     by_a = PartitionRecord((1, 2, 3), (1, 2), 1, leader_epoch=1, partition_epoch=1)
     by_b = PartitionRecord((1, 2, 3), (2, 3), 2, leader_epoch=1, partition_epoch=1)
     results = await asyncio.gather(
@@ -215,11 +221,7 @@ async def test_two_writers_of_one_partition_state_one_wins(open_store: Opener) -
 
 
 async def test_add_partitions_is_conditioned_on_the_topic_read(open_store: Opener) -> None:
-    setup = await open_store()
-    await setup.create_topic(replicated("t", 1))
-    a, b = await open_store(), await open_store()
-    await a.load_topics()
-    await b.load_topics()
+    a, b = await two_writers_of_topic_t(open_store, 1)
     await a.add_partitions("t", 2, {1: 1})
     with pytest.raises(StoreConflict):
         await b.add_partitions("t", 3, {1: 2, 2: 2})

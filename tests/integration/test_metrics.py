@@ -16,12 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dmq.client import AdminClient, Producer
 from dmq.client.cli.runner import ClusterThread
-from dmq.client.consumer import DMQConsumer, TopicPartition
+from dmq.client.consumer import DMQConsumer
 from dmq.client.simple_consumer import SimpleConsumer
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto import records
 from tests import polling
+from tests.groups import commit_as_sole_member
 
 TOPIC = "metered"
 WAIT_S = 15.0
@@ -141,14 +142,7 @@ def test_lag_gauges_equal_describe_group(metered: ClusterThread) -> None:
                 for part in (0, 1):
                     producer.send(TOPIC, b"v%d" % i, partition=part)
             producer.flush(WAIT_S)
-        consumer = DMQConsumer(bootstrap_servers=metered.bootstrap, group_id="billing", enable_auto_commit=False,
-                               **FAST)
-        try:
-            consumer.subscribe(TOPIC)
-            wait_for(lambda: consumer.poll(200) is not None and len(consumer.assignment()) == 2, "the assignment")
-            consumer.commit_sync({TopicPartition(TOPIC, 0): 3, TopicPartition(TOPIC, 1): 1})
-        finally:
-            consumer.close()
+        commit_as_sole_member(metered.bootstrap, "billing", TOPIC, {0: 3, 1: 1})
         described = admin.describe_group(group)
     assert described.total_lag == 16
     samples = scrape(endpoint.url)

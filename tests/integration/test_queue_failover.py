@@ -7,7 +7,9 @@ work at the new leader, and its records are not handed out again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -33,11 +35,24 @@ async def _consumer(rc: ReplicationCluster, **kw) -> QueueConsumer:
     return await asyncio.to_thread(QueueConsumer, rc.controller_address, "t", "g", **kw)
 
 
-async def test_a_lease_outlives_its_leaders_death_and_is_acked_at_the_new_leader(rc: ReplicationCluster) -> None:
+@contextlib.asynccontextmanager
+async def _two_workers(
+    rc: ReplicationCluster, values: list[bytes], **first_kw: int
+) -> AsyncIterator[tuple[QueueConsumer, QueueConsumer]]:
+    """Topic t on brokers 1, 2, 3 (broker 1 leading) holding values, and two workers of group g:
+    the first made with first_kw. Both closed on leaving."""
     await rc.create("t", [1, 2, 3])
-    await _produce(rc, 1, [b"a%d" % i for i in range(5)])
-    first, second = await _consumer(rc, lease_ms=30_000), await _consumer(rc)
+    await _produce(rc, 1, values)
+    first, second = await _consumer(rc, **first_kw), await _consumer(rc)
     try:
+        yield first, second
+    finally:
+        await asyncio.to_thread(first.close)
+        await asyncio.to_thread(second.close)
+
+
+async def test_a_lease_outlives_its_leaders_death_and_is_acked_at_the_new_leader(rc: ReplicationCluster) -> None:
+    async with _two_workers(rc, [b"a%d" % i for i in range(5)], lease_ms=30_000) as (first, second):
         lease = await asyncio.to_thread(first.pop, 5)
         assert lease is not None and (lease.start_offset, lease.end_offset) == (0, 5)
         # broker 1 dies; the controller elects broker 2 from the in-sync set
@@ -55,17 +70,11 @@ async def test_a_lease_outlives_its_leaders_death_and_is_acked_at_the_new_leader
         after = await asyncio.to_thread(second.pop, 5)
         assert after is not None and [r.value for r in after.records] == [b"b0", b"b1"]
         assert after.delivery_count == 0
-    finally:
-        await asyncio.to_thread(first.close)
-        await asyncio.to_thread(second.close)
 
 
 @pytest.mark.slow
 async def test_a_moved_lease_is_renewed_at_the_new_leader_and_expires_there_as_counted(rc: ReplicationCluster) -> None:
-    await rc.create("t", [1, 2, 3])
-    await _produce(rc, 1, [b"x", b"y"])
-    first, second = await _consumer(rc, lease_ms=1_500), await _consumer(rc)
-    try:
+    async with _two_workers(rc, [b"x", b"y"], lease_ms=1_500) as (first, second):
         lease = await asyncio.to_thread(first.pop, 5)
         assert lease is not None
         # leadership moves to broker 3 while broker 1 stays (now a follower with a stale view)
@@ -81,18 +90,12 @@ async def test_a_moved_lease_is_renewed_at_the_new_leader_and_expires_there_as_c
         with pytest.raises(LeaseExpiredError, match="not live"):
             await asyncio.to_thread(first.ack, lease)  # taken over: refused, nothing changed
         assert await asyncio.to_thread(second.ack, again) == 2
-    finally:
-        await asyncio.to_thread(first.close)
-        await asyncio.to_thread(second.close)
 
 
 async def test_an_ack_riding_on_a_pop_of_its_partition_is_one_write_and_its_next_lease_moves_too(
     rc: ReplicationCluster,
 ) -> None:
-    await rc.create("t", [1, 2, 3])
-    await _produce(rc, 1, [b"v%d" % i for i in range(6)])
-    first, second = await _consumer(rc, max_records=2), await _consumer(rc)
-    try:
+    async with _two_workers(rc, [b"v%d" % i for i in range(6)], max_records=2) as (first, second):
         lease = await asyncio.to_thread(first.pop, 5)
         assert lease is not None and (lease.start_offset, lease.end_offset) == (0, 2)
         offsets_log = rc.brokers[1].node.logs.get(offsets_log_topic("t"), 0)
@@ -110,6 +113,3 @@ async def test_an_ack_riding_on_a_pop_of_its_partition_is_one_write_and_its_next
         assert await asyncio.to_thread(first.ack, nxt) == 4
         last = await asyncio.to_thread(second.pop, 5)
         assert last is not None and [r.value for r in last.records] == [b"v4", b"v5"]
-    finally:
-        await asyncio.to_thread(first.close)
-        await asyncio.to_thread(second.close)

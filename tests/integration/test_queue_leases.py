@@ -18,6 +18,7 @@ from dmq.client import Producer, QueueConsumer
 from dmq.client.cli.runner import ClusterOptions, ClusterThread
 from dmq.client.errors import InvalidArgumentError, LeaseExpiredError, TopicNotFoundError
 from tests.integration._queue_helpers import WAIT_S, create_topic, produce, stored
+from tests.threads import run_in_threads
 from tests.wall_clock import wall_ms
 
 
@@ -80,11 +81,7 @@ def test_one_live_lease_per_partition_and_group_under_16_concurrent_poppers(clus
         except BaseException as e:  # noqa: BLE001 - reported by the test thread
             errors.append(e)
 
-    threads = [threading.Thread(target=worker) for _ in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_in_threads(worker, 16, 60)
     assert not errors, errors
     for p in range(partitions):
         mine = sorted((h for h in held if h[0] == p), key=lambda h: h[1])

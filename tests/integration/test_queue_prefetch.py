@@ -26,6 +26,7 @@ from dmq.client.records import ConsumerRecord
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc
 from tests.integration._queue_helpers import WAIT_S, create_topic, produce
+from tests.threads import run_in_threads
 
 
 def _setup(bootstrap: str, topic: str, n: int) -> None:
@@ -37,6 +38,12 @@ def _state(bootstrap: str, topic: str, group: str = "g") -> QueueGroupState:
     with AdminClient(bootstrap) as admin:
         [state] = [s for s in admin.describe_queue(topic).groups if s.group == group]
     return state
+
+
+def _assert_settled(bootstrap: str, topic: str, acked_offset: int) -> None:
+    """Group g of topic has acked up to acked_offset, counted no failed delivery and holds no lease."""
+    state = _state(bootstrap, topic)
+    assert (state.acked_offset, state.delivery_count, state.lease) == (acked_offset, 0, None)
 
 
 def _pop_acking(q: QueueConsumer, n: int) -> QueueLease | None:
@@ -65,8 +72,7 @@ def test_batches_of_1_hand_out_every_record_once_in_order_from_few_broker_leases
             lease = q.pop(timeout=0.3, ack=lease)
     assert offsets == list(range(50))
     assert len(lease_ids) == 3  # 20 + 20 + 10: one broker pop per 20 records
-    state = _state(cluster.bootstrap, "pre-order")
-    assert (state.acked_offset, state.delivery_count, state.lease) == (50, 0, None)
+    _assert_settled(cluster.bootstrap, "pre-order", 50)
 
 
 def test_local_acks_are_made_durable_by_close_and_the_rest_released_uncounted(cluster: ClusterThread) -> None:
@@ -134,8 +140,7 @@ def test_a_crashed_prefetching_worker_redelivers_after_its_last_durable_ack(clus
         assert seen == [(2, 1)] + [(i, 0) for i in range(3, 10)]
     finally:
         crashed.close()  # its acks are refused now (the lease expired): logged, nothing changes
-    state = _state(cluster.bootstrap, "pre-crash")
-    assert (state.acked_offset, state.delivery_count, state.lease) == (10, 0, None)
+    _assert_settled(cluster.bootstrap, "pre-crash", 10)
 
 
 def test_nack_in_the_middle_of_the_prefetched_records(cluster: ClusterThread) -> None:
@@ -184,8 +189,7 @@ def test_process_with_prefetch_acks_each_record_once_and_retries_a_failure(clust
     with QueueConsumer(cluster.bootstrap, "pre-process", "g", max_records=1, prefetch_records=8) as q:
         assert q.process(handler, idle_timeout=0.5, poll_timeout=0.2) == 30
     assert handled == list(range(30))
-    state = _state(cluster.bootstrap, "pre-process")
-    assert (state.acked_offset, state.delivery_count, state.lease) == (30, 0, None)
+    _assert_settled(cluster.bootstrap, "pre-process", 30)
 
 
 def test_process_with_prefetch_renews_the_broker_lease_while_a_slow_handler_runs(cluster: ClusterThread) -> None:
@@ -199,8 +203,7 @@ def test_process_with_prefetch_renews_the_broker_lease_while_a_slow_handler_runs
     with QueueConsumer(cluster.bootstrap, "pre-slow", "g", max_records=1, prefetch_records=10, lease_ms=600) as q:
         assert q.process(slow, idle_timeout=0.5, poll_timeout=0.2) == 2
     assert seen == [0, 1]  # each handled once: the lease never expired
-    state = _state(cluster.bootstrap, "pre-slow")
-    assert (state.acked_offset, state.delivery_count, state.lease) == (2, 0, None)
+    _assert_settled(cluster.bootstrap, "pre-slow", 2)
 
 
 def test_threads_sharing_a_prefetching_consumer_never_hold_one_partition_twice(cluster: ClusterThread) -> None:
@@ -231,11 +234,7 @@ def test_threads_sharing_a_prefetching_consumer_never_hold_one_partition_twice(c
                 with lock:
                     holding[0] -= 1
 
-        threads = [threading.Thread(target=worker) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        run_in_threads(worker, 4, 60)
     assert not overlap.is_set()
     assert got == list(range(200))
     assert _state(cluster.bootstrap, "pre-threads").acked_offset == 200

@@ -18,7 +18,7 @@ import pytest
 from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
-from tests.integration.test_metadata import SESSION_MS, FakeBroker, Harness, expect_error
+from tests.integration.test_metadata import SESSION_MS, FakeBroker, Harness, expect_error, running_harness
 
 
 class ReplicaBroker(FakeBroker):
@@ -41,12 +41,8 @@ class ReplicaBroker(FakeBroker):
 
 @pytest.fixture
 async def h(tmp_path: pathlib.Path) -> AsyncIterator[Harness]:
-    harness = Harness(tmp_path / "coordinator")
-    await harness.start_coordinator()
-    try:
+    async with running_harness(tmp_path / "coordinator") as harness:
         yield harness
-    finally:
-        await harness.close()
 
 
 async def add(h: Harness, broker_id: int, rack: str = "") -> ReplicaBroker:

@@ -24,21 +24,14 @@ from dmq.proto.security.token_channels import CallToken
 from dmq.proto.security.tokens import LEEWAY_S, AuthenticationError, TokenVerifier, create_token
 from dmq.proto.server.security.interceptor import AclView, Refusal, SecurityInterceptor
 from dmq.proto.server.security.rpc_table import rule_for
+from tests.clocks import ManualClock
 from tests.security.conftest import SECRET
 
 T = ResourceType.TOPIC
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_cached_token_is_refused_once_expired_as_the_full_check_would():
-    clock = Clock()
+    clock = ManualClock(time.time())
     verifier = TokenVerifier(secret=SECRET, clock=clock)
     token = create_token("alice", ttl_s=60, secret=SECRET)
     exp = jwt.decode(token, SECRET, algorithms=["HS256"])["exp"]

@@ -48,10 +48,29 @@ class Caller:
         rpc = getattr(stub, name)
         if name in ("WatchGroup", "Watch", "EventSubscribe"):  # streams: the first event proves the call was served
             return next(iter(rpc(request, timeout=3)))
+        if name == "EventAppendStream":  # a stream of requests: one, and its answer
+            answer = next(iter(rpc(iter([request]), timeout=10)))
+            if answer.status_code:  # refused: the message's answer carries the unary call's status
+                raise AnswerRefused(answer)
+            return answer
         return rpc(request, timeout=10)
 
     def close(self) -> None:
         self.channel.close()
+
+
+class AnswerRefused(grpc.RpcError):
+    """A stream's answer carrying a status (EventAppendStream), as the unary call's RpcError."""
+
+    def __init__(self, answer: pb.EventAppendResponse) -> None:
+        super().__init__(answer.status_message)
+        self._answer = answer
+
+    def code(self) -> grpc.StatusCode:
+        return next(c for c in grpc.StatusCode if c.value[0] == self._answer.status_code)
+
+    def details(self) -> str:
+        return self._answer.status_message
 
 
 @dataclass
@@ -176,6 +195,9 @@ CASES: dict[str, Case] = {
     # Broker: event store
     "/dmq.v1.Broker/EventAppend": Case(lambda a, n: pb.EventAppendRequest(topic=_event_topic(a, n), events=[pb.Event(type="t")]),
                                        lambda n: [("topic", n, "write", False)]),
+    "/dmq.v1.Broker/EventAppendStream": Case(
+        lambda a, n: pb.EventAppendRequest(topic=_event_topic(a, n), events=[pb.Event(type="t")]),
+        lambda n: [("topic", n, "write", False)]),
     "/dmq.v1.Broker/EventRead": Case(lambda a, n: pb.EventReadRequest(topic=_event_topic(a, n)),
                                      lambda n: [("topic", n, "read", False)]),
     "/dmq.v1.Broker/EventSubscribe": Case(lambda a, n: pb.EventSubscribeRequest(topic=_event_topic(a, n)),

@@ -36,9 +36,29 @@ METHODS = sorted(
 NEVER = (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
 
 
+class _Refused(grpc.RpcError):
+    """An EventAppendStream answer carrying a status: its message's refusal, as an RpcError."""
+
+    def __init__(self, answer: pb.EventAppendResponse) -> None:
+        super().__init__(answer.status_message)
+        self._answer = answer
+
+    def code(self) -> grpc.StatusCode:
+        return next(c for c in grpc.StatusCode if c.value[0] == self._answer.status_code)
+
+    def details(self) -> str:
+        return self._answer.status_message
+
+
 def _call(channel: grpc.Channel, method: str, streaming: bool, body: bytes, timeout_s: float) -> grpc.RpcError | None:
-    """Send `body` as the request; the error it is answered with (None: answered OK)."""
+    """Send `body` as the request; the error it is answered with (None: answered OK). A stream of
+    requests (EventAppendStream) gets `body` as its one message, answered by a message."""
     try:
+        if method.endswith("/EventAppendStream"):
+            for raw in channel.stream_stream(method)(iter([body]), timeout=timeout_s):
+                answer = pb.EventAppendResponse.FromString(raw)
+                return _Refused(answer) if answer.status_code else None
+            return None
         if streaming:
             call = channel.unary_stream(method)(body, timeout=timeout_s)
             for _ in call:  # the status comes with the first message or the end of the stream

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from dmq.broker.appender import Appender
 from dmq.broker.log import PartitionLog
@@ -37,6 +39,15 @@ def _open(tmp_path) -> _SlowLog:  # type: ignore[no-untyped-def]
     return plog
 
 
+def _run_then_close(run: Callable[[], Coroutine[Any, Any, None]], appender: Appender, plog: PartitionLog) -> None:
+    """asyncio.run(run()), then the appender and the log closed, whatever happened."""
+    try:
+        asyncio.run(run())
+    finally:
+        appender.close()
+        plog.close()
+
+
 def test_appends_keep_arrival_order_and_the_loop_runs_meanwhile(tmp_path) -> None:  # type: ignore[no-untyped-def]
     plog = _open(tmp_path)
     appender = Appender(threads=2)
@@ -57,11 +68,7 @@ def test_appends_keep_arrival_order_and_the_loop_runs_meanwhile(tmp_path) -> Non
         infos = await asyncio.gather(*tasks)
         assert [i.base_offset for i in infos] == list(range(len(kinds)))
 
-    try:
-        asyncio.run(run())
-    finally:
-        appender.close()
-        plog.close()
+    _run_then_close(run, appender, plog)
 
 
 def test_a_cancelled_caller_keeps_its_place(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -81,11 +88,7 @@ def test_a_cancelled_caller_keeps_its_place(tmp_path) -> None:  # type: ignore[n
         assert info.base_offset == 1  # the cancelled caller's batch landed first, at offset 0
         assert plog.log_end_offset == 2
 
-    try:
-        asyncio.run(run())
-    finally:
-        appender.close()
-        plog.close()
+    _run_then_close(run, appender, plog)
 
 
 def test_small_appends_with_nothing_queued_stay_on_the_loop(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -105,10 +108,6 @@ def test_small_appends_with_nothing_queued_stay_on_the_loop(tmp_path) -> None:  
         await appender.append(plog, SMALL)
         await appender.append(plog, LARGE)
 
-    try:
-        asyncio.run(run())
-    finally:
-        appender.close()
-        plog.close()
+    _run_then_close(run, appender, plog)
     assert seen[0] == threading.main_thread().name
     assert seen[1].startswith("dmq-append")

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from dmq.client._metrics import ClientStats, Windowed
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clocks import ManualClock
 
 
 def test_windowed_rate_avg_and_max_forget_what_left_the_window() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     w = Windowed(window_s=30, clock=clock)
     assert (w.rate(), w.avg(), w.max()) == (0.0, 0.0, 0.0)
     clock.now += 10
@@ -28,7 +21,7 @@ def test_windowed_rate_avg_and_max_forget_what_left_the_window() -> None:
 
 
 def test_snapshots_use_kafkas_names() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     stats = ClientStats(clock=clock)
     clock.now += 2
     stats.request(0.004)

@@ -23,6 +23,7 @@ GRPC_ALLOWED = {
     "dmq.broker.service": "the Broker servicer",
     "dmq.broker.queue.service": "the queue servicer (queue RPCs of the Broker service)",
     "dmq.broker.events.service": "the event-store servicer (event RPCs of the Broker service)",
+    "dmq.broker.events.append_stream": "serves EventAppendStream on the servicer's context (statuses as answers)",
     "dmq.broker.servicers": "registers the Broker service's servicers on the gRPC server",
     "dmq.coordinator.group_service": "the GroupCoordinator servicer",
     "dmq.coordinator.metadata_service": "the Metadata servicer",

@@ -145,3 +145,45 @@ async def test_log_manager_shares_one_placement_and_can_turn_it_off(tmp_path):
     off = LogManager(tmp_path / "b", inline_fsync_max_ms=0)
     assert not off.fsync_placement.inline_ok()
     off.close()
+
+
+# -- begin_flush: a writer starts the pooled fsync, then finishes its own work -----------------------
+
+
+async def test_begin_flush_starts_the_pooled_fsync_at_once_and_wait_durable_joins_it(tmp_path):
+    entered, release = threading.Event(), threading.Event()
+
+    def held_fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".log"):
+            entered.set()
+            assert release.wait(10)
+        os.fsync(fd)
+
+    plog = open_log(tmp_path, held_fsync, None)  # no placement: every fsync in the pool
+    info = plog.append(batch(1))
+    assert plog.begin_flush() is True
+    assert await asyncio.to_thread(entered.wait, 10)  # the fsync runs while this caller goes on
+    assert plog.begin_flush() is False  # one in flight: wait_durable waits for it
+    assert plog.durable_end_offset == 0
+    waiter = asyncio.ensure_future(plog.wait_durable(info.last_offset + 1))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    release.set()
+    await waiter
+    assert plog.durable_end_offset == 1
+    assert plog.begin_flush() is False  # everything durable
+    plog.close()
+
+
+async def test_begin_flush_leaves_fast_disks_and_interval_logs_alone(tmp_path):
+    fsync = ThreadRecordingFsync()
+    plog = open_log(tmp_path, fsync, FsyncPlacement(inline_max_ms=1000))  # fast: fsyncs on the loop
+    plog.append(batch(1))
+    assert plog.begin_flush() is False and fsync.log_threads == []
+    await plog.wait_durable(1)
+    assert fsync.log_threads == [threading.get_ident()]
+    plog.close()
+    interval = PartitionLog(tmp_path / "i-0", "i", 0, LogConfig(flush_policy="interval"), fsync=fsync)
+    interval.append(batch(2))
+    assert interval.begin_flush() is False
+    interval.close()

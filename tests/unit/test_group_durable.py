@@ -19,6 +19,7 @@ from dmq.coordinator.group import (
 from dmq.coordinator.group.durable import restore, snapshot
 from dmq.coordinator.group.group import POLL_TIMER, REBALANCE_TIMER, SESSION_TIMER
 from dmq.coordinator.pause_watch import PauseWatch
+from tests.clocks import ManualClockMs
 
 
 def restarted(ctx: Ctx, now_ms: int) -> Ctx:
@@ -137,16 +138,8 @@ def test_a_session_that_had_lapsed_before_the_pause_is_not_revived() -> None:
     assert a not in ctx.group.members
 
 
-class StepClock:
-    def __init__(self) -> None:
-        self.now_ms = 0
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-
 def test_pause_watch_reports_a_gap_longer_than_its_threshold_once() -> None:
-    clock = StepClock()
+    clock = ManualClockMs(0)
     watch = PauseWatch(500, clock_ms=clock)
     clock.now_ms = 10_000
     assert watch.observe() == 0  # not armed: no owner loop observes

@@ -26,14 +26,7 @@ from dmq.broker.log import (
     UnknownPartitionError,
 )
 from dmq.proto import records
-
-
-class Clock:
-    def __init__(self, now_ms: int = 1_000_000) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
+from tests.clocks import ManualClockMs
 
 
 def batch(n: int = 1, size: int = 10, *, pid: int = -1, epoch: int = -1, seq: int = -1, tag: int = 0) -> bytes:
@@ -47,6 +40,12 @@ def offsets_of(data: bytes) -> list[tuple[int, int]]:
 
 def open_log(path, config=None, **kw) -> PartitionLog:  # type: ignore[no-untyped-def]
     return PartitionLog(path / "t-0", "t", 0, config or LogConfig(), **kw)
+
+
+def clocked_log(path, config=None, now_ms: int = 1_000_000) -> tuple[PartitionLog, ManualClockMs]:  # type: ignore[no-untyped-def]
+    """open_log() on a clock the test moves by hand (clock.now_ms)."""
+    clock = ManualClockMs(now_ms)
+    return open_log(path, config, clock_ms=clock), clock
 
 
 # -- append / read -------------------------------------------------------------------------------
@@ -159,8 +158,7 @@ def test_roll_by_size_and_reads_across_segments(tmp_path):
 
 
 def test_roll_by_time_uses_the_injected_clock(tmp_path):
-    clock = Clock()
-    plog = open_log(tmp_path, LogConfig(segment_ms=1000), clock_ms=clock)
+    plog, clock = clocked_log(tmp_path, LogConfig(segment_ms=1000))
     plog.append(batch())
     clock.now_ms += 999
     plog.append(batch())
@@ -194,8 +192,7 @@ def test_offset_index_is_sparse_and_lookups_are_exact(tmp_path):
 
 
 def test_offset_for_time_is_exact_and_monotonic(tmp_path):
-    clock = Clock(10_000)
-    plog = open_log(tmp_path, LogConfig(segment_bytes=1024), clock_ms=clock)
+    plog, clock = clocked_log(tmp_path, LogConfig(segment_bytes=1024), now_ms=10_000)
     times = {}
     for i in range(30):
         clock.now_ms += 10 if i % 3 else 0  # several batches share a millisecond
@@ -220,9 +217,8 @@ def test_offset_for_time_is_exact_and_monotonic(tmp_path):
 
 
 def test_retention_by_age_deletes_old_segments_and_moves_log_start(tmp_path):
-    clock = Clock()
     config = LogConfig(segment_bytes=1024, retention_ms=60_000)
-    plog = open_log(tmp_path, config, clock_ms=clock)
+    plog, clock = clocked_log(tmp_path, config)
     for i in range(10):
         plog.append(batch(size=300, tag=i))  # ~1 batch per segment after the first few
         clock.now_ms += 10_000
@@ -246,8 +242,7 @@ def test_retention_by_age_deletes_old_segments_and_moves_log_start(tmp_path):
 
 
 def test_retention_by_age_keeps_the_active_segment(tmp_path):
-    clock = Clock()
-    plog = open_log(tmp_path, LogConfig(retention_ms=1), clock_ms=clock)
+    plog, clock = clocked_log(tmp_path, LogConfig(retention_ms=1))
     plog.append(batch())
     clock.now_ms += 1_000_000
     assert plog.enforce_retention() == 0 and plog.log_end_offset == 1
@@ -286,8 +281,7 @@ def test_log_manager_retention_opens_lazily_registered_partitions(tmp_path):
 
 
 def test_duplicate_batch_returns_original_offsets_and_is_not_written(tmp_path):
-    clock = Clock()
-    plog = open_log(tmp_path, clock_ms=clock)
+    plog, clock = clocked_log(tmp_path)
     plog.append(batch())
     first = plog.append(batch(n=3, pid=7, epoch=0, seq=0))
     clock.now_ms += 50
@@ -457,15 +451,23 @@ def test_flush_all_from_a_thread(tmp_path):
 # -- reopening -----------------------------------------------------------------------------------
 
 
-def test_reopen_after_clean_close_does_not_scan(tmp_path):
-    config = LogConfig(segment_bytes=2048, index_interval_bytes=128)
-    plog = open_log(tmp_path, config)
+REOPEN_CONFIG = LogConfig(segment_bytes=2048, index_interval_bytes=128)
+
+
+def fifty_batches(tmp_path) -> PartitionLog:  # type: ignore[no-untyped-def]
+    """A log of 50 one-record batches over several small segments, to close or crash and reopen."""
+    plog = open_log(tmp_path, REOPEN_CONFIG)
     for i in range(50):
         plog.append(batch(size=100, tag=i))
+    return plog
+
+
+def test_reopen_after_clean_close_does_not_scan(tmp_path):
+    plog = fifty_batches(tmp_path)
     before = plog.read(0, 1 << 30)
     plog.close()
     with structlog.testing.capture_logs() as logs:
-        again = open_log(tmp_path, config)
+        again = open_log(tmp_path, REOPEN_CONFIG)
     assert again.recovery.clean and again.recovery.segments_scanned == 0
     opened = [e for e in logs if e["event"] == "log opened"]
     assert opened and opened[0]["clean"] is True and opened[0]["topic"] == "t"
@@ -475,14 +477,11 @@ def test_reopen_after_clean_close_does_not_scan(tmp_path):
 
 
 def test_reopen_after_unclean_close_scans_and_keeps_everything(tmp_path):
-    config = LogConfig(segment_bytes=2048, index_interval_bytes=128)
-    plog = open_log(tmp_path, config)
-    for i in range(50):
-        plog.append(batch(size=100, tag=i))
+    plog = fifty_batches(tmp_path)
     plog.flush()
     expected = {o: plog.read(o, 1) for o in range(50)}
     plog.abandon()  # like a crash: no marker, no final index writes
-    again = open_log(tmp_path, config)
+    again = open_log(tmp_path, REOPEN_CONFIG)
     assert not again.recovery.clean and again.recovery.segments_scanned >= 1
     assert again.recovery.bytes_truncated == 0
     assert again.log_end_offset == 50
@@ -490,7 +489,7 @@ def test_reopen_after_unclean_close_scans_and_keeps_everything(tmp_path):
     assert again.append(batch()).base_offset == 50
     again.close()
     # the close after recovery is clean again
-    third = open_log(tmp_path, config)
+    third = open_log(tmp_path, REOPEN_CONFIG)
     assert third.recovery.clean and third.log_end_offset == 51
     third.close()
 
@@ -554,7 +553,7 @@ def test_log_manager_recovers_unclean_partitions_eagerly(tmp_path):
 @pytest.mark.slow
 def test_appends_and_reads_stay_consistent_while_threads_flush_and_apply_retention(tmp_path):
     """The broker runs flush_all and enforce_retention in worker threads next to the event loop."""
-    clock = Clock()
+    clock = ManualClockMs()
     config = LogConfig(segment_bytes=1024, retention_bytes=4096, retention_ms=-1)
     mgr = LogManager(tmp_path, config, clock_ms=clock)
     plog = mgr.create("t", 0)

@@ -77,12 +77,23 @@ def test_torn_tail_is_truncated_and_logged(tmp_path):
     again.close()
 
 
-def flip(path: str, pos: int) -> None:
+def flip(path: str, pos: int, mask: int = 0x40) -> None:
+    """XOR the byte at pos with mask, in place."""
     with open(path, "r+b") as f:
         f.seek(pos)
         byte = f.read(1)
         f.seek(pos)
-        f.write(bytes([byte[0] ^ 0x40]))
+        f.write(bytes([byte[0] ^ mask]))
+
+
+def crashed_ten_batches(tmp_path) -> tuple[str, list[bytes], int, list[int]]:  # type: ignore[no-untyped-def]
+    """Ten batches appended, then a crash: the active file, the batches, its size and where in it
+    each batch starts."""
+    plog, stored = build(tmp_path, 10)
+    path = active_file(plog)
+    crash(plog)
+    size = os.path.getsize(path)
+    return path, stored, size, [size - sum(len(b) for b in stored[i:]) for i in range(10)]
 
 
 def assert_damage_kept(plog: PartitionLog, stored: list[bytes], damaged: int) -> None:
@@ -105,11 +116,7 @@ def assert_damage_kept(plog: PartitionLog, stored: list[bytes], damaged: int) ->
 
 @pytest.mark.parametrize("where", ["middle body", "header magic"])
 def test_damage_in_the_middle_is_kept_reported_and_never_served(tmp_path, where):
-    plog, stored = build(tmp_path, 10)
-    path = active_file(plog)
-    crash(plog)
-    size = os.path.getsize(path)
-    offsets_in_file = [size - sum(len(b) for b in stored[i:]) for i in range(10)]
+    path, stored, size, offsets_in_file = crashed_ten_batches(tmp_path)
     damaged, pos = {"middle body": (4, offsets_in_file[4] + 150), "header magic": (6, offsets_in_file[6] + 12)}[where]
     flip(path, pos)
     with structlog.testing.capture_logs() as logs:
@@ -127,11 +134,7 @@ def test_damage_in_the_middle_is_kept_reported_and_never_served(tmp_path, where)
 
 @pytest.mark.parametrize("where", ["last body", "last crc"])
 def test_damaged_last_batch_is_a_torn_tail_and_truncated(tmp_path, where):
-    plog, stored = build(tmp_path, 10)
-    path = active_file(plog)
-    crash(plog)
-    size = os.path.getsize(path)
-    offsets_in_file = [size - sum(len(b) for b in stored[i:]) for i in range(10)]
+    path, stored, size, offsets_in_file = crashed_ten_batches(tmp_path)
     damaged, pos = {"last body": (9, offsets_in_file[9] + 80), "last crc": (9, offsets_in_file[9] + 14)}[where]
     flip(path, pos)
     again, warnings = reopen(tmp_path)

@@ -27,6 +27,7 @@ from dmq.broker.log import segment as segment_mod
 from dmq.broker.log.producer_state import ProducerStateManager
 from dmq.broker.log.scan import Batch, Damaged, Tail, scan_batches
 from dmq.proto import records
+from tests.unit.test_log_corruption import flip
 
 CONFIG = LogConfig(segment_bytes=8192, index_interval_bytes=256)
 
@@ -248,14 +249,6 @@ def build(tmp_path, count: int = 10) -> tuple[PartitionLog, list[bytes]]:  # typ
     return plog, stored
 
 
-def flip(path: str, pos: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(pos)
-        b = f.read(1)
-        f.seek(pos)
-        f.write(bytes([b[0] ^ 0x10]))
-
-
 def test_damage_after_a_clean_shutdown_is_found_on_first_read_and_never_served(tmp_path):
     """Before issue 13 segments of a cleanly closed log were trusted: the damaged batch was
     served as it was, and nothing was logged."""
@@ -263,7 +256,7 @@ def test_damage_after_a_clean_shutdown_is_found_on_first_read_and_never_served(t
     path = plog._segments[-1].log_path
     plog.close()
     pos = sum(len(b) for b in stored[:4]) + 120  # inside batch 4 (offsets 8, 9)
-    flip(path, pos)
+    flip(path, pos, mask=0x10)
     with structlog.testing.capture_logs() as logs:
         again = PartitionLog(tmp_path / "t-3", "t", 3, CONFIG)
         assert again.recovery.clean  # no scan at start
@@ -330,7 +323,7 @@ def test_verify_reports_damage_and_rebuilds_an_inconsistent_index(tmp_path):
     assert plog.segment_count >= 3
     first, second = plog._segments[0], plog._segments[1]
     plog.close()
-    flip(first.log_path, 57 + 30)  # the body of the first batch
+    flip(first.log_path, 57 + 30, mask=0x10)  # the body of the first batch
     with open(second.index.path, "r+b") as f:
         f.write((1).to_bytes(4, "little") + (3).to_bytes(4, "little"))
     again = PartitionLog(tmp_path / "t-3", "t", 3, CONFIG)

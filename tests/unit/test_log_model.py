@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from dmq.broker.log import LogConfig, OffsetOutOfRangeError, PartitionLog
 from dmq.proto import records
+from tests.clocks import ManualClockMs
 
 
 @dataclass
@@ -24,14 +25,6 @@ class Stored:
     last: int
     data: bytes  # as the log must return it (base offset patched)
     time_ms: int
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now_ms = 1_700_000_000_000
-
-    def __call__(self) -> int:
-        return self.now_ms
 
 
 def patched(raw: bytes, base: int) -> bytes:
@@ -44,7 +37,7 @@ class LogModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="dmq-log-model-"))
-        self.clock = Clock()
+        self.clock = ManualClockMs(1_700_000_000_000)
         self.config = LogConfig(segment_bytes=2048, index_interval_bytes=200, retention_ms=-1)
         self.log = self._open()
         self.batches: list[Stored] = []
@@ -212,7 +205,7 @@ TestLogModel = LogModel.TestCase
 def test_append_time_never_goes_back_after_retention_emptied_the_log_and_two_crashes(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Found by the model above: the recovery after the first crash rewrote the checkpoint before
     it had read the last append time back, so a second crash forgot it."""
-    clock = Clock()
+    clock = ManualClockMs(1_700_000_000_000)
     config = LogConfig(segment_bytes=2048, index_interval_bytes=200, retention_ms=-1)
     log = PartitionLog(tmp_path / "m-0", "m", 0, config, clock_ms=clock)
     first = log.append(records.encode([b"x"], timestamp_ms=clock.now_ms))

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dmq.client._partitioner import StickyChooser, crc32_partition
+from tests.threads import run_in_threads
 
 # (key, partition count, partition). Computed once with CRC-32/ISO-HDLC; a change here moves
 # every keyed record of every existing topic to another partition.
@@ -77,10 +78,6 @@ def test_sticky_chooser_is_fair_across_threads() -> None:
         with lock:
             picks.extend(mine)
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    run_in_threads(work, 4, 10)
     # every tick of the shared counter went to exactly one pick: perfectly even
     assert Counter(picks) == {0: 1000, 1: 1000, 2: 1000, 3: 1000}

@@ -23,22 +23,12 @@ from dmq.proto import error_details
 OLD_ADVICE = "batch_size"
 
 
-class RpcErrorWithReason(FakeRpcError):
-    def __init__(self, code: grpc.StatusCode, details: str, reason: str | None) -> None:
-        super().__init__(code, details)
-        self._reason = reason
-
-    def trailing_metadata(self) -> object:
-        return ((error_details.REASON_KEY, self._reason),) if self._reason else ()
-
-
-def exhausted(reason: str | None, details: str = "no room") -> RpcErrorWithReason:
-    return RpcErrorWithReason(grpc.StatusCode.RESOURCE_EXHAUSTED, details, reason)
+def exhausted(reason: str | None, details: str = "no room") -> FakeRpcError:
+    return FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, details, reason)
 
 
 def test_a_batch_too_large_says_what_to_do_and_refreshes_the_metadata() -> None:
-    broker = FakeBroker()
-    broker.script = [exhausted(None, "batch is 2000 bytes; the limit (max_batch_bytes) is 1024")]
+    broker = FakeBroker(script=[exhausted(None, "batch is 2000 bytes; the limit (max_batch_bytes) is 1024")])
     with make_producer(broker, retry_backoff_ms=1) as p:
         h = p.send("t", b"x" * 100)
         p.flush(WAIT_S)
@@ -55,8 +45,7 @@ def test_a_batch_too_large_says_what_to_do_and_refreshes_the_metadata() -> None:
 
 @pytest.mark.parametrize("reason", [error_details.DISK_FULL, error_details.BUSY])
 def test_a_known_reason_is_retried_and_never_told_to_lower_batch_size(reason: str) -> None:
-    broker = FakeBroker()
-    broker.script = [exhausted(reason)] * 1000
+    broker = FakeBroker(script=[exhausted(reason)] * 1000)
     with make_producer(broker, retry_backoff_ms=5, retry_backoff_max_ms=5, delivery_timeout_ms=2000,
                        request_timeout_ms=50) as p:
         with pytest.raises(errors.DMQTimeoutError) as info:
@@ -66,8 +55,7 @@ def test_a_known_reason_is_retried_and_never_told_to_lower_batch_size(reason: st
 
 
 def test_an_unknown_reason_is_resource_exhausted_not_too_large() -> None:
-    broker = FakeBroker()
-    broker.script = [exhausted("some-later-reason")]
+    broker = FakeBroker(script=[exhausted("some-later-reason")])
     with make_producer(broker, retry_backoff_ms=1) as p:
         h = p.send("t", b"a")
         p.flush(WAIT_S)
@@ -80,8 +68,7 @@ def test_an_unknown_reason_is_resource_exhausted_not_too_large() -> None:
 
 
 def test_acks_0_batches_dropped_after_an_error_are_counted_as_failed() -> None:
-    broker = FakeBroker()
-    broker.script = [exhausted(error_details.DISK_FULL), None, exhausted(None, "too large")]
+    broker = FakeBroker(script=[exhausted(error_details.DISK_FULL), None, exhausted(None, "too large")])
     with make_producer(broker, acks=0, enable_idempotence=False) as p:
         for i in range(3):
             h = p.send("t", b"v%d" % i)

@@ -102,14 +102,14 @@ class FakeBroker:
     `script` holds errors to return for the next calls (None = answer normally).
     """
 
-    def __init__(self, auto: bool = True) -> None:
+    def __init__(self, auto: bool = True, script: list[BaseException | None] | None = None) -> None:
         self.auto = auto
         self.lock = threading.Lock()
         self.calls: list[FakeCall] = []
         self.pending: list[FakeCall] = []
         self.logs: dict[tuple[str, int], list[records.Record]] = defaultdict(list)
         self.seen: dict[tuple[str, int, int, int, int], int] = {}
-        self.script: list[BaseException | None] = []
+        self.script: list[BaseException | None] = script if script is not None else []
         self.arrived = threading.Condition(self.lock)
 
     def future(self, raw: bytes, timeout: float | None = None) -> FakeCall:
@@ -354,8 +354,7 @@ def test_headers_timestamps_and_keys_round_trip() -> None:
 
 
 def test_callbacks_get_metadata_or_the_error() -> None:
-    broker = FakeBroker()
-    broker.script = [FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "batch: bad crc")]
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "batch: bad crc")])
     got: list[tuple[Any, Any]] = []
     done = threading.Event()
 
@@ -400,8 +399,7 @@ def test_a_done_batch_with_callbacks_is_freed_without_the_cyclic_gc() -> None:
 
 
 def test_retry_after_unavailable_reuses_the_batch_and_refreshes_metadata() -> None:
-    broker = FakeBroker()
-    broker.script = [FakeRpcError(grpc.StatusCode.UNAVAILABLE, "broker 0 does not lead t[0]; the leader is x")]
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.UNAVAILABLE, "broker 0 does not lead t[0]; the leader is x")])
     with make_producer(broker, retry_backoff_ms=1) as p:
         h = p.send("t", b"x")
         assert h.get(WAIT_S).offset == 0
@@ -426,8 +424,7 @@ def test_lost_response_is_answered_as_duplicate_with_the_original_offset() -> No
 
 
 def test_permanent_failure_bumps_the_epoch_and_restarts_the_sequence() -> None:
-    broker = FakeBroker()
-    broker.script = [FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "nope")]
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "nope")])
     with make_producer(broker) as p:
         bad = p.send("t", b"a")
         p.flush(WAIT_S)
@@ -442,14 +439,13 @@ def test_permanent_failure_bumps_the_epoch_and_restarts_the_sequence() -> None:
 
 
 def test_out_of_order_sequence_bumps_the_epoch_and_retries() -> None:
-    broker = FakeBroker()
-    broker.script = [
+    broker = FakeBroker(script=[
         FakeRpcError(
             grpc.StatusCode.FAILED_PRECONDITION,
             "producer 1 epoch 0: expected sequence 5, got 0",
             error_details.OUT_OF_ORDER_SEQUENCE,
         )
-    ]
+    ])
     with make_producer(broker) as p:
         assert p.send("t", b"a").get(WAIT_S).offset == 0
     h1, h2 = (c.header for c in broker.calls)
@@ -457,10 +453,9 @@ def test_out_of_order_sequence_bumps_the_epoch_and_retries() -> None:
 
 
 def test_fenced_producer_fails_the_batch() -> None:
-    broker = FakeBroker()
-    broker.script = [
+    broker = FakeBroker(script=[
         FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "producer 1 epoch 0 is fenced", error_details.PRODUCER_FENCED)
-    ]
+    ])
     with make_producer(broker) as p:
         h = p.send("t", b"a")
         p.flush(WAIT_S)
@@ -476,8 +471,7 @@ def test_fenced_producer_fails_the_batch() -> None:
     ],
 )
 def test_fencing_and_sequence_gaps_are_told_apart_by_the_reason_never_the_text(reason: str, text: str) -> None:
-    broker = FakeBroker()
-    broker.script = [FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, text, reason)]
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, text, reason)])
     with make_producer(broker) as p:
         h = p.send("t", b"a")
         if reason == error_details.PRODUCER_FENCED:
@@ -491,8 +485,7 @@ def test_fencing_and_sequence_gaps_are_told_apart_by_the_reason_never_the_text(r
 
 
 def test_a_reasonless_failed_precondition_is_neither_fenced_nor_a_sequence_gap() -> None:
-    broker = FakeBroker()
-    broker.script = [FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "producer 1 epoch 0 is fenced")]
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "producer 1 epoch 0 is fenced")])
     with make_producer(broker) as p:
         h = p.send("t", b"a")
         p.flush(WAIT_S)
@@ -502,8 +495,7 @@ def test_a_reasonless_failed_precondition_is_neither_fenced_nor_a_sequence_gap()
 
 
 def test_retriable_errors_stop_at_delivery_timeout() -> None:
-    broker = FakeBroker()
-    broker.script = [FakeRpcError(grpc.StatusCode.UNAVAILABLE, "down")] * 1000
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.UNAVAILABLE, "down")] * 1000)
     with make_producer(broker, retry_backoff_ms=5, retry_backoff_max_ms=5, delivery_timeout_ms=100,
                        request_timeout_ms=50) as p:
         h = p.send("t", b"a")
@@ -513,8 +505,7 @@ def test_retriable_errors_stop_at_delivery_timeout() -> None:
 
 
 def test_retries_zero_fails_on_the_first_error() -> None:
-    broker = FakeBroker()
-    broker.script = [FakeRpcError(grpc.StatusCode.UNAVAILABLE, "down")]
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.UNAVAILABLE, "down")])
     with make_producer(broker, retries=0) as p:
         with pytest.raises(BrokerUnavailableError, match="down"):
             p.send("t", b"a").get(WAIT_S)

@@ -13,14 +13,7 @@ from dmq.broker.log.dedup import TransactionIds
 from dmq.broker.log.producer_state import ProducerStateManager
 from dmq.broker.log.trace_index import TRACE_SUFFIX
 from dmq.proto import records
-
-
-class Clock:
-    def __init__(self, now_ms: int = 1_000_000) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
+from tests.clocks import ManualClockMs
 
 
 def batch(txns=(), traces=None, *, pid: int = -1, epoch: int = -1, seq: int = -1, codec=records.Codec.NONE) -> bytes:  # type: ignore[no-untyped-def]
@@ -49,7 +42,7 @@ def stored(plog: PartitionLog) -> list[tuple[int, str | None]]:
 
 
 def open_log(path, clock=None, **config) -> PartitionLog:  # type: ignore[no-untyped-def]
-    return PartitionLog(path / "t-0", "t", 0, LogConfig(**config), clock_ms=clock or Clock())
+    return PartitionLog(path / "t-0", "t", 0, LogConfig(**config), clock_ms=clock or ManualClockMs())
 
 
 # -- the codec marks batches with ids --------------------------------------------------------------
@@ -104,7 +97,7 @@ def test_a_mixed_batch_is_stored_without_its_duplicates_and_the_sequence_goes_on
 
 
 def test_outside_the_window_an_id_is_stored_again(tmp_path) -> None:
-    clock = Clock()
+    clock = ManualClockMs()
     plog = open_log(tmp_path, clock, dedup_window_ms=1000)
     assert plog.append(batch(["A"])).base_offset == 0
     clock.now_ms += 1000
@@ -125,7 +118,7 @@ def test_window_zero_turns_de_duplication_off(tmp_path) -> None:
 
 @pytest.mark.parametrize("clean", [True, False])
 def test_the_ids_are_rebuilt_from_the_log_after_reopening(tmp_path, clean) -> None:  # type: ignore[no-untyped-def]
-    clock = Clock()
+    clock = ManualClockMs()
     plog = open_log(tmp_path, clock, dedup_window_ms=10_000, segment_bytes=1024)
     plog.append(batch(["OLD"]))
     clock.now_ms += 20_000  # OLD is outside the window from now on

@@ -4,24 +4,22 @@
 from __future__ import annotations
 
 import grpc
-from test_producer_unit import WAIT_S, FakeBroker, make_producer, wait_until
-from test_storage_errors import RpcErrorWithReason
+from test_producer_unit import WAIT_S, FakeBroker, FakeRpcError, make_producer, wait_until
 
 from dmq.client import errors
 from dmq.client.producer import Producer
 from dmq.proto import error_details
 
 
-def not_enough_replicas() -> RpcErrorWithReason:
-    return RpcErrorWithReason(grpc.StatusCode.UNAVAILABLE, "t[0] on broker 1: 1 in-sync replicas [1], "
-                              "min_insync_replicas is 2; acks=all refused", error_details.NOT_ENOUGH_REPLICAS)
+def not_enough_replicas() -> FakeRpcError:
+    return FakeRpcError(grpc.StatusCode.UNAVAILABLE, "t[0] on broker 1: 1 in-sync replicas [1], "
+                        "min_insync_replicas is 2; acks=all refused", error_details.NOT_ENOUGH_REPLICAS)
 
 
 def test_not_enough_replicas_is_retriable_and_keeps_the_leader() -> None:
     err = errors.from_rpc_error(not_enough_replicas())
     assert type(err) is errors.NotEnoughReplicasError and err.retriable and not err.invalid_metadata
-    broker = FakeBroker()
-    broker.script = [not_enough_replicas()] * 2
+    broker = FakeBroker(script=[not_enough_replicas()] * 2)
     with make_producer(broker, retry_backoff_ms=1, retry_backoff_max_ms=5) as p:
         assert p.send("t", b"x").get(WAIT_S).offset == 0
         cluster = p.cluster
@@ -31,9 +29,8 @@ def test_not_enough_replicas_is_retriable_and_keeps_the_leader() -> None:
 
 
 def test_not_leader_refreshes_the_leaders_and_retries() -> None:
-    broker = FakeBroker()
-    broker.script = [RpcErrorWithReason(grpc.StatusCode.UNAVAILABLE, "broker 1 does not lead t[0]; the leader is "
-                                        "127.0.0.1:9", None)]
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.UNAVAILABLE, "broker 1 does not lead t[0]; the leader is "
+                                             "127.0.0.1:9", None)])
     with make_producer(broker, retry_backoff_ms=1) as p:
         assert p.send("t", b"x").get(WAIT_S).offset == 0
         cluster = p.cluster
@@ -43,7 +40,7 @@ def test_not_leader_refreshes_the_leaders_and_retries() -> None:
 
 def _backing_off_after_not_leader(broker: FakeBroker) -> Producer:
     """A producer whose first send was refused "not leader" and now backs off for 60 s."""
-    broker.script = [RpcErrorWithReason(grpc.StatusCode.UNAVAILABLE, "broker 1 does not lead t[0]", None)]
+    broker.script = [FakeRpcError(grpc.StatusCode.UNAVAILABLE, "broker 1 does not lead t[0]", None)]
     return make_producer(broker, retry_backoff_ms=60_000, retry_backoff_max_ms=60_000,
                          delivery_timeout_ms=120_000, request_timeout_ms=30_000)
 

@@ -83,8 +83,7 @@ def test_idempotence_with_acks_0_is_refused() -> None:
 def test_the_producer_counts_every_failed_record() -> None:
     """`dmq bench produce` reported errors only for the records it sampled for latency, so a run
     whose other batches failed reported 0 errors; the producer now counts every failed record."""
-    broker = FakeBroker()
-    broker.script = [FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "refused")]
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "refused")])
     with make_producer(broker, linger_ms=60_000) as p:
         for i in range(3):
             p.send("t", b"v%d" % i)  # no handle kept, no callback: nobody looks at them

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import sqlite3
-from typing import Any
 
 import grpc
 import pytest
@@ -19,24 +18,14 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import error_details
 
 
-class RpcErrorWithReason(FakeRpcError):
-    def __init__(self, code: grpc.StatusCode, details: str, reason: str | None) -> None:
-        super().__init__(code, details)
-        self._reason = reason
-
-    def trailing_metadata(self) -> Any:
-        return ((error_details.REASON_KEY, self._reason),) if self._reason else ()
-
-
-def disk_full() -> RpcErrorWithReason:
-    return RpcErrorWithReason(
+def disk_full() -> FakeRpcError:
+    return FakeRpcError(
         grpc.StatusCode.RESOURCE_EXHAUSTED, "disk full on broker 0: t[0]: write failed: ENOSPC", error_details.DISK_FULL
     )
 
 
 def test_producer_retries_a_full_disk_until_space_is_back() -> None:
-    broker = FakeBroker()
-    broker.script = [disk_full()] * 3
+    broker = FakeBroker(script=[disk_full()] * 3)
     with make_producer(broker, retry_backoff_ms=1, retry_backoff_max_ms=5) as p:
         assert p.send("t", b"x").get(WAIT_S).offset == 0
     assert len(broker.calls) == 4
@@ -44,9 +33,8 @@ def test_producer_retries_a_full_disk_until_space_is_back() -> None:
 
 
 def test_producer_retries_transient_storage_errors() -> None:
-    broker = FakeBroker()
-    broker.script = [RpcErrorWithReason(grpc.StatusCode.UNAVAILABLE, "broker 0: storage temporarily unavailable: "
-                                        "EMFILE", error_details.STORAGE_UNAVAILABLE)] * 2
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.UNAVAILABLE, "broker 0: storage temporarily unavailable: "
+                                             "EMFILE", error_details.STORAGE_UNAVAILABLE)] * 2)
     with make_producer(broker, retry_backoff_ms=1) as p:
         assert p.send("t", b"x").get(WAIT_S).offset == 0
         cluster = p.cluster
@@ -57,18 +45,16 @@ def test_producer_retries_transient_storage_errors() -> None:
 def test_producer_retries_a_busy_broker() -> None:
     """The broker's in-flight byte budget refuses with RESOURCE_EXHAUSTED and the busy reason: a
     wait, not a batch to drop (before, every RESOURCE_EXHAUSTED was RecordTooLargeError)."""
-    broker = FakeBroker()
-    broker.script = [RpcErrorWithReason(grpc.StatusCode.RESOURCE_EXHAUSTED, "no room in max_in_flight_bytes before "
-                                        "the deadline", error_details.BUSY)] * 2
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "no room in max_in_flight_bytes before "
+                                             "the deadline", error_details.BUSY)] * 2)
     with make_producer(broker, retry_backoff_ms=1, retry_backoff_max_ms=5) as p:
         assert p.send("t", b"x").get(WAIT_S).offset == 0
     assert len(broker.calls) == 3
 
 
 def test_a_batch_too_large_is_not_retried() -> None:
-    broker = FakeBroker()
-    broker.script = [RpcErrorWithReason(grpc.StatusCode.RESOURCE_EXHAUSTED, "batch is 2000000 bytes; the limit is "
-                                        "1048576", None)]
+    broker = FakeBroker(script=[FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "batch is 2000000 bytes; the limit is "
+                                             "1048576", None)])
     with make_producer(broker, retry_backoff_ms=1) as p:
         h = p.send("t", b"x")
         p.flush(WAIT_S)
@@ -78,8 +64,7 @@ def test_a_batch_too_large_is_not_retried() -> None:
 
 
 def test_a_full_disk_past_the_delivery_timeout_says_so() -> None:
-    broker = FakeBroker()
-    broker.script = [disk_full()] * 1000
+    broker = FakeBroker(script=[disk_full()] * 1000)
     with make_producer(broker, retry_backoff_ms=5, retry_backoff_max_ms=5, delivery_timeout_ms=100, request_timeout_ms=50) as p:
         with pytest.raises(errors.DMQTimeoutError, match="disk full on broker 0"):
             p.send("t", b"a").get(WAIT_S)
@@ -95,7 +80,7 @@ def test_a_full_disk_past_the_delivery_timeout_says_so() -> None:
     ],
 )
 def test_reason_in_the_trailing_metadata_picks_the_class(reason, code, cls, retriable) -> None:  # type: ignore[no-untyped-def]
-    err = errors.from_rpc_error(RpcErrorWithReason(code, "m", reason), overrides={code: errors.RecordTooLargeError}
+    err = errors.from_rpc_error(FakeRpcError(code, "m", reason), overrides={code: errors.RecordTooLargeError}
                                 if reason else None)
     assert type(err) is cls and err.retriable is retriable
 

@@ -43,6 +43,17 @@ class Browse:
     limit: int = LIMIT_DEFAULT
 
 
+def time_ms_field(text: str, name: str) -> int:
+    """Form field `name` (ISO 8601 or epoch milliseconds) in epoch milliseconds, 0..TIME_MS_MAX."""
+    try:
+        time_ms = parse_datetime_ms(text, name)
+    except click.BadParameter as e:
+        raise BadRequest(f"{name}: {e.message}") from None
+    if not 0 <= time_ms <= TIME_MS_MAX:
+        raise BadRequest(f"{name} must be within 0..{TIME_MS_MAX} ms since the epoch (the year 9999), got {time_ms}")
+    return time_ms
+
+
 def _int_field(query: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
     raw = query.get(name, "").strip()
     if not raw:
@@ -72,13 +83,7 @@ def parse_browse(query: Mapping[str, str], partition_count: int) -> Browse:
         text = query.get("time", "").strip()
         if not text:
             raise BadRequest("from=time needs time: ISO 8601 (2024-05-01T12:00:00Z) or epoch milliseconds")
-        try:
-            time_ms = parse_datetime_ms(text, "time")
-        except click.BadParameter as e:
-            raise BadRequest(f"time: {e.message}") from None
-        if not 0 <= time_ms <= TIME_MS_MAX:
-            raise BadRequest(f"time must be within 0..{TIME_MS_MAX} ms since the epoch (the year 9999), got {time_ms}")
-        return Browse(how, partition, time_ms=time_ms, limit=limit)
+        return Browse(how, partition, time_ms=time_ms_field(text, "time"), limit=limit)
     return Browse(how, partition, limit=limit)
 
 

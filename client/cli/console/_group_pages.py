@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import time
 
-import click
-
 from dmq.client.admin import RESET_TARGETS, GroupDescription
-from dmq.client.cli._parse import parse_datetime_ms
 from dmq.client.cli.console._app import BadRequest, Console, Request
-from dmq.client.cli.console._browse import OFFSET_MAX, TIME_MS_MAX
+from dmq.client.cli.console._browse import OFFSET_MAX, time_ms_field
 from dmq.client.cli.console._cluster_pages import LISTED_MAX
 from dmq.client.cli.console._html import Html, ago_ms, badge, definition, join, link, page, table, tag, url, when_ms
 from dmq.client.errors import AuthorizationError, DMQError, GroupNotFoundError
@@ -124,13 +121,7 @@ def _reset_value(to: str, raw: str) -> int | None:
     if not raw:
         raise BadRequest(f"value is needed with to={to}")
     if to == "timestamp":
-        try:
-            value = parse_datetime_ms(raw, "value")
-        except click.BadParameter as e:
-            raise BadRequest(f"value: {e.message}") from None
-        if not 0 <= value <= TIME_MS_MAX:
-            raise BadRequest(f"value for to=timestamp must be within 0..{TIME_MS_MAX} ms (the year 9999), got {value}")
-        return value
+        return time_ms_field(raw, "value")
     try:
         value = int(raw)
     except ValueError:

@@ -42,7 +42,8 @@ from dmq.proto.server.security.quotas import Quotas, QuotaSettings
 from dmq.proto.server.security.rpc_table import Access, Need, RpcRule, rule_for
 from dmq.proto.server.server_errors import fail
 
-__all__ = ["ANONYMOUS", "AclView", "CallAccess", "SecurityInterceptor", "current_access", "current_principal"]
+__all__ = ["ANONYMOUS", "AclView", "CallAccess", "RefusedRequest", "SecurityInterceptor", "current_access",
+           "current_principal"]
 
 ANONYMOUS = "ANONYMOUS"
 current_principal: contextvars.ContextVar[str] = contextvars.ContextVar("dmq_principal", default=ANONYMOUS)
@@ -102,6 +103,21 @@ current_access: contextvars.ContextVar[CallAccess] = contextvars.ContextVar("dmq
 def _denial(principal: str, need: Need, rpc: str) -> str:
     return (f"principal {principal!r} may not {need.operation} {need.resource_type} "
             f"{need.name!r} ({rpc}): no ACL allows it, or one denies it")
+
+
+class RefusedRequest:
+    """A request of a request stream that the interceptor refused (unauthenticated, not permitted,
+    naming no resources it can tell), handed to the handler in its place: the handler answers it
+    with `code` and `message`, as the unary call would have ended, and reads on."""
+
+    __slots__ = ("code", "message")
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        self.code = code
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"<RefusedRequest {self.code.name} {self.message!r}>"
 
 
 class Refusal(Exception):
@@ -198,6 +214,9 @@ class SecurityInterceptor(WrappingInterceptor):
     def wrap(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
         rule = rule_for(method)
         if self.security.authenticates or self.quotas is not None or (rule is not None and rule.admin is not False):
+            if handler.request_streaming:  # each request of the stream admitted as a call of its own
+                return rewrap(handler, unary=lambda b: self._wrap_unary(method, rule, b),
+                              stream=lambda b: self._wrap_request_stream(method, rule, b))
             return rewrap(handler, unary=lambda b: self._wrap_unary(method, rule, b),
                           stream=lambda b: self._wrap_stream(method, rule, b))
         return handler  # the plain path: nothing to check, throttle or record
@@ -285,6 +304,33 @@ class SecurityInterceptor(WrappingInterceptor):
             if self.security.authenticates:
                 current_access.set(CallAccess(principal, self))
             async for item in stream_behavior(behavior, request, context):
+                yield item
+
+        return wrapped
+
+
+    def _wrap_request_stream(self, method: str, rule: RpcRule | None,
+                             behavior: Behavior) -> Callable[..., AsyncIterator[Any]]:
+        """A stream of requests (EventAppendStream): every request is authenticated, authorized
+        and throttled as the unary call it stands for before the handler sees it; a refused one
+        reaches the handler as a RefusedRequest, which it answers with that status, and the
+        stream goes on (one append refused is not the stream refused)."""
+        async def wrapped(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            async def admitted() -> AsyncIterator[Any]:
+                async for request in requests:
+                    try:
+                        principal, _needs = await self._admit(method, rule, request, context)
+                    except Refusal as r:
+                        # one request refused, not the stream: the handler answers it so and goes on
+                        yield RefusedRequest(r.code, str(r))
+                        continue
+                    # Not reset: the call's task (and with it this context) ends with the stream.
+                    current_principal.set(principal)
+                    if self.security.authenticates:
+                        current_access.set(CallAccess(principal, self))
+                    yield request
+
+            async for item in stream_behavior(behavior, admitted(), context):
                 yield item
 
         return wrapped

@@ -182,6 +182,8 @@ RULES: dict[str, RpcRule] = {
     # event store: appends write, reads and subscriptions read; its groups as queue groups, and
     # stopping / starting / resetting a group (forgetting its progress) is an admin change
     _B + "EventAppend": RpcRule(Access.ACL, _topic(Operation.WRITE), quota="produce"),
+    # the same appends on one stream: each request admitted as an EventAppend (interceptor.py)
+    _B + "EventAppendStream": RpcRule(Access.ACL, _topic(Operation.WRITE), quota="produce"),
     _B + "EventRead": RpcRule(Access.ACL, _topic(Operation.READ)),
     _B + "EventSubscribe": RpcRule(Access.ACL, _topic(Operation.READ)),
     _B + "EventGroupControl": RpcRule(Access.ACL, _topic_and_group(Operation.ALTER), admin=True),
