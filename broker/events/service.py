@@ -251,7 +251,12 @@ class EventStoreServicer:
     ) -> AsyncIterator[pb.EventAppendResponse]:
         """EventAppend, request after request on one stream: each answered in order, a refusal
         in the answer's status fields (as EventAppend's call would end), the stream going on;
-        bounded, and ended by close() (broker/events/append_stream.py)."""
+        bounded, and ended by close() (broker/events/append_stream.py). A stream opened while the
+        broker is starting is refused whole (UNAVAILABLE, nothing read), as EventAppend is."""
+        try:
+            require_started(self)
+        except RpcAbort as starting:
+            await context.abort(starting.code, starting.message)
         async for answer in self._append_streams.serve(requests, context):
             yield answer
 
