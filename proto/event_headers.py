@@ -163,9 +163,10 @@ def event_headers(event_type: str, tags: Iterable[str], metadata: bytes = b"") -
     return headers
 
 
-def _uvarint(n: int) -> bytes:
+def uvarint(n: int) -> bytes:
+    """A non-negative int as a protobuf / record-header varint (one byte below 128: a table look-up)."""
     if n < 0x80:
-        return _ONE_BYTE[n]
+        return ONE_BYTE[n]
     out = bytearray()
     while n >= 0x80:
         out.append(n & 0x7F | 0x80)
@@ -174,9 +175,9 @@ def _uvarint(n: int) -> bytes:
     return bytes(out)
 
 
-_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
+ONE_BYTE = [bytes((n,)) for n in range(0x80)]
 # a header key as a record's headers hold it: uvarint(length) + UTF-8 (dmq.proto.records)
-_TYPE_KEY, _TAG_KEY, _METADATA_KEY = (_uvarint(len(k)) + k.encode() for k in (TYPE_HEADER, TAG_HEADER, METADATA_HEADER))
+_TYPE_KEY, _TAG_KEY, _METADATA_KEY = (uvarint(len(k)) + k.encode() for k in (TYPE_HEADER, TAG_HEADER, METADATA_HEADER))
 
 
 def encode_events_headers(types: Sequence[str], tag_lists: Sequence[Sequence[str]],
@@ -187,20 +188,20 @@ def encode_events_headers(types: Sequence[str], tag_lists: Sequence[Sequence[str
     (name, value) tuple per header; a batch's types are encoded once each."""
     type_parts: dict[str, bytes] = {}
     out = []
-    uvarint, one_byte = _uvarint, _ONE_BYTE
+    varint, one_byte = uvarint, ONE_BYTE
     for event_type, tags, meta in zip(types, tag_lists, metadata, strict=True):
         type_part = type_parts.get(event_type)
         if type_part is None:
             raw = event_type.encode()
-            type_part = type_parts[event_type] = _TYPE_KEY + uvarint(len(raw) + 1) + raw
+            type_part = type_parts[event_type] = _TYPE_KEY + varint(len(raw) + 1) + raw
         count = len(tags) + (2 if meta else 1)
-        parts = [one_byte[count] if count < 0x80 else uvarint(count), type_part]
+        parts = [one_byte[count] if count < 0x80 else varint(count), type_part]
         for tag in tags:
             raw = tag.encode()
             n = len(raw) + 1
-            parts += (_TAG_KEY, one_byte[n] if n < 0x80 else uvarint(n), raw)
+            parts += (_TAG_KEY, one_byte[n] if n < 0x80 else varint(n), raw)
         if meta:
-            parts += (_METADATA_KEY, uvarint(len(meta) + 1), meta)
+            parts += (_METADATA_KEY, varint(len(meta) + 1), meta)
         out.append(b"".join(parts))
     return out
 

@@ -27,25 +27,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dmq.proto import dmq_pb2 as pb
+from dmq.proto.event_headers import ONE_BYTE as _ONE_BYTE
+from dmq.proto.event_headers import uvarint
 
 __all__ = ["answer_fragment", "answer_fragments"]
 
-_ONE_BYTE = [bytes((n,)) for n in range(128)]
 # positions' field tag and length, by the length of the position's varint (at most 10 bytes)
 _POSITION_PREFIX = [b"\x1a" + bytes((n,)) for n in range(11)]
 
 
 def _varint(n: int) -> bytes:
+    """An int64 field's varint (a negative one as its two's complement, ten bytes)."""
     if 0 <= n < 0x80:
         return _ONE_BYTE[n]
-    if n < 0:
-        n += 1 << 64
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    return uvarint(n + (1 << 64) if n < 0 else n)
 
 
 def answer_fragment(position: int, type_: str, tags: str, payload: bytes, metadata: bytes, time_ms: int) -> bytes:

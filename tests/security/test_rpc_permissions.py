@@ -23,6 +23,7 @@ from dmq.proto import records
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.security.settings import ClientSecurity, sync_channel
 from dmq.proto.server.security.rpc_table import RULES
+from tests.security._stream_answers import AnswerRefused
 from tests.security.conftest import client_as, tls_client, token_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -58,19 +59,6 @@ class Caller:
     def close(self) -> None:
         self.channel.close()
 
-
-class AnswerRefused(grpc.RpcError):
-    """A stream's answer carrying a status (EventAppendStream), as the unary call's RpcError."""
-
-    def __init__(self, answer: pb.EventAppendResponse) -> None:
-        super().__init__(answer.status_message)
-        self._answer = answer
-
-    def code(self) -> grpc.StatusCode:
-        return next(c for c in grpc.StatusCode if c.value[0] == self._answer.status_code)
-
-    def details(self) -> str:
-        return self._answer.status_message
 
 
 @dataclass

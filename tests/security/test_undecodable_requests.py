@@ -22,6 +22,7 @@ from dmq.proto import dmq_pb2 as pb
 from dmq.proto import dmq_pb2_grpc as pb_grpc
 from dmq.proto.grpc_options import channel_options
 from dmq.proto.security.settings import sync_channel
+from tests.security._stream_answers import AnswerRefused
 from tests.security.conftest import tls_client, token_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -36,19 +37,6 @@ METHODS = sorted(
 NEVER = (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
 
 
-class _Refused(grpc.RpcError):
-    """An EventAppendStream answer carrying a status: its message's refusal, as an RpcError."""
-
-    def __init__(self, answer: pb.EventAppendResponse) -> None:
-        super().__init__(answer.status_message)
-        self._answer = answer
-
-    def code(self) -> grpc.StatusCode:
-        return next(c for c in grpc.StatusCode if c.value[0] == self._answer.status_code)
-
-    def details(self) -> str:
-        return self._answer.status_message
-
 
 def _call(channel: grpc.Channel, method: str, streaming: bool, body: bytes, timeout_s: float) -> grpc.RpcError | None:
     """Send `body` as the request; the error it is answered with (None: answered OK). A stream of
@@ -57,7 +45,7 @@ def _call(channel: grpc.Channel, method: str, streaming: bool, body: bytes, time
         if method.endswith("/EventAppendStream"):
             for raw in channel.stream_stream(method)(iter([body]), timeout=timeout_s):
                 answer = pb.EventAppendResponse.FromString(raw)
-                return _Refused(answer) if answer.status_code else None
+                return AnswerRefused(answer) if answer.status_code else None
             return None
         if streaming:
             call = channel.unary_stream(method)(body, timeout=timeout_s)
