@@ -65,8 +65,8 @@ async def test_an_append_runs_on_the_loop_while_the_writer_is_idle(store: EventS
     assert jobs == ["run"]
 
 
-async def test_a_read_behind_a_busy_writer_waits_for_it(store: EventStore) -> None:
-    await store.append([event("r:1")], None)
+async def hold_the_writer(store: EventStore) -> tuple[asyncio.Future[Any], threading.Event]:
+    """Keep the writer thread busy with a job named `busy` until the returned event is set."""
     started, release = threading.Event(), threading.Event()
 
     def busy() -> None:
@@ -75,6 +75,12 @@ async def test_a_read_behind_a_busy_writer_waits_for_it(store: EventStore) -> No
 
     blocker = asyncio.ensure_future(store.on_writer(busy))
     await asyncio.to_thread(started.wait, 10)
+    return blocker, release
+
+
+async def test_a_read_behind_a_busy_writer_waits_for_it(store: EventStore) -> None:
+    await store.append([event("r:1")], None)
+    blocker, release = await hold_the_writer(store)
     read = asyncio.ensure_future(store.read((QueryItem(tags=("r:1",)),), 0, 10))
     await asyncio.sleep(0.05)
     assert not read.done()  # the index is the writer's while it runs a job
@@ -94,14 +100,7 @@ async def test_a_failed_condition_stores_nothing(store: EventStore) -> None:
 
 async def test_appends_queue_behind_a_busy_writer_and_keep_their_order(store: EventStore) -> None:
     jobs = count_writer_jobs(store)
-    started, release = threading.Event(), threading.Event()
-
-    def busy() -> None:
-        started.set()
-        assert release.wait(10)
-
-    blocker = asyncio.ensure_future(store.on_writer(busy))
-    await asyncio.to_thread(started.wait, 10)
+    blocker, release = await hold_the_writer(store)
     appends = [asyncio.ensure_future(store.append([event(f"q:{i}")], Condition((QueryItem(tags=(f"q:{i}",)),), 0)))
                for i in range(3)]
     # the second append in the same job sees the first (the same tag would conflict)
